@@ -1,0 +1,1 @@
+//! ferrovirt-agent (see docs/ARCHITECTURE.md).

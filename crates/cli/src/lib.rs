@@ -1,0 +1,1 @@
+//! ferrovirt-cli (see docs/ARCHITECTURE.md).

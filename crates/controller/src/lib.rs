@@ -1,0 +1,1 @@
+//! ferrovirt-controller (see docs/ARCHITECTURE.md).

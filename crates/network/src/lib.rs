@@ -1,0 +1,1 @@
+//! ferrovirt-network (see docs/ARCHITECTURE.md).

@@ -1,0 +1,1 @@
+//! ferrovirt-storage (see docs/ARCHITECTURE.md).

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ferrovirt needs to build, run and test, if they are missing.
+# Idempotent: does nothing (and never calls apt) when everything is already present.
+# Usage: scripts/install-deps.sh            # everything (build, run, test)
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+# command-or-file -> package
+declare -A NEED=(
+  [qemu-system-x86_64]=qemu-system-x86
+  [qemu-img]=qemu-utils
+  [busybox]=busybox-static
+  [syslinux]=syslinux
+  [/usr/lib/syslinux/modules/bios/ldlinux.c32]=syslinux-common
+  [mcopy]=mtools
+  [mkfs.vfat]=dosfstools
+  [cpio]=cpio
+  [depmod]=kmod
+  [qemu-ga]=qemu-guest-agent
+  [protoc]=protobuf-compiler
+  [etcd]=etcd-server
+  [xz]=xz-utils
+  [zstd]=zstd
+  [genisoimage]=genisoimage
+  [curl]=curl
+  [cc]=gcc
+  [pkg-config]=pkg-config
+  [ip]=iproute2
+  [kubectl]=kubernetes-client
+  [flock]=util-linux
+)
+
+missing=()
+for what in "${!NEED[@]}"; do
+  if [[ "$what" == /* ]]; then
+    [ -e "$what" ] || missing+=("${NEED[$what]}")
+  else
+    command -v "$what" >/dev/null 2>&1 || [ -x "/usr/sbin/$what" ] || [ -x "/sbin/$what" ] || missing+=("${NEED[$what]}")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+pkgs=()
+qemu_pinned=0
+for p in "${missing[@]}"; do
+  case "$p" in
+    qemu-system-x86|qemu-utils) qemu_pinned=1 ;;
+    *) pkgs+=("$p") ;;
+  esac
+done
+if [ "$qemu_pinned" = 1 ]; then
+  # Some images ship a newer qemu-utils from backports that "Breaks" the distribution's
+  # qemu-system-common; install the matching set at the distribution's candidate version.
+  v=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ {print $2}')
+  pkgs+=("qemu-system-x86=$v" "qemu-system-common=$v" "qemu-utils=$v" "qemu-block-extra=$v")
+fi
+$SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades "${pkgs[@]}" >/dev/null
+echo "install-deps: done" >&2

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what is missing and runs ferrovirt's whole test suite: formatting, clippy, then unit,
+# integration and end-to-end tests (real QEMU guests under TCG, real etcd, real kubectl).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/install-deps.sh
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo is missing: install a Rust toolchain (rustup, Rust >= 1.95) first" >&2
+  exit 1
+fi
+./scripts/build-test-guest.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked --no-fail-fast
