@@ -20,6 +20,7 @@ declare -A NEED=(
   [depmod]=kmod
   [qemu-ga]=qemu-guest-agent
   [protoc]=protobuf-compiler
+  [/usr/include/google/protobuf/timestamp.proto]=libprotobuf-dev
   [etcd]=etcd-server
   [xz]=xz-utils
   [zstd]=zstd

@@ -1,0 +1,504 @@
+//! The etcd v3 backend ([`EtcdStore`]), for servers that share one datastore.
+//!
+//! Every key is stored under `key_prefix` (stripped again on the way out), so several
+//! installations can share one etcd. Conditional writes are single etcd transactions:
+//! create compares `create_revision == 0`; update and delete compare `mod_revision` with the
+//! expected revision (and `version > 0`, so that a missing key never matches), and their
+//! failure branch reads the key to report `NotFound` or `Conflict` with its current state.
+//! etcd's own revisions are used unchanged. Watches start at `after + 1` with `prev_kv`.
+//!
+//! etcd does not report its compacted revision directly; [`Store::compacted_revision`] finds it
+//! by a binary search for the oldest readable revision (only needed on the error paths).
+//! `https://` endpoints need TLS support, which is not built in yet.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType,
+    GetOptions, KvClient, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+};
+use futures::StreamExt;
+
+use crate::{
+    EventKind, KeyValue, ListOptions, ListResult, Revision, Store, StoreError, WatchEvent,
+    WatchStream,
+};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// etcd's messages for reads below the compacted revision and above the current one.
+const ERR_COMPACTED: &str = "required revision has been compacted";
+const ERR_FUTURE_REV: &str = "required revision is a future revision";
+
+/// The etcd store. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend(e: etcd_client::Error) -> StoreError {
+    StoreError::Backend(format!("etcd: {e}"))
+}
+
+fn is_compacted(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains(ERR_COMPACTED))
+}
+
+fn is_future_rev(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains(ERR_FUTURE_REV))
+}
+
+impl EtcdStore {
+    /// Connects to the etcd cluster at `endpoints` (`http://host:port`) and checks that it
+    /// answers. Keys are stored under `key_prefix` (may be empty).
+    pub async fn connect(endpoints: &[String], key_prefix: &str) -> Result<EtcdStore, StoreError> {
+        if endpoints.is_empty() {
+            return Err(StoreError::Backend("etcd: no endpoints given".into()));
+        }
+        if let Some(e) = endpoints.iter().find(|e| e.starts_with("https://")) {
+            return Err(StoreError::Backend(format!(
+                "etcd: {e}: https endpoints need TLS support, which this build does not have yet"
+            )));
+        }
+        let options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT);
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(backend)?;
+        let store = EtcdStore {
+            client,
+            prefix: key_prefix.to_owned(),
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, store.current_revision())
+            .await
+            .map_err(|_| {
+                StoreError::Backend(format!("etcd: no answer from {endpoints:?} in time"))
+            })??;
+        Ok(store)
+    }
+
+    fn kv(&self) -> KvClient {
+        self.client.kv_client()
+    }
+
+    fn full_key(&self, key: &str) -> Vec<u8> {
+        format!("{}{key}", self.prefix).into_bytes()
+    }
+
+    /// A key for requests that only want a response header or an error (never empty: etcd
+    /// refuses empty keys).
+    fn probe_key(&self) -> Vec<u8> {
+        non_empty(self.full_key(""))
+    }
+
+    /// Converts an etcd key-value, stripping our prefix.
+    fn convert(&self, kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreError> {
+        let key = std::str::from_utf8(kv.key())
+            .ok()
+            .and_then(|k| k.strip_prefix(self.prefix.as_str()))
+            .ok_or_else(|| {
+                StoreError::Backend("etcd: key outside our prefix or not UTF-8".into())
+            })?;
+        Ok(KeyValue {
+            key: key.to_owned(),
+            value: kv.value().to_vec(),
+            create_revision: kv.create_revision(),
+            mod_revision: kv.mod_revision(),
+        })
+    }
+
+    /// The failure branch of a conditional write: the key's current state from the `Get`.
+    fn failed_write(
+        &self,
+        key: &str,
+        expected: Revision,
+        resp: &TxnResponse,
+    ) -> Result<StoreError, StoreError> {
+        let current = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+            _ => None,
+        });
+        Ok(match current {
+            None => StoreError::NotFound(key.to_owned()),
+            Some(kv) => StoreError::Conflict {
+                key: key.to_owned(),
+                expected,
+                current: Some(Box::new(self.convert(&kv)?)),
+            },
+        })
+    }
+
+    /// Maps a read error, filling in the compacted revision for `Compacted`.
+    async fn read_error(&self, requested: Revision, e: etcd_client::Error) -> StoreError {
+        if is_compacted(&e) {
+            match self.compacted_revision().await {
+                Ok(compacted) => StoreError::Compacted {
+                    requested,
+                    compacted,
+                },
+                Err(e) => e,
+            }
+        } else if is_future_rev(&e) {
+            StoreError::Backend(format!("etcd: revision {requested} is a future revision"))
+        } else {
+            backend(e)
+        }
+    }
+
+    /// Whether `revision` is not compacted away (a future revision counts as readable).
+    async fn readable_at(&self, revision: Revision) -> Result<bool, StoreError> {
+        let opts = GetOptions::new().with_count_only().with_revision(revision);
+        match self.kv().get(self.probe_key(), Some(opts)).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_compacted(&e) => Ok(false),
+            Err(e) if is_future_rev(&e) => Ok(true),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    fn event(&self, ev: &etcd_client::Event) -> Result<WatchEvent, StoreError> {
+        let kv = ev
+            .kv()
+            .ok_or_else(|| StoreError::Backend("etcd: watch event without a key".into()))?;
+        let revision = kv.mod_revision();
+        let prev = ev.prev_kv().map(|p| self.convert(p)).transpose()?;
+        Ok(match ev.event_type() {
+            EventType::Put => {
+                let kv = self.convert(kv)?;
+                if kv.create_revision == kv.mod_revision {
+                    WatchEvent {
+                        kind: EventKind::Created,
+                        revision,
+                        kv,
+                        prev: None,
+                    }
+                } else {
+                    WatchEvent {
+                        kind: EventKind::Modified,
+                        revision,
+                        kv,
+                        prev,
+                    }
+                }
+            }
+            EventType::Delete => {
+                // etcd's tombstone carries only the key; the last state comes from prev_kv.
+                let last = match &prev {
+                    Some(p) => KeyValue {
+                        mod_revision: revision,
+                        ..p.clone()
+                    },
+                    None => KeyValue {
+                        mod_revision: revision,
+                        ..self.convert(kv)?
+                    },
+                };
+                WatchEvent {
+                    kind: EventKind::Deleted,
+                    revision,
+                    kv: last,
+                    prev,
+                }
+            }
+        })
+    }
+}
+
+/// etcd refuses an empty key, also as the start of a range; `\0` is the smallest one it takes.
+fn non_empty(key: Vec<u8>) -> Vec<u8> {
+    if key.is_empty() { vec![0] } else { key }
+}
+
+fn header_revision(resp: &TxnResponse) -> Result<Revision, StoreError> {
+    resp.header()
+        .map(|h| h.revision())
+        .ok_or_else(|| StoreError::Backend("etcd: response without a header".into()))
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let resp = self
+            .kv()
+            .get(self.full_key(key), None)
+            .await
+            .map_err(backend)?;
+        resp.kvs().first().map(|kv| self.convert(kv)).transpose()
+    }
+
+    async fn list(&self, prefix: &str, opts: ListOptions) -> Result<ListResult, StoreError> {
+        let full_prefix = self.full_key(prefix);
+        let end = crate::prefix_end(&full_prefix).unwrap_or_else(|| vec![0]);
+        let mut start = non_empty(full_prefix);
+        if let Some(after) = &opts.start_after {
+            let mut after = self.full_key(after);
+            after.push(0); // the smallest key greater than `after`
+            start = start.max(after);
+        }
+        let requested = opts.revision.filter(|r| *r > 0);
+        let mut get = GetOptions::new()
+            .with_range(end)
+            .with_revision(requested.unwrap_or(0));
+        if let Some(limit) = opts.limit.filter(|l| *l > 0) {
+            get = get.with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        }
+        let resp = match self.kv().get(start, Some(get)).await {
+            Ok(resp) => resp,
+            Err(e) => return Err(self.read_error(requested.unwrap_or(0), e).await),
+        };
+        let revision = match requested {
+            Some(r) => r,
+            None => resp
+                .header()
+                .map(|h| h.revision())
+                .ok_or_else(|| StoreError::Backend("etcd: response without a header".into()))?,
+        };
+        let items = resp
+            .kvs()
+            .iter()
+            .map(|kv| self.convert(kv))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ListResult {
+            items,
+            revision,
+            more: resp.more(),
+        })
+    }
+
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue, StoreError> {
+        let full = self.full_key(key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(full, value.clone(), None)]);
+        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        if !resp.succeeded() {
+            return Err(StoreError::AlreadyExists(key.to_owned()));
+        }
+        let revision = header_revision(&resp)?;
+        Ok(KeyValue {
+            key: key.to_owned(),
+            value,
+            create_revision: revision,
+            mod_revision: revision,
+        })
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected: Revision,
+    ) -> Result<KeyValue, StoreError> {
+        let full = self.full_key(key);
+        let txn = Txn::new()
+            .when([
+                Compare::version(full.clone(), CompareOp::Greater, 0),
+                Compare::mod_revision(full.clone(), CompareOp::Equal, expected),
+            ])
+            .and_then([TxnOp::put(
+                full.clone(),
+                value.clone(),
+                Some(PutOptions::new().with_prev_key()),
+            )])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        if !resp.succeeded() {
+            return Err(self.failed_write(key, expected, &resp)?);
+        }
+        let revision = header_revision(&resp)?;
+        let create_revision = resp
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Put(put) => put.prev_key().map(|p| p.create_revision()),
+                _ => None,
+            })
+            .ok_or_else(|| StoreError::Backend("etcd: put without its previous value".into()))?;
+        Ok(KeyValue {
+            key: key.to_owned(),
+            value,
+            create_revision,
+            mod_revision: revision,
+        })
+    }
+
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<KeyValue, StoreError> {
+        let full = self.full_key(key);
+        let mut compares = vec![Compare::version(full.clone(), CompareOp::Greater, 0)];
+        if let Some(expected) = expected {
+            compares.push(Compare::mod_revision(
+                full.clone(),
+                CompareOp::Equal,
+                expected,
+            ));
+        }
+        let txn = Txn::new()
+            .when(compares)
+            .and_then([TxnOp::delete(
+                full.clone(),
+                Some(DeleteOptions::new().with_prev_key()),
+            )])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = self.kv().txn(txn).await.map_err(backend)?;
+        if !resp.succeeded() {
+            return Err(self.failed_write(key, expected.unwrap_or(0), &resp)?);
+        }
+        let revision = header_revision(&resp)?;
+        let prev = resp
+            .op_responses()
+            .into_iter()
+            .find_map(|op| match op {
+                TxnOpResponse::Delete(del) => del.prev_kvs().first().cloned(),
+                _ => None,
+            })
+            .ok_or_else(|| StoreError::Backend("etcd: delete without its previous value".into()))?;
+        Ok(KeyValue {
+            mod_revision: revision,
+            ..self.convert(&prev)?
+        })
+    }
+
+    async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream, StoreError> {
+        let after = after.max(0);
+        // etcd would accept a start at the compacted revision itself, where it may have lost
+        // events; refuse every `after` older than the compacted revision, as SQLite does.
+        let probe = if after == 0 { 1 } else { after };
+        if !self.readable_at(probe).await? {
+            return Err(StoreError::Compacted {
+                requested: after,
+                compacted: self.compacted_revision().await?,
+            });
+        }
+        let full_prefix = self.full_key(prefix);
+        let end = crate::prefix_end(&full_prefix).unwrap_or_else(|| vec![0]);
+        let options = WatchOptions::new()
+            .with_range(end)
+            .with_start_revision(after + 1)
+            .with_prev_key();
+        let stream = self
+            .client
+            .watch_client()
+            .watch(non_empty(full_prefix), Some(options))
+            .await
+            .map_err(backend)?;
+        let state = WatchState {
+            store: self.clone(),
+            stream,
+            last: after,
+            queued: VecDeque::new(),
+            done: false,
+        };
+        Ok(futures::stream::unfold(state, |mut st| async move {
+            let item = st.next().await?;
+            Some((item, st))
+        })
+        .boxed())
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        let opts = CompactionOptions::new().with_physical();
+        match self.kv().compact(revision, Some(opts)).await {
+            Ok(_) => Ok(()),
+            // Already compacted at or beyond `revision`: nothing to do.
+            Err(e) if is_compacted(&e) => Ok(()),
+            Err(e) if is_future_rev(&e) => Err(StoreError::Backend(format!(
+                "etcd: cannot compact at future revision {revision}"
+            ))),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn current_revision(&self) -> Result<Revision, StoreError> {
+        let resp = self
+            .kv()
+            .get(self.probe_key(), Some(GetOptions::new().with_count_only()))
+            .await
+            .map_err(backend)?;
+        resp.header()
+            .map(|h| h.revision())
+            .ok_or_else(|| StoreError::Backend("etcd: response without a header".into()))
+    }
+
+    async fn compacted_revision(&self) -> Result<Revision, StoreError> {
+        if self.readable_at(1).await? {
+            return Ok(0);
+        }
+        // Invariant: `lo` is compacted, `hi` is readable (the current revision always is).
+        let (mut lo, mut hi) = (1, self.current_revision().await?);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.readable_at(mid).await? {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        Ok(hi)
+    }
+}
+
+/// The state of one etcd watch stream.
+struct WatchState {
+    store: EtcdStore,
+    stream: etcd_client::WatchStream,
+    /// The revision of the last event yielded (or `after`).
+    last: Revision,
+    queued: VecDeque<WatchEvent>,
+    done: bool,
+}
+
+impl WatchState {
+    async fn next(&mut self) -> Option<Result<WatchEvent, StoreError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if let Some(event) = self.queued.pop_front() {
+                self.last = event.revision;
+                return Some(Ok(event));
+            }
+            let resp = match self.stream.message().await {
+                Ok(Some(resp)) => resp,
+                Ok(None) => return None,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(StoreError::Backend(format!("etcd watch: {e}"))));
+                }
+            };
+            if resp.canceled() {
+                self.done = true;
+                return Some(Err(if resp.compact_revision() > 0 {
+                    StoreError::Compacted {
+                        requested: self.last,
+                        compacted: resp.compact_revision(),
+                    }
+                } else {
+                    StoreError::Backend(format!("etcd watch canceled: {}", resp.cancel_reason()))
+                }));
+            }
+            for ev in resp.events() {
+                match self.store.event(ev) {
+                    Ok(event) => self.queued.push_back(event),
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The embedded SQLite backend ([`SqliteStore`]): one database file in WAL mode with
+//! `synchronous=FULL`, so a write is acknowledged only after its commit reached the disk.
+//!
+//! All SQLite calls run on tokio's blocking pool. Writes go through one writer connection behind
+//! a mutex (SQLite allows one writer at a time anyway); reads use a small pool of separate
+//! connections, each read in its own transaction so that it sees one consistent snapshot. After
+//! each commit, still holding the writer lock, the writer publishes the event on an in-process
+//! broadcast channel, so live events leave in revision order. An advisory lock on `PATH.lock`
+//! keeps a second process from opening the same database (its watchers would miss our events).
+//! The schema and queries live in [`log`]; watch streams in [`watch`].
+
+mod log;
+#[cfg(test)]
+mod tests;
+mod watch;
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use tokio::sync::broadcast;
+
+use crate::{
+    EventKind, KeyValue, ListOptions, ListResult, Revision, Store, StoreError, WatchEvent,
+    WatchStream,
+};
+
+/// Live events buffered per watcher before it has to catch up from the log table.
+const BROADCAST_CAPACITY: usize = 4096;
+/// Idle reader connections kept open.
+const MAX_IDLE_READERS: usize = 8;
+/// Rows deleted per compaction transaction (keeps the writer lock short).
+const COMPACT_CHUNK: i64 = 5000;
+/// How long SQLite waits on a lock held by another connection before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `open` waits for the previous owner of the lock file to let go.
+const LOCK_WAIT: Duration = Duration::from_secs(3);
+
+/// The SQLite store. Cheap to clone; clones share one database. The database (and its lock)
+/// stays open until the last clone and the last watch stream from it are dropped.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    path: PathBuf,
+    // Readers are declared (so dropped) before the writer: the last connection to close
+    // checkpoints the WAL into the database, which read-only connections cannot do.
+    readers: Mutex<Vec<Connection>>,
+    writer: Mutex<Connection>,
+    events: broadcast::Sender<Arc<WatchEvent>>,
+    /// Held for the store's lifetime: the advisory lock against other processes.
+    _lock: File,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave a half-done transaction behind (it rolls back
+    // on drop), so a poisoned mutex is still safe to use.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn join_error(e: tokio::task::JoinError) -> StoreError {
+    StoreError::Backend(format!("sqlite worker failed: {e}"))
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) the database at `path`, and its parent directory.
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        Self::open_with_capacity(path.as_ref(), BROADCAST_CAPACITY).await
+    }
+
+    async fn open_with_capacity(path: &Path, capacity: usize) -> Result<SqliteStore, StoreError> {
+        let path = path.to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open_blocking(path, capacity))
+            .await
+            .map_err(join_error)?
+    }
+
+    fn open_blocking(path: PathBuf, capacity: usize) -> Result<SqliteStore, StoreError> {
+        let io_err = |what: &str, e: std::io::Error| {
+            StoreError::Backend(format!("sqlite: {what} {}: {e}", path.display()))
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| io_err("creating the directory of", e))?;
+        }
+        let lock_path = {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".lock");
+            PathBuf::from(name)
+        };
+        let lock_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_err("opening the lock file of", e))?;
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            match lock_file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(StoreError::Backend(format!(
+                        "sqlite: {} is in use by another store (lock {} is held)",
+                        path.display(),
+                        lock_path.display()
+                    )));
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(io_err("locking", e));
+                }
+            }
+        }
+
+        let writer = Connection::open(&path)?;
+        writer.busy_timeout(BUSY_TIMEOUT)?;
+        let mode: String = writer.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Backend(format!(
+                "sqlite: could not switch {} to WAL mode (got {mode})",
+                path.display()
+            )));
+        }
+        writer.pragma_update(None, "synchronous", "FULL")?;
+        log::init_schema(&writer)?;
+        let (events, _) = broadcast::channel(capacity);
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                readers: Mutex::new(Vec::new()),
+                writer: Mutex::new(writer),
+                events,
+                _lock: lock_file,
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Runs `f` in one write transaction; commits, then publishes the event it returned.
+    async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<(T, WatchEvent), StoreError> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = lock(&inner.writer);
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let (out, event) = f(&tx)?;
+            tx.commit()?;
+            // No receivers is fine: nobody is watching.
+            let _ = inner.events.send(Arc::new(event));
+            Ok(out)
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    /// Runs `f` in one read transaction on a pooled reader connection.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.read_blocking(f))
+            .await
+            .map_err(join_error)?
+    }
+}
+
+impl Inner {
+    fn read_blocking<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let pooled = lock(&self.readers).pop();
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => {
+                let conn = Connection::open_with_flags(
+                    &self.path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                conn.busy_timeout(BUSY_TIMEOUT)?;
+                conn
+            }
+        };
+        let result = (|| {
+            let tx = conn.transaction()?;
+            let out = f(&tx)?;
+            tx.finish()?;
+            Ok(out)
+        })();
+        let mut idle = lock(&self.readers);
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let key = key.to_owned();
+        self.read(move |c| log::get(c, &key)).await
+    }
+
+    async fn list(&self, prefix: &str, opts: ListOptions) -> Result<ListResult, StoreError> {
+        let prefix = prefix.to_owned();
+        self.read(move |c| log::list(c, &prefix, &opts)).await
+    }
+
+    async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue, StoreError> {
+        let key = key.to_owned();
+        self.write(move |c| {
+            let prev = log::latest(c, &key)?;
+            if prev.as_ref().is_some_and(|p| !p.deleted) {
+                return Err(StoreError::AlreadyExists(key));
+            }
+            let prev_revision = prev.map_or(0, |p| p.id);
+            let rev = log::append(c, &key, &value, None, prev_revision, false)?;
+            let kv = KeyValue {
+                key,
+                value,
+                create_revision: rev,
+                mod_revision: rev,
+            };
+            let event = WatchEvent {
+                kind: EventKind::Created,
+                revision: rev,
+                kv: kv.clone(),
+                prev: None,
+            };
+            Ok((kv, event))
+        })
+        .await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected: Revision,
+    ) -> Result<KeyValue, StoreError> {
+        let key = key.to_owned();
+        self.write(move |c| {
+            let current = match log::latest(c, &key)? {
+                Some(row) if !row.deleted => row,
+                _ => return Err(StoreError::NotFound(key)),
+            };
+            if current.id != expected {
+                let current = KeyValue {
+                    key: key.clone(),
+                    value: current.value,
+                    create_revision: current.create_revision,
+                    mod_revision: current.id,
+                };
+                return Err(StoreError::Conflict {
+                    key,
+                    expected,
+                    current: Some(Box::new(current)),
+                });
+            }
+            let create_revision = current.create_revision;
+            let rev = log::append(c, &key, &value, Some(create_revision), current.id, false)?;
+            let prev = KeyValue {
+                key: key.clone(),
+                value: current.value,
+                create_revision,
+                mod_revision: current.id,
+            };
+            let kv = KeyValue {
+                key,
+                value,
+                create_revision,
+                mod_revision: rev,
+            };
+            let event = WatchEvent {
+                kind: EventKind::Modified,
+                revision: rev,
+                kv: kv.clone(),
+                prev: Some(prev),
+            };
+            Ok((kv, event))
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<KeyValue, StoreError> {
+        let key = key.to_owned();
+        self.write(move |c| {
+            let current = match log::latest(c, &key)? {
+                Some(row) if !row.deleted => row,
+                _ => return Err(StoreError::NotFound(key)),
+            };
+            let prev = KeyValue {
+                key: key.clone(),
+                value: current.value,
+                create_revision: current.create_revision,
+                mod_revision: current.id,
+            };
+            if let Some(expected) = expected.filter(|e| *e != current.id) {
+                return Err(StoreError::Conflict {
+                    key,
+                    expected,
+                    current: Some(Box::new(prev)),
+                });
+            }
+            let rev = log::append(
+                c,
+                &key,
+                &prev.value,
+                Some(prev.create_revision),
+                prev.mod_revision,
+                true,
+            )?;
+            let kv = KeyValue {
+                mod_revision: rev,
+                ..prev.clone()
+            };
+            let event = WatchEvent {
+                kind: EventKind::Deleted,
+                revision: rev,
+                kv: kv.clone(),
+                prev: Some(prev),
+            };
+            Ok((kv, event))
+        })
+        .await
+    }
+
+    async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream, StoreError> {
+        let after = after.max(0);
+        // Subscribe before looking at the log: every event committed from here on is in `rx`,
+        // everything before is in the table, and the stream drops the overlap by revision.
+        let rx = self.inner.events.subscribe();
+        let compacted = self.compacted_revision().await?;
+        if after < compacted {
+            return Err(StoreError::Compacted {
+                requested: after,
+                compacted,
+            });
+        }
+        Ok(watch::stream(self.clone(), rx, prefix.to_owned(), after))
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            // First move the marker, so that no reader relies on rows about to go.
+            let start = {
+                let mut conn = lock(&inner.writer);
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let old = log::set_compact_marker(&tx, revision)?;
+                let first = log::first_id(&tx)?;
+                tx.commit()?;
+                match (old, first) {
+                    (Some(_), Some(first)) => first,
+                    _ => return Ok(()),
+                }
+            };
+            let mut lo = start;
+            while lo <= revision {
+                let hi = (lo + COMPACT_CHUNK).min(revision + 1);
+                let mut conn = lock(&inner.writer);
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                log::compact_range(&tx, revision, lo, hi)?;
+                tx.commit()?;
+                drop(conn);
+                lo = hi;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    async fn current_revision(&self) -> Result<Revision, StoreError> {
+        self.read(log::current_revision).await
+    }
+
+    async fn compacted_revision(&self) -> Result<Revision, StoreError> {
+        self.read(log::compacted_revision).await
+    }
+}

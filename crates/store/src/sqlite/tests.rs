@@ -1,0 +1,205 @@
+//! Tests of what only the SQLite backend has: its pragmas, the file lock, a watcher that lags
+//! behind the broadcast, compaction removing rows, and durability across a killed process.
+//! The behaviour shared with etcd is tested by the conformance suite in `tests/conformance`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use super::SqliteStore;
+use crate::{EventKind, Store, StoreError};
+
+/// Set in the environment of the child process of `survives_a_killed_writer`.
+const CRASH_CHILD_DB: &str = "FERROVIRT_STORE_CRASH_CHILD_DB";
+
+#[tokio::test]
+async fn database_is_wal_with_full_sync() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open(dir.path().join("s.db")).await?;
+    let conn = super::lock(&store.inner.writer);
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+    assert_eq!(mode, "wal");
+    assert_eq!(sync, 2, "synchronous=FULL");
+    Ok(())
+}
+
+#[tokio::test]
+async fn second_open_of_one_file_is_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("s.db");
+    let first = SqliteStore::open(&path).await?;
+    match SqliteStore::open(&path).await {
+        Err(StoreError::Backend(msg)) => assert!(msg.contains("in use"), "{msg}"),
+        other => anyhow::bail!("second open: {other:?}"),
+    }
+    drop(first);
+    SqliteStore::open(&path).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn lagging_watcher_catches_up_from_the_log() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open_with_capacity(&dir.path().join("s.db"), 4).await?;
+    let mut w = store.watch("/k", 0).await?;
+    let mut kv = store.create("/k", b"0".to_vec()).await?;
+    for i in 1..50 {
+        kv = store
+            .update("/k", i.to_string().into_bytes(), kv.mod_revision)
+            .await?;
+    }
+    // Read a few, fall behind again, read the rest.
+    for rev in 1..=3 {
+        let ev = w.next().await.expect("event")?;
+        assert_eq!(ev.revision, rev);
+    }
+    for i in 50..80 {
+        kv = store
+            .update("/k", i.to_string().into_bytes(), kv.mod_revision)
+            .await?;
+    }
+    for rev in 4..=80 {
+        let ev = tokio::time::timeout(Duration::from_secs(5), w.next())
+            .await?
+            .expect("event")?;
+        assert_eq!(ev.revision, rev);
+        assert_eq!(ev.kv.value, (rev - 1).to_string().into_bytes());
+        let kind = if rev == 1 {
+            EventKind::Created
+        } else {
+            EventKind::Modified
+        };
+        assert_eq!(ev.kind, kind);
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), w.next())
+            .await
+            .is_err()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn lagging_watcher_behind_a_compaction_gets_compacted() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open_with_capacity(&dir.path().join("s.db"), 2).await?;
+    let mut w = store.watch("/k", 0).await?;
+    let mut kv = store.create("/k", b"0".to_vec()).await?;
+    let first = w.next().await.expect("event")?;
+    assert_eq!(first.revision, 1);
+    for i in 1..10 {
+        kv = store
+            .update("/k", i.to_string().into_bytes(), kv.mod_revision)
+            .await?;
+    }
+    store.compact(kv.mod_revision).await?;
+    match w.next().await {
+        Some(Err(StoreError::Compacted {
+            requested: 1,
+            compacted: 10,
+        })) => {}
+        other => anyhow::bail!("expected Compacted, got {other:?}"),
+    }
+    assert!(w.next().await.is_none(), "the stream ends after Compacted");
+    Ok(())
+}
+
+#[tokio::test]
+async fn compaction_removes_superseded_rows_and_tombstones() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open(dir.path().join("s.db")).await?;
+    let mut a = store.create("/a", b"0".to_vec()).await?;
+    for i in 1..20 {
+        a = store
+            .update("/a", i.to_string().into_bytes(), a.mod_revision)
+            .await?;
+    }
+    store.create("/b", b"b".to_vec()).await?;
+    store.delete("/b", None).await?;
+    let c = store.create("/c", b"c".to_vec()).await?;
+    let rows = |store: &SqliteStore| -> anyhow::Result<i64> {
+        let conn = super::lock(&store.inner.writer);
+        Ok(conn.query_row("SELECT COUNT(*) FROM kv_log", [], |r| r.get(0))?)
+    };
+    assert_eq!(rows(&store)?, 23);
+    store.compact(c.mod_revision).await?;
+    // Left: the last row of /a (below the mark) and /c (at the mark).
+    assert_eq!(rows(&store)?, 2);
+    assert_eq!(store.get("/a").await?, Some(a));
+    assert_eq!(store.current_revision().await?, 23);
+    // The revision survives the loss of its newest row, and the marker survives a reopen.
+    store.delete("/c", None).await?;
+    store.compact(24).await?;
+    assert_eq!(rows(&store)?, 1);
+    drop(store);
+    let store = SqliteStore::open(dir.path().join("s.db")).await?;
+    assert_eq!(store.current_revision().await?, 24);
+    assert_eq!(store.compacted_revision().await?, 24);
+    assert_eq!(store.create("/d", Vec::new()).await?.mod_revision, 25);
+    Ok(())
+}
+
+/// Runs in a child process of `survives_a_killed_writer`: writes until killed, printing one
+/// line per acknowledged write.
+#[tokio::test]
+#[ignore = "helper process for survives_a_killed_writer"]
+async fn crash_child() -> anyhow::Result<()> {
+    let Some(path) = std::env::var_os(CRASH_CHILD_DB) else {
+        return Ok(());
+    };
+    let store = SqliteStore::open(path).await?;
+    for i in 0..100_000 {
+        let kv = store
+            .create(&format!("/crash/{i:06}"), vec![7; 100])
+            .await?;
+        println!("ACK {} {}", kv.key, kv.mod_revision);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn survives_a_killed_writer() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("crash.db");
+    let mut child = Command::new(std::env::current_exe()?)
+        .args([
+            "--exact",
+            "sqlite::tests::crash_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CRASH_CHILD_DB, &path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let acked = tokio::task::spawn_blocking(move || {
+        let mut acked = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            if let Some(rest) = line.strip_prefix("ACK ") {
+                let (key, rev) = rest.split_once(' ').expect("ACK key rev");
+                acked.push((key.to_owned(), rev.parse::<i64>()?));
+                if acked.len() == 150 {
+                    break;
+                }
+            }
+        }
+        anyhow::Ok(acked)
+    })
+    .await??;
+    child.kill()?; // SIGKILL, in the middle of the write stream
+    child.wait()?;
+    assert_eq!(acked.len(), 150, "the child acknowledged writes");
+
+    let store = SqliteStore::open(&path).await?;
+    for (key, rev) in &acked {
+        let kv = store.get(key).await?;
+        assert_eq!(kv.map(|kv| kv.mod_revision), Some(*rev), "{key} survived");
+    }
+    assert!(store.current_revision().await? >= 150);
+    Ok(())
+}
