@@ -122,6 +122,18 @@ echo "root:x:0:0:root:/root:/bin/sh" >"$R/etc/passwd"
 echo "root:x:0:" >"$R/etc/group"
 echo "ferrovirt-guest" >"$R/etc/hostname"
 
+# qemu-ga runs /sbin/shutdown for guest-shutdown (soft reboot, power off).
+cat >"$R/sbin/shutdown" <<'EOF'
+#!/bin/sh
+# Minimal shutdown(8) for qemu-ga: -r reboots, -H halts, anything else powers off.
+case " $* " in
+  *" -r "*) exec reboot ;;
+  *" -H "*) exec halt ;;
+  *) exec poweroff ;;
+esac
+EOF
+chmod +x "$R/sbin/shutdown"
+
 cat >"$R/etc/inittab" <<'EOF'
 ::sysinit:/etc/rc.boot
 ttyS0::respawn:-/bin/sh

@@ -1,0 +1,890 @@
+//! The QEMU command line: a pure function from [`LaunchSpec`] to argv, plus accelerator detection.
+//!
+//! Block devices use `-blockdev` in its JSON form (no comma escaping needed for paths); every
+//! other option uses QEMU's `key=value` syntax, with commas in values doubled.
+
+use serde_json::{Value, json};
+
+use crate::spec::{
+    Accel, CacheMode, CpuModel, Disk, DiskBus, DiskFormat, DiskSource, Firmware, ForwardProtocol,
+    LaunchSpec, Nic, NicBackend,
+};
+
+/// The virtio-serial port name the QEMU guest agent listens on inside the guest.
+pub const GUEST_AGENT_PORT: &str = "org.qemu.guest_agent.0";
+/// QOM id of the serial console character device.
+pub const SERIAL_CHARDEV_ID: &str = "serial0";
+/// QOM id of the SCSI controller created when any disk uses the SCSI bus.
+pub const SCSI_CONTROLLER_ID: &str = "scsi0";
+/// QOM id of the USB controller created when any disk uses the USB bus.
+pub const USB_CONTROLLER_ID: &str = "usb";
+
+/// Builds QEMU's argv (without the binary) for a spec. Pure: touches no files.
+///
+/// The spec should have passed [`LaunchSpec::validate`]; invalid specs still produce an argv, which
+/// QEMU will then reject.
+pub fn qemu_command(spec: &LaunchSpec) -> Vec<String> {
+    let mut a = Args::default();
+    a.opt(
+        "-name",
+        format!("guest={},debug-threads=on", esc(&spec.name)),
+    );
+    a.opt("-uuid", &spec.uuid);
+    a.opt("-machine", machine_opts(spec));
+    match spec.accel {
+        Accel::Kvm => a.opt("-accel", "kvm"),
+        Accel::Tcg => match spec.tcg_tb_size_mib {
+            Some(n) => a.opt("-accel", format!("tcg,tb-size={n}")),
+            None => a.opt("-accel", "tcg"),
+        },
+    }
+    a.opt("-cpu", cpu_model(spec));
+    let c = &spec.cpu;
+    a.opt(
+        "-smp",
+        format!(
+            "{},sockets={},cores={},threads={}",
+            c.vcpus(),
+            c.sockets,
+            c.cores,
+            c.threads
+        ),
+    );
+    a.opt("-m", format!("{}M", spec.memory_mib));
+    a.flag("-nodefaults");
+    a.flag("-no-user-config");
+    a.opt("-display", "none");
+    a.opt("-smbios", smbios_opts(spec));
+    a.opt("-rtc", "base=utc");
+    a.opt("-msg", "timestamp=on");
+    if spec.start_paused {
+        a.flag("-S");
+    }
+    if spec.sandbox {
+        a.opt(
+            "-sandbox",
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        );
+    }
+    firmware_args(spec, &mut a);
+    if let Some(k) = &spec.kernel_boot {
+        a.opt("-kernel", k.kernel.display().to_string());
+        if let Some(initrd) = &k.initrd {
+            a.opt("-initrd", initrd.display().to_string());
+        }
+        if let Some(cmdline) = &k.cmdline {
+            a.opt("-append", cmdline);
+        }
+    }
+    chardev_args(spec, &mut a);
+    disk_args(spec, &mut a);
+    for nic in &spec.nics {
+        nic_args(nic, &mut a);
+    }
+    if spec.rng {
+        a.opt("-object", "rng-random,id=rng0,filename=/dev/urandom");
+        a.opt("-device", "virtio-rng-pci,rng=rng0");
+    }
+    if spec.balloon {
+        a.opt("-device", "virtio-balloon-pci,id=balloon0");
+    }
+    a.0.extend(spec.extra_args.iter().cloned());
+    a.0
+}
+
+/// Picks KVM or TCG for this host: KVM only when `/dev/kvm` opens read-write and the CPU reports
+/// hardware virtualization (vmx or svm).
+pub fn detect_accel() -> Accel {
+    let kvm_openable = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    choose_accel(kvm_openable, &cpuinfo)
+}
+
+/// The decision behind [`detect_accel`], on observed facts.
+pub fn choose_accel(kvm_openable: bool, cpuinfo: &str) -> Accel {
+    if kvm_openable && cpu_has_virtualization(cpuinfo) {
+        Accel::Kvm
+    } else {
+        Accel::Tcg
+    }
+}
+
+/// True when any `flags` line of /proc/cpuinfo lists `vmx` (Intel VT-x) or `svm` (AMD-V).
+pub fn cpu_has_virtualization(cpuinfo: &str) -> bool {
+    cpuinfo.lines().any(|line| {
+        let Some((key, flags)) = line.split_once(':') else {
+            return false;
+        };
+        key.trim() == "flags"
+            && flags
+                .split_whitespace()
+                .any(|flag| flag == "vmx" || flag == "svm")
+    })
+}
+
+/// Doubles commas, as QEMU's `key=value,…` syntax requires inside values.
+pub fn esc(value: &str) -> String {
+    value.replace(',', ",,")
+}
+
+#[derive(Default)]
+struct Args(Vec<String>);
+
+impl Args {
+    fn flag(&mut self, f: &str) {
+        self.0.push(f.to_string());
+    }
+    fn opt(&mut self, f: &str, v: impl Into<String>) {
+        self.0.push(f.to_string());
+        self.0.push(v.into());
+    }
+}
+
+fn machine_opts(spec: &LaunchSpec) -> String {
+    let mut m = spec.machine.clone();
+    if let Firmware::Efi { secure_boot, .. } = &spec.firmware {
+        m.push_str(",pflash0=fw-code,pflash1=fw-vars");
+        if *secure_boot {
+            m.push_str(",smm=on");
+        }
+    }
+    m
+}
+
+fn cpu_model(spec: &LaunchSpec) -> String {
+    match (&spec.cpu.model, spec.accel) {
+        // `host` needs KVM; under TCG the closest is everything TCG can emulate.
+        (CpuModel::Host, Accel::Tcg) => "max".to_string(),
+        (model, _) => model.to_string(),
+    }
+}
+
+fn smbios_opts(spec: &LaunchSpec) -> String {
+    let s = &spec.smbios;
+    let mut o = format!("type=1,manufacturer={}", esc(&s.manufacturer));
+    for (key, value) in [
+        ("product", &s.product),
+        ("version", &s.version),
+        ("serial", &s.serial),
+    ] {
+        if let Some(v) = value {
+            o.push_str(&format!(",{key}={}", esc(v)));
+        }
+    }
+    o.push_str(&format!(",uuid={}", spec.uuid));
+    for (key, value) in [("sku", &s.sku), ("family", &s.family)] {
+        if let Some(v) = value {
+            o.push_str(&format!(",{key}={}", esc(v)));
+        }
+    }
+    o
+}
+
+fn firmware_args(spec: &LaunchSpec, a: &mut Args) {
+    let Firmware::Efi {
+        secure_boot,
+        code_path,
+        vars_path,
+    } = &spec.firmware
+    else {
+        return;
+    };
+    a.opt(
+        "-blockdev",
+        blockdev(json!({
+            "driver": "file",
+            "filename": code_path.display().to_string(),
+            "node-name": "fw-code",
+            "read-only": true,
+        })),
+    );
+    a.opt(
+        "-blockdev",
+        blockdev(json!({
+            "driver": "file",
+            "filename": vars_path.display().to_string(),
+            "node-name": "fw-vars",
+            "read-only": false,
+        })),
+    );
+    if *secure_boot {
+        a.opt("-global", "driver=cfi.pflash01,property=secure,value=on");
+    }
+}
+
+fn socket_chardev(id: &str, path: &std::path::Path) -> String {
+    format!(
+        "socket,id={id},path={},server=on,wait=off",
+        esc(&path.display().to_string())
+    )
+}
+
+fn chardev_args(spec: &LaunchSpec, a: &mut Args) {
+    let s = &spec.sockets;
+    a.opt("-chardev", socket_chardev("qmp", &s.qmp));
+    a.opt("-mon", "chardev=qmp,mode=control");
+
+    let log = s
+        .serial_log
+        .as_ref()
+        .map(|l| format!(",logfile={},logappend=on", esc(&l.display().to_string())));
+    let serial = match (&s.serial, &log) {
+        (Some(sock), _) => {
+            Some(socket_chardev(SERIAL_CHARDEV_ID, sock) + log.as_deref().unwrap_or(""))
+        }
+        (None, Some(_)) => s.serial_log.as_ref().map(|l| {
+            format!(
+                "file,id={SERIAL_CHARDEV_ID},path={}",
+                esc(&l.display().to_string())
+            )
+        }),
+        (None, None) => None,
+    };
+    if let Some(chardev) = serial {
+        a.opt("-chardev", chardev);
+        a.opt("-device", format!("isa-serial,chardev={SERIAL_CHARDEV_ID}"));
+    }
+
+    if let Some(qga) = &s.guest_agent {
+        a.opt("-device", "virtio-serial-pci,id=virtio-serial0");
+        a.opt("-chardev", socket_chardev("qga0", qga));
+        a.opt(
+            "-device",
+            format!("virtserialport,bus=virtio-serial0.0,chardev=qga0,name={GUEST_AGENT_PORT}"),
+        );
+    }
+
+    if let Some(vnc) = &s.vnc {
+        a.opt("-vnc", format!("unix:{}", esc(&vnc.display().to_string())));
+        a.opt("-device", format!("{},id=video0", spec.video.qemu_device()));
+    }
+}
+
+fn blockdev(v: Value) -> String {
+    v.to_string()
+}
+
+/// `cache.direct`, `cache.no-flush` and the device's `write-cache`, as libvirt maps its modes.
+fn cache_flags(mode: CacheMode) -> (bool, bool, bool) {
+    match mode {
+        CacheMode::None => (true, false, true),
+        CacheMode::Writethrough => (false, false, false),
+        CacheMode::Writeback => (false, false, true),
+        CacheMode::Directsync => (true, false, false),
+        CacheMode::Unsafe => (false, true, true),
+    }
+}
+
+fn disk_args(spec: &LaunchSpec, a: &mut Args) {
+    if spec.disks.iter().any(|d| d.bus == DiskBus::Scsi) {
+        a.opt(
+            "-device",
+            format!("virtio-scsi-pci,id={SCSI_CONTROLLER_ID}"),
+        );
+    }
+    if spec.disks.iter().any(|d| d.bus == DiskBus::Usb) {
+        a.opt("-device", format!("qemu-xhci,id={USB_CONTROLLER_ID}"));
+    }
+    let (mut sata, mut scsi) = (0usize, 0usize);
+    for d in &spec.disks {
+        block_nodes(d, a);
+        let slot = match d.bus {
+            DiskBus::Sata => {
+                sata += 1;
+                sata - 1
+            }
+            DiskBus::Scsi => {
+                scsi += 1;
+                scsi - 1
+            }
+            DiskBus::Virtio | DiskBus::Usb => 0,
+        };
+        a.opt("-device", disk_device(d, slot));
+    }
+}
+
+/// Node name of a disk's format layer (what the device attaches to).
+pub fn disk_node_name(disk_id: &str) -> String {
+    format!("fmt-{disk_id}")
+}
+
+fn block_nodes(d: &Disk, a: &mut Args) {
+    let ro = d.is_readonly();
+    let file_node = format!("file-{}", d.id);
+    let mut file = json!({
+        "driver": match d.source { DiskSource::File => "file", DiskSource::Block => "host_device" },
+        "filename": d.path.display().to_string(),
+        "node-name": file_node,
+        "read-only": ro,
+    });
+    let mut fmt = json!({
+        "driver": match d.format { DiskFormat::Raw => "raw", DiskFormat::Qcow2 => "qcow2" },
+        "file": file_node,
+        "node-name": disk_node_name(&d.id),
+        "read-only": ro,
+    });
+    if let Some(mode) = d.cache {
+        let (direct, no_flush, _) = cache_flags(mode);
+        let cache = json!({"direct": direct, "no-flush": no_flush});
+        file["cache"] = cache.clone();
+        fmt["cache"] = cache;
+    }
+    a.opt("-blockdev", blockdev(file));
+    a.opt("-blockdev", blockdev(fmt));
+}
+
+fn disk_device(d: &Disk, slot: usize) -> String {
+    let model = match (d.bus, d.cdrom) {
+        (DiskBus::Virtio, _) => "virtio-blk-pci".to_string(),
+        (DiskBus::Sata, false) => format!("ide-hd,bus=ide.{slot}"),
+        (DiskBus::Sata, true) => format!("ide-cd,bus=ide.{slot}"),
+        (DiskBus::Scsi, cd) => format!(
+            "{},bus={SCSI_CONTROLLER_ID}.0,channel=0,scsi-id={slot},lun=0",
+            if cd { "scsi-cd" } else { "scsi-hd" }
+        ),
+        (DiskBus::Usb, _) => format!("usb-storage,bus={USB_CONTROLLER_ID}.0"),
+    };
+    let mut dev = format!("{model},id={},drive={}", d.id, disk_node_name(&d.id));
+    if let Some(serial) = &d.serial {
+        dev.push_str(&format!(",serial={}", esc(serial)));
+    }
+    if let Some(mode) = d.cache
+        && !d.cdrom
+    {
+        let (_, _, write_cache) = cache_flags(mode);
+        dev.push_str(if write_cache {
+            ",write-cache=on"
+        } else {
+            ",write-cache=off"
+        });
+    }
+    if let Some(n) = d.boot_order {
+        dev.push_str(&format!(",bootindex={n}"));
+    }
+    dev
+}
+
+fn nic_args(nic: &Nic, a: &mut Args) {
+    let netdev = format!("net-{}", nic.id);
+    let has_netdev = match &nic.backend {
+        NicBackend::User { forwards } => {
+            let mut o = format!("user,id={netdev}");
+            for f in forwards {
+                let proto = match f.protocol {
+                    ForwardProtocol::Tcp => "tcp",
+                    ForwardProtocol::Udp => "udp",
+                };
+                o.push_str(&format!(
+                    ",hostfwd={proto}:{}:{}-:{}",
+                    f.host_addr, f.host_port, f.guest_port
+                ));
+            }
+            a.opt("-netdev", o);
+            true
+        }
+        NicBackend::Tap { ifname } => {
+            a.opt(
+                "-netdev",
+                format!(
+                    "tap,id={netdev},ifname={},script=no,downscript=no",
+                    esc(ifname)
+                ),
+            );
+            true
+        }
+        NicBackend::None => false,
+    };
+    let mut dev = format!("{},id={}", nic.model.qemu_device(), nic.id);
+    if has_netdev {
+        dev.push_str(&format!(",netdev={netdev}"));
+    }
+    if let Some(mac) = &nic.mac {
+        dev.push_str(&format!(",mac={mac}"));
+    }
+    match nic.boot_order {
+        Some(n) => dev.push_str(&format!(",bootindex={n}")),
+        // No network boot wanted: skip loading the PXE option ROM.
+        None => dev.push_str(",romfile="),
+    }
+    a.opt("-device", dev);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::*;
+
+    fn spec() -> LaunchSpec {
+        let mut s = LaunchSpec::new(
+            "vm1",
+            "12345678-9abc-def0-1234-56789abcdef0",
+            256,
+            "/run/vm1/qmp.sock".into(),
+        );
+        s.smbios.serial = Some("SER-1".into());
+        s
+    }
+
+    fn disk(id: &str) -> Disk {
+        Disk {
+            id: id.into(),
+            path: format!("/img/{id}.img").into(),
+            format: DiskFormat::Raw,
+            bus: DiskBus::Virtio,
+            readonly: false,
+            cdrom: false,
+            boot_order: None,
+            serial: None,
+            cache: None,
+            source: DiskSource::File,
+        }
+    }
+
+    /// Value following the first occurrence of `flag`.
+    fn value_of<'a>(argv: &'a [String], flag: &str) -> Option<&'a str> {
+        argv.iter()
+            .position(|a| a == flag)
+            .map(|i| argv[i + 1].as_str())
+    }
+
+    /// Values following every occurrence of `flag`.
+    fn values_of<'a>(argv: &'a [String], flag: &str) -> Vec<&'a str> {
+        argv.windows(2)
+            .filter(|w| w[0] == flag)
+            .map(|w| w[1].as_str())
+            .collect()
+    }
+
+    fn blockdevs(argv: &[String]) -> Vec<Value> {
+        values_of(argv, "-blockdev")
+            .into_iter()
+            .map(|s| serde_json::from_str(s).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn baseline_machine_and_defaults() {
+        let argv = qemu_command(&spec());
+        assert_eq!(value_of(&argv, "-machine"), Some("q35"));
+        assert!(argv.contains(&"-nodefaults".to_string()));
+        assert!(argv.contains(&"-no-user-config".to_string()));
+        assert_eq!(value_of(&argv, "-display"), Some("none"));
+        assert_eq!(
+            value_of(&argv, "-uuid"),
+            Some("12345678-9abc-def0-1234-56789abcdef0")
+        );
+        assert_eq!(value_of(&argv, "-m"), Some("256M"));
+        assert_eq!(
+            value_of(&argv, "-smp"),
+            Some("1,sockets=1,cores=1,threads=1")
+        );
+        assert_eq!(value_of(&argv, "-name"), Some("guest=vm1,debug-threads=on"));
+        assert!(!argv.contains(&"-S".to_string()));
+        assert!(!argv.contains(&"-sandbox".to_string()));
+        assert!(!argv.contains(&"-vnc".to_string()));
+    }
+
+    #[test]
+    fn smbios_carries_manufacturer_uuid_and_serial() {
+        let argv = qemu_command(&spec());
+        assert_eq!(
+            value_of(&argv, "-smbios"),
+            Some(
+                "type=1,manufacturer=ferrovirt,serial=SER-1,uuid=12345678-9abc-def0-1234-56789abcdef0"
+            )
+        );
+        let mut s = spec();
+        s.smbios.manufacturer = "Acme, Inc".into();
+        s.smbios.product = Some("VM".into());
+        s.smbios.family = Some("f".into());
+        let argv = qemu_command(&s);
+        let smbios = value_of(&argv, "-smbios").unwrap();
+        assert!(smbios.starts_with("type=1,manufacturer=Acme,, Inc,product=VM,serial=SER-1,"));
+        assert!(smbios.ends_with(",family=f"));
+    }
+
+    #[test]
+    fn qmp_and_serial_are_listening_unix_sockets() {
+        let mut s = spec();
+        s.sockets.serial = Some("/run/vm1/serial.sock".into());
+        let argv = qemu_command(&s);
+        let chardevs = values_of(&argv, "-chardev");
+        assert!(chardevs.contains(&"socket,id=qmp,path=/run/vm1/qmp.sock,server=on,wait=off"));
+        assert!(
+            chardevs.contains(&"socket,id=serial0,path=/run/vm1/serial.sock,server=on,wait=off")
+        );
+        assert_eq!(value_of(&argv, "-mon"), Some("chardev=qmp,mode=control"));
+        assert!(values_of(&argv, "-device").contains(&"isa-serial,chardev=serial0"));
+    }
+
+    #[test]
+    fn serial_log_is_attached_to_the_console_or_stands_alone() {
+        let mut s = spec();
+        s.sockets.serial = Some("/s.sock".into());
+        s.sockets.serial_log = Some("/log/console.log".into());
+        let argv = qemu_command(&s);
+        assert!(values_of(&argv, "-chardev").contains(
+            &"socket,id=serial0,path=/s.sock,server=on,wait=off,logfile=/log/console.log,logappend=on"
+        ));
+        s.sockets.serial = None;
+        let argv = qemu_command(&s);
+        assert!(values_of(&argv, "-chardev").contains(&"file,id=serial0,path=/log/console.log"));
+        assert!(values_of(&argv, "-device").contains(&"isa-serial,chardev=serial0"));
+    }
+
+    #[test]
+    fn paths_with_commas_are_escaped() {
+        let mut s = spec();
+        s.sockets.qmp = "/run/a,b/qmp.sock".into();
+        let argv = qemu_command(&s);
+        assert!(
+            values_of(&argv, "-chardev")
+                .contains(&"socket,id=qmp,path=/run/a,,b/qmp.sock,server=on,wait=off")
+        );
+    }
+
+    #[test]
+    fn vnc_socket_adds_display_device() {
+        let mut s = spec();
+        s.sockets.vnc = Some("/run/vm1/vnc.sock".into());
+        let argv = qemu_command(&s);
+        assert_eq!(value_of(&argv, "-vnc"), Some("unix:/run/vm1/vnc.sock"));
+        assert!(values_of(&argv, "-device").contains(&"VGA,id=video0"));
+        assert_eq!(value_of(&argv, "-display"), Some("none"));
+        s.video = VideoModel::VirtioGpu;
+        assert!(values_of(&qemu_command(&s), "-device").contains(&"virtio-gpu-pci,id=video0"));
+    }
+
+    #[test]
+    fn guest_agent_channel() {
+        let mut s = spec();
+        s.sockets.guest_agent = Some("/run/vm1/qga.sock".into());
+        let argv = qemu_command(&s);
+        let devices = values_of(&argv, "-device");
+        assert!(devices.contains(&"virtio-serial-pci,id=virtio-serial0"));
+        assert!(devices.contains(
+            &"virtserialport,bus=virtio-serial0.0,chardev=qga0,name=org.qemu.guest_agent.0"
+        ));
+        assert!(
+            values_of(&argv, "-chardev")
+                .contains(&"socket,id=qga0,path=/run/vm1/qga.sock,server=on,wait=off")
+        );
+    }
+
+    #[test]
+    fn tcg_uses_max_cpu_and_optional_tb_size() {
+        let mut s = spec();
+        s.cpu.model = CpuModel::Host;
+        let argv = qemu_command(&s);
+        assert_eq!(value_of(&argv, "-accel"), Some("tcg"));
+        assert_eq!(value_of(&argv, "-cpu"), Some("max"));
+        s.tcg_tb_size_mib = Some(64);
+        assert_eq!(
+            value_of(&qemu_command(&s), "-accel"),
+            Some("tcg,tb-size=64")
+        );
+    }
+
+    #[test]
+    fn kvm_uses_requested_model_and_ignores_tb_size() {
+        let mut s = spec();
+        s.accel = Accel::Kvm;
+        s.tcg_tb_size_mib = Some(64);
+        s.cpu.model = CpuModel::Host;
+        let argv = qemu_command(&s);
+        assert_eq!(value_of(&argv, "-accel"), Some("kvm"));
+        assert_eq!(value_of(&argv, "-cpu"), Some("host"));
+        s.cpu.model = CpuModel::Named("Skylake-Client".into());
+        assert_eq!(value_of(&qemu_command(&s), "-cpu"), Some("Skylake-Client"));
+    }
+
+    #[test]
+    fn topology_is_spelled_out() {
+        let mut s = spec();
+        s.cpu.sockets = 2;
+        s.cpu.cores = 2;
+        s.cpu.threads = 2;
+        assert_eq!(
+            value_of(&qemu_command(&s), "-smp"),
+            Some("8,sockets=2,cores=2,threads=2")
+        );
+    }
+
+    #[test]
+    fn sandbox_and_start_paused() {
+        let mut s = spec();
+        s.sandbox = true;
+        s.start_paused = true;
+        let argv = qemu_command(&s);
+        assert_eq!(
+            value_of(&argv, "-sandbox"),
+            Some("on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny")
+        );
+        assert!(argv.contains(&"-S".to_string()));
+    }
+
+    #[test]
+    fn kernel_boot() {
+        let mut s = spec();
+        s.kernel_boot = Some(KernelBoot {
+            kernel: "/boot/vmlinuz".into(),
+            initrd: Some("/boot/initrd.img".into()),
+            cmdline: Some("console=ttyS0 quiet, x".into()),
+        });
+        let argv = qemu_command(&s);
+        assert_eq!(value_of(&argv, "-kernel"), Some("/boot/vmlinuz"));
+        assert_eq!(value_of(&argv, "-initrd"), Some("/boot/initrd.img"));
+        // -append is not a key=value option: commas stay as they are.
+        assert_eq!(value_of(&argv, "-append"), Some("console=ttyS0 quiet, x"));
+    }
+
+    #[test]
+    fn efi_with_secure_boot() {
+        let mut s = spec();
+        s.firmware = Firmware::Efi {
+            secure_boot: true,
+            code_path: "/usr/share/OVMF/OVMF_CODE.secboot.fd".into(),
+            vars_path: "/var/vm1/VARS.fd".into(),
+        };
+        let argv = qemu_command(&s);
+        assert_eq!(
+            value_of(&argv, "-machine"),
+            Some("q35,pflash0=fw-code,pflash1=fw-vars,smm=on")
+        );
+        let b = blockdevs(&argv);
+        assert_eq!(b[0]["node-name"], "fw-code");
+        assert_eq!(b[0]["read-only"], true);
+        assert_eq!(b[1]["filename"], "/var/vm1/VARS.fd");
+        assert_eq!(b[1]["read-only"], false);
+        assert_eq!(
+            value_of(&argv, "-global"),
+            Some("driver=cfi.pflash01,property=secure,value=on")
+        );
+        s.firmware = Firmware::Efi {
+            secure_boot: false,
+            code_path: "/c".into(),
+            vars_path: "/v".into(),
+        };
+        let argv = qemu_command(&s);
+        assert_eq!(
+            value_of(&argv, "-machine"),
+            Some("q35,pflash0=fw-code,pflash1=fw-vars")
+        );
+        assert_eq!(value_of(&argv, "-global"), None);
+    }
+
+    #[test]
+    fn virtio_disk_is_two_blockdev_layers_and_a_device() {
+        let mut s = spec();
+        let mut d = disk("root");
+        d.format = DiskFormat::Qcow2;
+        d.boot_order = Some(1);
+        d.serial = Some("abc,def".into());
+        s.disks.push(d);
+        let argv = qemu_command(&s);
+        let b = blockdevs(&argv);
+        assert_eq!(
+            b[0],
+            json!({"driver": "file", "filename": "/img/root.img",
+                   "node-name": "file-root", "read-only": false})
+        );
+        assert_eq!(
+            b[1],
+            json!({"driver": "qcow2", "file": "file-root",
+                   "node-name": "fmt-root", "read-only": false})
+        );
+        assert!(
+            values_of(&argv, "-device")
+                .contains(&"virtio-blk-pci,id=root,drive=fmt-root,serial=abc,,def,bootindex=1")
+        );
+    }
+
+    #[test]
+    fn block_source_readonly_and_cache_modes() {
+        let mut s = spec();
+        let mut d = disk("data");
+        d.source = DiskSource::Block;
+        d.path = "/dev/loop3".into();
+        d.readonly = true;
+        d.cache = Some(CacheMode::None);
+        s.disks.push(d);
+        let argv = qemu_command(&s);
+        let b = blockdevs(&argv);
+        assert_eq!(b[0]["driver"], "host_device");
+        assert_eq!(b[0]["read-only"], true);
+        assert_eq!(b[1]["read-only"], true);
+        assert_eq!(b[0]["cache"], json!({"direct": true, "no-flush": false}));
+        assert_eq!(b[1]["cache"], json!({"direct": true, "no-flush": false}));
+        assert!(
+            values_of(&argv, "-device")
+                .contains(&"virtio-blk-pci,id=data,drive=fmt-data,write-cache=on")
+        );
+        assert_eq!(cache_flags(CacheMode::Writethrough), (false, false, false));
+        assert_eq!(cache_flags(CacheMode::Unsafe), (false, true, true));
+        assert_eq!(cache_flags(CacheMode::Directsync), (true, false, false));
+    }
+
+    #[test]
+    fn sata_scsi_and_usb_buses() {
+        let mut s = spec();
+        let mut a = disk("a");
+        a.bus = DiskBus::Sata;
+        let mut cd = disk("cd");
+        cd.bus = DiskBus::Sata;
+        cd.cdrom = true;
+        cd.boot_order = Some(2);
+        let mut sc = disk("sc");
+        sc.bus = DiskBus::Scsi;
+        let mut sc2 = disk("sc2");
+        sc2.bus = DiskBus::Scsi;
+        sc2.cdrom = true;
+        let mut u = disk("u");
+        u.bus = DiskBus::Usb;
+        s.disks.extend([a, cd, sc, sc2, u]);
+        let argv = qemu_command(&s);
+        let devices = values_of(&argv, "-device");
+        assert!(devices.contains(&"virtio-scsi-pci,id=scsi0"));
+        assert!(devices.contains(&"qemu-xhci,id=usb"));
+        assert!(devices.contains(&"ide-hd,bus=ide.0,id=a,drive=fmt-a"));
+        assert!(devices.contains(&"ide-cd,bus=ide.1,id=cd,drive=fmt-cd,bootindex=2"));
+        assert!(
+            devices.contains(&"scsi-hd,bus=scsi0.0,channel=0,scsi-id=0,lun=0,id=sc,drive=fmt-sc")
+        );
+        assert!(
+            devices.contains(&"scsi-cd,bus=scsi0.0,channel=0,scsi-id=1,lun=0,id=sc2,drive=fmt-sc2")
+        );
+        assert!(devices.contains(&"usb-storage,bus=usb.0,id=u,drive=fmt-u"));
+        // the CD-ROM's nodes are read-only although the disk did not ask for it
+        let b = blockdevs(&argv);
+        let cd_fmt = b.iter().find(|n| n["node-name"] == "fmt-cd").unwrap();
+        assert_eq!(cd_fmt["read-only"], true);
+        // controllers come before the devices that sit on them
+        let pos = |needle: &str| argv.iter().position(|x| x.starts_with(needle)).unwrap();
+        assert!(pos("virtio-scsi-pci") < pos("scsi-hd"));
+        assert!(pos("qemu-xhci") < pos("usb-storage"));
+    }
+
+    #[test]
+    fn no_controllers_without_such_disks() {
+        let mut s = spec();
+        s.disks.push(disk("a"));
+        let argv = qemu_command(&s);
+        let devices = values_of(&argv, "-device");
+        assert!(!devices.iter().any(|d| d.starts_with("virtio-scsi-pci")));
+        assert!(!devices.iter().any(|d| d.starts_with("qemu-xhci")));
+    }
+
+    #[test]
+    fn user_mode_nic_with_forwards() {
+        let mut s = spec();
+        s.nics.push(Nic {
+            id: "net0".into(),
+            mac: Some("52:54:00:12:34:56".into()),
+            model: NicModel::VirtioNetPci,
+            backend: NicBackend::User {
+                forwards: vec![
+                    HostForward {
+                        protocol: ForwardProtocol::Tcp,
+                        host_addr: "127.0.0.1".into(),
+                        host_port: 2222,
+                        guest_port: 22,
+                    },
+                    HostForward {
+                        protocol: ForwardProtocol::Udp,
+                        host_addr: "127.0.0.1".into(),
+                        host_port: 5353,
+                        guest_port: 53,
+                    },
+                ],
+            },
+            boot_order: Some(3),
+        });
+        let argv = qemu_command(&s);
+        assert_eq!(
+            value_of(&argv, "-netdev"),
+            Some("user,id=net-net0,hostfwd=tcp:127.0.0.1:2222-:22,hostfwd=udp:127.0.0.1:5353-:53")
+        );
+        assert!(
+            values_of(&argv, "-device").contains(
+                &"virtio-net-pci,id=net0,netdev=net-net0,mac=52:54:00:12:34:56,bootindex=3"
+            )
+        );
+    }
+
+    #[test]
+    fn tap_and_unconnected_nics() {
+        let mut s = spec();
+        s.nics.push(Nic {
+            id: "a".into(),
+            mac: None,
+            model: NicModel::E1000e,
+            backend: NicBackend::Tap {
+                ifname: "tap-vm1".into(),
+            },
+            boot_order: None,
+        });
+        s.nics.push(Nic {
+            id: "b".into(),
+            mac: None,
+            model: NicModel::VirtioNetPci,
+            backend: NicBackend::None,
+            boot_order: None,
+        });
+        let argv = qemu_command(&s);
+        assert_eq!(
+            values_of(&argv, "-netdev"),
+            vec!["tap,id=net-a,ifname=tap-vm1,script=no,downscript=no"]
+        );
+        let devices = values_of(&argv, "-device");
+        assert!(devices.contains(&"e1000e,id=a,netdev=net-a,romfile="));
+        assert!(devices.contains(&"virtio-net-pci,id=b,romfile="));
+    }
+
+    #[test]
+    fn rng_balloon_and_extra_args_last() {
+        let mut s = spec();
+        s.rng = true;
+        s.balloon = true;
+        s.extra_args = vec!["-d".into(), "guest_errors".into()];
+        let argv = qemu_command(&s);
+        assert_eq!(
+            value_of(&argv, "-object"),
+            Some("rng-random,id=rng0,filename=/dev/urandom")
+        );
+        let devices = values_of(&argv, "-device");
+        assert!(devices.contains(&"virtio-rng-pci,rng=rng0"));
+        assert!(devices.contains(&"virtio-balloon-pci,id=balloon0"));
+        assert_eq!(&argv[argv.len() - 2..], ["-d", "guest_errors"]);
+    }
+
+    #[test]
+    fn argv_is_deterministic() {
+        let mut s = spec();
+        s.disks.push(disk("a"));
+        assert_eq!(qemu_command(&s), qemu_command(&s));
+    }
+
+    #[test]
+    fn accel_choice() {
+        let intel = "processor\t: 0\nflags\t\t: fpu vme vmx sse2\n";
+        let amd = "flags\t: fpu svm lm\n";
+        let none = "flags\t: fpu lm hypervisor\nvmx flags\t: vnmi\n";
+        assert_eq!(choose_accel(true, intel), Accel::Kvm);
+        assert_eq!(choose_accel(true, amd), Accel::Kvm);
+        assert_eq!(choose_accel(false, intel), Accel::Tcg);
+        assert_eq!(choose_accel(true, none), Accel::Tcg);
+        assert_eq!(choose_accel(true, ""), Accel::Tcg);
+        // substrings do not count
+        assert_eq!(choose_accel(true, "flags\t: svmx vmxx\n"), Accel::Tcg);
+    }
+
+    #[test]
+    fn detect_accel_runs_on_this_host() {
+        // Only checks that detection does not panic; the answer depends on the machine.
+        let _ = detect_accel();
+    }
+}

@@ -1,0 +1,289 @@
+//! The agent ↔ launcher protocol: JSON lines over the unix socket `control.sock` in the VMI's
+//! directory. The first exchange is a versioned handshake (`hello`); after it, each request line
+//! gets one reply line. Also the files a launcher keeps in its directory (`spec.json`,
+//! `meta.json`, `exit.json`) and the client the agent uses.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::error::{Error, Result};
+
+/// Version of the control protocol. A launcher refuses a hello with another major version.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// File names inside a VMI directory.
+pub mod files {
+    pub const SPEC: &str = "spec.json";
+    pub const META: &str = "meta.json";
+    pub const CONTROL: &str = "control.sock";
+    pub const EXIT: &str = "exit.json";
+    pub const PID: &str = "launcher.pid";
+    pub const LOG: &str = "launcher.log";
+    pub const QEMU_LOG: &str = "qemu.log";
+}
+
+/// Who this launcher runs for (written by the agent next to `spec.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchMeta {
+    pub vmi_uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// terminationGracePeriodSeconds: used when the launcher itself is asked to stop (SIGTERM).
+    pub grace_seconds: u64,
+    /// Path of the QEMU binary.
+    #[serde(default = "default_qemu")]
+    pub qemu_binary: PathBuf,
+}
+
+fn default_qemu() -> PathBuf {
+    PathBuf::from("qemu-system-x86_64")
+}
+
+/// A request from the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum Request {
+    Hello {
+        version: u32,
+    },
+    Status,
+    Pause,
+    Unpause,
+    Reset,
+    SoftReboot,
+    /// ACPI power button; QEMU is killed after `grace_seconds`.
+    #[serde(rename_all = "camelCase")]
+    Shutdown {
+        grace_seconds: u64,
+    },
+    /// Guest agent data: OS info, hostname, users, filesystems, interfaces.
+    GuestInfo,
+}
+
+/// One reply line: exactly one of `ok` / `error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reply {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Reply {
+    pub fn ok(v: impl Serialize) -> Reply {
+        Reply {
+            ok: Some(serde_json::to_value(v).unwrap_or(Value::Null)),
+            error: None,
+        }
+    }
+    pub fn err(e: impl std::fmt::Display) -> Reply {
+        Reply {
+            ok: None,
+            error: Some(e.to_string()),
+        }
+    }
+}
+
+/// The VM's state as the launcher reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunPhase {
+    Starting,
+    Running,
+    Paused,
+    ShuttingDown,
+    Exited,
+}
+
+/// Answer to `hello` and `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LauncherStatus {
+    pub version: u32,
+    pub launcher_pid: u32,
+    pub qemu_pid: Option<u32>,
+    pub vmi_uid: String,
+    pub phase: RunPhase,
+    /// The guest agent answered its last ping.
+    pub guest_agent_connected: bool,
+    /// Seconds since the Unix epoch when QEMU started.
+    pub started_at: u64,
+}
+
+/// Why QEMU is gone (written to `exit.json` before the launcher exits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitReason {
+    /// The guest powered itself off.
+    GuestShutdown,
+    /// A requested shutdown completed within the grace period.
+    Shutdown,
+    /// A requested shutdown ran out of grace and QEMU was killed.
+    Killed,
+    /// QEMU ended without being asked (crash, kill from outside).
+    Crashed,
+    /// QEMU could not be started.
+    StartFailed,
+}
+
+impl ExitReason {
+    /// Whether the VMI ends Succeeded (else Failed).
+    pub fn succeeded(self) -> bool {
+        matches!(
+            self,
+            ExitReason::GuestShutdown | ExitReason::Shutdown | ExitReason::Killed
+        )
+    }
+}
+
+/// Contents of `exit.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitReport {
+    pub reason: ExitReason,
+    pub message: String,
+    /// Seconds since the Unix epoch.
+    pub at: u64,
+}
+
+/// Reads `exit.json` from a VMI directory, if the launcher wrote one.
+pub fn read_exit_report(dir: &Path) -> Option<ExitReport> {
+    let text = std::fs::read_to_string(dir.join(files::EXIT)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Writes `value` as JSON to `path` atomically (temp file + rename).
+pub fn write_json_atomic(path: &Path, value: &impl Serialize) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_vec_pretty(value).map_err(|e| Error::Protocol(e.to_string()))?;
+    std::fs::write(&tmp, text).map_err(|e| Error::io(tmp.display().to_string(), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path.display().to_string(), e))
+}
+
+/// The agent's side of a control connection.
+#[derive(Debug)]
+pub struct LauncherClient {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    /// What the launcher answered to `hello`.
+    pub hello: LauncherStatus,
+    timeout: Duration,
+}
+
+impl LauncherClient {
+    /// Connects to `dir/control.sock` and does the handshake.
+    pub async fn connect(dir: &Path, timeout: Duration) -> Result<LauncherClient> {
+        let path = dir.join(files::CONTROL);
+        let stream = tokio::time::timeout(timeout, UnixStream::connect(&path))
+            .await
+            .map_err(|_| Error::timeout("the launcher's control socket", timeout))?
+            .map_err(|e| Error::io(path.display().to_string(), e))?;
+        let (r, w) = stream.into_split();
+        let mut c = LauncherClient {
+            reader: BufReader::new(r),
+            writer: w,
+            hello: LauncherStatus {
+                version: 0,
+                launcher_pid: 0,
+                qemu_pid: None,
+                vmi_uid: String::new(),
+                phase: RunPhase::Starting,
+                guest_agent_connected: false,
+                started_at: 0,
+            },
+            timeout,
+        };
+        let v = c
+            .request(&Request::Hello {
+                version: PROTOCOL_VERSION,
+            })
+            .await?;
+        c.hello = serde_json::from_value(v).map_err(|e| Error::Protocol(e.to_string()))?;
+        Ok(c)
+    }
+
+    /// Sends one request and returns the `ok` value (an `error` reply becomes `Err`).
+    pub async fn request(&mut self, req: &Request) -> Result<Value> {
+        self.request_with_timeout(req, self.timeout).await
+    }
+
+    /// Like [`request`](Self::request) with its own timeout (long operations: shutdown).
+    pub async fn request_with_timeout(
+        &mut self,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Value> {
+        let mut line = serde_json::to_string(req).map_err(|e| Error::Protocol(e.to_string()))?;
+        line.push('\n');
+        let exchange = async {
+            self.writer
+                .write_all(line.as_bytes())
+                .await
+                .map_err(|e| Error::Protocol(format!("writing to the launcher: {e}")))?;
+            let mut reply = String::new();
+            let n = self
+                .reader
+                .read_line(&mut reply)
+                .await
+                .map_err(|e| Error::Protocol(format!("reading from the launcher: {e}")))?;
+            if n == 0 {
+                return Err(Error::Protocol("the launcher closed the connection".into()));
+            }
+            let reply: Reply =
+                serde_json::from_str(&reply).map_err(|e| Error::Protocol(e.to_string()))?;
+            match (reply.ok, reply.error) {
+                (_, Some(e)) => Err(Error::Protocol(e)),
+                (Some(v), None) => Ok(v),
+                (None, None) => Ok(Value::Null),
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| Error::timeout("the launcher's reply", timeout))?
+    }
+
+    /// The current status.
+    pub async fn status(&mut self) -> Result<LauncherStatus> {
+        let v = self.request(&Request::Status).await?;
+        serde_json::from_value(v).map_err(|e| Error::Protocol(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_format_is_stable() {
+        assert_eq!(
+            serde_json::to_string(&Request::Shutdown { grace_seconds: 5 }).unwrap(),
+            r#"{"op":"shutdown","graceSeconds":5}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::Hello { version: 1 }).unwrap(),
+            r#"{"op":"hello","version":1}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::SoftReboot).unwrap(),
+            r#"{"op":"softReboot"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Reply::err("x")).unwrap(),
+            r#"{"error":"x"}"#
+        );
+    }
+
+    #[test]
+    fn exit_reasons_map_to_phases() {
+        assert!(ExitReason::GuestShutdown.succeeded());
+        assert!(ExitReason::Shutdown.succeeded());
+        assert!(!ExitReason::Crashed.succeeded());
+        assert!(!ExitReason::StartFailed.succeeded());
+    }
+}

@@ -1,0 +1,350 @@
+//! The launcher process (`ferrovirt launcher --dir DIR`): one per VMI, detached from the agent.
+//! It reads `spec.json` and `meta.json` from its directory, starts QEMU, serves the control
+//! protocol on `control.sock`, follows QMP events and the guest agent, and when QEMU is gone
+//! writes `exit.json` (why) and exits. SIGTERM means "shut the VM down within its grace period".
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::control::{
+    ExitReason, ExitReport, LaunchMeta, LauncherStatus, PROTOCOL_VERSION, Reply, Request, RunPhase,
+    files, write_json_atomic,
+};
+use crate::error::{Error, Result};
+use crate::lifecycle::{ShutdownOutcome, ShutdownPolicy, StartOptions, Vm, VmState};
+use crate::process::QemuOptions;
+use crate::qga::QgaOptions;
+use crate::qmp::EventKind;
+use crate::spec::LaunchSpec;
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// What the main loop is asked to do by a control connection.
+enum Command {
+    Pause,
+    Unpause,
+    Reset,
+    SoftReboot,
+    Shutdown { grace: Duration },
+    GuestInfo,
+}
+
+type Responder = oneshot::Sender<Reply>;
+
+/// The pure mapping from the VM's state to the phase the launcher reports.
+pub fn run_phase(state: VmState) -> RunPhase {
+    match state {
+        VmState::Starting => RunPhase::Starting,
+        VmState::Running => RunPhase::Running,
+        VmState::Paused => RunPhase::Paused,
+        VmState::ShuttingDown => RunPhase::ShuttingDown,
+        VmState::Shutdown | VmState::Crashed => RunPhase::Exited,
+    }
+}
+
+/// Decides why QEMU ended, from what the launcher saw.
+pub fn exit_reason(
+    shutdown: Option<ShutdownOutcome>,
+    guest_shutdown_event: bool,
+    exit_success: bool,
+) -> ExitReason {
+    match shutdown {
+        Some(ShutdownOutcome::Killed) => ExitReason::Killed,
+        Some(_) => ExitReason::Shutdown,
+        None if guest_shutdown_event && exit_success => ExitReason::GuestShutdown,
+        None => ExitReason::Crashed,
+    }
+}
+
+/// Runs the launcher in `dir` until QEMU is gone. Returns the exit report it wrote.
+pub async fn run(dir: &Path) -> Result<ExitReport> {
+    let read = |name: &str| -> Result<String> {
+        let p = dir.join(name);
+        std::fs::read_to_string(&p).map_err(|e| Error::io(p.display().to_string(), e))
+    };
+    let spec: LaunchSpec = serde_json::from_str(&read(files::SPEC)?)?;
+    let meta: LaunchMeta = serde_json::from_str(&read(files::META)?)?;
+    let _ = std::fs::remove_file(dir.join(files::EXIT));
+    let _ = std::fs::write(dir.join(files::PID), std::process::id().to_string());
+
+    let opts = StartOptions {
+        qemu: QemuOptions {
+            binary: meta.qemu_binary.clone(),
+            log_path: Some(dir.join(files::QEMU_LOG)),
+            kill_on_drop: true,
+        },
+        qga: QgaOptions {
+            connect_timeout: Duration::from_secs(1),
+            sync_timeout: Duration::from_secs(1),
+            command_timeout: Duration::from_secs(5),
+        },
+        ..Default::default()
+    };
+    let vm = match Vm::start(spec, &opts).await {
+        Ok(vm) => vm,
+        Err(e) => {
+            let report = ExitReport {
+                reason: ExitReason::StartFailed,
+                message: e.to_string(),
+                at: now_secs(),
+            };
+            write_json_atomic(&dir.join(files::EXIT), &report)?;
+            return Ok(report);
+        }
+    };
+    let status = Arc::new(Mutex::new(LauncherStatus {
+        version: PROTOCOL_VERSION,
+        launcher_pid: std::process::id(),
+        qemu_pid: vm.pid(),
+        vmi_uid: meta.vmi_uid.clone(),
+        phase: RunPhase::Starting,
+        guest_agent_connected: false,
+        started_at: now_secs(),
+    }));
+    if let Ok(s) = vm.status().await {
+        status.lock().await.phase = run_phase(VmState::from_status(&s));
+    }
+
+    let sock_path = dir.join(files::CONTROL);
+    let _ = std::fs::remove_file(&sock_path);
+    let listener = UnixListener::bind(&sock_path)
+        .map_err(|e| Error::io(sock_path.display().to_string(), e))?;
+    let (tx, rx) = mpsc::channel::<(Command, Responder)>(16);
+    let server = tokio::spawn(serve(listener, status.clone(), tx));
+    let report = main_loop(vm, &meta, status.clone(), rx).await;
+    server.abort();
+    let _ = std::fs::remove_file(&sock_path);
+    write_json_atomic(&dir.join(files::EXIT), &report)?;
+    Ok(report)
+}
+
+async fn main_loop(
+    mut vm: Vm,
+    meta: &LaunchMeta,
+    status: Arc<Mutex<LauncherStatus>>,
+    mut rx: mpsc::Receiver<(Command, Responder)>,
+) -> ExitReport {
+    let mut events = vm.qmp().subscribe();
+    let mut state = run_phase_state(&status).await;
+    let mut guest_shutdown = false;
+    let mut shutdown_outcome: Option<ShutdownOutcome> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut qga_tick = tokio::time::interval(Duration::from_secs(5));
+    let exit_status = loop {
+        tokio::select! {
+            ev = events.recv() => {
+                if let Ok(ev) = ev {
+                    let kind = ev.kind();
+                    if kind == EventKind::Shutdown && ev.guest_initiated() == Some(true) {
+                        guest_shutdown = true;
+                    }
+                    state = state.apply(&kind);
+                    status.lock().await.phase = run_phase(state);
+                }
+            }
+            cmd = rx.recv() => {
+                let Some((cmd, respond)) = cmd else { continue };
+                let reply = match cmd {
+                    Command::Pause => vm.pause().await.map(|_| serde_json::Value::Null),
+                    Command::Unpause => vm.unpause().await.map(|_| serde_json::Value::Null),
+                    Command::Reset => vm.reset().await.map(|_| serde_json::Value::Null),
+                    Command::SoftReboot => vm.soft_reboot().await.map(|_| serde_json::Value::Null),
+                    Command::GuestInfo => guest_info(&vm).await,
+                    Command::Shutdown { grace } => {
+                        status.lock().await.phase = RunPhase::ShuttingDown;
+                        let _ = respond.send(Reply::ok(serde_json::Value::Null));
+                        shutdown_outcome = Some(shutdown(&mut vm, grace).await);
+                        continue;
+                    }
+                };
+                let _ = respond.send(match reply {
+                    Ok(v) => Reply::ok(v),
+                    Err(e) => Reply::err(e),
+                });
+            }
+            _ = qga_tick.tick() => {
+                let connected = match vm.guest_agent().await {
+                    Ok(mut g) => g.ping().await.is_ok(),
+                    Err(_) => false,
+                };
+                status.lock().await.guest_agent_connected = connected;
+            }
+            _ = async {
+                match sigterm.as_mut() {
+                    Some(s) => { s.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {
+                status.lock().await.phase = RunPhase::ShuttingDown;
+                shutdown_outcome = Some(shutdown(&mut vm, Duration::from_secs(meta.grace_seconds)).await);
+            }
+            _ = tick.tick() => {}
+        }
+        if let Ok(Some(s)) = vm.try_exit_status() {
+            break Some(s);
+        }
+        if shutdown_outcome.is_some() {
+            // shutdown() returns only once QEMU is gone (or could not be killed).
+            break vm.try_exit_status().ok().flatten();
+        }
+    };
+    status.lock().await.phase = RunPhase::Exited;
+    let success = exit_status.is_some_and(|s| s.success());
+    let reason = exit_reason(shutdown_outcome, guest_shutdown, success);
+    let message = match (reason, exit_status) {
+        (ExitReason::Crashed, Some(s)) => format!(
+            "QEMU exited unexpectedly ({s}): {}",
+            vm.process().stderr_tail(2000).trim()
+        ),
+        (ExitReason::Crashed, None) => "QEMU could not be reaped".to_string(),
+        (ExitReason::GuestShutdown, _) => "the guest powered off".to_string(),
+        (ExitReason::Shutdown, _) => "shut down on request".to_string(),
+        (ExitReason::Killed, _) => {
+            "the guest did not power off within its grace period; QEMU was killed".to_string()
+        }
+        (ExitReason::StartFailed, _) => "QEMU did not start".to_string(),
+    };
+    ExitReport {
+        reason,
+        message,
+        at: now_secs(),
+    }
+}
+
+async fn run_phase_state(status: &Arc<Mutex<LauncherStatus>>) -> VmState {
+    match status.lock().await.phase {
+        RunPhase::Starting => VmState::Starting,
+        RunPhase::Running => VmState::Running,
+        RunPhase::Paused => VmState::Paused,
+        RunPhase::ShuttingDown => VmState::ShuttingDown,
+        RunPhase::Exited => VmState::Shutdown,
+    }
+}
+
+async fn shutdown(vm: &mut Vm, grace: Duration) -> ShutdownOutcome {
+    let policy = ShutdownPolicy {
+        grace,
+        ..Default::default()
+    };
+    match vm.shutdown(&policy).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!("shutdown failed: {e}");
+            let _ = vm.kill().await;
+            ShutdownOutcome::Killed
+        }
+    }
+}
+
+async fn guest_info(vm: &Vm) -> Result<serde_json::Value> {
+    let mut g = vm.guest_agent().await?;
+    let os = g.os_info().await.ok();
+    let host = g.host_name().await.ok();
+    let users = g.users().await.ok();
+    let fs = g.fs_info().await.ok();
+    let ifaces = g.network_interfaces().await.ok();
+    Ok(serde_json::json!({
+        "osInfo": os, "hostname": host, "users": users, "filesystems": fs, "interfaces": ifaces
+    }))
+}
+
+async fn serve(
+    listener: UnixListener,
+    status: Arc<Mutex<LauncherStatus>>,
+    tx: mpsc::Sender<(Command, Responder)>,
+) {
+    while let Ok((stream, _)) = listener.accept().await {
+        tokio::spawn(connection(stream, status.clone(), tx.clone()));
+    }
+}
+
+async fn connection(
+    stream: UnixStream,
+    status: Arc<Mutex<LauncherStatus>>,
+    tx: mpsc::Sender<(Command, Responder)>,
+) {
+    let (r, mut w) = stream.into_split();
+    let mut lines = BufReader::new(r).lines();
+    let mut greeted = false;
+    while let Ok(Some(line)) = lines.next_line().await {
+        let reply = match serde_json::from_str::<Request>(&line) {
+            Err(e) => Reply::err(format!("bad request: {e}")),
+            Ok(Request::Hello { version }) if version == PROTOCOL_VERSION => {
+                greeted = true;
+                Reply::ok(status.lock().await.clone())
+            }
+            Ok(Request::Hello { version }) => Reply::err(format!(
+                "protocol version {version} is not supported (launcher speaks {PROTOCOL_VERSION})"
+            )),
+            Ok(_) if !greeted => Reply::err("send hello first"),
+            Ok(Request::Status) => Reply::ok(status.lock().await.clone()),
+            Ok(req) => {
+                let cmd = match req {
+                    Request::Pause => Command::Pause,
+                    Request::Unpause => Command::Unpause,
+                    Request::Reset => Command::Reset,
+                    Request::SoftReboot => Command::SoftReboot,
+                    Request::Shutdown { grace_seconds } => Command::Shutdown {
+                        grace: Duration::from_secs(grace_seconds),
+                    },
+                    Request::GuestInfo => Command::GuestInfo,
+                    Request::Hello { .. } | Request::Status => continue,
+                };
+                let (rtx, rrx) = oneshot::channel();
+                if tx.send((cmd, rtx)).await.is_err() {
+                    Reply::err("the VM is gone")
+                } else {
+                    rrx.await.unwrap_or_else(|_| Reply::err("the VM is gone"))
+                }
+            }
+        };
+        let mut text = serde_json::to_string(&reply).unwrap_or_else(|_| "{}".into());
+        text.push('\n');
+        if w.write_all(text.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// The directory a launcher for VMI `uid` uses under the agent's data dir.
+pub fn vmi_dir(data_dir: &Path, uid: &str) -> PathBuf {
+    data_dir.join("vmis").join(uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_reasons() {
+        assert_eq!(exit_reason(None, true, true), ExitReason::GuestShutdown);
+        assert_eq!(exit_reason(None, false, true), ExitReason::Crashed);
+        assert_eq!(exit_reason(None, true, false), ExitReason::Crashed);
+        assert_eq!(
+            exit_reason(Some(ShutdownOutcome::Graceful), true, true),
+            ExitReason::Shutdown
+        );
+        assert_eq!(
+            exit_reason(Some(ShutdownOutcome::Killed), false, false),
+            ExitReason::Killed
+        );
+    }
+
+    #[test]
+    fn phases() {
+        assert_eq!(run_phase(VmState::Paused), RunPhase::Paused);
+        assert_eq!(run_phase(VmState::Crashed), RunPhase::Exited);
+    }
+}

@@ -1,0 +1,468 @@
+//! Driving one VM: start QEMU and wait for QMP, pause/unpause, reset, soft reboot through the
+//! guest agent, and graceful shutdown (ACPI power button, then SIGKILL after the grace period).
+//!
+//! The decisions are pure and unit-tested: [`ShutdownTracker::next`] says what the shutdown loop
+//! does next, [`VmState::apply`] folds QMP events into the VM's state.
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
+use tokio::time::{Instant, sleep_until};
+
+use crate::console::SerialConsole;
+use crate::error::{Error, Result};
+use crate::process::{QemuOptions, QemuProcess};
+use crate::qga::{GuestAgent, QgaOptions};
+use crate::qmp::{EventKind, QmpClient, QmpOptions, RunState, StatusInfo};
+use crate::spec::LaunchSpec;
+
+/// How to start a VM.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    pub qemu: QemuOptions,
+    pub qmp: QmpOptions,
+    /// Timeouts of the VM's guest-agent session.
+    pub qga: QgaOptions,
+}
+
+/// The shutdown policy: ACPI power button, resent now and then, SIGKILL after `grace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownPolicy {
+    /// Time the guest gets to power off (KubeVirt: terminationGracePeriodSeconds).
+    pub grace: Duration,
+    /// Press the power button again at this interval (an early press can be lost while the
+    /// guest is still booting); `None` presses once.
+    pub resend_interval: Option<Duration>,
+    /// After SIGKILL, how long to wait for the process to be reaped before giving up.
+    pub kill_timeout: Duration,
+}
+
+impl Default for ShutdownPolicy {
+    fn default() -> Self {
+        ShutdownPolicy {
+            grace: Duration::from_secs(30),
+            resend_interval: Some(Duration::from_secs(5)),
+            kill_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How a shutdown ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownOutcome {
+    /// QEMU had exited before anything was asked of it.
+    AlreadyExited,
+    /// The guest powered off within the grace period.
+    Graceful,
+    /// The grace period ran out and QEMU was killed.
+    Killed,
+}
+
+/// The next step of the shutdown loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownAction {
+    /// Press the ACPI power button (`system_powerdown`).
+    SendPowerdown,
+    /// Wait until this time (since the shutdown began) or until QEMU exits, then ask again.
+    WaitUntil(Duration),
+    /// Send SIGKILL.
+    Kill,
+    /// Finished.
+    Done(ShutdownOutcome),
+    /// QEMU survived SIGKILL for `kill_timeout`: report an error.
+    GiveUp,
+}
+
+/// The shutdown state machine. Feed it the time since the shutdown began and whether QEMU has
+/// exited; it answers with the next action. Pure: no clocks, no I/O.
+#[derive(Debug, Clone)]
+pub struct ShutdownTracker {
+    policy: ShutdownPolicy,
+    last_powerdown: Option<Duration>,
+    killed_at: Option<Duration>,
+}
+
+impl ShutdownTracker {
+    pub fn new(policy: ShutdownPolicy) -> Self {
+        ShutdownTracker {
+            policy,
+            last_powerdown: None,
+            killed_at: None,
+        }
+    }
+
+    pub fn next(&mut self, now: Duration, exited: bool) -> ShutdownAction {
+        if exited {
+            return ShutdownAction::Done(if self.killed_at.is_some() {
+                ShutdownOutcome::Killed
+            } else if self.last_powerdown.is_some() {
+                ShutdownOutcome::Graceful
+            } else {
+                ShutdownOutcome::AlreadyExited
+            });
+        }
+        if let Some(killed) = self.killed_at {
+            let give_up = killed + self.policy.kill_timeout;
+            return if now >= give_up {
+                ShutdownAction::GiveUp
+            } else {
+                ShutdownAction::WaitUntil(give_up)
+            };
+        }
+        if now >= self.policy.grace {
+            self.killed_at = Some(now);
+            return ShutdownAction::Kill;
+        }
+        let resend_due = match (self.last_powerdown, self.policy.resend_interval) {
+            (None, _) => Some(now),
+            (Some(last), Some(every)) if !every.is_zero() => Some(last + every),
+            _ => None,
+        };
+        match resend_due {
+            Some(due) if now >= due => {
+                self.last_powerdown = Some(now);
+                ShutdownAction::SendPowerdown
+            }
+            Some(due) => ShutdownAction::WaitUntil(due.min(self.policy.grace)),
+            None => ShutdownAction::WaitUntil(self.policy.grace),
+        }
+    }
+}
+
+/// The VM's state as the agent reports it, folded from `query-status` and QMP events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmState {
+    /// QEMU is up, the guest has not run yet (started with `-S`, or incoming migration).
+    Starting,
+    Running,
+    Paused,
+    /// A shutdown was requested (power button pressed); the guest is still running.
+    ShuttingDown,
+    /// The guest powered off or QEMU is quitting.
+    Shutdown,
+    /// The guest reported a panic.
+    Crashed,
+}
+
+impl VmState {
+    /// Maps a `query-status` answer.
+    pub fn from_status(status: &StatusInfo) -> VmState {
+        match status.status {
+            RunState::Running => VmState::Running,
+            RunState::Prelaunch | RunState::Inmigrate => VmState::Starting,
+            RunState::Shutdown => VmState::Shutdown,
+            RunState::GuestPanicked | RunState::InternalError => VmState::Crashed,
+            _ if status.running => VmState::Running,
+            _ => VmState::Paused,
+        }
+    }
+
+    /// The state after an event.
+    pub fn apply(self, event: &EventKind) -> VmState {
+        use VmState::*;
+        match (self, event) {
+            (Shutdown, _) | (Crashed, _) => self,
+            (_, EventKind::Shutdown) => Shutdown,
+            (_, EventKind::GuestPanicked) => Crashed,
+            (Running | Starting, EventKind::Powerdown) => ShuttingDown,
+            (_, EventKind::Stop) | (_, EventKind::Suspend) => Paused,
+            (ShuttingDown, EventKind::Resume) => ShuttingDown,
+            (_, EventKind::Resume) | (_, EventKind::Wakeup) => Running,
+            // A reset (reboot) clears a pending power-button request: the guest starts over.
+            (ShuttingDown, EventKind::Reset) => Running,
+            (state, _) => state,
+        }
+    }
+}
+
+/// One running VM: its QEMU process, QMP session and (lazily connected) guest-agent session.
+#[derive(Debug)]
+pub struct Vm {
+    spec: LaunchSpec,
+    process: QemuProcess,
+    qmp: QmpClient,
+    /// QEMU serves the agent channel to one client at a time, so the VM owns the one session.
+    qga: Mutex<Option<GuestAgent>>,
+    qga_opts: QgaOptions,
+}
+
+impl Vm {
+    /// Starts QEMU and connects QMP. Fails with QEMU's stderr when QEMU exits first.
+    pub async fn start(spec: LaunchSpec, opts: &StartOptions) -> Result<Vm> {
+        let mut process = QemuProcess::spawn(&spec, &opts.qemu)?;
+        let connect = QmpClient::connect(&spec.sockets.qmp, &opts.qmp);
+        let qmp = tokio::select! {
+            r = connect => match r {
+                Ok(q) => q,
+                Err(e) => {
+                    let _ = process.kill().await;
+                    return Err(early_exit_or(&mut process, e));
+                }
+            },
+            status = process.wait() => {
+                let status = status?;
+                // Give the stderr reader a moment to drain.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Err(Error::QemuExited {
+                    status: status.to_string(),
+                    stderr: process.stderr_tail(4000),
+                });
+            }
+        };
+        Ok(Vm {
+            spec,
+            process,
+            qmp,
+            qga: Mutex::new(None),
+            qga_opts: opts.qga.clone(),
+        })
+    }
+
+    pub fn spec(&self) -> &LaunchSpec {
+        &self.spec
+    }
+
+    pub fn qmp(&self) -> &QmpClient {
+        &self.qmp
+    }
+
+    pub fn process(&self) -> &QemuProcess {
+        &self.process
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// `query-status`.
+    pub async fn status(&self) -> Result<StatusInfo> {
+        self.qmp.query_status().await
+    }
+
+    /// Pauses the vCPUs.
+    pub async fn pause(&self) -> Result<()> {
+        self.qmp.stop().await
+    }
+
+    /// Resumes the vCPUs (also starts a VM launched with `start_paused`).
+    pub async fn unpause(&self) -> Result<()> {
+        self.qmp.cont().await
+    }
+
+    /// Hard reset.
+    pub async fn reset(&self) -> Result<()> {
+        self.qmp.system_reset().await
+    }
+
+    /// Connects to the serial console socket.
+    pub async fn console(&self, connect_timeout: Duration) -> Result<SerialConsole> {
+        let path =
+            self.spec.sockets.serial.as_ref().ok_or_else(|| {
+                Error::InvalidSpec("the VM has no serial console socket".to_string())
+            })?;
+        SerialConsole::connect(path, connect_timeout).await
+    }
+
+    /// The VM's guest-agent session, connected on first use. Hold the guard only for a few
+    /// commands: every other user of the agent waits for it. (A second connection of one's own
+    /// would not work: QEMU serves the channel to one client at a time.)
+    pub async fn guest_agent(&self) -> Result<MappedMutexGuard<'_, GuestAgent>> {
+        let mut slot = self.qga.lock().await;
+        if slot.is_none() {
+            let path = self.spec.sockets.guest_agent.as_ref().ok_or_else(|| {
+                Error::InvalidSpec("the VM has no guest agent channel".to_string())
+            })?;
+            *slot = Some(GuestAgent::connect(path, &self.qga_opts).await?);
+        }
+        Ok(MutexGuard::map(slot, |s| {
+            s.as_mut().expect("connected above")
+        }))
+    }
+
+    /// Soft reboot: asks the guest agent to reboot the guest (fails when the agent does not
+    /// answer a ping).
+    pub async fn soft_reboot(&self) -> Result<()> {
+        let mut qga = self.guest_agent().await?;
+        qga.ping().await?;
+        qga.reboot().await
+    }
+
+    /// Graceful shutdown: power button (resent per policy), SIGKILL when the grace period ends.
+    pub async fn shutdown(&mut self, policy: &ShutdownPolicy) -> Result<ShutdownOutcome> {
+        let started = Instant::now();
+        let mut tracker = ShutdownTracker::new(*policy);
+        loop {
+            let exited = self.process.try_wait()?.is_some();
+            match tracker.next(started.elapsed(), exited) {
+                ShutdownAction::SendPowerdown => {
+                    if let Err(e) = self.qmp.system_powerdown().await {
+                        // QEMU may be exiting already; the next round sees it.
+                        tracing::debug!("system_powerdown failed: {e}");
+                    }
+                }
+                ShutdownAction::WaitUntil(at) => {
+                    tokio::select! {
+                        r = self.process.wait() => { r?; }
+                        _ = sleep_until(started + at) => {}
+                    }
+                }
+                ShutdownAction::Kill => {
+                    tracing::warn!(name = %self.spec.name, "grace period over, killing QEMU");
+                    self.process.start_kill()?;
+                }
+                ShutdownAction::Done(outcome) => return Ok(outcome),
+                ShutdownAction::GiveUp => {
+                    return Err(Error::timeout(
+                        "QEMU to exit after SIGKILL",
+                        policy.kill_timeout,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// SIGKILLs QEMU at once.
+    pub async fn kill(&mut self) -> Result<ExitStatus> {
+        self.process.kill().await
+    }
+
+    /// Waits up to `wait` for QEMU to exit by itself.
+    pub async fn wait_exit(&mut self, wait: Duration) -> Result<ExitStatus> {
+        tokio::time::timeout(wait, self.process.wait())
+            .await
+            .map_err(|_| Error::timeout("QEMU to exit", wait))?
+    }
+
+    /// QEMU's exit status if it has exited.
+    pub fn try_exit_status(&mut self) -> Result<Option<ExitStatus>> {
+        self.process.try_wait()
+    }
+}
+
+fn early_exit_or(process: &mut QemuProcess, e: Error) -> Error {
+    match process.try_wait() {
+        Ok(Some(status)) if !status.success() && status.code().is_some() => Error::QemuExited {
+            status: status.to_string(),
+            stderr: process.stderr_tail(4000),
+        },
+        _ => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    fn policy(grace: u64, resend: Option<u64>) -> ShutdownPolicy {
+        ShutdownPolicy {
+            grace: s(grace),
+            resend_interval: resend.map(s),
+            kill_timeout: s(5),
+        }
+    }
+
+    #[test]
+    fn graceful_when_guest_powers_off_in_time() {
+        let mut t = ShutdownTracker::new(policy(30, None));
+        assert_eq!(t.next(s(0), false), ShutdownAction::SendPowerdown);
+        assert_eq!(t.next(s(0), false), ShutdownAction::WaitUntil(s(30)));
+        assert_eq!(
+            t.next(s(4), true),
+            ShutdownAction::Done(ShutdownOutcome::Graceful)
+        );
+    }
+
+    #[test]
+    fn already_exited_is_reported_as_such() {
+        let mut t = ShutdownTracker::new(policy(30, Some(5)));
+        assert_eq!(
+            t.next(s(0), true),
+            ShutdownAction::Done(ShutdownOutcome::AlreadyExited)
+        );
+    }
+
+    #[test]
+    fn resends_power_button_until_grace_then_kills() {
+        let mut t = ShutdownTracker::new(policy(12, Some(5)));
+        assert_eq!(t.next(s(0), false), ShutdownAction::SendPowerdown);
+        assert_eq!(t.next(s(0), false), ShutdownAction::WaitUntil(s(5)));
+        assert_eq!(t.next(s(5), false), ShutdownAction::SendPowerdown);
+        assert_eq!(t.next(s(5), false), ShutdownAction::WaitUntil(s(10)));
+        assert_eq!(t.next(s(10), false), ShutdownAction::SendPowerdown);
+        // the next resend would be at 15 s, after the grace period: wait for the grace end
+        assert_eq!(t.next(s(10), false), ShutdownAction::WaitUntil(s(12)));
+        assert_eq!(t.next(s(12), false), ShutdownAction::Kill);
+        assert_eq!(t.next(s(12), false), ShutdownAction::WaitUntil(s(17)));
+        assert_eq!(
+            t.next(s(13), true),
+            ShutdownAction::Done(ShutdownOutcome::Killed)
+        );
+    }
+
+    #[test]
+    fn gives_up_when_kill_does_not_work() {
+        let mut t = ShutdownTracker::new(policy(1, None));
+        assert_eq!(t.next(s(0), false), ShutdownAction::SendPowerdown);
+        assert_eq!(t.next(s(1), false), ShutdownAction::Kill);
+        assert_eq!(t.next(s(3), false), ShutdownAction::WaitUntil(s(6)));
+        assert_eq!(t.next(s(6), false), ShutdownAction::GiveUp);
+    }
+
+    #[test]
+    fn zero_grace_kills_at_once() {
+        let mut t = ShutdownTracker::new(policy(0, Some(5)));
+        assert_eq!(t.next(s(0), false), ShutdownAction::Kill);
+        assert_eq!(
+            t.next(s(0), true),
+            ShutdownAction::Done(ShutdownOutcome::Killed)
+        );
+    }
+
+    #[test]
+    fn late_wakeups_do_not_skip_the_kill() {
+        let mut t = ShutdownTracker::new(policy(10, Some(5)));
+        assert_eq!(t.next(s(0), false), ShutdownAction::SendPowerdown);
+        // the loop overslept far past the grace period
+        assert_eq!(t.next(s(40), false), ShutdownAction::Kill);
+    }
+
+    #[test]
+    fn state_from_status() {
+        let st = |status, running| VmState::from_status(&StatusInfo { running, status });
+        assert_eq!(st(RunState::Running, true), VmState::Running);
+        assert_eq!(st(RunState::Paused, false), VmState::Paused);
+        assert_eq!(st(RunState::Prelaunch, false), VmState::Starting);
+        assert_eq!(st(RunState::Shutdown, false), VmState::Shutdown);
+        assert_eq!(st(RunState::GuestPanicked, false), VmState::Crashed);
+        assert_eq!(st(RunState::Suspended, false), VmState::Paused);
+    }
+
+    #[test]
+    fn state_follows_events() {
+        use EventKind as E;
+        let mut st = VmState::Starting;
+        for (ev, want) in [
+            (E::Resume, VmState::Running),
+            (E::Stop, VmState::Paused),
+            (E::Resume, VmState::Running),
+            (E::Powerdown, VmState::ShuttingDown),
+            (E::Stop, VmState::Paused),
+            (E::Resume, VmState::Running),
+            (E::Powerdown, VmState::ShuttingDown),
+            (E::Reset, VmState::Running),
+            (E::Other("RTC_CHANGE".into()), VmState::Running),
+            (E::Shutdown, VmState::Shutdown),
+            (E::Resume, VmState::Shutdown),
+        ] {
+            st = st.apply(&ev);
+            assert_eq!(st, want, "after {ev:?}");
+        }
+        assert_eq!(VmState::Running.apply(&E::GuestPanicked), VmState::Crashed);
+        assert_eq!(VmState::Crashed.apply(&E::Resume), VmState::Crashed);
+    }
+}
