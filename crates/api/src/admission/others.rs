@@ -1,0 +1,178 @@
+//! Validation of the smaller kinds: migrations, snapshots and restores (whose specs are
+//! immutable), instancetypes, preferences, migration policies and network attachments.
+
+use serde_json::Value;
+
+use super::validate::{DISK_BUSES, check_quantity};
+use super::{FieldError, Operation};
+use crate::kubevirt::instancetype::{InstancetypeSpec, PreferenceSpec};
+use crate::quantity::MIN_GUEST_MEMORY;
+use crate::registry::ResourceDef;
+
+/// Kinds whose `spec` cannot change after creation.
+fn spec_is_immutable(def: &ResourceDef) -> bool {
+    matches!(
+        def.kind,
+        "VirtualMachineInstanceMigration"
+            | "VirtualMachineSnapshot"
+            | "VirtualMachineSnapshotContent"
+            | "VirtualMachineRestore"
+    )
+}
+
+fn str_at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a str> {
+    path.iter()
+        .try_fold(obj, |cur, k| cur.get(*k))
+        .and_then(Value::as_str)
+}
+
+/// Validate a typed-checked object of one of the smaller kinds.
+pub(super) fn validate(
+    def: &ResourceDef,
+    op: Operation,
+    obj: &Value,
+    old: Option<&Value>,
+) -> Vec<FieldError> {
+    let mut e = Vec::new();
+    if op == Operation::Update
+        && spec_is_immutable(def)
+        && let Some(old) = old
+        && old.get("spec") != obj.get("spec")
+    {
+        e.push(FieldError::forbidden(
+            "spec",
+            "spec is immutable after creation",
+        ));
+    }
+    match def.kind {
+        "VirtualMachineInstanceMigration"
+            if str_at(obj, &["spec", "vmiName"]).unwrap_or("").is_empty() =>
+        {
+            e.push(FieldError::required("spec.vmiName", "vmiName is required"));
+        }
+        "VirtualMachineSnapshot" => {
+            check_vm_ref(obj, "source", &mut e);
+        }
+        "VirtualMachineRestore" => {
+            check_vm_ref(obj, "target", &mut e);
+            if str_at(obj, &["spec", "virtualMachineSnapshotName"])
+                .unwrap_or("")
+                .is_empty()
+            {
+                e.push(FieldError::required(
+                    "spec.virtualMachineSnapshotName",
+                    "virtualMachineSnapshotName is required",
+                ));
+            }
+        }
+        "VirtualMachineInstancetype" | "VirtualMachineClusterInstancetype" => {
+            if let Some(spec) = obj.get("spec")
+                && let Ok(spec) = serde_json::from_value::<InstancetypeSpec>(spec.clone())
+            {
+                validate_instancetype(&spec, &mut e);
+            } else {
+                e.push(FieldError::required("spec", "spec is required"));
+            }
+        }
+        "VirtualMachinePreference" | "VirtualMachineClusterPreference" => {
+            if let Some(spec) = obj.get("spec")
+                && let Ok(spec) = serde_json::from_value::<PreferenceSpec>(spec.clone())
+            {
+                validate_preference(&spec, &mut e);
+            }
+        }
+        "MigrationPolicy" => {
+            if let Some(q) = str_at(obj, &["spec", "bandwidthPerMigration"]) {
+                check_quantity("spec.bandwidthPerMigration".into(), q, &mut e);
+            }
+        }
+        "NetworkAttachmentDefinition" => {
+            if let Some(config) = str_at(obj, &["spec", "config"])
+                && !config.is_empty()
+                && serde_json::from_str::<serde_json::Map<String, Value>>(config).is_err()
+            {
+                e.push(FieldError::invalid(
+                    "spec.config",
+                    "config must be a JSON object (a CNI configuration)",
+                ));
+            }
+        }
+        _ => {}
+    }
+    e
+}
+
+fn check_vm_ref(obj: &Value, field: &str, e: &mut Vec<FieldError>) {
+    let kind = str_at(obj, &["spec", field, "kind"]).unwrap_or("");
+    if kind != "VirtualMachine" {
+        e.push(FieldError::not_supported(
+            format!("spec.{field}.kind"),
+            format!("Unsupported value: \"{kind}\": supported values: \"VirtualMachine\""),
+        ));
+    }
+    if let Some(group) = str_at(obj, &["spec", field, "apiGroup"])
+        && group != "kubevirt.io"
+    {
+        e.push(FieldError::not_supported(
+            format!("spec.{field}.apiGroup"),
+            format!("Unsupported value: \"{group}\": supported values: \"kubevirt.io\""),
+        ));
+    }
+    if str_at(obj, &["spec", field, "name"])
+        .unwrap_or("")
+        .is_empty()
+    {
+        e.push(FieldError::required(
+            format!("spec.{field}.name"),
+            "name is required",
+        ));
+    }
+}
+
+fn validate_instancetype(spec: &InstancetypeSpec, e: &mut Vec<FieldError>) {
+    if spec.cpu.guest == 0 {
+        e.push(FieldError::invalid(
+            "spec.cpu.guest",
+            "must be greater than 0",
+        ));
+    }
+    if let Some(v) = check_quantity("spec.memory.guest".into(), &spec.memory.guest.0, e)
+        && v < MIN_GUEST_MEMORY
+    {
+        e.push(FieldError::invalid(
+            "spec.memory.guest",
+            "must be greater than or equal to 1Mi",
+        ));
+    }
+    if let Some(p) = spec.memory.overcommit_percent
+        && !(0..=100).contains(&p)
+    {
+        e.push(FieldError::invalid(
+            "spec.memory.overcommitPercent",
+            "must be between 0 and 100",
+        ));
+    }
+}
+
+fn validate_preference(spec: &PreferenceSpec, e: &mut Vec<FieldError>) {
+    let Some(d) = &spec.devices else {
+        return;
+    };
+    for (field, bus) in [
+        ("preferredDiskBus", &d.preferred_disk_bus),
+        ("preferredCdromBus", &d.preferred_cdrom_bus),
+        ("preferredLunBus", &d.preferred_lun_bus),
+    ] {
+        if let Some(bus) = bus
+            && !DISK_BUSES.contains(&bus.as_str())
+        {
+            e.push(FieldError::not_supported(
+                format!("spec.devices.{field}"),
+                format!(
+                    "Unsupported value: \"{bus}\": supported values: \"virtio\", \"sata\", \
+                     \"scsi\", \"usb\""
+                ),
+            ));
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! `spec.domain` of a VirtualMachineInstance: CPU, memory, firmware, machine, features, clock
+//! and resources (devices live in [`super::devices`]).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::devices::Devices;
+
+kstruct! {
+    /// The virtual hardware of a VMI.
+    pub struct DomainSpec {
+        pub resources: Option<ResourceRequirements>,
+        pub cpu: Option<Cpu>,
+        pub memory: Option<Memory>,
+        pub machine: Option<Machine>,
+        pub firmware: Option<Firmware>,
+        pub clock: Option<Clock>,
+        pub features: Option<Features>,
+        #[serde(default)]
+        pub devices: Devices,
+        pub io_threads_policy: Option<String>,
+        pub chassis: Option<Chassis>,
+    }
+}
+
+kstruct! {
+    /// Requests and limits of the VMI's pod-equivalent (memory, cpu).
+    pub struct ResourceRequirements {
+        pub requests: Option<BTreeMap<String, Quantity>>,
+        pub limits: Option<BTreeMap<String, Quantity>>,
+        pub overcommit_guest_overhead: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// Guest CPU topology and model.
+    pub struct Cpu {
+        pub cores: Option<u32>,
+        pub sockets: Option<u32>,
+        pub threads: Option<u32>,
+        pub max_sockets: Option<u32>,
+        /// `host-model`, `host-passthrough` or a named model.
+        pub model: Option<String>,
+        pub features: Option<Vec<CpuFeature>>,
+        pub dedicated_cpu_placement: Option<bool>,
+        pub isolate_emulator_thread: Option<bool>,
+        pub numa: Option<CpuNuma>,
+        pub realtime: Option<Realtime>,
+    }
+}
+
+kstruct! {
+    /// A CPU feature flag and its policy (`require`, `disable`, `force`, `optional`, `forbid`).
+    pub struct CpuFeature {
+        pub name: String,
+        pub policy: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Guest NUMA options.
+    pub struct CpuNuma {
+        #[serde(rename = "guestMappingPassthrough")]
+        pub guest_mapping_passthrough: Option<Empty>,
+    }
+}
+
+kstruct! {
+    /// Realtime vCPU options.
+    pub struct Realtime {
+        pub mask: Option<String>,
+    }
+}
+
+kempty! {
+    /// An empty marker object (`{}`).
+    Empty
+}
+
+kstruct! {
+    /// Guest memory.
+    pub struct Memory {
+        pub hugepages: Option<Hugepages>,
+        pub guest: Option<Quantity>,
+        pub max_guest: Option<Quantity>,
+    }
+}
+
+kstruct! {
+    /// Back guest memory with hugepages of this size (`2Mi`, `1Gi`).
+    pub struct Hugepages {
+        pub page_size: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Emulated machine type (`q35`, `pc-q35-rhel9.4.0`, ...).
+    pub struct Machine {
+        #[serde(rename = "type")]
+        pub type_: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Firmware: boot loader, SMBIOS UUID and serial, direct kernel boot.
+    pub struct Firmware {
+        pub uuid: Option<String>,
+        pub bootloader: Option<Bootloader>,
+        pub serial: Option<String>,
+        pub kernel_boot: Option<KernelBoot>,
+        pub acpi: Option<AcpiTables>,
+    }
+}
+
+kstruct! {
+    /// BIOS or EFI.
+    pub struct Bootloader {
+        pub bios: Option<Bios>,
+        pub efi: Option<Efi>,
+    }
+}
+
+kstruct! {
+    /// Legacy BIOS.
+    pub struct Bios {
+        pub use_serial: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// UEFI firmware.
+    pub struct Efi {
+        pub secure_boot: Option<bool>,
+        pub persistent: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// Extra ACPI tables from volumes.
+    pub struct AcpiTables {
+        pub slic_name_ref: Option<String>,
+        pub msdm_name_ref: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Direct kernel boot from a container image.
+    pub struct KernelBoot {
+        pub kernel_args: Option<String>,
+        pub container: Option<KernelBootContainer>,
+    }
+}
+
+kstruct! {
+    /// Container holding the kernel and initrd.
+    pub struct KernelBootContainer {
+        pub image: String,
+        pub image_pull_secret: Option<String>,
+        pub image_pull_policy: Option<String>,
+        pub kernel_path: Option<String>,
+        pub initrd_path: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Guest clock.
+    pub struct Clock {
+        pub utc: Option<ClockOffsetUtc>,
+        pub timezone: Option<String>,
+        pub timer: Option<Timer>,
+    }
+}
+
+kstruct! {
+    /// UTC clock with an offset.
+    pub struct ClockOffsetUtc {
+        pub offset_seconds: Option<i32>,
+    }
+}
+
+kstruct! {
+    /// Guest timers.
+    pub struct Timer {
+        pub hpet: Option<TimerAttrs>,
+        pub kvm: Option<TimerAttrs>,
+        pub pit: Option<TimerAttrs>,
+        pub rtc: Option<RtcTimer>,
+        pub hyperv: Option<TimerAttrs>,
+    }
+}
+
+kstruct! {
+    /// Presence and tick policy of one timer.
+    pub struct TimerAttrs {
+        pub tick_policy: Option<String>,
+        pub present: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// The RTC timer.
+    pub struct RtcTimer {
+        pub tick_policy: Option<String>,
+        pub present: Option<bool>,
+        pub track: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Hypervisor features.
+    pub struct Features {
+        pub acpi: Option<FeatureState>,
+        pub apic: Option<FeatureApic>,
+        pub smm: Option<FeatureState>,
+        pub hyperv: Option<FeatureHyperv>,
+        pub kvm: Option<FeatureKvm>,
+        pub pvspinlock: Option<FeatureState>,
+    }
+}
+
+kstruct! {
+    /// A feature switch; an empty object means enabled.
+    pub struct FeatureState {
+        pub enabled: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// APIC options.
+    pub struct FeatureApic {
+        pub enabled: Option<bool>,
+        pub end_of_interrupt: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// KVM options.
+    pub struct FeatureKvm {
+        pub hidden: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// Hyper-V enlightenments.
+    pub struct FeatureHyperv {
+        pub relaxed: Option<FeatureState>,
+        pub vapic: Option<FeatureState>,
+        pub spinlocks: Option<FeatureSpinlocks>,
+        pub vpindex: Option<FeatureState>,
+        pub runtime: Option<FeatureState>,
+        pub synic: Option<FeatureState>,
+        pub synictimer: Option<SyNicTimer>,
+        pub reset: Option<FeatureState>,
+        pub vendorid: Option<FeatureVendorId>,
+        pub frequencies: Option<FeatureState>,
+        pub reenlightenment: Option<FeatureState>,
+        pub tlbflush: Option<FeatureState>,
+        pub ipi: Option<FeatureState>,
+        pub evmcs: Option<FeatureState>,
+    }
+}
+
+kstruct! {
+    /// Hyper-V spinlock retries.
+    pub struct FeatureSpinlocks {
+        pub enabled: Option<bool>,
+        pub spinlocks: Option<u32>,
+    }
+}
+
+kstruct! {
+    /// Hyper-V synthetic timer.
+    pub struct SyNicTimer {
+        pub enabled: Option<bool>,
+        pub direct: Option<FeatureState>,
+    }
+}
+
+kstruct! {
+    /// Hyper-V vendor id.
+    pub struct FeatureVendorId {
+        pub enabled: Option<bool>,
+        pub vendorid: Option<String>,
+    }
+}
+
+kstruct! {
+    /// SMBIOS chassis information.
+    pub struct Chassis {
+        pub manufacturer: Option<String>,
+        pub version: Option<String>,
+        pub serial: Option<String>,
+        pub asset: Option<String>,
+        pub sku: Option<String>,
+    }
+}

@@ -1,0 +1,240 @@
+//! Smaller kubevirt.io/v1 kinds (VirtualMachineInstanceMigration, VirtualMachineInstanceReplicaSet,
+//! KubeVirt) and migrations.kubevirt.io/v1alpha1 MigrationPolicy.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use serde_json::Map;
+use serde_json::Value;
+
+use super::vmi::{Condition, MigrationState, VirtualMachineInstanceTemplateSpec};
+
+resource! {
+    /// A request to live-migrate a VMI.
+    VirtualMachineInstanceMigration, MigrationSpec, MigrationStatus
+}
+
+kstruct! {
+    /// Which VMI to migrate.
+    pub struct MigrationSpec {
+        pub vmi_name: Option<String>,
+        pub added_node_selector: Option<BTreeMap<String, String>>,
+    }
+}
+
+kenum! {
+    /// Phase of a migration.
+    pub enum MigrationPhase {
+        #[serde(rename = "")]
+        Unset,
+        Pending,
+        Scheduling,
+        Scheduled,
+        PreparingTarget,
+        TargetReady,
+        Running,
+        Succeeded,
+        Failed,
+        WaitingForSync,
+        Synchronizing,
+    }
+}
+
+kstruct! {
+    /// Observed state of a migration.
+    pub struct MigrationStatus {
+        pub phase: Option<MigrationPhase>,
+        pub conditions: Option<Vec<Condition>>,
+        pub phase_transition_timestamps: Option<Vec<MigrationPhaseTransition>>,
+        pub migration_state: Option<MigrationState>,
+    }
+}
+
+kstruct! {
+    /// When a migration entered a phase.
+    pub struct MigrationPhaseTransition {
+        pub phase: Option<MigrationPhase>,
+        pub phase_transition_timestamp: Option<Time>,
+    }
+}
+
+resource! {
+    /// A set of identical VMIs.
+    VirtualMachineInstanceReplicaSet, ReplicaSetSpec, ReplicaSetStatus
+}
+
+kstruct! {
+    /// Desired replicas and their template.
+    pub struct ReplicaSetSpec {
+        pub replicas: Option<i32>,
+        pub selector: Option<LabelSelector>,
+        #[serde(default)]
+        pub template: VirtualMachineInstanceTemplateSpec,
+        pub paused: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// Observed replicas.
+    pub struct ReplicaSetStatus {
+        pub replicas: Option<i32>,
+        pub ready_replicas: Option<i32>,
+        pub conditions: Option<Vec<Condition>>,
+        pub label_selector: Option<String>,
+    }
+}
+
+resource! {
+    /// KubeVirt's installation and cluster-wide configuration.
+    KubeVirt, KubeVirtSpec, KubeVirtStatus
+}
+
+kstruct! {
+    /// Install options and configuration.
+    pub struct KubeVirtSpec {
+        pub image_tag: Option<String>,
+        pub image_registry: Option<String>,
+        pub image_pull_policy: Option<String>,
+        pub monitor_namespace: Option<String>,
+        pub monitor_account: Option<String>,
+        pub uninstall_strategy: Option<String>,
+        pub certificate_rotate_strategy: Option<FreeForm>,
+        pub workload_update_strategy: Option<FreeForm>,
+        pub configuration: Option<KubeVirtConfiguration>,
+        pub infra: Option<ComponentConfig>,
+        pub workloads: Option<ComponentConfig>,
+        pub customize_components: Option<FreeForm>,
+        pub image_pull_secrets: Option<Vec<k8s_openapi::api::core::v1::LocalObjectReference>>,
+        pub product_name: Option<String>,
+        pub product_version: Option<String>,
+        pub product_component: Option<String>,
+        pub service_monitor_namespace: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Cluster-wide configuration; fields ferrovirt does not model are kept as given.
+    pub struct KubeVirtConfiguration {
+        pub developer_configuration: Option<DeveloperConfiguration>,
+        pub eviction_strategy: Option<String>,
+        pub vm_rollout_strategy: Option<String>,
+        pub migrations: Option<MigrationConfiguration>,
+        pub machine_type: Option<String>,
+        pub cpu_model: Option<String>,
+        #[serde(flatten)]
+        pub other: Map<String, Value>,
+    }
+}
+
+kstruct! {
+    /// Feature gates and developer knobs.
+    pub struct DeveloperConfiguration {
+        pub feature_gates: Option<Vec<String>>,
+        pub use_emulation: Option<bool>,
+        #[serde(flatten)]
+        pub other: Map<String, Value>,
+    }
+}
+
+kstruct! {
+    /// Cluster-wide migration limits.
+    pub struct MigrationConfiguration {
+        pub parallel_migrations_per_cluster: Option<u32>,
+        pub parallel_outbound_migrations_per_node: Option<u32>,
+        pub bandwidth_per_migration: Option<Quantity>,
+        #[serde(rename = "completionTimeoutPerGiB")]
+        pub completion_timeout_per_gib: Option<i64>,
+        pub progress_timeout: Option<i64>,
+        pub allow_auto_converge: Option<bool>,
+        pub allow_post_copy: Option<bool>,
+        pub allow_workload_disruption: Option<bool>,
+        pub network: Option<String>,
+        #[serde(flatten)]
+        pub other: Map<String, Value>,
+    }
+}
+
+kstruct! {
+    /// Placement of infra or workload components.
+    pub struct ComponentConfig {
+        pub node_placement: Option<NodePlacement>,
+        pub replicas: Option<u8>,
+    }
+}
+
+kstruct! {
+    /// Node selector, affinity and tolerations.
+    pub struct NodePlacement {
+        pub node_selector: Option<BTreeMap<String, String>>,
+        pub affinity: Option<Affinity>,
+        pub tolerations: Option<Vec<Toleration>>,
+    }
+}
+
+kstruct! {
+    /// An object whose fields are kept as given.
+    pub struct FreeForm {
+        #[serde(flatten)]
+        pub fields: Map<String, Value>,
+    }
+}
+
+kstruct! {
+    /// Install progress.
+    pub struct KubeVirtStatus {
+        pub phase: Option<String>,
+        pub conditions: Option<Vec<KubeVirtCondition>>,
+        pub operator_version: Option<String>,
+        pub target_kube_virt_version: Option<String>,
+        pub observed_kube_virt_version: Option<String>,
+        pub observed_generation: Option<i64>,
+        pub default_architecture: Option<String>,
+    }
+}
+
+kstruct! {
+    /// An operator condition (Available, Progressing, Degraded, Created).
+    pub struct KubeVirtCondition {
+        #[serde(rename = "type")]
+        pub type_: String,
+        pub status: String,
+        pub last_probe_time: Option<Time>,
+        pub last_transition_time: Option<Time>,
+        pub last_heartbeat_time: Option<Time>,
+        pub reason: Option<String>,
+        pub message: Option<String>,
+    }
+}
+
+resource! {
+    /// Migration settings for VMIs matching selectors.
+    MigrationPolicy, MigrationPolicySpec, MigrationPolicyStatus
+}
+
+kstruct! {
+    /// Settings and which VMIs they apply to.
+    pub struct MigrationPolicySpec {
+        pub selectors: Option<MigrationPolicySelectors>,
+        pub allow_auto_converge: Option<bool>,
+        pub bandwidth_per_migration: Option<Quantity>,
+        #[serde(rename = "completionTimeoutPerGiB")]
+        pub completion_timeout_per_gib: Option<i64>,
+        pub allow_post_copy: Option<bool>,
+        pub allow_workload_disruption: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// Label selectors on namespaces and VMIs.
+    pub struct MigrationPolicySelectors {
+        pub namespace_selector: Option<BTreeMap<String, String>>,
+        pub virtual_machine_instance_selector: Option<BTreeMap<String, String>>,
+    }
+}
+
+kstruct! {
+    /// MigrationPolicy status (currently empty).
+    pub struct MigrationPolicyStatus {}
+}

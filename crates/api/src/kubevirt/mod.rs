@@ -1,0 +1,10 @@
+//! kubevirt.io/v1 kinds and their sibling groups (instancetype, snapshot, migrations).
+
+pub mod devices;
+pub mod domain;
+pub mod instancetype;
+pub mod misc;
+pub mod snapshot;
+pub mod vm;
+pub mod vmi;
+pub mod volumes;

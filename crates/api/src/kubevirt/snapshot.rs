@@ -1,0 +1,155 @@
+//! snapshot.kubevirt.io/v1beta1: VirtualMachineSnapshot, VirtualMachineSnapshotContent and
+//! VirtualMachineRestore.
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, TypedLocalObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use super::vm::{VirtualMachineSpec, VirtualMachineStatus};
+use super::vmi::Condition;
+
+resource! {
+    /// A point-in-time snapshot of a VM.
+    VirtualMachineSnapshot, SnapshotSpec, SnapshotStatus
+}
+
+kstruct! {
+    /// What to snapshot.
+    pub struct SnapshotSpec {
+        pub source: TypedLocalObjectReference,
+        /// `Delete` or `Retain`.
+        pub deletion_policy: Option<String>,
+        pub failure_deadline: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Progress of a snapshot.
+    pub struct SnapshotStatus {
+        #[serde(rename = "sourceUID")]
+        pub source_uid: Option<String>,
+        pub virtual_machine_snapshot_content_name: Option<String>,
+        pub creation_time: Option<Time>,
+        /// `InProgress`, `Succeeded`, `Failed`, `Unknown`.
+        pub phase: Option<String>,
+        pub ready_to_use: Option<bool>,
+        pub error: Option<SnapshotError>,
+        pub conditions: Option<Vec<Condition>>,
+        pub indications: Option<Vec<String>>,
+    }
+}
+
+kstruct! {
+    /// The last error of a snapshot or restore.
+    pub struct SnapshotError {
+        pub time: Option<Time>,
+        pub message: Option<String>,
+    }
+}
+
+resource! {
+    /// The captured VM and volume snapshots behind a VirtualMachineSnapshot.
+    VirtualMachineSnapshotContent, SnapshotContentSpec, SnapshotContentStatus
+}
+
+kstruct! {
+    /// The captured content.
+    pub struct SnapshotContentSpec {
+        pub virtual_machine_snapshot_name: Option<String>,
+        #[serde(default)]
+        pub source: SnapshotContentSource,
+        pub volume_backups: Option<Vec<VolumeBackup>>,
+    }
+}
+
+kstruct! {
+    /// The VM as it was.
+    pub struct SnapshotContentSource {
+        pub virtual_machine: Option<CapturedVirtualMachine>,
+    }
+}
+
+kstruct! {
+    /// A VM copy inside snapshot content.
+    pub struct CapturedVirtualMachine {
+        pub api_version: Option<String>,
+        pub kind: Option<String>,
+        pub metadata: Option<ObjectMeta>,
+        pub spec: Option<VirtualMachineSpec>,
+        pub status: Option<VirtualMachineStatus>,
+    }
+}
+
+kstruct! {
+    /// One volume's snapshot.
+    pub struct VolumeBackup {
+        pub volume_name: String,
+        pub persistent_volume_claim: CapturedClaim,
+        pub volume_snapshot_name: Option<String>,
+    }
+}
+
+kstruct! {
+    /// A PVC as captured.
+    pub struct CapturedClaim {
+        pub metadata: Option<ObjectMeta>,
+        pub spec: Option<PersistentVolumeClaimSpec>,
+    }
+}
+
+kstruct! {
+    /// Readiness of the content.
+    pub struct SnapshotContentStatus {
+        pub creation_time: Option<Time>,
+        pub ready_to_use: Option<bool>,
+        pub error: Option<SnapshotError>,
+        pub volume_snapshot_status: Option<Vec<VolumeSnapshotState>>,
+    }
+}
+
+kstruct! {
+    /// Readiness of one volume snapshot.
+    pub struct VolumeSnapshotState {
+        pub volume_snapshot_name: String,
+        pub creation_time: Option<Time>,
+        pub ready_to_use: Option<bool>,
+        pub error: Option<SnapshotError>,
+    }
+}
+
+resource! {
+    /// Restore a VM from a snapshot.
+    VirtualMachineRestore, RestoreSpec, RestoreStatus
+}
+
+kstruct! {
+    /// Which snapshot into which target.
+    pub struct RestoreSpec {
+        pub target: TypedLocalObjectReference,
+        pub virtual_machine_snapshot_name: String,
+        pub patches: Option<Vec<String>>,
+        pub target_readiness_policy: Option<String>,
+        pub volume_restore_policy: Option<String>,
+        pub volume_ownership_policy: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Progress of a restore.
+    pub struct RestoreStatus {
+        pub restores: Option<Vec<VolumeRestore>>,
+        pub restore_time: Option<Time>,
+        pub deleted_data_volumes: Option<Vec<String>>,
+        pub complete: Option<bool>,
+        pub conditions: Option<Vec<Condition>>,
+    }
+}
+
+kstruct! {
+    /// One restored volume.
+    pub struct VolumeRestore {
+        pub volume_name: String,
+        pub persistent_volume_claim: String,
+        pub volume_snapshot_name: String,
+        pub data_volume_name: Option<String>,
+    }
+}

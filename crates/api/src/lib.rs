@@ -1,0 +1,18 @@
+//! ferrovirt's typed API: the resource kinds it serves (KubeVirt's, CDI's, Kubernetes' core
+//! kinds), their OpenAPI schemas, defaulting and validation. Pure functions, no I/O; the API
+//! server calls [`admission::admit`] on every create and update.
+
+#[macro_use]
+mod macros;
+
+pub mod admission;
+pub mod cdi;
+pub mod expand;
+pub mod hco;
+pub mod kubevirt;
+pub mod network;
+pub mod quantity;
+pub mod registry;
+pub mod schema;
+
+pub use k8s_openapi;
