@@ -1,1 +1,22 @@
-//! ferrovirt-agent (see docs/ARCHITECTURE.md).
+//! ferrovirt's node agent (KubeVirt's virt-handler): registers its Node, watches the
+//! VirtualMachineInstances bound to it, prepares their volumes, runs one detached launcher per
+//! VMI and reports status.
+//!
+//! - [`mapping`]: the pure VMI spec → `LaunchSpec` translation.
+//! - [`volumes`]: the pure volume plan (what to create for each VMI volume) and its execution.
+//! - [`decide`]: the pure per-VMI decision (start, stop, status to write, cleanup).
+//! - [`node`]: host facts and the Node / Lease objects.
+//! - [`launchers`]: starting, finding and talking to launcher processes.
+//! - [`runtime`]: the kube-rs loop that applies all of it against the API server.
+//! - [`cloudinit`]: NoCloud / ConfigDrive / ConfigMap / Secret data volumes as ISO images.
+
+pub mod cloudinit;
+pub mod decide;
+pub mod error;
+pub mod launchers;
+pub mod mapping;
+pub mod node;
+pub mod runtime;
+pub mod volumes;
+
+pub use error::AgentError;

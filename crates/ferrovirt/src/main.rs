@@ -2,7 +2,12 @@
 //! crate that owns it.
 
 mod demo;
+mod node;
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 /// ferrovirt: virtual machines as declarative, KubeVirt-compatible API objects.
@@ -15,11 +20,41 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Boot the test guest as a demo VM (interim: straight through QEMU, without the server).
+    /// Run the API server (and, unless disabled, a node agent for this machine).
+    Server(ServerArgs),
+    /// Run a node agent against a server.
+    Agent(node::AgentArgs),
+    /// Internal: run one VMI's launcher (started by the agent).
+    #[command(hide = true)]
+    Launcher {
+        /// The VMI's directory (spec.json, meta.json, sockets).
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Boot the test guest as a demo VM straight through QEMU, without the server.
     Demo {
         #[command(subcommand)]
         cmd: demo::DemoCommand,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct ServerArgs {
+    /// Data directory (TLS material, token, kubeconfig.yaml, SQLite store, agent state).
+    #[arg(long, default_value = "/var/lib/ferrovirt")]
+    data_dir: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: SocketAddr,
+    /// Store: `sqlite://PATH` (default: DATA_DIR/state.db) or etcd `http://host:2379,...`.
+    #[arg(long)]
+    datastore_endpoint: Option<String>,
+    /// Do not run a node agent in this process.
+    #[arg(long)]
+    disable_agent: bool,
+    /// Node name of the embedded agent (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,8 +65,62 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // One rustls crypto provider for every TLS user in the process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
         Command::Demo { cmd } => demo::run(cmd),
+        Command::Launcher { dir } => runtime()?.block_on(async {
+            let report = ferrovirt_launcher::daemon::run(&dir).await?;
+            tracing::info!(reason = ?report.reason, "launcher done: {}", report.message);
+            Ok(())
+        }),
+        Command::Agent(args) => runtime()?.block_on(node::run_agent(args)),
+        Command::Server(args) => runtime()?.block_on(server(args)),
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+async fn server(args: ServerArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let opts = ferrovirt_apiserver::ServerOptions {
+        data_dir: args.data_dir.clone(),
+        listen: args.listen,
+        datastore_endpoint: args.datastore_endpoint.clone(),
+        ..Default::default()
+    };
+    let server = ferrovirt_apiserver::Server::start(opts).await?;
+    tracing::info!(
+        "API server listening on https://{}; kubeconfig: {}",
+        server.addr,
+        server.kubeconfig_path.display()
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    if !args.disable_agent {
+        let client = node::client_from_kubeconfig(&server.kubeconfig_path).await?;
+        let name = args.node_name.clone().unwrap_or_else(node::hostname);
+        let opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.join("agent"));
+        tasks.spawn(async move {
+            ferrovirt_agent::runtime::run(client, opts)
+                .await
+                .context("embedded agent")
+        });
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        _ = term.recv() => tracing::info!("terminated; stopping"),
+        Some(r) = tasks.join_next() => {
+            r??;
+        }
+    }
+    server.shutdown().await;
+    Ok(())
 }

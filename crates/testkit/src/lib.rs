@@ -4,11 +4,13 @@
 //! commands in its shell, a tiny blocking QMP client, and small helpers (free ports, accel
 //! detection). Errors are `anyhow` here: this crate only serves tests.
 
+pub mod cluster;
 pub mod console;
 pub mod guest;
 pub mod qemu;
 pub mod qmp;
 
+pub use cluster::{Cluster, ClusterOptions};
 pub use console::SerialConsole;
 pub use guest::TestGuest;
 pub use qemu::{Accel, BootSource, QemuVm, QemuVmOptions};

@@ -1,0 +1,431 @@
+//! The agent's per-VMI decisions, pure: from the VMI as stored and what the node observes of
+//! its launcher, what to do next (start, stop, clean up) and which status to write (phase,
+//! conditions, reasons). No I/O; unit-tested.
+
+use std::collections::BTreeMap;
+
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_launcher::control::{ExitReason, ExitReport, LauncherStatus, RunPhase};
+use serde_json::{Value, json};
+
+/// The finalizer the agent keeps on VMIs it runs, so deletion waits for QEMU to stop.
+pub const FINALIZER: &str = "ferrovirt.io/node-agent";
+/// KubeVirt's default terminationGracePeriodSeconds for VMIs.
+pub const DEFAULT_GRACE_SECONDS: u64 = 180;
+
+/// What the node sees of a VMI's launcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    /// No launcher directory, or a directory without a live launcher and without exit report.
+    NoLauncher,
+    /// The launcher answered.
+    Running(LauncherStatus),
+    /// The launcher wrote its exit report and is gone.
+    Exited(ExitReport),
+}
+
+/// The next step for one VMI.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Prepare volumes and start a launcher.
+    Start,
+    /// Ask the launcher to shut QEMU down within `grace_seconds`.
+    Stop { grace_seconds: u64 },
+    /// Merge-patch the VMI's status with this value (the `status` object).
+    PatchStatus(Value),
+    /// Remove the agent's finalizer and the VMI's directory.
+    Cleanup,
+}
+
+fn phase(vmi: &VirtualMachineInstance) -> String {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.phase.as_ref())
+        .and_then(|p| {
+            serde_json::to_value(p)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+        })
+        .unwrap_or_default()
+}
+
+fn is_final(phase: &str) -> bool {
+    phase == "Succeeded" || phase == "Failed"
+}
+
+/// The grace period for stopping this VMI.
+pub fn grace_seconds(vmi: &VirtualMachineInstance) -> u64 {
+    vmi.spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .and_then(|g| u64::try_from(g).ok())
+        .unwrap_or(DEFAULT_GRACE_SECONDS)
+}
+
+fn condition(type_: &str, status: bool, reason: &str, message: &str) -> Value {
+    json!({
+        "type": type_,
+        "status": if status { "True" } else { "False" },
+        "reason": reason,
+        "message": message,
+    })
+}
+
+/// Keeps `lastTransitionTime` of unchanged conditions, stamps changed ones with `now`.
+pub fn merge_conditions(existing: Option<&Value>, wanted: Vec<Value>, now: &str) -> Vec<Value> {
+    let old: BTreeMap<String, &Value> = existing
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| Some((c.get("type")?.as_str()?.to_string(), c)))
+        .collect();
+    wanted
+        .into_iter()
+        .map(|mut c| {
+            let t = c["type"].as_str().unwrap_or_default().to_string();
+            let since = old
+                .get(&t)
+                .filter(|o| o.get("status") == c.get("status"))
+                .and_then(|o| o.get("lastTransitionTime").cloned())
+                .unwrap_or_else(|| Value::String(now.to_string()));
+            c["lastTransitionTime"] = since;
+            c["lastProbeTime"] = Value::Null;
+            c
+        })
+        .collect()
+}
+
+/// The status the VMI should have while its launcher runs.
+pub fn running_status(
+    vmi: &VirtualMachineInstance,
+    st: &LauncherStatus,
+    node: &str,
+    now: &str,
+) -> Value {
+    let paused = st.phase == RunPhase::Paused;
+    let ready = st.phase == RunPhase::Running;
+    let wanted = vec![
+        condition(
+            "Ready",
+            ready,
+            if ready {
+                ""
+            } else if paused {
+                "PausedByUser"
+            } else {
+                "NotRunning"
+            },
+            if ready {
+                ""
+            } else if paused {
+                "the VMI is paused"
+            } else {
+                "the guest is not running"
+            },
+        ),
+        condition(
+            "Paused",
+            paused,
+            if paused { "PausedByUser" } else { "" },
+            if paused { "VMI was paused by user" } else { "" },
+        ),
+        condition(
+            "AgentConnected",
+            st.guest_agent_connected,
+            if st.guest_agent_connected {
+                ""
+            } else {
+                "GuestAgentNotConnected"
+            },
+            "",
+        ),
+    ];
+    let existing = serde_json::to_value(vmi.status.as_ref().and_then(|s| s.conditions.as_ref()))
+        .unwrap_or(Value::Null);
+    json!({
+        "phase": "Running",
+        "nodeName": node,
+        "reason": Value::Null,
+        "conditions": merge_conditions(Some(&existing), wanted, now),
+    })
+}
+
+/// The final status after QEMU ended.
+pub fn exit_status(vmi: &VirtualMachineInstance, rep: &ExitReport, now: &str) -> Value {
+    let phase = if rep.reason.succeeded() {
+        "Succeeded"
+    } else {
+        "Failed"
+    };
+    let reason = match rep.reason {
+        ExitReason::GuestShutdown => "GuestShutdown",
+        ExitReason::Shutdown => "Stopped",
+        ExitReason::Killed => "StoppedAfterGracePeriod",
+        ExitReason::Crashed => "QemuCrashed",
+        ExitReason::StartFailed => "QemuStartFailed",
+    };
+    let existing = serde_json::to_value(vmi.status.as_ref().and_then(|s| s.conditions.as_ref()))
+        .unwrap_or(Value::Null);
+    json!({
+        "phase": phase,
+        "reason": reason,
+        "conditions": merge_conditions(
+            Some(&existing),
+            vec![
+                condition("Ready", false, reason, &rep.message),
+                condition("Paused", false, "", ""),
+                condition("AgentConnected", false, "GuestAgentNotConnected", ""),
+            ],
+            now,
+        ),
+    })
+}
+
+/// A Failed status for a VMI the node could not start (bad volume, unsupported device…).
+pub fn start_failed_status(reason: &str, message: &str, now: &str) -> Value {
+    json!({
+        "phase": "Failed",
+        "reason": reason,
+        "conditions": [{
+            "type": "Ready", "status": "False", "reason": reason, "message": message,
+            "lastTransitionTime": now, "lastProbeTime": null,
+        }],
+    })
+}
+
+/// True when `patch` (a status object) would change nothing in the VMI's current status.
+pub fn status_unchanged(vmi: &VirtualMachineInstance, patch: &Value) -> bool {
+    let current = serde_json::to_value(&vmi.status).unwrap_or(Value::Null);
+    patch.as_object().into_iter().flatten().all(|(k, v)| {
+        let cur = current.get(k).unwrap_or(&Value::Null);
+        if k == "conditions" {
+            strip_times(cur) == strip_times(v)
+        } else {
+            cur == v
+        }
+    })
+}
+
+fn strip_times(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(a) = v.as_array_mut() {
+        for c in a.iter_mut() {
+            if let Some(o) = c.as_object_mut() {
+                o.remove("lastTransitionTime");
+                o.remove("lastProbeTime");
+                o.retain(|_, x| !x.is_null() && x != "");
+            }
+        }
+    }
+    v
+}
+
+/// Decides the next steps for a VMI bound to this node.
+pub fn decide(
+    vmi: &VirtualMachineInstance,
+    observed: &Observed,
+    node: &str,
+    now: &str,
+) -> Vec<Action> {
+    let deleting = vmi.metadata.deletion_timestamp.is_some();
+    let phase = phase(vmi);
+    match (deleting, observed) {
+        (true, Observed::Running(st)) if st.phase != RunPhase::ShuttingDown => {
+            vec![Action::Stop {
+                grace_seconds: grace_seconds(vmi),
+            }]
+        }
+        (true, Observed::Running(_)) => vec![],
+        (true, _) => vec![Action::Cleanup],
+        (false, Observed::Exited(rep)) => {
+            if is_final(&phase) {
+                vec![]
+            } else {
+                vec![Action::PatchStatus(exit_status(vmi, rep, now))]
+            }
+        }
+        (false, Observed::Running(st)) => {
+            if is_final(&phase) {
+                // Marked final from outside (node fenced, controller): stop what still runs.
+                if st.phase == RunPhase::ShuttingDown {
+                    vec![]
+                } else {
+                    vec![Action::Stop { grace_seconds: 0 }]
+                }
+            } else {
+                let s = running_status(vmi, st, node, now);
+                if status_unchanged(vmi, &s) {
+                    vec![]
+                } else {
+                    vec![Action::PatchStatus(s)]
+                }
+            }
+        }
+        (false, Observed::NoLauncher) => match phase.as_str() {
+            "Succeeded" | "Failed" => vec![],
+            "Running" => vec![Action::PatchStatus(start_failed_status(
+                "LauncherLost",
+                "the VMI's launcher and QEMU process are gone without an exit report",
+                now,
+            ))],
+            _ => vec![Action::Start],
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vmi(v: Value) -> VirtualMachineInstance {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn st(phase: RunPhase) -> LauncherStatus {
+        LauncherStatus {
+            version: 1,
+            launcher_pid: 10,
+            qemu_pid: Some(11),
+            vmi_uid: "u".into(),
+            phase,
+            guest_agent_connected: false,
+            started_at: 0,
+        }
+    }
+
+    const NOW: &str = "2026-11-30T00:00:00Z";
+
+    #[test]
+    fn starts_scheduled_vmis() {
+        let v = vmi(
+            json!({"metadata": {"name": "a"}, "status": {"phase": "Scheduled", "nodeName": "n1"}}),
+        );
+        assert_eq!(
+            decide(&v, &Observed::NoLauncher, "n1", NOW),
+            vec![Action::Start]
+        );
+    }
+
+    #[test]
+    fn reports_running_then_nothing_when_unchanged() {
+        let v = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Scheduled"}}));
+        let acts = decide(&v, &Observed::Running(st(RunPhase::Running)), "n1", NOW);
+        let Action::PatchStatus(p) = &acts[0] else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(p["phase"], "Running");
+        assert_eq!(p["conditions"][0]["type"], "Ready");
+        assert_eq!(p["conditions"][0]["status"], "True");
+        // Applying the patch makes the next decision a no-op.
+        let mut applied = json!({"metadata": {"name": "a"}, "status": p.clone()});
+        applied["status"]["reason"] = Value::Null;
+        let v2 = vmi(applied);
+        assert_eq!(
+            decide(
+                &v2,
+                &Observed::Running(st(RunPhase::Running)),
+                "n1",
+                "2026-12-01T00:00:00Z"
+            ),
+            vec![]
+        );
+        // Pausing flips Ready and Paused.
+        let acts = decide(&v2, &Observed::Running(st(RunPhase::Paused)), "n1", NOW);
+        let Action::PatchStatus(p) = &acts[0] else {
+            panic!()
+        };
+        assert_eq!(p["conditions"][0]["status"], "False");
+        assert_eq!(p["conditions"][1]["type"], "Paused");
+        assert_eq!(p["conditions"][1]["status"], "True");
+    }
+
+    #[test]
+    fn deletion_stops_then_cleans_up() {
+        let v = vmi(json!({"metadata": {"name": "a", "deletionTimestamp": NOW},
+            "spec": {"domain": {"devices": {}}, "terminationGracePeriodSeconds": 7},
+            "status": {"phase": "Running"}}));
+        assert_eq!(
+            decide(&v, &Observed::Running(st(RunPhase::Running)), "n1", NOW),
+            vec![Action::Stop { grace_seconds: 7 }]
+        );
+        assert_eq!(
+            decide(
+                &v,
+                &Observed::Running(st(RunPhase::ShuttingDown)),
+                "n1",
+                NOW
+            ),
+            vec![]
+        );
+        let rep = ExitReport {
+            reason: ExitReason::Shutdown,
+            message: "".into(),
+            at: 0,
+        };
+        assert_eq!(
+            decide(&v, &Observed::Exited(rep), "n1", NOW),
+            vec![Action::Cleanup]
+        );
+        assert_eq!(
+            decide(&v, &Observed::NoLauncher, "n1", NOW),
+            vec![Action::Cleanup]
+        );
+    }
+
+    #[test]
+    fn exits_become_final_phases() {
+        let v = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Running"}}));
+        let rep = ExitReport {
+            reason: ExitReason::GuestShutdown,
+            message: "off".into(),
+            at: 0,
+        };
+        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW);
+        let Action::PatchStatus(p) = &acts[0] else {
+            panic!()
+        };
+        assert_eq!(p["phase"], "Succeeded");
+        assert_eq!(p["reason"], "GuestShutdown");
+        let rep = ExitReport {
+            reason: ExitReason::Crashed,
+            message: "boom".into(),
+            at: 0,
+        };
+        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW);
+        let Action::PatchStatus(p) = &acts[0] else {
+            panic!()
+        };
+        assert_eq!(p["phase"], "Failed");
+        assert_eq!(p["conditions"][0]["message"], "boom");
+        // A running VMI whose launcher vanished is Failed.
+        let acts = decide(&v, &Observed::NoLauncher, "n1", NOW);
+        let Action::PatchStatus(p) = &acts[0] else {
+            panic!()
+        };
+        assert_eq!(p["reason"], "LauncherLost");
+        // Final VMIs are left alone, but a still-running QEMU under a Failed VMI is stopped.
+        let f = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Failed"}}));
+        assert_eq!(decide(&f, &Observed::NoLauncher, "n1", NOW), vec![]);
+        assert_eq!(
+            decide(&f, &Observed::Running(st(RunPhase::Running)), "n1", NOW),
+            vec![Action::Stop { grace_seconds: 0 }]
+        );
+    }
+
+    #[test]
+    fn condition_times_survive_unchanged_status() {
+        let existing = json!([{"type": "Ready", "status": "True", "lastTransitionTime": "T0"}]);
+        let out = merge_conditions(
+            Some(&existing),
+            vec![condition("Ready", true, "", "")],
+            "T1",
+        );
+        assert_eq!(out[0]["lastTransitionTime"], "T0");
+        let out = merge_conditions(
+            Some(&existing),
+            vec![condition("Ready", false, "x", "")],
+            "T1",
+        );
+        assert_eq!(out[0]["lastTransitionTime"], "T1");
+    }
+}

@@ -1,0 +1,141 @@
+//! Launcher processes on this node: starting one detached `ferrovirt launcher` per VMI (its own
+//! process group, so an agent restart or kill leaves VMs running), finding them again from their
+//! directories (adoption is stateless: a live `control.sock` is a running launcher), and talking
+//! to them over the control protocol.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ferrovirt_launcher::LaunchSpec;
+use ferrovirt_launcher::control::{
+    LaunchMeta, LauncherClient, Request, files, read_exit_report, write_json_atomic,
+};
+
+use crate::decide::Observed;
+use crate::error::AgentError;
+
+/// How to start launchers.
+#[derive(Debug, Clone)]
+pub struct LauncherConfig {
+    /// The `ferrovirt` binary (run as `ferrovirt launcher --dir DIR`).
+    pub binary: PathBuf,
+    /// Where VMI directories live (`<data_dir>/vmis/<uid>`).
+    pub data_dir: PathBuf,
+    pub qemu_binary: PathBuf,
+}
+
+/// Tracks the launcher children this agent process started, to reap them when they exit.
+#[derive(Debug, Default)]
+pub struct Launchers {
+    children: HashMap<String, Child>,
+}
+
+/// How long a control request may take before the launcher counts as unresponsive.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl LauncherConfig {
+    /// The directory of the VMI with `uid`.
+    pub fn vmi_dir(&self, uid: &str) -> PathBuf {
+        ferrovirt_launcher::daemon::vmi_dir(&self.data_dir, uid)
+    }
+
+    /// UIDs of every VMI directory on this node.
+    pub fn local_uids(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.data_dir.join("vmis")) else {
+            return Vec::new();
+        };
+        rd.filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect()
+    }
+}
+
+impl Launchers {
+    /// Writes the spec and metadata and starts a detached launcher for it.
+    pub fn start(
+        &mut self,
+        cfg: &LauncherConfig,
+        spec: &LaunchSpec,
+        meta: &LaunchMeta,
+    ) -> Result<(), AgentError> {
+        let dir = cfg.vmi_dir(&meta.vmi_uid);
+        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
+        let _ = std::fs::remove_file(dir.join(files::EXIT));
+        write_json_atomic(&dir.join(files::SPEC), spec)?;
+        write_json_atomic(&dir.join(files::META), meta)?;
+        let log_path = dir.join(files::LOG);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| AgentError::io(&log_path, e))?;
+        let log2 = log.try_clone().map_err(|e| AgentError::io(&log_path, e))?;
+        let child = {
+            use std::os::unix::process::CommandExt;
+            Command::new(&cfg.binary)
+                .arg("launcher")
+                .arg("--dir")
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log2)
+                // A process group of its own: signals to the agent's group do not reach it.
+                .process_group(0)
+                .spawn()
+                .map_err(|e| AgentError::io(&cfg.binary, e))?
+        };
+        self.children.insert(meta.vmi_uid.clone(), child);
+        Ok(())
+    }
+
+    /// Reaps launchers that exited (their status comes from `exit.json`).
+    pub fn reap(&mut self) {
+        self.children
+            .retain(|_, c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+    }
+
+    /// Whether this agent process started the launcher of `uid` and it has not exited yet.
+    pub fn is_child_alive(&mut self, uid: &str) -> bool {
+        match self.children.get_mut(uid) {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+}
+
+/// What the node sees for the VMI with `uid`.
+pub async fn observe(cfg: &LauncherConfig, uid: &str) -> Observed {
+    let dir = cfg.vmi_dir(uid);
+    if let Ok(mut c) = LauncherClient::connect(&dir, CONTROL_TIMEOUT).await
+        && let Ok(st) = c.status().await
+    {
+        return Observed::Running(st);
+    }
+    match read_exit_report(&dir) {
+        Some(rep) => Observed::Exited(rep),
+        None => Observed::NoLauncher,
+    }
+}
+
+/// Sends one request to the launcher of `uid`.
+pub async fn request(
+    cfg: &LauncherConfig,
+    uid: &str,
+    req: &Request,
+    timeout: Duration,
+) -> Result<serde_json::Value, AgentError> {
+    let mut c = LauncherClient::connect(&cfg.vmi_dir(uid), CONTROL_TIMEOUT).await?;
+    Ok(c.request_with_timeout(req, timeout).await?)
+}
+
+/// Removes a VMI directory.
+pub fn remove_dir(dir: &Path) {
+    if dir.exists()
+        && let Err(e) = std::fs::remove_dir_all(dir)
+    {
+        tracing::warn!("removing {}: {e}", dir.display());
+    }
+}

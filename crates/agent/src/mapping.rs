@@ -1,0 +1,651 @@
+//! The pure translation of a VirtualMachineInstance spec into the launcher's `LaunchSpec`:
+//! CPU topology and model, memory, firmware (BIOS or OVMF), SMBIOS UUID/serial, disks (from the
+//! volumes the agent prepared), NICs, RNG, balloon, and the per-VMI socket paths. No I/O.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ferrovirt_api::kubevirt::devices::{Disk as ApiDisk, Interface};
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_api::kubevirt::volumes::Network;
+use ferrovirt_launcher::spec::{
+    Accel, CacheMode, CpuModel, CpuSpec, Disk, DiskBus, DiskFormat, DiskSource, Firmware,
+    HostForward, LaunchSpec, Nic, NicBackend, NicModel, SocketPaths,
+};
+
+use crate::error::AgentError;
+
+/// A volume made ready on the host by [`crate::volumes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedVolume {
+    pub path: PathBuf,
+    pub format: DiskFormat,
+    pub source: DiskSource,
+    /// The volume itself is read-only (cloud-init, config maps, secrets).
+    pub readonly: bool,
+}
+
+/// Where OVMF lives (Debian's `ovmf` package).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OvmfPaths {
+    pub code: PathBuf,
+    pub vars_template: PathBuf,
+    pub secure_code: PathBuf,
+    pub secure_vars_template: PathBuf,
+}
+
+impl Default for OvmfPaths {
+    fn default() -> Self {
+        OvmfPaths {
+            code: "/usr/share/OVMF/OVMF_CODE_4M.fd".into(),
+            vars_template: "/usr/share/OVMF/OVMF_VARS_4M.fd".into(),
+            secure_code: "/usr/share/OVMF/OVMF_CODE_4M.ms.fd".into(),
+            secure_vars_template: "/usr/share/OVMF/OVMF_VARS_4M.ms.fd".into(),
+        }
+    }
+}
+
+/// Node-side facts the translation needs.
+#[derive(Debug, Clone)]
+pub struct MappingContext {
+    /// The VMI's private directory (sockets, generated images, NVRAM).
+    pub vmi_dir: PathBuf,
+    pub accel: Accel,
+    /// Prepared volumes by volume name.
+    pub volumes: BTreeMap<String, PreparedVolume>,
+    pub tcg_tb_size_mib: Option<u32>,
+    pub sandbox: bool,
+    pub ovmf: OvmfPaths,
+    /// Host ports to forward to the guest for masquerade interfaces (guest port → host port).
+    pub port_forwards: BTreeMap<u16, u16>,
+}
+
+impl MappingContext {
+    pub fn new(vmi_dir: impl Into<PathBuf>, accel: Accel) -> Self {
+        MappingContext {
+            vmi_dir: vmi_dir.into(),
+            accel,
+            volumes: BTreeMap::new(),
+            tcg_tb_size_mib: None,
+            sandbox: false,
+            ovmf: OvmfPaths::default(),
+            port_forwards: BTreeMap::new(),
+        }
+    }
+}
+
+/// The socket and file paths of one VMI directory.
+pub fn socket_paths(vmi_dir: &Path) -> SocketPaths {
+    SocketPaths {
+        qmp: vmi_dir.join("qmp.sock"),
+        serial: Some(vmi_dir.join("serial.sock")),
+        serial_log: Some(vmi_dir.join("serial.log")),
+        vnc: Some(vmi_dir.join("vnc.sock")),
+        guest_agent: Some(vmi_dir.join("qga.sock")),
+    }
+}
+
+/// Memory in MiB from `domain.memory.guest`, else `resources.requests.memory`, else limits.
+pub fn guest_memory_mib(vmi: &VirtualMachineInstance) -> Result<u64, AgentError> {
+    let domain = vmi.spec.as_ref().map(|s| &s.domain);
+    let field = "spec.domain.memory.guest";
+    let q = domain
+        .and_then(|d| d.memory.as_ref())
+        .and_then(|m| m.guest.as_ref())
+        .map(|q| (field, q))
+        .or_else(|| {
+            let r = domain?.resources.as_ref()?;
+            r.requests
+                .as_ref()
+                .and_then(|m| m.get("memory"))
+                .map(|q| ("spec.domain.resources.requests.memory", q))
+                .or_else(|| {
+                    r.limits
+                        .as_ref()
+                        .and_then(|m| m.get("memory"))
+                        .map(|q| ("spec.domain.resources.limits.memory", q))
+                })
+        });
+    let Some((field, q)) = q else {
+        return Err(AgentError::invalid(field, "no guest memory is set"));
+    };
+    let bytes = ferrovirt_api::quantity::parse(&q.0)
+        .map_err(|e| AgentError::invalid(field, e.to_string()))?;
+    let mib = (bytes / (1024.0 * 1024.0)).floor();
+    if !(1.0..=16.0 * 1024.0 * 1024.0).contains(&mib) {
+        return Err(AgentError::invalid(
+            field,
+            format!("{} is out of range", q.0),
+        ));
+    }
+    Ok(mib as u64)
+}
+
+/// A stable, locally administered unicast MAC for an interface without `macAddress`.
+pub fn derived_mac(namespace: &str, name: &str, iface: &str) -> String {
+    // FNV-1a over the identity: stable across restarts and agents.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in namespace
+        .bytes()
+        .chain([0])
+        .chain(name.bytes())
+        .chain([0])
+        .chain(iface.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let b = h.to_be_bytes();
+    format!(
+        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        b[0], b[1], b[2], b[3], b[4]
+    )
+}
+
+fn parse_bus(bus: Option<&str>, field: &str, default: DiskBus) -> Result<DiskBus, AgentError> {
+    match bus {
+        None => Ok(default),
+        Some("virtio") => Ok(DiskBus::Virtio),
+        Some("sata") => Ok(DiskBus::Sata),
+        Some("scsi") => Ok(DiskBus::Scsi),
+        Some("usb") => Ok(DiskBus::Usb),
+        Some(other) => Err(AgentError::invalid(
+            field,
+            format!("unsupported bus {other:?} (virtio, sata, scsi, usb)"),
+        )),
+    }
+}
+
+fn parse_cache(cache: Option<&str>, field: &str) -> Result<Option<CacheMode>, AgentError> {
+    Ok(match cache {
+        None => None,
+        Some("none") => Some(CacheMode::None),
+        Some("writethrough") => Some(CacheMode::Writethrough),
+        Some("writeback") => Some(CacheMode::Writeback),
+        Some(other) => {
+            return Err(AgentError::invalid(
+                field,
+                format!("unsupported cache mode {other:?}"),
+            ));
+        }
+    })
+}
+
+fn map_disk(
+    i: usize,
+    d: &ApiDisk,
+    ctx: &MappingContext,
+    used_ids: &mut BTreeMap<String, usize>,
+) -> Result<Disk, AgentError> {
+    let field = format!("spec.domain.devices.disks[{i}]");
+    let vol = ctx.volumes.get(&d.name).ok_or_else(|| {
+        AgentError::invalid(
+            format!("{field}.name"),
+            format!("volume {:?} was not prepared", d.name),
+        )
+    })?;
+    let (bus, readonly, cdrom) = if let Some(c) = &d.cdrom {
+        (
+            parse_bus(
+                c.bus.as_deref(),
+                &format!("{field}.cdrom.bus"),
+                DiskBus::Sata,
+            )?,
+            c.readonly.unwrap_or(true),
+            true,
+        )
+    } else if let Some(l) = &d.lun {
+        (
+            parse_bus(l.bus.as_deref(), &format!("{field}.lun.bus"), DiskBus::Scsi)?,
+            l.readonly.unwrap_or(false),
+            false,
+        )
+    } else {
+        let t = d.disk.as_ref();
+        (
+            parse_bus(
+                t.and_then(|t| t.bus.as_deref()),
+                &format!("{field}.disk.bus"),
+                DiskBus::Virtio,
+            )?,
+            t.and_then(|t| t.readonly).unwrap_or(false),
+            false,
+        )
+    };
+    // QEMU node names allow [A-Za-z0-9_.-] and must start with a letter.
+    let mut id: String = format!(
+        "disk-{}",
+        d.name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect::<String>()
+    );
+    let n = used_ids.entry(id.clone()).or_insert(0);
+    *n += 1;
+    if *n > 1 {
+        id = format!("{id}-{n}");
+    }
+    Ok(Disk {
+        id,
+        path: vol.path.clone(),
+        format: vol.format,
+        bus,
+        readonly: readonly || vol.readonly,
+        cdrom,
+        boot_order: d.boot_order,
+        serial: d.serial.clone(),
+        cache: parse_cache(d.cache.as_deref(), &format!("{field}.cache"))?,
+        source: vol.source,
+    })
+}
+
+fn parse_mac(mac: &str, field: &str) -> Result<String, AgentError> {
+    let parts: Vec<&str> = mac.split([':', '-']).collect();
+    let ok = parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()));
+    if !ok {
+        return Err(AgentError::invalid(
+            field,
+            format!("{mac:?} is not a MAC address"),
+        ));
+    }
+    Ok(parts.join(":").to_lowercase())
+}
+
+fn map_nic(
+    i: usize,
+    iface: &Interface,
+    networks: &[Network],
+    vmi: &VirtualMachineInstance,
+    ctx: &MappingContext,
+) -> Result<Nic, AgentError> {
+    let field = format!("spec.domain.devices.interfaces[{i}]");
+    let net = networks
+        .iter()
+        .find(|n| n.name == iface.name)
+        .ok_or_else(|| {
+            AgentError::invalid(
+                format!("{field}.name"),
+                format!("no network named {:?}", iface.name),
+            )
+        })?;
+    let model = match iface.model.as_deref() {
+        None | Some("virtio") => NicModel::VirtioNetPci,
+        Some("e1000e") => NicModel::E1000e,
+        Some("e1000") => NicModel::E1000,
+        Some("rtl8139") => NicModel::Rtl8139,
+        Some(other) => {
+            return Err(AgentError::invalid(
+                format!("{field}.model"),
+                format!("unsupported interface model {other:?}"),
+            ));
+        }
+    };
+    let backend = if net.pod.is_some() && (iface.masquerade.is_some() || iface.slirp.is_some()) {
+        // Masquerade semantics on QEMU's user-mode stack: the guest gets 10.0.2.2/24 with
+        // gateway 10.0.2.1 by DHCP and reaches out through NAT; listed ports (or all forwarded
+        // ports the agent chose) are forwarded from the host.
+        let wanted: Vec<u16> = iface
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| {
+                p.protocol
+                    .as_deref()
+                    .unwrap_or("TCP")
+                    .eq_ignore_ascii_case("tcp")
+            })
+            .filter_map(|p| u16::try_from(p.port).ok())
+            .collect();
+        let forwards = ctx
+            .port_forwards
+            .iter()
+            .filter(|(guest, _)| wanted.is_empty() || wanted.contains(guest))
+            .map(|(guest, host)| HostForward {
+                protocol: Default::default(),
+                host_addr: "127.0.0.1".into(),
+                host_port: *host,
+                guest_port: *guest,
+            })
+            .collect();
+        NicBackend::User { forwards }
+    } else if net.pod.is_some() && iface.bridge.is_some() {
+        return Err(AgentError::unsupported(
+            format!("{field}.bridge"),
+            "bridge binding on the pod network needs the node's pod network, which this \
+             node does not provide yet; use masquerade",
+        ));
+    } else if net.multus.is_some() {
+        return Err(AgentError::unsupported(
+            format!(
+                "spec.networks[{}].multus",
+                networks
+                    .iter()
+                    .position(|n| n.name == net.name)
+                    .unwrap_or(0)
+            ),
+            "secondary (multus) networks are not available on this node yet",
+        ));
+    } else {
+        return Err(AgentError::unsupported(
+            field,
+            "only masquerade interfaces on the pod network are supported on this node",
+        ));
+    };
+    let mac = match &iface.mac_address {
+        Some(m) => parse_mac(m, &format!("{field}.macAddress"))?,
+        None => derived_mac(
+            vmi.metadata.namespace.as_deref().unwrap_or("default"),
+            vmi.metadata.name.as_deref().unwrap_or(""),
+            &iface.name,
+        ),
+    };
+    Ok(Nic {
+        id: format!("net{i}"),
+        mac: Some(mac),
+        model,
+        backend,
+        boot_order: iface.boot_order,
+    })
+}
+
+/// Translates `vmi` into the launcher's spec. Every refusal names the VMI field at fault.
+pub fn launch_spec(
+    vmi: &VirtualMachineInstance,
+    ctx: &MappingContext,
+) -> Result<LaunchSpec, AgentError> {
+    let spec = vmi
+        .spec
+        .as_ref()
+        .ok_or_else(|| AgentError::invalid("spec", "a VMI needs a spec"))?;
+    let domain = &spec.domain;
+    let namespace = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let name = vmi.metadata.name.as_deref().unwrap_or("vmi");
+
+    let uuid = domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.uuid.clone())
+        .or_else(|| vmi.metadata.uid.clone())
+        .ok_or_else(|| AgentError::invalid("spec.domain.firmware.uuid", "no UUID"))?;
+    let mut ls = LaunchSpec::new(
+        format!("{namespace}_{name}"),
+        uuid,
+        guest_memory_mib(vmi)?,
+        ctx.vmi_dir.join("qmp.sock"),
+    );
+    ls.sockets = socket_paths(&ctx.vmi_dir);
+    let devices = &domain.devices;
+    if devices.autoattach_serial_console == Some(false) {
+        ls.sockets.serial = None;
+        ls.sockets.serial_log = None;
+    }
+    if devices.autoattach_graphics_device == Some(false) {
+        ls.sockets.vnc = None;
+    }
+    ls.smbios.serial = domain.firmware.as_ref().and_then(|f| f.serial.clone());
+    ls.smbios.product = Some("VirtualMachineInstance".into());
+    ls.smbios.family = Some("ferrovirt".into());
+
+    // CPU topology and model.
+    let cpu = domain.cpu.as_ref();
+    ls.cpu = CpuSpec {
+        sockets: cpu.and_then(|c| c.sockets).unwrap_or(1).max(1),
+        cores: cpu.and_then(|c| c.cores).unwrap_or(1).max(1),
+        threads: cpu.and_then(|c| c.threads).unwrap_or(1).max(1),
+        model: match (ctx.accel, cpu.and_then(|c| c.model.as_deref())) {
+            (Accel::Tcg, _) => CpuModel::Max,
+            (Accel::Kvm, None | Some("host-model") | Some("host-passthrough")) => CpuModel::Host,
+            (Accel::Kvm, Some(m)) => CpuModel::Named(m.to_string()),
+        },
+    };
+    if ls.cpu.vcpus() > 512 {
+        return Err(AgentError::invalid(
+            "spec.domain.cpu",
+            format!("{} vCPUs is more than this node supports", ls.cpu.vcpus()),
+        ));
+    }
+    if let Some(m) = domain.machine.as_ref().and_then(|m| m.type_.as_deref()) {
+        let q35 = m == "q35" || m.starts_with("pc-q35");
+        if !q35 {
+            return Err(AgentError::unsupported(
+                "spec.domain.machine.type",
+                format!("machine type {m:?} is not supported (q35)"),
+            ));
+        }
+        ls.machine = "q35".into();
+    }
+
+    // Firmware.
+    if let Some(efi) = domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.bootloader.as_ref())
+        .and_then(|b| b.efi.as_ref())
+    {
+        let secure = efi.secure_boot.unwrap_or(true);
+        ls.firmware = Firmware::Efi {
+            secure_boot: secure,
+            code_path: if secure {
+                ctx.ovmf.secure_code.clone()
+            } else {
+                ctx.ovmf.code.clone()
+            },
+            vars_path: ctx.vmi_dir.join("OVMF_VARS.fd"),
+        };
+    }
+    if domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .is_some_and(|k| k.container.is_some())
+    {
+        return Err(AgentError::unsupported(
+            "spec.domain.firmware.kernelBoot.container",
+            "kernel boot from a container image is not supported yet",
+        ));
+    }
+
+    // Disks.
+    let mut used_ids = BTreeMap::new();
+    for (i, d) in devices.disks.iter().flatten().enumerate() {
+        ls.disks.push(map_disk(i, d, ctx, &mut used_ids)?);
+    }
+
+    // NICs.
+    let networks: &[Network] = spec.networks.as_deref().unwrap_or(&[]);
+    for (i, iface) in devices.interfaces.iter().flatten().enumerate() {
+        ls.nics.push(map_nic(i, iface, networks, vmi, ctx)?);
+    }
+
+    ls.rng = devices.rng.is_some();
+    ls.balloon = devices.autoattach_mem_balloon != Some(false);
+    ls.accel = ctx.accel;
+    ls.tcg_tb_size_mib = ctx.tcg_tb_size_mib;
+    ls.sandbox = ctx.sandbox;
+    ls.start_paused = spec.start_strategy.as_deref() == Some("Paused");
+    Ok(ls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vmi(v: serde_json::Value) -> VirtualMachineInstance {
+        serde_json::from_value(v).expect("vmi")
+    }
+
+    fn base() -> serde_json::Value {
+        json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "t1", "namespace": "ns1", "uid": "11111111-2222-3333-4444-555555555555"},
+            "spec": {
+                "domain": {
+                    "cpu": {"cores": 2},
+                    "memory": {"guest": "128Mi"},
+                    "firmware": {"uuid": "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", "serial": "S1"},
+                    "devices": {
+                        "disks": [{"name": "root", "disk": {"bus": "virtio"}, "bootOrder": 1},
+                                  {"name": "ci", "disk": {}}],
+                        "interfaces": [{"name": "default", "masquerade": {}, "ports": [{"port": 80}]}]
+                    }
+                },
+                "networks": [{"name": "default", "pod": {}}],
+                "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "c"}},
+                            {"name": "ci", "cloudInitNoCloud": {"userData": "#!/bin/sh\n"}}]
+            }
+        })
+    }
+
+    fn ctx() -> MappingContext {
+        let mut c = MappingContext::new("/run/fv/vmi1", Accel::Tcg);
+        c.volumes.insert(
+            "root".into(),
+            PreparedVolume {
+                path: "/pv/disk.img".into(),
+                format: DiskFormat::Raw,
+                source: DiskSource::File,
+                readonly: false,
+            },
+        );
+        c.volumes.insert(
+            "ci".into(),
+            PreparedVolume {
+                path: "/run/fv/vmi1/ci.iso".into(),
+                format: DiskFormat::Raw,
+                source: DiskSource::File,
+                readonly: true,
+            },
+        );
+        c.port_forwards.insert(80, 18080);
+        c.port_forwards.insert(22, 18022);
+        c
+    }
+
+    #[test]
+    fn maps_the_basics() {
+        let ls = launch_spec(&vmi(base()), &ctx()).unwrap();
+        assert_eq!(ls.name, "ns1_t1");
+        assert_eq!(ls.uuid, "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee");
+        assert_eq!(ls.smbios.serial.as_deref(), Some("S1"));
+        assert_eq!(ls.smbios.manufacturer, "ferrovirt");
+        assert_eq!(ls.memory_mib, 128);
+        assert_eq!((ls.cpu.sockets, ls.cpu.cores, ls.cpu.threads), (1, 2, 1));
+        assert_eq!(ls.cpu.model, CpuModel::Max);
+        assert_eq!(ls.disks.len(), 2);
+        assert_eq!(ls.disks[0].boot_order, Some(1));
+        assert!(!ls.disks[0].readonly);
+        assert!(ls.disks[1].readonly, "cloud-init volume is read-only");
+        assert_eq!(ls.sockets.qmp, PathBuf::from("/run/fv/vmi1/qmp.sock"));
+        assert!(ls.balloon);
+        match &ls.nics[0].backend {
+            NicBackend::User { forwards } => {
+                assert_eq!(forwards.len(), 1, "only the listed port is forwarded");
+                assert_eq!((forwards[0].guest_port, forwards[0].host_port), (80, 18080));
+            }
+            other => panic!("{other:?}"),
+        }
+        ls.validate().unwrap();
+    }
+
+    #[test]
+    fn kvm_uses_host_model_unless_named() {
+        let mut c = ctx();
+        c.accel = Accel::Kvm;
+        let ls = launch_spec(&vmi(base()), &c).unwrap();
+        assert_eq!(ls.cpu.model, CpuModel::Host);
+        let mut v = base();
+        v["spec"]["domain"]["cpu"]["model"] = json!("Skylake-Client");
+        let ls = launch_spec(&vmi(v), &c).unwrap();
+        assert_eq!(ls.cpu.model, CpuModel::Named("Skylake-Client".into()));
+    }
+
+    #[test]
+    fn memory_falls_back_to_requests() {
+        let mut v = base();
+        v["spec"]["domain"]["memory"] = json!(null);
+        v["spec"]["domain"]["resources"] = json!({"requests": {"memory": "1Gi"}});
+        assert_eq!(launch_spec(&vmi(v), &ctx()).unwrap().memory_mib, 1024);
+        let mut v = base();
+        v["spec"]["domain"]["memory"] = json!(null);
+        let e = launch_spec(&vmi(v), &ctx()).unwrap_err().to_string();
+        assert!(e.contains("spec.domain.memory.guest"), "{e}");
+    }
+
+    #[test]
+    fn unprepared_volume_names_the_disk() {
+        let mut c = ctx();
+        c.volumes.remove("ci");
+        let e = launch_spec(&vmi(base()), &c).unwrap_err().to_string();
+        assert!(e.contains("spec.domain.devices.disks[1].name"), "{e}");
+    }
+
+    #[test]
+    fn mac_is_stable_and_overridable() {
+        let a = launch_spec(&vmi(base()), &ctx()).unwrap();
+        let b = launch_spec(&vmi(base()), &ctx()).unwrap();
+        assert_eq!(a.nics[0].mac, b.nics[0].mac);
+        assert!(a.nics[0].mac.as_deref().unwrap().starts_with("02:"));
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["interfaces"][0]["macAddress"] = json!("DE-AD-BE-EF-00-01");
+        let c = launch_spec(&vmi(v), &ctx()).unwrap();
+        assert_eq!(c.nics[0].mac.as_deref(), Some("de:ad:be:ef:00:01"));
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["interfaces"][0]["macAddress"] = json!("nope");
+        let e = launch_spec(&vmi(v), &ctx()).unwrap_err().to_string();
+        assert!(e.contains("interfaces[0].macAddress"), "{e}");
+        assert_ne!(derived_mac("a", "b", "c"), derived_mac("a", "b", "d"));
+    }
+
+    #[test]
+    fn unsupported_things_name_their_field() {
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["interfaces"][0] = json!({"name": "default", "bridge": {}});
+        let e = launch_spec(&vmi(v), &ctx()).unwrap_err().to_string();
+        assert!(e.contains("interfaces[0].bridge"), "{e}");
+        let mut v = base();
+        v["spec"]["domain"]["machine"] = json!({"type": "pc-i440fx-7.2"});
+        let e = launch_spec(&vmi(v), &ctx()).unwrap_err().to_string();
+        assert!(e.contains("spec.domain.machine.type"), "{e}");
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["disks"][0]["disk"]["bus"] = json!("ide");
+        let e = launch_spec(&vmi(v), &ctx()).unwrap_err().to_string();
+        assert!(e.contains("disks[0].disk.bus"), "{e}");
+    }
+
+    #[test]
+    fn efi_secure_boot_and_paused_start() {
+        let mut v = base();
+        v["spec"]["domain"]["firmware"]["bootloader"] = json!({"efi": {"secureBoot": false}});
+        v["spec"]["startStrategy"] = json!("Paused");
+        let ls = launch_spec(&vmi(v), &ctx()).unwrap();
+        match ls.firmware {
+            Firmware::Efi {
+                secure_boot,
+                code_path,
+                vars_path,
+            } => {
+                assert!(!secure_boot);
+                assert_eq!(code_path, OvmfPaths::default().code);
+                assert_eq!(vars_path, PathBuf::from("/run/fv/vmi1/OVMF_VARS.fd"));
+            }
+            Firmware::Bios => panic!("expected EFI"),
+        }
+        assert!(ls.start_paused);
+    }
+
+    #[test]
+    fn autoattach_switches_drop_sockets() {
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["autoattachSerialConsole"] = json!(false);
+        v["spec"]["domain"]["devices"]["autoattachGraphicsDevice"] = json!(false);
+        v["spec"]["domain"]["devices"]["autoattachMemBalloon"] = json!(false);
+        let ls = launch_spec(&vmi(v), &ctx()).unwrap();
+        assert!(ls.sockets.serial.is_none());
+        assert!(ls.sockets.vnc.is_none());
+        assert!(!ls.balloon);
+    }
+}

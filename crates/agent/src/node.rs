@@ -1,0 +1,310 @@
+//! The agent's Node: host facts (CPUs, memory, CPU model and flags, KVM usability) gathered from
+//! /proc, and the pure construction of the Node object and its coordination.k8s.io Lease.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use ferrovirt_launcher::spec::Accel;
+
+/// Label naming the accelerator QEMU uses on this node.
+pub const ACCEL_LABEL: &str = "ferrovirt.io/accel";
+/// Annotation with the agent's endpoint (for console/VNC proxying).
+pub const ENDPOINT_ANNOTATION: &str = "ferrovirt.io/agent-endpoint";
+/// Namespace of node heartbeat leases, as in Kubernetes.
+pub const LEASE_NAMESPACE: &str = "kube-node-lease";
+/// The KVM device resource KubeVirt advertises.
+pub const KVM_RESOURCE: &str = "devices.kubevirt.io/kvm";
+
+/// What the agent knows about its host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFacts {
+    pub hostname: String,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub cpu_model: String,
+    pub cpu_flags: Vec<String>,
+    pub accel: Accel,
+    pub kernel_version: String,
+    pub os_image: String,
+    pub address: String,
+}
+
+impl HostFacts {
+    /// Reads the facts from /proc and /etc.
+    pub fn gather(accel: Accel, address: &str) -> HostFacts {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let os_release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+        let (cpus, cpu_model, cpu_flags) = parse_cpuinfo(&cpuinfo);
+        HostFacts {
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "localhost".into()),
+            cpus: cpus.max(1),
+            memory_bytes: parse_meminfo_total(&meminfo),
+            cpu_model,
+            cpu_flags,
+            accel,
+            kernel_version: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+            os_image: os_release
+                .lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|s| s.trim_matches('"').to_string())
+                .unwrap_or_else(|| "Linux".into()),
+            address: address.to_string(),
+        }
+    }
+}
+
+/// (processor count, model name, flags) from /proc/cpuinfo.
+pub fn parse_cpuinfo(text: &str) -> (u32, String, Vec<String>) {
+    let mut count = 0;
+    let mut model = String::new();
+    let mut flags = Vec::new();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        match k.trim() {
+            "processor" => count += 1,
+            "model name" if model.is_empty() => model = v.trim().to_string(),
+            "flags" if flags.is_empty() => {
+                flags = v.split_whitespace().map(str::to_string).collect();
+            }
+            _ => {}
+        }
+    }
+    (count, model, flags)
+}
+
+/// MemTotal from /proc/meminfo, in bytes.
+pub fn parse_meminfo_total(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// A label-safe form of a CPU model name ("Intel(R) Xeon(R) ..." → "Intel-R-Xeon-R-...").
+pub fn label_value(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while out.contains("--") {
+        out = out.replace("--", "-");
+    }
+    out.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .chars()
+        .take(63)
+        .collect::<String>()
+        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// Flags worth a `cpu-feature.node.kubevirt.io/<flag>=true` label.
+const FEATURE_FLAGS: &[&str] = &[
+    "aes",
+    "avx",
+    "avx2",
+    "avx512f",
+    "sse4_1",
+    "sse4_2",
+    "ssse3",
+    "vmx",
+    "svm",
+    "x2apic",
+    "rdrand",
+    "pdpe1gb",
+    "hypervisor",
+];
+
+/// Memory the agent keeps back from the VMs (host OS, agent, launchers).
+pub const SYSTEM_RESERVED_BYTES: u64 = 512 * 1024 * 1024;
+
+/// The Node object this agent registers (labels, capacity/allocatable, conditions, addresses).
+pub fn node_object(name: &str, facts: &HostFacts, endpoint: &str, now: Timestamp) -> Node {
+    let mut labels = BTreeMap::new();
+    labels.insert("kubernetes.io/hostname".to_string(), name.to_string());
+    labels.insert("kubernetes.io/os".to_string(), "linux".to_string());
+    labels.insert("kubernetes.io/arch".to_string(), "amd64".to_string());
+    labels.insert("kubevirt.io/schedulable".to_string(), "true".to_string());
+    labels.insert(ACCEL_LABEL.to_string(), facts.accel.to_string());
+    if !facts.cpu_model.is_empty() {
+        labels.insert(
+            "host-model-cpu.node.kubevirt.io/".to_string() + &label_value(&facts.cpu_model),
+            "true".to_string(),
+        );
+    }
+    for f in FEATURE_FLAGS {
+        if facts.cpu_flags.iter().any(|x| x == f) {
+            labels.insert(
+                format!("cpu-feature.node.kubevirt.io/{f}"),
+                "true".to_string(),
+            );
+        }
+    }
+    let mut annotations = BTreeMap::new();
+    annotations.insert(ENDPOINT_ANNOTATION.to_string(), endpoint.to_string());
+
+    let mut capacity = BTreeMap::new();
+    capacity.insert("cpu".to_string(), Quantity(facts.cpus.to_string()));
+    capacity.insert(
+        "memory".to_string(),
+        Quantity(format!("{}Ki", facts.memory_bytes / 1024)),
+    );
+    capacity.insert("pods".to_string(), Quantity("110".into()));
+    let kvm = if facts.accel == Accel::Kvm { "1k" } else { "0" };
+    capacity.insert(KVM_RESOURCE.to_string(), Quantity(kvm.into()));
+    let mut allocatable = capacity.clone();
+    allocatable.insert(
+        "memory".to_string(),
+        Quantity(format!(
+            "{}Ki",
+            facts.memory_bytes.saturating_sub(SYSTEM_RESERVED_BYTES) / 1024
+        )),
+    );
+
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            capacity: Some(capacity),
+            allocatable: Some(allocatable),
+            conditions: Some(vec![ready_condition(now)]),
+            addresses: Some(vec![
+                NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: facts.address.clone(),
+                },
+                NodeAddress {
+                    type_: "Hostname".into(),
+                    address: facts.hostname.clone(),
+                },
+            ]),
+            node_info: Some(NodeSystemInfo {
+                architecture: "amd64".into(),
+                kernel_version: facts.kernel_version.clone(),
+                os_image: facts.os_image.clone(),
+                operating_system: "linux".into(),
+                kubelet_version: format!("ferrovirt-{}", env!("CARGO_PKG_VERSION")),
+                container_runtime_version: format!("qemu ({})", facts.accel),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The agent's Ready condition as it reports it at `now`.
+pub fn ready_condition(now: Timestamp) -> NodeCondition {
+    NodeCondition {
+        type_: "Ready".into(),
+        status: "True".into(),
+        reason: Some("AgentReady".into()),
+        message: Some("ferrovirt agent is posting ready status".into()),
+        last_heartbeat_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+    }
+}
+
+/// The node's heartbeat Lease (namespace `kube-node-lease`, named after the node).
+pub fn lease_object(node: &str, duration_seconds: i32, now: Timestamp) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(node.to_string()),
+            namespace: Some(LEASE_NAMESPACE.to_string()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(node.to_string()),
+            lease_duration_seconds: Some(duration_seconds),
+            renew_time: Some(MicroTime(now)),
+            ..Default::default()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> HostFacts {
+        HostFacts {
+            hostname: "h1".into(),
+            cpus: 2,
+            memory_bytes: 4 << 30,
+            cpu_model: "Intel(R) Xeon(R) CPU @ 2.20GHz".into(),
+            cpu_flags: vec!["sse4_2".into(), "avx2".into(), "hypervisor".into()],
+            accel: Accel::Tcg,
+            kernel_version: "6.1".into(),
+            os_image: "Debian".into(),
+            address: "127.0.0.1".into(),
+        }
+    }
+
+    #[test]
+    fn cpuinfo_and_meminfo() {
+        let (n, model, flags) = parse_cpuinfo(
+            "processor\t: 0\nmodel name\t: Foo CPU\nflags\t\t: fpu sse\nprocessor\t: 1\nmodel name\t: Foo CPU\n",
+        );
+        assert_eq!((n, model.as_str()), (2, "Foo CPU"));
+        assert_eq!(flags, vec!["fpu", "sse"]);
+        assert_eq!(
+            parse_meminfo_total("MemTotal:       1024 kB\nMemFree: 1 kB\n"),
+            1 << 20
+        );
+    }
+
+    #[test]
+    fn label_values_are_valid() {
+        assert_eq!(
+            label_value("Intel(R) Xeon(R) CPU @ 2.20GHz"),
+            "Intel-R-Xeon-R-CPU-2.20GHz"
+        );
+        assert!(label_value(&"x".repeat(100)).len() <= 63);
+    }
+
+    #[test]
+    fn node_has_labels_capacity_and_ready() {
+        let now = Timestamp::from_second(1_700_000_000).unwrap();
+        let n = node_object("node-a", &facts(), "https://127.0.0.1:1", now);
+        let labels = n.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["kubernetes.io/hostname"], "node-a");
+        assert_eq!(labels["kubevirt.io/schedulable"], "true");
+        assert_eq!(labels[ACCEL_LABEL], "tcg");
+        assert_eq!(labels["cpu-feature.node.kubevirt.io/avx2"], "true");
+        let st = n.status.unwrap();
+        assert_eq!(st.capacity.as_ref().unwrap()["cpu"].0, "2");
+        assert_eq!(st.capacity.as_ref().unwrap()[KVM_RESOURCE].0, "0");
+        assert_eq!(
+            st.allocatable.as_ref().unwrap()["memory"].0,
+            format!("{}Ki", ((4u64 << 30) - SYSTEM_RESERVED_BYTES) / 1024)
+        );
+        assert_eq!(st.conditions.unwrap()[0].status, "True");
+        let l = lease_object("node-a", 15, now);
+        assert_eq!(l.spec.unwrap().lease_duration_seconds, Some(15));
+    }
+}

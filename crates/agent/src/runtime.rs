@@ -1,0 +1,646 @@
+//! The agent's control loop against the API server (kube-rs): registers the Node, renews its
+//! Lease (and fences itself when it cannot), and reconciles every VMI bound to this node by
+//! applying [`crate::decide`]'s actions: start launchers, stop them, write status, clean up.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_launcher::control::{LaunchMeta, Request};
+use ferrovirt_launcher::spec::Accel;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, Namespace, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+    Secret,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use crate::decide::{self, Action, FINALIZER, Observed};
+use crate::error::AgentError;
+use crate::launchers::{self, LauncherConfig, Launchers};
+use crate::mapping::{self, MappingContext};
+use crate::node::{self, HostFacts, LEASE_NAMESPACE};
+use crate::volumes::{self, ClaimInfo, ResolvedRefs};
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    /// The `ferrovirt` binary, run as `ferrovirt launcher` for each VMI.
+    pub launcher_binary: PathBuf,
+    pub qemu_binary: PathBuf,
+    /// Address reported as the node's InternalIP.
+    pub address: String,
+    pub lease_duration: Duration,
+    pub renew_interval: Duration,
+    /// How often every local VMI is reconciled even without watch events.
+    pub resync_interval: Duration,
+    /// Accelerator override (tests); `None` detects.
+    pub accel: Option<Accel>,
+    /// TCG translation-cache size in MiB for every VM (keeps TCG memory small).
+    pub tcg_tb_size_mib: Option<u32>,
+}
+
+impl AgentOptions {
+    pub fn new(node_name: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        AgentOptions {
+            node_name: node_name.into(),
+            data_dir: data_dir.into(),
+            launcher_binary: std::env::current_exe().unwrap_or_else(|_| "ferrovirt".into()),
+            qemu_binary: "qemu-system-x86_64".into(),
+            address: "127.0.0.1".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(3),
+            resync_interval: Duration::from_secs(2),
+            accel: None,
+            tcg_tb_size_mib: Some(64),
+        }
+    }
+}
+
+fn vmi_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
+        "virtualmachineinstances",
+    )
+}
+
+fn now_ts() -> Timestamp {
+    Timestamp::now()
+}
+
+fn now_string() -> String {
+    now_ts().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+struct Agent {
+    client: Client,
+    opts: AgentOptions,
+    accel: Accel,
+    cfg: LauncherConfig,
+    launchers: Mutex<Launchers>,
+    /// VMIs with an operation (start/stop) in flight.
+    busy: Mutex<HashSet<String>>,
+    last_renew: Mutex<Instant>,
+}
+
+/// Runs the agent until an unrecoverable error.
+pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
+    let accel = opts.accel.unwrap_or_else(ferrovirt_launcher::detect_accel);
+    std::fs::create_dir_all(opts.data_dir.join("vmis"))
+        .map_err(|e| AgentError::io(&opts.data_dir, e))?;
+    let cfg = LauncherConfig {
+        binary: opts.launcher_binary.clone(),
+        data_dir: opts.data_dir.clone(),
+        qemu_binary: opts.qemu_binary.clone(),
+    };
+    let agent = Arc::new(Agent {
+        client,
+        accel,
+        cfg,
+        launchers: Mutex::new(Launchers::default()),
+        busy: Mutex::new(HashSet::new()),
+        last_renew: Mutex::new(Instant::now()),
+        opts,
+    });
+    agent.register_node().await?;
+    tracing::info!(node = %agent.opts.node_name, accel = %accel, "agent registered its node");
+    let hb = tokio::spawn(heartbeat(agent.clone()));
+    let sync = tokio::spawn(sync_loop(agent.clone()));
+    let r = tokio::select! {
+        r = hb => r,
+        r = sync => r,
+    };
+    r.map_err(|e| AgentError::Reference(format!("agent task ended: {e}")))
+}
+
+impl Agent {
+    async fn register_node(&self) -> Result<(), AgentError> {
+        let facts = HostFacts::gather(self.accel, &self.opts.address);
+        let desired = node::node_object(&self.opts.node_name, &facts, "", now_ts());
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        match nodes
+            .get_opt(&self.opts.node_name)
+            .await
+            .map_err(kube_err)?
+        {
+            None => {
+                nodes
+                    .create(&PostParams::default(), &desired)
+                    .await
+                    .map_err(kube_err)?;
+            }
+            Some(_) => {
+                let meta = json!({"metadata": {"labels": desired.metadata.labels}});
+                nodes
+                    .patch(
+                        &self.opts.node_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&meta),
+                    )
+                    .await
+                    .map_err(kube_err)?;
+            }
+        }
+        let status = json!({"status": desired.status});
+        nodes
+            .patch_status(
+                &self.opts.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .map_err(kube_err)?;
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        if namespaces
+            .get_opt(LEASE_NAMESPACE)
+            .await
+            .map_err(kube_err)?
+            .is_none()
+        {
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(LEASE_NAMESPACE.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let _ = namespaces.create(&PostParams::default(), &ns).await;
+        }
+        Ok(())
+    }
+
+    async fn renew_lease(&self) -> Result<(), AgentError> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
+        let secs = i32::try_from(self.opts.lease_duration.as_secs()).unwrap_or(15);
+        let now = now_ts();
+        match leases
+            .get_opt(&self.opts.node_name)
+            .await
+            .map_err(kube_err)?
+        {
+            None => {
+                leases
+                    .create(
+                        &PostParams::default(),
+                        &node::lease_object(&self.opts.node_name, secs, now),
+                    )
+                    .await
+                    .map_err(kube_err)?;
+            }
+            Some(mut l) => {
+                let spec = l.spec.get_or_insert_with(Default::default);
+                spec.renew_time = Some(MicroTime(now));
+                spec.holder_identity = Some(self.opts.node_name.clone());
+                spec.lease_duration_seconds = Some(secs);
+                leases
+                    .replace(&self.opts.node_name, &PostParams::default(), &l)
+                    .await
+                    .map_err(kube_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn event(&self, vmi: &VirtualMachineInstance, type_: &str, reason: &str, message: &str) {
+        let ns = vmi
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let name = vmi.metadata.name.clone().unwrap_or_default();
+        let ev = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{name}.")),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("kubevirt.io/v1".into()),
+                kind: Some("VirtualMachineInstance".into()),
+                name: Some(name),
+                namespace: Some(ns.clone()),
+                uid: vmi.metadata.uid.clone(),
+                ..Default::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            type_: Some(type_.into()),
+            count: Some(1),
+            first_timestamp: Some(Time(now_ts())),
+            last_timestamp: Some(Time(now_ts())),
+            reporting_component: Some("ferrovirt-agent".into()),
+            reporting_instance: Some(self.opts.node_name.clone()),
+            source: Some(k8s_openapi::api::core::v1::EventSource {
+                component: Some("ferrovirt-agent".into()),
+                host: Some(self.opts.node_name.clone()),
+            }),
+            ..Default::default()
+        };
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        if let Err(e) = events.create(&PostParams::default(), &ev).await {
+            tracing::warn!("recording event {reason}: {e}");
+        }
+    }
+
+    fn vmi_api(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &vmi_resource())
+    }
+
+    async fn patch_status(
+        &self,
+        vmi: &VirtualMachineInstance,
+        status: Value,
+    ) -> Result<(), AgentError> {
+        let (ns, name) = ns_name(vmi);
+        // VMIs have no /status subresource (as in KubeVirt): status is written on the object.
+        self.vmi_api(&ns)
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": status})),
+            )
+            .await
+            .map_err(kube_err)?;
+        Ok(())
+    }
+
+    async fn set_finalizer(
+        &self,
+        vmi: &VirtualMachineInstance,
+        present: bool,
+    ) -> Result<(), AgentError> {
+        let mut fins = vmi.metadata.finalizers.clone().unwrap_or_default();
+        let has = fins.iter().any(|f| f == FINALIZER);
+        if has == present {
+            return Ok(());
+        }
+        if present {
+            fins.push(FINALIZER.into());
+        } else {
+            fins.retain(|f| f != FINALIZER);
+        }
+        let (ns, name) = ns_name(vmi);
+        let patch = json!({"metadata": {"finalizers": fins, "resourceVersion": vmi.metadata.resource_version}});
+        match self
+            .vmi_api(&ns)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(kube_err(e)),
+        }
+    }
+
+    /// Looks up what the VMI's volumes reference.
+    async fn resolve_refs(&self, vmi: &VirtualMachineInstance) -> Result<ResolvedRefs, AgentError> {
+        let (ns, _) = ns_name(vmi);
+        let mut refs = ResolvedRefs::default();
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
+        let Some(spec) = &vmi.spec else {
+            return Ok(refs);
+        };
+        for v in spec.volumes.iter().flatten() {
+            let claim = v
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.clone())
+                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
+                .or_else(|| {
+                    v.ephemeral
+                        .as_ref()
+                        .and_then(|e| e.persistent_volume_claim.as_ref())
+                        .map(|c| c.claim_name.clone())
+                });
+            if let Some(claim) = claim
+                && let Some(pvc) = pvcs.get_opt(&claim).await.map_err(kube_err)?
+            {
+                let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone());
+                if let Some(pv_name) = pv_name
+                    && let Some(pv) = pvs.get_opt(&pv_name).await.map_err(kube_err)?
+                {
+                    let spec = pv.spec.unwrap_or_default();
+                    let path = spec
+                        .host_path
+                        .map(|h| h.path)
+                        .or_else(|| spec.local.map(|l| l.path));
+                    if let Some(path) = path {
+                        let ro = spec
+                            .access_modes
+                            .unwrap_or_default()
+                            .iter()
+                            .all(|m| m == "ReadOnlyMany");
+                        refs.claims.insert(
+                            claim,
+                            ClaimInfo {
+                                path: path.into(),
+                                read_only: ro,
+                            },
+                        );
+                    }
+                }
+            }
+            let mut secret_names = Vec::new();
+            for ci in [&v.cloud_init_no_cloud, &v.cloud_init_config_drive]
+                .into_iter()
+                .flatten()
+            {
+                secret_names.extend(ci.secret_ref.as_ref().map(|r| r.name.clone()));
+                secret_names.extend(ci.network_data_secret_ref.as_ref().map(|r| r.name.clone()));
+            }
+            secret_names.extend(v.secret.as_ref().and_then(|s| s.secret_name.clone()));
+            for s in secret_names {
+                if let Some(sec) = secrets.get_opt(&s).await.map_err(kube_err)? {
+                    let mut data: BTreeMap<String, Vec<u8>> = sec
+                        .data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0))
+                        .collect();
+                    for (k, v) in sec.string_data.unwrap_or_default() {
+                        data.insert(k, v.into_bytes());
+                    }
+                    refs.secrets.insert(s, data);
+                }
+            }
+            if let Some(cm_name) = v.config_map.as_ref().and_then(|c| c.name.clone())
+                && let Some(cm) = cms.get_opt(&cm_name).await.map_err(kube_err)?
+            {
+                let mut data: BTreeMap<String, Vec<u8>> = cm
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_bytes()))
+                    .collect();
+                for (k, v) in cm.binary_data.unwrap_or_default() {
+                    data.insert(k, v.0);
+                }
+                refs.config_maps.insert(cm_name, data);
+            }
+        }
+        Ok(refs)
+    }
+
+    /// Prepares volumes and starts the launcher of `vmi`.
+    async fn start(&self, vmi: &VirtualMachineInstance) -> Result<(), AgentError> {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let dir = self.cfg.vmi_dir(&uid);
+        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
+        let refs = self.resolve_refs(vmi).await?;
+        let actions = volumes::plan(vmi, &refs, &dir)?;
+        let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
+            .await
+            .map_err(|e| AgentError::Reference(format!("volume preparation task: {e}")))??;
+        let mut ctx = MappingContext::new(&dir, self.accel);
+        ctx.volumes = prepared;
+        ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
+        let spec = mapping::launch_spec(vmi, &ctx)?;
+        spec.validate()?;
+        let (ns, name) = ns_name(vmi);
+        let meta = LaunchMeta {
+            vmi_uid: uid,
+            namespace: ns,
+            name,
+            grace_seconds: decide::grace_seconds(vmi),
+            qemu_binary: self.opts.qemu_binary.clone(),
+        };
+        self.launchers.lock().await.start(&self.cfg, &spec, &meta)?;
+        Ok(())
+    }
+
+    async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance) {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        if uid.is_empty() || self.busy.lock().await.contains(&uid) {
+            return;
+        }
+        let observed = launchers::observe(&self.cfg, &uid).await;
+        // A launcher this agent just started may not listen yet: don't start a second one.
+        if observed == Observed::NoLauncher && self.launchers.lock().await.is_child_alive(&uid) {
+            return;
+        }
+        for action in decide::decide(&vmi, &observed, &self.opts.node_name, &now_string()) {
+            match action {
+                Action::Start => {
+                    self.busy.lock().await.insert(uid.clone());
+                    let me = self.clone();
+                    let vmi = vmi.clone();
+                    let uid = uid.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = me.set_finalizer(&vmi, true).await {
+                            tracing::warn!("adding finalizer: {e}");
+                        }
+                        match me.start(&vmi).await {
+                            Ok(()) => {
+                                me.event(
+                                    &vmi,
+                                    "Normal",
+                                    "Started",
+                                    "VirtualMachineInstance started",
+                                )
+                                .await;
+                            }
+                            Err(e) => {
+                                let msg = e.to_string();
+                                tracing::warn!(vmi = ?vmi.metadata.name, "start failed: {msg}");
+                                me.event(&vmi, "Warning", "SyncFailed", &msg).await;
+                                let st =
+                                    decide::start_failed_status("SyncFailed", &msg, &now_string());
+                                let _ = me.patch_status(&vmi, st).await;
+                            }
+                        }
+                        me.busy.lock().await.remove(&uid);
+                    });
+                }
+                Action::Stop { grace_seconds } => {
+                    self.busy.lock().await.insert(uid.clone());
+                    let me = self.clone();
+                    let vmi = vmi.clone();
+                    let uid = uid.clone();
+                    tokio::spawn(async move {
+                        me.event(
+                            &vmi,
+                            "Normal",
+                            "ShuttingDown",
+                            &format!("Signaled graceful shutdown (grace period {grace_seconds}s)"),
+                        )
+                        .await;
+                        let timeout = Duration::from_secs(grace_seconds + 30);
+                        if let Err(e) = launchers::request(
+                            &me.cfg,
+                            &uid,
+                            &Request::Shutdown { grace_seconds },
+                            timeout,
+                        )
+                        .await
+                        {
+                            tracing::warn!("shutdown request: {e}");
+                        }
+                        me.busy.lock().await.remove(&uid);
+                    });
+                }
+                Action::PatchStatus(status) => {
+                    let phase_change = status
+                        .get("phase")
+                        .and_then(|p| p.as_str())
+                        .map(String::from);
+                    match self.patch_status(&vmi, status).await {
+                        Ok(()) => {
+                            if let (Some(p), Some(old)) = (
+                                phase_change,
+                                vmi.status.as_ref().and_then(|s| s.phase.as_ref()),
+                            ) {
+                                let old = serde_json::to_value(old)
+                                    .ok()
+                                    .and_then(|v| v.as_str().map(String::from))
+                                    .unwrap_or_default();
+                                if p != old {
+                                    let (t, msg) = if p == "Failed" {
+                                        ("Warning", format!("VirtualMachineInstance is {p}"))
+                                    } else {
+                                        ("Normal", format!("VirtualMachineInstance is {p}"))
+                                    };
+                                    self.event(&vmi, t, &p, &msg).await;
+                                }
+                            }
+                        }
+                        Err(e) => tracing::debug!("status patch: {e}"),
+                    }
+                }
+                Action::Cleanup => {
+                    launchers::remove_dir(&self.cfg.vmi_dir(&uid));
+                    if let Err(e) = self.set_finalizer(&vmi, false).await {
+                        tracing::warn!("removing finalizer: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Launchers whose VMI no longer exists (deleted while the agent was away): stop and remove.
+    async fn collect_orphans(self: &Arc<Self>, known: &HashSet<String>) {
+        for uid in self.cfg.local_uids() {
+            if known.contains(&uid) || self.busy.lock().await.contains(&uid) {
+                continue;
+            }
+            match launchers::observe(&self.cfg, &uid).await {
+                Observed::Running(_) => {
+                    let _ = launchers::request(
+                        &self.cfg,
+                        &uid,
+                        &Request::Shutdown { grace_seconds: 0 },
+                        Duration::from_secs(30),
+                    )
+                    .await;
+                }
+                _ => launchers::remove_dir(&self.cfg.vmi_dir(&uid)),
+            }
+        }
+    }
+
+    /// Self-fencing: without a renewed lease for the lease duration, stop every local VM.
+    async fn fence(&self) {
+        for uid in self.cfg.local_uids() {
+            if let Observed::Running(_) = launchers::observe(&self.cfg, &uid).await {
+                tracing::error!(%uid, "lease not renewed: fencing (stopping) the VM");
+                let _ = launchers::request(
+                    &self.cfg,
+                    &uid,
+                    &Request::Shutdown { grace_seconds: 0 },
+                    Duration::from_secs(30),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+fn ns_name(vmi: &VirtualMachineInstance) -> (String, String) {
+    (
+        vmi.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        vmi.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn kube_err(e: kube::Error) -> AgentError {
+    AgentError::Reference(format!("API: {e}"))
+}
+
+async fn heartbeat(agent: Arc<Agent>) {
+    let mut tick = tokio::time::interval(agent.opts.renew_interval);
+    let mut node_tick = Instant::now();
+    loop {
+        tick.tick().await;
+        match agent.renew_lease().await {
+            Ok(()) => *agent.last_renew.lock().await = Instant::now(),
+            Err(e) => {
+                tracing::warn!("lease renewal failed: {e}");
+                let since = agent.last_renew.lock().await.elapsed();
+                if since > agent.opts.lease_duration {
+                    agent.fence().await;
+                }
+            }
+        }
+        if node_tick.elapsed() > Duration::from_secs(10) {
+            node_tick = Instant::now();
+            let nodes: Api<Node> = Api::all(agent.client.clone());
+            let st = json!({"status": {"conditions": [node::ready_condition(now_ts())]}});
+            if let Err(e) = nodes
+                .patch_status(
+                    &agent.opts.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&st),
+                )
+                .await
+            {
+                tracing::debug!("node status: {e}");
+            }
+        }
+    }
+}
+
+async fn sync_loop(agent: Arc<Agent>) {
+    let api: Api<DynamicObject> = Api::all_with(agent.client.clone(), &vmi_resource());
+    loop {
+        agent.launchers.lock().await.reap();
+        match api.list(&ListParams::default()).await {
+            Ok(list) => {
+                let mut known = HashSet::new();
+                for obj in list.items {
+                    let Ok(vmi) = serde_json::to_value(&obj)
+                        .and_then(serde_json::from_value::<VirtualMachineInstance>)
+                    else {
+                        continue;
+                    };
+                    if let Some(uid) = &vmi.metadata.uid {
+                        known.insert(uid.clone());
+                    }
+                    let bound_here = vmi.status.as_ref().and_then(|s| s.node_name.as_deref())
+                        == Some(agent.opts.node_name.as_str());
+                    if bound_here {
+                        agent.reconcile(vmi).await;
+                    }
+                }
+                agent.collect_orphans(&known).await;
+            }
+            Err(e) => tracing::warn!("listing VMIs: {e}"),
+        }
+        tokio::time::sleep(agent.opts.resync_interval).await;
+    }
+}

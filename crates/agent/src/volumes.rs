@@ -1,0 +1,579 @@
+//! VMI volumes on the node. [`plan`] is the pure part: from the VMI and the objects it
+//! references (PVC → PV path, Secrets, ConfigMaps) it decides what to use or create for each
+//! volume. [`execute`] does it (qemu-img, genisoimage, sparse files) and returns the prepared
+//! volumes the QEMU mapping needs.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_launcher::spec::{DiskFormat, DiskSource};
+
+use crate::cloudinit::{self, CloudInitKind, InstanceIdentity, IsoImage, SecretData};
+use crate::error::AgentError;
+use crate::mapping::PreparedVolume;
+
+/// A bound claim as the agent resolved it: the host path of its PersistentVolume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimInfo {
+    /// `spec.hostPath.path` or `spec.local.path` of the bound PV: a directory holding
+    /// `disk.img` (Filesystem mode), an image file, or a block device.
+    pub path: PathBuf,
+    pub read_only: bool,
+}
+
+/// Referenced objects, looked up by the agent before planning.
+#[derive(Debug, Clone, Default)]
+pub struct ResolvedRefs {
+    /// By claim name (a DataVolume's claim has the DataVolume's name).
+    pub claims: BTreeMap<String, ClaimInfo>,
+    pub secrets: BTreeMap<String, SecretData>,
+    pub config_maps: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
+}
+
+/// What to do for one volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeAction {
+    /// Use an existing image file or block device; the format is detected unless given.
+    UseExisting {
+        name: String,
+        path: PathBuf,
+        readonly: bool,
+    },
+    /// Create a sparse raw file of `size` bytes when `path` does not exist (hostDisk
+    /// DiskOrCreate), then use it.
+    CreateRawIfMissing {
+        name: String,
+        path: PathBuf,
+        size: u64,
+    },
+    /// Create a fresh sparse qcow2 of `size` bytes (emptyDisk).
+    CreateQcow2 {
+        name: String,
+        path: PathBuf,
+        size: u64,
+    },
+    /// Create a qcow2 overlay over `backing` (ephemeral): writes go to the overlay.
+    CreateOverlay {
+        name: String,
+        path: PathBuf,
+        backing: PathBuf,
+    },
+    /// Build an ISO image with the given files (cloud-init, configMap, secret, serviceAccount).
+    BuildIso {
+        name: String,
+        path: PathBuf,
+        image: IsoImage,
+    },
+}
+
+impl VolumeAction {
+    pub fn name(&self) -> &str {
+        match self {
+            VolumeAction::UseExisting { name, .. }
+            | VolumeAction::CreateRawIfMissing { name, .. }
+            | VolumeAction::CreateQcow2 { name, .. }
+            | VolumeAction::CreateOverlay { name, .. }
+            | VolumeAction::BuildIso { name, .. } => name,
+        }
+    }
+}
+
+fn quantity_bytes(field: &str, q: &str) -> Result<u64, AgentError> {
+    let v =
+        ferrovirt_api::quantity::parse(q).map_err(|e| AgentError::invalid(field, e.to_string()))?;
+    if !(1.0..=(1u64 << 50) as f64).contains(&v) {
+        return Err(AgentError::invalid(field, format!("{q} is out of range")));
+    }
+    Ok(v as u64)
+}
+
+fn file_name(volume: &str) -> String {
+    volume
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn claim<'a>(
+    refs: &'a ResolvedRefs,
+    field: &str,
+    claim: &str,
+) -> Result<&'a ClaimInfo, AgentError> {
+    refs.claims.get(claim).ok_or_else(|| {
+        AgentError::Reference(format!(
+            "{field}: PersistentVolumeClaim {claim:?} is not bound to a volume on this node"
+        ))
+    })
+}
+
+/// Decides what to do for every volume of `vmi`. Files go under `vmi_dir`.
+pub fn plan(
+    vmi: &VirtualMachineInstance,
+    refs: &ResolvedRefs,
+    vmi_dir: &Path,
+) -> Result<Vec<VolumeAction>, AgentError> {
+    let spec = vmi
+        .spec
+        .as_ref()
+        .ok_or_else(|| AgentError::invalid("spec", "a VMI needs a spec"))?;
+    let name = vmi.metadata.name.clone().unwrap_or_default();
+    let identity = InstanceIdentity {
+        instance_id: vmi.metadata.uid.clone().unwrap_or_else(|| name.clone()),
+        hostname: spec.hostname.clone().unwrap_or_else(|| name.clone()),
+        uuid: spec
+            .domain
+            .firmware
+            .as_ref()
+            .and_then(|f| f.uuid.clone())
+            .unwrap_or_default(),
+    };
+    let mut actions = Vec::new();
+    for (i, v) in spec.volumes.iter().flatten().enumerate() {
+        let field = format!("spec.volumes[{i}]");
+        let n = v.name.clone();
+        let fname = file_name(&n);
+        let action = if let Some(pvc) = &v.persistent_volume_claim {
+            let c = claim(
+                refs,
+                &format!("{field}.persistentVolumeClaim.claimName"),
+                &pvc.claim_name,
+            )?;
+            VolumeAction::UseExisting {
+                name: n,
+                path: c.path.clone(),
+                readonly: pvc.read_only.unwrap_or(false) || c.read_only,
+            }
+        } else if let Some(dv) = &v.data_volume {
+            let c = claim(refs, &format!("{field}.dataVolume.name"), &dv.name)?;
+            VolumeAction::UseExisting {
+                name: n,
+                path: c.path.clone(),
+                readonly: c.read_only,
+            }
+        } else if let Some(eph) = &v.ephemeral {
+            let claim_name = eph
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.as_str())
+                .ok_or_else(|| {
+                    AgentError::invalid(
+                        format!("{field}.ephemeral.persistentVolumeClaim"),
+                        "an ephemeral volume needs a persistentVolumeClaim",
+                    )
+                })?;
+            let c = claim(
+                refs,
+                &format!("{field}.ephemeral.persistentVolumeClaim.claimName"),
+                claim_name,
+            )?;
+            VolumeAction::CreateOverlay {
+                name: n,
+                path: vmi_dir.join(format!("ephemeral-{fname}.qcow2")),
+                backing: c.path.clone(),
+            }
+        } else if let Some(e) = &v.empty_disk {
+            VolumeAction::CreateQcow2 {
+                name: n,
+                path: vmi_dir.join(format!("empty-{fname}.qcow2")),
+                size: quantity_bytes(&format!("{field}.emptyDisk.capacity"), &e.capacity.0)?,
+            }
+        } else if let Some(h) = &v.host_disk {
+            let path = PathBuf::from(&h.path);
+            if !path.is_absolute() {
+                return Err(AgentError::invalid(
+                    format!("{field}.hostDisk.path"),
+                    "must be an absolute path",
+                ));
+            }
+            match h.type_.as_str() {
+                "Disk" => VolumeAction::UseExisting {
+                    name: n,
+                    path,
+                    readonly: false,
+                },
+                "DiskOrCreate" => {
+                    let cap = h.capacity.as_ref().ok_or_else(|| {
+                        AgentError::invalid(
+                            format!("{field}.hostDisk.capacity"),
+                            "DiskOrCreate needs a capacity",
+                        )
+                    })?;
+                    VolumeAction::CreateRawIfMissing {
+                        name: n,
+                        path,
+                        size: quantity_bytes(&format!("{field}.hostDisk.capacity"), &cap.0)?,
+                    }
+                }
+                other => {
+                    return Err(AgentError::invalid(
+                        format!("{field}.hostDisk.type"),
+                        format!("unsupported type {other:?} (Disk, DiskOrCreate)"),
+                    ));
+                }
+            }
+        } else if let Some(ci) = v
+            .cloud_init_no_cloud
+            .as_ref()
+            .map(|c| (CloudInitKind::NoCloud, c, "cloudInitNoCloud"))
+            .or_else(|| {
+                v.cloud_init_config_drive
+                    .as_ref()
+                    .map(|c| (CloudInitKind::ConfigDrive, c, "cloudInitConfigDrive"))
+            })
+        {
+            let (kind, src, key) = ci;
+            let user_secret = src
+                .secret_ref
+                .as_ref()
+                .map(|r| &r.name)
+                .and_then(|s| refs.secrets.get(s));
+            let net_secret = src
+                .network_data_secret_ref
+                .as_ref()
+                .map(|r| &r.name)
+                .and_then(|s| refs.secrets.get(s));
+            let (user, network) = cloudinit::cloud_init_payload(
+                &format!("{field}.{key}"),
+                src,
+                user_secret,
+                net_secret,
+            )?;
+            VolumeAction::BuildIso {
+                name: n,
+                path: vmi_dir.join(format!("{fname}.iso")),
+                image: cloudinit::cloud_init_image(kind, &identity, user, network),
+            }
+        } else if let Some(cm) = &v.config_map {
+            let cm_name = cm.name.clone().unwrap_or_default();
+            let data = match refs.config_maps.get(&cm_name) {
+                Some(d) => d.clone(),
+                None if cm.optional == Some(true) => BTreeMap::new(),
+                None => {
+                    return Err(AgentError::Reference(format!(
+                        "{field}.configMap.name: ConfigMap {cm_name:?} not found"
+                    )));
+                }
+            };
+            let label = cm.volume_label.clone().unwrap_or_else(|| "cfgdata".into());
+            VolumeAction::BuildIso {
+                name: n,
+                path: vmi_dir.join(format!("{fname}.iso")),
+                image: cloudinit::key_files_image(&label, &data),
+            }
+        } else if let Some(s) = &v.secret {
+            let s_name = s.secret_name.clone().unwrap_or_default();
+            let data = match refs.secrets.get(&s_name) {
+                Some(d) => d.clone(),
+                None if s.optional == Some(true) => BTreeMap::new(),
+                None => {
+                    return Err(AgentError::Reference(format!(
+                        "{field}.secret.secretName: Secret {s_name:?} not found"
+                    )));
+                }
+            };
+            let label = s.volume_label.clone().unwrap_or_else(|| "secdata".into());
+            VolumeAction::BuildIso {
+                name: n,
+                path: vmi_dir.join(format!("{fname}.iso")),
+                image: cloudinit::key_files_image(&label, &data),
+            }
+        } else if v.service_account.is_some() {
+            let mut data = BTreeMap::new();
+            data.insert(
+                "namespace".to_string(),
+                vmi.metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into())
+                    .into_bytes(),
+            );
+            VolumeAction::BuildIso {
+                name: n,
+                path: vmi_dir.join(format!("{fname}.iso")),
+                image: cloudinit::key_files_image("sadata", &data),
+            }
+        } else if v.container_disk.is_some() {
+            return Err(AgentError::unsupported(
+                format!("{field}.containerDisk"),
+                "containerDisk volumes need an image store, which this node does not have yet; \
+                 import the image into a DataVolume instead",
+            ));
+        } else {
+            return Err(AgentError::unsupported(
+                field,
+                format!(
+                    "volume {:?} has a source this node does not support",
+                    v.name
+                ),
+            ));
+        };
+        actions.push(action);
+    }
+    Ok(actions)
+}
+
+/// Reads the first bytes of an image to tell qcow2 from raw.
+pub fn detect_format(path: &Path) -> Result<DiskFormat, AgentError> {
+    let mut f = std::fs::File::open(path).map_err(|e| AgentError::io(path, e))?;
+    let mut magic = [0u8; 4];
+    match f.read_exact(&mut magic) {
+        Ok(()) if &magic == b"QFI\xfb" => Ok(DiskFormat::Qcow2),
+        _ => Ok(DiskFormat::Raw),
+    }
+}
+
+/// Turns a PV path into the image to open: `disk.img` inside a directory, else the path.
+fn resolve_image(path: &Path) -> Result<(PathBuf, DiskSource), AgentError> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(path).map_err(|e| AgentError::io(path, e))?;
+    if meta.is_dir() {
+        let img = path.join("disk.img");
+        if !img.exists() {
+            return Err(AgentError::Reference(format!(
+                "volume directory {} holds no disk.img",
+                path.display()
+            )));
+        }
+        Ok((img, DiskSource::File))
+    } else if meta.file_type().is_block_device() {
+        Ok((path.to_path_buf(), DiskSource::Block))
+    } else {
+        Ok((path.to_path_buf(), DiskSource::File))
+    }
+}
+
+fn qemu_img(args: &[&str]) -> Result<(), AgentError> {
+    let out = Command::new("qemu-img")
+        .args(args)
+        .output()
+        .map_err(|e| AgentError::Tool {
+            tool: "qemu-img".into(),
+            message: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(AgentError::Tool {
+            tool: "qemu-img".into(),
+            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Carries out `actions` and returns the prepared volumes by name.
+pub fn execute(actions: &[VolumeAction]) -> Result<BTreeMap<String, PreparedVolume>, AgentError> {
+    let mut out = BTreeMap::new();
+    for a in actions {
+        let prepared = match a {
+            VolumeAction::UseExisting { path, readonly, .. } => {
+                let (img, source) = resolve_image(path)?;
+                let format = if source == DiskSource::Block {
+                    DiskFormat::Raw
+                } else {
+                    detect_format(&img)?
+                };
+                PreparedVolume {
+                    path: img,
+                    format,
+                    source,
+                    readonly: *readonly,
+                }
+            }
+            VolumeAction::CreateRawIfMissing { path, size, .. } => {
+                if !path.exists() {
+                    if let Some(parent) = path.parent() {
+                        std::fs::create_dir_all(parent).map_err(|e| AgentError::io(parent, e))?;
+                    }
+                    let f = std::fs::File::create(path).map_err(|e| AgentError::io(path, e))?;
+                    f.set_len(*size).map_err(|e| AgentError::io(path, e))?;
+                }
+                PreparedVolume {
+                    path: path.clone(),
+                    format: detect_format(path)?,
+                    source: DiskSource::File,
+                    readonly: false,
+                }
+            }
+            VolumeAction::CreateQcow2 { path, size, .. } => {
+                let _ = std::fs::remove_file(path);
+                let p = path.display().to_string();
+                qemu_img(&["create", "-q", "-f", "qcow2", &p, &size.to_string()])?;
+                PreparedVolume {
+                    path: path.clone(),
+                    format: DiskFormat::Qcow2,
+                    source: DiskSource::File,
+                    readonly: false,
+                }
+            }
+            VolumeAction::CreateOverlay { path, backing, .. } => {
+                let (img, _) = resolve_image(backing)?;
+                let fmt = match detect_format(&img)? {
+                    DiskFormat::Qcow2 => "qcow2",
+                    DiskFormat::Raw => "raw",
+                };
+                let _ = std::fs::remove_file(path);
+                let (p, b) = (path.display().to_string(), img.display().to_string());
+                qemu_img(&["create", "-q", "-f", "qcow2", "-F", fmt, "-b", &b, &p])?;
+                PreparedVolume {
+                    path: path.clone(),
+                    format: DiskFormat::Qcow2,
+                    source: DiskSource::File,
+                    readonly: false,
+                }
+            }
+            VolumeAction::BuildIso { path, image, .. } => {
+                let staging = path.with_extension("staging");
+                cloudinit::write_iso(image, &staging, path)?;
+                PreparedVolume {
+                    path: path.clone(),
+                    format: DiskFormat::Raw,
+                    source: DiskSource::File,
+                    readonly: true,
+                }
+            }
+        };
+        out.insert(a.name().to_string(), prepared);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vmi(volumes: serde_json::Value) -> VirtualMachineInstance {
+        serde_json::from_value(json!({
+            "metadata": {"name": "vm1", "namespace": "ns", "uid": "uid-1"},
+            "spec": {"domain": {"devices": {}}, "volumes": volumes}
+        }))
+        .unwrap()
+    }
+
+    fn refs() -> ResolvedRefs {
+        let mut r = ResolvedRefs::default();
+        r.claims.insert(
+            "root".into(),
+            ClaimInfo {
+                path: "/pv/root".into(),
+                read_only: false,
+            },
+        );
+        r
+    }
+
+    #[test]
+    fn plans_each_kind() {
+        let v = vmi(json!([
+            {"name": "a", "persistentVolumeClaim": {"claimName": "root"}},
+            {"name": "b", "emptyDisk": {"capacity": "1Gi"}},
+            {"name": "c", "ephemeral": {"persistentVolumeClaim": {"claimName": "root"}}},
+            {"name": "d", "hostDisk": {"path": "/h/d.img", "type": "DiskOrCreate", "capacity": "10Mi"}},
+            {"name": "e", "cloudInitNoCloud": {"userData": "#!/bin/sh\necho hi\n"}},
+            {"name": "f", "serviceAccount": {"serviceAccountName": "default"}}
+        ]));
+        let acts = plan(&v, &refs(), Path::new("/d")).unwrap();
+        assert_eq!(
+            acts[0],
+            VolumeAction::UseExisting {
+                name: "a".into(),
+                path: "/pv/root".into(),
+                readonly: false
+            }
+        );
+        assert_eq!(
+            acts[1],
+            VolumeAction::CreateQcow2 {
+                name: "b".into(),
+                path: "/d/empty-b.qcow2".into(),
+                size: 1 << 30
+            }
+        );
+        assert!(
+            matches!(&acts[2], VolumeAction::CreateOverlay { backing, .. } if backing == Path::new("/pv/root"))
+        );
+        assert!(
+            matches!(&acts[3], VolumeAction::CreateRawIfMissing { size, .. } if *size == 10 << 20)
+        );
+        match &acts[4] {
+            VolumeAction::BuildIso { image, path, .. } => {
+                assert_eq!(image.label, "cidata");
+                assert_eq!(path, Path::new("/d/e.iso"));
+                assert!(
+                    String::from_utf8_lossy(&image.files["meta-data"])
+                        .contains("local-hostname: vm1")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(&acts[5], VolumeAction::BuildIso { image, .. } if image.files.contains_key("namespace"))
+        );
+    }
+
+    #[test]
+    fn missing_references_name_the_field() {
+        let v = vmi(json!([{"name": "a", "dataVolume": {"name": "nope"}}]));
+        let e = plan(&v, &refs(), Path::new("/d")).unwrap_err().to_string();
+        assert!(e.contains("spec.volumes[0].dataVolume.name"), "{e}");
+        let v = vmi(json!([{"name": "a", "configMap": {"name": "cm"}}]));
+        let e = plan(&v, &refs(), Path::new("/d")).unwrap_err().to_string();
+        assert!(e.contains("spec.volumes[0].configMap.name"), "{e}");
+        let v = vmi(json!([{"name": "a", "configMap": {"name": "cm", "optional": true}}]));
+        assert!(plan(&v, &refs(), Path::new("/d")).is_ok());
+        let v = vmi(json!([{"name": "a", "hostDisk": {"path": "rel", "type": "Disk"}}]));
+        let e = plan(&v, &refs(), Path::new("/d")).unwrap_err().to_string();
+        assert!(e.contains("spec.volumes[0].hostDisk.path"), "{e}");
+        let v = vmi(json!([{"name": "a", "containerDisk": {"image": "x"}}]));
+        let e = plan(&v, &refs(), Path::new("/d")).unwrap_err().to_string();
+        assert!(e.contains("spec.volumes[0].containerDisk"), "{e}");
+    }
+
+    #[test]
+    fn executes_on_real_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let pv = dir.path().join("pv");
+        std::fs::create_dir_all(&pv).unwrap();
+        std::fs::write(pv.join("disk.img"), vec![0u8; 1 << 20]).unwrap();
+        let mut r = ResolvedRefs::default();
+        r.claims.insert(
+            "root".into(),
+            ClaimInfo {
+                path: pv.clone(),
+                read_only: false,
+            },
+        );
+        let v = vmi(json!([
+            {"name": "a", "persistentVolumeClaim": {"claimName": "root"}},
+            {"name": "b", "emptyDisk": {"capacity": "16Mi"}},
+            {"name": "c", "ephemeral": {"persistentVolumeClaim": {"claimName": "root"}}},
+            {"name": "d", "hostDisk": {"path": dir.path().join("h/d.img").display().to_string(), "type": "DiskOrCreate", "capacity": "4Mi"}},
+            {"name": "e", "cloudInitConfigDrive": {"userData": "#!/bin/sh\n"}}
+        ]));
+        let acts = plan(&v, &r, dir.path()).unwrap();
+        let prepared = execute(&acts).unwrap();
+        assert_eq!(prepared["a"].path, pv.join("disk.img"));
+        assert_eq!(prepared["a"].format, DiskFormat::Raw);
+        assert_eq!(prepared["b"].format, DiskFormat::Qcow2);
+        assert_eq!(
+            detect_format(&prepared["c"].path).unwrap(),
+            DiskFormat::Qcow2
+        );
+        assert_eq!(
+            std::fs::metadata(&prepared["d"].path).unwrap().len(),
+            4 << 20
+        );
+        let iso = std::fs::read(&prepared["e"].path).unwrap();
+        // ISO 9660 primary volume descriptor at 32 KiB, volume id at offset 40.
+        assert_eq!(&iso[0x8001..0x8006], b"CD001");
+        assert!(String::from_utf8_lossy(&iso[0x8028..0x8048]).starts_with("config-2"));
+    }
+}

@@ -1,0 +1,324 @@
+//! A ferrovirt cluster for end-to-end tests: the real `ferrovirt server` binary (API server and
+//! embedded node agent) in a temporary directory on a free loopback port, extra agents with
+//! their own data dirs, and helpers to drive the machine's real `kubectl` against it. Dropping
+//! the cluster kills every process (server, agents, launchers, QEMU) whose command line names
+//! its directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// How to start a [`Cluster`].
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Path of the `ferrovirt` binary (`env!("CARGO_BIN_EXE_ferrovirt")` in its tests).
+    pub binary: PathBuf,
+    /// Node name of the server's embedded agent; `None` runs the server without an agent.
+    pub node_name: Option<String>,
+    /// Extra `ferrovirt server` arguments.
+    pub extra_args: Vec<String>,
+}
+
+impl ClusterOptions {
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        ClusterOptions {
+            binary: binary.into(),
+            node_name: Some("node1".into()),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A running test cluster.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub data_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub port: u16,
+    binary: PathBuf,
+    server_cmd: Vec<String>,
+    server: Child,
+    agents: Vec<Child>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("dir", &self.dir.path())
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
+    let f = std::fs::File::create(log)?;
+    Ok(cmd
+        .stdin(Stdio::null())
+        .stdout(f.try_clone()?)
+        .stderr(f)
+        .spawn()?)
+}
+
+impl Cluster {
+    /// Starts the server and waits until it answers with its kubeconfig.
+    pub fn start(opts: &ClusterOptions) -> anyhow::Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("fv-cluster-").tempdir()?;
+        let data_dir = dir.path().join("data");
+        let port = crate::free_port()?;
+        let mut cmd = Command::new(&opts.binary);
+        cmd.arg("server")
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"));
+        match &opts.node_name {
+            Some(n) => {
+                cmd.args(["--node-name", n]);
+            }
+            None => {
+                cmd.arg("--disable-agent");
+            }
+        }
+        cmd.args(&opts.extra_args);
+        cmd.env("RUST_LOG", "info");
+        let server_cmd: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let server = spawn_logged(&mut cmd, &dir.path().join("server.log"))
+            .context("starting ferrovirt server")?;
+        let mut c = Cluster {
+            kubeconfig: data_dir.join("kubeconfig.yaml"),
+            data_dir,
+            port,
+            binary: opts.binary.clone(),
+            server_cmd,
+            server,
+            agents: Vec::new(),
+            dir,
+        };
+        c.wait_ready()?;
+        Ok(c)
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let c = self;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = c.server.try_wait()? {
+                bail!("ferrovirt server exited ({s}):\n{}", c.server_log());
+            }
+            if c.kubeconfig.exists() && c.kubectl(&["get", "--raw", "/readyz"])?.status.success() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("server not ready after 60 s:\n{}", c.server_log());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    }
+
+    /// Starts the server again (after [`kill_server`](Self::kill_server)) with the same
+    /// arguments and data dir, and waits until it is ready.
+    pub fn restart_server(&mut self) -> anyhow::Result<()> {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(&self.server_cmd).env("RUST_LOG", "info");
+        let log = self.dir.path().join("server.log");
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&log)?;
+        self.server = cmd
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()?;
+        self.wait_ready()
+    }
+
+    /// What the server printed.
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Starts another node agent named `node` with its own data dir.
+    pub fn start_agent(&mut self, node: &str) -> anyhow::Result<()> {
+        let data = self.dir.path().join(format!("agent-{node}"));
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("agent")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--node-name", node])
+            .arg("--data-dir")
+            .arg(&data)
+            .env("RUST_LOG", "info");
+        let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
+        self.agents.push(child);
+        Ok(())
+    }
+
+    /// The embedded agent's data dir (VMI directories under `vmis/<uid>`).
+    pub fn agent_dir(&self) -> PathBuf {
+        self.data_dir.join("agent")
+    }
+
+    /// Runs kubectl against the cluster (fresh cache dir inside the cluster's directory).
+    pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("kubectl-cache"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .context("running kubectl (is it installed?)")?;
+        Ok(out)
+    }
+
+    /// Runs kubectl and returns stdout; fails with stderr when it exits non-zero.
+    pub fn kubectl_ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.kubectl(args)?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` with `yaml` on stdin.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<String> {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("kubectl-cache"))
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(yaml.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl apply failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The object as JSON (`kubectl get -o json`).
+    pub fn get_json(&self, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["-o", "json"]);
+        Ok(serde_json::from_str(&self.kubectl_ok(&a)?)?)
+    }
+
+    /// Polls `check` every 250 ms until it returns `Some`, or fails after `timeout` with `what`.
+    pub fn wait_until<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> anyhow::Result<Option<T>>,
+    ) -> anyhow::Result<T> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        loop {
+            match check() {
+                Ok(Some(v)) => return Ok(v),
+                Ok(None) => {}
+                Err(e) => last = format!("{e:#}"),
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "timed out after {timeout:?} waiting for {what} (last error: {last})\n--- server log tail ---\n{}",
+                    tail(&self.server_log(), 40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Kills the server process with SIGKILL (agents and launchers keep running).
+    pub fn kill_server(&mut self) -> anyhow::Result<()> {
+        self.server.kill()?;
+        self.server.wait()?;
+        Ok(())
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Pids of processes whose command line contains `needle`.
+pub fn pids_matching(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    let me = std::process::id();
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline"))
+            && String::from_utf8_lossy(&cmd).contains(needle)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Sends `signal` (e.g. "KILL") to `pid` with kill(1).
+pub fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        for a in &mut self.agents {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        // Launchers and QEMU processes are detached: find them by their directory.
+        let needle = self.dir.path().display().to_string();
+        for _ in 0..3 {
+            let pids = pids_matching(&needle);
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                signal(p, "KILL");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
