@@ -1,1 +1,15 @@
-//! ferrovirt-controller (see docs/ARCHITECTURE.md).
+//! ferrovirt's controllers. Each reconcile is split into a pure decision (in [`scheduler`],
+//! [`vm`], [`node_lifecycle`]) of (object, observed state) → desired changes, unit-tested
+//! without a server, and the I/O that applies it against the API server ([`runtime`]).
+//!
+//! Start everything with [`run`]`(client, ControllerOptions::default())`.
+
+pub mod conditions;
+pub mod error;
+pub mod node_lifecycle;
+pub mod runtime;
+pub mod scheduler;
+pub mod vm;
+
+pub use error::ControllerError;
+pub use runtime::{ControllerOptions, run};

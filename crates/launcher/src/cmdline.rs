@@ -61,10 +61,20 @@ pub fn qemu_command(spec: &LaunchSpec) -> Vec<String> {
         a.flag("-S");
     }
     if spec.sandbox {
+        // Dropping to another user (-runas) needs set*id once; after the drop QEMU holds no
+        // capability to regain root, so the filter may allow those calls then.
+        let elevate = if spec.run_as.is_some() {
+            "allow"
+        } else {
+            "deny"
+        };
         a.opt(
             "-sandbox",
-            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+            format!("on,obsolete=deny,elevateprivileges={elevate},spawn=deny,resourcecontrol=deny"),
         );
+    }
+    if let Some(user) = &spec.run_as {
+        a.opt("-runas", user);
     }
     firmware_args(spec, &mut a);
     if let Some(k) = &spec.kernel_boot {

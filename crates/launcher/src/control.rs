@@ -26,6 +26,8 @@ pub mod files {
     pub const PID: &str = "launcher.pid";
     pub const LOG: &str = "launcher.log";
     pub const QEMU_LOG: &str = "qemu.log";
+    /// QEMU's argv (JSON array, without the binary).
+    pub const QEMU_ARGV: &str = "qemu-argv.json";
 }
 
 /// Who this launcher runs for (written by the agent next to `spec.json`).

@@ -90,7 +90,38 @@ pub async fn run(dir: &Path) -> Result<ExitReport> {
         },
         ..Default::default()
     };
-    let vm = match Vm::start(spec, &opts).await {
+    // The launcher joins the VM's memory cgroup first, so QEMU starts inside it.
+    let cgroup = spec.cgroup.clone().and_then(|cg| {
+        let h = crate::cgroup::detect(Path::new("/sys/fs/cgroup"))?;
+        match crate::cgroup::join(&h, &cg, std::process::id()) {
+            Ok(dir) => {
+                tracing::info!(
+                    "memory cgroup {} (limit {} bytes)",
+                    dir.display(),
+                    cg.memory_limit_bytes
+                );
+                Some((h, cg.name))
+            }
+            Err(e) => {
+                tracing::warn!("no memory cgroup for this VM: {e}");
+                None
+            }
+        }
+    });
+    let result = start_and_supervise(dir, spec, &meta, &opts).await;
+    if let Some((h, name)) = cgroup {
+        crate::cgroup::leave(&h, &name, std::process::id());
+    }
+    result
+}
+
+async fn start_and_supervise(
+    dir: &Path,
+    spec: LaunchSpec,
+    meta: &LaunchMeta,
+    opts: &StartOptions,
+) -> Result<ExitReport> {
+    let vm = match Vm::start(spec, opts).await {
         Ok(vm) => vm,
         Err(e) => {
             let report = ExitReport {
@@ -102,6 +133,8 @@ pub async fn run(dir: &Path) -> Result<ExitReport> {
             return Ok(report);
         }
     };
+    // The exact command line, for debugging and for benchmarks that replay it.
+    let _ = write_json_atomic(&dir.join(files::QEMU_ARGV), &vm.process().argv());
     let status = Arc::new(Mutex::new(LauncherStatus {
         version: PROTOCOL_VERSION,
         launcher_pid: std::process::id(),
@@ -121,7 +154,7 @@ pub async fn run(dir: &Path) -> Result<ExitReport> {
         .map_err(|e| Error::io(sock_path.display().to_string(), e))?;
     let (tx, rx) = mpsc::channel::<(Command, Responder)>(16);
     let server = tokio::spawn(serve(listener, status.clone(), tx));
-    let report = main_loop(vm, &meta, status.clone(), rx).await;
+    let report = main_loop(vm, meta, status.clone(), rx).await;
     server.abort();
     let _ = std::fs::remove_file(&sock_path);
     write_json_atomic(&dir.join(files::EXIT), &report)?;

@@ -59,6 +59,12 @@ pub struct LaunchSpec {
     /// Start with the vCPUs stopped (`-S`); `cont` over QMP starts the guest.
     #[serde(default)]
     pub start_paused: bool,
+    /// Drop QEMU's root privileges to this user once it has opened its files (`-runas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<String>,
+    /// Put the launcher and QEMU in a memory cgroup of this name and limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<crate::cgroup::CgroupSpec>,
     /// Extra arguments appended verbatim at the end (tests, debugging).
     #[serde(default)]
     pub extra_args: Vec<String>,
@@ -459,6 +465,8 @@ impl LaunchSpec {
             tcg_tb_size_mib: None,
             sandbox: false,
             start_paused: false,
+            run_as: None,
+            cgroup: None,
             extra_args: Vec::new(),
         }
     }

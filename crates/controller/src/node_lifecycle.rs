@@ -1,0 +1,367 @@
+//! Node lifecycle decisions, pure: from a Node, its coordination.k8s.io Lease and the time,
+//! the node's health (Ready / NotReady / Unknown), the Ready condition and taints to write,
+//! and what happens to the VMIs bound to it.
+//!
+//! Timing (defaults): an agent renews its Lease every few seconds; 15 s (the lease duration)
+//! after the last renewal the node turns Unknown and is tainted unreachable; 20 s later (the
+//! eviction grace) its VMIs are marked Failed with reason `NodeUnresponsive`, so VMs with
+//! `Always`/`RerunOnFailure` are recreated elsewhere: ~35 s from node death to a new VMI,
+//! inside the 60 s recovery target. A VMI whose disks live on that node (PVC/DataVolume that
+//! is not ReadWriteMany, hostDisk) cannot run elsewhere: it is marked `Unknown` instead and
+//! left for the node to come back.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
+
+use crate::scheduler::taints::{NO_EXECUTE, NO_SCHEDULE, find_toleration, node_taints};
+use crate::scheduler::{TAINT_NOT_READY, TAINT_UNREACHABLE, TAINT_UNSCHEDULABLE};
+
+/// Namespace holding the node heartbeat Leases (one per node, named like it).
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+/// VMI `status.reason` when its node stopped responding.
+pub const REASON_NODE_UNRESPONSIVE: &str = "NodeUnresponsive";
+/// Event reason when a VMI is deleted for an untolerated NoExecute taint.
+pub const REASON_TAINT_EVICTION: &str = "TaintManagerEviction";
+
+/// Tunables of the node lifecycle.
+#[derive(Debug, Clone)]
+pub struct NodeLifecycleOptions {
+    /// Lease duration assumed when a Lease does not say (and for nodes without a Lease).
+    pub default_lease_duration: Duration,
+    /// How long after turning Unknown a node's VMIs are failed.
+    pub eviction_grace: Duration,
+    /// How often to look at a node when nothing is about to expire.
+    pub resync: Duration,
+}
+
+impl Default for NodeLifecycleOptions {
+    fn default() -> Self {
+        Self {
+            default_lease_duration: Duration::from_secs(15),
+            eviction_grace: Duration::from_secs(20),
+            resync: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The node's health as the controllers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeHealth {
+    Ready,
+    NotReady,
+    Unknown,
+}
+
+/// What to do about a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeDecision {
+    pub health: NodeHealth,
+    /// A Ready condition to write (replacing the current one), if it must change.
+    pub ready_condition: Option<NodeCondition>,
+    /// The full `spec.taints` to write, if they must change.
+    pub taints: Option<Vec<Taint>>,
+    /// The node has been unresponsive past the eviction grace: fail (or mark Unknown) its VMIs.
+    pub fail_vmis: bool,
+    /// When to look at this node again.
+    pub requeue_after: Duration,
+}
+
+fn to_signed(d: Duration) -> SignedDuration {
+    SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
+}
+
+fn until(from: Timestamp, to: Timestamp) -> Duration {
+    if to > from {
+        Duration::try_from(to.duration_since(from)).unwrap_or(Duration::ZERO)
+    } else {
+        Duration::ZERO
+    }
+}
+
+fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
+/// The last sign of life: the Lease's renewTime, else the Ready condition's heartbeat, else
+/// the node's creation.
+pub fn last_heartbeat(node: &Node, lease: Option<&Lease>) -> Option<Timestamp> {
+    lease
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.renew_time.as_ref())
+        .map(|t| t.0)
+        .or_else(|| {
+            ready_condition(node)
+                .and_then(|c| c.last_heartbeat_time.as_ref())
+                .map(|t| t.0)
+        })
+        .or_else(|| node.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+fn managed_taint(key: &str, effect: &str, now: Timestamp) -> Taint {
+    Taint {
+        key: key.into(),
+        value: None,
+        effect: effect.into(),
+        time_added: Some(Time(now)),
+    }
+}
+
+/// The taints the node should have: its own, plus not-ready/unreachable (NoSchedule and
+/// NoExecute) by health and unschedulable (NoSchedule) when cordoned. Existing managed taints
+/// keep their timeAdded.
+pub fn desired_taints(node: &Node, health: NodeHealth, now: Timestamp) -> Vec<Taint> {
+    let current = node_taints(node);
+    let managed = [TAINT_NOT_READY, TAINT_UNREACHABLE, TAINT_UNSCHEDULABLE];
+    let mut want: Vec<Taint> = current
+        .iter()
+        .filter(|t| !managed.contains(&t.key.as_str()))
+        .cloned()
+        .collect();
+    let mut add = |key: &str, effect: &str| {
+        let t = current
+            .iter()
+            .find(|t| t.key == key && t.effect == effect)
+            .cloned()
+            .unwrap_or_else(|| managed_taint(key, effect, now));
+        want.push(t);
+    };
+    match health {
+        NodeHealth::Ready => {}
+        NodeHealth::NotReady => {
+            add(TAINT_NOT_READY, NO_SCHEDULE);
+            add(TAINT_NOT_READY, NO_EXECUTE);
+        }
+        NodeHealth::Unknown => {
+            add(TAINT_UNREACHABLE, NO_SCHEDULE);
+            add(TAINT_UNREACHABLE, NO_EXECUTE);
+        }
+    }
+    if node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+    {
+        add(TAINT_UNSCHEDULABLE, NO_SCHEDULE);
+    }
+    want
+}
+
+/// Decide a node's health and the writes it needs.
+pub fn decide_node(
+    node: &Node,
+    lease: Option<&Lease>,
+    now: Timestamp,
+    opts: &NodeLifecycleOptions,
+) -> NodeDecision {
+    let duration = lease
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|s| u64::try_from(s).ok())
+        .map(Duration::from_secs)
+        .unwrap_or(opts.default_lease_duration);
+    let heartbeat = last_heartbeat(node, lease).unwrap_or(now);
+    let expires = heartbeat
+        .checked_add(to_signed(duration))
+        .unwrap_or(heartbeat);
+    let evict_at = expires
+        .checked_add(to_signed(opts.eviction_grace))
+        .unwrap_or(expires);
+    let current = ready_condition(node);
+    let fresh = now <= expires;
+    let (health, ready_condition) = if !fresh {
+        let write = current.is_none_or(|c| c.status != "Unknown");
+        let cond = NodeCondition {
+            type_: "Ready".into(),
+            status: "Unknown".into(),
+            reason: Some("NodeStatusUnknown".into()),
+            message: Some("Kubelet stopped posting node status.".into()),
+            last_heartbeat_time: current.and_then(|c| c.last_heartbeat_time.clone()),
+            last_transition_time: Some(Time(now)),
+        };
+        (NodeHealth::Unknown, write.then_some(cond))
+    } else {
+        match current.map(|c| c.status.as_str()) {
+            Some("True") => (NodeHealth::Ready, None),
+            Some("False") => (NodeHealth::NotReady, None),
+            // Fresh lease but Unknown (set by us earlier) or no condition: the agent is back.
+            _ => (
+                NodeHealth::Ready,
+                Some(NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    reason: Some("KubeletReady".into()),
+                    message: Some("node agent is renewing its lease".into()),
+                    last_heartbeat_time: Some(Time(heartbeat)),
+                    last_transition_time: Some(Time(now)),
+                }),
+            ),
+        }
+    };
+    let want = desired_taints(node, health, now);
+    let taints = (want.as_slice() != node_taints(node)).then_some(want);
+    let fail_vmis = health == NodeHealth::Unknown && now >= evict_at;
+    let requeue_after = match health {
+        NodeHealth::Unknown if !fail_vmis => until(now, evict_at),
+        NodeHealth::Ready | NodeHealth::NotReady => until(now, expires),
+        NodeHealth::Unknown => opts.resync,
+    }
+    .min(opts.resync)
+    .max(Duration::from_millis(500));
+    NodeDecision {
+        health,
+        ready_condition,
+        taints,
+        fail_vmis,
+        requeue_after,
+    }
+}
+
+/// Access modes that let a volume attach on any node.
+pub fn is_shared_access(access_modes: &[String]) -> bool {
+    access_modes.iter().any(|m| m == "ReadWriteMany")
+}
+
+/// Whether the VMI could run on another node as far as its disks go: every PVC/DataVolume
+/// (incl. ephemeral overlays and memory dumps) must be ReadWriteMany, and hostDisks must be
+/// `shared`. `access_modes(claim)` gives a claim's access modes (`None`: unknown, treated as
+/// node-local).
+pub fn can_run_elsewhere(
+    vmi: &VirtualMachineInstance,
+    access_modes: impl Fn(&str) -> Option<Vec<String>>,
+) -> bool {
+    let volumes = vmi
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_deref())
+        .unwrap_or_default();
+    volumes.iter().all(|v| {
+        let claim = v
+            .persistent_volume_claim
+            .as_ref()
+            .map(|p| p.claim_name.as_str())
+            .or_else(|| v.data_volume.as_ref().map(|d| d.name.as_str()))
+            .or_else(|| {
+                v.ephemeral
+                    .as_ref()
+                    .and_then(|e| e.persistent_volume_claim.as_ref())
+                    .map(|c| c.claim_name.as_str())
+            })
+            .or_else(|| v.memory_dump.as_ref().map(|p| p.claim_name.as_str()));
+        if let Some(claim) = claim {
+            return access_modes(claim).is_some_and(|m| is_shared_access(&m));
+        }
+        v.host_disk.as_ref().is_none_or(|h| h.shared == Some(true))
+    })
+}
+
+/// What to do with one VMI bound to a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmiNodeAction {
+    None,
+    /// Set phase Failed with this reason and message (the VM controller recreates it).
+    Fail {
+        reason: String,
+        message: String,
+    },
+    /// Set phase Unknown: the node is gone but the VMI's disks are there.
+    MarkUnknown {
+        reason: String,
+        message: String,
+    },
+    /// Delete the VMI: an untolerated NoExecute taint.
+    Evict {
+        reason: String,
+        message: String,
+    },
+}
+
+/// Decide for one VMI on `node` given the node's decision; `relocatable` is
+/// [`can_run_elsewhere`] for it.
+pub fn decide_vmi(
+    vmi: &VirtualMachineInstance,
+    node: &Node,
+    decision: &NodeDecision,
+    relocatable: bool,
+    now: Timestamp,
+) -> VmiNodeAction {
+    let status = vmi.status.as_ref();
+    let phase = status.and_then(|s| s.phase).unwrap_or(VmiPhase::Unset);
+    if matches!(phase, VmiPhase::Succeeded | VmiPhase::Failed)
+        || vmi.metadata.deletion_timestamp.is_some()
+    {
+        return VmiNodeAction::None;
+    }
+    let node_name = node.metadata.name.as_deref().unwrap_or("");
+    if decision.fail_vmis {
+        return if relocatable {
+            VmiNodeAction::Fail {
+                reason: REASON_NODE_UNRESPONSIVE.into(),
+                message: format!("node {node_name} is unresponsive"),
+            }
+        } else if phase != VmiPhase::Unknown {
+            VmiNodeAction::MarkUnknown {
+                reason: REASON_NODE_UNRESPONSIVE.into(),
+                message: format!(
+                    "node {node_name} is unresponsive and the VMI has node-local disks"
+                ),
+            }
+        } else {
+            VmiNodeAction::None
+        };
+    }
+    let tolerations = vmi
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default();
+    for taint in node_taints(node) {
+        // Health taints are handled above, on the lease timeline.
+        if taint.effect != NO_EXECUTE
+            || taint.key == TAINT_NOT_READY
+            || taint.key == TAINT_UNREACHABLE
+        {
+            continue;
+        }
+        let evict = match find_toleration(tolerations, taint) {
+            None => true,
+            Some(t) => match (t.toleration_seconds, taint.time_added.as_ref()) {
+                (Some(secs), Some(added)) => {
+                    let deadline = added
+                        .0
+                        .checked_add(SignedDuration::from_secs(secs.max(0)))
+                        .unwrap_or(added.0);
+                    now >= deadline
+                }
+                (Some(secs), None) => secs <= 0,
+                (None, _) => false,
+            },
+        };
+        if evict {
+            return VmiNodeAction::Evict {
+                reason: REASON_TAINT_EVICTION.into(),
+                message: format!(
+                    "node {node_name} has taint {{{}: {}}}:NoExecute that the VMI does not tolerate",
+                    taint.key,
+                    taint.value.as_deref().unwrap_or("")
+                ),
+            };
+        }
+    }
+    VmiNodeAction::None
+}
+
+#[cfg(test)]
+#[path = "node_lifecycle_tests.rs"]
+mod tests;

@@ -1,0 +1,103 @@
+//! The controllers wired to an API server with kube-rs: the VM controller, the scheduler
+//! loop and the node lifecycle loop, run only while this instance holds the leader Lease.
+//!
+//! ```no_run
+//! # async fn start(client: kube::Client) -> Result<(), ferrovirt_controller::ControllerError> {
+//! let opts = ferrovirt_controller::ControllerOptions::default();
+//! ferrovirt_controller::run(client, opts).await // until dropped or a controller fails
+//! # }
+//! ```
+
+pub mod events;
+pub mod leader;
+pub mod node_loop;
+pub mod resources;
+pub mod scheduler_loop;
+pub mod vm_controller;
+
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use crate::error::ControllerError;
+use crate::node_lifecycle::NodeLifecycleOptions;
+use crate::vm::decide::VmOptions;
+use leader::{LeaderElectionOptions, LeaderElector};
+use scheduler_loop::SchedulerLoopOptions;
+
+/// Everything the controllers can be tuned with.
+#[derive(Debug, Clone, Default)]
+pub struct ControllerOptions {
+    pub leader_election: LeaderElectionOptions,
+    pub vm: VmOptions,
+    pub scheduler: SchedulerLoopOptions,
+    pub node_lifecycle: NodeLifecycleOptions,
+}
+
+/// Run the controllers until the returned future is dropped (cancellation) or one of them
+/// fails. While another instance holds the leader Lease this only waits for it; when this
+/// instance loses the Lease the controllers stop and it becomes a candidate again.
+pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), ControllerError> {
+    let elector = LeaderElector::new(client.clone(), opts.leader_election.clone());
+    let le = &opts.leader_election;
+    loop {
+        // Candidate: retry until we hold the lease.
+        loop {
+            match elector.try_acquire_or_renew().await {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "leader election attempt failed"),
+            }
+            tokio::time::sleep(le.renew_period).await;
+        }
+        tracing::info!(identity = %le.identity, "became leader; starting controllers");
+        let mut tasks: JoinSet<(&'static str, Result<(), ControllerError>)> = JoinSet::new();
+        tasks.spawn({
+            let (c, o) = (client.clone(), opts.vm.clone());
+            async move { ("vm", vm_controller::run(c, o).await) }
+        });
+        tasks.spawn({
+            let (c, o) = (client.clone(), opts.scheduler.clone());
+            async move { ("scheduler", scheduler_loop::run(c, o).await) }
+        });
+        tasks.spawn({
+            let (c, o) = (client.clone(), opts.node_lifecycle.clone());
+            async move { ("node-lifecycle", node_loop::run(c, o).await) }
+        });
+        // Step down before others may take over: renewals failing for 2/3 of the duration.
+        let deadline = le.lease_duration.mul_f64(2.0 / 3.0).max(le.renew_period);
+        let mut last_renew = Instant::now();
+        let outcome: Option<ControllerError> = loop {
+            tokio::select! {
+                _ = tokio::time::sleep(le.renew_period) => {
+                    match elector.try_acquire_or_renew().await {
+                        Ok(true) => last_renew = Instant::now(),
+                        Ok(false) => {
+                            tracing::warn!("lost the leader lease; stopping controllers");
+                            break None;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "renewing the leader lease failed");
+                            if last_renew.elapsed() >= deadline {
+                                break None;
+                            }
+                        }
+                    }
+                }
+                Some(done) = tasks.join_next() => {
+                    let (name, reason) = match done {
+                        Ok((name, Err(e))) => (name, e.to_string()),
+                        Ok((name, Ok(()))) => (name, "returned".to_string()),
+                        Err(e) => ("controller", e.to_string()),
+                    };
+                    break Some(ControllerError::TaskStopped { name, reason });
+                }
+            }
+        };
+        tasks.shutdown().await;
+        if let Some(err) = outcome {
+            return Err(err);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,229 @@
+//! The node lifecycle loop: periodically reads Nodes, their Leases (namespace
+//! `kube-node-lease`), PVC access modes and VMIs, applies [`crate::node_lifecycle`]'s
+//! decisions (Ready condition, taints) and fails, marks Unknown or evicts VMIs bound to
+//! unresponsive or NoExecute-tainted nodes, with Events.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, vmi_condition};
+
+use super::events::{EventRecorder, object_ref};
+use super::resources::Vmi;
+use crate::conditions;
+use crate::error::ControllerError;
+use crate::node_lifecycle::{
+    NODE_LEASE_NAMESPACE, NodeLifecycleOptions, VmiNodeAction, can_run_elsewhere, decide_node,
+    decide_vmi,
+};
+use crate::scheduler::is_bound;
+use crate::vm::template::KUBEVIRT_API_VERSION;
+
+/// Component name on Events.
+pub const COMPONENT: &str = "node-lifecycle-controller";
+
+/// Run the node lifecycle loop until the future is dropped. Errors of one pass are logged
+/// and the pass is retried.
+pub async fn run(client: kube::Client, opts: NodeLifecycleOptions) -> Result<(), ControllerError> {
+    let recorder = EventRecorder::new(client.clone(), COMPONENT);
+    loop {
+        let wait = match pass(&client, &recorder, &opts).await {
+            Ok(wait) => wait,
+            Err(e) => {
+                tracing::warn!(error = %e, "node lifecycle pass failed");
+                Duration::from_secs(2)
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+async fn pass(
+    client: &kube::Client,
+    recorder: &EventRecorder,
+    opts: &NodeLifecycleOptions,
+) -> Result<Duration, ControllerError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NODE_LEASE_NAMESPACE);
+    let node_list = nodes.list(&ListParams::default()).await?.items;
+    let lease_list = match leases.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let leases_by_node: HashMap<String, Lease> = lease_list
+        .into_iter()
+        .filter_map(|l| l.metadata.name.clone().map(|n| (n, l)))
+        .collect();
+    let now = Timestamp::now();
+    let mut next = opts.resync;
+    let mut vmis_cache: Option<Vec<VirtualMachineInstance>> = None;
+    let mut pvc_cache: HashMap<String, Option<Vec<String>>> = HashMap::new();
+    for node in &node_list {
+        let Some(name) = node.metadata.name.clone() else {
+            continue;
+        };
+        let decision = decide_node(node, leases_by_node.get(&name), now, opts);
+        next = next.min(decision.requeue_after);
+        let node_ref = object_ref("v1", "Node", &node.metadata);
+        let mut resource_version = node.metadata.resource_version.clone();
+        if let Some(cond) = &decision.ready_condition {
+            let mut conds = node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.clone())
+                .unwrap_or_default();
+            conds.retain(|c| c.type_ != "Ready");
+            conds.push(cond.clone());
+            // Guarded by resourceVersion: the agent writes the same list.
+            let patch = json!({
+                "metadata": {"resourceVersion": resource_version},
+                "status": {"conditions": conds}
+            });
+            let updated = nodes
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            resource_version = updated.metadata.resource_version;
+            let (reason, msg) = match cond.status.as_str() {
+                "True" => ("NodeReady", format!("Node {name} status is now: NodeReady")),
+                _ => (
+                    "NodeNotReady",
+                    format!("Node {name} status is now: NodeNotReady"),
+                ),
+            };
+            recorder
+                .record(&node_ref, cond.status != "True", reason, &msg)
+                .await;
+        }
+        if let Some(taints) = &decision.taints {
+            let patch = json!({
+                "metadata": {"resourceVersion": resource_version},
+                "spec": {"taints": taints}
+            });
+            nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        let has_no_execute = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.effect == "NoExecute"));
+        if !decision.fail_vmis && !has_no_execute {
+            continue;
+        }
+        if vmis_cache.is_none() {
+            let api: Api<Vmi> = Api::all(client.clone());
+            vmis_cache = Some(
+                api.list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .map(|v| v.0)
+                    .collect(),
+            );
+        }
+        for vmi in vmis_cache
+            .iter()
+            .flatten()
+            .filter(|v| is_bound(v) == Some(name.as_str()))
+        {
+            let ns = vmi
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into());
+            let mut claims = Vec::new();
+            for v in vmi
+                .spec
+                .as_ref()
+                .and_then(|s| s.volumes.as_ref())
+                .into_iter()
+                .flatten()
+            {
+                let claim = v
+                    .persistent_volume_claim
+                    .as_ref()
+                    .map(|p| p.claim_name.clone())
+                    .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()));
+                claims.extend(claim);
+            }
+            for c in claims {
+                if let Entry::Vacant(slot) = pvc_cache.entry(format!("{ns}/{c}")) {
+                    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+                    let modes = pvcs
+                        .get_opt(&c)
+                        .await?
+                        .and_then(|p| p.spec)
+                        .and_then(|s| s.access_modes);
+                    slot.insert(modes);
+                }
+            }
+            let relocatable = can_run_elsewhere(vmi, |claim| {
+                pvc_cache.get(&format!("{ns}/{claim}")).cloned().flatten()
+            });
+            let action = decide_vmi(vmi, node, &decision, relocatable, now);
+            apply_vmi_action(client, recorder, vmi, &action).await?;
+        }
+    }
+    Ok(next)
+}
+
+async fn apply_vmi_action(
+    client: &kube::Client,
+    recorder: &EventRecorder,
+    vmi: &VirtualMachineInstance,
+    action: &VmiNodeAction,
+) -> Result<(), ControllerError> {
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let name = vmi.metadata.name.as_deref().unwrap_or("");
+    let api: Api<Vmi> = Api::namespaced(client.clone(), ns);
+    let reference = object_ref(
+        KUBEVIRT_API_VERSION,
+        "VirtualMachineInstance",
+        &vmi.metadata,
+    );
+    let (phase, reason, message) = match action {
+        VmiNodeAction::None => return Ok(()),
+        VmiNodeAction::Evict { reason, message } => {
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+            recorder.record(&reference, true, reason, message).await;
+            return Ok(());
+        }
+        VmiNodeAction::Fail { reason, message } => ("Failed", reason, message),
+        VmiNodeAction::MarkUnknown { reason, message } => ("Unknown", reason, message),
+    };
+    let mut conds = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    conditions::set(
+        &mut conds,
+        conditions::condition(vmi_condition::READY, false, Some(reason), Some(message)),
+        &Time(Timestamp::now()),
+    );
+    let patch = json!({"status": {"phase": phase, "reason": reason, "conditions": conds}});
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    recorder.record(&reference, true, reason, message).await;
+    Ok(())
+}

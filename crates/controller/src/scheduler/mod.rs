@@ -1,0 +1,705 @@
+//! The VMI scheduler as pure functions: filter each Node (readiness, `spec.unschedulable`,
+//! taints, nodeSelector and node affinity, resources and KVM, VMI affinity), score the
+//! feasible ones (least requested, preferred node affinity, PreferNoSchedule taints,
+//! preferred VMI affinity) and pick the best, or explain why none fits in Kubernetes' words:
+//! `0/3 nodes are available: 1 node(s) didn't match node selector, 2 Insufficient memory.`
+//!
+//! Filters run in the order of Kubernetes' default plugins and a node reports the reasons of
+//! the first filter it fails, so the counts in the message add up to the node count.
+
+pub mod interpod;
+pub mod resources;
+pub mod selectors;
+pub mod taints;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Node, Taint, Toleration};
+
+use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
+
+use interpod::Placed;
+use resources::{Resources, VMI_MEMORY_OVERHEAD_BYTES};
+
+/// Reason for nodes whose `nodeSelector`/required node affinity does not match.
+pub const REASON_NODE_SELECTOR: &str = "node(s) didn't match node selector";
+/// Reason for cordoned nodes (`spec.unschedulable`).
+pub const REASON_UNSCHEDULABLE: &str = "node(s) were unschedulable";
+/// Reason for nodes without KVM when the VMI needs it.
+pub const REASON_NO_KVM: &str = "Insufficient devices.kubevirt.io/kvm";
+/// Message when there are no nodes at all.
+pub const NO_NODES: &str = "no nodes available to schedule pods";
+/// Taint key Kubernetes puts on NotReady nodes.
+pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
+/// Taint key Kubernetes puts on nodes whose status is Unknown.
+pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+/// Taint key Kubernetes puts on cordoned nodes.
+pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
+
+/// Tunables of the scheduler.
+#[derive(Debug, Clone)]
+pub struct SchedulerOptions {
+    /// Added to every VMI's memory request; see [`VMI_MEMORY_OVERHEAD_BYTES`].
+    pub memory_overhead_bytes: u64,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        Self {
+            memory_overhead_bytes: VMI_MEMORY_OVERHEAD_BYTES,
+        }
+    }
+}
+
+/// What to schedule and onto what.
+#[derive(Debug, Clone, Copy)]
+pub struct ScheduleRequest<'a> {
+    /// The VMI to place.
+    pub vmi: &'a VirtualMachineInstance,
+    /// Every node.
+    pub nodes: &'a [Node],
+    /// Every VMI; those bound to a node (`status.nodeName`) and not finished count against it.
+    pub vmis: &'a [VirtualMachineInstance],
+}
+
+/// The scheduler's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Bind the VMI to this node.
+    Bind { node: String },
+    /// No node fits.
+    Unschedulable(FitError),
+}
+
+/// Why no node fits: per node, the reasons of the first filter it failed.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FitError {
+    pub num_nodes: usize,
+    pub node_reasons: BTreeMap<String, Vec<String>>,
+}
+
+impl fmt::Display for FitError {
+    /// Kubernetes' format: `0/N nodes are available: <count> <reason>, ….` with the
+    /// `<count> <reason>` strings sorted, as `sort.Strings` does.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.num_nodes == 0 {
+            return f.write_str(NO_NODES);
+        }
+        let mut histogram: BTreeMap<&str, usize> = BTreeMap::new();
+        for reason in self.node_reasons.values().flatten() {
+            *histogram.entry(reason.as_str()).or_default() += 1;
+        }
+        let mut parts: Vec<String> = histogram.iter().map(|(r, n)| format!("{n} {r}")).collect();
+        parts.sort();
+        write!(f, "0/{} nodes are available", self.num_nodes)?;
+        if parts.is_empty() {
+            f.write_str(".")
+        } else {
+            write!(f, ": {}.", parts.join(", "))
+        }
+    }
+}
+
+impl std::error::Error for FitError {}
+
+/// Whether a VMI still holds its node's resources (bound and not finished).
+pub fn is_bound(vmi: &VirtualMachineInstance) -> Option<&str> {
+    let status = vmi.status.as_ref()?;
+    if matches!(status.phase, Some(VmiPhase::Succeeded | VmiPhase::Failed)) {
+        return None;
+    }
+    status.node_name.as_deref().filter(|n| !n.is_empty())
+}
+
+/// `spec.schedulerName` values this scheduler serves (unset also means it).
+pub const SCHEDULER_NAMES: &[&str] = &["", "default-scheduler", "ferrovirt-scheduler"];
+
+/// Whether the VMI waits for this scheduler: phase unset/Pending/Scheduling, no
+/// `status.nodeName`, not being deleted, and no other `spec.schedulerName`.
+pub fn needs_scheduling(vmi: &VirtualMachineInstance) -> bool {
+    let status = vmi.status.as_ref();
+    let phase = status.and_then(|s| s.phase).unwrap_or(VmiPhase::Unset);
+    let ours = vmi
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .is_none_or(|n| SCHEDULER_NAMES.contains(&n));
+    ours && vmi.metadata.deletion_timestamp.is_none()
+        && matches!(
+            phase,
+            VmiPhase::Unset | VmiPhase::Pending | VmiPhase::Scheduling
+        )
+        && status
+            .and_then(|s| s.node_name.as_deref())
+            .is_none_or(str::is_empty)
+}
+
+fn same_object(a: &VirtualMachineInstance, b: &VirtualMachineInstance) -> bool {
+    a.metadata.namespace == b.metadata.namespace && a.metadata.name == b.metadata.name
+}
+
+fn tolerations(vmi: &VirtualMachineInstance) -> &[Toleration] {
+    vmi.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default()
+}
+
+/// The node's Ready condition status (`True`, `False`, `Unknown`), if reported.
+pub fn node_ready_status(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status.as_str())
+}
+
+struct NodeState<'a> {
+    node: &'a Node,
+    used: Resources,
+}
+
+struct Ctx<'a> {
+    vmi: &'a VirtualMachineInstance,
+    want: Resources,
+    needs_kvm: bool,
+    placed: Vec<Placed<'a>>,
+}
+
+fn implicit_taint(key: &str) -> Taint {
+    Taint {
+        key: key.into(),
+        value: None,
+        effect: taints::NO_SCHEDULE.into(),
+        time_added: None,
+    }
+}
+
+/// Run the filters for one node; `Err` carries the reasons of the first failing filter.
+fn filter_node(ctx: &Ctx<'_>, state: &NodeState<'_>) -> Result<(), Vec<String>> {
+    let node = state.node;
+    let tols = tolerations(ctx.vmi);
+    // Readiness: a node that is not Ready behaves as if it had the not-ready/unreachable taint.
+    match node_ready_status(node) {
+        Some("True") => {}
+        Some("Unknown") => {
+            return Err(vec![taints::untolerated_reason(&implicit_taint(
+                TAINT_UNREACHABLE,
+            ))]);
+        }
+        _ => {
+            return Err(vec![taints::untolerated_reason(&implicit_taint(
+                TAINT_NOT_READY,
+            ))]);
+        }
+    }
+    // NodeUnschedulable.
+    if node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+        && taints::find_toleration(tols, &implicit_taint(TAINT_UNSCHEDULABLE)).is_none()
+    {
+        return Err(vec![REASON_UNSCHEDULABLE.to_string()]);
+    }
+    // TaintToleration.
+    if let Some(t) = taints::first_untolerated(taints::node_taints(node), tols) {
+        return Err(vec![taints::untolerated_reason(t)]);
+    }
+    // NodeAffinity (nodeSelector and required node affinity).
+    let spec = ctx.vmi.spec.as_ref();
+    let selector_ok = spec
+        .and_then(|s| s.node_selector.as_ref())
+        .is_none_or(|sel| selectors::matches_node_selector_map(sel, node));
+    let affinity_ok = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_none_or(|req| selectors::matches_node_selector(req, node));
+    if !(selector_ok && affinity_ok) {
+        return Err(vec![REASON_NODE_SELECTOR.to_string()]);
+    }
+    // NodeResourcesFit, with KVM as an extended resource.
+    let mut reasons =
+        resources::insufficient(ctx.want, state.used, resources::node_allocatable(node));
+    if ctx.needs_kvm && !resources::node_has_kvm(node) {
+        reasons.push(REASON_NO_KVM.to_string());
+    }
+    if !reasons.is_empty() {
+        return Err(reasons);
+    }
+    // InterPodAffinity among VMIs.
+    interpod::filter(ctx.vmi, node, &ctx.placed).map_err(|r| vec![r])
+}
+
+/// Raw preferred node affinity score: the sum of weights of matching preferred terms.
+fn node_affinity_score(vmi: &VirtualMachineInstance, node: &Node) -> i64 {
+    vmi.spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.preferred_during_scheduling_ignored_during_execution
+                .as_deref()
+        })
+        .unwrap_or_default()
+        .iter()
+        .filter(|p| selectors::matches_node_selector_term(&p.preference, node))
+        .map(|p| i64::from(p.weight))
+        .sum()
+}
+
+/// Scale raw scores to 0–100 by the maximum (Kubernetes' default normalisation).
+fn normalize_max(raw: &[i64], reverse: bool) -> Vec<i64> {
+    let max = raw.iter().copied().max().unwrap_or(0);
+    raw.iter()
+        .map(|&s| {
+            let v = if max > 0 { s * 100 / max } else { 0 };
+            if reverse { 100 - v } else { v }
+        })
+        .collect()
+}
+
+/// Scale raw scores to 0–100 between their minimum and maximum.
+fn normalize_min_max(raw: &[i64]) -> Vec<i64> {
+    let (min, max) = (
+        raw.iter().copied().min().unwrap_or(0),
+        raw.iter().copied().max().unwrap_or(0),
+    );
+    raw.iter()
+        .map(|&s| {
+            if max > min {
+                (s - min) * 100 / (max - min)
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
+/// Plugin weights, as in Kubernetes' default profile.
+const W_RESOURCES: i64 = 1;
+const W_NODE_AFFINITY: i64 = 2;
+const W_TAINTS: i64 = 3;
+const W_INTERPOD: i64 = 2;
+
+/// Score of every feasible node, in the order given.
+fn score_nodes(ctx: &Ctx<'_>, feasible: &[&NodeState<'_>]) -> Vec<i64> {
+    let tols = tolerations(ctx.vmi);
+    let least: Vec<i64> = feasible
+        .iter()
+        .map(|s| {
+            let mut after = s.used;
+            after += ctx.want;
+            resources::least_requested_score(after, resources::node_allocatable(s.node))
+        })
+        .collect();
+    let node_aff = normalize_max(
+        &feasible
+            .iter()
+            .map(|s| node_affinity_score(ctx.vmi, s.node))
+            .collect::<Vec<_>>(),
+        false,
+    );
+    let taint = normalize_max(
+        &feasible
+            .iter()
+            .map(|s| {
+                taints::count_intolerable_prefer_no_schedule(taints::node_taints(s.node), tols)
+                    as i64
+            })
+            .collect::<Vec<_>>(),
+        true,
+    );
+    let interpod = normalize_min_max(
+        &feasible
+            .iter()
+            .map(|s| interpod::preferred_score(ctx.vmi, s.node, &ctx.placed))
+            .collect::<Vec<_>>(),
+    );
+    (0..feasible.len())
+        .map(|i| {
+            least[i] * W_RESOURCES
+                + node_aff[i] * W_NODE_AFFINITY
+                + taint[i] * W_TAINTS
+                + interpod[i] * W_INTERPOD
+        })
+        .collect()
+}
+
+/// Choose a node for `req.vmi`: the highest score among nodes passing every filter, ties to
+/// the lexicographically first node name; or a [`FitError`].
+pub fn schedule(req: &ScheduleRequest<'_>, opts: &SchedulerOptions) -> Decision {
+    let mut want = resources::vmi_requests(req.vmi);
+    want.memory_bytes = want.memory_bytes.saturating_add(opts.memory_overhead_bytes);
+    let by_name: BTreeMap<&str, &Node> = req
+        .nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, n)))
+        .collect();
+    let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
+    let mut placed = Vec::new();
+    for other in req.vmis.iter().filter(|o| !same_object(o, req.vmi)) {
+        let Some(node_name) = is_bound(other) else {
+            continue;
+        };
+        let Some(node) = by_name.get(node_name) else {
+            continue;
+        };
+        let mut r = resources::vmi_requests(other);
+        r.memory_bytes = r.memory_bytes.saturating_add(opts.memory_overhead_bytes);
+        *used.entry(node_name).or_default() += r;
+        placed.push(Placed { vmi: other, node });
+    }
+    let ctx = Ctx {
+        vmi: req.vmi,
+        want,
+        needs_kvm: resources::vmi_needs_kvm(req.vmi),
+        placed,
+    };
+    let states: Vec<NodeState<'_>> = by_name
+        .iter()
+        .map(|(name, node)| NodeState {
+            node,
+            used: used.get(name).copied().unwrap_or_default(),
+        })
+        .collect();
+    let mut fit = FitError {
+        num_nodes: states.len(),
+        node_reasons: BTreeMap::new(),
+    };
+    let mut feasible = Vec::new();
+    for s in &states {
+        match filter_node(&ctx, s) {
+            Ok(()) => feasible.push(s),
+            Err(reasons) => {
+                let name = s.node.metadata.name.clone().unwrap_or_default();
+                fit.node_reasons.insert(name, reasons);
+            }
+        }
+    }
+    let scores = score_nodes(&ctx, &feasible);
+    let best =
+        feasible
+            .iter()
+            .zip(scores)
+            .fold(
+                None::<(&NodeState<'_>, i64)>,
+                |best, (s, score)| match best {
+                    Some((_, b)) if b >= score => best,
+                    _ => Some((s, score)),
+                },
+            );
+    match best {
+        Some((s, _)) => Decision::Bind {
+            node: s.node.metadata.name.clone().unwrap_or_default(),
+        },
+        None => Decision::Unschedulable(fit),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::{HOSTNAME, node, vmi};
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm};
+
+    fn run(
+        v: &VirtualMachineInstance,
+        nodes: &[Node],
+        vmis: &[VirtualMachineInstance],
+    ) -> Decision {
+        schedule(
+            &ScheduleRequest {
+                vmi: v,
+                nodes,
+                vmis,
+            },
+            &SchedulerOptions::default(),
+        )
+    }
+
+    fn message(d: Decision) -> String {
+        match d {
+            Decision::Unschedulable(e) => e.to_string(),
+            Decision::Bind { node } => panic!("bound to {node}"),
+        }
+    }
+
+    fn bound(d: Decision) -> String {
+        match d {
+            Decision::Bind { node } => node,
+            Decision::Unschedulable(e) => panic!("unschedulable: {e}"),
+        }
+    }
+
+    fn term(key: &str, op: &str, values: &[&str]) -> NodeSelectorTerm {
+        NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: key.into(),
+                operator: op.into(),
+                values: Some(values.iter().map(|s| s.to_string()).collect()),
+            }]),
+            match_fields: None,
+        }
+    }
+
+    #[test]
+    fn message_matches_kubernetes() {
+        let nodes = [
+            node("a").alloc("4", "1Gi").build(),
+            node("b").alloc("4", "1Gi").build(),
+            node("c").build(),
+        ];
+        let v = vmi("v").requests("1", "2Gi").selector("zone", "x").build();
+        // c has memory but no zone label; a and b fail... the selector first.
+        assert_eq!(
+            message(run(&v, &nodes, &[])),
+            "0/3 nodes are available: 3 node(s) didn't match node selector."
+        );
+        let nodes = [
+            node("a").alloc("4", "1Gi").label("zone", "x").build(),
+            node("b").alloc("4", "1Gi").label("zone", "x").build(),
+            node("c").build(),
+        ];
+        assert_eq!(
+            message(run(&v, &nodes, &[])),
+            "0/3 nodes are available: 1 node(s) didn't match node selector, 2 Insufficient memory."
+        );
+        assert_eq!(message(run(&v, &[], &[])), NO_NODES);
+    }
+
+    #[test]
+    fn ready_and_unschedulable_filters() {
+        let nodes = [
+            node("a").ready("False").build(),
+            node("b").ready("Unknown").build(),
+            node("c").unschedulable().build(),
+        ];
+        assert_eq!(
+            message(run(&vmi("v").build(), &nodes, &[])),
+            "0/3 nodes are available: 1 node(s) had untolerated taint {node.kubernetes.io/not-ready: }, \
+             1 node(s) had untolerated taint {node.kubernetes.io/unreachable: }, 1 node(s) were unschedulable."
+        );
+        let tolerant = vmi("v")
+            .toleration(Toleration {
+                key: Some(TAINT_UNSCHEDULABLE.into()),
+                operator: Some("Exists".into()),
+                ..Default::default()
+            })
+            .build();
+        assert_eq!(bound(run(&tolerant, &nodes, &[])), "c");
+    }
+
+    #[test]
+    fn resources_count_bound_vmis() {
+        let nodes = [
+            node("a").alloc("4", "4Gi").build(),
+            node("b").alloc("4", "4Gi").build(),
+        ];
+        let big = |n: &str| vmi(n).requests("1", "3Gi").build();
+        let on_a = vmi("x")
+            .requests("1", "3Gi")
+            .bound("a", VmiPhase::Running)
+            .build();
+        assert_eq!(
+            bound(run(&big("v"), &nodes, std::slice::from_ref(&on_a))),
+            "b"
+        );
+        let on_b = vmi("y")
+            .requests("1", "3Gi")
+            .bound("b", VmiPhase::Scheduled)
+            .build();
+        assert_eq!(
+            message(run(&big("v"), &nodes, &[on_a.clone(), on_b])),
+            "0/2 nodes are available: 2 Insufficient memory."
+        );
+        // Finished VMIs release their node.
+        let done = vmi("y")
+            .requests("1", "3Gi")
+            .bound("b", VmiPhase::Succeeded)
+            .build();
+        assert_eq!(bound(run(&big("v"), &nodes, &[on_a, done])), "b");
+    }
+
+    #[test]
+    fn overhead_is_added() {
+        let nodes = [node("a").alloc("4", "1Gi").build()];
+        let v = vmi("v").guest("1Gi").build();
+        assert_eq!(
+            message(run(&v, &nodes, &[])),
+            "0/1 nodes are available: 1 Insufficient memory."
+        );
+        let d = schedule(
+            &ScheduleRequest {
+                vmi: &v,
+                nodes: &nodes,
+                vmis: &[],
+            },
+            &SchedulerOptions {
+                memory_overhead_bytes: 0,
+            },
+        );
+        assert_eq!(bound(d), "a");
+    }
+
+    #[test]
+    fn cpu_insufficient() {
+        let nodes = [node("a").alloc("2", "64Gi").build()];
+        let v = vmi("v").topology(2, 2, 1).build();
+        assert_eq!(
+            message(run(&v, &nodes, &[])),
+            "0/1 nodes are available: 1 Insufficient cpu."
+        );
+    }
+
+    #[test]
+    fn spreads_by_least_requested() {
+        let nodes = [node("a").build(), node("b").build()];
+        let on_a = vmi("x")
+            .requests("4", "8Gi")
+            .bound("a", VmiPhase::Running)
+            .build();
+        assert_eq!(
+            bound(run(&vmi("v").requests("1", "1Gi").build(), &nodes, &[on_a])),
+            "b"
+        );
+        // Ties go to the first name.
+        assert_eq!(bound(run(&vmi("v").build(), &nodes, &[])), "a");
+    }
+
+    #[test]
+    fn required_node_affinity() {
+        let nodes = [node("a").label("gpu", "yes").build(), node("b").build()];
+        let v = vmi("v").node_affinity(term("gpu", "Exists", &[])).build();
+        assert_eq!(bound(run(&v, &nodes, &[])), "a");
+        let v = vmi("v")
+            .node_affinity(term("gpu", "DoesNotExist", &[]))
+            .build();
+        assert_eq!(bound(run(&v, &nodes, &[])), "b");
+        let v = vmi("v").node_affinity(term("gpu", "In", &["no"])).build();
+        assert_eq!(
+            message(run(&v, &nodes, &[])),
+            "0/2 nodes are available: 2 node(s) didn't match node selector."
+        );
+    }
+
+    #[test]
+    fn preferred_node_affinity_scores() {
+        let nodes = [node("a").build(), node("b").label("fast", "1").build()];
+        let v = vmi("v")
+            .preferred_node_affinity(term("fast", "Exists", &[]), 50)
+            .build();
+        assert_eq!(bound(run(&v, &nodes, &[])), "b");
+    }
+
+    #[test]
+    fn taints_filter_and_prefer() {
+        let nodes = [
+            node("a").taint("dedicated", "db", "NoSchedule").build(),
+            node("b").taint("maint", "", "NoExecute").build(),
+        ];
+        assert_eq!(
+            message(run(&vmi("v").build(), &nodes, &[])),
+            "0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: db}, \
+             1 node(s) had untolerated taint {maint: }."
+        );
+        let v = vmi("v")
+            .toleration(Toleration {
+                key: Some("dedicated".into()),
+                value: Some("db".into()),
+                effect: Some("NoSchedule".into()),
+                ..Default::default()
+            })
+            .build();
+        assert_eq!(bound(run(&v, &nodes, &[])), "a");
+        let nodes = [
+            node("a").taint("soft", "", "PreferNoSchedule").build(),
+            node("b").build(),
+        ];
+        assert_eq!(bound(run(&vmi("v").build(), &nodes, &[])), "b");
+    }
+
+    #[test]
+    fn kvm_only_on_kvm_nodes() {
+        let nodes = [
+            node("a").build(),
+            node("b").label(resources::ACCEL_LABEL, "kvm").build(),
+        ];
+        let v = vmi("v").annotation(resources::ACCEL_LABEL, "kvm").build();
+        assert_eq!(bound(run(&v, &nodes, &[])), "b");
+        let v = vmi("v")
+            .requests_extra(resources::KVM_RESOURCE, "1")
+            .build();
+        assert_eq!(
+            message(run(&v, &nodes[..1], &[])),
+            "0/1 nodes are available: 1 Insufficient devices.kubevirt.io/kvm."
+        );
+    }
+
+    #[test]
+    fn vmi_anti_affinity_spreads() {
+        let nodes = [node("a").build(), node("b").build()];
+        let first = vmi("db-0")
+            .label("app", "db")
+            .bound("a", VmiPhase::Running)
+            .build();
+        let v = vmi("db-1")
+            .label("app", "db")
+            .anti_affinity("app", "db", HOSTNAME)
+            .build();
+        assert_eq!(bound(run(&v, &nodes, std::slice::from_ref(&first))), "b");
+        let second = vmi("db-2")
+            .label("app", "db")
+            .bound("b", VmiPhase::Running)
+            .build();
+        assert_eq!(
+            message(run(&v, &nodes, &[first, second])),
+            "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."
+        );
+    }
+
+    #[test]
+    fn vmi_preferred_affinity_colocates() {
+        let nodes = [node("a").build(), node("b").build()];
+        let peer = vmi("cache")
+            .label("app", "cache")
+            .bound("b", VmiPhase::Running)
+            .build();
+        let v = vmi("web")
+            .preferred_affinity("app", "cache", HOSTNAME, 100)
+            .build();
+        assert_eq!(bound(run(&v, &nodes, &[peer])), "b");
+    }
+
+    #[test]
+    fn scheduling_predicates() {
+        let pending = vmi("v").build();
+        assert!(needs_scheduling(&pending));
+        let bound_vmi = vmi("v").bound("a", VmiPhase::Scheduled).build();
+        assert!(!needs_scheduling(&bound_vmi));
+        let mut other = vmi("v").build();
+        other.spec.as_mut().unwrap().scheduler_name = Some("my-scheduler".into());
+        assert!(!needs_scheduling(&other));
+        assert_eq!(is_bound(&bound_vmi), Some("a"));
+        // The VMI itself is not counted against a node.
+        let nodes = [node("a").alloc("1", "2Gi").build()];
+        let me = vmi("v")
+            .requests("1", "1Gi")
+            .bound("a", VmiPhase::Pending)
+            .build();
+        assert_eq!(
+            bound(run(&vmi("v").requests("1", "1Gi").build(), &nodes, &[me])),
+            "a"
+        );
+    }
+}
