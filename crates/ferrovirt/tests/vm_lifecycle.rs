@@ -1,0 +1,183 @@
+//! End-to-end VirtualMachine lifecycle through the real server (controllers, scheduler, embedded
+//! agent) with the test guest under TCG: `kubectl apply` of a VM with runStrategy Always gives a
+//! Running VMI and `kubectl get vm` prints Running/True; a guest that powers itself off is
+//! started again (new VMI uid) under Always and left Stopped under RerunOnFailure; switching to
+//! Halted stops the VM and removes its VMI.
+
+use std::time::Duration;
+
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
+use serde_json::Value;
+
+const BOOT: Duration = Duration::from_secs(180);
+
+fn cluster() -> anyhow::Result<Cluster> {
+    TestGuest::get()?;
+    Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))
+}
+
+fn vm_manifest(c: &Cluster, name: &str, strategy: &str, user_data: &str) -> anyhow::Result<String> {
+    let g = TestGuest::get()?;
+    let dir = c.dir.path().join("pvs").join(name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
+    let user_data: String = user_data
+        .lines()
+        .map(|l| format!("                {l}\n"))
+        .collect();
+    Ok(format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: pv-{name}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  hostPath: {{path: {dir}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}-root, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 1Gi}}}}
+  volumeName: pv-{name}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  runStrategy: {strategy}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+    spec:
+      terminationGracePeriodSeconds: 30
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {{bus: virtio}}
+          - name: cloudinit
+            disk: {{bus: virtio}}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {{claimName: {name}-root}}
+      - name: cloudinit
+        cloudInitNoCloud:
+          userData: |
+{user_data}"#,
+        dir = dir.display()
+    ))
+}
+
+fn vmi_state(c: &Cluster, name: &str) -> anyhow::Result<Option<(String, String)>> {
+    let out = c.kubectl(&["get", "vmi", name, "-o", "json"])?;
+    if !out.status.success() {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(Some((
+        v["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        v["status"]["phase"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )))
+}
+
+fn wait_running(c: &Cluster, name: &str) -> anyhow::Result<String> {
+    c.wait_until(&format!("VMI {name} Running"), BOOT, || {
+        Ok(vmi_state(c, name)?
+            .filter(|(_, p)| p == "Running")
+            .map(|(uid, _)| uid))
+    })
+}
+
+fn printable_status(c: &Cluster, name: &str) -> anyhow::Result<String> {
+    let v = c.get_json(&["vm", name])?;
+    Ok(v["status"]["printableStatus"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+#[test]
+fn always_vm_runs_restarts_after_guest_poweroff_and_stops_when_halted() -> anyhow::Result<()> {
+    let c = cluster()?;
+    c.apply(&vm_manifest(&c, "web", "Always", "#!/bin/sh\necho up")?)?;
+    let uid1 = wait_running(&c, "web")?;
+    let table = c.kubectl_ok(&["get", "vm", "web"])?;
+    let row = table.lines().nth(1).unwrap_or_default().to_string();
+    assert!(table.starts_with("NAME"), "{table}");
+    c.wait_until("kubectl get vm: Running True", BOOT, || {
+        let t = c.kubectl_ok(&["get", "vm", "web"])?;
+        let row = t.lines().nth(1).unwrap_or_default().to_string();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        Ok((cols.get(2) == Some(&"Running") && cols.get(3) == Some(&"True")).then_some(()))
+    })
+    .map_err(|e| e.context(format!("first row was {row:?}")))?;
+
+    // Power off from inside the guest, through its serial console.
+    let dir = c.agent_dir().join("vmis").join(&uid1).join("serial.sock");
+    c.wait_until("guest ready", BOOT, || {
+        let log = std::fs::read(dir.with_file_name("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let console = ferrovirt_testkit::SerialConsole::connect(&dir, Duration::from_secs(10))?;
+    console.send_line("poweroff")?;
+    let uid2 = c.wait_until("a new VMI after the guest powered off", BOOT, || {
+        Ok(vmi_state(&c, "web")?
+            .and_then(|(uid, phase)| (uid != uid1 && phase == "Running").then_some(uid)))
+    })?;
+    assert_ne!(uid1, uid2);
+
+    // Halted: the VMI goes away and the VM prints Stopped.
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        "web",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Halted"}}"#,
+    ])?;
+    c.wait_until("VMI gone after Halted", BOOT, || {
+        Ok(vmi_state(&c, "web")?.is_none().then_some(()))
+    })?;
+    c.wait_until("printableStatus Stopped", Duration::from_secs(30), || {
+        Ok((printable_status(&c, "web")? == "Stopped").then_some(()))
+    })?;
+    Ok(())
+}
+
+#[test]
+fn rerun_on_failure_vm_stays_stopped_after_a_clean_guest_poweroff() -> anyhow::Result<()> {
+    let c = cluster()?;
+    c.apply(&vm_manifest(
+        &c,
+        "batch",
+        "RerunOnFailure",
+        "#!/bin/sh\n(sleep 1; poweroff) &",
+    )?)?;
+    let uid = c.wait_until("VMI Succeeded", BOOT, || {
+        Ok(vmi_state(&c, "batch")?.and_then(|(uid, phase)| (phase == "Succeeded").then_some(uid)))
+    })?;
+    // Not restarted: the same (Succeeded) VMI stays, and the VM is not running.
+    std::thread::sleep(Duration::from_secs(8));
+    let (uid_now, phase) = vmi_state(&c, "batch")?.unwrap_or_default();
+    assert_eq!(
+        (uid_now.as_str(), phase.as_str()),
+        (uid.as_str(), "Succeeded")
+    );
+    let st = printable_status(&c, "batch")?;
+    assert!(st == "Stopped" || st == "Succeeded", "printableStatus {st}");
+    Ok(())
+}
