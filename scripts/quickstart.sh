@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # ferrovirt quick start: installs what is missing, builds in release mode, builds the tiny test
-# guest from Debian packages, and boots it as a demo VM, then says how to reach and stop it.
+# guest from Debian packages, starts `ferrovirt server` (API server, controllers and a node agent)
+# with the embedded SQLite store in .ferrovirt/server, creates the demo VirtualMachine from
+# examples/demo-vm.yaml, waits until it runs, and prints how to reach it and stop everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+STATE="$ROOT/.ferrovirt"
+DATA="$STATE/server"
+LISTEN=${FERROVIRT_LISTEN:-127.0.0.1:6443}
 
 ./scripts/install-deps.sh
 if ! command -v cargo >/dev/null 2>&1; then
@@ -13,14 +19,43 @@ echo "== building ferrovirt (release)"
 cargo build --release --locked -p ferrovirt
 echo "== building the test guest"
 ./scripts/build-test-guest.sh
-FV=./target/release/ferrovirt
-echo "== booting the demo VM"
-$FV demo up
+FV="$ROOT/target/release/ferrovirt"
+KC="$DATA/kubeconfig.yaml"
+k() { kubectl --kubeconfig "$KC" --cache-dir "$STATE/kubectl-cache" "$@"; }
+
+mkdir -p "$STATE"
+if [ -f "$STATE/server.pid" ] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; then
+  echo "== ferrovirt server already running (pid $(cat "$STATE/server.pid"))"
+else
+  echo "== starting ferrovirt server on $LISTEN (data in $DATA, log in $STATE/server.log)"
+  nohup "$FV" server --data-dir "$DATA" --listen "$LISTEN" >"$STATE/server.log" 2>&1 &
+  echo $! >"$STATE/server.pid"
+  for _ in $(seq 1 150); do
+    if [ -f "$KC" ] && k get --raw /readyz >/dev/null 2>&1; then break; fi
+    if ! kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; then
+      echo "the server exited; its log:" >&2; tail -20 "$STATE/server.log" >&2; exit 1
+    fi
+    sleep 0.2
+  done
+fi
+
+VOL="$STATE/volumes/demo-root"
+if [ ! -f "$VOL/disk.img" ]; then
+  mkdir -p "$VOL"
+  qemu-img convert -f qcow2 -O raw target/test-guest/disk.qcow2 "$VOL/disk.img"
+fi
+echo "== creating the demo VirtualMachine"
+sed "s|@VOLUME_DIR@|$VOL|" examples/demo-vm.yaml | k apply -f -
+echo "== waiting for it to run"
+k wait vm/demo --for=condition=Ready --timeout=300s
+k get vm,vmi
 cat <<TXT
 
-The demo VM is running.
-  console:  $FV demo console          (type commands; Ctrl+D leaves)
-            echo 'uname -a' | $FV demo console
-  status:   $FV demo status
-  stop:     $FV demo down             (ACPI power-off)
+The demo VM runs. Try:
+  kubectl --kubeconfig $KC get vm,vmi -o wide
+  $FV console demo --kubeconfig $KC          (serial console; Ctrl+] leaves)
+  tail -f $DATA/agent/vmis/*/serial.log      (what the guest printed)
+Stop everything:
+  kubectl --kubeconfig $KC delete vm demo    (the guest powers off by ACPI)
+  kill \$(cat $STATE/server.pid)               (stops the server; running VMs would survive it)
 TXT

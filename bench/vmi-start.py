@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""VMI create -> Running through ferrovirt vs the same QEMU started by hand, and memory per VM
+outside QEMU (launcher RSS plus the agent's share of the server process).
+
+Usage: bench/vmi-start.py [--runs N] [--binary target/release/ferrovirt]
+Prints medians of both start times and their ratio, then MiB per VM outside QEMU.
+Everything runs on 127.0.0.1; the guest is the project's test guest (target/test-guest).
+"""
+import argparse, base64, json, os, shutil, signal, socket, ssl, statistics, subprocess, sys
+import tempfile, time, urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+
+class Api:
+    def __init__(self, data_dir, port):
+        self.base = f"https://127.0.0.1:{port}"
+        self.token = open(os.path.join(data_dir, "token")).read().strip()
+        self.ctx = ssl.create_default_context(cafile=os.path.join(data_dir, "tls", "ca.crt"))
+        self.ctx.check_hostname = False
+
+    def req(self, method, path, body=None, ctype="application/json"):
+        data = json.dumps(body).encode() if body is not None else None
+        r = urllib.request.Request(self.base + path, data=data, method=method)
+        r.add_header("Authorization", "Bearer " + self.token)
+        if data is not None:
+            r.add_header("Content-Type", ctype)
+        try:
+            with urllib.request.urlopen(r, context=self.ctx, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+
+def rss_kib(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def qmp_wait_running(path, deadline):
+    while time.monotonic() < deadline:
+        try:
+            s = socket.socket(socket.AF_UNIX); s.connect(path); break
+        except OSError:
+            time.sleep(0.002)
+    f = s.makefile("rw")
+    f.readline()
+    f.write('{"execute":"qmp_capabilities"}\n'); f.flush(); f.readline()
+    while time.monotonic() < deadline:
+        f.write('{"execute":"query-status"}\n'); f.flush()
+        while True:
+            msg = json.loads(f.readline())
+            if "return" in msg:
+                break
+        if msg["return"].get("running"):
+            return
+        time.sleep(0.002)
+    raise SystemExit("QEMU did not run")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/ferrovirt"))
+    a = ap.parse_args()
+    guest = os.path.join(ROOT, "target/test-guest")
+    subprocess.run([os.path.join(ROOT, "scripts/build-test-guest.sh")], check=True)
+    tmp = tempfile.mkdtemp(prefix="fv-bench-")
+    data = os.path.join(tmp, "data"); port = free_port()
+    log = open(os.path.join(tmp, "server.log"), "w")
+    srv = subprocess.Popen([a.binary, "server", "--data-dir", data, "--listen", f"127.0.0.1:{port}",
+                            "--node-name", "bench"], stdout=log, stderr=log)
+    try:
+        for _ in range(300):
+            if os.path.exists(os.path.join(data, "token")):
+                try:
+                    api = Api(data, port)
+                    if api.req("GET", "/api/v1/nodes/bench")[0] == 200:
+                        break
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        else:
+            raise SystemExit("server did not come up")
+        pvdir = os.path.join(tmp, "pv"); os.makedirs(pvdir)
+        shutil.copy(os.path.join(guest, "disk.qcow2"), os.path.join(pvdir, "disk.img"))
+        api.req("POST", "/api/v1/persistentvolumes", {"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv"}, "spec": {"capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadOnlyMany"], "hostPath": {"path": pvdir}}})
+        api.req("POST", "/api/v1/namespaces/default/persistentvolumeclaims", {"apiVersion": "v1",
+            "kind": "PersistentVolumeClaim", "metadata": {"name": "root"}, "spec": {
+            "accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}},
+            "volumeName": "pv"}})
+        idle_kib = rss_kib(srv.pid)
+        fv_times, argvs, uids = [], [], []
+        base = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances"
+        for i in range(a.runs):
+            vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                   "metadata": {"name": f"b{i}"},
+                   "spec": {"domain": {"memory": {"guest": "128Mi"}, "devices": {
+                       "disks": [{"name": "root", "disk": {"bus": "virtio"}}]}},
+                       "volumes": [{"name": "root", "ephemeral": {"persistentVolumeClaim": {"claimName": "root"}}}]},
+                   "status": {"phase": "Scheduled", "nodeName": "bench"}}
+            t0 = time.monotonic()
+            code, obj = api.req("POST", base, vmi)
+            assert code == 201, obj
+            while True:
+                code, obj = api.req("GET", f"{base}/b{i}")
+                if obj.get("status", {}).get("phase") == "Running":
+                    break
+                if time.monotonic() - t0 > 120:
+                    raise SystemExit("VMI not Running after 120 s")
+                time.sleep(0.02)
+            fv_times.append(time.monotonic() - t0)
+            uid = obj["metadata"]["uid"]; uids.append(uid)
+            vdir = os.path.join(data, "agent", "vmis", uid)
+            for _ in range(100):
+                if os.path.exists(os.path.join(vdir, "qemu-argv.json")):
+                    break
+                time.sleep(0.05)
+            argvs.append((vdir, json.load(open(os.path.join(vdir, "qemu-argv.json")))))
+        time.sleep(3)
+        launcher_kib = []
+        for uid in uids:
+            pid = int(open(os.path.join(data, "agent", "vmis", uid, "launcher.pid")).read())
+            launcher_kib.append(rss_kib(pid))
+        busy_kib = rss_kib(srv.pid)
+        # Baseline: the same QEMU command line by hand, to QMP "running".
+        raw_times = []
+        for i, (old, argv) in enumerate(argvs):
+            rdir = os.path.join(tmp, f"raw{i}"); os.makedirs(rdir)
+            args = [x.replace(old, rdir) for x in argv]
+            qmp = os.path.join(rdir, "qmp.sock")
+            subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b",
+                            os.path.join(pvdir, "disk.img"), os.path.join(rdir, "ephemeral-root.qcow2")],
+                           check=True)
+            t0 = time.monotonic()
+            p = subprocess.Popen(["qemu-system-x86_64"] + [x for x in args if x], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            qmp_wait_running(qmp, time.monotonic() + 60)
+            raw_times.append(time.monotonic() - t0)
+            p.kill(); p.wait()
+        for i in range(a.runs):
+            api.req("DELETE", f"{base}/b{i}")
+        fv, raw = statistics.median(fv_times), statistics.median(raw_times)
+        print(f"VMI create->Running (ferrovirt): median {fv*1000:.0f} ms over {len(fv_times)} runs")
+        print(f"same QEMU by hand -> running:    median {raw*1000:.0f} ms over {len(raw_times)} runs")
+        print(f"ratio ferrovirt/raw: {fv/raw:.2f}")
+        per_vm_launcher = statistics.median(launcher_kib) / 1024
+        agent_share = max(0, busy_kib - idle_kib) / 1024 / max(1, len(uids))
+        print(f"memory per VM outside QEMU: launcher RSS median {per_vm_launcher:.1f} MiB + agent/server share "
+              f"{agent_share:.1f} MiB = {per_vm_launcher + agent_share:.1f} MiB "
+              f"(KubeVirt's fixed per-VM overhead: 240 MiB)")
+    finally:
+        srv.send_signal(signal.SIGKILL); srv.wait()
+        subprocess.run(["pkill", "-9", "-f", tmp])
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
