@@ -19,6 +19,9 @@ pub struct ClusterOptions {
     pub node_name: Option<String>,
     /// Extra `ferrovirt server` arguments.
     pub extra_args: Vec<String>,
+    /// Copy `tls/` and `token` from this data dir first, so several servers (on one etcd) share
+    /// one CA, serving certificate and admin token.
+    pub seed_from: Option<PathBuf>,
 }
 
 impl ClusterOptions {
@@ -27,6 +30,7 @@ impl ClusterOptions {
             binary: binary.into(),
             node_name: Some("node1".into()),
             extra_args: Vec::new(),
+            seed_from: None,
         }
     }
 }
@@ -66,6 +70,13 @@ impl Cluster {
     pub fn start(opts: &ClusterOptions) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("fv-cluster-").tempdir()?;
         let data_dir = dir.path().join("data");
+        if let Some(seed) = &opts.seed_from {
+            std::fs::create_dir_all(data_dir.join("tls"))?;
+            for f in ["ca.crt", "serving.crt", "serving.key"] {
+                std::fs::copy(seed.join("tls").join(f), data_dir.join("tls").join(f))?;
+            }
+            std::fs::copy(seed.join("token"), data_dir.join("token"))?;
+        }
         let port = crate::free_port()?;
         let mut cmd = Command::new(&opts.binary);
         cmd.arg("server")

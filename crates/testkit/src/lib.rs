@@ -6,12 +6,14 @@
 
 pub mod cluster;
 pub mod console;
+pub mod etcd;
 pub mod guest;
 pub mod qemu;
 pub mod qmp;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use console::SerialConsole;
+pub use etcd::Etcd;
 pub use guest::TestGuest;
 pub use qemu::{Accel, BootSource, QemuVm, QemuVmOptions};
 pub use qmp::QmpClient;

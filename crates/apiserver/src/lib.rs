@@ -1,0 +1,54 @@
+//! ferrovirt's Kubernetes-compatible REST API server: discovery, OpenAPI, CRUD, patch, watch,
+//! Table output, metav1.Status errors, Events and garbage collection, generic over JSON objects
+//! and backed by a [`ferrovirt_store::Store`]. The resource table comes from
+//! [`ferrovirt_api::registry`]; admission from [`ferrovirt_api::admission`].
+//!
+//! Start it with [`Server::start`] (tests, the binary) or [`run`] (until Ctrl-C / SIGTERM):
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ferrovirt_apiserver::ServerError> {
+//! use ferrovirt_apiserver::{Server, ServerOptions};
+//! let server = Server::start(ServerOptions {
+//!     data_dir: "/var/lib/ferrovirt".into(),
+//!     listen: "127.0.0.1:6443".parse().expect("address"),
+//!     datastore_endpoint: None, // SQLite in the data dir; or etcd URLs
+//!     ..Default::default()
+//! })
+//! .await?;
+//! // In-process clients (controllers, agent) use kube-rs with `server.kubeconfig_path`.
+//! println!("{} {}", server.url(), server.kubeconfig_path.display());
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! First start creates `DATA_DIR/tls/{ca.crt,serving.crt,serving.key}`, `DATA_DIR/token` and
+//! `DATA_DIR/kubeconfig.yaml` (rewritten on every start with the bound address); later starts
+//! reuse the CA, certificate and token. Every request except `/healthz`, `/livez` and `/readyz`
+//! needs `Authorization: Bearer TOKEN`.
+
+mod body;
+mod discovery;
+mod error;
+mod events;
+mod gc;
+mod handlers;
+mod jsonpath;
+mod objects;
+mod openapi;
+mod openapi_pb;
+pub mod patch;
+mod proto;
+mod resources;
+mod routing;
+mod schema;
+pub mod selectors;
+mod server;
+mod smp;
+mod table;
+mod timefmt;
+mod tls;
+mod watch;
+
+pub use error::{ApiError, ServerError};
+pub use events::{EventRecord, record_event};
+pub use server::{Server, ServerOptions, run};

@@ -1,0 +1,322 @@
+//! Server lifecycle: [`ServerOptions`], [`Server::start`] (store, credentials, TLS listener,
+//! background loops), bearer-token authentication, and [`run`] for the binary.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use ferrovirt_api::registry::{self, ResourceDef};
+use ferrovirt_store::Store;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+
+use crate::error::{ApiError, ServerError};
+use crate::resources::Resources;
+use crate::{gc, handlers, tls};
+
+/// How to run the API server.
+#[derive(Clone)]
+pub struct ServerOptions {
+    /// Holds `tls/`, `token`, `kubeconfig.yaml` and (by default) the SQLite database.
+    pub data_dir: PathBuf,
+    /// Default `127.0.0.1:6443`; port 0 picks a free port (see [`Server::addr`]).
+    pub listen: SocketAddr,
+    /// `sqlite://PATH` or etcd URLs; None: SQLite in the data dir.
+    pub datastore_endpoint: Option<String>,
+    /// An already opened store (tests, embedding); takes precedence over `datastore_endpoint`.
+    pub store: Option<Arc<dyn Store>>,
+    /// Served resources; None: [`ferrovirt_api::registry::resources`].
+    pub resources: Option<Vec<ResourceDef>>,
+    /// Extra subject alternative names for the serving certificate (first start only).
+    pub extra_sans: Vec<String>,
+    /// Largest accepted request body (413 above). Default 3 MiB.
+    pub max_body_bytes: usize,
+    /// How often the garbage collector rescans when nothing prompts it. Default 30 s.
+    pub gc_interval: Duration,
+    /// How often watches get a BOOKMARK when asked for. Default 60 s.
+    pub bookmark_interval: Duration,
+    /// How often old revisions are compacted (None: never). Default 5 min.
+    pub compact_interval: Option<Duration>,
+    /// How many revisions compaction keeps. Default 10 000.
+    pub compact_keep: i64,
+    /// Routes served before the generic resource handler, behind the same authentication
+    /// (e.g. `subresources.kubevirt.io`).
+    pub extra_routes: Option<Router>,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("data_dir", &self.data_dir)
+            .field("listen", &self.listen)
+            .field("datastore_endpoint", &self.datastore_endpoint)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("/var/lib/ferrovirt"),
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 6443),
+            datastore_endpoint: None,
+            store: None,
+            resources: None,
+            extra_sans: Vec::new(),
+            max_body_bytes: 3 * 1024 * 1024,
+            gc_interval: Duration::from_secs(30),
+            bookmark_interval: Duration::from_secs(60),
+            compact_interval: Some(Duration::from_secs(300)),
+            compact_keep: 10_000,
+            extra_routes: None,
+        }
+    }
+}
+
+/// State shared by every request and background loop.
+pub(crate) struct Shared {
+    pub store: Arc<dyn Store>,
+    pub resources: Resources,
+    pub token: String,
+    pub max_body: usize,
+    pub bookmark_interval: Duration,
+    /// Wakes the garbage collector (deletions, deletionTimestamps).
+    pub gc_kick: Notify,
+    pub shutdown: watch::Receiver<bool>,
+    openapi: std::sync::OnceLock<crate::openapi::Documents>,
+}
+
+impl Shared {
+    /// The OpenAPI documents, built on first use.
+    pub fn openapi(&self) -> &crate::openapi::Documents {
+        self.openapi
+            .get_or_init(|| crate::openapi::Documents::build(&self.resources))
+    }
+}
+
+/// A running server.
+pub struct Server {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// `DATA_DIR/kubeconfig.yaml`, pointing at [`Server::addr`].
+    pub kubeconfig_path: PathBuf,
+    /// The admin bearer token.
+    pub token: String,
+    /// PEM of the CA that signed the serving certificate.
+    pub ca_pem: String,
+    pub store: Arc<dyn Store>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("addr", &self.addr)
+            .field("kubeconfig_path", &self.kubeconfig_path)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn open_store(opts: &ServerOptions) -> Result<Arc<dyn Store>, ServerError> {
+    if let Some(s) = &opts.store {
+        return Ok(s.clone());
+    }
+    let endpoint = opts.datastore_endpoint.as_deref().unwrap_or("");
+    Ok(ferrovirt_store::open_endpoint(endpoint, &opts.data_dir).await?)
+}
+
+async fn authenticate(State(sh): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    let started = std::time::Instant::now();
+    let resp = check_token(&sh, req, next).await;
+    tracing::debug!(
+        %method,
+        %uri,
+        status = resp.status().as_u16(),
+        ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
+    resp
+}
+
+async fn check_token(sh: &Shared, req: Request, next: Next) -> Response {
+    if matches!(req.uri().path(), "/healthz" | "/livez" | "/readyz") {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match presented {
+        Some(t) if constant_time_eq(t.as_bytes(), sh.token.as_bytes()) => next.run(req).await,
+        _ => ApiError::unauthorized().into_response(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Server {
+    /// Opens the store, creates or loads credentials, binds the listener and starts serving.
+    pub async fn start(opts: ServerOptions) -> Result<Server, ServerError> {
+        // In-process rustls clients (kube-rs) need a process-wide provider when more than one
+        // is compiled in; the server itself always uses ring explicitly.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        std::fs::create_dir_all(&opts.data_dir)
+            .map_err(|e| ServerError::io(opts.data_dir.display(), e))?;
+        let store = open_store(&opts).await?;
+        let pki = tls::load_or_create(&opts.data_dir, &opts.extra_sans)?;
+        let tls_cfg = tls::server_config(&pki)?;
+        let listener = TcpListener::bind(opts.listen)
+            .await
+            .map_err(|e| ServerError::io(opts.listen, e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ServerError::io(opts.listen, e))?;
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else if addr.is_ipv6() {
+            format!("[{}]", addr.ip())
+        } else {
+            addr.ip().to_string()
+        };
+        let kubeconfig_path = tls::write_kubeconfig(
+            &opts.data_dir,
+            &format!("https://{host}:{}", addr.port()),
+            &pki,
+        )?;
+
+        let (stop, shutdown) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            store: store.clone(),
+            resources: Resources::new(opts.resources.clone().unwrap_or_else(registry::resources)),
+            token: pki.token.clone(),
+            max_body: opts.max_body_bytes,
+            bookmark_interval: opts.bookmark_interval,
+            gc_kick: Notify::new(),
+            shutdown,
+            openapi: Default::default(),
+        });
+        gc::ensure_system_namespaces(&shared)
+            .await
+            .map_err(|e| ServerError::Config(format!("creating system namespaces: {e}")))?;
+
+        let mut app = handlers::router(shared.clone());
+        if let Some(extra) = opts.extra_routes.clone() {
+            app = extra.merge(app);
+        }
+        let app = app.layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            authenticate,
+        ));
+
+        let mut tasks = JoinSet::new();
+        tasks.spawn(accept_loop(listener, tls_cfg, app, shared.shutdown.clone()));
+        tasks.spawn(gc::run(shared.clone(), opts.gc_interval));
+        if let Some(every) = opts.compact_interval {
+            tasks.spawn(gc::compact_loop(shared.clone(), every, opts.compact_keep));
+        }
+        tracing::info!(%addr, "API server listening");
+        Ok(Server {
+            addr,
+            kubeconfig_path,
+            token: pki.token,
+            ca_pem: pki.ca_pem,
+            store,
+            stop,
+            tasks,
+        })
+    }
+
+    /// `https://ADDR`
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Stops accepting, ends open connections and watches, and stops background loops.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        self.tasks.shutdown().await;
+    }
+
+    /// Waits until a background task ends (normally never).
+    pub async fn wait(&mut self) {
+        let _ = self.tasks.join_next().await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls_cfg: Arc<rustls::ServerConfig>,
+    app: Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls_cfg);
+    let mut conns = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let svc = TowerToHyperService::new(app.clone());
+        conns.spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, "TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), svc)
+                .with_upgrades();
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection ended: {e}");
+            }
+        });
+    }
+    conns.shutdown().await;
+}
+
+/// Runs the server until Ctrl-C / SIGTERM.
+pub async fn run(opts: ServerOptions) -> Result<(), ServerError> {
+    let mut server = Server::start(opts).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| ServerError::io("SIGTERM handler", e))?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        _ = server.wait() => {}
+    }
+    server.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,256 @@
+//! Watch: a stream of `{"type","object"}` JSON lines. Initial state as synthetic ADDED events
+//! (no resourceVersion, "0", or `sendInitialEvents=true` followed by the
+//! `k8s.io/initial-events-end` BOOKMARK), then store events filtered by label/field selectors
+//! (objects leaving the selection become DELETED), periodic BOOKMARKs, `timeoutSeconds`, and an
+//! ERROR 410 Expired event when the requested revision is compacted.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use ferrovirt_api::registry::ResourceDef;
+use ferrovirt_store::{EventKind, StoreError, WatchEvent};
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
+use http::{HeaderValue, StatusCode};
+use serde_json::{Value, json};
+
+use crate::body::{Representation, representation};
+use crate::error::ApiError;
+use crate::handlers::{Ctx, from_storage};
+use crate::objects::decode;
+use crate::selectors::{FieldRequirement, FieldSelector, LabelSelector};
+use crate::{resources, table};
+
+/// Longest a watch stays open without `timeoutSeconds`.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// Per-watch settings derived from the request.
+struct Plan {
+    def: ResourceDef,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    repr: Representation,
+    bookmarks: bool,
+    timeout: Duration,
+}
+
+impl Plan {
+    fn matches(&self, obj: &Value) -> bool {
+        self.labels.matches_object(obj) && self.fields.matches(obj)
+    }
+
+    /// Renders an object for an event in the representation asked for.
+    fn render(&self, obj: Value) -> Value {
+        match self.repr {
+            Representation::Object => obj,
+            Representation::Metadata { beta } => table::partial(&obj, beta),
+            Representation::Table { beta } => table::table(&table::TableRequest {
+                def: &self.def,
+                objects: std::slice::from_ref(&obj),
+                list_meta: json!({}),
+                include: table::IncludeObject::Metadata,
+                beta,
+            }),
+        }
+    }
+
+    fn bookmark(&self, rev: i64, initial_end: bool) -> Value {
+        let mut meta = json!({"resourceVersion": rev.to_string()});
+        if initial_end {
+            meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        json!({"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": meta})
+    }
+}
+
+fn line(type_: &str, object: Value) -> Bytes {
+    let mut v = serde_json::to_vec(&json!({"type": type_, "object": object})).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+/// Maps one store event to a watch event for this watcher, if it should see it.
+fn translate(plan: &Plan, ev: &WatchEvent) -> Result<Option<(&'static str, Value)>, ApiError> {
+    let cur = from_storage(&plan.def, decode(&ev.kv)?);
+    let prev = ev
+        .prev
+        .as_ref()
+        .map(|p| decode(p).map(|o| from_storage(&plan.def, o)))
+        .transpose()?;
+    let now = plan.matches(&cur);
+    let before = prev.as_ref().map(|p| plan.matches(p));
+    Ok(match ev.kind {
+        EventKind::Created => now.then_some(("ADDED", cur)),
+        EventKind::Deleted => (now || before == Some(true)).then_some(("DELETED", cur)),
+        EventKind::Modified => match (before, now) {
+            (Some(true), true) | (None, true) => Some(("MODIFIED", cur)),
+            (Some(false), true) => Some(("ADDED", cur)),
+            (Some(true), false) => Some(("DELETED", cur)),
+            _ => None,
+        },
+    })
+}
+
+/// Serves a watch request on a collection (or one object, when `name` is set).
+pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, ApiError> {
+    let (labels, mut fields) = crate::handlers::selectors_of(&ctx)?;
+    if let Some(n) = &name {
+        fields.0.push(FieldRequirement {
+            path: "metadata.name".into(),
+            value: n.clone(),
+            negate: false,
+        });
+    }
+    let timeout = ctx
+        .q
+        .int("timeoutSeconds")?
+        .filter(|t| *t > 0)
+        .map(|t| Duration::from_secs(t as u64))
+        .unwrap_or(DEFAULT_TIMEOUT);
+    let send_initial = match ctx.q.get("sendInitialEvents") {
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        _ => None,
+    };
+    let rv = ctx.q.get("resourceVersion").filter(|r| *r != "0");
+    let start_rev: Option<i64> = rv
+        .map(|r| {
+            r.parse::<i64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))
+        })
+        .transpose()?;
+    // Initial events: requested explicitly, or implied by an empty / "0" resourceVersion.
+    let initial = send_initial.unwrap_or(start_rev.is_none());
+    let plan = Plan {
+        def: ctx.def.clone(),
+        labels,
+        fields,
+        repr: representation(&ctx.headers),
+        bookmarks: ctx.q.flag("allowWatchBookmarks"),
+        timeout,
+    };
+    let store = ctx.sh.store.clone();
+    let prefix = match (&name, ctx.ns()) {
+        (Some(n), ns) if !plan.def.namespaced || ns.is_some() => {
+            resources::object_key(&plan.def, ns, n)
+        }
+        _ => resources::list_prefix(&plan.def, ctx.ns()),
+    };
+    let (mut tx, rx) = mpsc::channel::<Bytes>(64);
+
+    // Initial state.
+    let mut from = match start_rev {
+        Some(r) if !initial => r,
+        _ => store
+            .current_revision()
+            .await
+            .map_err(ApiError::from_store)?,
+    };
+    let mut pre: Vec<Bytes> = Vec::new();
+    if initial {
+        let listed = store
+            .list(
+                &prefix,
+                ferrovirt_store::ListOptions {
+                    revision: Some(from),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(ApiError::from_store)?;
+        from = listed.revision;
+        for kv in &listed.items {
+            let obj = from_storage(&plan.def, decode(kv)?);
+            if plan.matches(&obj) {
+                pre.push(line("ADDED", plan.render(obj)));
+            }
+        }
+        if send_initial == Some(true) {
+            pre.push(line("BOOKMARK", plan.bookmark(from, true)));
+        }
+    }
+    let compacted = store
+        .compacted_revision()
+        .await
+        .map_err(ApiError::from_store)?;
+    let stream = if from + 1 < compacted {
+        Err(StoreError::Compacted {
+            requested: from,
+            compacted,
+        })
+    } else {
+        store.watch(&prefix, from).await
+    };
+    let mut shutdown = ctx.sh.shutdown.clone();
+    let bookmark_every = ctx.sh.bookmark_interval;
+    tokio::spawn(async move {
+        for b in pre {
+            if tx.send(b).await.is_err() {
+                return;
+            }
+        }
+        let mut events = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                let err = ApiError::from_store(e);
+                let _ = tx.send(line("ERROR", err.status())).await;
+                return;
+            }
+        };
+        let deadline = tokio::time::sleep(plan.timeout);
+        tokio::pin!(deadline);
+        let mut bookmark = tokio::time::interval(bookmark_every);
+        bookmark.tick().await;
+        let mut liveness = tokio::time::interval(Duration::from_secs(5));
+        let mut last = from;
+        loop {
+            tokio::select! {
+                ev = events.next() => {
+                    let out = match ev {
+                        None => break,
+                        Some(Ok(ev)) => {
+                            last = last.max(ev.revision);
+                            match translate(&plan, &ev) {
+                                Ok(Some((t, obj))) => line(t, plan.render(obj)),
+                                Ok(None) => continue,
+                                Err(e) => line("ERROR", e.status()),
+                            }
+                        }
+                        Some(Err(e)) => {
+                            let _ = tx.send(line("ERROR", ApiError::from_store(e).status())).await;
+                            break;
+                        }
+                    };
+                    if tx.send(out).await.is_err() {
+                        break;
+                    }
+                }
+                _ = bookmark.tick(), if plan.bookmarks => {
+                    if tx.send(line("BOOKMARK", plan.bookmark(last, false))).await.is_err() {
+                        break;
+                    }
+                }
+                _ = liveness.tick() => {
+                    if tx.is_closed() {
+                        break;
+                    }
+                }
+                _ = &mut deadline => break,
+                _ = shutdown.changed() => break,
+            }
+        }
+    });
+    let mut resp = Response::new(Body::from_stream(rx.map(Ok::<_, std::convert::Infallible>)));
+    *resp.status_mut() = StatusCode::OK;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
+    Ok(resp)
+}
