@@ -63,6 +63,7 @@ impl Launchers {
     ) -> Result<(), AgentError> {
         let dir = cfg.vmi_dir(&meta.vmi_uid);
         std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
+        crate::isolation::restrict_dir(&dir).map_err(|e| AgentError::io(&dir, e))?;
         let _ = std::fs::remove_file(dir.join(files::EXIT));
         write_json_atomic(&dir.join(files::SPEC), spec)?;
         write_json_atomic(&dir.join(files::META), meta)?;

@@ -9,13 +9,18 @@
 //! - [`launchers`]: starting, finding and talking to launcher processes.
 //! - [`runtime`]: the kube-rs loop that applies all of it against the API server.
 //! - [`cloudinit`]: NoCloud / ConfigDrive / ConfigMap / Secret data volumes as ISO images.
+//! - [`endpoint`]: the agent's HTTP endpoint (VMI actions, guest info, console/VNC streams).
+//! - [`proxy`]: the API server side of KubeVirt's `subresources.kubevirt.io` API.
 
 pub mod cloudinit;
 pub mod decide;
+pub mod endpoint;
 pub mod error;
+pub mod isolation;
 pub mod launchers;
 pub mod mapping;
 pub mod node;
+pub mod proxy;
 pub mod runtime;
 pub mod volumes;
 

@@ -58,6 +58,11 @@ pub struct MappingContext {
     pub ovmf: OvmfPaths,
     /// Host ports to forward to the guest for masquerade interfaces (guest port → host port).
     pub port_forwards: BTreeMap<u16, u16>,
+    /// Unprivileged user QEMU drops to (`-runas`).
+    pub run_as: Option<String>,
+    /// Put the VM in a memory cgroup named after this (the VMI uid), limited to its memory
+    /// plus overhead.
+    pub cgroup_name: Option<String>,
 }
 
 impl MappingContext {
@@ -70,6 +75,8 @@ impl MappingContext {
             sandbox: false,
             ovmf: OvmfPaths::default(),
             port_forwards: BTreeMap::new(),
+            run_as: None,
+            cgroup_name: None,
         }
     }
 }
@@ -466,6 +473,13 @@ pub fn launch_spec(
     ls.tcg_tb_size_mib = ctx.tcg_tb_size_mib;
     ls.sandbox = ctx.sandbox;
     ls.start_paused = spec.start_strategy.as_deref() == Some("Paused");
+    ls.run_as = ctx.run_as.clone();
+    if let Some(name) = &ctx.cgroup_name {
+        ls.cgroup = Some(ferrovirt_launcher::cgroup::CgroupSpec {
+            name: name.clone(),
+            memory_limit_bytes: ferrovirt_launcher::cgroup::memory_limit_bytes(&ls),
+        });
+    }
     Ok(ls)
 }
 
@@ -541,6 +555,7 @@ mod tests {
         assert!(ls.disks[1].readonly, "cloud-init volume is read-only");
         assert_eq!(ls.sockets.qmp, PathBuf::from("/run/fv/vmi1/qmp.sock"));
         assert!(ls.balloon);
+        assert!(ls.run_as.is_none() && ls.cgroup.is_none());
         match &ls.nics[0].backend {
             NicBackend::User { forwards } => {
                 assert_eq!(forwards.len(), 1, "only the listed port is forwarded");
@@ -549,6 +564,23 @@ mod tests {
             other => panic!("{other:?}"),
         }
         ls.validate().unwrap();
+    }
+
+    #[test]
+    fn isolation_settings_carry_over() {
+        let mut c = ctx();
+        c.run_as = Some("ferrovirt-qemu".into());
+        c.cgroup_name = Some("uid-1".into());
+        c.sandbox = true;
+        let ls = launch_spec(&vmi(base()), &c).unwrap();
+        assert_eq!(ls.run_as.as_deref(), Some("ferrovirt-qemu"));
+        assert!(ls.sandbox);
+        let cg = ls.cgroup.clone().unwrap();
+        assert_eq!(cg.name, "uid-1");
+        assert!(cg.memory_limit_bytes > 128 * 1024 * 1024);
+        let argv = ferrovirt_launcher::qemu_command(&ls).join(" ");
+        assert!(argv.contains("-runas ferrovirt-qemu"), "{argv}");
+        assert!(argv.contains("elevateprivileges=allow"), "{argv}");
     }
 
     #[test]

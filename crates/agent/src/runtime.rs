@@ -3,6 +3,7 @@
 //! applying [`crate::decide`]'s actions: start launchers, stop them, write status, clean up.
 
 use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,6 +50,10 @@ pub struct AgentOptions {
     pub accel: Option<Accel>,
     /// TCG translation-cache size in MiB for every VM (keeps TCG memory small).
     pub tcg_tb_size_mib: Option<u32>,
+    /// Where the agent's endpoint ([`crate::endpoint`]) listens; published on the Node.
+    pub endpoint_listen: SocketAddr,
+    /// The agent's API token: the bearer token its endpoint requires. `None` refuses all.
+    pub api_token: Option<String>,
 }
 
 impl AgentOptions {
@@ -64,6 +69,8 @@ impl AgentOptions {
             resync_interval: Duration::from_secs(2),
             accel: None,
             tcg_tb_size_mib: Some(64),
+            endpoint_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            api_token: None,
         }
     }
 }
@@ -92,6 +99,10 @@ struct Agent {
     /// VMIs with an operation (start/stop) in flight.
     busy: Mutex<HashSet<String>>,
     last_renew: Mutex<Instant>,
+    /// The endpoint's URL, published as the Node's [`node::ENDPOINT_ANNOTATION`].
+    endpoint_url: String,
+    /// Unprivileged user for QEMU (when the agent runs as root).
+    qemu_user: Option<String>,
 }
 
 /// Runs the agent until an unrecoverable error.
@@ -104,13 +115,22 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         data_dir: opts.data_dir.clone(),
         qemu_binary: opts.qemu_binary.clone(),
     };
+    let endpoint = crate::endpoint::serve(
+        opts.endpoint_listen,
+        &opts.address,
+        cfg.clone(),
+        opts.api_token.clone(),
+    )
+    .await?;
     let agent = Arc::new(Agent {
+        endpoint_url: endpoint.url.clone(),
         client,
         accel,
         cfg,
         launchers: Mutex::new(Launchers::default()),
         busy: Mutex::new(HashSet::new()),
         last_renew: Mutex::new(Instant::now()),
+        qemu_user: crate::isolation::ensure_qemu_user(),
         opts,
     });
     agent.register_node().await?;
@@ -120,6 +140,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     let r = tokio::select! {
         r = hb => r,
         r = sync => r,
+        r = endpoint.task => r,
     };
     r.map_err(|e| AgentError::Reference(format!("agent task ended: {e}")))
 }
@@ -127,7 +148,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
 impl Agent {
     async fn register_node(&self) -> Result<(), AgentError> {
         let facts = HostFacts::gather(self.accel, &self.opts.address);
-        let desired = node::node_object(&self.opts.node_name, &facts, "", now_ts());
+        let desired = node::node_object(&self.opts.node_name, &facts, &self.endpoint_url, now_ts());
         let nodes: Api<Node> = Api::all(self.client.clone());
         match nodes
             .get_opt(&self.opts.node_name)
@@ -141,7 +162,10 @@ impl Agent {
                     .map_err(kube_err)?;
             }
             Some(_) => {
-                let meta = json!({"metadata": {"labels": desired.metadata.labels}});
+                let meta = json!({"metadata": {
+                    "labels": desired.metadata.labels,
+                    "annotations": desired.metadata.annotations,
+                }});
                 nodes
                     .patch(
                         &self.opts.node_name,
@@ -408,6 +432,9 @@ impl Agent {
         let mut ctx = MappingContext::new(&dir, self.accel);
         ctx.volumes = prepared;
         ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
+        ctx.run_as = self.qemu_user.clone();
+        ctx.sandbox = true;
+        ctx.cgroup_name = vmi.metadata.uid.clone();
         let spec = mapping::launch_spec(vmi, &ctx)?;
         spec.validate()?;
         let (ns, name) = ns_name(vmi);

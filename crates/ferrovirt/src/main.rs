@@ -3,6 +3,7 @@
 
 mod demo;
 mod node;
+mod verbs;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,6 +15,8 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "ferrovirt", version, about)]
 struct Cli {
+    #[command(flatten)]
+    conn: verbs::Conn,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,6 +39,8 @@ enum Command {
         #[command(subcommand)]
         cmd: demo::DemoCommand,
     },
+    #[command(flatten)]
+    Verb(verbs::VerbCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -52,6 +57,9 @@ struct ServerArgs {
     /// Do not run a node agent in this process.
     #[arg(long)]
     disable_agent: bool,
+    /// Do not run the controllers (VM lifecycle, scheduler, node lifecycle) in this process.
+    #[arg(long)]
+    disable_controllers: bool,
     /// Node name of the embedded agent (default: the host name).
     #[arg(long)]
     node_name: Option<String>,
@@ -77,6 +85,10 @@ fn main() -> anyhow::Result<()> {
         }),
         Command::Agent(args) => runtime()?.block_on(node::run_agent(args)),
         Command::Server(args) => runtime()?.block_on(server(args)),
+        Command::Verb(cmd) => {
+            let code = runtime()?.block_on(verbs::run(&cli.conn, cmd));
+            std::process::exit(code);
+        }
     }
 }
 
@@ -90,23 +102,44 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 async fn server(args: ServerArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    // KubeVirt's subresource API (console, VNC, pause, start/stop, ...) needs a client of this
+    // very server, which exists only once the server has started and written its kubeconfig:
+    // the routes go in now and answer 503 until they get their client right after the start.
+    let (subresources, subresources_handle) = ferrovirt_agent::proxy::deferred();
     let opts = ferrovirt_apiserver::ServerOptions {
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),
+        extra_routes: Some(subresources),
         ..Default::default()
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;
+    subresources_handle.set(
+        node::client_from_kubeconfig(&server.kubeconfig_path).await?,
+        server.token.clone(),
+    );
     tracing::info!(
         "API server listening on https://{}; kubeconfig: {}",
         server.addr,
         server.kubeconfig_path.display()
     );
     let mut tasks = tokio::task::JoinSet::new();
+    if !args.disable_controllers {
+        let client = node::client_from_kubeconfig(&server.kubeconfig_path).await?;
+        let mut opts = ferrovirt_controller::ControllerOptions::default();
+        opts.leader_election.identity = format!("{}-{}", node::hostname(), std::process::id());
+        tasks.spawn(async move {
+            ferrovirt_controller::run(client, opts)
+                .await
+                .context("controllers")
+        });
+    }
     if !args.disable_agent {
         let client = node::client_from_kubeconfig(&server.kubeconfig_path).await?;
         let name = args.node_name.clone().unwrap_or_else(node::hostname);
-        let opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.join("agent"));
+        let mut opts =
+            ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.join("agent"));
+        opts.api_token = Some(server.token.clone());
         tasks.spawn(async move {
             ferrovirt_agent::runtime::run(client, opts)
                 .await

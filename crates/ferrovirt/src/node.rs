@@ -47,6 +47,25 @@ pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client>
     Ok(kube::Client::try_from(cfg)?)
 }
 
+/// The bearer token of the kubeconfig's current user (the agent's endpoint requires it).
+fn kubeconfig_token(path: &Path) -> Option<String> {
+    let kc = kube::config::Kubeconfig::read_from(path).ok()?;
+    let user = kc
+        .current_context
+        .as_deref()
+        .and_then(|c| kc.contexts.iter().find(|n| n.name == c))
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.user.clone());
+    // The token is a secret string: its serialized form is the plain value.
+    let users = serde_json::to_value(&kc.auth_infos).ok()?;
+    users.as_array()?.iter().find_map(|u| {
+        let name_ok = user
+            .as_ref()
+            .is_none_or(|n| u["name"].as_str() == n.as_deref());
+        name_ok.then(|| u["user"]["token"].as_str().map(String::from))?
+    })
+}
+
 async fn client_from_flags(server: &str, token: &str, ca: &Path) -> anyhow::Result<kube::Client> {
     let pem = std::fs::read_to_string(ca).with_context(|| format!("reading {}", ca.display()))?;
     let kc = serde_json::json!({
@@ -65,6 +84,11 @@ async fn client_from_flags(server: &str, token: &str, ca: &Path) -> anyhow::Resu
 
 /// Runs `ferrovirt agent`.
 pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    let token = match (&args.token, &args.kubeconfig) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(kc)) => kubeconfig_token(kc),
+        (None, None) => None,
+    };
     let client = match (&args.server, &args.kubeconfig) {
         (Some(server), _) => {
             client_from_flags(
@@ -84,6 +108,28 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let name = args.node_name.clone().unwrap_or_else(hostname);
     let mut opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.clone());
     opts.address = args.address.clone();
+    opts.api_token = token;
     ferrovirt_agent::runtime::run(client, opts).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_of_the_current_user() {
+        let path = std::env::temp_dir().join(format!("fv-kubeconfig-{}.yaml", std::process::id()));
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\ncurrent-context: b\n\
+             clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+             users: [{name: ua, user: {token: ta}}, {name: ub, user: {token: tb}}]\n\
+             contexts: [{name: a, context: {cluster: c, user: ua}}, {name: b, context: {cluster: c, user: ub}}]\n",
+        )
+        .unwrap();
+        assert_eq!(kubeconfig_token(&path).as_deref(), Some("tb"));
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(kubeconfig_token(Path::new("/nonexistent")), None);
+    }
 }

@@ -17,32 +17,13 @@ fn cluster() -> anyhow::Result<Cluster> {
 }
 
 fn vm_manifest(c: &Cluster, name: &str, strategy: &str, user_data: &str) -> anyhow::Result<String> {
-    let g = TestGuest::get()?;
-    let dir = c.dir.path().join("pvs").join(name);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
+    c.guest_disk_claim(&format!("{name}-root"))?;
     let user_data: String = user_data
         .lines()
         .map(|l| format!("                {l}\n"))
         .collect();
     Ok(format!(
         r#"
-apiVersion: v1
-kind: PersistentVolume
-metadata: {{name: pv-{name}}}
-spec:
-  capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteOnce]
-  hostPath: {{path: {dir}}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: {name}-root, namespace: default}}
-spec:
-  accessModes: [ReadWriteOnce]
-  resources: {{requests: {{storage: 1Gi}}}}
-  volumeName: pv-{name}
----
 apiVersion: kubevirt.io/v1
 kind: VirtualMachine
 metadata:
@@ -69,8 +50,7 @@ spec:
       - name: cloudinit
         cloudInitNoCloud:
           userData: |
-{user_data}"#,
-        dir = dir.display()
+{user_data}"#
     ))
 }
 

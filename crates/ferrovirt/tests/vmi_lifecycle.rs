@@ -19,39 +19,6 @@ fn cluster() -> anyhow::Result<Cluster> {
     Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))
 }
 
-/// A PV (hostPath directory holding a copy of the guest disk) and a PVC bound to it.
-fn disk_claim(c: &Cluster, name: &str) -> anyhow::Result<PathBuf> {
-    let g = TestGuest::get()?;
-    let dir = c.dir.path().join("pvs").join(name);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
-    c.apply(&format!(
-        r#"
-apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: pv-{name}
-spec:
-  capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  hostPath: {{path: {dir}}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: {name}
-  namespace: default
-spec:
-  accessModes: [ReadWriteOnce]
-  resources: {{requests: {{storage: 1Gi}}}}
-  volumeName: pv-{name}
-"#,
-        dir = dir.display()
-    ))?;
-    Ok(dir)
-}
-
 struct VmiOpts<'a> {
     name: &'a str,
     uuid: &'a str,
@@ -153,7 +120,7 @@ fn qemu_pids(uuid: &str) -> Vec<u32> {
 #[test]
 fn vmi_boots_from_a_pv_runs_cloud_init_and_powers_off_on_delete() -> anyhow::Result<()> {
     let c = cluster()?;
-    disk_claim(&c, "root1")?;
+    c.guest_disk_claim("root1")?;
     let uuid = "6b1e9b57-2a4e-4b7c-9e0b-000000000001";
     create_vmi(
         &c,
@@ -208,7 +175,7 @@ fn vmi_boots_from_a_pv_runs_cloud_init_and_powers_off_on_delete() -> anyhow::Res
 #[test]
 fn guest_that_ignores_acpi_is_killed_after_its_grace_period() -> anyhow::Result<()> {
     let c = cluster()?;
-    disk_claim(&c, "root2")?;
+    c.guest_disk_claim("root2")?;
     let uuid = "6b1e9b57-2a4e-4b7c-9e0b-000000000002";
     create_vmi(
         &c,
@@ -241,7 +208,7 @@ fn guest_that_ignores_acpi_is_killed_after_its_grace_period() -> anyhow::Result<
 #[test]
 fn guest_poweroff_ends_succeeded_and_missing_claim_fails() -> anyhow::Result<()> {
     let c = cluster()?;
-    disk_claim(&c, "root3")?;
+    c.guest_disk_claim("root3")?;
     create_vmi(
         &c,
         &VmiOpts {
@@ -287,7 +254,7 @@ fn vms_survive_a_killed_agent_and_are_adopted_again() -> anyhow::Result<()> {
     ];
     for (i, uuid) in uuids.iter().enumerate() {
         let claim = format!("root-k{i}");
-        disk_claim(&c, &claim)?;
+        c.guest_disk_claim(&claim)?;
         create_vmi(
             &c,
             &VmiOpts {

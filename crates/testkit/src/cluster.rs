@@ -267,6 +267,38 @@ impl Cluster {
         }
     }
 
+    /// A PersistentVolume `pv-<claim>` (hostPath directory holding a copy of the test guest's
+    /// raw disk as `disk.img`) and a PersistentVolumeClaim `<claim>` in `default` bound to it.
+    /// Returns the volume directory.
+    pub fn guest_disk_claim(&self, claim: &str) -> anyhow::Result<PathBuf> {
+        let g = crate::TestGuest::get()?;
+        let dir = self.dir.path().join("pvs").join(claim);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
+        self.apply(&format!(
+            r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: pv-{claim}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  hostPath: {{path: {dir}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {claim}, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 1Gi}}}}
+  volumeName: pv-{claim}
+"#,
+            dir = dir.display()
+        ))?;
+        Ok(dir)
+    }
+
     /// Kills the server process with SIGKILL (agents and launchers keep running).
     pub fn kill_server(&mut self) -> anyhow::Result<()> {
         self.server.kill()?;

@@ -1,0 +1,586 @@
+//! The agent's HTTP endpoint, called by the API server's virt-api subresources (see
+//! [`crate::proxy`]): lifecycle requests (`POST /vmis/{uid}/pause|unpause|softreboot|reset`) and
+//! guest-agent data (`GET /vmis/{uid}/guestinfo`) forwarded to the VMI's launcher, and console /
+//! VNC streams (`GET /vmis/{uid}/console|vnc` with an HTTP/1.1 `Upgrade: ferrovirt-stream`, after
+//! which the connection carries the raw bytes of the VMI's `serial.sock` / `vnc.sock`).
+//!
+//! Every request must carry `Authorization: Bearer <the agent's API token>`; anything else is
+//! answered 401. Errors are JSON `{"code": N, "message": "..."}`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use ferrovirt_launcher::control::{LauncherClient, Request as LauncherRequest, RunPhase};
+use http::{StatusCode, header};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixStream};
+
+use crate::error::AgentError;
+use crate::launchers::{CONTROL_TIMEOUT, LauncherConfig};
+
+/// The `Upgrade` protocol name of console / VNC streams between the API server and the agent.
+pub const STREAM_PROTOCOL: &str = "ferrovirt-stream";
+
+/// How long a guest-agent query may take (the launcher talks to QEMU's guest agent).
+const GUEST_INFO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a lifecycle request may take.
+const ACTION_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A lifecycle request for a running VMI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmiAction {
+    Pause,
+    Unpause,
+    SoftReboot,
+    Reset,
+}
+
+impl VmiAction {
+    /// The action named by a URL segment.
+    pub fn parse(s: &str) -> Option<VmiAction> {
+        Some(match s {
+            "pause" => VmiAction::Pause,
+            "unpause" => VmiAction::Unpause,
+            "softreboot" => VmiAction::SoftReboot,
+            "reset" => VmiAction::Reset,
+            _ => return None,
+        })
+    }
+
+    /// The URL segment.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmiAction::Pause => "pause",
+            VmiAction::Unpause => "unpause",
+            VmiAction::SoftReboot => "softreboot",
+            VmiAction::Reset => "reset",
+        }
+    }
+
+    fn request(self) -> LauncherRequest {
+        match self {
+            VmiAction::Pause => LauncherRequest::Pause,
+            VmiAction::Unpause => LauncherRequest::Unpause,
+            VmiAction::SoftReboot => LauncherRequest::SoftReboot,
+            VmiAction::Reset => LauncherRequest::Reset,
+        }
+    }
+
+    /// Whether the action makes sense in the launcher's phase; `Err` is the conflict message.
+    pub fn check(self, phase: RunPhase) -> Result<(), &'static str> {
+        match (self, phase) {
+            (_, RunPhase::Starting | RunPhase::ShuttingDown | RunPhase::Exited) => {
+                Err("VMI is not running")
+            }
+            (VmiAction::Pause, RunPhase::Paused) => Err("VMI is already paused"),
+            (VmiAction::Unpause, RunPhase::Running) => Err("VMI is not paused"),
+            (VmiAction::SoftReboot, RunPhase::Paused) => Err("VMI is paused"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A byte stream the endpoint can attach to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The serial console (`serial.sock`).
+    Console,
+    /// The VNC display (`vnc.sock`).
+    Vnc,
+}
+
+impl StreamKind {
+    /// The stream named by a URL segment.
+    pub fn parse(s: &str) -> Option<StreamKind> {
+        match s {
+            "console" => Some(StreamKind::Console),
+            "vnc" => Some(StreamKind::Vnc),
+            _ => None,
+        }
+    }
+
+    /// The URL segment.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamKind::Console => "console",
+            StreamKind::Vnc => "vnc",
+        }
+    }
+
+    /// The unix socket's file name in the VMI directory.
+    pub fn socket_file(self) -> &'static str {
+        match self {
+            StreamKind::Console => "serial.sock",
+            StreamKind::Vnc => "vnc.sock",
+        }
+    }
+}
+
+/// Whether `uid` is safe to use as a directory name (a Kubernetes UID: letters, digits, `-`).
+pub fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty()
+        && uid.len() <= 128
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// The bearer token presented in an `Authorization` header value.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// An error answer of the endpoint.
+fn error(code: StatusCode, message: impl Into<String>) -> Response {
+    let body = json!({"code": code.as_u16(), "message": message.into()});
+    (code, axum::Json(body)).into_response()
+}
+
+/// The HTTP status for a launcher error.
+fn launcher_error(e: &ferrovirt_launcher::Error) -> StatusCode {
+    match e {
+        ferrovirt_launcher::Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        ferrovirt_launcher::Error::InvalidSpec(_) => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+struct EndpointState {
+    cfg: LauncherConfig,
+    /// None: every request is refused (the agent was not given its token).
+    token: Option<String>,
+}
+
+/// The endpoint's routes (without a listener; tests serve it themselves).
+pub fn router(cfg: LauncherConfig, token: Option<String>) -> Router {
+    let st = Arc::new(EndpointState { cfg, token });
+    Router::new()
+        .route("/vmis/{uid}/{op}", get(get_op).post(post_op))
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            authenticate,
+        ))
+        .with_state(st)
+}
+
+/// A running endpoint.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// `http://ADDR:PORT`, published on the Node.
+    pub url: String,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Binds `listen` and serves the endpoint. `advertise` is the host put into the URL when the
+/// listener is bound to an unspecified address.
+pub async fn serve(
+    listen: SocketAddr,
+    advertise: &str,
+    cfg: LauncherConfig,
+    token: Option<String>,
+) -> Result<Endpoint, AgentError> {
+    if token.is_none() {
+        tracing::warn!("the agent has no API token: its endpoint refuses every request");
+    }
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| AgentError::io(listen.to_string(), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| AgentError::io(listen.to_string(), e))?;
+    let url = endpoint_url(addr, advertise);
+    let app = router(cfg, token);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("agent endpoint stopped: {e}");
+        }
+    });
+    tracing::info!(%url, "agent endpoint listening");
+    Ok(Endpoint { url, task })
+}
+
+/// The URL of an endpoint bound to `addr`.
+pub fn endpoint_url(addr: SocketAddr, advertise: &str) -> String {
+    if addr.ip().is_unspecified() {
+        format!("http://{advertise}:{}", addr.port())
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+async fn authenticate(State(st): State<Arc<EndpointState>>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token);
+    match (presented, st.token.as_deref()) {
+        (Some(p), Some(t)) if constant_time_eq(p.as_bytes(), t.as_bytes()) => next.run(req).await,
+        _ => error(StatusCode::UNAUTHORIZED, "Unauthorized"),
+    }
+}
+
+async fn connect(st: &EndpointState, uid: &str) -> Result<LauncherClient, Response> {
+    if !valid_uid(uid) {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("invalid VMI uid {uid:?}"),
+        ));
+    }
+    LauncherClient::connect(&st.cfg.vmi_dir(uid), CONTROL_TIMEOUT)
+        .await
+        .map_err(|e| {
+            tracing::debug!(%uid, "no launcher: {e}");
+            error(
+                StatusCode::CONFLICT,
+                format!("VMI {uid} is not running on this node"),
+            )
+        })
+}
+
+async fn post_op(
+    State(st): State<Arc<EndpointState>>,
+    Path((uid, op)): Path<(String, String)>,
+) -> Response {
+    let Some(action) = VmiAction::parse(&op) else {
+        return error(StatusCode::NOT_FOUND, format!("unknown action {op:?}"));
+    };
+    let mut client = match connect(&st, &uid).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let phase = match client.status().await {
+        Ok(s) => s.phase,
+        Err(e) => return error(launcher_error(&e), e.to_string()),
+    };
+    if let Err(msg) = action.check(phase) {
+        return error(StatusCode::CONFLICT, msg);
+    }
+    match client
+        .request_with_timeout(&action.request(), ACTION_TIMEOUT)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(%uid, action = action.as_str(), "VMI action done");
+            (StatusCode::OK, axum::Json(json!({}))).into_response()
+        }
+        Err(e) => error(launcher_error(&e), e.to_string()),
+    }
+}
+
+async fn get_op(
+    State(st): State<Arc<EndpointState>>,
+    Path((uid, op)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    if op == "guestinfo" {
+        return guest_info(&st, &uid).await;
+    }
+    match StreamKind::parse(&op) {
+        Some(kind) => stream(&st, &uid, kind, req).await,
+        None => error(StatusCode::NOT_FOUND, format!("unknown resource {op:?}")),
+    }
+}
+
+async fn guest_info(st: &EndpointState, uid: &str) -> Response {
+    let mut client = match connect(st, uid).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    match client
+        .request_with_timeout(&LauncherRequest::GuestInfo, GUEST_INFO_TIMEOUT)
+        .await
+    {
+        Ok(v) => (StatusCode::OK, axum::Json(v)).into_response(),
+        // Typically: the guest agent is not (yet) connected.
+        Err(e) => error(StatusCode::CONFLICT, format!("guest agent: {e}")),
+    }
+}
+
+async fn stream(st: &EndpointState, uid: &str, kind: StreamKind, mut req: Request) -> Response {
+    if !valid_uid(uid) {
+        return error(StatusCode::BAD_REQUEST, format!("invalid VMI uid {uid:?}"));
+    }
+    let wants_upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case(STREAM_PROTOCOL));
+    if !wants_upgrade {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("{} needs Upgrade: {STREAM_PROTOCOL}", kind.as_str()),
+        );
+    }
+    let path = st.cfg.vmi_dir(uid).join(kind.socket_file());
+    let sock = match UnixStream::connect(&path).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!("connecting to {}: {e}", path.display());
+            return error(
+                StatusCode::CONFLICT,
+                format!("VMI {uid} has no {} on this node", kind.as_str()),
+            );
+        }
+    };
+    let Some(on_upgrade) = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() else {
+        return error(StatusCode::BAD_REQUEST, "the connection cannot be upgraded");
+    };
+    let uid = uid.to_string();
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(up) => {
+                pump(TokioIo::new(up), sock).await;
+                tracing::debug!(%uid, stream = kind.as_str(), "stream closed");
+            }
+            Err(e) => tracing::warn!(%uid, "upgrade failed: {e}"),
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, STREAM_PROTOCOL)
+        .body(Body::empty())
+        .unwrap_or_else(|_| error(StatusCode::INTERNAL_SERVER_ERROR, "building the response"))
+}
+
+/// Copies bytes both ways until either side closes (then both are dropped).
+pub async fn pump<A, B>(a: A, b: B)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    tokio::select! {
+        _ = tokio::io::copy(&mut ar, &mut bw) => {}
+        _ = tokio::io::copy(&mut br, &mut aw) => {}
+    }
+}
+
+/// Parses an endpoint error body (`{"code", "message"}`), falling back to the raw text.
+pub fn error_message(body: &[u8]) -> String {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(Value::as_str).map(String::from))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_actions_and_streams() {
+        for a in [
+            VmiAction::Pause,
+            VmiAction::Unpause,
+            VmiAction::SoftReboot,
+            VmiAction::Reset,
+        ] {
+            assert_eq!(VmiAction::parse(a.as_str()), Some(a));
+        }
+        assert_eq!(VmiAction::parse("stop"), None);
+        assert_eq!(StreamKind::parse("console"), Some(StreamKind::Console));
+        assert_eq!(StreamKind::parse("vnc").unwrap().socket_file(), "vnc.sock");
+        assert_eq!(StreamKind::Console.socket_file(), "serial.sock");
+        assert_eq!(StreamKind::parse("spice"), None);
+    }
+
+    #[test]
+    fn actions_are_checked_against_the_phase() {
+        use RunPhase::*;
+        assert_eq!(VmiAction::Pause.check(Running), Ok(()));
+        assert_eq!(VmiAction::Pause.check(Paused), Err("VMI is already paused"));
+        assert_eq!(VmiAction::Unpause.check(Paused), Ok(()));
+        assert_eq!(VmiAction::Unpause.check(Running), Err("VMI is not paused"));
+        assert_eq!(VmiAction::SoftReboot.check(Paused), Err("VMI is paused"));
+        assert_eq!(VmiAction::Reset.check(Paused), Ok(()));
+        for a in [VmiAction::Pause, VmiAction::Reset] {
+            for p in [Starting, ShuttingDown, Exited] {
+                assert_eq!(a.check(p), Err("VMI is not running"));
+            }
+        }
+    }
+
+    #[test]
+    fn uids_and_tokens() {
+        assert!(valid_uid("3f2a1b9c-0d4e-4f6a-8b7c-1d2e3f4a5b6c"));
+        assert!(!valid_uid(""));
+        assert!(!valid_uid("../etc"));
+        assert!(!valid_uid("a/b"));
+        assert_eq!(bearer_token("Bearer abc "), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn urls_and_error_bodies() {
+        let a: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        assert_eq!(endpoint_url(a, "10.0.0.1"), "http://127.0.0.1:4000");
+        let u: SocketAddr = "0.0.0.0:4000".parse().unwrap();
+        assert_eq!(endpoint_url(u, "10.0.0.1"), "http://10.0.0.1:4000");
+        assert_eq!(
+            error_message(br#"{"code":409,"message":"VMI is not paused"}"#),
+            "VMI is not paused"
+        );
+        assert_eq!(error_message(b" oops\n"), "oops");
+    }
+
+    fn tmp_cfg(dir: &std::path::Path) -> LauncherConfig {
+        LauncherConfig {
+            binary: "ferrovirt".into(),
+            data_dir: dir.to_path_buf(),
+            qemu_binary: "qemu-system-x86_64".into(),
+        }
+    }
+
+    async fn start(token: Option<&str>, dir: &std::path::Path) -> Endpoint {
+        serve(
+            "127.0.0.1:0".parse().unwrap(),
+            "127.0.0.1",
+            tmp_cfg(dir),
+            token.map(String::from),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// One raw HTTP/1.1 exchange; returns the status line and the rest.
+    async fn raw(url: &str, request: &str) -> (String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = url.trim_start_matches("http://");
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let (status, rest) = text.split_once("\r\n").unwrap_or((&text, ""));
+        (status.to_string(), rest.to_string())
+    }
+
+    #[tokio::test]
+    async fn refuses_requests_without_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let ep = start(Some("secret"), dir.path()).await;
+        let (st, _) = raw(
+            &ep.url,
+            "POST /vmis/abc/pause HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        )
+        .await;
+        assert!(st.contains(" 401 "), "{st}");
+        let (st, _) = raw(
+            &ep.url,
+            "POST /vmis/abc/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 0\r\n\r\n",
+        )
+        .await;
+        assert!(st.contains(" 401 "), "{st}");
+        // A token-less agent refuses everyone.
+        let ep2 = start(None, dir.path()).await;
+        let (st, _) = raw(
+            &ep2.url,
+            "POST /vmis/abc/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \r\nContent-Length: 0\r\n\r\n",
+        )
+        .await;
+        assert!(st.contains(" 401 "), "{st}");
+        ep.task.abort();
+        ep2.task.abort();
+    }
+
+    #[tokio::test]
+    async fn missing_launchers_and_bad_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let ep = start(Some("t"), dir.path()).await;
+        let auth = "Authorization: Bearer t\r\n";
+        let (st, rest) = raw(
+            &ep.url,
+            &format!("POST /vmis/abc/pause HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\n\r\n"),
+        )
+        .await;
+        assert!(st.contains(" 409 "), "{st}");
+        assert!(rest.contains("not running on this node"), "{rest}");
+        let (st, _) = raw(
+            &ep.url,
+            &format!(
+                "POST /vmis/abc/explode HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\n\r\n"
+            ),
+        )
+        .await;
+        assert!(st.contains(" 404 "), "{st}");
+        let (st, _) = raw(
+            &ep.url,
+            &format!("GET /vmis/abc/console HTTP/1.1\r\nHost: x\r\n{auth}\r\n"),
+        )
+        .await;
+        assert!(st.contains(" 400 "), "{st}");
+        ep.task.abort();
+    }
+
+    #[tokio::test]
+    async fn streams_bytes_of_the_unix_socket() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let vmi = dir.path().join("vmis").join("u1");
+        std::fs::create_dir_all(&vmi).unwrap();
+        // A fake QEMU serial socket that greets and echoes.
+        let listener = tokio::net::UnixListener::bind(vmi.join("serial.sock")).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            s.write_all(b"hello\n").await.unwrap();
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).await.unwrap();
+            s.write_all(&buf[..n]).await.unwrap();
+        });
+        let ep = start(Some("t"), dir.path()).await;
+        let addr = ep.url.trim_start_matches("http://").to_string();
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!(
+                "GET /vmis/u1/console HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\nConnection: Upgrade\r\nUpgrade: {STREAM_PROTOCOL}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !String::from_utf8_lossy(&got).contains("hello\n") {
+            let mut buf = [0u8; 256];
+            let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&got).into_owned();
+        assert!(text.starts_with("HTTP/1.1 101"), "{text}");
+        s.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf, b"ping");
+        ep.task.abort();
+    }
+}
