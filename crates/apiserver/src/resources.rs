@@ -11,6 +11,8 @@ use ferrovirt_api::registry::ResourceDef;
 pub struct Resources {
     defs: Vec<ResourceDef>,
     by_url: HashMap<(String, String, String), usize>,
+    /// Groups served by extra routes (listed in `/apis`, no resources of their own here).
+    extra_groups: Vec<GroupInfo>,
 }
 
 /// One API group with its versions, preferred (first) first.
@@ -72,7 +74,11 @@ impl Resources {
                 )
             })
             .collect();
-        Self { defs, by_url }
+        Self {
+            defs,
+            by_url,
+            extra_groups: Vec::new(),
+        }
     }
 
     pub fn all(&self) -> &[ResourceDef] {
@@ -86,6 +92,23 @@ impl Resources {
     }
 
     /// Groups in first-seen order, versions in first-seen order (the preferred one first).
+    /// Adds groups served by extra routes (`group/version` strings) to discovery.
+    pub fn with_extra_groups(mut self, group_versions: &[String]) -> Self {
+        for gv in group_versions {
+            let Some((g, v)) = gv.split_once('/') else {
+                continue;
+            };
+            match self.extra_groups.iter_mut().find(|x| x.name == g) {
+                Some(x) => x.versions.push(v.to_string()),
+                None => self.extra_groups.push(GroupInfo {
+                    name: g.to_string(),
+                    versions: vec![v.to_string()],
+                }),
+            }
+        }
+        self
+    }
+
     pub fn groups(&self) -> Vec<GroupInfo> {
         let mut out: Vec<GroupInfo> = Vec::new();
         for d in &self.defs {
@@ -101,6 +124,7 @@ impl Resources {
                 }),
             }
         }
+        out.extend(self.extra_groups.iter().cloned());
         out
     }
 

@@ -50,6 +50,8 @@ pub struct ServerOptions {
     /// Routes served before the generic resource handler, behind the same authentication
     /// (e.g. `subresources.kubevirt.io`).
     pub extra_routes: Option<Router>,
+    /// `group/version`s served by `extra_routes`, listed in `/apis` discovery.
+    pub extra_groups: Vec<String>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -78,6 +80,7 @@ impl Default for ServerOptions {
             compact_interval: Some(Duration::from_secs(300)),
             compact_keep: 10_000,
             extra_routes: None,
+            extra_groups: Vec::new(),
         }
     }
 }
@@ -205,7 +208,8 @@ impl Server {
         let (stop, shutdown) = watch::channel(false);
         let shared = Arc::new(Shared {
             store: store.clone(),
-            resources: Resources::new(opts.resources.clone().unwrap_or_else(registry::resources)),
+            resources: Resources::new(opts.resources.clone().unwrap_or_else(registry::resources))
+                .with_extra_groups(&opts.extra_groups),
             token: pki.token.clone(),
             max_body: opts.max_body_bytes,
             bookmark_interval: opts.bookmark_interval,

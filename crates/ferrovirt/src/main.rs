@@ -111,6 +111,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),
         extra_routes: Some(subresources),
+        extra_groups: vec![format!("{}/v1", ferrovirt_agent::proxy::GROUP)],
         ..Default::default()
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;

@@ -469,7 +469,10 @@ fn errors_auth_and_discovery() -> anyhow::Result<()> {
             .get(&format!("{SUB}/virtualmachineinstances/nope/explode"))
             .await?;
         assert_eq!(code, 404);
-        // Discovery.
+        // Discovery: the group is listed in /apis and lists its subresources.
+        let (code, body) = creds.get("/apis").await?;
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("\"subresources.kubevirt.io\""), "{body}");
         let (code, body) = creds.get("/apis/subresources.kubevirt.io/v1").await?;
         assert_eq!(code, 200, "{body}");
         let list: Value = serde_json::from_str(&body)?;
