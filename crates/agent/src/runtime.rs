@@ -103,6 +103,8 @@ struct Agent {
     endpoint_url: String,
     /// Unprivileged user for QEMU (when the agent runs as root).
     qemu_user: Option<String>,
+    /// Wakes the sync loop early (VMI watch events, a launcher that came up).
+    wake: tokio::sync::Notify,
 }
 
 /// Runs the agent until an unrecoverable error.
@@ -131,16 +133,19 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         busy: Mutex::new(HashSet::new()),
         last_renew: Mutex::new(Instant::now()),
         qemu_user: crate::isolation::ensure_qemu_user(),
+        wake: tokio::sync::Notify::new(),
         opts,
     });
     agent.register_node().await?;
     tracing::info!(node = %agent.opts.node_name, accel = %accel, "agent registered its node");
     let hb = tokio::spawn(heartbeat(agent.clone()));
     let sync = tokio::spawn(sync_loop(agent.clone()));
+    let watch = tokio::spawn(watch_vmis(agent.clone()));
     let r = tokio::select! {
         r = hb => r,
         r = sync => r,
         r = endpoint.task => r,
+        r = watch => r,
     };
     r.map_err(|e| AgentError::Reference(format!("agent task ended: {e}")))
 }
@@ -472,6 +477,9 @@ impl Agent {
                         }
                         match me.start(&vmi).await {
                             Ok(()) => {
+                                // The launcher child is tracked now: no second start can
+                                // happen, so the VMI may be reconciled again.
+                                me.busy.lock().await.remove(&uid);
                                 me.event(
                                     &vmi,
                                     "Normal",
@@ -479,6 +487,7 @@ impl Agent {
                                     "VirtualMachineInstance started",
                                 )
                                 .await;
+                                me.wake_when_launcher_answers(&uid).await;
                             }
                             Err(e) => {
                                 let msg = e.to_string();
@@ -555,6 +564,22 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Waits (up to 30 s) until the new launcher of `uid` answers, then wakes the sync loop so
+    /// the VMI is reported Running without waiting for the next resync.
+    async fn wake_when_launcher_answers(&self, uid: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if !matches!(
+                launchers::observe(&self.cfg, uid).await,
+                Observed::NoLauncher
+            ) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        self.wake.notify_one();
     }
 
     /// Launchers whose VMI no longer exists (deleted while the agent was away): stop and remove.
@@ -668,6 +693,25 @@ async fn sync_loop(agent: Arc<Agent>) {
             }
             Err(e) => tracing::warn!("listing VMIs: {e}"),
         }
-        tokio::time::sleep(agent.opts.resync_interval).await;
+        tokio::select! {
+            _ = agent.wake.notified() => {}
+            _ = tokio::time::sleep(agent.opts.resync_interval) => {}
+        }
+    }
+}
+
+/// Wakes the sync loop on every VMI change, so new and deleted VMIs are acted on at once
+/// (the periodic resync still covers anything a broken watch misses).
+async fn watch_vmis(agent: Arc<Agent>) {
+    use futures::StreamExt;
+    let api: Api<DynamicObject> = Api::all_with(agent.client.clone(), &vmi_resource());
+    loop {
+        let mut events = kube::runtime::watcher(api.clone(), Default::default()).boxed();
+        while let Some(ev) = events.next().await {
+            if ev.is_ok() {
+                agent.wake.notify_one();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
