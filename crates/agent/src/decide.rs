@@ -33,6 +33,8 @@ pub enum Action {
     Stop { grace_seconds: u64 },
     /// Merge-patch the VMI's status with this value (the `status` object).
     PatchStatus(Value),
+    /// Merge these annotations into the VMI's metadata (QEMU and launcher pids).
+    Annotate(BTreeMap<String, String>),
     /// Remove the agent's finalizer and the VMI's directory.
     Cleanup,
 }
@@ -95,12 +97,99 @@ pub fn merge_conditions(existing: Option<&Value>, wanted: Vec<Value>, now: &str)
         .collect()
 }
 
-/// The status the VMI should have while its launcher runs.
+/// Annotation with the VMI's QEMU process id on its node.
+pub const QEMU_PID_ANNOTATION: &str = "ferrovirt.io/qemu-pid";
+/// Annotation with the VMI's launcher process id on its node.
+pub const LAUNCHER_PID_ANNOTATION: &str = "ferrovirt.io/launcher-pid";
+
+/// `status.interfaces` from the spec's interfaces (with their MACs) and, when the guest agent
+/// answered, the guest's view of them (matched by MAC): IPs and guest interface names.
+pub fn interfaces_status(vmi: &VirtualMachineInstance, guest: Option<&Value>) -> Vec<Value> {
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let name = vmi.metadata.name.as_deref().unwrap_or("");
+    let guest_ifaces: Vec<&Value> = guest
+        .and_then(|g| g.get("interfaces"))
+        .and_then(|i| i.as_array())
+        .into_iter()
+        .flatten()
+        .collect();
+    let spec_ifaces = vmi
+        .spec
+        .as_ref()
+        .and_then(|s| s.domain.devices.interfaces.as_ref());
+    spec_ifaces
+        .into_iter()
+        .flatten()
+        .map(|i| {
+            let mac = i
+                .mac_address
+                .clone()
+                .map(|m| m.replace('-', ":").to_lowercase())
+                .unwrap_or_else(|| crate::mapping::derived_mac(ns, name, &i.name));
+            let mut out = json!({"name": i.name, "mac": mac, "infoSource": "domain"});
+            let seen = guest_ifaces.iter().find(|g| {
+                g.get("hardware-address")
+                    .and_then(|m| m.as_str())
+                    .is_some_and(|m| m.eq_ignore_ascii_case(&mac))
+            });
+            if let Some(g) = seen {
+                let ips: Vec<String> = g
+                    .get("ip-addresses")
+                    .and_then(|a| a.as_array())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.get("ip-address").and_then(|x| x.as_str()))
+                    .map(String::from)
+                    .collect();
+                out["interfaceName"] = g.get("name").cloned().unwrap_or(Value::Null);
+                out["infoSource"] = json!("domain, guest-agent");
+                if let Some(first) = ips.first() {
+                    out["ipAddress"] = json!(first);
+                    out["ipAddresses"] = json!(ips);
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// `status.guestOSInfo` from the guest agent's OS info.
+pub fn guest_os_info(guest: &Value) -> Option<Value> {
+    let os = guest.get("osInfo").filter(|o| o.is_object())?;
+    let f = |k: &str| os.get(k).cloned().unwrap_or(Value::Null);
+    Some(json!({
+        "name": f("name"),
+        "kernelRelease": f("kernel-release"),
+        "version": f("version"),
+        "prettyName": f("pretty-name"),
+        "versionId": f("version-id"),
+        "kernelVersion": f("kernel-version"),
+        "machine": f("machine"),
+        "id": f("id"),
+    }))
+}
+
+/// The annotations the VMI should carry while its launcher runs.
+pub fn pid_annotations(st: &LauncherStatus) -> BTreeMap<String, String> {
+    let mut a = BTreeMap::new();
+    a.insert(
+        LAUNCHER_PID_ANNOTATION.to_string(),
+        st.launcher_pid.to_string(),
+    );
+    if let Some(q) = st.qemu_pid {
+        a.insert(QEMU_PID_ANNOTATION.to_string(), q.to_string());
+    }
+    a
+}
+
+/// The status the VMI should have while its launcher runs (`guest`: the launcher's last
+/// guest-agent report, if any).
 pub fn running_status(
     vmi: &VirtualMachineInstance,
     st: &LauncherStatus,
     node: &str,
     now: &str,
+    guest: Option<&Value>,
 ) -> Value {
     let paused = st.phase == RunPhase::Paused;
     let ready = st.phase == RunPhase::Running;
@@ -142,12 +231,17 @@ pub fn running_status(
     ];
     let existing = serde_json::to_value(vmi.status.as_ref().and_then(|s| s.conditions.as_ref()))
         .unwrap_or(Value::Null);
-    json!({
+    let mut out = json!({
         "phase": "Running",
         "nodeName": node,
         "reason": Value::Null,
         "conditions": merge_conditions(Some(&existing), wanted, now),
-    })
+        "interfaces": interfaces_status(vmi, guest),
+    });
+    if let Some(os) = guest.and_then(guest_os_info) {
+        out["guestOSInfo"] = os;
+    }
+    out
 }
 
 /// The final status after QEMU ended.
@@ -221,11 +315,13 @@ fn strip_times(v: &Value) -> Value {
 }
 
 /// Decides the next steps for a VMI bound to this node.
+/// `guest` is the launcher's last guest-agent report for this VMI, if any.
 pub fn decide(
     vmi: &VirtualMachineInstance,
     observed: &Observed,
     node: &str,
     now: &str,
+    guest: Option<&Value>,
 ) -> Vec<Action> {
     let deleting = vmi.metadata.deletion_timestamp.is_some();
     let phase = phase(vmi);
@@ -253,12 +349,17 @@ pub fn decide(
                     vec![Action::Stop { grace_seconds: 0 }]
                 }
             } else {
-                let s = running_status(vmi, st, node, now);
-                if status_unchanged(vmi, &s) {
-                    vec![]
-                } else {
-                    vec![Action::PatchStatus(s)]
+                let mut acts = Vec::new();
+                let s = running_status(vmi, st, node, now, guest);
+                if !status_unchanged(vmi, &s) {
+                    acts.push(Action::PatchStatus(s));
                 }
+                let want = pid_annotations(st);
+                let have = vmi.metadata.annotations.clone().unwrap_or_default();
+                if want.iter().any(|(k, v)| have.get(k) != Some(v)) {
+                    acts.push(Action::Annotate(want));
+                }
+                acts
             }
         }
         (false, Observed::NoLauncher) => match phase.as_str() {
@@ -301,7 +402,7 @@ mod tests {
             json!({"metadata": {"name": "a"}, "status": {"phase": "Scheduled", "nodeName": "n1"}}),
         );
         assert_eq!(
-            decide(&v, &Observed::NoLauncher, "n1", NOW),
+            decide(&v, &Observed::NoLauncher, "n1", NOW, None),
             vec![Action::Start]
         );
     }
@@ -309,15 +410,26 @@ mod tests {
     #[test]
     fn reports_running_then_nothing_when_unchanged() {
         let v = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Scheduled"}}));
-        let acts = decide(&v, &Observed::Running(st(RunPhase::Running)), "n1", NOW);
+        let acts = decide(
+            &v,
+            &Observed::Running(st(RunPhase::Running)),
+            "n1",
+            NOW,
+            None,
+        );
         let Action::PatchStatus(p) = &acts[0] else {
             panic!("{acts:?}")
         };
         assert_eq!(p["phase"], "Running");
         assert_eq!(p["conditions"][0]["type"], "Ready");
         assert_eq!(p["conditions"][0]["status"], "True");
+        let Action::Annotate(a) = &acts[1] else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(a[QEMU_PID_ANNOTATION], "11");
+        assert_eq!(a[LAUNCHER_PID_ANNOTATION], "10");
         // Applying the patch makes the next decision a no-op.
-        let mut applied = json!({"metadata": {"name": "a"}, "status": p.clone()});
+        let mut applied = json!({"metadata": {"name": "a", "annotations": a}, "status": p.clone()});
         applied["status"]["reason"] = Value::Null;
         let v2 = vmi(applied);
         assert_eq!(
@@ -325,12 +437,19 @@ mod tests {
                 &v2,
                 &Observed::Running(st(RunPhase::Running)),
                 "n1",
-                "2026-12-01T00:00:00Z"
+                "2026-12-01T00:00:00Z",
+                None
             ),
             vec![]
         );
         // Pausing flips Ready and Paused.
-        let acts = decide(&v2, &Observed::Running(st(RunPhase::Paused)), "n1", NOW);
+        let acts = decide(
+            &v2,
+            &Observed::Running(st(RunPhase::Paused)),
+            "n1",
+            NOW,
+            None,
+        );
         let Action::PatchStatus(p) = &acts[0] else {
             panic!()
         };
@@ -340,12 +459,53 @@ mod tests {
     }
 
     #[test]
+    fn reports_interfaces_and_guest_os() {
+        let v = vmi(json!({
+            "metadata": {"name": "a", "namespace": "ns"},
+            "spec": {"domain": {"devices": {"interfaces": [
+                {"name": "default", "masquerade": {}},
+                {"name": "fixed", "masquerade": {}, "macAddress": "DE:AD:BE:EF:00:01"}
+            ]}}},
+            "status": {"phase": "Running"}
+        }));
+        let derived = crate::mapping::derived_mac("ns", "a", "default");
+        let guest = json!({
+            "osInfo": {"id": "ferrovirt-testguest", "pretty-name": "T 1", "kernel-release": "6.1"},
+            "interfaces": [
+                {"name": "lo", "hardware-address": "00:00:00:00:00:00",
+                 "ip-addresses": [{"ip-address": "127.0.0.1", "ip-address-type": "ipv4", "prefix": 8}]},
+                {"name": "eth0", "hardware-address": derived,
+                 "ip-addresses": [{"ip-address": "10.0.2.15", "ip-address-type": "ipv4", "prefix": 24}]}
+            ]
+        });
+        let s = running_status(&v, &st(RunPhase::Running), "n1", NOW, Some(&guest));
+        assert_eq!(s["guestOSInfo"]["id"], "ferrovirt-testguest");
+        assert_eq!(s["guestOSInfo"]["prettyName"], "T 1");
+        assert_eq!(s["interfaces"][0]["name"], "default");
+        assert_eq!(s["interfaces"][0]["mac"], json!(derived));
+        assert_eq!(s["interfaces"][0]["ipAddress"], "10.0.2.15");
+        assert_eq!(s["interfaces"][0]["interfaceName"], "eth0");
+        assert_eq!(s["interfaces"][1]["mac"], "de:ad:be:ef:00:01");
+        assert!(s["interfaces"][1].get("ipAddress").is_none());
+        // Without the guest agent: interfaces from the spec, no guestOSInfo.
+        let s = running_status(&v, &st(RunPhase::Running), "n1", NOW, None);
+        assert!(s.get("guestOSInfo").is_none());
+        assert_eq!(s["interfaces"].as_array().map(Vec::len), Some(2));
+    }
+
+    #[test]
     fn deletion_stops_then_cleans_up() {
         let v = vmi(json!({"metadata": {"name": "a", "deletionTimestamp": NOW},
             "spec": {"domain": {"devices": {}}, "terminationGracePeriodSeconds": 7},
             "status": {"phase": "Running"}}));
         assert_eq!(
-            decide(&v, &Observed::Running(st(RunPhase::Running)), "n1", NOW),
+            decide(
+                &v,
+                &Observed::Running(st(RunPhase::Running)),
+                "n1",
+                NOW,
+                None
+            ),
             vec![Action::Stop { grace_seconds: 7 }]
         );
         assert_eq!(
@@ -353,7 +513,8 @@ mod tests {
                 &v,
                 &Observed::Running(st(RunPhase::ShuttingDown)),
                 "n1",
-                NOW
+                NOW,
+                None
             ),
             vec![]
         );
@@ -363,11 +524,11 @@ mod tests {
             at: 0,
         };
         assert_eq!(
-            decide(&v, &Observed::Exited(rep), "n1", NOW),
+            decide(&v, &Observed::Exited(rep), "n1", NOW, None),
             vec![Action::Cleanup]
         );
         assert_eq!(
-            decide(&v, &Observed::NoLauncher, "n1", NOW),
+            decide(&v, &Observed::NoLauncher, "n1", NOW, None),
             vec![Action::Cleanup]
         );
     }
@@ -380,7 +541,7 @@ mod tests {
             message: "off".into(),
             at: 0,
         };
-        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW);
+        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW, None);
         let Action::PatchStatus(p) = &acts[0] else {
             panic!()
         };
@@ -391,23 +552,29 @@ mod tests {
             message: "boom".into(),
             at: 0,
         };
-        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW);
+        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW, None);
         let Action::PatchStatus(p) = &acts[0] else {
             panic!()
         };
         assert_eq!(p["phase"], "Failed");
         assert_eq!(p["conditions"][0]["message"], "boom");
         // A running VMI whose launcher vanished is Failed.
-        let acts = decide(&v, &Observed::NoLauncher, "n1", NOW);
+        let acts = decide(&v, &Observed::NoLauncher, "n1", NOW, None);
         let Action::PatchStatus(p) = &acts[0] else {
             panic!()
         };
         assert_eq!(p["reason"], "LauncherLost");
         // Final VMIs are left alone, but a still-running QEMU under a Failed VMI is stopped.
         let f = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Failed"}}));
-        assert_eq!(decide(&f, &Observed::NoLauncher, "n1", NOW), vec![]);
+        assert_eq!(decide(&f, &Observed::NoLauncher, "n1", NOW, None), vec![]);
         assert_eq!(
-            decide(&f, &Observed::Running(st(RunPhase::Running)), "n1", NOW),
+            decide(
+                &f,
+                &Observed::Running(st(RunPhase::Running)),
+                "n1",
+                NOW,
+                None
+            ),
             vec![Action::Stop { grace_seconds: 0 }]
         );
     }

@@ -2,7 +2,7 @@
 //! Lease (and fences itself when it cannot), and reconciles every VMI bound to this node by
 //! applying [`crate::decide`]'s actions: start launchers, stop them, write status, clean up.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -105,7 +105,12 @@ struct Agent {
     qemu_user: Option<String>,
     /// Wakes the sync loop early (VMI watch events, a launcher that came up).
     wake: tokio::sync::Notify,
+    /// Last guest-agent report per VMI uid (refreshed every [`GUEST_INFO_REFRESH`]).
+    guest_info: Mutex<HashMap<String, (Instant, Value)>>,
 }
+
+/// How often a connected guest agent is asked for OS info and interfaces.
+const GUEST_INFO_REFRESH: Duration = Duration::from_secs(20);
 
 /// Runs the agent until an unrecoverable error.
 pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
@@ -134,6 +139,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         last_renew: Mutex::new(Instant::now()),
         qemu_user: crate::isolation::ensure_qemu_user(),
         wake: tokio::sync::Notify::new(),
+        guest_info: Mutex::new(HashMap::new()),
         opts,
     });
     agent.register_node().await?;
@@ -464,7 +470,14 @@ impl Agent {
         if observed == Observed::NoLauncher && self.launchers.lock().await.is_child_alive(&uid) {
             return;
         }
-        for action in decide::decide(&vmi, &observed, &self.opts.node_name, &now_string()) {
+        let guest = self.guest_info_for(&uid, &observed).await;
+        for action in decide::decide(
+            &vmi,
+            &observed,
+            &self.opts.node_name,
+            &now_string(),
+            guest.as_ref(),
+        ) {
             match action {
                 Action::Start => {
                     self.busy.lock().await.insert(uid.clone());
@@ -556,12 +569,53 @@ impl Agent {
                         Err(e) => tracing::debug!("status patch: {e}"),
                     }
                 }
+                Action::Annotate(annotations) => {
+                    let (ns, name) = ns_name(&vmi);
+                    let patch = json!({"metadata": {"annotations": annotations}});
+                    if let Err(e) = self
+                        .vmi_api(&ns)
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        tracing::debug!("annotating VMI: {e}");
+                    }
+                }
                 Action::Cleanup => {
+                    self.guest_info.lock().await.remove(&uid);
                     launchers::remove_dir(&self.cfg.vmi_dir(&uid));
                     if let Err(e) = self.set_finalizer(&vmi, false).await {
                         tracing::warn!("removing finalizer: {e}");
                     }
                 }
+            }
+        }
+    }
+
+    /// The guest-agent report for `uid`: cached, refreshed when the agent is connected and the
+    /// cache is older than [`GUEST_INFO_REFRESH`].
+    async fn guest_info_for(&self, uid: &str, observed: &Observed) -> Option<Value> {
+        let Observed::Running(st) = observed else {
+            return None;
+        };
+        let cached = self.guest_info.lock().await.get(uid).cloned();
+        let fresh = cached
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < GUEST_INFO_REFRESH);
+        if !st.guest_agent_connected || fresh {
+            return cached.map(|(_, v)| v);
+        }
+        match launchers::request(&self.cfg, uid, &Request::GuestInfo, Duration::from_secs(10)).await
+        {
+            Ok(v) => {
+                self.guest_info
+                    .lock()
+                    .await
+                    .insert(uid.to_string(), (Instant::now(), v.clone()));
+                Some(v)
+            }
+            Err(e) => {
+                tracing::debug!("guest info of {uid}: {e}");
+                cached.map(|(_, v)| v)
             }
         }
     }

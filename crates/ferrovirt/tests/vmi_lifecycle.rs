@@ -154,6 +154,31 @@ fn vmi_boots_from_a_pv_runs_cloud_init_and_powers_off_on_delete() -> anyhow::Res
     });
     ready?;
     assert_eq!(qemu_pids(uuid).len(), 1, "one QEMU for the VMI");
+    // The agent reports the QEMU pid, the guest OS (guest agent) and the interface's address.
+    let v = c.wait_until("guestOSInfo and interface IP in status", BOOT, || {
+        let v = vmi(&c, "vm1")?;
+        let ok = v["status"]["guestOSInfo"]["id"] == "ferrovirt-testguest"
+            && v["status"]["interfaces"][0]["ipAddress"].is_string();
+        Ok(ok.then_some(v))
+    })?;
+    assert_eq!(v["status"]["interfaces"][0]["name"], "default");
+    let pid: u32 = v["metadata"]["annotations"]["ferrovirt.io/qemu-pid"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()?;
+    assert_eq!(qemu_pids(uuid), vec![pid]);
+    // QEMU runs unprivileged, in the VM's memory cgroup.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let uid_line = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .unwrap_or_default();
+    assert!(
+        uid_line.split_whitespace().nth(1) != Some("0"),
+        "QEMU runs as root: {uid_line}"
+    );
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    assert!(cgroups.contains(&format!("ferrovirt/{uid}")), "{cgroups}");
 
     // Delete: the agent presses the ACPI power button; the guest powers off well within 60 s.
     let t0 = Instant::now();
@@ -286,9 +311,43 @@ fn vms_survive_a_killed_agent_and_are_adopted_again() -> anyhow::Result<()> {
     }
     let after: Vec<Vec<u32>> = uuids.iter().map(|u| qemu_pids(u)).collect();
     assert_eq!(before, after, "QEMU pids changed across the agent restart");
+    // The console of a re-adopted VM still works (through the API and the CLI, in a pipe).
+    c.wait_until(
+        "the uuid through the console after the restart",
+        BOOT,
+        || {
+            let out = console_exec(&c, "keep1", "cat /sys/class/dmi/id/product_uuid")?;
+            Ok(out.contains(uuids[1]).then_some(()))
+        },
+    )?;
     // The re-adopted VMs are still controlled: deleting one powers it off.
     c.kubectl_ok(&["delete", "vmi", "keep0", "--timeout=90s"])?;
     assert!(qemu_pids(uuids[0]).is_empty());
     assert_eq!(qemu_pids(uuids[1]), before[1]);
     Ok(())
+}
+
+/// Runs `cmd` in the VMI's guest shell with `ferrovirt console` in a pipe; returns its output.
+fn console_exec(c: &Cluster, name: &str, cmd: &str) -> anyhow::Result<String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(["console", name, "--quiet-seconds", "3"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("stdin"))?
+        .write_all(format!("\n{cmd}\n").as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "ferrovirt console failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
