@@ -44,7 +44,7 @@ pub struct Cluster {
     binary: PathBuf,
     server_cmd: Vec<String>,
     server: Child,
-    agents: Vec<Child>,
+    agents: Vec<(String, Child)>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -169,8 +169,32 @@ impl Cluster {
             .arg(&data)
             .env("RUST_LOG", "info");
         let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
-        self.agents.push(child);
+        self.agents.push((node.to_string(), child));
         Ok(())
+    }
+
+    /// The data dir of the extra agent `node` (VMI directories under `vmis/<uid>`).
+    pub fn extra_agent_dir(&self, node: &str) -> PathBuf {
+        self.dir.path().join(format!("agent-{node}"))
+    }
+
+    /// kill -9 of the extra agent `node` and of every launcher and QEMU it started (a node
+    /// dying). Returns the pids killed.
+    pub fn kill_agent(&mut self, node: &str) -> anyhow::Result<Vec<u32>> {
+        let mut killed = Vec::new();
+        for (name, child) in &mut self.agents {
+            if name == node {
+                killed.push(child.id());
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        let needle = self.extra_agent_dir(node).display().to_string();
+        for pid in pids_matching(&needle) {
+            signal(pid, "KILL");
+            killed.push(pid);
+        }
+        Ok(killed)
     }
 
     /// The embedded agent's data dir (VMI directories under `vmis/<uid>`).
@@ -347,7 +371,7 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = self.server.kill();
         let _ = self.server.wait();
-        for a in &mut self.agents {
+        for (_, a) in &mut self.agents {
             let _ = a.kill();
             let _ = a.wait();
         }

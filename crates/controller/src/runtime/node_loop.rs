@@ -177,6 +177,9 @@ async fn pass(
     Ok(next)
 }
 
+/// The finalizer node agents keep on the VMIs they run (see `ferrovirt_agent::decide`).
+pub const AGENT_FINALIZER: &str = "ferrovirt.io/node-agent";
+
 async fn apply_vmi_action(
     client: &kube::Client,
     recorder: &EventRecorder,
@@ -215,7 +218,23 @@ async fn apply_vmi_action(
         conditions::condition(vmi_condition::READY, false, Some(reason), Some(message)),
         &Time(Timestamp::now()),
     );
-    let patch = json!({"status": {"phase": phase, "reason": reason, "conditions": conds}});
+    let mut patch = json!({"status": {"phase": phase, "reason": reason, "conditions": conds}});
+    if phase == "Failed" {
+        // The dead node's agent can no longer release the VMI: it fenced itself (stopped its
+        // VMs) after its lease duration, which is shorter than the eviction grace that led
+        // here. Drop its finalizer so the VM controller can replace the VMI elsewhere.
+        let finalizers: Vec<String> = vmi
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| f.as_str() != AGENT_FINALIZER)
+            .cloned()
+            .collect();
+        if finalizers.len() != vmi.metadata.finalizers.as_ref().map_or(0, Vec::len) {
+            patch["metadata"] = json!({"finalizers": finalizers});
+        }
+    }
     match api
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
