@@ -135,6 +135,44 @@ fn always_vm_runs_restarts_after_guest_poweroff_and_stops_when_halted() -> anyho
     c.wait_until("printableStatus Stopped", Duration::from_secs(30), || {
         Ok((printable_status(&c, "web")? == "Stopped").then_some(()))
     })?;
+
+    // The virtctl verbs through the CLI: start, restart (a new VMI uid), stop.
+    let fv = |args: &[&str]| -> anyhow::Result<String> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+            .arg("--kubeconfig")
+            .arg(&c.kubeconfig)
+            .args(args)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "ferrovirt {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    assert_eq!(
+        fv(&["start", "web"])?.trim(),
+        "VM web was scheduled to start"
+    );
+    let uid3 = wait_running(&c, "web")?;
+    fv(&["restart", "web"])?;
+    let uid4 = c.wait_until("a new VMI after restart", BOOT, || {
+        Ok(vmi_state(&c, "web")?
+            .and_then(|(uid, phase)| (uid != uid3 && phase == "Running").then_some(uid)))
+    })?;
+    assert_ne!(uid3, uid4);
+    fv(&["stop", "web"])?;
+    c.wait_until("VMI gone after stop", BOOT, || {
+        Ok(vmi_state(&c, "web")?.is_none().then_some(()))
+    })?;
+
+    // Deleting the VM removes it and its VMI (owner references, the agent's finalizer).
+    fv(&["start", "web"])?;
+    wait_running(&c, "web")?;
+    c.kubectl_ok(&["delete", "vm", "web", "--timeout=120s"])?;
+    c.wait_until("VMI gone after the VM was deleted", BOOT, || {
+        Ok(vmi_state(&c, "web")?.is_none().then_some(()))
+    })?;
     Ok(())
 }
 
