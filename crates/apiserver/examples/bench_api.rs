@@ -82,6 +82,18 @@ fn parse_args() -> Result<Args> {
             println!("{USAGE}");
             std::process::exit(0);
         }
+        const FLAGS: [&str; 7] = [
+            "--backend",
+            "--n",
+            "--concurrency",
+            "--runs",
+            "--watchers",
+            "--events",
+            "--gap-ms",
+        ];
+        if !FLAGS.contains(&flag.as_str()) {
+            bail!("unknown argument {arg:?}\n{USAGE}");
+        }
         let value = match inline {
             Some(v) => v,
             None => it
@@ -118,7 +130,7 @@ fn parse_args() -> Result<Args> {
                         .with_context(|| format!("--gap-ms: {value:?} is not a number"))?,
                 )
             }
-            other => bail!("unknown flag {other}\n{USAGE}"),
+            _ => unreachable!("checked against FLAGS above"),
         }
     }
     Ok(args)
@@ -362,7 +374,8 @@ fn free_port() -> Result<u16> {
 }
 
 impl Etcd {
-    async fn start() -> Result<Etcd> {
+    /// `$FERROVIRT_ETCD_BIN` or `/usr/bin/etcd`; an error when it is missing.
+    fn binary() -> Result<PathBuf> {
         let bin = std::env::var_os("FERROVIRT_ETCD_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_ETCD));
@@ -374,6 +387,11 @@ impl Etcd {
                 bin.display()
             );
         }
+        Ok(bin)
+    }
+
+    async fn start() -> Result<Etcd> {
+        let bin = Self::binary()?;
         let dir = tempfile::Builder::new().prefix("bench-etcd-").tempdir()?;
         let (client, peer) = (free_port()?, free_port()?);
         let client_url = format!("http://127.0.0.1:{client}");
@@ -477,13 +495,27 @@ async fn bench_backend(backend: Backend, args: &Args) -> Result<()> {
             .map(|kv| kv.value.len())
             .unwrap_or(0);
         let (a, r) = (median(&api_rates), median(&raw_rates));
+        // Each API run follows its raw run, so the per-pair ratios see the same neighbours.
+        let paired: Vec<f64> = api_rates
+            .iter()
+            .zip(&raw_rates)
+            .map(|(x, y)| x / y)
+            .collect();
         println!(
-            "{name}: API {a:.0} creates/s, raw store {r:.0} writes/s, ratio X/Y = {:.2}   \
-             (N={n}, C={c}, medians of {runs}; API runs [{}], raw runs [{}]; value {raw_size} B \
-             raw, {stored} B stored by the API)",
-            a / r,
+            "{name}: API {a:.0} creates/s, raw store {r:.0} writes/s, ratio X/Y = {:.2}",
+            a / r
+        );
+        println!(
+            "{name}: (N={n}, C={c}, medians of {runs}; API runs [{}], raw runs [{}], paired \
+             ratios [{}], median {:.2}; value {raw_size} B raw, {stored} B as stored by the API)",
             fmt_runs(&api_rates),
             fmt_runs(&raw_rates),
+            paired
+                .iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            median(&paired),
             runs = args.runs,
         );
 
@@ -495,12 +527,12 @@ async fn bench_backend(backend: Backend, args: &Args) -> Result<()> {
         let (l, b) = (&many.latency, &alone.latency);
         let (p50, p99) = (percentile(l, 50.0), percentile(l, 99.0));
         let (b50, b99) = (percentile(b, 50.0), percentile(b, 99.0));
-        // A ratio to a baseline at or below zero (event before the ack) means nothing.
+        // A ratio of values at or below zero (event before the ack) means nothing.
         let ratio = |x: f64, base: f64| {
-            if base > 0.0 {
+            if x > 0.0 && base > 0.0 {
                 format!("{:.2}", x / base)
             } else {
-                "n/a (baseline <= 0)".to_owned()
+                "n/a (a value <= 0)".to_owned()
             }
         };
         let missing = many.missing + alone.missing;
@@ -560,6 +592,9 @@ async fn run(args: Args) -> Result<()> {
         args.events,
         args.gap.as_millis()
     );
+    if args.backends.contains(&Backend::Etcd) {
+        Etcd::binary()?;
+    }
     let started = Instant::now();
     for backend in &args.backends {
         bench_backend(*backend, &args)
@@ -571,12 +606,21 @@ async fn run(args: Args) -> Result<()> {
 }
 
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let args = parse_args()?;
-    // On Ctrl-C the benchmark future is dropped, which kills etcd and removes temp dirs.
-    tokio::select! {
-        r = run(args) => r,
-        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+    let result = match parse_args() {
+        // On Ctrl-C the benchmark future is dropped, which kills etcd and removes temp dirs.
+        Ok(args) => tokio::select! {
+            r = run(args) => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        },
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench_api: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
