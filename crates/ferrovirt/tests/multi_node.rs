@@ -261,3 +261,60 @@ fn second_server_on_etcd_takes_over_the_controllers_when_the_leader_dies() -> an
     assert!(took < Duration::from_secs(30), "took {took:?} (lease 15 s)");
     Ok(())
 }
+
+#[test]
+fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
+    TestGuest::get()?;
+    let mut c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    c.start_agent("node2")?;
+    c.wait_until("node2 registered", Duration::from_secs(60), || {
+        Ok(c.kubectl(&["get", "node", "node2"])?
+            .status
+            .success()
+            .then_some(()))
+    })?;
+    c.kubectl_ok(&["taint", "node", "node1", "controlplane=yes:NoSchedule"])?;
+    c.guest_disk_claim("fenced-root")?;
+    c.apply(&vm("fenced", "fenced-root", "app: f", ""))?;
+    let uid = c.wait_until("VMI Running on node2", BOOT, || {
+        let v = c.get_json(&["vmi", "fenced"])?;
+        Ok(
+            (v["status"]["phase"] == "Running" && v["status"]["nodeName"] == "node2").then(|| {
+                v["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            }),
+        )
+    })?;
+    let needle = c.extra_agent_dir("node2").join("vmis").join(&uid);
+    let qemu = || {
+        pids_matching(&needle.display().to_string())
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).starts_with("qemu-system"))
+                    .unwrap_or(false)
+            })
+            .count()
+    };
+    assert_eq!(qemu(), 1);
+    // The control plane goes away: node2's agent can no longer renew its lease (15 s).
+    c.kill_server()?;
+    let t0 = Instant::now();
+    while qemu() > 0 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let took = t0.elapsed();
+    assert_eq!(
+        qemu(),
+        0,
+        "the isolated agent did not fence its VM within 60 s"
+    );
+    assert!(
+        took >= Duration::from_secs(10),
+        "fenced after {took:?}, before the lease could have expired"
+    );
+    eprintln!("agent fenced its VM {took:?} after losing the API server");
+    Ok(())
+}
