@@ -55,7 +55,8 @@ The demo VM runs. Try:
   kubectl --kubeconfig $KC get vm,vmi -o wide
   $FV console demo --kubeconfig $KC          (serial console; Ctrl+] leaves)
   tail -f $DATA/agent/vmis/*/serial.log      (what the guest printed)
-Stop everything:
-  kubectl --kubeconfig $KC delete vm demo    (the guest powers off by ACPI)
-  kill \$(cat $STATE/server.pid)               (stops the server; running VMs would survive it)
+Stop everything (the guest powers off by ACPI; VMs outlive a server that is killed first):
+  kubectl --kubeconfig $KC delete vm demo
+  kubectl --kubeconfig $KC wait --for=delete vmi/demo --timeout=120s
+  kill \$(cat $STATE/server.pid)
 TXT
