@@ -1,14 +1,30 @@
-//! ferrovirt's user verbs (virtctl's and, later, kubectl's), speaking only the public API so they
-//! work against any ferrovirt server.
+//! ferrovirt's user verbs, kubectl's and virtctl's, speaking only the public API so they work
+//! against any ferrovirt (or Kubernetes + KubeVirt) server.
 //!
 //! - [`target`]: which server and credentials (kubeconfig, `$KUBECONFIG`, or the local server's).
-//! - [`virt`]: VM verbs on KubeVirt's subresources (start, stop, restart, pause, unpause,
-//!   soft-reboot, guestosinfo, userlist, fslist) with kubectl-style errors.
-//! - [`console`]: the interactive serial console over the console websocket.
+//! - [`session`]: a connected client with the server's resource types ([`resources`]).
+//! - kubectl: [`get`], [`describe`], [`apply`] (apply/create/edit), [`wait`] (wait/delete),
+//!   `api-resources` ([`resources::api_resources_table`]); output formats in [`printer`] and
+//!   [`jsonpath`].
+//! - virtctl: [`virt`] (start, stop, restart, pause, unpause, soft-reboot, guestosinfo, userlist,
+//!   fslist), [`console`], [`vnc`] (proxy and screenshot), [`create_vm`], [`expand`].
+//! - [`error`]: kubectl-style messages.
 
+pub mod apply;
+pub mod completion;
 pub mod console;
+pub mod create_vm;
+pub mod describe;
 pub mod error;
+pub mod expand;
+pub mod get;
+pub mod jsonpath;
+pub mod printer;
+pub mod resources;
+pub mod session;
 pub mod target;
 pub mod virt;
+pub mod vnc;
+pub mod wait;
 
 pub use error::CliError;

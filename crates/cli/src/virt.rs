@@ -83,12 +83,7 @@ pub async fn call(
                 .and_then(|v| serde_json::to_string_pretty(&v))
                 .unwrap_or(text),
         }),
-        Err(kube::Error::Api(s)) => Err(CliError::Server {
-            code: s.code,
-            reason: s.reason.clone(),
-            message: s.message.clone(),
-        }),
-        Err(e) => Err(CliError::Transport(e.to_string())),
+        Err(e) => Err(CliError::from_kube(e)),
     }
 }
 

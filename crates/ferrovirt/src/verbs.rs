@@ -1,10 +1,15 @@
-//! The user verbs' arguments (virtctl's names and flags) and their hand-over to `ferrovirt-cli`.
+//! The user verbs' arguments (kubectl's and virtctl's names and flags) and their hand-over to
+//! `ferrovirt-cli`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ferrovirt_cli::CliError;
+use ferrovirt_cli::get::{GetRequest, Output};
+use ferrovirt_cli::session::Session;
 use ferrovirt_cli::target::Target;
 use ferrovirt_cli::virt::Verb;
+use ferrovirt_cli::wait::{WaitFor, parse_duration};
 
 /// Where to connect: shared by every verb.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,8 +31,154 @@ pub struct KindName {
     name: String,
 }
 
+/// `get`'s arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GetArgs {
+    /// Resource type (`vm`, `vmis`, `virtualmachines.kubevirt.io`, …) or TYPE/NAME.
+    #[arg(value_name = "TYPE")]
+    type_: String,
+    name: Option<String>,
+    /// Output format: wide, yaml, json, name, jsonpath=TEMPLATE.
+    #[arg(short, long)]
+    output: Option<String>,
+    /// Label selector (`app=a,tier!=b`).
+    #[arg(short = 'l', long)]
+    selector: Option<String>,
+    /// List across all namespaces.
+    #[arg(short = 'A', long)]
+    all_namespaces: bool,
+    /// After listing, print a row for every change.
+    #[arg(short, long)]
+    watch: bool,
+}
+
+/// What `create` makes without `-f`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum CreateWhat {
+    /// Print a VirtualMachine manifest built from flags (virtctl's `create vm`).
+    Vm(CreateVmArgs),
+}
+
+/// `create vm`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CreateVmArgs {
+    /// VM name (default: vm-XXXXX).
+    #[arg(long)]
+    name: Option<String>,
+    /// Instancetype: NAME (cluster-wide) or KIND/NAME.
+    #[arg(long)]
+    instancetype: Option<String>,
+    /// Preference: NAME (cluster-wide) or KIND/NAME.
+    #[arg(long)]
+    preference: Option<String>,
+    /// A containerdisk volume: src:IMAGE[,name:NAME] (repeatable).
+    #[arg(long = "volume-containerdisk")]
+    volume_containerdisk: Vec<String>,
+    /// A DataVolume from a DataSource: src:[NAMESPACE/]NAME[,name:NAME][,size:SIZE] (repeatable).
+    #[arg(long = "volume-datasource")]
+    volume_datasource: Vec<String>,
+    /// Base64-encoded cloud-init user data (NoCloud).
+    #[arg(long)]
+    cloud_init_user_data: Option<String>,
+    /// Run strategy (default Always).
+    #[arg(long)]
+    run_strategy: Option<String>,
+}
+
+/// `vnc screenshot`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum VncCmd {
+    /// Save the VMI's display as a PNG.
+    Screenshot {
+        name: String,
+        /// Output file.
+        #[arg(short = 'f', long = "file", default_value = "screenshot.png")]
+        file: PathBuf,
+    },
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub enum VerbCommand {
+    /// Create or update resources from YAML/JSON files, a directory or `-` (stdin).
+    Apply {
+        #[arg(short = 'f', long = "filename")]
+        filename: PathBuf,
+    },
+    /// Create resources from files (`-f`), or print a VM manifest (`create vm`).
+    #[command(args_conflicts_with_subcommands = true)]
+    Create {
+        #[arg(short = 'f', long = "filename")]
+        filename: Option<PathBuf>,
+        #[command(subcommand)]
+        what: Option<CreateWhat>,
+    },
+    /// Display resources (server-side columns, or -o yaml|json|name|jsonpath=…).
+    Get(GetArgs),
+    /// Show an object's fields and its events.
+    Describe {
+        #[arg(value_name = "TYPE")]
+        type_: String,
+        name: Option<String>,
+    },
+    /// Delete resources: TYPE NAME… or TYPE/NAME….
+    Delete {
+        #[arg(required = true)]
+        args: Vec<String>,
+        /// Wait until the objects are gone.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set,
+              num_args = 0..=1, default_missing_value = "true")]
+        wait: bool,
+        /// How long to wait (`60s`, `5m`); default: forever.
+        #[arg(long)]
+        timeout: Option<String>,
+    },
+    /// Edit an object in $EDITOR and replace it with the result.
+    Edit {
+        #[arg(value_name = "TYPE")]
+        type_: String,
+        name: Option<String>,
+    },
+    /// Wait for a condition (`--for=condition=Ready`) or deletion (`--for=delete`).
+    Wait {
+        #[arg(required = true, num_args = 1..=2)]
+        args: Vec<String>,
+        #[arg(long = "for")]
+        for_: String,
+        #[arg(long, default_value = "30s")]
+        timeout: String,
+    },
+    /// List the server's resource types with their short names.
+    ApiResources,
+    /// Connect to a VMI's VNC display through a local port, or take a screenshot.
+    #[command(args_conflicts_with_subcommands = true)]
+    Vnc {
+        #[command(subcommand)]
+        cmd: Option<VncCmd>,
+        name: Option<String>,
+        /// Only listen locally and print the port (`{"port":N}`); start no viewer.
+        #[arg(long)]
+        proxy_only: bool,
+        /// Local port (0: any free port).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
+    /// Print a VM with its instancetype and preference inlined.
+    Expand {
+        /// The VM's name.
+        #[arg(long)]
+        vm: Option<String>,
+        /// A VM manifest instead of a VM on the server.
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        /// yaml or json.
+        #[arg(short, long, default_value = "yaml")]
+        output: String,
+    },
+    /// Print a shell completion script.
+    Completion {
+        #[arg(value_parser = ferrovirt_cli::completion::SHELLS)]
+        shell: String,
+    },
     /// Connect to a VMI's serial console (Ctrl+] leaves; works in a pipe).
     Console {
         name: String,
@@ -64,6 +215,7 @@ pub enum VerbCommand {
 pub async fn run(conn: &Conn, cmd: VerbCommand) -> i32 {
     match run_inner(conn, cmd).await {
         Ok(()) => 0,
+        Err(ferrovirt_cli::CliError::Reported) => 1,
         Err(e) => {
             eprintln!("{e}");
             1
@@ -71,7 +223,63 @@ pub async fn run(conn: &Conn, cmd: VerbCommand) -> i32 {
     }
 }
 
-async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), ferrovirt_cli::CliError> {
+fn print_text(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    let _ = out.write_all(text.as_bytes());
+    if !text.is_empty() && !text.ends_with('\n') {
+        let _ = out.write_all(b"\n");
+    }
+    let _ = out.flush();
+}
+
+fn format_doc(v: &serde_json::Value, output: &str) -> Result<String, CliError> {
+    match output {
+        "json" => Ok(serde_json::to_string_pretty(v).unwrap_or_default()),
+        "yaml" => ferrovirt_cli::printer::to_yaml(v),
+        other => Err(CliError::Usage(format!(
+            "unsupported output format \"{other}\" (yaml or json)"
+        ))),
+    }
+}
+
+/// Verbs that need no server.
+fn offline(cmd: &VerbCommand) -> Option<Result<(), CliError>> {
+    match cmd {
+        VerbCommand::Completion { shell } => {
+            use clap::CommandFactory;
+            Some(
+                ferrovirt_cli::completion::script(shell, &mut crate::Cli::command())
+                    .map(|s| print_text(&s)),
+            )
+        }
+        VerbCommand::Create {
+            filename: None,
+            what: Some(CreateWhat::Vm(a)),
+        } => {
+            let o = ferrovirt_cli::create_vm::VmOptions {
+                name: a.name.clone(),
+                instancetype: a.instancetype.clone(),
+                preference: a.preference.clone(),
+                containerdisks: a.volume_containerdisk.clone(),
+                datasources: a.volume_datasource.clone(),
+                cloud_init_user_data: a.cloud_init_user_data.clone(),
+                run_strategy: a.run_strategy.clone(),
+            };
+            Some(
+                ferrovirt_cli::create_vm::vm_manifest(&o)
+                    .and_then(|v| ferrovirt_cli::printer::to_yaml(&v))
+                    .map(|s| print_text(&s)),
+            )
+        }
+        _ => None,
+    }
+}
+
+async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), CliError> {
+    if let Some(r) = offline(&cmd) {
+        return r;
+    }
     let target = Target::load(conn.kubeconfig.as_deref(), conn.namespace.as_deref())?;
     let (verb, name, grace) = match cmd {
         VerbCommand::Console {
@@ -80,6 +288,31 @@ async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), ferrovirt_cli::C
         } => {
             return ferrovirt_cli::console::run(&target, &name, Duration::from_secs(quiet_seconds))
                 .await;
+        }
+        VerbCommand::Vnc {
+            cmd: Some(VncCmd::Screenshot { name, file }),
+            ..
+        } => {
+            let f = ferrovirt_cli::vnc::screenshot(&target, &name, &file).await?;
+            eprintln!(
+                "saved a {}x{} screenshot to {}",
+                f.width,
+                f.height,
+                file.display()
+            );
+            return Ok(());
+        }
+        VerbCommand::Vnc {
+            cmd: None,
+            name,
+            proxy_only,
+            port,
+        } => {
+            let name = name.ok_or_else(|| CliError::Usage("vnc needs a VMI name".into()))?;
+            if !proxy_only {
+                eprintln!("no VNC viewer is started: connect one to the port printed below");
+            }
+            return ferrovirt_cli::vnc::proxy(&target, &name, port).await;
         }
         VerbCommand::Start { name } => (Verb::Start, name, None),
         VerbCommand::Stop { name, grace_period } => (Verb::Stop, name, grace_period),
@@ -90,8 +323,82 @@ async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), ferrovirt_cli::C
         VerbCommand::Guestosinfo { name } => (Verb::GuestOsInfo, name, None),
         VerbCommand::Userlist { name } => (Verb::UserList, name, None),
         VerbCommand::Fslist { name } => (Verb::FsList, name, None),
+        other => return kubectl(&target, other).await,
     };
     let out = ferrovirt_cli::virt::call(&target, verb, &name, grace).await?;
     println!("{out}");
     Ok(())
+}
+
+/// The verbs that need discovery.
+async fn kubectl(target: &Target, cmd: VerbCommand) -> Result<(), CliError> {
+    let s = Session::connect(target).await?;
+    match cmd {
+        VerbCommand::Apply { filename } => {
+            ferrovirt_cli::apply::run_files(&s, &filename, false).await
+        }
+        VerbCommand::Create {
+            filename: Some(f), ..
+        } => ferrovirt_cli::apply::run_files(&s, &f, true).await,
+        VerbCommand::Create { .. } => Err(CliError::Usage(
+            "create needs -f FILE or a subcommand (vm)".into(),
+        )),
+        VerbCommand::Get(a) => {
+            let mut req = GetRequest::new(
+                &a.type_,
+                a.name.as_deref(),
+                Output::parse(a.output.as_deref())?,
+            );
+            req.selector = a.selector;
+            req.all_namespaces = a.all_namespaces;
+            req.watch = a.watch;
+            ferrovirt_cli::get::run(&s, &req, &mut std::io::stdout()).await
+        }
+        VerbCommand::Describe { type_, name } => {
+            print_text(&ferrovirt_cli::describe::run(&s, &type_, name.as_deref()).await?);
+            Ok(())
+        }
+        VerbCommand::Delete {
+            args,
+            wait,
+            timeout,
+        } => {
+            let timeout = timeout.as_deref().map(parse_duration).transpose()?;
+            ferrovirt_cli::wait::delete(&s, &args, wait, timeout).await
+        }
+        VerbCommand::Edit { type_, name } => {
+            print_text(&ferrovirt_cli::apply::edit(&s, &type_, name.as_deref()).await?);
+            Ok(())
+        }
+        VerbCommand::Wait {
+            args,
+            for_,
+            timeout,
+        } => {
+            let want = WaitFor::parse(&for_)?;
+            let timeout = parse_duration(&timeout)?;
+            let line = ferrovirt_cli::wait::wait(
+                &s,
+                &args[0],
+                args.get(1).map(String::as_str),
+                &want,
+                timeout,
+            )
+            .await?;
+            print_text(&line);
+            Ok(())
+        }
+        VerbCommand::ApiResources => {
+            print_text(&ferrovirt_cli::resources::api_resources_table(
+                &s.catalog.resources,
+            ));
+            Ok(())
+        }
+        VerbCommand::Expand { vm, file, output } => {
+            let v = ferrovirt_cli::expand::run(&s, vm.as_deref(), file.as_deref()).await?;
+            print_text(&format_doc(&v, &output)?);
+            Ok(())
+        }
+        other => Err(CliError::Usage(format!("unhandled verb {other:?}"))),
+    }
 }
