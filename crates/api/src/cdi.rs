@@ -79,6 +79,8 @@ kstruct! {
         pub cert_config_map: Option<String>,
         pub extra_headers: Option<Vec<String>>,
         pub secret_extra_headers: Option<Vec<String>>,
+        /// Expected digest of the downloaded file, `sha256:<hex>` (also sha1/sha384/sha512).
+        pub checksum: Option<String>,
     }
 }
 

@@ -1,6 +1,7 @@
 //! ferrovirt's controllers. Each reconcile is split into a pure decision (in [`scheduler`],
 //! [`vm`], [`node_lifecycle`]) of (object, observed state) → desired changes, unit-tested
 //! without a server, and the I/O that applies it against the API server ([`runtime`]).
+//! [`storage`] holds the StorageClass/PVC/DataVolume controllers.
 //!
 //! Start everything with [`run`]`(client, ControllerOptions::default())`.
 
@@ -9,6 +10,7 @@ pub mod error;
 pub mod node_lifecycle;
 pub mod runtime;
 pub mod scheduler;
+pub mod storage;
 pub mod vm;
 
 pub use error::ControllerError;

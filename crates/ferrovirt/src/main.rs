@@ -129,6 +129,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         let client = node::client_from_kubeconfig(&server.kubeconfig_path).await?;
         let mut opts = ferrovirt_controller::ControllerOptions::default();
         opts.leader_election.identity = format!("{}-{}", node::hostname(), std::process::id());
+        opts.storage.data_dir = Some(args.data_dir.clone());
         tasks.spawn(async move {
             ferrovirt_controller::run(client, opts)
                 .await

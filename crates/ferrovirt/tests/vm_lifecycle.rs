@@ -199,3 +199,65 @@ fn rerun_on_failure_vm_stays_stopped_after_a_clean_guest_poweroff() -> anyhow::R
     assert!(st == "Stopped" || st == "Succeeded", "printableStatus {st}");
     Ok(())
 }
+
+#[test]
+fn instancetype_is_pinned_in_a_controller_revision_across_restarts() -> anyhow::Result<()> {
+    let c = cluster()?;
+    c.guest_disk_claim("sized-root")?;
+    c.apply(
+        r#"
+apiVersion: instancetype.kubevirt.io/v1beta1
+kind: VirtualMachineClusterInstancetype
+metadata: {name: tiny}
+spec:
+  cpu: {guest: 1}
+  memory: {guest: 128Mi}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: sized, namespace: default}
+spec:
+  runStrategy: Always
+  instancetype: {name: tiny}
+  template:
+    spec:
+      domain:
+        devices:
+          disks:
+          - name: root
+            disk: {bus: virtio}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {claimName: sized-root}
+"#,
+    )?;
+    let uid1 = wait_running(&c, "sized")?;
+    let vmi = c.get_json(&["vmi", "sized"])?;
+    assert_eq!(vmi["spec"]["domain"]["memory"]["guest"], "128Mi", "{vmi}");
+    let vm = c.get_json(&["vm", "sized"])?;
+    let rev = vm["spec"]["instancetype"]["revisionName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!rev.is_empty(), "no revisionName recorded: {vm}");
+    let cr = c.get_json(&["controllerrevision", &rev])?;
+    assert_eq!(cr["data"]["spec"]["memory"]["guest"], "128Mi");
+    // Growing the instancetype does not change the VM: a restart keeps the pinned sizing.
+    c.kubectl_ok(&[
+        "patch",
+        "virtualmachineclusterinstancetype",
+        "tiny",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"memory":{"guest":"256Mi"}}}"#,
+    ])?;
+    c.kubectl_ok(&["delete", "vmi", "sized", "--timeout=120s"])?;
+    let uid2 = c.wait_until("the VMI recreated", BOOT, || {
+        Ok(vmi_state(&c, "sized")?
+            .and_then(|(uid, phase)| (uid != uid1 && phase == "Running").then_some(uid)))
+    })?;
+    assert_ne!(uid1, uid2);
+    let vmi = c.get_json(&["vmi", "sized"])?;
+    assert_eq!(vmi["spec"]["domain"]["memory"]["guest"], "128Mi", "{vmi}");
+    Ok(())
+}

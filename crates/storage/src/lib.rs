@@ -1,1 +1,19 @@
-//! ferrovirt-storage (see docs/ARCHITECTURE.md).
+//! ferrovirt-storage: the I/O building blocks of ferrovirt's storage layer, free of API types.
+//!
+//! - [`provisioner`]: volume directories (`<root>/<pv>/disk.img`, thin raw sparse files) for
+//!   the built-in `shared` and `local` classes, deletion, and copying for clones;
+//! - [`qemu_img`]: `qemu-img info --output=json`, `convert -p` with progress, `resize`;
+//! - [`checksum`]: `sha256:<hex>`-style checksums;
+//! - [`http`]: a small HTTP(S) downloader (hyper + rustls);
+//! - [`importer`]: download → checksum → decompress → validate → convert to raw.
+//!
+//! The format choices are documented in `docs/storage.md`.
+
+pub mod checksum;
+pub mod error;
+pub mod http;
+pub mod importer;
+pub mod provisioner;
+pub mod qemu_img;
+
+pub use error::StorageError;

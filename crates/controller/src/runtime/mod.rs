@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::error::ControllerError;
 use crate::node_lifecycle::NodeLifecycleOptions;
+use crate::storage::StorageOptions;
 use crate::vm::decide::VmOptions;
 use leader::{LeaderElectionOptions, LeaderElector};
 use scheduler_loop::SchedulerLoopOptions;
@@ -32,6 +33,8 @@ pub struct ControllerOptions {
     pub vm: VmOptions,
     pub scheduler: SchedulerLoopOptions,
     pub node_lifecycle: NodeLifecycleOptions,
+    /// StorageClasses, PVC binding/provisioning and DataVolumes (`crate::storage`).
+    pub storage: StorageOptions,
 }
 
 /// Run the controllers until the returned future is dropped (cancellation) or one of them
@@ -63,6 +66,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
         tasks.spawn({
             let (c, o) = (client.clone(), opts.node_lifecycle.clone());
             async move { ("node-lifecycle", node_loop::run(c, o).await) }
+        });
+        tasks.spawn({
+            let (c, o) = (client.clone(), opts.storage.clone());
+            async move { ("storage", crate::storage::run(c, o).await) }
         });
         // Step down before others may take over: renewals failing for 2/3 of the duration.
         let deadline = le.lease_duration.mul_f64(2.0 / 3.0).max(le.renew_period);

@@ -98,6 +98,7 @@ async fn reconcile(vm: Arc<Vm>, ctx: Arc<Ctx>) -> Result<Action, ControllerError
         tracing::warn!(vm = %name, "a VMI with this name belongs to another owner");
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
+    crate::storage::dv_loop::ensure_template_data_volumes(&ctx.client, vm).await?;
     let volumes = observe_volumes(&ctx.client, &ns, vm).await?;
     let spec = expand(&ctx.client, &ns, vm).await;
     let now = Timestamp::now();
@@ -301,7 +302,7 @@ async fn fetch_spec<T: serde::de::DeserializeOwned>(
     namespaced: (&str, &str),
     cluster: (&str, &str),
     kind: Option<&str>,
-) -> Result<T, String> {
+) -> Result<(T, serde_json::Value), String> {
     let namespaced_kind = kind.is_some_and(|k| k.eq_ignore_ascii_case(namespaced.0));
     let (api, kind) = if namespaced_kind {
         let r = instancetype_resource(namespaced.0, namespaced.1);
@@ -321,8 +322,94 @@ async fn fetch_spec<T: serde::de::DeserializeOwned>(
         .await
         .map_err(|e| format!("fetching {kind} {name}: {e}"))?
         .ok_or_else(|| format!("{kind} {name} not found"))?;
-    serde_json::from_value(obj.data.get("spec").cloned().unwrap_or_default())
-        .map_err(|e| format!("{kind} {name} has an invalid spec: {e}"))
+    let spec = serde_json::from_value(obj.data.get("spec").cloned().unwrap_or_default())
+        .map_err(|e| format!("{kind} {name} has an invalid spec: {e}"))?;
+    Ok((spec, serde_json::to_value(&obj).unwrap_or_default()))
+}
+
+/// The ControllerRevision resource (apps/v1) that pins an instancetype or preference.
+fn revision_resource() -> ApiResource {
+    ApiResource {
+        group: "apps".into(),
+        version: "v1".into(),
+        api_version: "apps/v1".into(),
+        kind: "ControllerRevision".into(),
+        plural: "controllerrevisions".into(),
+    }
+}
+
+/// The name of the revision pinning `object` (an instancetype or preference) for `vm`.
+pub fn revision_name(vm: &str, object: &serde_json::Value) -> String {
+    let kind = object["kind"].as_str().unwrap_or("object").to_lowercase();
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    let generation = object["metadata"]["generation"].as_i64().unwrap_or(1);
+    let mut n = format!("{vm}-{kind}-{name}-{generation}");
+    n.truncate(253);
+    n
+}
+
+/// Reads the spec pinned in ControllerRevision `revision` (its `data` is the whole object).
+async fn pinned_spec<T: serde::de::DeserializeOwned>(
+    client: &kube::Client,
+    ns: &str,
+    revision: &str,
+) -> Result<T, String> {
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &revision_resource());
+    let rev = api
+        .get_opt(revision)
+        .await
+        .map_err(|e| format!("fetching ControllerRevision {revision}: {e}"))?
+        .ok_or_else(|| format!("ControllerRevision {revision} not found"))?;
+    serde_json::from_value(rev.data["data"]["spec"].clone())
+        .map_err(|e| format!("ControllerRevision {revision} holds an invalid spec: {e}"))
+}
+
+/// Pins `object` for `vm` in a ControllerRevision owned by the VM and records its name in the
+/// VM's `spec.<field>.revisionName`, so restarts keep the sizing the VM started with.
+async fn pin_revision(
+    client: &kube::Client,
+    ns: &str,
+    vm: &VirtualMachine,
+    field: &str,
+    object: serde_json::Value,
+) -> Result<(), String> {
+    let vm_name = vm.metadata.name.clone().unwrap_or_default();
+    let name = revision_name(&vm_name, &object);
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &revision_resource());
+    let rev: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "ControllerRevision",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "ownerReferences": [{
+                "apiVersion": KUBEVIRT_API_VERSION,
+                "kind": "VirtualMachine",
+                "name": vm_name,
+                "uid": vm.metadata.uid.clone().unwrap_or_default(),
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "data": object,
+        "revision": 1,
+    }))
+    .map_err(|e| e.to_string())?;
+    match api.create(&PostParams::default(), &rev).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+        Err(e) => return Err(format!("creating ControllerRevision {name}: {e}")),
+    }
+    let vms: Api<crate::runtime::resources::Vm> = Api::namespaced(client.clone(), ns);
+    let patch = serde_json::json!({"spec": {field: {"revisionName": name}}});
+    vms.patch(
+        &vm_name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|e| format!("recording the revision of {field}: {e}"))?;
+    Ok(())
 }
 
 /// The template expanded with the VM's instancetype and preference, or why not.
@@ -336,40 +423,50 @@ async fn expand(
         .and_then(|s| s.instancetype.as_ref())
         .and_then(|m| m.name.as_ref().map(|n| (n, m)))
     {
-        Some((name, m)) => Some(
-            fetch_spec::<InstancetypeSpec>(
-                client,
-                ns,
-                name,
-                ("VirtualMachineInstancetype", "virtualmachineinstancetypes"),
-                (
-                    "VirtualMachineClusterInstancetype",
-                    "virtualmachineclusterinstancetypes",
-                ),
-                m.kind.as_deref(),
-            )
-            .await?,
-        ),
+        Some((name, m)) => Some(match &m.revision_name {
+            Some(rev) => pinned_spec::<InstancetypeSpec>(client, ns, rev).await?,
+            None => {
+                let (spec, object) = fetch_spec::<InstancetypeSpec>(
+                    client,
+                    ns,
+                    name,
+                    ("VirtualMachineInstancetype", "virtualmachineinstancetypes"),
+                    (
+                        "VirtualMachineClusterInstancetype",
+                        "virtualmachineclusterinstancetypes",
+                    ),
+                    m.kind.as_deref(),
+                )
+                .await?;
+                pin_revision(client, ns, vm, "instancetype", object).await?;
+                spec
+            }
+        }),
         None => None,
     };
     let pref = match spec
         .and_then(|s| s.preference.as_ref())
         .and_then(|m| m.name.as_ref().map(|n| (n, m)))
     {
-        Some((name, m)) => Some(
-            fetch_spec::<PreferenceSpec>(
-                client,
-                ns,
-                name,
-                ("VirtualMachinePreference", "virtualmachinepreferences"),
-                (
-                    "VirtualMachineClusterPreference",
-                    "virtualmachineclusterpreferences",
-                ),
-                m.kind.as_deref(),
-            )
-            .await?,
-        ),
+        Some((name, m)) => Some(match &m.revision_name {
+            Some(rev) => pinned_spec::<PreferenceSpec>(client, ns, rev).await?,
+            None => {
+                let (spec, object) = fetch_spec::<PreferenceSpec>(
+                    client,
+                    ns,
+                    name,
+                    ("VirtualMachinePreference", "virtualmachinepreferences"),
+                    (
+                        "VirtualMachineClusterPreference",
+                        "virtualmachineclusterpreferences",
+                    ),
+                    m.kind.as_deref(),
+                )
+                .await?;
+                pin_revision(client, ns, vm, "preference", object).await?;
+                spec
+            }
+        }),
         None => None,
     };
     expanded_spec(vm, it.as_ref(), pref.as_ref())

@@ -1,0 +1,230 @@
+//! The built-in StorageClasses and their StorageProfiles. `local` (the default class:
+//! node-local directories, ReadWriteOnce, WaitForFirstConsumer) and `shared` (a directory on
+//! the server's machine, ReadWriteMany, Immediate) are created at startup when absent; every
+//! StorageClass gets a StorageProfile of the same name whose status says which access and
+//! volume modes the class supports and how it clones (`copy`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+
+use ferrovirt_api::cdi::{ClaimPropertySet, StorageProfile, StorageProfileStatus};
+
+use super::resources::{CDI_API_VERSION, Profile};
+use crate::error::ControllerError;
+
+/// Name of the node-local class (the default).
+pub const LOCAL: &str = "local";
+/// Name of the shared-directory class.
+pub const SHARED: &str = "shared";
+/// Provisioner of [`LOCAL`].
+pub const PROVISIONER_LOCAL: &str = "ferrovirt.io/local";
+/// Provisioner of [`SHARED`].
+pub const PROVISIONER_SHARED: &str = "ferrovirt.io/shared";
+/// Marks the default StorageClass.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
+/// `volumeBindingMode` that delays provisioning until a consumer is scheduled.
+pub const WAIT_FOR_FIRST_CONSUMER: &str = "WaitForFirstConsumer";
+
+/// Which built-in provisioner serves a class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    /// One directory per volume under the server's `DATA_DIR/volumes`; RWX.
+    Shared,
+    /// One directory per volume under a node's local root; RWO, pinned to the node.
+    Local,
+}
+
+impl Builtin {
+    /// The built-in provisioner of `provisioner`, if it is one.
+    pub fn of(provisioner: &str) -> Option<Builtin> {
+        match provisioner {
+            PROVISIONER_SHARED => Some(Builtin::Shared),
+            PROVISIONER_LOCAL => Some(Builtin::Local),
+            _ => None,
+        }
+    }
+}
+
+/// The two built-in classes.
+pub fn builtin_classes() -> Vec<StorageClass> {
+    let class = |name: &str, provisioner: &str, mode: &str, default: bool| StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: default.then(|| {
+                BTreeMap::from([(DEFAULT_CLASS_ANNOTATION.to_string(), "true".to_string())])
+            }),
+            ..Default::default()
+        },
+        provisioner: provisioner.into(),
+        reclaim_policy: Some("Delete".into()),
+        volume_binding_mode: Some(mode.into()),
+        allow_volume_expansion: Some(false),
+        ..Default::default()
+    };
+    vec![
+        class(LOCAL, PROVISIONER_LOCAL, WAIT_FOR_FIRST_CONSUMER, true),
+        class(SHARED, PROVISIONER_SHARED, "Immediate", false),
+    ]
+}
+
+/// The default class: the one annotated `is-default-class: "true"` (the newest-named wins
+/// ties, by name order).
+pub fn default_class(classes: &[StorageClass]) -> Option<&StorageClass> {
+    classes
+        .iter()
+        .filter(|c| {
+            c.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                .is_some_and(|v| v == "true")
+        })
+        .max_by(|a, b| a.metadata.name.cmp(&b.metadata.name))
+}
+
+/// Whether a class delays binding until a consumer is scheduled.
+pub fn waits_for_consumer(class: &StorageClass) -> bool {
+    class.volume_binding_mode.as_deref() == Some(WAIT_FOR_FIRST_CONSUMER)
+}
+
+/// The StorageProfile status of a class (user overrides from `spec` win).
+pub fn profile_status(
+    class: &StorageClass,
+    spec: Option<&ferrovirt_api::cdi::StorageProfileSpec>,
+) -> StorageProfileStatus {
+    let modes: Option<Vec<ClaimPropertySet>> = match Builtin::of(&class.provisioner) {
+        Some(Builtin::Shared) => Some(vec![ClaimPropertySet {
+            access_modes: Some(vec!["ReadWriteMany".into()]),
+            volume_mode: Some("Filesystem".into()),
+        }]),
+        Some(Builtin::Local) => Some(vec![ClaimPropertySet {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            volume_mode: Some("Filesystem".into()),
+        }]),
+        None => None,
+    };
+    StorageProfileStatus {
+        storage_class: class.metadata.name.clone(),
+        provisioner: Some(class.provisioner.clone()),
+        clone_strategy: spec
+            .and_then(|s| s.clone_strategy.clone())
+            .or_else(|| Some("copy".into())),
+        claim_property_sets: spec
+            .and_then(|s| s.claim_property_sets.clone())
+            .filter(|s| !s.is_empty())
+            .or(modes),
+        data_import_cron_source_format: spec
+            .and_then(|s| s.data_import_cron_source_format.clone())
+            .or_else(|| Some("pvc".into())),
+        snapshot_class: spec.and_then(|s| s.snapshot_class.clone()),
+    }
+}
+
+/// Create the built-in classes when absent, and a StorageProfile for every class.
+pub async fn ensure(client: &kube::Client) -> Result<(), ControllerError> {
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    for c in builtin_classes() {
+        let name = c.metadata.name.clone().unwrap_or_default();
+        if classes.get_opt(&name).await?.is_none() {
+            match classes.create(&PostParams::default(), &c).await {
+                Ok(_) => tracing::info!(class = %name, "created StorageClass"),
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let profiles: Api<Profile> = Api::all(client.clone());
+    for class in classes.list(&Default::default()).await?.items {
+        let Some(name) = class.metadata.name.clone() else {
+            continue;
+        };
+        let existing = profiles.get_opt(&name).await?;
+        let spec = existing.as_ref().and_then(|p| p.0.spec.clone());
+        let status = profile_status(&class, spec.as_ref());
+        match existing {
+            None => {
+                let p = Profile(StorageProfile {
+                    api_version: Some(CDI_API_VERSION.into()),
+                    kind: Some("StorageProfile".into()),
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(Default::default()),
+                    status: None,
+                });
+                match profiles.create(&PostParams::default(), &p).await {
+                    Ok(_) | Err(kube::Error::Api(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                patch_profile_status(&profiles, &name, &status).await?;
+            }
+            Some(p) if p.0.status.as_ref() != Some(&status) => {
+                patch_profile_status(&profiles, &name, &status).await?;
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+async fn patch_profile_status(
+    profiles: &Api<Profile>,
+    name: &str,
+    status: &StorageProfileStatus,
+) -> Result<(), ControllerError> {
+    let patch = serde_json::json!({ "status": status });
+    match profiles
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_and_default() {
+        let cs = builtin_classes();
+        assert_eq!(
+            default_class(&cs).unwrap().metadata.name.as_deref(),
+            Some(LOCAL)
+        );
+        assert!(waits_for_consumer(&cs[0]));
+        assert!(!waits_for_consumer(&cs[1]));
+        assert_eq!(Builtin::of(&cs[1].provisioner), Some(Builtin::Shared));
+        assert_eq!(Builtin::of("kubernetes.io/no-provisioner"), None);
+    }
+
+    #[test]
+    fn profiles_follow_class_with_overrides() {
+        let cs = builtin_classes();
+        let s = profile_status(&cs[1], None);
+        let set = &s.claim_property_sets.as_ref().unwrap()[0];
+        assert_eq!(
+            set.access_modes.as_deref(),
+            Some(&["ReadWriteMany".to_string()][..])
+        );
+        assert_eq!(s.clone_strategy.as_deref(), Some("copy"));
+        let spec = ferrovirt_api::cdi::StorageProfileSpec {
+            claim_property_sets: Some(vec![ClaimPropertySet {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                volume_mode: Some("Block".into()),
+            }]),
+            ..Default::default()
+        };
+        let s = profile_status(&cs[1], Some(&spec));
+        assert_eq!(
+            s.claim_property_sets.unwrap()[0].volume_mode.as_deref(),
+            Some("Block")
+        );
+    }
+}

@@ -1,0 +1,804 @@
+//! The DataVolume controller loop (cdi.kubevirt.io/v1beta1): creates each DataVolume's PVC
+//! (from `pvc:`, or `storage:` completed with the class's StorageProfile), waits for it to be
+//! bound (choosing the node of WaitForFirstConsumer claims unless that is honoured), then
+//! populates the volume in a task — HTTP(S) import, blank, or a copy of another PVC — and
+//! reports phase, progress, conditions and Events. Transfer failures are retried with
+//! exponential backoff; checksum mismatches and refused images fail the DataVolume at once.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use serde_json::json;
+
+use ferrovirt_api::cdi::{DataVolume, DataVolumeSpec, dv_phase};
+use ferrovirt_storage::StorageError;
+use ferrovirt_storage::http::{BasicAuth, DownloadRequest};
+use ferrovirt_storage::importer::{self, ImportRequest};
+use ferrovirt_storage::provisioner::image_of;
+
+use super::classes;
+use super::datavolume::{self as dvd, SourceKind, Stage};
+use super::pvc::{SELECTED_NODE, quantity_bytes};
+use super::resources::{CDI_API_VERSION, Dv, Profile};
+use super::{Dirs, StorageOptions};
+use crate::error::ControllerError;
+use crate::runtime::events::{EventRecorder, object_ref};
+
+/// Component name on Events.
+pub const COMPONENT: &str = "datavolume-controller";
+
+/// A failed population.
+#[derive(Debug, Clone)]
+struct Failure {
+    /// Retrying cannot help (checksum mismatch, refused image, invalid source).
+    permanent: bool,
+    message: String,
+}
+
+impl From<StorageError> for Failure {
+    fn from(e: StorageError) -> Self {
+        let permanent = matches!(
+            e,
+            StorageError::ChecksumMismatch { .. }
+                | StorageError::Refused(_)
+                | StorageError::Invalid { .. }
+        );
+        Failure {
+            permanent,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// A running population.
+struct Job {
+    clone: bool,
+    progress: Mutex<Option<f64>>,
+    outcome: Mutex<Option<Result<(), Failure>>>,
+    abort: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+struct Ctx {
+    client: kube::Client,
+    dirs: Dirs,
+    opts: StorageOptions,
+    recorder: EventRecorder,
+    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    retry_at: Mutex<HashMap<String, Instant>>,
+    reported: Mutex<HashSet<(String, String)>>,
+}
+
+impl Ctx {
+    fn job(&self, uid: &str) -> Option<Arc<Job>> {
+        self.jobs.lock().expect("lock").get(uid).cloned()
+    }
+
+    fn drop_job(&self, uid: &str) {
+        if let Some(j) = self.jobs.lock().expect("lock").remove(uid)
+            && let Some(a) = j.abort.lock().expect("lock").take()
+        {
+            a.abort();
+        }
+    }
+}
+
+/// Run the DataVolume controller until its watch ends or the future is dropped.
+pub async fn run(
+    client: kube::Client,
+    dirs: Dirs,
+    opts: StorageOptions,
+) -> Result<(), ControllerError> {
+    let dvs: Api<Dv> = Api::all(client.clone());
+    let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
+    let ctx = Arc::new(Ctx {
+        recorder: EventRecorder::new(client.clone(), COMPONENT),
+        client,
+        dirs,
+        opts,
+        jobs: Mutex::new(HashMap::new()),
+        retry_at: Mutex::new(HashMap::new()),
+        reported: Mutex::new(HashSet::new()),
+    });
+    Controller::new(dvs, watcher::Config::default())
+        .owns(pvcs, watcher::Config::default())
+        .run(
+            reconcile,
+            |_, _, _| Action::requeue(Duration::from_secs(2)),
+            ctx,
+        )
+        .for_each(|res| async move {
+            match res {
+                Ok(_) | Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "DataVolume reconcile failed"),
+            }
+        })
+        .await;
+    Err(ControllerError::TaskStopped {
+        name: COMPONENT,
+        reason: "watch stream ended".into(),
+    })
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+/// What one reconcile observed and decided.
+struct Outcome {
+    stage: Stage,
+    restarts: i32,
+    requeue: Action,
+}
+
+impl Outcome {
+    fn new(stage: Stage, restarts: i32, after: Duration) -> Self {
+        Outcome {
+            stage,
+            restarts,
+            requeue: Action::requeue(after),
+        }
+    }
+}
+
+async fn reconcile(dv: Arc<Dv>, ctx: Arc<Ctx>) -> Result<Action, ControllerError> {
+    let dv = &dv.0;
+    let uid = dv.metadata.uid.clone().unwrap_or_default();
+    let name = dv.metadata.name.clone().unwrap_or_default();
+    let ns = dv
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    if dv.metadata.deletion_timestamp.is_some() {
+        ctx.drop_job(&uid);
+        return Ok(Action::await_change());
+    }
+    let phase = dv.status.as_ref().and_then(|s| s.phase.clone());
+    let has_job = ctx.job(&uid).is_some();
+    if phase.as_deref() == Some(dv_phase::SUCCEEDED)
+        || (phase.as_deref() == Some(dv_phase::FAILED) && !has_job)
+    {
+        return Ok(Action::await_change());
+    }
+    let out = match observe_and_act(&ctx, dv, &ns, &name, &uid).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(dv = %format!("{ns}/{name}"), error = %e, "DataVolume reconcile failed");
+            return Err(e);
+        }
+    };
+    let status = dvd::status_for(dv.status.as_ref(), &name, &out.stage, out.restarts, &now());
+    if dvd::status_changed(dv.status.as_ref(), &status) {
+        let was_bound = dv
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Bound" && c.status == "True"));
+        let now_bound = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Bound" && c.status == "True");
+        let api: Api<Dv> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = json!({"status": status});
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {
+                ctx.drop_job(&uid);
+                return Ok(Action::await_change());
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if now_bound && !was_bound {
+            event(&ctx, dv, false, "Bound", &format!("PVC {name} Bound")).await;
+        }
+    }
+    Ok(out.requeue)
+}
+
+async fn event(ctx: &Ctx, dv: &DataVolume, warning: bool, reason: &str, message: &str) {
+    let r = object_ref(CDI_API_VERSION, "DataVolume", &dv.metadata);
+    ctx.recorder.record(&r, warning, reason, message).await;
+}
+
+/// Record an Event once per (DataVolume, reason, message).
+async fn event_once(ctx: &Ctx, dv: &DataVolume, warning: bool, reason: &str, message: &str) {
+    let key = (
+        dv.metadata.uid.clone().unwrap_or_default(),
+        format!("{reason}/{message}"),
+    );
+    if ctx.reported.lock().expect("lock").insert(key) {
+        event(ctx, dv, warning, reason, message).await;
+    }
+}
+
+async fn observe_and_act(
+    ctx: &Arc<Ctx>,
+    dv: &DataVolume,
+    ns: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Outcome, ControllerError> {
+    let restarts = dv
+        .status
+        .as_ref()
+        .and_then(|s| s.restart_count)
+        .unwrap_or(0);
+    let spec = dv.spec.clone().unwrap_or_default();
+    let source = match dvd::source_kind(&spec, ns) {
+        Ok(s) => s,
+        Err(message) => {
+            event_once(ctx, dv, true, "ErrInvalidSource", &message).await;
+            let stage = Stage::Failed {
+                reason: "InvalidSource".into(),
+                message,
+            };
+            return Ok(Outcome::new(stage, restarts, Duration::from_secs(300)));
+        }
+    };
+    let clone = matches!(source, SourceKind::Pvc { .. });
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(claim) = claims.get_opt(name).await? else {
+        let message = match create_claim(ctx, dv, &spec, &source).await? {
+            Ok(()) => format!("PVC {name} Pending"),
+            Err(message) => {
+                event_once(ctx, dv, true, "ErrClaimNotValid", &message).await;
+                message
+            }
+        };
+        let stage = Stage::ClaimPending { message };
+        return Ok(Outcome::new(stage, restarts, Duration::from_millis(500)));
+    };
+    let owned = claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid);
+    if !owned {
+        let message = format!("PVC {name} already exists and is not owned by DataVolume {name}");
+        event_once(ctx, dv, true, "ErrResourceExists", &message).await;
+        let stage = Stage::Failed {
+            reason: "ErrResourceExists".into(),
+            message,
+        };
+        return Ok(Outcome::new(stage, restarts, Duration::from_secs(30)));
+    }
+    if claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        let stage = unbound_stage(ctx, &claim).await?;
+        return Ok(Outcome::new(stage, restarts, Duration::from_secs(1)));
+    }
+    // Bound: find the volume's image and size.
+    let volume = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .unwrap_or_default();
+    let pv = Api::<PersistentVolume>::all(ctx.client.clone())
+        .get_opt(&volume)
+        .await?;
+    let Some((path, capacity)) = pv.as_ref().and_then(volume_path_and_size) else {
+        let stage = Stage::ClaimPending {
+            message: format!("volume {volume} has no local path"),
+        };
+        return Ok(Outcome::new(stage, restarts, Duration::from_secs(5)));
+    };
+    if let Some(job) = ctx.job(uid) {
+        let outcome = job.outcome.lock().expect("lock").clone();
+        return Ok(match outcome {
+            None => {
+                let progress = *job.progress.lock().expect("lock");
+                Outcome::new(
+                    Stage::InProgress { clone, progress },
+                    restarts,
+                    Duration::from_secs(1),
+                )
+            }
+            Some(Ok(())) => {
+                ctx.drop_job(uid);
+                ctx.retry_at.lock().expect("lock").remove(uid);
+                let (reason, what) = if clone {
+                    ("CloneSucceeded", "cloned")
+                } else {
+                    ("ImportSucceeded", "imported")
+                };
+                let msg = format!("Successfully {what} into PVC {name}");
+                event(ctx, dv, false, reason, &msg).await;
+                Outcome::new(Stage::Succeeded, restarts, Duration::from_secs(300))
+            }
+            Some(Err(f)) => {
+                ctx.drop_job(uid);
+                let restarts = restarts + 1;
+                let reason = if clone {
+                    "ErrCloneFailed"
+                } else {
+                    "ErrImportFailed"
+                };
+                event(ctx, dv, true, reason, &f.message).await;
+                if f.permanent || restarts as u32 > ctx.opts.max_retries {
+                    let stage = Stage::Failed {
+                        reason: "Error".into(),
+                        message: f.message,
+                    };
+                    Outcome::new(stage, restarts, Duration::from_secs(300))
+                } else {
+                    let delay = dvd::retry_delay(ctx.opts.retry_backoff, restarts as u32);
+                    ctx.retry_at
+                        .lock()
+                        .expect("lock")
+                        .insert(uid.into(), Instant::now() + delay);
+                    Outcome::new(Stage::Scheduled { clone }, restarts, delay)
+                }
+            }
+        });
+    }
+    if let Some(at) = ctx.retry_at.lock().expect("lock").get(uid).copied()
+        && at > Instant::now()
+    {
+        return Ok(Outcome::new(
+            Stage::Scheduled { clone },
+            restarts,
+            at - Instant::now(),
+        ));
+    }
+    let target = image_of(&path);
+    let work = match prepare(ctx, dv, ns, &source, target, capacity).await? {
+        Prepared::Ready(w) => w,
+        Prepared::Wait(message) => {
+            event_once(ctx, dv, false, "CloneSourcePending", &message).await;
+            return Ok(Outcome::new(
+                Stage::Scheduled { clone },
+                restarts,
+                Duration::from_secs(2),
+            ));
+        }
+        Prepared::Invalid(message) => {
+            event_once(ctx, dv, true, "ErrInvalidSource", &message).await;
+            let stage = Stage::Failed {
+                reason: "Error".into(),
+                message,
+            };
+            return Ok(Outcome::new(stage, restarts, Duration::from_secs(300)));
+        }
+    };
+    start_job(ctx, uid, clone, work);
+    let (reason, msg) = if clone {
+        ("CloneScheduled", format!("Cloning into PVC {name}"))
+    } else {
+        ("ImportScheduled", format!("Import into {name} scheduled"))
+    };
+    event(ctx, dv, false, reason, &msg).await;
+    Ok(Outcome::new(
+        Stage::InProgress {
+            clone,
+            progress: Some(0.0),
+        },
+        restarts,
+        Duration::from_millis(500),
+    ))
+}
+
+/// The directory/file of a bound PV and its capacity in bytes.
+fn volume_path_and_size(pv: &PersistentVolume) -> Option<(PathBuf, u64)> {
+    let spec = pv.spec.as_ref()?;
+    let path = spec
+        .host_path
+        .as_ref()
+        .map(|h| h.path.clone())
+        .or_else(|| spec.local.as_ref().map(|l| l.path.clone()))?;
+    let size = quantity_bytes(spec.capacity.as_ref()?.get("storage")?).ok()?;
+    Some((path.into(), size))
+}
+
+/// The stage of a DataVolume whose claim is not bound; selects a node for
+/// WaitForFirstConsumer claims unless that is honoured.
+async fn unbound_stage(ctx: &Ctx, claim: &PersistentVolumeClaim) -> Result<Stage, ControllerError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let ns = claim.metadata.namespace.clone().unwrap_or_default();
+    let has_node = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(SELECTED_NODE));
+    let class_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone());
+    let classes: Vec<StorageClass> = Api::<StorageClass>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let class = match &class_name {
+        Some(c) => classes.iter().find(|k| k.metadata.name.as_ref() == Some(c)),
+        None => classes::default_class(&classes),
+    };
+    let wffc = class.is_some_and(classes::waits_for_consumer);
+    if !wffc || has_node {
+        return Ok(Stage::ClaimPending {
+            message: format!("PVC {name} Pending"),
+        });
+    }
+    if ctx.opts.honor_wait_for_first_consumer {
+        return Ok(Stage::WaitForFirstConsumer);
+    }
+    let Some(node) = pick_node(&ctx.client).await? else {
+        return Ok(Stage::WaitForFirstConsumer);
+    };
+    let patch = json!({"metadata": {"annotations": {SELECTED_NODE: node}}});
+    Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(Stage::ClaimPending {
+        message: format!("PVC {name} Pending: provisioning on node {node}"),
+    })
+}
+
+/// The first Ready, schedulable node by name.
+async fn pick_node(client: &kube::Client) -> Result<Option<String>, ControllerError> {
+    let mut nodes: Vec<Node> = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    Ok(nodes
+        .into_iter()
+        .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true))
+        .find(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .and_then(|n| n.metadata.name))
+}
+
+/// Create the DataVolume's claim; `Ok(Err(message))` when its spec cannot be completed.
+async fn create_claim(
+    ctx: &Ctx,
+    dv: &DataVolume,
+    spec: &DataVolumeSpec,
+    source: &SourceKind,
+) -> Result<Result<(), String>, ControllerError> {
+    let ns = dv
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let classes: Vec<StorageClass> = Api::<StorageClass>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let default = classes::default_class(&classes).and_then(|c| c.metadata.name.clone());
+    let class = spec
+        .storage
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone())
+        .or_else(|| default.clone());
+    let profile = match &class {
+        Some(c) => Api::<Profile>::all(ctx.client.clone())
+            .get_opt(c)
+            .await?
+            .and_then(|p| p.0.status),
+        None => None,
+    };
+    let source_size = match source {
+        SourceKind::Pvc { namespace, name } => {
+            Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), namespace)
+                .get_opt(name)
+                .await?
+                .and_then(|c| c.spec)
+                .and_then(|s| s.resources)
+                .and_then(|r| r.requests)
+                .and_then(|r| r.get("storage").cloned())
+        }
+        _ => None,
+    };
+    let claim_spec = match dvd::claim_spec(
+        spec,
+        profile.as_ref(),
+        default.as_deref(),
+        source_size.as_ref(),
+    ) {
+        Ok(s) => s,
+        Err(m) => return Ok(Err(m)),
+    };
+    let claim = dvd::claim_for(dv, claim_spec);
+    match Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
+        .create(&PostParams::default(), &claim)
+        .await
+    {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => Ok(Err(s.message)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A population ready to run.
+enum Work {
+    Import(ImportRequest),
+    Blank {
+        target: PathBuf,
+        capacity: u64,
+    },
+    Clone {
+        source: PathBuf,
+        target: PathBuf,
+        capacity: u64,
+    },
+}
+
+enum Prepared {
+    Ready(Work),
+    /// Not yet (clone source not ready).
+    Wait(String),
+    /// Never (bad checksum notation, missing Secret key).
+    Invalid(String),
+}
+
+fn dv_resource() -> ApiResource {
+    ApiResource {
+        group: "cdi.kubevirt.io".into(),
+        version: "v1beta1".into(),
+        api_version: CDI_API_VERSION.into(),
+        kind: "DataVolume".into(),
+        plural: "datavolumes".into(),
+    }
+}
+
+async fn prepare(
+    ctx: &Ctx,
+    dv: &DataVolume,
+    ns: &str,
+    source: &SourceKind,
+    target: PathBuf,
+    capacity: u64,
+) -> Result<Prepared, ControllerError> {
+    let name = dv.metadata.name.clone().unwrap_or_default();
+    let uid = dv.metadata.uid.clone().unwrap_or_default();
+    let src = dv
+        .spec
+        .as_ref()
+        .and_then(|s| s.source.clone())
+        .unwrap_or_default();
+    match source {
+        SourceKind::Blank => Ok(Prepared::Ready(Work::Blank { target, capacity })),
+        SourceKind::Http => {
+            let http = src.http.unwrap_or_default();
+            // `spec.source.http.checksum` is read from the stored object (the typed HttpSource
+            // lacks it), else the `ferrovirt.io/checksum` annotation.
+            let raw = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &dv_resource())
+                .get_opt(&name)
+                .await?;
+            let annotation = dv
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(dvd::CHECKSUM_ANNOTATION))
+                .map(String::as_str);
+            let checksum = raw
+                .as_ref()
+                .and_then(|o| o.data.pointer("/spec/source/http/checksum"))
+                .and_then(|v| v.as_str())
+                .or(annotation)
+                .map(ferrovirt_storage::checksum::parse)
+                .transpose();
+            let checksum = match checksum {
+                Ok(c) => c,
+                Err(e) => return Ok(Prepared::Invalid(e.to_string())),
+            };
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+            let mut headers = http.extra_headers.clone().unwrap_or_default();
+            for s in http.secret_extra_headers.iter().flatten() {
+                let Some(sec) = secrets.get_opt(s).await? else {
+                    return Ok(Prepared::Invalid(format!("Secret {s} not found")));
+                };
+                for v in sec.data.unwrap_or_default().into_values() {
+                    headers.push(String::from_utf8_lossy(&v.0).into_owned());
+                }
+            }
+            let auth = match &http.secret_ref {
+                Some(s) => {
+                    let Some(sec) = secrets.get_opt(s).await? else {
+                        return Ok(Prepared::Invalid(format!("Secret {s} not found")));
+                    };
+                    let data = sec.data.unwrap_or_default();
+                    let get = |k: &str| {
+                        data.get(k)
+                            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                    };
+                    match (get("accessKeyId"), get("secretKey")) {
+                        (Some(user), Some(password)) => Some(BasicAuth { user, password }),
+                        _ => {
+                            return Ok(Prepared::Invalid(format!(
+                                "Secret {s} needs the keys accessKeyId and secretKey"
+                            )));
+                        }
+                    }
+                }
+                None => None,
+            };
+            Ok(Prepared::Ready(Work::Import(ImportRequest {
+                source: DownloadRequest {
+                    url: http.url,
+                    headers,
+                    auth,
+                },
+                checksum,
+                scratch_dir: ctx.dirs.scratch.join(uid),
+                target,
+                capacity,
+            })))
+        }
+        SourceKind::Pvc {
+            namespace,
+            name: src_name,
+        } => {
+            let wait = |m: String| Ok(Prepared::Wait(m));
+            let Some(src_claim) =
+                Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), namespace)
+                    .get_opt(src_name)
+                    .await?
+            else {
+                return wait(format!("clone source PVC {namespace}/{src_name} not found"));
+            };
+            // A source that is itself a DataVolume must have finished populating.
+            let populated_for = src_claim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(dvd::POPULATED_FOR))
+                .cloned();
+            if let Some(src_dv) = populated_for {
+                let d = Api::<Dv>::namespaced(ctx.client.clone(), namespace)
+                    .get_opt(&src_dv)
+                    .await?;
+                let phase = d.and_then(|d| d.0.status).and_then(|s| s.phase);
+                if phase.as_deref() != Some(dv_phase::SUCCEEDED) {
+                    return wait(format!(
+                        "clone source DataVolume {namespace}/{src_dv} has not succeeded yet"
+                    ));
+                }
+            }
+            let volume = src_claim.spec.as_ref().and_then(|s| s.volume_name.clone());
+            let pv = match volume {
+                Some(v) => {
+                    Api::<PersistentVolume>::all(ctx.client.clone())
+                        .get_opt(&v)
+                        .await?
+                }
+                None => None,
+            };
+            let Some((path, _)) = pv.as_ref().and_then(volume_path_and_size) else {
+                return wait(format!(
+                    "clone source PVC {namespace}/{src_name} is not bound"
+                ));
+            };
+            Ok(Prepared::Ready(Work::Clone {
+                source: image_of(&path),
+                target,
+                capacity,
+            }))
+        }
+    }
+}
+
+fn start_job(ctx: &Arc<Ctx>, uid: &str, clone: bool, work: Work) {
+    let job = Arc::new(Job {
+        clone,
+        progress: Mutex::new(Some(0.0)),
+        outcome: Mutex::new(None),
+        abort: Mutex::new(None),
+    });
+    let j = job.clone();
+    let handle = tokio::spawn(async move {
+        let report = |p: f64| *j.progress.lock().expect("lock") = Some(p);
+        let result: Result<(), StorageError> = match work {
+            Work::Import(req) => importer::import(&req, report).await.map(drop),
+            Work::Blank { target, capacity } => {
+                tokio::task::spawn_blocking(move || importer::blank(&target, capacity))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(StorageError::Tool {
+                            tool: "blank".into(),
+                            message: e.to_string(),
+                        })
+                    })
+            }
+            Work::Clone {
+                source,
+                target,
+                capacity,
+            } => importer::clone_image(&source, &target, capacity, report).await,
+        };
+        if let Err(e) = &result {
+            tracing::warn!(clone = j.clone, error = %e, "volume population failed");
+        }
+        *j.outcome.lock().expect("lock") = Some(result.map_err(Failure::from));
+    });
+    *job.abort.lock().expect("lock") = Some(handle.abort_handle());
+    ctx.jobs.lock().expect("lock").insert(uid.into(), job);
+}
+
+/// Create the DataVolumes of a VM's `dataVolumeTemplates` that do not exist yet (owned by
+/// the VM, so they go when it goes). Called by the VM controller on every reconcile.
+pub async fn ensure_template_data_volumes(
+    client: &kube::Client,
+    vm: &ferrovirt_api::kubevirt::vm::VirtualMachine,
+) -> Result<(), ControllerError> {
+    if vm.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let ns = vm
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let api: Api<Dv> = Api::namespaced(client.clone(), &ns);
+    for dv in dvd::from_templates(vm) {
+        let name = dv.metadata.name.clone().unwrap_or_default();
+        if api.get_opt(&name).await?.is_some() {
+            continue;
+        }
+        match api.create(&PostParams::default(), &Dv(dv)).await {
+            Ok(_) => {
+                tracing::info!(dv = %format!("{ns}/{name}"), "created DataVolume from template")
+            }
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_permanent_only_when_retrying_cannot_help() {
+        let f = Failure::from(StorageError::ChecksumMismatch {
+            expected: "a".into(),
+            actual: "b".into(),
+        });
+        assert!(f.permanent && f.message.contains("checksum mismatch"));
+        assert!(Failure::from(StorageError::Refused("too big".into())).permanent);
+        assert!(Failure::from(StorageError::invalid("URL", "x")).permanent);
+        let net = Failure::from(StorageError::Http {
+            url: "http://x".into(),
+            message: "server answered 503".into(),
+        });
+        assert!(!net.permanent && net.message.contains("503"));
+        let io = StorageError::io("/x", std::io::Error::other("disk full"));
+        assert!(!Failure::from(io).permanent);
+    }
+
+    #[test]
+    fn volume_paths() {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"capacity": {"storage": "64Mi"}, "local": {"path": "/l/n1/p"}}
+        }))
+        .unwrap();
+        assert_eq!(
+            volume_path_and_size(&pv),
+            Some((PathBuf::from("/l/n1/p"), 64 << 20))
+        );
+        let no_path: PersistentVolume =
+            serde_json::from_value(json!({"spec": {"capacity": {"storage": "1Gi"}}})).unwrap();
+        assert_eq!(volume_path_and_size(&no_path), None);
+    }
+}

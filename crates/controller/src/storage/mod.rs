@@ -1,0 +1,179 @@
+//! Storage controllers (see `docs/storage.md`): the built-in StorageClasses and their
+//! StorageProfiles ([`classes`]), the PVC binder/provisioner ([`pvc`] decides,
+//! [`pvc_loop`] applies, and reclaims released volumes), and the CDI DataVolume controller
+//! ([`datavolume`] decides, [`dv_loop`] creates the claim and runs imports, clones and blank
+//! volumes in tasks). Volume data lives in directories built by `ferrovirt_storage`.
+
+pub mod classes;
+pub mod datavolume;
+pub mod dv_loop;
+pub mod pvc;
+pub mod pvc_loop;
+pub mod resources;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::ControllerError;
+
+/// Environment variable naming the storage data directory when [`StorageOptions::data_dir`]
+/// is unset.
+pub const DATA_DIR_ENV: &str = "FERROVIRT_STORAGE_DIR";
+
+/// Tunables of the storage controllers.
+#[derive(Debug, Clone)]
+pub struct StorageOptions {
+    /// The server's data directory: `shared` volumes go to `<data_dir>/volumes`, `local`
+    /// volumes to `<data_dir>/local-volumes/<node>`, import scratch space to
+    /// `<data_dir>/import-scratch`. When unset: `$FERROVIRT_STORAGE_DIR`, else the
+    /// `--data-dir` argument of this process, else `/var/lib/ferrovirt`.
+    pub data_dir: Option<PathBuf>,
+    /// Report DataVolumes of WaitForFirstConsumer classes as `WaitForFirstConsumer` until a
+    /// VMI using them is scheduled. Off (the default): the DataVolume controller picks a
+    /// Ready node itself and imports at once (CDI's behaviour without the
+    /// `HonorWaitForFirstConsumer` feature gate).
+    pub honor_wait_for_first_consumer: bool,
+    /// Failed transfers (network, I/O) are retried this many times; checksum mismatches and
+    /// refused images fail at once.
+    pub max_retries: u32,
+    /// First retry delay (doubled per attempt, at most five minutes).
+    pub retry_backoff: Duration,
+    /// How often released volumes are reclaimed and StorageProfiles refreshed.
+    pub resync: Duration,
+}
+
+impl Default for StorageOptions {
+    fn default() -> Self {
+        Self {
+            data_dir: None,
+            honor_wait_for_first_consumer: false,
+            max_retries: 3,
+            retry_backoff: Duration::from_secs(2),
+            resync: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Where volumes and scratch space live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirs {
+    /// Root of `shared` volumes.
+    pub shared: PathBuf,
+    /// Root of `local` volumes; one subdirectory per node.
+    pub local: PathBuf,
+    /// Import scratch space; one subdirectory per transfer.
+    pub scratch: PathBuf,
+}
+
+impl Dirs {
+    /// The layout under `data_dir`.
+    pub fn under(data_dir: &Path) -> Self {
+        Dirs {
+            shared: data_dir.join("volumes"),
+            local: data_dir.join("local-volumes"),
+            scratch: data_dir.join("import-scratch"),
+        }
+    }
+
+    /// Whether `path` lies strictly inside one of the volume roots (never remove anything
+    /// else).
+    pub fn owns(&self, path: &Path) -> bool {
+        let inside = |root: &Path| path.starts_with(root) && path != root;
+        let plain = path.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::RootDir
+            )
+        });
+        plain && (inside(&self.shared) || inside(&self.local))
+    }
+}
+
+/// The data directory: the option, else `env`, else `--data-dir` in `args`, else
+/// `/var/lib/ferrovirt`.
+pub fn resolve_data_dir(opt: Option<&Path>, env: Option<String>, args: &[String]) -> PathBuf {
+    if let Some(p) = opt {
+        return p.to_path_buf();
+    }
+    if let Some(e) = env.filter(|e| !e.is_empty()) {
+        return e.into();
+    }
+    for (i, a) in args.iter().enumerate() {
+        if let Some(v) = a.strip_prefix("--data-dir=") {
+            return v.into();
+        }
+        if a == "--data-dir"
+            && let Some(v) = args.get(i + 1)
+        {
+            return v.into();
+        }
+    }
+    PathBuf::from("/var/lib/ferrovirt")
+}
+
+/// Run the storage controllers until one fails or the future is dropped.
+pub async fn run(client: kube::Client, opts: StorageOptions) -> Result<(), ControllerError> {
+    let args: Vec<String> = std::env::args().collect();
+    let data_dir = resolve_data_dir(
+        opts.data_dir.as_deref(),
+        std::env::var(DATA_DIR_ENV).ok(),
+        &args,
+    );
+    let dirs = Dirs::under(&data_dir);
+    tracing::info!(shared = %dirs.shared.display(), local = %dirs.local.display(), "storage controllers starting");
+    loop {
+        match classes::ensure(&client).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "creating the built-in StorageClasses failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    tokio::try_join!(
+        pvc_loop::run(client.clone(), dirs.clone()),
+        pvc_loop::reclaim_loop(client.clone(), dirs.clone(), opts.resync),
+        dv_loop::run(client.clone(), dirs, opts.clone()),
+    )
+    .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_dir_resolution() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            resolve_data_dir(Some(Path::new("/o")), Some("/e".into()), &[]),
+            PathBuf::from("/o")
+        );
+        assert_eq!(
+            resolve_data_dir(None, Some("/e".into()), &[]),
+            PathBuf::from("/e")
+        );
+        assert_eq!(
+            resolve_data_dir(None, None, &args(&["fv", "server", "--data-dir", "/d"])),
+            PathBuf::from("/d")
+        );
+        assert_eq!(
+            resolve_data_dir(None, None, &args(&["fv", "--data-dir=/x"])),
+            PathBuf::from("/x")
+        );
+        assert_eq!(
+            resolve_data_dir(None, None, &args(&["fv"])),
+            PathBuf::from("/var/lib/ferrovirt")
+        );
+    }
+
+    #[test]
+    fn only_paths_inside_roots_are_owned() {
+        let d = Dirs::under(Path::new("/data"));
+        assert!(d.owns(Path::new("/data/volumes/pvc-1")));
+        assert!(d.owns(Path::new("/data/local-volumes/n1/pvc-1")));
+        assert!(!d.owns(Path::new("/data/volumes")));
+        assert!(!d.owns(Path::new("/data/volumes/../token")));
+        assert!(!d.owns(Path::new("/etc")));
+    }
+}

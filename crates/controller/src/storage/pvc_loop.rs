@@ -1,0 +1,369 @@
+//! The PVC controller loop: watches PersistentVolumeClaims (and VMIs, whose scheduling
+//! selects the node of WaitForFirstConsumer claims), applies [`super::pvc::decide`]:
+//! provisions volume directories with `ferrovirt_storage`, creates the PersistentVolume,
+//! binds claim and volume (PV `claimRef` + both statuses `Bound`). [`reclaim_loop`] deletes
+//! (with their directories) or releases volumes whose claims are gone.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use serde_json::json;
+
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_storage::provisioner::VolumeRoot;
+
+use super::Dirs;
+use super::classes::{self, Builtin};
+use super::pvc::{self, PvcDecision, Reclaim};
+use crate::error::ControllerError;
+use crate::runtime::events::{EventRecorder, object_ref};
+use crate::runtime::resources::Vmi;
+
+/// Component name on Events.
+pub const COMPONENT: &str = "persistentvolume-controller";
+
+struct Ctx {
+    client: kube::Client,
+    dirs: Dirs,
+    recorder: EventRecorder,
+    /// (claim uid, reason) pairs already reported, so a waiting claim gets one Event.
+    reported: Mutex<HashSet<(String, String)>>,
+}
+
+/// The claims a VMI's volumes use.
+pub fn claims_of(vmi: &VirtualMachineInstance) -> Vec<String> {
+    vmi.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            v.persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.clone())
+                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
+                .or_else(|| {
+                    v.ephemeral
+                        .as_ref()
+                        .and_then(|e| e.persistent_volume_claim.as_ref())
+                        .map(|c| c.claim_name.clone())
+                })
+        })
+        .collect()
+}
+
+/// Run the PVC controller until its watch ends or the future is dropped.
+pub async fn run(client: kube::Client, dirs: Dirs) -> Result<(), ControllerError> {
+    let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
+    let vmis: Api<Vmi> = Api::all(client.clone());
+    let ctx = Arc::new(Ctx {
+        recorder: EventRecorder::new(client.clone(), COMPONENT),
+        client,
+        dirs,
+        reported: Mutex::new(HashSet::new()),
+    });
+    Controller::new(pvcs, watcher::Config::default())
+        .watches(vmis, watcher::Config::default(), |vmi: Vmi| {
+            let ns = vmi.0.metadata.namespace.clone().unwrap_or_default();
+            let scheduled = vmi
+                .0
+                .status
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some();
+            let claims = if scheduled {
+                claims_of(&vmi.0)
+            } else {
+                Vec::new()
+            };
+            claims
+                .into_iter()
+                .map(move |c| ObjectRef::<PersistentVolumeClaim>::new(&c).within(&ns))
+        })
+        .run(
+            reconcile,
+            |_, _, _| Action::requeue(Duration::from_secs(2)),
+            ctx,
+        )
+        .for_each(|res| async move {
+            match res {
+                Ok(_) | Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "PVC reconcile failed"),
+            }
+        })
+        .await;
+    Err(ControllerError::TaskStopped {
+        name: COMPONENT,
+        reason: "watch stream ended".into(),
+    })
+}
+
+fn ns_name(pvc: &PersistentVolumeClaim) -> (String, String) {
+    (
+        pvc.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        pvc.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+async fn reconcile(
+    claim: Arc<PersistentVolumeClaim>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, ControllerError> {
+    let pvc = &*claim;
+    let (ns, name) = ns_name(pvc);
+    let pvs: Vec<PersistentVolume> = Api::<PersistentVolume>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let classes: Vec<StorageClass> = Api::<StorageClass>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    match pvc::decide(pvc, &pvs, &classes) {
+        PvcDecision::Nothing => Ok(Action::requeue(Duration::from_secs(300))),
+        PvcDecision::Bind { pv } => {
+            let pv = pvs
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(&pv))
+                .cloned();
+            if let Some(pv) = pv {
+                bind(&ctx, pvc, &pv).await?;
+            }
+            Ok(Action::requeue(Duration::from_millis(500)))
+        }
+        PvcDecision::Provision(plan) => {
+            let root = match plan.builtin {
+                Builtin::Shared => ctx.dirs.shared.clone(),
+                Builtin::Local => ctx
+                    .dirs
+                    .local
+                    .join(plan.node.as_deref().unwrap_or("unknown")),
+            };
+            let (pv_name, bytes) = (plan.pv_name.clone(), plan.bytes);
+            let dir =
+                tokio::task::spawn_blocking(move || VolumeRoot::new(root).create(&pv_name, bytes))
+                    .await
+                    .map_err(|e| ControllerError::TaskStopped {
+                        name: COMPONENT,
+                        reason: e.to_string(),
+                    })?;
+            let dir: PathBuf = match dir {
+                Ok(d) => d,
+                Err(e) => {
+                    report(&ctx, pvc, true, "ProvisioningFailed", &e.to_string()).await;
+                    return Ok(Action::requeue(Duration::from_secs(10)));
+                }
+            };
+            let pv = pvc::build_pv(&plan, &dir, pvc);
+            let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+            let created = match api.create(&PostParams::default(), &pv).await {
+                Ok(p) => p,
+                Err(kube::Error::Api(s)) if s.is_already_exists() => api.get(&plan.pv_name).await?,
+                Err(e) => return Err(e.into()),
+            };
+            let msg = format!(
+                "Successfully provisioned volume {} using {}",
+                plan.pv_name, plan.class
+            );
+            report(&ctx, pvc, false, "ProvisioningSucceeded", &msg).await;
+            bind(&ctx, pvc, &created).await?;
+            Ok(Action::requeue(Duration::from_millis(500)))
+        }
+        PvcDecision::WaitForFirstConsumer => {
+            if let Some(node) = consumer_node(&ctx.client, &ns, &name).await? {
+                let patch = json!({"metadata": {"annotations": {pvc::SELECTED_NODE: node}}});
+                Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                return Ok(Action::requeue(Duration::from_millis(100)));
+            }
+            set_pending(&ctx, pvc).await?;
+            let msg = "waiting for first consumer to be created before binding";
+            report(&ctx, pvc, false, "WaitForFirstConsumer", msg).await;
+            Ok(Action::requeue(Duration::from_secs(5)))
+        }
+        PvcDecision::Pending { reason, message } => {
+            set_pending(&ctx, pvc).await?;
+            report(&ctx, pvc, true, &reason, &message).await;
+            Ok(Action::requeue(Duration::from_secs(5)))
+        }
+    }
+}
+
+/// The node of a scheduled VMI in `ns` that uses claim `name`.
+async fn consumer_node(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<Option<String>, ControllerError> {
+    let vmis: Api<Vmi> = Api::namespaced(client.clone(), ns);
+    Ok(vmis
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|v| v.0.metadata.deletion_timestamp.is_none())
+        .filter(|v| claims_of(&v.0).iter().any(|c| c == name))
+        .find_map(|v| v.0.status.and_then(|s| s.node_name)))
+}
+
+async fn set_pending(ctx: &Ctx, pvc: &PersistentVolumeClaim) -> Result<(), ControllerError> {
+    if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending") {
+        return Ok(());
+    }
+    let (ns, name) = ns_name(pvc);
+    let patch = json!({"status": {"phase": "Pending"}});
+    Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Record an Event about the claim once per (claim, reason).
+async fn report(ctx: &Ctx, pvc: &PersistentVolumeClaim, warning: bool, reason: &str, msg: &str) {
+    let key = (
+        pvc.metadata.uid.clone().unwrap_or_default(),
+        format!("{reason}/{msg}"),
+    );
+    if !ctx.reported.lock().expect("lock").insert(key) {
+        return;
+    }
+    let r = object_ref("v1", "PersistentVolumeClaim", &pvc.metadata);
+    ctx.recorder.record(&r, warning, reason, msg).await;
+}
+
+/// Bind `pvc` and `pv`: the PV's claimRef, the claim's volumeName, both statuses Bound.
+async fn bind(
+    ctx: &Ctx,
+    pvc: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+) -> Result<(), ControllerError> {
+    let (ns, name) = ns_name(pvc);
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let spec = pv.spec.clone().unwrap_or_default();
+    if spec
+        .claim_ref
+        .as_ref()
+        .and_then(|r| r.uid.as_ref())
+        .is_none()
+    {
+        let patch = json!({"spec": {"claimRef": pvc::claim_ref(pvc)}});
+        pvs.patch(&pv_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    if pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        let patch = json!({"status": {"phase": "Bound"}});
+        pvs.patch_status(&pv_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    if pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_ref())
+        .is_none()
+    {
+        let patch = json!({
+            "metadata": {"annotations": {pvc::BIND_COMPLETED: "yes"}},
+            "spec": {"volumeName": pv_name},
+        });
+        claims
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let patch = json!({"status": {
+        "phase": "Bound",
+        "capacity": spec.capacity,
+        "accessModes": spec.access_modes,
+    }});
+    claims
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    tracing::info!(claim = %format!("{ns}/{name}"), volume = %pv_name, "bound");
+    Ok(())
+}
+
+/// Every `period`: reclaim volumes whose claims are gone, and refresh StorageProfiles.
+pub async fn reclaim_loop(
+    client: kube::Client,
+    dirs: Dirs,
+    period: Duration,
+) -> Result<(), ControllerError> {
+    let mut round: u64 = 0;
+    loop {
+        tokio::time::sleep(period).await;
+        round += 1;
+        if let Err(e) = reclaim_once(&client, &dirs).await {
+            tracing::warn!(error = %e, "reclaiming volumes failed");
+        }
+        if round.is_multiple_of(10)
+            && let Err(e) = classes::ensure(&client).await
+        {
+            tracing::warn!(error = %e, "refreshing StorageProfiles failed");
+        }
+    }
+}
+
+async fn reclaim_once(client: &kube::Client, dirs: &Dirs) -> Result<(), ControllerError> {
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    for pv in pvs.list(&ListParams::default()).await?.items {
+        let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.clone()) else {
+            continue;
+        };
+        let ns = r.namespace.clone().unwrap_or_else(|| "default".into());
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        let claim = claims.get_opt(r.name.as_deref().unwrap_or("")).await?;
+        let uid = claim.as_ref().and_then(|c| c.metadata.uid.as_deref());
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        match pvc::reclaim(&pv, uid) {
+            Reclaim::Keep => {}
+            Reclaim::Release => {
+                let patch = json!({"status": {"phase": "Released"}});
+                pvs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+            }
+            Reclaim::Delete { remove_dir } => {
+                if let Some(dir) = remove_dir {
+                    let dir = PathBuf::from(dir);
+                    if dirs.owns(&dir) {
+                        remove_volume_dir(&dir).await;
+                    } else {
+                        tracing::warn!(path = %dir.display(), "not removing a directory outside the volume roots");
+                    }
+                }
+                match pvs.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => tracing::info!(volume = %name, "deleted released volume"),
+                    Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn remove_volume_dir(dir: &Path) {
+    let d = dir.to_path_buf();
+    let res = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&d)).await;
+    match res {
+        Ok(Ok(())) => tracing::info!(path = %dir.display(), "removed volume data"),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Ok(Err(e)) => {
+            tracing::warn!(path = %dir.display(), error = %e, "removing volume data failed")
+        }
+        Err(e) => tracing::warn!(error = %e, "removal task failed"),
+    }
+}

@@ -1,0 +1,448 @@
+//! End-to-end storage through the real server: the built-in StorageClasses and profiles, PVC
+//! provisioning and reclaim, and CDI DataVolumes importing the test guest's `disk.qcow2` over
+//! HTTP from a server this test runs on 127.0.0.1 (with a sha256 checksum), blank volumes,
+//! clones of a PVC, and VirtualMachines booting from them (directly and through
+//! `dataVolumeTemplates`), asserting on the guest's `FERROVIRT-BOOT` serial marker.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context;
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
+use serde_json::Value;
+
+const BOOT: Duration = Duration::from_secs(180);
+const IMPORT: Duration = Duration::from_secs(120);
+
+fn cluster() -> anyhow::Result<Cluster> {
+    TestGuest::get()?;
+    Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))
+}
+
+/// A tiny HTTP/1.1 file server on 127.0.0.1: `GET /<name>` answers the file registered as
+/// `name`, anything else 404. One thread per connection; the threads end with the process.
+fn serve_files(files: Vec<(&'static str, PathBuf)>) -> anyhow::Result<String> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let files = files.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(match stream.try_clone() {
+                    Ok(s) => s,
+                    Err(_) => return,
+                });
+                let mut request = String::new();
+                if reader.read_line(&mut request).is_err() {
+                    return;
+                }
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                    line.clear();
+                }
+                let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let body = files
+                    .iter()
+                    .find(|(n, _)| path == format!("/{n}"))
+                    .and_then(|(_, p)| std::fs::read(p).ok());
+                let mut s = stream;
+                let _ = match body {
+                    Some(b) => write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        b.len()
+                    )
+                    .and_then(|_| s.write_all(&b)),
+                    None => write!(
+                        s,
+                        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    ),
+                };
+            });
+        }
+    });
+    Ok(format!("http://{addr}"))
+}
+
+fn sha256(path: &Path) -> anyhow::Result<String> {
+    let out = Command::new("sha256sum").arg(path).output()?;
+    anyhow::ensure!(out.status.success(), "sha256sum failed");
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .context("sha256sum output")?
+        .to_string())
+}
+
+fn dv_manifest(name: &str, source: &str, storage: &str) -> String {
+    dv_manifest_sum(name, source, storage, None)
+}
+
+/// A DataVolume; `checksum` goes into the `ferrovirt.io/checksum` annotation.
+fn dv_manifest_sum(name: &str, source: &str, storage: &str, checksum: Option<&str>) -> String {
+    let annotations = checksum
+        .map(|c| format!(", annotations: {{ferrovirt.io/checksum: \"{c}\"}}"))
+        .unwrap_or_default();
+    format!(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {{name: {name}, namespace: default{annotations}}}
+spec:
+  source:
+{source}
+  storage:
+{storage}
+"#
+    )
+}
+
+fn http_source(url: &str) -> String {
+    format!("    http:\n      url: {url}\n")
+}
+
+fn storage(class: Option<&str>, size: Option<&str>) -> String {
+    let mut s = String::new();
+    if let Some(c) = class {
+        s.push_str(&format!("    storageClassName: {c}\n"));
+    }
+    match size {
+        Some(sz) => s.push_str(&format!("    resources: {{requests: {{storage: {sz}}}}}\n")),
+        None if s.is_empty() => s.push_str("    {}\n"),
+        None => {}
+    }
+    s
+}
+
+fn dv(c: &Cluster, name: &str) -> anyhow::Result<Value> {
+    c.get_json(&["datavolume", name, "-n", "default"])
+}
+
+fn wait_dv_phase(c: &Cluster, name: &str, phase: &str, timeout: Duration) -> anyhow::Result<Value> {
+    c.wait_until(&format!("DataVolume {name} {phase}"), timeout, || {
+        let v = dv(c, name)?;
+        let p = v["status"]["phase"].as_str().unwrap_or_default();
+        if phase != "Failed" && p == "Failed" {
+            anyhow::bail!("DataVolume {name} failed: {}", v["status"]);
+        }
+        Ok((p == phase).then_some(v))
+    })
+}
+
+fn condition<'a>(v: &'a Value, type_: &str) -> &'a Value {
+    v["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
+
+fn vm_manifest(name: &str, volume: &str, templates: &str) -> String {
+    format!(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: {name}, namespace: default}}
+spec:
+  runStrategy: Always
+{templates}
+  template:
+    spec:
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {{bus: virtio}}
+      volumes:
+      - name: root
+        dataVolume: {{name: {volume}}}
+"#
+    )
+}
+
+/// Waits for the VM's VMI to run and its guest to print the boot marker; returns the VMI uid.
+fn wait_booted(c: &Cluster, vm: &str) -> anyhow::Result<String> {
+    let uid = c.wait_until(&format!("VMI {vm} Running"), BOOT, || {
+        let out = c.kubectl(&["get", "vmi", vm, "-o", "json"])?;
+        if !out.status.success() {
+            return Ok(None);
+        }
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        if v["status"]["phase"] == "Failed" {
+            anyhow::bail!("VMI {vm} failed: {}", v["status"]);
+        }
+        Ok((v["status"]["phase"] == "Running").then(|| {
+            v["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        }))
+    })?;
+    let log = c.agent_dir().join("vmis").join(&uid).join("serial.log");
+    c.wait_until(
+        &format!("FERROVIRT-BOOT in {}", log.display()),
+        BOOT,
+        || {
+            let text =
+                String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
+            Ok(text.contains("FERROVIRT-BOOT").then_some(()))
+        },
+    )?;
+    Ok(uid)
+}
+
+fn delete_vm(c: &Cluster, vm: &str) -> anyhow::Result<()> {
+    c.kubectl_ok(&["delete", "vm", vm, "-n", "default", "--wait=false"])?;
+    c.wait_until(&format!("VMI {vm} gone"), BOOT, || {
+        let out = c.kubectl(&["get", "vmi", vm, "-n", "default"])?;
+        Ok((!out.status.success()).then_some(()))
+    })
+}
+
+fn pv_of(c: &Cluster, claim: &str) -> anyhow::Result<Value> {
+    let pvc = c.get_json(&["pvc", claim, "-n", "default"])?;
+    let pv = pvc["spec"]["volumeName"]
+        .as_str()
+        .context("claim has no volume")?;
+    c.get_json(&["pv", pv])
+}
+
+#[test]
+fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
+    let guest = TestGuest::get()?;
+    let c = cluster()?;
+    let base = serve_files(vec![("disk.qcow2", guest.disk_qcow2.clone())])?;
+    let url = format!("{base}/disk.qcow2");
+    let sum = format!("sha256:{}", sha256(&guest.disk_qcow2)?);
+
+    // Import with a checksum into the shared class.
+    c.apply(&dv_manifest_sum(
+        "imported",
+        &http_source(&url),
+        &storage(Some("shared"), Some("64Mi")),
+        Some(&sum),
+    ))?;
+    let v = wait_dv_phase(&c, "imported", "Succeeded", IMPORT)?;
+    assert_eq!(v["status"]["progress"], "100.0%", "{v}");
+    assert_eq!(condition(&v, "Ready")["status"], "True", "{v}");
+    assert_eq!(condition(&v, "Bound")["status"], "True", "{v}");
+    let pv = pv_of(&c, "imported")?;
+    let dir = PathBuf::from(
+        pv["spec"]["hostPath"]["path"]
+            .as_str()
+            .context("hostPath")?,
+    );
+    assert!(
+        dir.starts_with(c.data_dir.join("volumes")),
+        "{}",
+        dir.display()
+    );
+    assert_eq!(std::fs::metadata(dir.join("disk.img"))?.len(), 64 << 20);
+    assert_eq!(pv["spec"]["accessModes"][0], "ReadWriteMany");
+
+    c.apply(&vm_manifest("from-import", "imported", ""))?;
+    wait_booted(&c, "from-import")?;
+    delete_vm(&c, "from-import")?;
+
+    // Clone the imported volume (size taken from the source).
+    c.apply(&dv_manifest(
+        "cloned",
+        "    pvc: {namespace: default, name: imported}\n",
+        &storage(Some("shared"), None),
+    ))?;
+    let v = wait_dv_phase(&c, "cloned", "Succeeded", IMPORT)?;
+    assert_eq!(v["status"]["progress"], "100.0%", "{v}");
+    c.apply(&vm_manifest("from-clone", "cloned", ""))?;
+    wait_booted(&c, "from-clone")?;
+    delete_vm(&c, "from-clone")?;
+
+    // dataVolumeTemplates: the VM creates (and owns) its DataVolume in the default class.
+    let templates = format!(
+        "  dataVolumeTemplates:\n  - metadata: {{name: templated-root}}\n    spec:\n      source:\n        http: {{url: \"{url}\"}}\n      storage:\n        resources: {{requests: {{storage: 64Mi}}}}\n"
+    );
+    c.apply(&vm_manifest("templated", "templated-root", &templates))?;
+    wait_booted(&c, "templated")?;
+    let v = dv(&c, "templated-root")?;
+    assert_eq!(v["status"]["phase"], "Succeeded", "{v}");
+    assert_eq!(
+        v["metadata"]["ownerReferences"][0]["kind"], "VirtualMachine",
+        "{v}"
+    );
+    let pv = pv_of(&c, "templated-root")?;
+    assert_eq!(pv["spec"]["storageClassName"], "local", "{pv}");
+    assert!(pv["spec"]["local"]["path"].is_string(), "{pv}");
+    let term = &pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0];
+    assert_eq!(term["matchExpressions"][0]["values"][0], "node1", "{pv}");
+    Ok(())
+}
+
+#[test]
+fn classes_claims_failures_blank_and_reclaim() -> anyhow::Result<()> {
+    let guest = TestGuest::get()?;
+    let c = cluster()?;
+    let base = serve_files(vec![("disk.qcow2", guest.disk_qcow2.clone())])?;
+    let url = format!("{base}/disk.qcow2");
+
+    // Built-in classes and their profiles.
+    let sc = c.wait_until("StorageClass local", Duration::from_secs(30), || {
+        Ok(c.get_json(&["storageclass", "local"]).ok())
+    })?;
+    assert_eq!(
+        sc["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"],
+        "true"
+    );
+    assert_eq!(sc["volumeBindingMode"], "WaitForFirstConsumer");
+    let shared = c.get_json(&["storageclass", "shared"])?;
+    assert_eq!(shared["volumeBindingMode"], "Immediate");
+    let profile = c.wait_until("StorageProfile shared", Duration::from_secs(30), || {
+        let p = c.get_json(&["storageprofile", "shared"])?;
+        Ok(p["status"]["claimPropertySets"].is_array().then_some(p))
+    })?;
+    assert_eq!(
+        profile["status"]["claimPropertySets"][0]["accessModes"][0],
+        "ReadWriteMany"
+    );
+
+    // A bad checksum fails the DataVolume with the reason in its conditions.
+    let bad = format!("sha256:{}", "0".repeat(64));
+    c.apply(&dv_manifest_sum(
+        "bad-sum",
+        &http_source(&url),
+        &storage(Some("shared"), Some("64Mi")),
+        Some(&bad),
+    ))?;
+    let v = wait_dv_phase(&c, "bad-sum", "Failed", IMPORT)?;
+    let msg = condition(&v, "Running")["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(msg.contains("checksum mismatch"), "{v}");
+
+    // An image larger than its claim is refused.
+    c.apply(&dv_manifest(
+        "too-small",
+        &http_source(&url),
+        &storage(Some("shared"), Some("16Mi")),
+    ))?;
+    let v = wait_dv_phase(&c, "too-small", "Failed", IMPORT)?;
+    let msg = condition(&v, "Running")["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(msg.contains("larger"), "{v}");
+
+    // Blank: an empty volume of the claim's size.
+    c.apply(&dv_manifest(
+        "blank",
+        "    blank: {}\n",
+        &storage(Some("shared"), Some("32Mi")),
+    ))?;
+    let v = wait_dv_phase(&c, "blank", "Succeeded", IMPORT)?;
+    assert_eq!(v["status"]["progress"], "100.0%");
+    let pv = pv_of(&c, "blank")?;
+    let pv_name = pv["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let dir = PathBuf::from(
+        pv["spec"]["hostPath"]["path"]
+            .as_str()
+            .context("hostPath")?,
+    );
+    assert_eq!(std::fs::metadata(dir.join("disk.img"))?.len(), 32 << 20);
+
+    // Deleting the DataVolume removes its claim (owner), then the volume and its data.
+    c.kubectl_ok(&[
+        "delete",
+        "datavolume",
+        "blank",
+        "-n",
+        "default",
+        "--wait=false",
+    ])?;
+    c.wait_until("blank volume reclaimed", Duration::from_secs(60), || {
+        let gone = !c.kubectl(&["get", "pv", &pv_name])?.status.success();
+        Ok((gone && !dir.exists()).then_some(()))
+    })?;
+
+    // Plain claims: shared binds at once, local waits for a consumer.
+    c.apply(
+        r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: plain-shared, namespace: default}
+spec:
+  storageClassName: shared
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 8Mi}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: plain-local, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 8Mi}}
+"#,
+    )?;
+    c.wait_until("plain-shared Bound", Duration::from_secs(30), || {
+        let p = c.get_json(&["pvc", "plain-shared", "-n", "default"])?;
+        Ok((p["status"]["phase"] == "Bound").then_some(()))
+    })?;
+    let pv = pv_of(&c, "plain-shared")?;
+    assert_eq!(pv["status"]["phase"], "Bound");
+    assert_eq!(pv["spec"]["claimRef"]["name"], "plain-shared");
+    c.wait_until("plain-local Pending", Duration::from_secs(30), || {
+        let p = c.get_json(&["pvc", "plain-local", "-n", "default"])?;
+        Ok((p["status"]["phase"] == "Pending").then_some(()))
+    })?;
+    std::thread::sleep(Duration::from_secs(2));
+    let p = c.get_json(&["pvc", "plain-local", "-n", "default"])?;
+    assert!(p["spec"]["volumeName"].is_null(), "{p}");
+
+    // Its first consumer's node binds it: a VMI scheduled to node1 using the claim.
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: consumer, namespace: default}
+spec:
+  domain:
+    memory: {guest: 64Mi}
+    devices:
+      disks:
+      - name: data
+        disk: {bus: virtio}
+  volumes:
+  - name: data
+    persistentVolumeClaim: {claimName: plain-local}
+"#,
+    )?;
+    c.wait_until("plain-local Bound", Duration::from_secs(60), || {
+        let p = c.get_json(&["pvc", "plain-local", "-n", "default"])?;
+        Ok((p["status"]["phase"] == "Bound").then_some(()))
+    })?;
+    let p = c.get_json(&["pvc", "plain-local", "-n", "default"])?;
+    assert_eq!(
+        p["metadata"]["annotations"]["volume.kubernetes.io/selected-node"],
+        "node1"
+    );
+    let pv = pv_of(&c, "plain-local")?;
+    let term = &pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0];
+    assert_eq!(term["matchExpressions"][0]["values"][0], "node1", "{pv}");
+    c.kubectl_ok(&["delete", "vmi", "consumer", "-n", "default", "--wait=false"])?;
+
+    // Transfer errors are retried with backoff, then fail with the server's answer.
+    c.apply(&dv_manifest(
+        "missing",
+        &http_source(&format!("{base}/nope.img")),
+        &storage(Some("shared"), Some("16Mi")),
+    ))?;
+    let v = wait_dv_phase(&c, "missing", "Failed", IMPORT)?;
+    assert_eq!(v["status"]["restartCount"], 4, "{v}");
+    let msg = condition(&v, "Running")["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(msg.contains("404"), "{v}");
+    Ok(())
+}

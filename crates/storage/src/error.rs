@@ -1,0 +1,48 @@
+//! The storage crate's error type.
+
+use std::path::PathBuf;
+
+/// Why a storage operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A file operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An external tool (qemu-img, gzip, xz, zstd) failed or could not be started.
+    #[error("{tool} failed: {message}")]
+    Tool { tool: String, message: String },
+    /// The HTTP transfer failed.
+    #[error("download of {url} failed: {message}")]
+    Http { url: String, message: String },
+    /// The request or source is invalid (bad URL, bad checksum syntax, bad header).
+    #[error("invalid {what}: {message}")]
+    Invalid { what: &'static str, message: String },
+    /// The downloaded data does not match the expected checksum.
+    #[error("checksum mismatch: expected {expected}, got {actual}")]
+    ChecksumMismatch { expected: String, actual: String },
+    /// The image was refused (too large, backing file, unsupported format).
+    #[error("image refused: {0}")]
+    Refused(String),
+}
+
+impl StorageError {
+    /// An [`StorageError::Io`] for `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StorageError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// An [`StorageError::Invalid`].
+    pub fn invalid(what: &'static str, message: impl Into<String>) -> Self {
+        StorageError::Invalid {
+            what,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! Populating a volume: [`import`] downloads an HTTP(S) source into a scratch directory
+//! (verifying its checksum while it streams), decompresses gzip/xz/zstd, checks the image
+//! with `qemu-img info` (no backing files, virtual size within the claim) and converts it to
+//! raw into the volume. [`blank`] and [`clone_image`] are the other two populators. Progress
+//! is reported as a percentage of the whole job through a callback.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use crate::checksum::{self, Checksum, Hasher};
+use crate::error::StorageError;
+use crate::http::{self, DownloadRequest};
+use crate::provisioner;
+use crate::qemu_img::{self, ConvertRequest, ImageInfo};
+
+/// Share of the progress bar taken by the download (the rest is the conversion).
+pub const DOWNLOAD_SHARE: f64 = 50.0;
+
+/// A compression wrapper recognised by its magic bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    Gzip,
+    Xz,
+    Zstd,
+}
+
+impl Compression {
+    /// The decompressing tool (reads the file, writes to stdout).
+    pub fn tool(self) -> &'static str {
+        match self {
+            Compression::Gzip => "gzip",
+            Compression::Xz => "xz",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+/// Detect a compression wrapper from the first bytes of a file.
+pub fn detect_compression(head: &[u8]) -> Option<Compression> {
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Some(Compression::Gzip)
+    } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0x00]) {
+        Some(Compression::Xz)
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        Some(Compression::Zstd)
+    } else {
+        None
+    }
+}
+
+/// Overall progress (0–100) during the download: `received` of `total` bytes.
+pub fn download_progress(received: u64, total: Option<u64>) -> Option<f64> {
+    let t = total.filter(|t| *t > 0)?;
+    Some((received.min(t) as f64 / t as f64) * DOWNLOAD_SHARE)
+}
+
+/// Overall progress (0–100) while converting at `convert_percent`.
+pub fn convert_progress(convert_percent: f64) -> f64 {
+    DOWNLOAD_SHARE + convert_percent.clamp(0.0, 100.0) * (100.0 - DOWNLOAD_SHARE) / 100.0
+}
+
+/// What to import where.
+#[derive(Debug, Clone)]
+pub struct ImportRequest {
+    pub source: DownloadRequest,
+    pub checksum: Option<Checksum>,
+    /// A private directory for the download and the decompressed image (removed after).
+    pub scratch_dir: PathBuf,
+    /// The volume's image file (`<volume>/disk.img`).
+    pub target: PathBuf,
+    /// The claim's size in bytes: the image's virtual size must fit and `disk.img` ends up
+    /// this large.
+    pub capacity: u64,
+}
+
+/// Download, verify, decompress, validate and convert `req.source` into `req.target`.
+/// Returns what `qemu-img info` said about the source image.
+pub async fn import(
+    req: &ImportRequest,
+    mut progress: impl FnMut(f64) + Send,
+) -> Result<ImageInfo, StorageError> {
+    let scratch = &req.scratch_dir;
+    std::fs::create_dir_all(scratch).map_err(|e| StorageError::io(scratch, e))?;
+    let result = import_in(req, &mut progress).await;
+    let _ = std::fs::remove_dir_all(scratch);
+    result
+}
+
+async fn import_in(
+    req: &ImportRequest,
+    progress: &mut (impl FnMut(f64) + Send),
+) -> Result<ImageInfo, StorageError> {
+    let download = req.scratch_dir.join("download");
+    {
+        let mut file =
+            std::fs::File::create(&download).map_err(|e| StorageError::io(&download, e))?;
+        let mut hasher = req.checksum.as_ref().map(|c| Hasher::new(c.algorithm));
+        http::download(
+            &req.source,
+            |chunk| {
+                if let Some(h) = hasher.as_mut() {
+                    h.update(chunk);
+                }
+                file.write_all(chunk)
+                    .map_err(|e| StorageError::io(&download, e))
+            },
+            |received, total| {
+                if let Some(p) = download_progress(received, total) {
+                    progress(p);
+                }
+            },
+        )
+        .await?;
+        file.flush().map_err(|e| StorageError::io(&download, e))?;
+        if let (Some(expected), Some(h)) = (&req.checksum, hasher) {
+            checksum::verify(expected, &h.finish())?;
+        }
+    }
+    progress(DOWNLOAD_SHARE);
+    let image = decompress_if_needed(&download, &req.scratch_dir.join("image")).await?;
+    let info = qemu_img::info(&image, None).await?;
+    qemu_img::validate(&info, req.capacity)?;
+    write_raw(&image, &info.format, &req.target, req.capacity, |p| {
+        progress(convert_progress(p))
+    })
+    .await?;
+    Ok(info)
+}
+
+/// Decompress `path` into `out` when it is gzip/xz/zstd; returns the image to use.
+pub async fn decompress_if_needed(path: &Path, out: &Path) -> Result<PathBuf, StorageError> {
+    let mut head = [0u8; 8];
+    let n = {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| StorageError::io(path, e))?;
+        f.read(&mut head).map_err(|e| StorageError::io(path, e))?
+    };
+    let Some(c) = detect_compression(&head[..n]) else {
+        return Ok(path.to_path_buf());
+    };
+    let dst = std::fs::File::create(out).map_err(|e| StorageError::io(out, e))?;
+    let res = tokio::process::Command::new(c.tool())
+        .arg("-dc")
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(dst)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| StorageError::Tool {
+            tool: c.tool().into(),
+            message: e.to_string(),
+        })?
+        .wait_with_output()
+        .await
+        .map_err(|e| StorageError::Tool {
+            tool: c.tool().into(),
+            message: e.to_string(),
+        })?;
+    if !res.status.success() {
+        return Err(StorageError::Tool {
+            tool: c.tool().into(),
+            message: String::from_utf8_lossy(&res.stderr).trim().to_string(),
+        });
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(out.to_path_buf())
+}
+
+/// Convert `src` (of `format`) to a raw file next to `target`, grow it sparsely to
+/// `capacity`, and rename it over `target` (so a failed conversion leaves no partial data).
+async fn write_raw(
+    src: &Path,
+    format: &str,
+    target: &Path,
+    capacity: u64,
+    progress: impl FnMut(f64),
+) -> Result<(), StorageError> {
+    let tmp = target.with_extension("img.importing");
+    let _ = std::fs::remove_file(&tmp);
+    let res = qemu_img::convert(
+        &ConvertRequest {
+            src,
+            src_format: format,
+            dst: &tmp,
+            dst_format: "raw",
+            existing_dst: false,
+        },
+        progress,
+    )
+    .await;
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    provisioner::create_sparse(&tmp, capacity)?;
+    std::fs::rename(&tmp, target).map_err(|e| StorageError::io(target, e))
+}
+
+/// Populate `target` as an empty (all zeros, sparse) raw disk of `capacity` bytes.
+pub fn blank(target: &Path, capacity: u64) -> Result<(), StorageError> {
+    provisioner::reset_sparse(target, capacity)
+}
+
+/// Copy the volume image `src` into `target` (a clone): the source's virtual size must fit
+/// in `capacity`; the copy stays sparse.
+pub async fn clone_image(
+    src: &Path,
+    target: &Path,
+    capacity: u64,
+    progress: impl FnMut(f64),
+) -> Result<(), StorageError> {
+    let info = qemu_img::info(src, None).await?;
+    qemu_img::validate(&info, capacity)?;
+    write_raw(src, &info.format, target, capacity, progress).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_compression() {
+        assert_eq!(
+            detect_compression(&[0x1f, 0x8b, 8]),
+            Some(Compression::Gzip)
+        );
+        assert_eq!(
+            detect_compression(&[0xfd, b'7', b'z', b'X', b'Z', 0]),
+            Some(Compression::Xz)
+        );
+        assert_eq!(
+            detect_compression(&[0x28, 0xb5, 0x2f, 0xfd]),
+            Some(Compression::Zstd)
+        );
+        assert_eq!(detect_compression(b"QFI\xfb"), None);
+        assert_eq!(detect_compression(&[]), None);
+    }
+
+    #[test]
+    fn progress_splits_between_download_and_convert() {
+        assert_eq!(download_progress(5, Some(10)), Some(25.0));
+        assert_eq!(download_progress(5, None), None);
+        assert_eq!(download_progress(20, Some(10)), Some(50.0));
+        assert_eq!(convert_progress(0.0), 50.0);
+        assert_eq!(convert_progress(50.0), 75.0);
+        assert_eq!(convert_progress(100.0), 100.0);
+    }
+
+    #[tokio::test]
+    async fn decompresses_xz_and_zstd() {
+        let d = tempfile::tempdir().unwrap();
+        for (tool, ext) in [("xz", "xz"), ("zstd", "zst")] {
+            let src = d.path().join(format!("img-{tool}"));
+            std::fs::write(&src, vec![3u8; 1 << 16]).unwrap();
+            let status = std::process::Command::new(tool)
+                .args(["-q", "-k"])
+                .arg(&src)
+                .status()
+                .unwrap();
+            assert!(status.success(), "{tool}");
+            let packed = src.with_file_name(format!("img-{tool}.{ext}"));
+            let out = d.path().join(format!("out-{tool}"));
+            let img = decompress_if_needed(&packed, &out).await.unwrap();
+            assert_eq!(img, out);
+            assert!(std::fs::read(&img).unwrap() == vec![3u8; 1 << 16], "{tool}");
+        }
+    }
+
+    #[tokio::test]
+    async fn blank_clone_and_gzip() {
+        let d = tempfile::tempdir().unwrap();
+        let a = d.path().join("a.img");
+        blank(&a, 4 << 20).unwrap();
+        std::fs::write(d.path().join("x"), vec![1u8; 1 << 20]).unwrap();
+        let status = std::process::Command::new("gzip")
+            .arg(d.path().join("x"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let img = decompress_if_needed(&d.path().join("x.gz"), &d.path().join("y"))
+            .await
+            .unwrap();
+        assert!(std::fs::read(&img).unwrap() == vec![1u8; 1 << 20]);
+        let b = d.path().join("b.img");
+        clone_image(&img, &b, 2 << 20, |_| {}).await.unwrap();
+        assert_eq!(std::fs::metadata(&b).unwrap().len(), 2 << 20);
+        let e = clone_image(&a, &b, 1 << 20, |_| {}).await.unwrap_err();
+        assert!(matches!(e, StorageError::Refused(_)), "{e}");
+    }
+
+    /// Serve `body` once per connection on 127.0.0.1 (HTTP/1.0 style: Content-Length, close).
+    fn serve(body: Vec<u8>) -> String {
+        use std::io::{BufRead, BufReader, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut line = String::new();
+                while r.read_line(&mut line).unwrap_or(0) > 2 {
+                    line.clear();
+                }
+                let mut s = s;
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(&body);
+            }
+        });
+        format!("http://{addr}/disk.qcow2")
+    }
+
+    #[tokio::test]
+    async fn imports_qcow2_over_http_with_checksum() {
+        let d = tempfile::tempdir().unwrap();
+        let raw = d.path().join("src.raw");
+        std::fs::write(&raw, vec![9u8; 1 << 20]).unwrap();
+        let q = d.path().join("src.qcow2");
+        qemu_img::convert(
+            &ConvertRequest {
+                src: &raw,
+                src_format: "raw",
+                dst: &q,
+                dst_format: "qcow2",
+                existing_dst: false,
+            },
+            |_| {},
+        )
+        .await
+        .unwrap();
+        let bytes = std::fs::read(&q).unwrap();
+        let mut h = Hasher::new(checksum::Algorithm::Sha256);
+        h.update(&bytes);
+        let sum = checksum::parse(&format!("sha256:{}", h.finish())).unwrap();
+        let url = serve(bytes);
+        let target = d.path().join("disk.img");
+        let mut req = ImportRequest {
+            source: DownloadRequest {
+                url,
+                headers: vec!["X-Test: 1".into()],
+                auth: None,
+            },
+            checksum: Some(sum),
+            scratch_dir: d.path().join("scratch"),
+            target: target.clone(),
+            capacity: 4 << 20,
+        };
+        let mut seen = Vec::new();
+        let info = import(&req, |p| seen.push(p)).await.unwrap();
+        assert_eq!(info.format, "qcow2");
+        assert_eq!(seen.last(), Some(&100.0));
+        assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+        assert_eq!(std::fs::metadata(&target).unwrap().len(), 4 << 20);
+        assert!(std::fs::read(&target).unwrap()[..1 << 20] == vec![9u8; 1 << 20][..]);
+        assert!(!req.scratch_dir.exists());
+
+        req.capacity = 1 << 19;
+        let e = import(&req, |_| {}).await.unwrap_err();
+        assert!(matches!(e, StorageError::Refused(_)), "{e}");
+        req.capacity = 4 << 20;
+        req.checksum = Some(checksum::parse(&format!("sha256:{}", "0".repeat(64))).unwrap());
+        let e = import(&req, |_| {}).await.unwrap_err();
+        assert!(matches!(e, StorageError::ChecksumMismatch { .. }), "{e}");
+    }
+}

@@ -1,0 +1,279 @@
+//! Wrappers around `qemu-img`: `info --output=json` (parsed into [`ImageInfo`]), `convert -p`
+//! with its progress parsed from the `(12.34/100%)` lines, and `resize`. The parsing is pure
+//! and unit-tested; the commands run with `tokio::process`.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use serde::Deserialize;
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use crate::error::StorageError;
+
+/// What `qemu-img info --output=json` says about an image.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ImageInfo {
+    /// `raw`, `qcow2`, `vmdk`, `vhdx`, …
+    pub format: String,
+    /// Guest-visible size in bytes.
+    pub virtual_size: u64,
+    /// Bytes used on the host.
+    #[serde(default)]
+    pub actual_size: Option<u64>,
+    #[serde(default)]
+    pub backing_filename: Option<String>,
+    #[serde(default)]
+    pub full_backing_filename: Option<String>,
+    #[serde(default)]
+    pub encrypted: Option<bool>,
+}
+
+/// Image formats the importer accepts as sources.
+pub const ACCEPTED_FORMATS: &[&str] = &["raw", "qcow2", "vmdk", "vdi", "vhdx", "vpc", "qcow"];
+
+/// Parse `qemu-img info --output=json`.
+pub fn parse_info(json: &str) -> Result<ImageInfo, StorageError> {
+    serde_json::from_str(json).map_err(|e| StorageError::Tool {
+        tool: "qemu-img info".into(),
+        message: format!("unexpected output ({e}): {json}"),
+    })
+}
+
+/// Why an image may not be imported into a volume of `capacity` bytes: it has a backing file
+/// (it could read any file of the host), is encrypted, has an unknown format, or its virtual
+/// size exceeds the volume.
+pub fn validate(info: &ImageInfo, capacity: u64) -> Result<(), StorageError> {
+    if info.backing_filename.is_some() || info.full_backing_filename.is_some() {
+        return Err(StorageError::Refused(format!(
+            "the image has a backing file ({}); images with backing files are not accepted",
+            info.backing_filename
+                .as_deref()
+                .or(info.full_backing_filename.as_deref())
+                .unwrap_or("")
+        )));
+    }
+    if info.encrypted == Some(true) {
+        return Err(StorageError::Refused("the image is encrypted".into()));
+    }
+    if !ACCEPTED_FORMATS.contains(&info.format.as_str()) {
+        return Err(StorageError::Refused(format!(
+            "unsupported image format {:?}",
+            info.format
+        )));
+    }
+    if info.virtual_size > capacity {
+        return Err(StorageError::Refused(format!(
+            "virtual image size {} is larger than the reported available storage {}; \
+             a larger PVC is required",
+            info.virtual_size, capacity
+        )));
+    }
+    Ok(())
+}
+
+/// Parse a `qemu-img convert -p` progress line such as `    (45.02/100%)` into 45.02.
+pub fn parse_progress(line: &str) -> Option<f64> {
+    let s = line.trim();
+    let inner = s.strip_prefix('(')?.strip_suffix(")")?;
+    let (num, rest) = inner.split_once('/')?;
+    if rest != "100%" {
+        return None;
+    }
+    let v: f64 = num.trim().parse().ok()?;
+    (0.0..=100.0).contains(&v).then_some(v)
+}
+
+fn tool_err(tool: &str, message: impl Into<String>) -> StorageError {
+    StorageError::Tool {
+        tool: tool.into(),
+        message: message.into(),
+    }
+}
+
+async fn run(tool: &str, cmd: &mut Command) -> Result<String, StorageError> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| tool_err(tool, format!("cannot start qemu-img: {e}")))?;
+    if !out.status.success() {
+        return Err(tool_err(
+            tool,
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `qemu-img info --output=json [-f format] path`. Backing files are not opened.
+pub async fn info(path: &Path, format: Option<&str>) -> Result<ImageInfo, StorageError> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["info", "--output=json"]);
+    if let Some(f) = format {
+        cmd.args(["-f", f]);
+    }
+    cmd.arg(path);
+    parse_info(&run("qemu-img info", &mut cmd).await?)
+}
+
+/// What to convert.
+#[derive(Debug, Clone)]
+pub struct ConvertRequest<'a> {
+    pub src: &'a Path,
+    /// The source format as detected (never probed again, so a raw image cannot pose as qcow2).
+    pub src_format: &'a str,
+    pub dst: &'a Path,
+    /// `raw` for ferrovirt volumes.
+    pub dst_format: &'a str,
+    /// Keep an existing destination file (`-n`): convert into a pre-created volume.
+    pub existing_dst: bool,
+}
+
+/// `qemu-img convert -p` — copies `src` into `dst`, calling `progress` with the
+/// percentage (0–100) as qemu-img reports it.
+pub async fn convert(
+    req: &ConvertRequest<'_>,
+    mut progress: impl FnMut(f64),
+) -> Result<(), StorageError> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["convert", "-p", "-f", req.src_format, "-O", req.dst_format]);
+    if req.existing_dst {
+        cmd.arg("-n");
+    }
+    cmd.arg(req.src)
+        .arg(req.dst)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| tool_err("qemu-img convert", format!("cannot start qemu-img: {e}")))?;
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let err_task = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s).await;
+        s
+    });
+    let mut buf = [0u8; 512];
+    let mut line = String::new();
+    loop {
+        let n = stdout
+            .read(&mut buf)
+            .await
+            .map_err(|e| tool_err("qemu-img convert", e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        for ch in String::from_utf8_lossy(&buf[..n]).chars() {
+            if ch == '\r' || ch == '\n' {
+                if let Some(p) = parse_progress(&line) {
+                    progress(p);
+                }
+                line.clear();
+            } else {
+                line.push(ch);
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| tool_err("qemu-img convert", e.to_string()))?;
+    let stderr = err_task.await.unwrap_or_default();
+    if !status.success() {
+        return Err(tool_err("qemu-img convert", stderr.trim().to_string()));
+    }
+    progress(100.0);
+    Ok(())
+}
+
+/// `qemu-img resize -f format path size` (grow only).
+pub async fn resize(path: &Path, format: &str, size: u64) -> Result<(), StorageError> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["resize", "-f", format])
+        .arg(path)
+        .arg(size.to_string());
+    run("qemu-img resize", &mut cmd).await.map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QCOW2: &str = r#"{
+        "virtual-size": 67108864, "filename": "disk.qcow2", "cluster-size": 65536,
+        "format": "qcow2", "actual-size": 1769472, "dirty-flag": false,
+        "format-specific": {"type": "qcow2", "data": {"compat": "1.1"}}
+    }"#;
+
+    #[test]
+    fn parses_info() {
+        let i = parse_info(QCOW2).unwrap();
+        assert_eq!(i.format, "qcow2");
+        assert_eq!(i.virtual_size, 64 << 20);
+        assert_eq!(i.actual_size, Some(1769472));
+        assert_eq!(i.backing_filename, None);
+        assert!(parse_info("not json").is_err());
+    }
+
+    #[test]
+    fn validates_size_backing_and_format() {
+        let i = parse_info(QCOW2).unwrap();
+        validate(&i, 64 << 20).unwrap();
+        let e = validate(&i, (64 << 20) - 1).unwrap_err().to_string();
+        assert!(e.contains("larger"), "{e}");
+        let mut b = i.clone();
+        b.backing_filename = Some("/etc/shadow".into());
+        assert!(
+            validate(&b, 1 << 40)
+                .unwrap_err()
+                .to_string()
+                .contains("backing")
+        );
+        let mut f = i;
+        f.format = "luks".into();
+        assert!(validate(&f, 1 << 40).is_err());
+    }
+
+    #[test]
+    fn parses_progress_lines() {
+        assert_eq!(parse_progress("    (45.02/100%)"), Some(45.02));
+        assert_eq!(parse_progress("(100.00/100%)"), Some(100.0));
+        assert_eq!(parse_progress("(0.00/100%)"), Some(0.0));
+        assert_eq!(parse_progress("garbage"), None);
+        assert_eq!(parse_progress("(101.00/100%)"), None);
+        assert_eq!(parse_progress("(5/50%)"), None);
+    }
+
+    #[tokio::test]
+    async fn info_convert_resize_roundtrip() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("a.raw");
+        std::fs::write(&src, vec![7u8; 1 << 20]).unwrap();
+        let dst = d.path().join("b.qcow2");
+        let mut seen = Vec::new();
+        convert(
+            &ConvertRequest {
+                src: &src,
+                src_format: "raw",
+                dst: &dst,
+                dst_format: "qcow2",
+                existing_dst: false,
+            },
+            |p| seen.push(p),
+        )
+        .await
+        .unwrap();
+        assert_eq!(seen.last(), Some(&100.0));
+        let i = info(&dst, None).await.unwrap();
+        assert_eq!((i.format.as_str(), i.virtual_size), ("qcow2", 1 << 20));
+        resize(&dst, "qcow2", 2 << 20).await.unwrap();
+        assert_eq!(
+            info(&dst, Some("qcow2")).await.unwrap().virtual_size,
+            2 << 20
+        );
+    }
+}
