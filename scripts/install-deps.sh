@@ -31,6 +31,8 @@ declare -A NEED=(
   [ip]=iproute2
   [kubectl]=kubernetes-client
   [flock]=util-linux
+  [nft]=nftables
+  [nsenter]=util-linux
 )
 
 missing=()

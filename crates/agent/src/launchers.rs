@@ -61,6 +61,18 @@ impl Launchers {
         spec: &LaunchSpec,
         meta: &LaunchMeta,
     ) -> Result<(), AgentError> {
+        self.start_in(cfg, spec, meta, &[])
+    }
+
+    /// Like [`Launchers::start`], with the launcher's command line prefixed by `exec_prefix`
+    /// (`nsenter --net=/run/netns/<ns> --` to run it in the VMI's network namespace).
+    pub fn start_in(
+        &mut self,
+        cfg: &LauncherConfig,
+        spec: &LaunchSpec,
+        meta: &LaunchMeta,
+        exec_prefix: &[String],
+    ) -> Result<(), AgentError> {
         let dir = cfg.vmi_dir(&meta.vmi_uid);
         std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
         crate::isolation::restrict_dir(&dir).map_err(|e| AgentError::io(&dir, e))?;
@@ -76,8 +88,15 @@ impl Launchers {
         let log2 = log.try_clone().map_err(|e| AgentError::io(&log_path, e))?;
         let child = {
             use std::os::unix::process::CommandExt;
-            Command::new(&cfg.binary)
-                .arg("launcher")
+            let mut cmd = match exec_prefix.split_first() {
+                Some((prog, args)) => {
+                    let mut c = Command::new(prog);
+                    c.args(args).arg(&cfg.binary);
+                    c
+                }
+                None => Command::new(&cfg.binary),
+            };
+            cmd.arg("launcher")
                 .arg("--dir")
                 .arg(&dir)
                 .stdin(Stdio::null())
@@ -130,6 +149,22 @@ pub async fn request(
 ) -> Result<serde_json::Value, AgentError> {
     let mut c = LauncherClient::connect(&cfg.vmi_dir(uid), CONTROL_TIMEOUT).await?;
     Ok(c.request_with_timeout(req, timeout).await?)
+}
+
+/// The pod-network plan of a VMI, kept in its directory so that a restarted agent re-attaches
+/// (DHCP) and finally tears down exactly what was set up.
+pub const NETWORK_PLAN: &str = "network.json";
+
+/// Writes the VMI's pod-network plan.
+pub fn write_network_plan(dir: &Path, plan: &ferrovirt_network::PodPlan) -> Result<(), AgentError> {
+    write_json_atomic(&dir.join(NETWORK_PLAN), plan)?;
+    Ok(())
+}
+
+/// The VMI's pod-network plan, if it has one.
+pub fn read_network_plan(dir: &Path) -> Option<ferrovirt_network::PodPlan> {
+    let text = std::fs::read_to_string(dir.join(NETWORK_PLAN)).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 /// Removes a VMI directory.

@@ -63,6 +63,27 @@ pub struct MappingContext {
     /// Put the VM in a memory cgroup named after this (the VMI uid), limited to its memory
     /// plus overhead.
     pub cgroup_name: Option<String>,
+    /// Taps the node's pod network prepared, by interface name: such a masquerade or bridge
+    /// interface gets a tap backend instead of user-mode networking.
+    pub pod_taps: BTreeMap<String, PodTap>,
+}
+
+/// A tap prepared by `ferrovirt_network::pod::setup` for one interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodTap {
+    pub ifname: String,
+    /// The guest MAC the pod network's DHCP server answers.
+    pub mac: String,
+}
+
+/// The VMI's interface on the pod network, as the node's pod network needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInterface {
+    /// Interface (and network) name in the VMI spec.
+    pub name: String,
+    pub binding: ferrovirt_network::Binding,
+    /// The guest NIC's MAC (`macAddress` or the derived one).
+    pub mac: ferrovirt_network::MacAddr,
 }
 
 impl MappingContext {
@@ -77,6 +98,7 @@ impl MappingContext {
             port_forwards: BTreeMap::new(),
             run_as: None,
             cgroup_name: None,
+            pod_taps: BTreeMap::new(),
         }
     }
 }
@@ -261,6 +283,83 @@ fn parse_mac(mac: &str, field: &str) -> Result<String, AgentError> {
     Ok(parts.join(":").to_lowercase())
 }
 
+fn nic_mac(
+    i: usize,
+    iface: &Interface,
+    vmi: &VirtualMachineInstance,
+) -> Result<String, AgentError> {
+    match &iface.mac_address {
+        Some(m) => parse_mac(
+            m,
+            &format!("spec.domain.devices.interfaces[{i}].macAddress"),
+        ),
+        None => Ok(derived_mac(
+            vmi.metadata.namespace.as_deref().unwrap_or("default"),
+            vmi.metadata.name.as_deref().unwrap_or(""),
+            &iface.name,
+        )),
+    }
+}
+
+/// The first interface on the pod network with a masquerade or bridge binding (KubeVirt allows
+/// one pod network per VMI), with its ports and MAC; `None` when there is none.
+pub fn pod_interface(vmi: &VirtualMachineInstance) -> Result<Option<PodInterface>, AgentError> {
+    use ferrovirt_network::{Binding, Port, PortProtocol};
+    let Some(spec) = vmi.spec.as_ref() else {
+        return Ok(None);
+    };
+    let networks: &[Network] = spec.networks.as_deref().unwrap_or(&[]);
+    for (i, iface) in spec.domain.devices.interfaces.iter().flatten().enumerate() {
+        let on_pod = networks
+            .iter()
+            .any(|n| n.name == iface.name && n.pod.is_some());
+        if !on_pod {
+            continue;
+        }
+        let binding = if iface.masquerade.is_some() {
+            let mut ports = Vec::new();
+            for (j, p) in iface.ports.iter().flatten().enumerate() {
+                let field = format!("spec.domain.devices.interfaces[{i}].ports[{j}]");
+                let protocol = match p.protocol.as_deref().unwrap_or("TCP") {
+                    x if x.eq_ignore_ascii_case("tcp") => PortProtocol::Tcp,
+                    x if x.eq_ignore_ascii_case("udp") => PortProtocol::Udp,
+                    other => {
+                        return Err(AgentError::unsupported(
+                            format!("{field}.protocol"),
+                            format!("protocol {other:?} is not supported (TCP, UDP)"),
+                        ));
+                    }
+                };
+                let port = u16::try_from(p.port)
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| {
+                        AgentError::invalid(format!("{field}.port"), "not a port number")
+                    })?;
+                ports.push(Port { protocol, port });
+            }
+            Binding::Masquerade { ports }
+        } else if iface.bridge.is_some() {
+            Binding::Bridge
+        } else {
+            continue;
+        };
+        let mac = nic_mac(i, iface, vmi)?;
+        let mac = mac.parse().map_err(|_| {
+            AgentError::invalid(
+                format!("spec.domain.devices.interfaces[{i}].macAddress"),
+                format!("{mac:?} is not a MAC address"),
+            )
+        })?;
+        return Ok(Some(PodInterface {
+            name: iface.name.clone(),
+            binding,
+            mac,
+        }));
+    }
+    Ok(None)
+}
+
 fn map_nic(
     i: usize,
     iface: &Interface,
@@ -290,7 +389,16 @@ fn map_nic(
             ));
         }
     };
-    let backend = if net.pod.is_some() && (iface.masquerade.is_some() || iface.slirp.is_some()) {
+    let pod_tap = ctx
+        .pod_taps
+        .get(&iface.name)
+        .filter(|_| net.pod.is_some() && (iface.masquerade.is_some() || iface.bridge.is_some()));
+    let backend = if let Some(t) = pod_tap {
+        // The node's pod network: a tap in the VMI's network namespace.
+        NicBackend::Tap {
+            ifname: t.ifname.clone(),
+        }
+    } else if net.pod.is_some() && (iface.masquerade.is_some() || iface.slirp.is_some()) {
         // Masquerade semantics on QEMU's user-mode stack: the guest gets 10.0.2.2/24 with
         // gateway 10.0.2.1 by DHCP and reaches out through NAT; listed ports (or all forwarded
         // ports the agent chose) are forwarded from the host.
@@ -341,13 +449,9 @@ fn map_nic(
             "only masquerade interfaces on the pod network are supported on this node",
         ));
     };
-    let mac = match &iface.mac_address {
-        Some(m) => parse_mac(m, &format!("{field}.macAddress"))?,
-        None => derived_mac(
-            vmi.metadata.namespace.as_deref().unwrap_or("default"),
-            vmi.metadata.name.as_deref().unwrap_or(""),
-            &iface.name,
-        ),
+    let mac = match pod_tap {
+        Some(t) => t.mac.clone(),
+        None => nic_mac(i, iface, vmi)?,
     };
     Ok(Nic {
         id: format!("net{i}"),
@@ -646,6 +750,61 @@ mod tests {
         v["spec"]["domain"]["devices"]["disks"][0]["disk"]["bus"] = json!("ide");
         let e = launch_spec(&vmi(v), &ctx()).unwrap_err().to_string();
         assert!(e.contains("disks[0].disk.bus"), "{e}");
+    }
+
+    #[test]
+    fn pod_network_taps_replace_user_networking() {
+        use ferrovirt_network::{Binding, Port, PortProtocol};
+        let v = base();
+        let pi = pod_interface(&vmi(v.clone())).unwrap().unwrap();
+        assert_eq!(pi.name, "default");
+        assert_eq!(
+            pi.binding,
+            Binding::Masquerade {
+                ports: vec![Port {
+                    protocol: PortProtocol::Tcp,
+                    port: 80
+                }]
+            }
+        );
+        let plain = launch_spec(&vmi(v.clone()), &ctx()).unwrap();
+        // The pod network derives the same MAC as the mapping.
+        assert_eq!(plain.nics[0].mac, Some(pi.mac.to_string()));
+        let mut c = ctx();
+        c.pod_taps.insert(
+            "default".into(),
+            PodTap {
+                ifname: "tap0".into(),
+                mac: pi.mac.to_string(),
+            },
+        );
+        let ls = launch_spec(&vmi(v), &c).unwrap();
+        assert_eq!(
+            ls.nics[0].backend,
+            NicBackend::Tap {
+                ifname: "tap0".into()
+            }
+        );
+        assert_eq!(ls.nics[0].mac, Some(pi.mac.to_string()));
+        ls.validate().unwrap();
+
+        // Bridge binding works once the node prepared a tap.
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["interfaces"][0] = json!({"name": "default", "bridge": {}});
+        let pi = pod_interface(&vmi(v.clone())).unwrap().unwrap();
+        assert_eq!(pi.binding, Binding::Bridge);
+        let ls = launch_spec(&vmi(v), &c).unwrap();
+        assert!(matches!(ls.nics[0].backend, NicBackend::Tap { .. }));
+
+        // No pod interface, and refused port protocols.
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["interfaces"] = json!([]);
+        assert_eq!(pod_interface(&vmi(v)).unwrap(), None);
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["interfaces"][0]["ports"] =
+            json!([{"port": 9, "protocol": "SCTP"}]);
+        let e = pod_interface(&vmi(v)).unwrap_err().to_string();
+        assert!(e.contains("interfaces[0].ports[0].protocol"), "{e}");
     }
 
     #[test]

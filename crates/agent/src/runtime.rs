@@ -54,6 +54,9 @@ pub struct AgentOptions {
     pub endpoint_listen: SocketAddr,
     /// The agent's API token: the bearer token its endpoint requires. `None` refuses all.
     pub api_token: Option<String>,
+    /// The node's pod network (docs/networking.md): masquerade and bridge interfaces get a tap
+    /// in a per-VMI network namespace. `None`: masquerade on QEMU user-mode networking.
+    pub pod_network: Option<ferrovirt_network::NodeNetwork>,
 }
 
 impl AgentOptions {
@@ -71,6 +74,7 @@ impl AgentOptions {
             tcg_tb_size_mib: Some(64),
             endpoint_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
+            pod_network: None,
         }
     }
 }
@@ -107,6 +111,12 @@ struct Agent {
     wake: tokio::sync::Notify,
     /// Last guest-agent report per VMI uid (refreshed every [`GUEST_INFO_REFRESH`]).
     guest_info: Mutex<HashMap<String, (Instant, Value)>>,
+    /// Pod-network attachments (their DHCP servers) per VMI uid.
+    pod_attachments: Mutex<HashMap<String, ferrovirt_network::Attached>>,
+}
+
+fn net_err(e: ferrovirt_network::Error) -> AgentError {
+    AgentError::Reference(format!("pod network: {e}"))
 }
 
 /// How often a connected guest agent is asked for OS info and interfaces.
@@ -122,6 +132,12 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         data_dir: opts.data_dir.clone(),
         qemu_binary: opts.qemu_binary.clone(),
     };
+    if let Some(node) = &opts.pod_network {
+        ferrovirt_network::apply::preflight()
+            .await
+            .map_err(net_err)?;
+        ferrovirt_network::setup_node(node).await.map_err(net_err)?;
+    }
     let endpoint = crate::endpoint::serve(
         opts.endpoint_listen,
         &opts.address,
@@ -140,6 +156,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         qemu_user: crate::isolation::ensure_qemu_user(),
         wake: tokio::sync::Notify::new(),
         guest_info: Mutex::new(HashMap::new()),
+        pod_attachments: Mutex::new(HashMap::new()),
         opts,
     });
     agent.register_node().await?;
@@ -446,6 +463,11 @@ impl Agent {
         ctx.run_as = self.qemu_user.clone();
         ctx.sandbox = true;
         ctx.cgroup_name = vmi.metadata.uid.clone();
+        let mut exec_prefix = Vec::new();
+        if let Some((iface, tap, prefix)) = self.attach_pod_network(vmi, &uid, &dir).await? {
+            ctx.pod_taps.insert(iface, tap);
+            exec_prefix = prefix;
+        }
         let spec = mapping::launch_spec(vmi, &ctx)?;
         spec.validate()?;
         let (ns, name) = ns_name(vmi);
@@ -456,8 +478,93 @@ impl Agent {
             grace_seconds: decide::grace_seconds(vmi),
             qemu_binary: self.opts.qemu_binary.clone(),
         };
-        self.launchers.lock().await.start(&self.cfg, &spec, &meta)?;
+        self.launchers
+            .lock()
+            .await
+            .start_in(&self.cfg, &spec, &meta, &exec_prefix)?;
         Ok(())
+    }
+
+    /// Sets up the VMI's pod network when the node has one and the VMI an interface on it;
+    /// returns the interface name, its tap and the launcher's command prefix. The plan is kept
+    /// in the VMI directory (same address after an agent restart, exact teardown).
+    async fn attach_pod_network(
+        &self,
+        vmi: &VirtualMachineInstance,
+        uid: &str,
+        dir: &std::path::Path,
+    ) -> Result<Option<(String, mapping::PodTap, Vec<String>)>, AgentError> {
+        let Some(node) = &self.opts.pod_network else {
+            return Ok(None);
+        };
+        let Some(pi) = mapping::pod_interface(vmi)? else {
+            return Ok(None);
+        };
+        let plan = {
+            // Held while allocating, so two VMIs starting together never pick one address.
+            let mut attachments = self.pod_attachments.lock().await;
+            attachments.remove(uid); // one DHCP server per VMI
+            match launchers::read_network_plan(dir) {
+                Some(p) => p,
+                None => {
+                    let (ns, name) = ns_name(vmi);
+                    let mut req =
+                        ferrovirt_network::PodRequest::new(uid, &ns, &name, pi.binding.clone());
+                    req.interface = pi.name.clone();
+                    req.mac = Some(pi.mac);
+                    req.used = self
+                        .cfg
+                        .local_uids()
+                        .iter()
+                        .filter(|u| u.as_str() != uid)
+                        .filter_map(|u| launchers::read_network_plan(&self.cfg.vmi_dir(u)))
+                        .map(|p| p.address)
+                        .collect();
+                    let plan = ferrovirt_network::PodPlan::build(node, &req).map_err(net_err)?;
+                    launchers::write_network_plan(dir, &plan)?;
+                    plan
+                }
+            }
+        };
+        let attached = ferrovirt_network::setup(&plan).await.map_err(net_err)?;
+        let tap = mapping::PodTap {
+            ifname: attached.tap.clone(),
+            mac: attached.mac.to_string(),
+        };
+        let prefix = attached.exec_prefix();
+        self.pod_attachments
+            .lock()
+            .await
+            .insert(uid.to_string(), attached);
+        Ok(Some((pi.name, tap, prefix)))
+    }
+
+    /// After an agent restart: re-applies the plan of a running VMI (links are kept) and
+    /// restarts its DHCP server.
+    async fn reattach_pod_network(&self, uid: &str) {
+        if self.opts.pod_network.is_none() || self.pod_attachments.lock().await.contains_key(uid) {
+            return;
+        }
+        let Some(plan) = launchers::read_network_plan(&self.cfg.vmi_dir(uid)) else {
+            return;
+        };
+        match ferrovirt_network::setup(&plan).await {
+            Ok(a) => {
+                self.pod_attachments.lock().await.insert(uid.to_string(), a);
+            }
+            Err(e) => tracing::warn!(%uid, "re-attaching the pod network: {e}"),
+        }
+    }
+
+    /// Stops the VMI's DHCP server and removes its namespace and veth (before its directory,
+    /// which holds the plan, is removed).
+    async fn detach_pod_network(&self, uid: &str) {
+        self.pod_attachments.lock().await.remove(uid);
+        if let Some(plan) = launchers::read_network_plan(&self.cfg.vmi_dir(uid))
+            && let Err(e) = ferrovirt_network::teardown(&plan).await
+        {
+            tracing::warn!(%uid, "tearing down the pod network: {e}");
+        }
     }
 
     async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance) {
@@ -469,6 +576,9 @@ impl Agent {
         // A launcher this agent just started may not listen yet: don't start a second one.
         if observed == Observed::NoLauncher && self.launchers.lock().await.is_child_alive(&uid) {
             return;
+        }
+        if let Observed::Running(_) = &observed {
+            self.reattach_pod_network(&uid).await;
         }
         let guest = self.guest_info_for(&uid, &observed).await;
         for action in decide::decide(
@@ -582,6 +692,7 @@ impl Agent {
                 }
                 Action::Cleanup => {
                     self.guest_info.lock().await.remove(&uid);
+                    self.detach_pod_network(&uid).await;
                     launchers::remove_dir(&self.cfg.vmi_dir(&uid));
                     if let Err(e) = self.set_finalizer(&vmi, false).await {
                         tracing::warn!("removing finalizer: {e}");
@@ -652,7 +763,10 @@ impl Agent {
                     )
                     .await;
                 }
-                _ => launchers::remove_dir(&self.cfg.vmi_dir(&uid)),
+                _ => {
+                    self.detach_pod_network(&uid).await;
+                    launchers::remove_dir(&self.cfg.vmi_dir(&uid));
+                }
             }
         }
     }

@@ -233,6 +233,20 @@ async fn main_loop(
             break vm.try_exit_status().ok().flatten();
         }
     };
+    // QEMU may exit right after its last events: take those still queued (a guest-initiated
+    // SHUTDOWN among them decides the exit reason).
+    let drain_until = tokio::time::Instant::now() + Duration::from_millis(500);
+    loop {
+        match tokio::time::timeout_at(drain_until, events.recv()).await {
+            Ok(Ok(ev)) => {
+                if ev.kind() == EventKind::Shutdown && ev.guest_initiated() == Some(true) {
+                    guest_shutdown = true;
+                }
+            }
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => continue,
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
     status.lock().await.phase = RunPhase::Exited;
     let success = exit_status.is_some_and(|s| s.success());
     let reason = exit_reason(shutdown_outcome, guest_shutdown, success);

@@ -1,1 +1,22 @@
-//! ferrovirt-network (see docs/ARCHITECTURE.md).
+//! ferrovirt-network: the pod network of a node (see docs/networking.md).
+//!
+//! - [`ipam`]: CIDRs, node subnets, stable VMI addresses and MACs (pure).
+//! - [`plan`]: what to create for the node and for one VMI interface (pure).
+//! - [`render`]: plans → idempotent iproute2 / nft actions (pure).
+//! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.
+//! - [`apply`], [`netns`]: running the actions as root; entering namespaces.
+//! - [`pod`]: the API the agent calls (`setup_node`, `setup`, `teardown`).
+
+pub mod apply;
+pub mod dhcp;
+pub mod error;
+pub mod ipam;
+pub mod netns;
+pub mod plan;
+pub mod pod;
+pub mod render;
+
+pub use error::{Error, Result};
+pub use ipam::{Ipam, Ipv4Cidr, MacAddr};
+pub use plan::{Binding, NodeNetwork, PodPlan, PodRequest, Port, PortProtocol};
+pub use pod::{Attached, setup, setup_node, teardown, teardown_node};

@@ -1,0 +1,474 @@
+//! Plans → actions (pure): the ordered, idempotent list of iproute2 / sysctl / nft steps that
+//! sets up the node or one VMI's network, the teardown list, and the nft scripts themselves.
+//! [`crate::apply`] runs them.
+
+use std::fmt::Write as _;
+
+use crate::plan::{Binding, NodeNetwork, PodPlan, Port, PortProtocol};
+
+/// One step. Every step is safe to repeat: creations are skipped when the object exists,
+/// `ip` changes use `replace`/`set`, nft scripts atomically replace this crate's own table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// `ip netns add NAME`, unless it exists.
+    AddNetns(String),
+    /// `ip [-n NETNS] ARGS…` creating the link `name`, unless that link exists in `netns`.
+    AddLink {
+        netns: Option<String>,
+        name: String,
+        args: Vec<String>,
+    },
+    /// An idempotent `ip [-n NETNS] ARGS…`.
+    Ip {
+        netns: Option<String>,
+        args: Vec<String>,
+    },
+    /// Writes `/proc/sys/<key>` inside `netns`.
+    Sysctl {
+        netns: Option<String>,
+        key: String,
+        value: String,
+    },
+    /// `nft -f -` inside `netns`.
+    Nft {
+        netns: Option<String>,
+        script: String,
+    },
+    /// `ip [-n NETNS] link del NAME`, if it exists.
+    DelLink { netns: Option<String>, name: String },
+    /// `ip netns del NAME`, if it exists.
+    DelNetns(String),
+    /// `nft delete table FAMILY NAME` inside `netns`, if it exists.
+    DelNftTable {
+        netns: Option<String>,
+        family: String,
+        table: String,
+    },
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn ip(netns: &Option<String>, args: &[&str]) -> Action {
+    Action::Ip {
+        netns: netns.clone(),
+        args: strs(args),
+    }
+}
+
+/// nft's idiom for an atomic replace of one table: create (no-op if present), delete, define.
+fn replace_table(family: &str, table: &str, body: &str) -> String {
+    format!(
+        "table {family} {table}\ndelete table {family} {table}\ntable {family} {table} {{\n{body}}}\n"
+    )
+}
+
+/// The node's NAT: traffic from the cluster CIDR to anywhere else leaves masqueraded through
+/// the uplink (no rule without an uplink).
+pub fn node_nft_script(node: &NodeNetwork) -> String {
+    let mut body = String::from(
+        "  chain postrouting {\n    type nat hook postrouting priority 100; policy accept;\n",
+    );
+    if let Some(up) = &node.uplink {
+        let c = node.ipam.cluster;
+        let _ = writeln!(
+            body,
+            "    ip saddr {c} ip daddr != {c} oifname \"{up}\" masquerade"
+        );
+    }
+    body.push_str("  }\n");
+    replace_table("ip", &node.nft_table, &body)
+}
+
+fn port_rules(ports: &[Port], prefix: &str, target: &str) -> String {
+    let mut out = String::new();
+    if ports.is_empty() {
+        let _ = writeln!(out, "    {prefix} dnat to {target}");
+        return out;
+    }
+    for proto in [PortProtocol::Tcp, PortProtocol::Udp] {
+        let mut list: Vec<u16> = ports
+            .iter()
+            .filter(|p| p.protocol == proto)
+            .map(|p| p.port)
+            .collect();
+        list.sort_unstable();
+        list.dedup();
+        if list.is_empty() {
+            continue;
+        }
+        let set = list
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            out,
+            "    {prefix} {} dport {{ {set} }} dnat to {target}",
+            proto.nft()
+        );
+    }
+    out
+}
+
+/// The masquerade binding's NAT inside the VMI namespace: the guest's traffic leaves as the
+/// VMI address; the listed ports (all traffic when none are listed) of the VMI address, from
+/// outside or from the namespace itself, go to the guest.
+pub fn masquerade_nft_script(plan: &PodPlan, ports: &[Port]) -> String {
+    let vmi = plan.address;
+    let guest = plan.lease.address;
+    let veth = &plan.pod_veth;
+    let mut body = String::new();
+    body.push_str(
+        "  chain prerouting {\n    type nat hook prerouting priority -100; policy accept;\n",
+    );
+    body.push_str(&port_rules(
+        ports,
+        &format!("iifname \"{veth}\" ip daddr {vmi}"),
+        &guest.to_string(),
+    ));
+    body.push_str("  }\n");
+    body.push_str("  chain output {\n    type nat hook output priority -100; policy accept;\n");
+    body.push_str(&port_rules(
+        ports,
+        &format!("ip daddr {vmi}"),
+        &guest.to_string(),
+    ));
+    body.push_str("  }\n");
+    body.push_str(
+        "  chain postrouting {\n    type nat hook postrouting priority 100; policy accept;\n",
+    );
+    let _ = writeln!(
+        body,
+        "    ip saddr {guest} oifname \"{veth}\" snat to {vmi}"
+    );
+    body.push_str("  }\n");
+    replace_table("ip", &plan.node.nft_table, &body)
+}
+
+/// The bridge binding's filter inside the VMI namespace: DHCP stays between the guest and its
+/// own server (the guest's requests never reach the node's segment, foreign offers never
+/// reach the guest).
+pub fn bridge_nft_script(plan: &PodPlan) -> String {
+    let tap = &plan.tap;
+    let veth = &plan.pod_veth;
+    let body = format!(
+        "  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    \
+         iifname \"{tap}\" oifname \"{veth}\" udp dport 67 drop\n    \
+         iifname \"{veth}\" oifname \"{tap}\" udp sport 67 drop\n  }}\n"
+    );
+    replace_table("bridge", &plan.node.nft_table, &body)
+}
+
+/// Steps that set up the node: its bridge with the gateway, forwarding, NAT.
+pub fn node_actions(node: &NodeNetwork) -> Vec<Action> {
+    let ns = &node.netns;
+    let br = node.bridge.as_str();
+    let gw = format!("{}/{}", node.gateway(), node.node_subnet.prefix());
+    let mtu = node.mtu.to_string();
+    vec![
+        Action::AddLink {
+            netns: ns.clone(),
+            name: br.into(),
+            args: strs(&["link", "add", br, "type", "bridge"]),
+        },
+        ip(ns, &["addr", "replace", &gw, "dev", br]),
+        ip(ns, &["link", "set", br, "mtu", &mtu, "up"]),
+        Action::Sysctl {
+            netns: ns.clone(),
+            key: "net/ipv4/ip_forward".into(),
+            value: "1".into(),
+        },
+        Action::Nft {
+            netns: ns.clone(),
+            script: node_nft_script(node),
+        },
+    ]
+}
+
+/// Steps that remove what [`node_actions`] created.
+pub fn node_teardown_actions(node: &NodeNetwork) -> Vec<Action> {
+    vec![
+        Action::DelNftTable {
+            netns: node.netns.clone(),
+            family: "ip".into(),
+            table: node.nft_table.clone(),
+        },
+        Action::DelLink {
+            netns: node.netns.clone(),
+            name: node.bridge.clone(),
+        },
+    ]
+}
+
+/// Steps that set up one VMI's namespace, veth, bridge, tap, addresses and NAT.
+pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
+    let node_ns = &plan.node.netns;
+    let pod = Some(plan.netns.clone());
+    let mtu = plan.node.mtu.to_string();
+    let (veth, hveth, br, tap) = (
+        plan.pod_veth.as_str(),
+        plan.host_veth.as_str(),
+        plan.pod_bridge.as_str(),
+        plan.tap.as_str(),
+    );
+    let br_addr = format!("{}/{}", plan.pod_bridge_addr.0, plan.pod_bridge_addr.1);
+    let mut a = vec![
+        Action::AddNetns(plan.netns.clone()),
+        ip(&pod, &["link", "set", "lo", "up"]),
+        Action::AddLink {
+            netns: node_ns.clone(),
+            name: hveth.into(),
+            args: strs(&[
+                "link",
+                "add",
+                hveth,
+                "mtu",
+                &mtu,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                veth,
+                "netns",
+                &plan.netns,
+            ]),
+        },
+        ip(
+            node_ns,
+            &[
+                "link",
+                "set",
+                hveth,
+                "master",
+                &plan.node.bridge,
+                "mtu",
+                &mtu,
+                "up",
+            ],
+        ),
+        Action::AddLink {
+            netns: pod.clone(),
+            name: br.into(),
+            args: strs(&["link", "add", br, "type", "bridge"]),
+        },
+        Action::AddLink {
+            netns: pod.clone(),
+            name: tap.into(),
+            args: strs(&["tuntap", "add", "dev", tap, "mode", "tap"]),
+        },
+        ip(&pod, &["link", "set", tap, "master", br, "mtu", &mtu, "up"]),
+        ip(&pod, &["addr", "replace", &br_addr, "dev", br]),
+    ];
+    match &plan.binding {
+        Binding::Masquerade { ports } => {
+            let vmi = format!("{}/{}", plan.address, plan.node.node_subnet.prefix());
+            a.extend([
+                ip(&pod, &["link", "set", veth, "mtu", &mtu, "up"]),
+                ip(&pod, &["addr", "replace", &vmi, "dev", veth]),
+                ip(
+                    &pod,
+                    &[
+                        "route",
+                        "replace",
+                        "default",
+                        "via",
+                        &plan.node.gateway().to_string(),
+                        "dev",
+                        veth,
+                    ],
+                ),
+                Action::Sysctl {
+                    netns: pod.clone(),
+                    key: "net/ipv4/ip_forward".into(),
+                    value: "1".into(),
+                },
+                Action::Nft {
+                    netns: pod.clone(),
+                    script: masquerade_nft_script(plan, ports),
+                },
+            ]);
+        }
+        Binding::Bridge => {
+            a.extend([
+                ip(
+                    &pod,
+                    &["link", "set", veth, "master", br, "mtu", &mtu, "up"],
+                ),
+                Action::Nft {
+                    netns: pod.clone(),
+                    script: bridge_nft_script(plan),
+                },
+            ]);
+        }
+    }
+    a.push(ip(&pod, &["link", "set", br, "mtu", &mtu, "up"]));
+    a
+}
+
+/// Steps that remove one VMI's network: the node-side veth (its peer goes with it) and the
+/// namespace (with the bridge, tap and nft table in it).
+pub fn pod_teardown_actions(plan: &PodPlan) -> Vec<Action> {
+    vec![
+        Action::DelLink {
+            netns: plan.node.netns.clone(),
+            name: plan.host_veth.clone(),
+        },
+        Action::DelNetns(plan.netns.clone()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::Ipam;
+    use crate::plan::{PodRequest, PortProtocol};
+
+    fn node() -> NodeNetwork {
+        let ipam = Ipam::default();
+        let mut n = NodeNetwork::new(ipam, ipam.node_subnet(1).unwrap());
+        n.uplink = Some("uplink0".into());
+        n.nft_table = "ferrovirt-t1".into();
+        n
+    }
+
+    fn plan(binding: Binding) -> PodPlan {
+        let mut req = PodRequest::new("uid-1", "default", "vm1", binding);
+        req.address = Some("10.244.1.20".parse().unwrap());
+        PodPlan::build(&node(), &req).unwrap()
+    }
+
+    fn cmd(a: &Action) -> String {
+        match a {
+            Action::Ip { netns, args } | Action::AddLink { netns, args, .. } => format!(
+                "ip {}{}",
+                netns
+                    .as_ref()
+                    .map(|n| format!("-n {n} "))
+                    .unwrap_or_default(),
+                args.join(" ")
+            ),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn node_nat_masquerades_the_cluster_cidr_out_of_the_uplink() {
+        let s = node_nft_script(&node());
+        assert!(s.starts_with("table ip ferrovirt-t1\ndelete table ip ferrovirt-t1\n"));
+        assert!(s.contains(
+            "ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 oifname \"uplink0\" masquerade"
+        ));
+        let mut n = node();
+        n.uplink = None;
+        assert!(!node_nft_script(&n).contains("masquerade"));
+    }
+
+    #[test]
+    fn node_actions_create_the_bridge_with_the_gateway() {
+        let a: Vec<String> = node_actions(&node()).iter().map(cmd).collect();
+        assert_eq!(a[0], "ip link add fv-br0 type bridge");
+        assert_eq!(a[1], "ip addr replace 10.244.1.1/24 dev fv-br0");
+        assert_eq!(a[2], "ip link set fv-br0 mtu 1500 up");
+        assert!(a[3].contains("ip_forward"));
+        let t = node_teardown_actions(&node());
+        assert!(matches!(&t[1], Action::DelLink { name, .. } if name == "fv-br0"));
+    }
+
+    #[test]
+    fn masquerade_forwards_listed_ports_and_snats_the_guest() {
+        let ports = [
+            Port {
+                protocol: PortProtocol::Tcp,
+                port: 80,
+            },
+            Port {
+                protocol: PortProtocol::Tcp,
+                port: 22,
+            },
+            Port {
+                protocol: PortProtocol::Udp,
+                port: 53,
+            },
+            Port {
+                protocol: PortProtocol::Tcp,
+                port: 80,
+            },
+        ];
+        let p = plan(Binding::Masquerade {
+            ports: ports.to_vec(),
+        });
+        let s = masquerade_nft_script(&p, &ports);
+        assert!(
+            s.contains(
+                "iifname \"eth0\" ip daddr 10.244.1.20 tcp dport { 22, 80 } dnat to 10.0.2.2"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains("iifname \"eth0\" ip daddr 10.244.1.20 udp dport { 53 } dnat to 10.0.2.2")
+        );
+        assert!(s.contains("    ip daddr 10.244.1.20 tcp dport { 22, 80 } dnat to 10.0.2.2"));
+        assert!(s.contains("ip saddr 10.0.2.2 oifname \"eth0\" snat to 10.244.1.20"));
+        let all = masquerade_nft_script(&p, &[]);
+        assert!(all.contains("iifname \"eth0\" ip daddr 10.244.1.20 dnat to 10.0.2.2"));
+    }
+
+    #[test]
+    fn masquerade_pod_actions_in_order() {
+        let p = plan(Binding::Masquerade { ports: vec![] });
+        let a: Vec<String> = pod_actions(&p).iter().map(cmd).collect();
+        let hv = &p.host_veth;
+        let expect = [
+            "AddNetns(\"fv-uid-1\")".to_string(),
+            "ip -n fv-uid-1 link set lo up".into(),
+            format!("ip link add {hv} mtu 1500 type veth peer name eth0 netns fv-uid-1"),
+            format!("ip link set {hv} master fv-br0 mtu 1500 up"),
+            "ip -n fv-uid-1 link add k6t-eth0 type bridge".into(),
+            "ip -n fv-uid-1 tuntap add dev tap0 mode tap".into(),
+            "ip -n fv-uid-1 link set tap0 master k6t-eth0 mtu 1500 up".into(),
+            "ip -n fv-uid-1 addr replace 10.0.2.1/24 dev k6t-eth0".into(),
+            "ip -n fv-uid-1 link set eth0 mtu 1500 up".into(),
+            "ip -n fv-uid-1 addr replace 10.244.1.20/24 dev eth0".into(),
+            "ip -n fv-uid-1 route replace default via 10.244.1.1 dev eth0".into(),
+        ];
+        assert_eq!(&a[..expect.len()], &expect);
+        assert!(a.last().unwrap().ends_with("link set k6t-eth0 mtu 1500 up"));
+    }
+
+    #[test]
+    fn bridge_pod_actions_enslave_the_veth_and_keep_dhcp_local() {
+        let p = plan(Binding::Bridge);
+        let a: Vec<String> = pod_actions(&p).iter().map(cmd).collect();
+        assert!(
+            a.contains(&"ip -n fv-uid-1 link set eth0 master k6t-eth0 mtu 1500 up".to_string())
+        );
+        assert!(
+            a.contains(&"ip -n fv-uid-1 addr replace 169.254.75.10/32 dev k6t-eth0".to_string())
+        );
+        assert!(
+            !a.iter().any(|c| c.contains("10.244.1.20")),
+            "no VMI address in the netns"
+        );
+        let s = bridge_nft_script(&p);
+        assert!(s.starts_with("table bridge ferrovirt-t1\n"));
+        assert!(s.contains("iifname \"tap0\" oifname \"eth0\" udp dport 67 drop"));
+    }
+
+    #[test]
+    fn teardown_removes_the_veth_and_the_namespace() {
+        let p = plan(Binding::Bridge);
+        let t = pod_teardown_actions(&p);
+        assert_eq!(
+            t,
+            vec![
+                Action::DelLink {
+                    netns: None,
+                    name: p.host_veth.clone()
+                },
+                Action::DelNetns("fv-uid-1".into()),
+            ]
+        );
+    }
+}
