@@ -102,9 +102,19 @@ pub const QEMU_PID_ANNOTATION: &str = "ferrovirt.io/qemu-pid";
 /// Annotation with the VMI's launcher process id on its node.
 pub const LAUNCHER_PID_ANNOTATION: &str = "ferrovirt.io/launcher-pid";
 
+/// What the node knows beyond the launcher's state, for status reporting.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Report<'a> {
+    /// The launcher's last guest-agent report.
+    pub guest: Option<&'a Value>,
+    /// The pod network attachment: (interface name, the VMI's address on the pod network).
+    pub pod: Option<(&'a str, &'a str)>,
+}
+
 /// `status.interfaces` from the spec's interfaces (with their MACs) and, when the guest agent
 /// answered, the guest's view of them (matched by MAC): IPs and guest interface names.
-pub fn interfaces_status(vmi: &VirtualMachineInstance, guest: Option<&Value>) -> Vec<Value> {
+pub fn interfaces_status(vmi: &VirtualMachineInstance, report: Report<'_>) -> Vec<Value> {
+    let guest = report.guest;
     let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
     let name = vmi.metadata.name.as_deref().unwrap_or("");
     let guest_ifaces: Vec<&Value> = guest
@@ -148,6 +158,17 @@ pub fn interfaces_status(vmi: &VirtualMachineInstance, guest: Option<&Value>) ->
                     out["ipAddresses"] = json!(ips);
                 }
             }
+            // The VMI's pod address is what KubeVirt reports for pod-network interfaces.
+            if let Some((pod_iface, addr)) = report.pod
+                && pod_iface == i.name
+            {
+                out["ipAddress"] = json!(addr);
+                let mut ips = vec![json!(addr)];
+                if let Some(more) = out.get("ipAddresses").and_then(|v| v.as_array()) {
+                    ips.extend(more.iter().filter(|x| x.as_str() != Some(addr)).cloned());
+                }
+                out["ipAddresses"] = json!(ips);
+            }
             out
         })
         .collect()
@@ -189,7 +210,7 @@ pub fn running_status(
     st: &LauncherStatus,
     node: &str,
     now: &str,
-    guest: Option<&Value>,
+    report: Report<'_>,
 ) -> Value {
     let paused = st.phase == RunPhase::Paused;
     let ready = st.phase == RunPhase::Running;
@@ -236,9 +257,9 @@ pub fn running_status(
         "nodeName": node,
         "reason": Value::Null,
         "conditions": merge_conditions(Some(&existing), wanted, now),
-        "interfaces": interfaces_status(vmi, guest),
+        "interfaces": interfaces_status(vmi, report),
     });
-    if let Some(os) = guest.and_then(guest_os_info) {
+    if let Some(os) = report.guest.and_then(guest_os_info) {
         out["guestOSInfo"] = os;
     }
     out
@@ -315,13 +336,13 @@ fn strip_times(v: &Value) -> Value {
 }
 
 /// Decides the next steps for a VMI bound to this node.
-/// `guest` is the launcher's last guest-agent report for this VMI, if any.
+/// `report`: what else the node knows (guest-agent data, pod address) for status.
 pub fn decide(
     vmi: &VirtualMachineInstance,
     observed: &Observed,
     node: &str,
     now: &str,
-    guest: Option<&Value>,
+    report: Report<'_>,
 ) -> Vec<Action> {
     let deleting = vmi.metadata.deletion_timestamp.is_some();
     let phase = phase(vmi);
@@ -350,7 +371,7 @@ pub fn decide(
                 }
             } else {
                 let mut acts = Vec::new();
-                let s = running_status(vmi, st, node, now, guest);
+                let s = running_status(vmi, st, node, now, report);
                 if !status_unchanged(vmi, &s) {
                     acts.push(Action::PatchStatus(s));
                 }
@@ -402,7 +423,7 @@ mod tests {
             json!({"metadata": {"name": "a"}, "status": {"phase": "Scheduled", "nodeName": "n1"}}),
         );
         assert_eq!(
-            decide(&v, &Observed::NoLauncher, "n1", NOW, None),
+            decide(&v, &Observed::NoLauncher, "n1", NOW, Report::default()),
             vec![Action::Start]
         );
     }
@@ -415,7 +436,7 @@ mod tests {
             &Observed::Running(st(RunPhase::Running)),
             "n1",
             NOW,
-            None,
+            Report::default(),
         );
         let Action::PatchStatus(p) = &acts[0] else {
             panic!("{acts:?}")
@@ -438,7 +459,7 @@ mod tests {
                 &Observed::Running(st(RunPhase::Running)),
                 "n1",
                 "2026-12-01T00:00:00Z",
-                None
+                Report::default()
             ),
             vec![]
         );
@@ -448,7 +469,7 @@ mod tests {
             &Observed::Running(st(RunPhase::Paused)),
             "n1",
             NOW,
-            None,
+            Report::default(),
         );
         let Action::PatchStatus(p) = &acts[0] else {
             panic!()
@@ -478,7 +499,16 @@ mod tests {
                  "ip-addresses": [{"ip-address": "10.0.2.15", "ip-address-type": "ipv4", "prefix": 24}]}
             ]
         });
-        let s = running_status(&v, &st(RunPhase::Running), "n1", NOW, Some(&guest));
+        let s = running_status(
+            &v,
+            &st(RunPhase::Running),
+            "n1",
+            NOW,
+            Report {
+                guest: Some(&guest),
+                pod: None,
+            },
+        );
         assert_eq!(s["guestOSInfo"]["id"], "ferrovirt-testguest");
         assert_eq!(s["guestOSInfo"]["prettyName"], "T 1");
         assert_eq!(s["interfaces"][0]["name"], "default");
@@ -488,7 +518,7 @@ mod tests {
         assert_eq!(s["interfaces"][1]["mac"], "de:ad:be:ef:00:01");
         assert!(s["interfaces"][1].get("ipAddress").is_none());
         // Without the guest agent: interfaces from the spec, no guestOSInfo.
-        let s = running_status(&v, &st(RunPhase::Running), "n1", NOW, None);
+        let s = running_status(&v, &st(RunPhase::Running), "n1", NOW, Report::default());
         assert!(s.get("guestOSInfo").is_none());
         assert_eq!(s["interfaces"].as_array().map(Vec::len), Some(2));
     }
@@ -504,7 +534,7 @@ mod tests {
                 &Observed::Running(st(RunPhase::Running)),
                 "n1",
                 NOW,
-                None
+                Report::default()
             ),
             vec![Action::Stop { grace_seconds: 7 }]
         );
@@ -514,7 +544,7 @@ mod tests {
                 &Observed::Running(st(RunPhase::ShuttingDown)),
                 "n1",
                 NOW,
-                None
+                Report::default()
             ),
             vec![]
         );
@@ -524,11 +554,11 @@ mod tests {
             at: 0,
         };
         assert_eq!(
-            decide(&v, &Observed::Exited(rep), "n1", NOW, None),
+            decide(&v, &Observed::Exited(rep), "n1", NOW, Report::default()),
             vec![Action::Cleanup]
         );
         assert_eq!(
-            decide(&v, &Observed::NoLauncher, "n1", NOW, None),
+            decide(&v, &Observed::NoLauncher, "n1", NOW, Report::default()),
             vec![Action::Cleanup]
         );
     }
@@ -541,7 +571,7 @@ mod tests {
             message: "off".into(),
             at: 0,
         };
-        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW, None);
+        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW, Report::default());
         let Action::PatchStatus(p) = &acts[0] else {
             panic!()
         };
@@ -552,28 +582,31 @@ mod tests {
             message: "boom".into(),
             at: 0,
         };
-        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW, None);
+        let acts = decide(&v, &Observed::Exited(rep), "n1", NOW, Report::default());
         let Action::PatchStatus(p) = &acts[0] else {
             panic!()
         };
         assert_eq!(p["phase"], "Failed");
         assert_eq!(p["conditions"][0]["message"], "boom");
         // A running VMI whose launcher vanished is Failed.
-        let acts = decide(&v, &Observed::NoLauncher, "n1", NOW, None);
+        let acts = decide(&v, &Observed::NoLauncher, "n1", NOW, Report::default());
         let Action::PatchStatus(p) = &acts[0] else {
             panic!()
         };
         assert_eq!(p["reason"], "LauncherLost");
         // Final VMIs are left alone, but a still-running QEMU under a Failed VMI is stopped.
         let f = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Failed"}}));
-        assert_eq!(decide(&f, &Observed::NoLauncher, "n1", NOW, None), vec![]);
+        assert_eq!(
+            decide(&f, &Observed::NoLauncher, "n1", NOW, Report::default()),
+            vec![]
+        );
         assert_eq!(
             decide(
                 &f,
                 &Observed::Running(st(RunPhase::Running)),
                 "n1",
                 NOW,
-                None
+                Report::default()
             ),
             vec![Action::Stop { grace_seconds: 0 }]
         );

@@ -581,13 +581,21 @@ impl Agent {
             self.reattach_pod_network(&uid).await;
         }
         let guest = self.guest_info_for(&uid, &observed).await;
-        for action in decide::decide(
-            &vmi,
-            &observed,
-            &self.opts.node_name,
-            &now_string(),
-            guest.as_ref(),
-        ) {
+        let pod = if self.opts.pod_network.is_some() {
+            launchers::read_network_plan(&self.cfg.vmi_dir(&uid)).and_then(|p| {
+                mapping::pod_interface(&vmi)
+                    .ok()
+                    .flatten()
+                    .map(|pi| (pi.name, p.address.to_string()))
+            })
+        } else {
+            None
+        };
+        let report = decide::Report {
+            guest: guest.as_ref(),
+            pod: pod.as_ref().map(|(i, a)| (i.as_str(), a.as_str())),
+        };
+        for action in decide::decide(&vmi, &observed, &self.opts.node_name, &now_string(), report) {
             match action {
                 Action::Start => {
                     self.busy.lock().await.insert(uid.clone());

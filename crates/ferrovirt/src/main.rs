@@ -63,6 +63,8 @@ struct ServerArgs {
     /// Node name of the embedded agent (default: the host name).
     #[arg(long)]
     node_name: Option<String>,
+    #[command(flatten)]
+    pod: node::PodNetArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -142,6 +144,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         let mut opts =
             ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.join("agent"));
         opts.api_token = Some(server.token.clone());
+        opts.pod_network = args.pod.node_network()?;
         tasks.spawn(async move {
             ferrovirt_agent::runtime::run(client, opts)
                 .await

@@ -28,6 +28,52 @@ pub struct AgentArgs {
     /// Address reported as the node's InternalIP.
     #[arg(long, default_value = "127.0.0.1")]
     address: String,
+    #[command(flatten)]
+    pub pod: PodNetArgs,
+}
+
+/// Pod networking for a node's VMIs (off by default: masquerade then uses QEMU user networking).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PodNetArgs {
+    /// Give VMIs real pod networking: a namespace per VMI on a node bridge, a tap, DHCP and
+    /// nftables (needs root, `ip`, `nft`, `nsenter`).
+    #[arg(long)]
+    pub pod_network: bool,
+    /// The cluster's pod address range.
+    #[arg(long, default_value = "10.244.0.0/16")]
+    pub cluster_cidr: String,
+    /// This node's /24 of the cluster range (default: the first one).
+    #[arg(long)]
+    pub pod_cidr: Option<String>,
+    /// Put the node bridge in this named network namespace (default: the agent's own).
+    #[arg(long)]
+    pub node_netns: Option<String>,
+    /// Masquerade traffic leaving the cluster range out of this interface.
+    #[arg(long)]
+    pub uplink: Option<String>,
+}
+
+impl PodNetArgs {
+    /// The node network these flags describe, when pod networking is on.
+    pub fn node_network(&self) -> anyhow::Result<Option<ferrovirt_network::NodeNetwork>> {
+        if !self.pod_network {
+            return Ok(None);
+        }
+        let cluster: ferrovirt_network::Ipv4Cidr = self
+            .cluster_cidr
+            .parse()
+            .with_context(|| format!("--cluster-cidr {}", self.cluster_cidr))?;
+        let ipam = ferrovirt_network::Ipam::new(cluster, 24)?;
+        let subnet = match &self.pod_cidr {
+            Some(s) => s.parse().with_context(|| format!("--pod-cidr {s}"))?,
+            None => ipam.node_subnet(0)?,
+        };
+        let mut node = ferrovirt_network::NodeNetwork::new(ipam, subnet);
+        node.netns = self.node_netns.clone();
+        node.uplink = self.uplink.clone();
+        node.validate()?;
+        Ok(Some(node))
+    }
 }
 
 /// The machine's host name.
@@ -109,6 +155,7 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let mut opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.clone());
     opts.address = args.address.clone();
     opts.api_token = token;
+    opts.pod_network = args.pod.node_network()?;
     ferrovirt_agent::runtime::run(client, opts).await?;
     Ok(())
 }

@@ -1,0 +1,134 @@
+//! Pod networking through the whole system (server, scheduler, agent, launcher, QEMU): with
+//! `--pod-network` the agent gives a VMI its own namespace on the node bridge; the guest leases
+//! 10.0.2.2/24 via 10.0.2.1 from the agent's DHCP server (masquerade binding), the VMI reports
+//! its pod address, the node reaches the guest's HTTP server through that address, and deleting
+//! the VMI removes its namespace. The "node" is a network namespace this test creates, so
+//! nothing touches the host's own interfaces.
+
+use std::process::Command;
+use std::time::Duration;
+
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
+
+const BOOT: Duration = Duration::from_secs(180);
+
+/// A network namespace that is deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new() -> anyhow::Result<Netns> {
+        let name = format!("fvn-{}", std::process::id() % 100_000);
+        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let st = Command::new("ip").args(["netns", "add", &name]).status()?;
+        anyhow::ensure!(st.success(), "ip netns add {name} failed (root needed)");
+        Ok(Netns(name))
+    }
+
+    fn exec(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        Ok(Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(args)
+            .output()?)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn netns_list() -> String {
+    Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn masquerade_vmi_gets_a_pod_address_reachable_from_its_node() -> anyhow::Result<()> {
+    TestGuest::get()?;
+    let node = Netns::new()?;
+    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
+    opts.extra_args = vec![
+        "--pod-network".into(),
+        "--pod-cidr".into(),
+        "10.244.0.0/24".into(),
+        "--node-netns".into(),
+        node.0.clone(),
+    ];
+    let c = Cluster::start(&opts)?;
+    c.guest_disk_claim("net-root")?;
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: web, namespace: default}
+spec:
+  domain:
+    memory: {guest: 128Mi}
+    devices:
+      disks:
+      - {name: root, disk: {bus: virtio}}
+      interfaces:
+      - name: default
+        masquerade: {}
+        ports: [{port: 80}]
+  networks:
+  - {name: default, pod: {}}
+  volumes:
+  - {name: root, persistentVolumeClaim: {claimName: net-root}}
+"#,
+    )?;
+    let v = c.wait_until("VMI Running with its pod address", BOOT, || {
+        let v = c.get_json(&["vmi", "web"])?;
+        let ok = v["status"]["phase"] == "Running"
+            && v["status"]["interfaces"][0]["ipAddress"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("10.244.0."));
+        Ok(ok.then_some(v))
+    })?;
+    let addr = v["status"]["interfaces"][0]["ipAddress"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let uid = v["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // Whatever happens below, the VMI's namespace does not outlive the test.
+    let _vmi_ns = Netns(format!("fv-{uid}"));
+    let log = c.agent_dir().join("vmis").join(&uid).join("serial.log");
+    let lease = c.wait_until("the guest's DHCP lease", BOOT, || {
+        let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
+        Ok(text
+            .lines()
+            .find(|l| l.contains("FERROVIRT-DHCP"))
+            .map(String::from))
+    })?;
+    assert!(
+        lease.contains("ip=10.0.2.2/24") && lease.contains("router=10.0.2.1"),
+        "{lease}"
+    );
+    // The node reaches the guest's port 80 through the VMI's pod address.
+    let url = format!("http://{addr}/");
+    let body = c.wait_until(
+        "HTTP from the node to the VMI",
+        Duration::from_secs(60),
+        || {
+            let out = node.exec(&["curl", "-s", "-m", "5", &url])?;
+            let body = String::from_utf8_lossy(&out.stdout).into_owned();
+            Ok(body.contains("hostname=").then_some(body))
+        },
+    )?;
+    assert!(body.contains("hostname=ferrovirt-guest"), "{body}");
+    // Deleting the VMI tears its namespace down.
+    c.kubectl_ok(&["delete", "vmi", "web", "--timeout=120s"])?;
+    c.wait_until(
+        "the VMI's namespace removed",
+        Duration::from_secs(30),
+        || Ok((!netns_list().contains(&uid)).then_some(())),
+    )?;
+    Ok(())
+}
