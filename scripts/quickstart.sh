@@ -21,7 +21,7 @@ echo "== building the test guest"
 ./scripts/build-test-guest.sh
 FV="$ROOT/target/release/ferrovirt"
 KC="$DATA/kubeconfig.yaml"
-k() { kubectl --kubeconfig "$KC" --cache-dir "$STATE/kubectl-cache" "$@"; }
+fv() { "$FV" --kubeconfig "$KC" "$@"; }
 
 mkdir -p "$STATE"
 if [ -f "$STATE/server.pid" ] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; then
@@ -31,7 +31,7 @@ else
   nohup "$FV" server --data-dir "$DATA" --listen "$LISTEN" >"$STATE/server.log" 2>&1 &
   echo $! >"$STATE/server.pid"
   for _ in $(seq 1 150); do
-    if [ -f "$KC" ] && k get --raw /readyz >/dev/null 2>&1; then break; fi
+    if [ -f "$KC" ] && fv get namespace default >/dev/null 2>&1; then break; fi
     if ! kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; then
       echo "the server exited; its log:" >&2; tail -20 "$STATE/server.log" >&2; exit 1
     fi
@@ -45,18 +45,20 @@ if [ ! -f "$VOL/disk.img" ]; then
   qemu-img convert -f qcow2 -O raw target/test-guest/disk.qcow2 "$VOL/disk.img"
 fi
 echo "== creating the demo VirtualMachine"
-sed "s|@VOLUME_DIR@|$VOL|" examples/demo-vm.yaml | k apply -f -
+sed "s|@VOLUME_DIR@|$VOL|" examples/demo-vm.yaml | fv apply -f -
 echo "== waiting for it to run"
-k wait vm/demo --for=condition=Ready --timeout=300s
-k get vm,vmi
+fv wait vm/demo --for=condition=Ready --timeout=300s
+fv get vm demo
+fv get vmi demo
 cat <<TXT
 
-The demo VM runs. Try:
-  kubectl --kubeconfig $KC get vm,vmi -o wide
-  $FV console demo --kubeconfig $KC          (serial console; Ctrl+] leaves)
+The demo VM runs. Try (kubectl works too: export KUBECONFIG=$KC):
+  $FV --kubeconfig $KC get vmi -o wide
+  $FV --kubeconfig $KC console demo           (serial console; Ctrl+] leaves)
+  $FV --kubeconfig $KC describe vm demo
   tail -f $DATA/agent/vmis/*/serial.log      (what the guest printed)
 Stop everything (the guest powers off by ACPI; VMs outlive a server that is killed first):
-  kubectl --kubeconfig $KC delete vm demo
-  kubectl --kubeconfig $KC wait --for=delete vmi/demo --timeout=120s
+  $FV --kubeconfig $KC delete vm demo
+  $FV --kubeconfig $KC wait vmi/demo --for=delete --timeout=120s
   kill \$(cat $STATE/server.pid)
 TXT

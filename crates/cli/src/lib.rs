@@ -7,7 +7,8 @@
 //!   `api-resources` ([`resources::api_resources_table`]); output formats in [`printer`] and
 //!   [`jsonpath`].
 //! - virtctl: [`virt`] (start, stop, restart, pause, unpause, soft-reboot, guestosinfo, userlist,
-//!   fslist), [`console`], [`vnc`] (proxy and screenshot), [`create_vm`], [`expand`].
+//!   fslist), [`console`], [`vnc`] (proxy and screenshot), [`create_vm`], [`expand`],
+//!   [`upload`] (image-upload).
 //! - [`error`]: kubectl-style messages.
 
 pub mod apply;
@@ -23,6 +24,7 @@ pub mod printer;
 pub mod resources;
 pub mod session;
 pub mod target;
+pub mod upload;
 pub mod virt;
 pub mod vnc;
 pub mod wait;

@@ -167,11 +167,17 @@ impl Target {
         Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
     }
 
-    /// Opens a websocket to `path` (KubeVirt's `plain.kubevirt.io` subprotocol).
-    pub async fn websocket(
+    /// The bearer token.
+    pub(crate) fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// A TLS connection to the server: trusting the kubeconfig's CA, or any certificate when
+    /// `insecure`. Returns the stream and the host name used.
+    pub(crate) async fn connect_tls(
         &self,
-        path: &str,
-    ) -> Result<WebSocketStream<TlsStream<tokio::net::TcpStream>>, CliError> {
+        insecure: bool,
+    ) -> Result<(TlsStream<tokio::net::TcpStream>, String, u16), CliError> {
         let host = self.server.host().unwrap_or("127.0.0.1").to_string();
         let port = self.server.port_u16().unwrap_or(443);
         let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
@@ -179,11 +185,24 @@ impl Target {
             .map_err(|e| CliError::Transport(format!("connecting to {host}:{port}: {e}")))?;
         let name = rustls::pki_types::ServerName::try_from(host.clone())
             .map_err(|e| CliError::Config(format!("server name {host}: {e}")))?;
-        let tls = self
-            .tls()?
+        let connector = if insecure {
+            crate::upload::insecure_connector()
+        } else {
+            self.tls()?
+        };
+        let tls = connector
             .connect(name, tcp)
             .await
             .map_err(|e| CliError::Transport(format!("TLS to {host}:{port}: {e}")))?;
+        Ok((tls, host, port))
+    }
+
+    /// Opens a websocket to `path` (KubeVirt's `plain.kubevirt.io` subprotocol).
+    pub async fn websocket(
+        &self,
+        path: &str,
+    ) -> Result<WebSocketStream<TlsStream<tokio::net::TcpStream>>, CliError> {
+        let (tls, host, port) = self.connect_tls(false).await?;
         let mut req = format!("wss://{host}:{port}{path}")
             .into_client_request()
             .map_err(|e| CliError::Transport(e.to_string()))?;

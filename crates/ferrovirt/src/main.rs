@@ -108,12 +108,24 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
     // very server, which exists only once the server has started and written its kubeconfig:
     // the routes go in now and answer 503 until they get their client right after the start.
     let (subresources, subresources_handle) = ferrovirt_agent::proxy::deferred();
+    // CDI's upload token requests and upload proxy path, also deferred until the client exists.
+    let (upload, upload_handle) = ferrovirt_controller::storage::upload_api::deferred(
+        ferrovirt_controller::storage::upload_api::UploadOptions::new(&args.data_dir),
+    )
+    .context("loading the upload token key")?;
     let opts = ferrovirt_apiserver::ServerOptions {
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),
-        extra_routes: Some(subresources),
-        extra_groups: vec![format!("{}/v1", ferrovirt_agent::proxy::GROUP)],
+        extra_routes: Some(subresources.merge(upload)),
+        extra_groups: vec![
+            format!("{}/v1", ferrovirt_agent::proxy::GROUP),
+            format!(
+                "{}/{}",
+                ferrovirt_controller::storage::upload_api::GROUP,
+                ferrovirt_controller::storage::upload_api::VERSION
+            ),
+        ],
         ..Default::default()
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;
@@ -121,6 +133,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         node::client_from_kubeconfig(&server.kubeconfig_path).await?,
         server.token.clone(),
     );
+    upload_handle.set(node::client_from_kubeconfig(&server.kubeconfig_path).await?);
     tracing::info!(
         "API server listening on https://{}; kubeconfig: {}",
         server.addr,

@@ -209,6 +209,35 @@ pub enum VerbCommand {
     Userlist { name: String },
     /// Print the guest's filesystems.
     Fslist { name: String },
+    /// Upload a disk image into a DataVolume (created with an `upload` source when absent).
+    ImageUpload(ImageUploadArgs),
+}
+
+/// `image-upload dv NAME --size SIZE --image-path FILE` (virtctl's flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ImageUploadArgs {
+    /// Only `dv` (DataVolume).
+    #[arg(value_parser = ["dv"])]
+    kind: String,
+    name: String,
+    /// Size of the DataVolume to create (`1Gi`).
+    #[arg(long)]
+    size: Option<String>,
+    /// The image file (raw, qcow2, vmdk, …; optionally gz/xz/zst compressed).
+    #[arg(long)]
+    image_path: PathBuf,
+    /// StorageClass of the DataVolume to create.
+    #[arg(long)]
+    storage_class: Option<String>,
+    /// Access mode of the DataVolume to create (`ReadWriteOnce`, `ReadWriteMany`).
+    #[arg(long)]
+    access_mode: Option<String>,
+    /// Do not verify the server's certificate for the upload.
+    #[arg(long)]
+    insecure: bool,
+    /// How long to wait for the upload to be ready and processed (`60s`, `5m`).
+    #[arg(long, default_value = "5m")]
+    wait: String,
 }
 
 /// Runs a verb; returns the process exit code (kubectl's: 0 ok, 1 error).
@@ -313,6 +342,18 @@ async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), CliError> {
                 eprintln!("no VNC viewer is started: connect one to the port printed below");
             }
             return ferrovirt_cli::vnc::proxy(&target, &name, port).await;
+        }
+        VerbCommand::ImageUpload(a) => {
+            let o = ferrovirt_cli::upload::UploadOptions {
+                name: a.name,
+                size: a.size,
+                image_path: a.image_path,
+                storage_class: a.storage_class,
+                access_mode: a.access_mode,
+                insecure: a.insecure,
+                wait: parse_duration(&a.wait)?,
+            };
+            return ferrovirt_cli::upload::run(&target, &o).await;
         }
         VerbCommand::Start { name } => (Verb::Start, name, None),
         VerbCommand::Stop { name, grace_period } => (Verb::Stop, name, grace_period),

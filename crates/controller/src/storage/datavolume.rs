@@ -27,6 +27,8 @@ pub const CHECKSUM_ANNOTATION: &str = "ferrovirt.io/checksum";
 pub enum SourceKind {
     Http,
     Blank,
+    /// Filled through the upload endpoint ([`super::upload_api`]).
+    Upload,
     /// Clone of the PVC `namespace/name`.
     Pvc {
         namespace: String,
@@ -58,6 +60,8 @@ pub fn source_kind(spec: &DataVolumeSpec, dv_namespace: &str) -> Result<SourceKi
         Ok(SourceKind::Http)
     } else if src.blank.is_some() {
         Ok(SourceKind::Blank)
+    } else if src.upload.is_some() {
+        Ok(SourceKind::Upload)
     } else if let Some(p) = &src.pvc {
         Ok(SourceKind::Pvc {
             namespace: p.namespace.clone().unwrap_or_else(|| dv_namespace.into()),
@@ -199,6 +203,8 @@ pub enum Stage {
     WaitForFirstConsumer,
     /// The claim is bound; the population starts now or after a retry backoff.
     Scheduled { clone: bool },
+    /// The claim is bound and waits for an upload (`upload` source).
+    UploadReady,
     /// Population running at `progress` percent (if known).
     InProgress { clone: bool, progress: Option<f64> },
     /// Population finished.
@@ -279,6 +285,14 @@ pub fn status_for(
             cond("Bound", true, "Bound", &bound_msg),
             cond("Ready", false, "", ""),
             cond("Running", false, "Pending", ""),
+        ),
+        Stage::UploadReady => (
+            dv_phase::UPLOAD_READY,
+            prev.and_then(|p| p.progress.clone())
+                .unwrap_or_else(|| "N/A".into()),
+            cond("Bound", true, "Bound", &bound_msg),
+            cond("Ready", false, "", ""),
+            cond("Running", true, "Pod is running", ""),
         ),
         Stage::InProgress { clone, progress } => (
             if *clone {

@@ -228,3 +228,23 @@ fn templates_become_owned_datavolumes() {
     let pvc = claim_for(dv, PersistentVolumeClaimSpec::default());
     assert_eq!(pvc.metadata.annotations.unwrap()[POPULATED_FOR], "root");
 }
+
+#[test]
+fn upload_source_waits_in_upload_ready() {
+    let s = dv_spec(json!({"source": {"upload": {}}, "storage": {}}));
+    assert_eq!(source_kind(&s, "ns"), Ok(SourceKind::Upload));
+    let st = status_for(None, "d", &Stage::UploadReady, 0, &t(1));
+    assert_eq!(st.phase.as_deref(), Some(dv_phase::UPLOAD_READY));
+    assert_eq!(st.progress.as_deref(), Some("N/A"));
+    let conds = st.conditions.clone().unwrap();
+    let get = |ty: &str| conds.iter().find(|c| c.type_ == ty).unwrap().status.clone();
+    assert_eq!(get("Bound"), "True");
+    assert_eq!(get("Ready"), "False");
+    assert_eq!(get("Running"), "True");
+    // Progress written by the upload endpoint is kept.
+    let mut prev = st;
+    prev.progress = Some("40.00%".into());
+    let again = status_for(Some(&prev), "d", &Stage::UploadReady, 0, &t(2));
+    assert_eq!(again.progress.as_deref(), Some("40.00%"));
+    assert!(!status_changed(Some(&prev), &again));
+}

@@ -296,6 +296,14 @@ async fn observe_and_act(
         };
         return Ok(Outcome::new(stage, restarts, Duration::from_secs(5)));
     };
+    if source == SourceKind::Upload {
+        // The upload endpoint (`upload_api`) populates the volume and sets the final phase.
+        return Ok(Outcome::new(
+            Stage::UploadReady,
+            restarts,
+            Duration::from_secs(5),
+        ));
+    }
     if let Some(job) = ctx.job(uid) {
         let outcome = job.outcome.lock().expect("lock").clone();
         return Ok(match outcome {
@@ -392,7 +400,7 @@ async fn observe_and_act(
 }
 
 /// The directory/file of a bound PV and its capacity in bytes.
-fn volume_path_and_size(pv: &PersistentVolume) -> Option<(PathBuf, u64)> {
+pub(crate) fn volume_path_and_size(pv: &PersistentVolume) -> Option<(PathBuf, u64)> {
     let spec = pv.spec.as_ref()?;
     let path = spec
         .host_path
@@ -576,6 +584,9 @@ async fn prepare(
         .unwrap_or_default();
     match source {
         SourceKind::Blank => Ok(Prepared::Ready(Work::Blank { target, capacity })),
+        SourceKind::Upload => Ok(Prepared::Invalid(
+            "upload sources are filled through the upload endpoint".into(),
+        )),
         SourceKind::Http => {
             let http = src.http.unwrap_or_default();
             // `spec.source.http.checksum` is read from the stored object (the typed HttpSource

@@ -2,7 +2,8 @@
 //! StorageProfiles ([`classes`]), the PVC binder/provisioner ([`pvc`] decides,
 //! [`pvc_loop`] applies, and reclaims released volumes), and the CDI DataVolume controller
 //! ([`datavolume`] decides, [`dv_loop`] creates the claim and runs imports, clones and blank
-//! volumes in tasks). Volume data lives in directories built by `ferrovirt_storage`.
+//! volumes in tasks; `upload` sources wait in `UploadReady` for [`upload_api`], CDI's
+//! UploadTokenRequest and upload proxy served by the API server, tokens in [`upload_token`]). Volume data lives in directories built by `ferrovirt_storage`.
 
 pub mod classes;
 pub mod datavolume;
@@ -10,6 +11,8 @@ pub mod dv_loop;
 pub mod pvc;
 pub mod pvc_loop;
 pub mod resources;
+pub mod upload_api;
+pub mod upload_token;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
