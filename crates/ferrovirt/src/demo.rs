@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use ferrovirt_testkit::{Accel, QmpClient};
+use ferrovirt_launcher::spec::Accel;
+use ferrovirt_testkit::QmpClient;
 
 #[derive(Debug, Subcommand)]
 pub enum DemoCommand {
@@ -96,7 +97,7 @@ fn up(a: &UpArgs) -> anyhow::Result<()> {
     if !out.status.success() {
         bail!("qemu-img create: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let accel = Accel::detect();
+    let accel = ferrovirt_launcher::detect_accel();
     let (accel_arg, cpu) = match accel {
         Accel::Kvm => ("kvm", "host"),
         Accel::Tcg => ("tcg", "max"),

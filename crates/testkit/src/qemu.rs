@@ -9,43 +9,14 @@ use anyhow::Context;
 
 use crate::{QmpClient, SerialConsole, TestGuest};
 
-/// The accelerator QEMU runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accel {
-    Kvm,
-    Tcg,
-}
+/// The accelerator QEMU runs with (the launcher's type and detection: KVM only when /dev/kvm
+/// opens and the CPU reports vmx or svm).
+pub use ferrovirt_launcher::spec::Accel;
 
-impl Accel {
-    /// KVM only when /dev/kvm opens read-write and the CPU reports vmx or svm; else TCG.
-    pub fn detect() -> Accel {
-        let kvm_opens = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/kvm")
-            .is_ok();
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        Self::decide(kvm_opens, &cpuinfo)
-    }
-
-    /// The pure decision behind [`Accel::detect`].
-    pub fn decide(kvm_opens: bool, cpuinfo: &str) -> Accel {
-        let virt = cpuinfo
-            .lines()
-            .filter(|l| l.starts_with("flags"))
-            .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
-        if kvm_opens && virt {
-            Accel::Kvm
-        } else {
-            Accel::Tcg
-        }
-    }
-
-    fn args(self) -> [&'static str; 4] {
-        match self {
-            Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
-            Accel::Tcg => ["-accel", "tcg", "-cpu", "max"],
-        }
+fn accel_args(accel: Accel) -> [&'static str; 4] {
+    match accel {
+        Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
+        Accel::Tcg => ["-accel", "tcg", "-cpu", "max"],
     }
 }
 
@@ -136,7 +107,9 @@ pub fn qemu_args(opts: &QemuVmOptions, dir: &Path, http_port: Option<u16>) -> Ve
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
     push(&["-machine", "q35", "-nodefaults", "-no-user-config"]);
-    push(&opts.accel.unwrap_or_else(Accel::detect).args());
+    push(&accel_args(
+        opts.accel.unwrap_or_else(ferrovirt_launcher::detect_accel),
+    ));
     push(&["-m", &opts.memory_mib.to_string(), "-display", "none"]);
     let serial = dir.join("serial.sock");
     // wait=on: QEMU waits for the test to connect before the guest runs, so nothing is lost.
@@ -292,16 +265,6 @@ impl Drop for QemuVm {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn accel_needs_both_kvm_and_cpu_flags() {
-        let with = "processor\t: 0\nflags\t\t: fpu vme vmx sse\n";
-        let without = "processor\t: 0\nflags\t\t: fpu vme sse\n";
-        assert_eq!(Accel::decide(true, with), Accel::Kvm);
-        assert_eq!(Accel::decide(false, with), Accel::Tcg);
-        assert_eq!(Accel::decide(true, without), Accel::Tcg);
-        assert_eq!(Accel::decide(true, "flags : svm"), Accel::Kvm);
-    }
 
     #[test]
     fn args_for_kernel_boot_with_http() {
