@@ -108,3 +108,39 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Drives a kube-runtime controller's result stream until it ends, logging failed reconciles
+/// (an object gone in the meantime is not a failure) under `what`. A controller only ends when
+/// its watch does, which its caller treats as an error of `component`.
+pub(crate) async fn drive<K, E>(
+    results: impl futures::Stream<
+        Item = Result<
+            (
+                kube::runtime::reflector::ObjectRef<K>,
+                kube::runtime::controller::Action,
+            ),
+            kube::runtime::controller::Error<E, kube::runtime::watcher::Error>,
+        >,
+    >,
+    component: &'static str,
+    what: &'static str,
+) -> Result<(), crate::ControllerError>
+where
+    K: kube::Resource,
+    E: std::error::Error + 'static,
+{
+    use futures::StreamExt;
+    results
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(name = %obj.name, "{what} reconciled"),
+                Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "{what} reconcile failed"),
+            }
+        })
+        .await;
+    Err(crate::ControllerError::TaskStopped {
+        name: component,
+        reason: "watch stream ended".into(),
+    })
+}

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
@@ -42,21 +41,14 @@ pub async fn run(client: kube::Client, opts: VmOptions) -> Result<(), Controller
         client,
         opts,
     });
-    Controller::new(vms, watcher::Config::default())
-        .owns(vmis, watcher::Config::default())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => tracing::debug!(vm = %obj, "reconciled"),
-                Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "VM reconcile failed"),
-            }
-        })
-        .await;
-    Err(ControllerError::TaskStopped {
-        name: COMPONENT,
-        reason: "watch stream ended".into(),
-    })
+    crate::runtime::drive(
+        Controller::new(vms, watcher::Config::default())
+            .owns(vmis, watcher::Config::default())
+            .run(reconcile, error_policy, ctx),
+        COMPONENT,
+        "VM",
+    )
+    .await
 }
 
 fn error_policy(_vm: Arc<Vm>, _err: &ControllerError, _ctx: Arc<Ctx>) -> Action {

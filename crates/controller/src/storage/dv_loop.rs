@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -109,24 +108,18 @@ pub async fn run(
         retry_at: Mutex::new(HashMap::new()),
         reported: Mutex::new(HashSet::new()),
     });
-    Controller::new(dvs, watcher::Config::default())
-        .owns(pvcs, watcher::Config::default())
-        .run(
-            reconcile,
-            |_, _, _| Action::requeue(Duration::from_secs(2)),
-            ctx,
-        )
-        .for_each(|res| async move {
-            match res {
-                Ok(_) | Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "DataVolume reconcile failed"),
-            }
-        })
-        .await;
-    Err(ControllerError::TaskStopped {
-        name: COMPONENT,
-        reason: "watch stream ended".into(),
-    })
+    crate::runtime::drive(
+        Controller::new(dvs, watcher::Config::default())
+            .owns(pvcs, watcher::Config::default())
+            .run(
+                reconcile,
+                |_, _, _| Action::requeue(Duration::from_secs(2)),
+                ctx,
+            ),
+        COMPONENT,
+        "DataVolume",
+    )
+    .await
 }
 
 fn now() -> Time {

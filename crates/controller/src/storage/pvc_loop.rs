@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -71,40 +70,34 @@ pub async fn run(client: kube::Client, dirs: Dirs) -> Result<(), ControllerError
         dirs,
         reported: Mutex::new(HashSet::new()),
     });
-    Controller::new(pvcs, watcher::Config::default())
-        .watches(vmis, watcher::Config::default(), |vmi: Vmi| {
-            let ns = vmi.0.metadata.namespace.clone().unwrap_or_default();
-            let scheduled = vmi
-                .0
-                .status
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some();
-            let claims = if scheduled {
-                claims_of(&vmi.0)
-            } else {
-                Vec::new()
-            };
-            claims
-                .into_iter()
-                .map(move |c| ObjectRef::<PersistentVolumeClaim>::new(&c).within(&ns))
-        })
-        .run(
-            reconcile,
-            |_, _, _| Action::requeue(Duration::from_secs(2)),
-            ctx,
-        )
-        .for_each(|res| async move {
-            match res {
-                Ok(_) | Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "PVC reconcile failed"),
-            }
-        })
-        .await;
-    Err(ControllerError::TaskStopped {
-        name: COMPONENT,
-        reason: "watch stream ended".into(),
-    })
+    crate::runtime::drive(
+        Controller::new(pvcs, watcher::Config::default())
+            .watches(vmis, watcher::Config::default(), |vmi: Vmi| {
+                let ns = vmi.0.metadata.namespace.clone().unwrap_or_default();
+                let scheduled = vmi
+                    .0
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_some();
+                let claims = if scheduled {
+                    claims_of(&vmi.0)
+                } else {
+                    Vec::new()
+                };
+                claims
+                    .into_iter()
+                    .map(move |c| ObjectRef::<PersistentVolumeClaim>::new(&c).within(&ns))
+            })
+            .run(
+                reconcile,
+                |_, _, _| Action::requeue(Duration::from_secs(2)),
+                ctx,
+            ),
+        COMPONENT,
+        "PVC",
+    )
+    .await
 }
 
 fn ns_name(pvc: &PersistentVolumeClaim) -> (String, String) {
