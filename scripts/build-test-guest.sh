@@ -2,7 +2,7 @@
 # Builds ferrovirt's tiny test guest from Debian packages only (no downloaded images):
 #   - kernel from linux-image-cloud-amd64 (apt-get download + dpkg-deb -x)
 #   - initramfs: busybox-static, the kernel modules it needs (+ modules.dep from depmod),
-#     qemu-guest-agent with its libraries, and the init scripts written below
+#     qemu-guest-agent and dropbear with their libraries, and the init scripts written below
 #   - disk.raw: a bootable FAT "superfloppy" (mkfs.vfat + mcopy, boot sector by syslinux),
 #     disk.qcow2: the same disk as qcow2, vmlinuz + initrd.img for direct kernel boot.
 # Output goes to $FERROVIRT_TEST_GUEST_DIR (default: <repo>/target/test-guest). The build is
@@ -12,7 +12,8 @@
 #   prints "FERROVIRT-BOOT serial=<smbios serial> uuid=<smbios uuid>" on the console, mounts
 #   proc/sys/dev, loads virtio/vfat/iso9660/ACPI modules, brings eth0 up with udhcpc, takes its
 #   hostname from NoCloud (label cidata) or ConfigDrive (label config-2) meta-data, runs user-data
-#   when it is a shell script, serves HTTP on port 80 (hostname and uptime), starts the QEMU guest
+#   when it is a shell script, serves HTTP on port 80 (hostname and uptime) and SSH on port 22
+#   (dropbear; root with /root/.ssh/authorized_keys), starts the QEMU guest
 #   agent when its virtio-serial port exists, gives a shell on ttyS0 and powers off on the ACPI
 #   power button. It prints "FERROVIRT-READY" once all of that is up.
 set -euo pipefail
@@ -111,6 +112,24 @@ ldd "$QGA" | awk '/=>/ {print $3} /^\s*\/lib/ {print $1}' | while read -r lib; d
 done
 mkdir -p "$R/lib64"
 cp -L /lib64/ld-linux-x86-64.so.2 "$R/lib64/"
+
+# An SSH server (dropbear, from its Debian packages; its two libraries are not on the host, so
+# they come from their packages too). Keys are made on first use (-R); root logs in with the
+# keys in /root/.ssh/authorized_keys (written by user-data in tests).
+DB="$WORK/dropbear"
+mkdir -p "$DB"
+for pkg in dropbear-bin libtomcrypt1 libtommath1; do dpkg-deb -x "$(download "$pkg")" "$DB"; done
+cp "$DB/usr/sbin/dropbear" "$R/usr/sbin/dropbear"
+LD_LIBRARY_PATH="$DB/usr/lib/x86_64-linux-gnu" ldd "$DB/usr/sbin/dropbear" |
+  awk '/=>/ {print $3}' | while read -r lib; do
+  [ -n "$lib" ] && [ -e "$lib" ] || continue
+  dest=${lib#"$DB"}
+  mkdir -p "$R$(dirname "$dest")"
+  cp -L "$lib" "$R$dest"
+done
+mkdir -p "$R/etc/dropbear" "$R/root/.ssh"
+chmod 700 "$R/root/.ssh"
+echo /bin/sh >"$R/etc/shells"
 
 cat >"$R/etc/os-release" <<'EOF'
 NAME="ferrovirt test guest"
@@ -229,8 +248,9 @@ if [ -n "$userdata" ] && [ -f "$userdata" ] && head -c 2 "$userdata" | grep -q '
   say "FERROVIRT-USERDATA rc=$?"
 fi
 
-# HTTP on port 80: "/" answers hostname and uptime.
+# HTTP on port 80: "/" answers hostname and uptime; SSH on port 22.
 httpd -p 80 -h /www
+dropbear -R -p 22 2>/dev/null && say "FERROVIRT-SSHD started"
 say "FERROVIRT-READY hostname=$(hostname)"
 EOF
 chmod +x "$R/etc/rc.boot"

@@ -33,6 +33,13 @@ declare -A NEED=(
   [flock]=util-linux
   [nft]=nftables
   [nsenter]=util-linux
+  [losetup]=mount
+  [blkdiscard]=util-linux
+  [prlimit]=util-linux
+  [docker-registry]=docker-registry
+  [htpasswd]=apache2-utils
+  [ssh]=openssh-client
+  [ssh-keygen]=openssh-client
 )
 
 missing=()

@@ -44,8 +44,10 @@ if [ ! -f "$VOL/disk.img" ]; then
   mkdir -p "$VOL"
   qemu-img convert -f qcow2 -O raw target/test-guest/disk.qcow2 "$VOL/disk.img"
 fi
+KEY="$STATE/demo-ssh-key"
+[ -f "$KEY" ] || ssh-keygen -q -t ed25519 -N '' -C ferrovirt-demo -f "$KEY"
 echo "== creating the demo VirtualMachine"
-sed "s|@VOLUME_DIR@|$VOL|" examples/demo-vm.yaml | fv apply -f -
+sed -e "s|@VOLUME_DIR@|$VOL|" -e "s|@SSH_PUBLIC_KEY@|$(cat "$KEY.pub")|" examples/demo-vm.yaml | fv apply -f -
 echo "== waiting for it to run"
 fv wait vm/demo --for=condition=Ready --timeout=300s
 fv get vm demo
@@ -56,6 +58,8 @@ The demo VM runs. Try (kubectl works too: export KUBECONFIG=$KC):
   $FV --kubeconfig $KC get vmi -o wide
   $FV --kubeconfig $KC console demo           (serial console; Ctrl+] leaves)
   $FV --kubeconfig $KC describe vm demo
+  $FV --kubeconfig $KC port-forward vm/demo 8080:80   (then: curl http://127.0.0.1:8080/)
+  $FV --kubeconfig $KC ssh root@vm/demo -i $KEY
   tail -f $DATA/agent/vmis/*/serial.log      (what the guest printed)
 Stop everything (the guest powers off by ACPI; VMs outlive a server that is killed first):
   $FV --kubeconfig $KC delete vm demo

@@ -109,6 +109,33 @@ pub struct Report<'a> {
     pub guest: Option<&'a Value>,
     /// The pod network attachment: (interface name, the VMI's address on the pod network).
     pub pod: Option<(&'a str, &'a str)>,
+    /// The agent stopped this VMI's QEMU because it lost its API lease (self-fencing; the
+    /// runtime leaves [`FENCED_MARKER`] in the VMI directory).
+    pub fenced: bool,
+}
+
+/// File the agent leaves in a VMI's directory when it fences (stops) the VM.
+pub const FENCED_MARKER: &str = "fenced";
+
+/// The VMI's final phase and reason once QEMU ended: the launcher's exit reason, except that
+/// a VM stopped by self-fencing did not finish its work and fails (`NodeFenced`).
+pub fn exit_phase_reason(reason: ExitReason, fenced: bool) -> (&'static str, &'static str) {
+    if fenced {
+        return ("Failed", "NodeFenced");
+    }
+    let phase = if reason.succeeded() {
+        "Succeeded"
+    } else {
+        "Failed"
+    };
+    let reason = match reason {
+        ExitReason::GuestShutdown => "GuestShutdown",
+        ExitReason::Shutdown => "Stopped",
+        ExitReason::Killed => "StoppedAfterGracePeriod",
+        ExitReason::Crashed => "QemuCrashed",
+        ExitReason::StartFailed => "QemuStartFailed",
+    };
+    (phase, reason)
 }
 
 /// `status.interfaces` from the spec's interfaces (with their MACs) and, when the guest agent
@@ -265,19 +292,21 @@ pub fn running_status(
     out
 }
 
-/// The final status after QEMU ended.
-pub fn exit_status(vmi: &VirtualMachineInstance, rep: &ExitReport, now: &str) -> Value {
-    let phase = if rep.reason.succeeded() {
-        "Succeeded"
+/// The final status after QEMU ended (`fenced`: stopped by the agent's self-fencing).
+pub fn exit_status(
+    vmi: &VirtualMachineInstance,
+    rep: &ExitReport,
+    fenced: bool,
+    now: &str,
+) -> Value {
+    let (phase, reason) = exit_phase_reason(rep.reason, fenced);
+    let message = if fenced {
+        format!(
+            "the node's agent lost its API lease and stopped the VM (self-fencing): {}",
+            rep.message
+        )
     } else {
-        "Failed"
-    };
-    let reason = match rep.reason {
-        ExitReason::GuestShutdown => "GuestShutdown",
-        ExitReason::Shutdown => "Stopped",
-        ExitReason::Killed => "StoppedAfterGracePeriod",
-        ExitReason::Crashed => "QemuCrashed",
-        ExitReason::StartFailed => "QemuStartFailed",
+        rep.message.clone()
     };
     let existing = serde_json::to_value(vmi.status.as_ref().and_then(|s| s.conditions.as_ref()))
         .unwrap_or(Value::Null);
@@ -287,7 +316,7 @@ pub fn exit_status(vmi: &VirtualMachineInstance, rep: &ExitReport, now: &str) ->
         "conditions": merge_conditions(
             Some(&existing),
             vec![
-                condition("Ready", false, reason, &rep.message),
+                condition("Ready", false, reason, &message),
                 condition("Paused", false, "", ""),
                 condition("AgentConnected", false, "GuestAgentNotConnected", ""),
             ],
@@ -358,7 +387,12 @@ pub fn decide(
             if is_final(&phase) {
                 vec![]
             } else {
-                vec![Action::PatchStatus(exit_status(vmi, rep, now))]
+                vec![Action::PatchStatus(exit_status(
+                    vmi,
+                    rep,
+                    report.fenced,
+                    now,
+                ))]
             }
         }
         (false, Observed::Running(st)) => {
@@ -507,6 +541,7 @@ mod tests {
             Report {
                 guest: Some(&guest),
                 pod: None,
+                fenced: false,
             },
         );
         assert_eq!(s["guestOSInfo"]["id"], "ferrovirt-testguest");
@@ -609,6 +644,55 @@ mod tests {
                 Report::default()
             ),
             vec![Action::Stop { grace_seconds: 0 }]
+        );
+    }
+
+    #[test]
+    fn fenced_vms_fail() {
+        // Stopping a VM with grace period 0 (as fencing does) reads as Killed, which on its
+        // own is Succeeded; fenced, the VM did not finish its work.
+        assert_eq!(
+            exit_phase_reason(ExitReason::Killed, false),
+            ("Succeeded", "StoppedAfterGracePeriod")
+        );
+        for r in [
+            ExitReason::Killed,
+            ExitReason::Shutdown,
+            ExitReason::GuestShutdown,
+            ExitReason::Crashed,
+        ] {
+            assert_eq!(exit_phase_reason(r, true), ("Failed", "NodeFenced"));
+        }
+        let v = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Running"}}));
+        let rep = ExitReport {
+            reason: ExitReason::Killed,
+            message: "stopped".into(),
+            at: 0,
+        };
+        let report = Report {
+            fenced: true,
+            ..Report::default()
+        };
+        let acts = decide(&v, &Observed::Exited(rep.clone()), "n1", NOW, report);
+        let Action::PatchStatus(p) = &acts[0] else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(
+            (&p["phase"], &p["reason"]),
+            (&json!("Failed"), &json!("NodeFenced"))
+        );
+        assert_eq!(p["conditions"][0]["reason"], "NodeFenced");
+        assert!(
+            p["conditions"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("self-fencing")
+        );
+        // Already marked Failed by the node controller (NodeUnresponsive): left alone.
+        let f = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Failed"}}));
+        assert_eq!(
+            decide(&f, &Observed::Exited(rep), "n1", NOW, report),
+            vec![]
         );
     }
 

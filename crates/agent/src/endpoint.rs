@@ -1,11 +1,15 @@
-//! The agent's HTTP endpoint, called by the API server's virt-api subresources (see
+//! The agent's HTTPS endpoint, called by the API server's virt-api subresources (see
 //! [`crate::proxy`]): lifecycle requests (`POST /vmis/{uid}/pause|unpause|softreboot|reset`) and
 //! guest-agent data (`GET /vmis/{uid}/guestinfo`) forwarded to the VMI's launcher, and console /
 //! VNC streams (`GET /vmis/{uid}/console|vnc` with an HTTP/1.1 `Upgrade: ferrovirt-stream`, after
-//! which the connection carries the raw bytes of the VMI's `serial.sock` / `vnc.sock`).
+//! which the connection carries the raw bytes of the VMI's `serial.sock` / `vnc.sock`), and
+//! port forwards (`GET /vmis/{uid}/portforward/{port}`, upgraded the same way, carrying a TCP
+//! connection to the guest's port: see [`crate::portforward`]).
 //!
-//! Every request must carry `Authorization: Bearer <the agent's API token>`; anything else is
-//! answered 401. Errors are JSON `{"code": N, "message": "..."}`.
+//! It is served over TLS with the agent's self-signed certificate ([`crate::tls`]), whose
+//! SHA-256 the agent publishes on its Node next to the `https://` URL; the API server pins it.
+//! Every request must also carry `Authorization: Bearer <the agent's API token>`; anything else
+//! is answered 401. Errors are JSON `{"code": N, "message": "..."}`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,12 +24,14 @@ use axum::routing::get;
 use ferrovirt_launcher::control::{LauncherClient, Request as LauncherRequest, RunPhase};
 use http::{StatusCode, header};
 use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixStream};
 
 use crate::error::AgentError;
 use crate::launchers::{CONTROL_TIMEOUT, LauncherConfig};
+use crate::tls::AgentCert;
 
 /// The `Upgrade` protocol name of console / VNC streams between the API server and the agent.
 pub const STREAM_PROTOCOL: &str = "ferrovirt-stream";
@@ -140,9 +146,7 @@ pub fn bearer_token(value: &str) -> Option<&str> {
         .map(str::trim)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+use crate::tls::constant_time_eq;
 
 /// An error answer of the endpoint.
 fn error(code: StatusCode, message: impl Into<String>) -> Response {
@@ -170,6 +174,7 @@ pub fn router(cfg: LauncherConfig, token: Option<String>) -> Router {
     let st = Arc::new(EndpointState { cfg, token });
     Router::new()
         .route("/vmis/{uid}/{op}", get(get_op).post(post_op))
+        .route("/vmis/{uid}/portforward/{port}", get(port_forward))
         .layer(axum::middleware::from_fn_with_state(
             st.clone(),
             authenticate,
@@ -180,18 +185,24 @@ pub fn router(cfg: LauncherConfig, token: Option<String>) -> Router {
 /// A running endpoint.
 #[derive(Debug)]
 pub struct Endpoint {
-    /// `http://ADDR:PORT`, published on the Node.
+    /// `https://ADDR:PORT`, published on the Node.
     pub url: String,
+    /// SHA-256 of the served certificate (lower-case hex), published on the Node.
+    pub fingerprint: String,
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Binds `listen` and serves the endpoint. `advertise` is the host put into the URL when the
-/// listener is bound to an unspecified address.
+/// How long a client has to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Binds `listen` and serves the endpoint over TLS with `cert`. `advertise` is the host put
+/// into the URL when the listener is bound to an unspecified address.
 pub async fn serve(
     listen: SocketAddr,
     advertise: &str,
     cfg: LauncherConfig,
     token: Option<String>,
+    cert: &AgentCert,
 ) -> Result<Endpoint, AgentError> {
     if token.is_none() {
         tracing::warn!("the agent has no API token: its endpoint refuses every request");
@@ -203,22 +214,62 @@ pub async fn serve(
         .local_addr()
         .map_err(|e| AgentError::io(listen.to_string(), e))?;
     let url = endpoint_url(addr, advertise);
+    let fingerprint = cert.fingerprint_hex();
+    let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
     let app = router(cfg, token);
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("agent endpoint stopped: {e}");
-        }
-    });
-    tracing::info!(%url, "agent endpoint listening");
-    Ok(Endpoint { url, task })
+    let task = tokio::spawn(accept_loop(listener, acceptor, app));
+    tracing::info!(%url, sha256 = %fingerprint, "agent endpoint listening");
+    Ok(Endpoint {
+        url,
+        fingerprint,
+        task,
+    })
+}
+
+/// Accepts connections, completes their TLS handshakes and serves HTTP/1.1 (with upgrades) on
+/// them until the task is aborted.
+async fn accept_loop(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, app: Router) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("agent endpoint: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let svc = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, "agent endpoint: TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), svc)
+                .with_upgrades();
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "agent endpoint connection ended: {e}");
+            }
+        });
+    }
 }
 
 /// The URL of an endpoint bound to `addr`.
 pub fn endpoint_url(addr: SocketAddr, advertise: &str) -> String {
     if addr.ip().is_unspecified() {
-        format!("http://{advertise}:{}", addr.port())
+        let host = match advertise.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(_)) => format!("[{advertise}]"),
+            _ => advertise.to_string(),
+        };
+        format!("https://{host}:{}", addr.port())
     } else {
-        format!("http://{addr}")
+        format!("https://{addr}")
     }
 }
 
@@ -311,16 +362,11 @@ async fn guest_info(st: &EndpointState, uid: &str) -> Response {
     }
 }
 
-async fn stream(st: &EndpointState, uid: &str, kind: StreamKind, mut req: Request) -> Response {
+async fn stream(st: &EndpointState, uid: &str, kind: StreamKind, req: Request) -> Response {
     if !valid_uid(uid) {
         return error(StatusCode::BAD_REQUEST, format!("invalid VMI uid {uid:?}"));
     }
-    let wants_upgrade = req
-        .headers()
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case(STREAM_PROTOCOL));
-    if !wants_upgrade {
+    if !wants_stream(&req) {
         return error(
             StatusCode::BAD_REQUEST,
             format!("{} needs Upgrade: {STREAM_PROTOCOL}", kind.as_str()),
@@ -337,17 +383,60 @@ async fn stream(st: &EndpointState, uid: &str, kind: StreamKind, mut req: Reques
             );
         }
     };
+    upgrade_and_pump(req, sock, format!("{uid} {}", kind.as_str()))
+}
+
+/// `GET /vmis/{uid}/portforward/{port}` (`Upgrade: ferrovirt-stream`): the connection carries
+/// the bytes of a new TCP connection to the guest's port.
+async fn port_forward(
+    State(st): State<Arc<EndpointState>>,
+    Path((uid, port)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    if !valid_uid(&uid) {
+        return error(StatusCode::BAD_REQUEST, format!("invalid VMI uid {uid:?}"));
+    }
+    if !wants_stream(&req) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("portforward needs Upgrade: {STREAM_PROTOCOL}"),
+        );
+    }
+    let port = match crate::portforward::parse_port(&port, None) {
+        Ok(p) => p,
+        Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
+    };
+    match crate::portforward::dial(&st.cfg, &uid, port).await {
+        Ok(conn) => {
+            tracing::info!(%uid, port, "port forward");
+            upgrade_and_pump(req, conn, format!("{uid} port {port}"))
+        }
+        Err((code, msg)) => error(code, msg),
+    }
+}
+
+fn wants_stream(req: &Request) -> bool {
+    req.headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case(STREAM_PROTOCOL))
+}
+
+/// Answers 101 and, once the connection is upgraded, pumps it to and from `conn`.
+fn upgrade_and_pump<S>(mut req: Request, conn: S, label: String) -> Response
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let Some(on_upgrade) = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>() else {
         return error(StatusCode::BAD_REQUEST, "the connection cannot be upgraded");
     };
-    let uid = uid.to_string();
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(up) => {
-                pump(TokioIo::new(up), sock).await;
-                tracing::debug!(%uid, stream = kind.as_str(), "stream closed");
+                pump(TokioIo::new(up), conn).await;
+                tracing::debug!(stream = %label, "stream closed");
             }
-            Err(e) => tracing::warn!(%uid, "upgrade failed: {e}"),
+            Err(e) => tracing::warn!(stream = %label, "upgrade failed: {e}"),
         }
     });
     Response::builder()
@@ -433,9 +522,10 @@ mod tests {
     #[test]
     fn urls_and_error_bodies() {
         let a: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        assert_eq!(endpoint_url(a, "10.0.0.1"), "http://127.0.0.1:4000");
+        assert_eq!(endpoint_url(a, "10.0.0.1"), "https://127.0.0.1:4000");
         let u: SocketAddr = "0.0.0.0:4000".parse().unwrap();
-        assert_eq!(endpoint_url(u, "10.0.0.1"), "http://10.0.0.1:4000");
+        assert_eq!(endpoint_url(u, "10.0.0.1"), "https://10.0.0.1:4000");
+        assert_eq!(endpoint_url(u, "fd00::1"), "https://[fd00::1]:4000");
         assert_eq!(
             error_message(br#"{"code":409,"message":"VMI is not paused"}"#),
             "VMI is not paused"
@@ -452,21 +542,33 @@ mod tests {
     }
 
     async fn start(token: Option<&str>, dir: &std::path::Path) -> Endpoint {
+        let cert = crate::tls::load_or_create(dir, &[]).unwrap();
         serve(
             "127.0.0.1:0".parse().unwrap(),
             "127.0.0.1",
             tmp_cfg(dir),
             token.map(String::from),
+            &cert,
         )
         .await
         .unwrap()
     }
 
-    /// One raw HTTP/1.1 exchange; returns the status line and the rest.
-    async fn raw(url: &str, request: &str) -> (String, String) {
+    /// A TLS connection to the endpoint, pinning the fingerprint it publishes.
+    async fn connect_tls(ep: &Endpoint) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        let target = crate::tls::transport(&ep.url, Some(&ep.fingerprint)).unwrap();
+        let tcp = tokio::net::TcpStream::connect(&target.authority)
+            .await
+            .unwrap();
+        crate::tls::connect(tcp, &target.host, target.pin.unwrap())
+            .await
+            .unwrap()
+    }
+
+    /// One raw HTTP/1.1 exchange over TLS; returns the status line and the rest.
+    async fn raw(ep: &Endpoint, request: &str) -> (String, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let addr = url.trim_start_matches("http://");
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut s = connect_tls(ep).await;
         s.write_all(request.as_bytes()).await.unwrap();
         let mut buf = vec![0u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
@@ -483,13 +585,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ep = start(Some("secret"), dir.path()).await;
         let (st, _) = raw(
-            &ep.url,
+            &ep,
             "POST /vmis/abc/pause HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
         )
         .await;
         assert!(st.contains(" 401 "), "{st}");
         let (st, _) = raw(
-            &ep.url,
+            &ep,
             "POST /vmis/abc/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 0\r\n\r\n",
         )
         .await;
@@ -497,7 +599,7 @@ mod tests {
         // A token-less agent refuses everyone.
         let ep2 = start(None, dir.path()).await;
         let (st, _) = raw(
-            &ep2.url,
+            &ep2,
             "POST /vmis/abc/pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \r\nContent-Length: 0\r\n\r\n",
         )
         .await;
@@ -512,14 +614,14 @@ mod tests {
         let ep = start(Some("t"), dir.path()).await;
         let auth = "Authorization: Bearer t\r\n";
         let (st, rest) = raw(
-            &ep.url,
+            &ep,
             &format!("POST /vmis/abc/pause HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\n\r\n"),
         )
         .await;
         assert!(st.contains(" 409 "), "{st}");
         assert!(rest.contains("not running on this node"), "{rest}");
         let (st, _) = raw(
-            &ep.url,
+            &ep,
             &format!(
                 "POST /vmis/abc/explode HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\n\r\n"
             ),
@@ -527,7 +629,7 @@ mod tests {
         .await;
         assert!(st.contains(" 404 "), "{st}");
         let (st, _) = raw(
-            &ep.url,
+            &ep,
             &format!("GET /vmis/abc/console HTTP/1.1\r\nHost: x\r\n{auth}\r\n"),
         )
         .await;
@@ -551,8 +653,7 @@ mod tests {
             s.write_all(&buf[..n]).await.unwrap();
         });
         let ep = start(Some("t"), dir.path()).await;
-        let addr = ep.url.trim_start_matches("http://").to_string();
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut s = connect_tls(&ep).await;
         s.write_all(
             format!(
                 "GET /vmis/u1/console HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\nConnection: Upgrade\r\nUpgrade: {STREAM_PROTOCOL}\r\n\r\n"
@@ -581,6 +682,40 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(&buf, b"ping");
+        ep.task.abort();
+    }
+
+    #[tokio::test]
+    async fn serves_tls_only_with_the_published_certificate() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let ep = start(Some("t"), dir.path()).await;
+        assert!(ep.url.starts_with("https://127.0.0.1:"), "{}", ep.url);
+        let on_disk = crate::tls::load_or_create(dir.path(), &[]).unwrap();
+        assert_eq!(ep.fingerprint, on_disk.fingerprint_hex());
+        let target = crate::tls::transport(&ep.url, Some(&ep.fingerprint)).unwrap();
+        // Another certificate's fingerprint is refused during the handshake.
+        let other = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
+        let tcp = tokio::net::TcpStream::connect(&target.authority)
+            .await
+            .unwrap();
+        let err = crate::tls::connect(tcp, &target.host, other.fingerprint())
+            .await
+            .unwrap_err();
+        assert!(crate::tls::is_pin_mismatch(&err), "{err}");
+        // Plain HTTP gets no HTTP answer.
+        let mut s = tokio::net::TcpStream::connect(&target.authority)
+            .await
+            .unwrap();
+        s.write_all(b"GET /vmis/abc/guestinfo HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        assert!(!String::from_utf8_lossy(&buf[..n]).contains("HTTP/1.1"));
         ep.task.abort();
     }
 }

@@ -23,9 +23,22 @@ pub enum AgentError {
     Tool { tool: String, message: String },
     #[error(transparent)]
     Launcher(#[from] ferrovirt_launcher::Error),
+    /// The endpoint's certificate or TLS configuration ([`crate::tls`]).
+    #[error("endpoint TLS: {0}")]
+    Tls(String),
+    /// A containerDisk image could not be pulled (Kubernetes' ErrImagePull).
+    #[error("failed to pull image {image}: {message}")]
+    ImagePull { image: String, message: String },
 }
 
 impl AgentError {
+    /// The reason written on the VMI and its Event when starting it fails.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AgentError::ImagePull { .. } => "ErrImagePull",
+            _ => "SyncFailed",
+        }
+    }
     pub(crate) fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
         AgentError::Io {
             path: path.as_ref().display().to_string(),

@@ -4,24 +4,31 @@
 //!
 //! - [`mapping`]: the pure VMI spec → `LaunchSpec` translation.
 //! - [`volumes`]: the pure volume plan (what to create for each VMI volume) and its execution.
+//! - [`containerdisk`]: containerDisk images pulled into the node cache (overlays per VMI).
 //! - [`decide`]: the pure per-VMI decision (start, stop, status to write, cleanup).
+//! - [`network`]: pod network, overlay and secondary networks of the node and its VMIs.
 //! - [`node`]: host facts and the Node / Lease objects.
 //! - [`launchers`]: starting, finding and talking to launcher processes.
 //! - [`runtime`]: the kube-rs loop that applies all of it against the API server.
 //! - [`cloudinit`]: NoCloud / ConfigDrive / ConfigMap / Secret data volumes as ISO images.
 //! - [`endpoint`]: the agent's HTTP endpoint (VMI actions, guest info, console/VNC streams).
+//! - [`tls`]: the endpoint's pinned self-signed certificate (server and API server sides).
 //! - [`proxy`]: the API server side of KubeVirt's `subresources.kubevirt.io` API.
 
 pub mod cloudinit;
+pub mod containerdisk;
 pub mod decide;
 pub mod endpoint;
 pub mod error;
 pub mod isolation;
 pub mod launchers;
 pub mod mapping;
+pub mod network;
 pub mod node;
+pub mod portforward;
 pub mod proxy;
 pub mod runtime;
+pub mod tls;
 pub mod volumes;
 
 pub use error::AgentError;

@@ -283,7 +283,7 @@ fn parse_mac(mac: &str, field: &str) -> Result<String, AgentError> {
     Ok(parts.join(":").to_lowercase())
 }
 
-fn nic_mac(
+pub(crate) fn nic_mac(
     i: usize,
     iface: &Interface,
     vmi: &VirtualMachineInstance,
@@ -389,10 +389,11 @@ fn map_nic(
             ));
         }
     };
-    let pod_tap = ctx
-        .pod_taps
-        .get(&iface.name)
-        .filter(|_| net.pod.is_some() && (iface.masquerade.is_some() || iface.bridge.is_some()));
+    // Taps the node prepared: the pod network (masquerade, bridge) or a Multus bridge network.
+    let pod_tap = ctx.pod_taps.get(&iface.name).filter(|_| {
+        (net.pod.is_some() && (iface.masquerade.is_some() || iface.bridge.is_some()))
+            || (net.multus.is_some() && iface.bridge.is_some())
+    });
     let backend = if let Some(t) = pod_tap {
         // The node's pod network: a tap in the VMI's network namespace.
         NicBackend::Tap {
@@ -441,7 +442,8 @@ fn map_nic(
                     .position(|n| n.name == net.name)
                     .unwrap_or(0)
             ),
-            "secondary (multus) networks are not available on this node yet",
+            "secondary (multus) networks need the node's pod network (--pod-network) and the \
+             bridge binding",
         ));
     } else {
         return Err(AgentError::unsupported(

@@ -15,8 +15,11 @@ use ferrovirt_launcher::spec::Accel;
 
 /// Label naming the accelerator QEMU uses on this node.
 pub const ACCEL_LABEL: &str = "ferrovirt.io/accel";
-/// Annotation with the agent's endpoint (for console/VNC proxying).
+/// Annotation with the agent's endpoint URL (`https://host:port`, see [`crate::endpoint`]).
 pub const ENDPOINT_ANNOTATION: &str = "ferrovirt.io/agent-endpoint";
+/// Annotation with the SHA-256 (hex) of the endpoint's certificate, which the API server pins
+/// ([`crate::tls`]). Written with the agent's own API credentials, like the URL.
+pub const FINGERPRINT_ANNOTATION: &str = "ferrovirt.io/agent-endpoint-sha256";
 /// Namespace of node heartbeat leases, as in Kubernetes.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 /// The KVM device resource KubeVirt advertises.
@@ -139,8 +142,15 @@ const FEATURE_FLAGS: &[&str] = &[
 /// Memory the agent keeps back from the VMs (host OS, agent, launchers).
 pub const SYSTEM_RESERVED_BYTES: u64 = 512 * 1024 * 1024;
 
-/// The Node object this agent registers (labels, capacity/allocatable, conditions, addresses).
-pub fn node_object(name: &str, facts: &HostFacts, endpoint: &str, now: Timestamp) -> Node {
+/// The Node object this agent registers (labels, capacity/allocatable, conditions, addresses,
+/// and the endpoint's URL and certificate `fingerprint` as annotations).
+pub fn node_object(
+    name: &str,
+    facts: &HostFacts,
+    endpoint: &str,
+    fingerprint: &str,
+    now: Timestamp,
+) -> Node {
     let mut labels = BTreeMap::new();
     labels.insert("kubernetes.io/hostname".to_string(), name.to_string());
     labels.insert("kubernetes.io/os".to_string(), "linux".to_string());
@@ -163,6 +173,7 @@ pub fn node_object(name: &str, facts: &HostFacts, endpoint: &str, now: Timestamp
     }
     let mut annotations = BTreeMap::new();
     annotations.insert(ENDPOINT_ANNOTATION.to_string(), endpoint.to_string());
+    annotations.insert(FINGERPRINT_ANNOTATION.to_string(), fingerprint.to_string());
 
     let mut capacity = BTreeMap::new();
     capacity.insert("cpu".to_string(), Quantity(facts.cpus.to_string()));
@@ -290,7 +301,10 @@ mod tests {
     #[test]
     fn node_has_labels_capacity_and_ready() {
         let now = Timestamp::from_second(1_700_000_000).unwrap();
-        let n = node_object("node-a", &facts(), "https://127.0.0.1:1", now);
+        let n = node_object("node-a", &facts(), "https://127.0.0.1:1", "ab12", now);
+        let annotations = n.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations[ENDPOINT_ANNOTATION], "https://127.0.0.1:1");
+        assert_eq!(annotations[FINGERPRINT_ANNOTATION], "ab12");
         let labels = n.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["kubernetes.io/hostname"], "node-a");
         assert_eq!(labels["kubevirt.io/schedulable"], "true");

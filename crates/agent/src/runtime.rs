@@ -55,8 +55,9 @@ pub struct AgentOptions {
     /// The agent's API token: the bearer token its endpoint requires. `None` refuses all.
     pub api_token: Option<String>,
     /// The node's pod network (docs/networking.md): masquerade and bridge interfaces get a tap
-    /// in a per-VMI network namespace. `None`: masquerade on QEMU user-mode networking.
-    pub pod_network: Option<ferrovirt_network::NodeNetwork>,
+    /// in a per-VMI network namespace, Multus bridge networks a veth from a host bridge, the
+    /// overlay connects the nodes. `None`: masquerade on QEMU user-mode networking.
+    pub pod_network: Option<crate::network::PodNetworkOptions>,
 }
 
 impl AgentOptions {
@@ -105,18 +106,18 @@ struct Agent {
     last_renew: Mutex<Instant>,
     /// The endpoint's URL, published as the Node's [`node::ENDPOINT_ANNOTATION`].
     endpoint_url: String,
+    /// Its certificate's SHA-256, published as [`node::FINGERPRINT_ANNOTATION`].
+    endpoint_fingerprint: String,
     /// Unprivileged user for QEMU (when the agent runs as root).
     qemu_user: Option<String>,
     /// Wakes the sync loop early (VMI watch events, a launcher that came up).
     wake: tokio::sync::Notify,
     /// Last guest-agent report per VMI uid (refreshed every [`GUEST_INFO_REFRESH`]).
     guest_info: Mutex<HashMap<String, (Instant, Value)>>,
-    /// Pod-network attachments (their DHCP servers) per VMI uid.
-    pod_attachments: Mutex<HashMap<String, ferrovirt_network::Attached>>,
-}
-
-fn net_err(e: ferrovirt_network::Error) -> AgentError {
-    AgentError::Reference(format!("pod network: {e}"))
+    /// Pod network, overlay and secondary networks ([`crate::network`]).
+    net: crate::network::AgentNet,
+    /// The node's containerDisk image cache ([`crate::containerdisk`]).
+    container_disks: crate::containerdisk::ContainerDisks,
 }
 
 /// How often a connected guest agent is asked for OS info and interfaces.
@@ -132,21 +133,20 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         data_dir: opts.data_dir.clone(),
         qemu_binary: opts.qemu_binary.clone(),
     };
-    if let Some(node) = &opts.pod_network {
-        ferrovirt_network::apply::preflight()
-            .await
-            .map_err(net_err)?;
-        ferrovirt_network::setup_node(node).await.map_err(net_err)?;
-    }
+    let net = crate::network::AgentNet::new(opts.pod_network.clone(), cfg.clone());
+    net.preflight().await?;
+    let cert = crate::tls::load_or_create(&opts.data_dir, std::slice::from_ref(&opts.address))?;
     let endpoint = crate::endpoint::serve(
         opts.endpoint_listen,
         &opts.address,
         cfg.clone(),
         opts.api_token.clone(),
+        &cert,
     )
     .await?;
     let agent = Arc::new(Agent {
         endpoint_url: endpoint.url.clone(),
+        endpoint_fingerprint: endpoint.fingerprint.clone(),
         client,
         accel,
         cfg,
@@ -156,11 +156,21 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         qemu_user: crate::isolation::ensure_qemu_user(),
         wake: tokio::sync::Notify::new(),
         guest_info: Mutex::new(HashMap::new()),
-        pod_attachments: Mutex::new(HashMap::new()),
+        net,
+        container_disks: crate::containerdisk::ContainerDisks::new(&opts.data_dir),
         opts,
     });
     agent.register_node().await?;
     tracing::info!(node = %agent.opts.node_name, accel = %accel, "agent registered its node");
+    agent.net.init(&agent.client, &agent.opts.node_name).await?;
+    let overlay = tokio::spawn({
+        let agent = agent.clone();
+        async move {
+            let client = agent.client.clone();
+            let name = agent.opts.node_name.clone();
+            agent.net.run_overlay(client, name).await
+        }
+    });
     let hb = tokio::spawn(heartbeat(agent.clone()));
     let sync = tokio::spawn(sync_loop(agent.clone()));
     let watch = tokio::spawn(watch_vmis(agent.clone()));
@@ -169,14 +179,25 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         r = sync => r,
         r = endpoint.task => r,
         r = watch => r,
+        r = overlay => r,
     };
     r.map_err(|e| AgentError::Reference(format!("agent task ended: {e}")))
 }
 
 impl Agent {
     async fn register_node(&self) -> Result<(), AgentError> {
-        let facts = HostFacts::gather(self.accel, &self.opts.address);
-        let desired = node::node_object(&self.opts.node_name, &facts, &self.endpoint_url, now_ts());
+        let address = self
+            .net
+            .internal_ip()
+            .unwrap_or_else(|| self.opts.address.clone());
+        let facts = HostFacts::gather(self.accel, &address);
+        let desired = node::node_object(
+            &self.opts.node_name,
+            &facts,
+            &self.endpoint_url,
+            &self.endpoint_fingerprint,
+            now_ts(),
+        );
         let nodes: Api<Node> = Api::all(self.client.clone());
         match nodes
             .get_opt(&self.opts.node_name)
@@ -452,7 +473,8 @@ impl Agent {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        let refs = self.resolve_refs(vmi).await?;
+        let mut refs = self.resolve_refs(vmi).await?;
+        refs.container_disks = self.container_disks.prepare(&self.client, vmi).await?;
         let actions = volumes::plan(vmi, &refs, &dir)?;
         let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
             .await
@@ -463,11 +485,10 @@ impl Agent {
         ctx.run_as = self.qemu_user.clone();
         ctx.sandbox = true;
         ctx.cgroup_name = vmi.metadata.uid.clone();
-        let mut exec_prefix = Vec::new();
-        if let Some((iface, tap, prefix)) = self.attach_pod_network(vmi, &uid, &dir).await? {
-            ctx.pod_taps.insert(iface, tap);
-            exec_prefix = prefix;
-        }
+        self.net.check_macs(&self.client, vmi).await?;
+        let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
+        ctx.pod_taps = attachment.taps;
+        let exec_prefix = attachment.exec_prefix;
         let spec = mapping::launch_spec(vmi, &ctx)?;
         spec.validate()?;
         let (ns, name) = ns_name(vmi);
@@ -485,88 +506,6 @@ impl Agent {
         Ok(())
     }
 
-    /// Sets up the VMI's pod network when the node has one and the VMI an interface on it;
-    /// returns the interface name, its tap and the launcher's command prefix. The plan is kept
-    /// in the VMI directory (same address after an agent restart, exact teardown).
-    async fn attach_pod_network(
-        &self,
-        vmi: &VirtualMachineInstance,
-        uid: &str,
-        dir: &std::path::Path,
-    ) -> Result<Option<(String, mapping::PodTap, Vec<String>)>, AgentError> {
-        let Some(node) = &self.opts.pod_network else {
-            return Ok(None);
-        };
-        let Some(pi) = mapping::pod_interface(vmi)? else {
-            return Ok(None);
-        };
-        let plan = {
-            // Held while allocating, so two VMIs starting together never pick one address.
-            let mut attachments = self.pod_attachments.lock().await;
-            attachments.remove(uid); // one DHCP server per VMI
-            match launchers::read_network_plan(dir) {
-                Some(p) => p,
-                None => {
-                    let (ns, name) = ns_name(vmi);
-                    let mut req =
-                        ferrovirt_network::PodRequest::new(uid, &ns, &name, pi.binding.clone());
-                    req.interface = pi.name.clone();
-                    req.mac = Some(pi.mac);
-                    req.used = self
-                        .cfg
-                        .local_uids()
-                        .iter()
-                        .filter(|u| u.as_str() != uid)
-                        .filter_map(|u| launchers::read_network_plan(&self.cfg.vmi_dir(u)))
-                        .map(|p| p.address)
-                        .collect();
-                    let plan = ferrovirt_network::PodPlan::build(node, &req).map_err(net_err)?;
-                    launchers::write_network_plan(dir, &plan)?;
-                    plan
-                }
-            }
-        };
-        let attached = ferrovirt_network::setup(&plan).await.map_err(net_err)?;
-        let tap = mapping::PodTap {
-            ifname: attached.tap.clone(),
-            mac: attached.mac.to_string(),
-        };
-        let prefix = attached.exec_prefix();
-        self.pod_attachments
-            .lock()
-            .await
-            .insert(uid.to_string(), attached);
-        Ok(Some((pi.name, tap, prefix)))
-    }
-
-    /// After an agent restart: re-applies the plan of a running VMI (links are kept) and
-    /// restarts its DHCP server.
-    async fn reattach_pod_network(&self, uid: &str) {
-        if self.opts.pod_network.is_none() || self.pod_attachments.lock().await.contains_key(uid) {
-            return;
-        }
-        let Some(plan) = launchers::read_network_plan(&self.cfg.vmi_dir(uid)) else {
-            return;
-        };
-        match ferrovirt_network::setup(&plan).await {
-            Ok(a) => {
-                self.pod_attachments.lock().await.insert(uid.to_string(), a);
-            }
-            Err(e) => tracing::warn!(%uid, "re-attaching the pod network: {e}"),
-        }
-    }
-
-    /// Stops the VMI's DHCP server and removes its namespace and veth (before its directory,
-    /// which holds the plan, is removed).
-    async fn detach_pod_network(&self, uid: &str) {
-        self.pod_attachments.lock().await.remove(uid);
-        if let Some(plan) = launchers::read_network_plan(&self.cfg.vmi_dir(uid))
-            && let Err(e) = ferrovirt_network::teardown(&plan).await
-        {
-            tracing::warn!(%uid, "tearing down the pod network: {e}");
-        }
-    }
-
     async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance) {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         if uid.is_empty() || self.busy.lock().await.contains(&uid) {
@@ -578,22 +517,14 @@ impl Agent {
             return;
         }
         if let Observed::Running(_) = &observed {
-            self.reattach_pod_network(&uid).await;
+            self.net.reattach(&uid).await;
         }
         let guest = self.guest_info_for(&uid, &observed).await;
-        let pod = if self.opts.pod_network.is_some() {
-            launchers::read_network_plan(&self.cfg.vmi_dir(&uid)).and_then(|p| {
-                mapping::pod_interface(&vmi)
-                    .ok()
-                    .flatten()
-                    .map(|pi| (pi.name, p.address.to_string()))
-            })
-        } else {
-            None
-        };
+        let pod = self.net.pod_report(&vmi, &uid);
         let report = decide::Report {
             guest: guest.as_ref(),
             pod: pod.as_ref().map(|(i, a)| (i.as_str(), a.as_str())),
+            fenced: self.cfg.vmi_dir(&uid).join(decide::FENCED_MARKER).exists(),
         };
         for action in decide::decide(&vmi, &observed, &self.opts.node_name, &now_string(), report) {
             match action {
@@ -623,9 +554,9 @@ impl Agent {
                             Err(e) => {
                                 let msg = e.to_string();
                                 tracing::warn!(vmi = ?vmi.metadata.name, "start failed: {msg}");
-                                me.event(&vmi, "Warning", "SyncFailed", &msg).await;
+                                me.event(&vmi, "Warning", e.reason(), &msg).await;
                                 let st =
-                                    decide::start_failed_status("SyncFailed", &msg, &now_string());
+                                    decide::start_failed_status(e.reason(), &msg, &now_string());
                                 let _ = me.patch_status(&vmi, st).await;
                             }
                         }
@@ -700,7 +631,7 @@ impl Agent {
                 }
                 Action::Cleanup => {
                     self.guest_info.lock().await.remove(&uid);
-                    self.detach_pod_network(&uid).await;
+                    self.net.detach(&uid).await;
                     launchers::remove_dir(&self.cfg.vmi_dir(&uid));
                     if let Err(e) = self.set_finalizer(&vmi, false).await {
                         tracing::warn!("removing finalizer: {e}");
@@ -772,7 +703,7 @@ impl Agent {
                     .await;
                 }
                 _ => {
-                    self.detach_pod_network(&uid).await;
+                    self.net.detach(&uid).await;
                     launchers::remove_dir(&self.cfg.vmi_dir(&uid));
                 }
             }
@@ -784,6 +715,11 @@ impl Agent {
         for uid in self.cfg.local_uids() {
             if let Observed::Running(_) = launchers::observe(&self.cfg, &uid).await {
                 tracing::error!(%uid, "lease not renewed: fencing (stopping) the VM");
+                // Read by the next sync: the VMI is reported Failed (NodeFenced).
+                let marker = self.cfg.vmi_dir(&uid).join(decide::FENCED_MARKER);
+                if let Err(e) = std::fs::write(&marker, b"") {
+                    tracing::warn!("writing {}: {e}", marker.display());
+                }
                 let _ = launchers::request(
                     &self.cfg,
                     &uid,

@@ -31,6 +31,9 @@ pub struct ResolvedRefs {
     pub claims: BTreeMap<String, ClaimInfo>,
     pub secrets: BTreeMap<String, SecretData>,
     pub config_maps: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
+    /// containerDisk volumes: the cached (read-only) disk by volume name
+    /// ([`crate::containerdisk`]).
+    pub container_disks: BTreeMap<String, PathBuf>,
 }
 
 /// What to do for one volume.
@@ -302,11 +305,17 @@ pub fn plan(
                 image: cloudinit::key_files_image("sadata", &data),
             }
         } else if v.container_disk.is_some() {
-            return Err(AgentError::unsupported(
-                format!("{field}.containerDisk"),
-                "containerDisk volumes need an image store, which this node does not have yet; \
-                 import the image into a DataVolume instead",
-            ));
+            // An ephemeral overlay on the node's cached copy of the image's disk.
+            let base = refs.container_disks.get(&n).ok_or_else(|| {
+                AgentError::Reference(format!(
+                    "{field}.containerDisk: the image of volume {n:?} has not been pulled"
+                ))
+            })?;
+            VolumeAction::CreateOverlay {
+                name: n,
+                path: vmi_dir.join(format!("containerdisk-{fname}.qcow2")),
+                backing: base.clone(),
+            }
         } else {
             return Err(AgentError::unsupported(
                 field,
@@ -331,11 +340,19 @@ pub fn detect_format(path: &Path) -> Result<DiskFormat, AgentError> {
     }
 }
 
-/// Turns a PV path into the image to open: `disk.img` inside a directory, else the path.
+/// Turns a PV path into the image to open: `disk.img` inside a directory, the loop device of
+/// a Block-mode volume directory (attached again if it is missing, e.g. after a reboot),
+/// else the path.
 fn resolve_image(path: &Path) -> Result<(PathBuf, DiskSource), AgentError> {
     use std::os::unix::fs::FileTypeExt;
     let meta = std::fs::metadata(path).map_err(|e| AgentError::io(path, e))?;
-    if meta.is_dir() {
+    if meta.is_dir() && ferrovirt_storage::block::is_block_volume(path) {
+        let dev = ferrovirt_storage::block::device_of(path).map_err(|e| AgentError::Tool {
+            tool: "losetup".into(),
+            message: format!("{}: {e}", path.display()),
+        })?;
+        Ok((dev, DiskSource::Block))
+    } else if meta.is_dir() {
         let img = path.join("disk.img");
         if !img.exists() {
             return Err(AgentError::Reference(format!(
@@ -535,6 +552,45 @@ mod tests {
         let v = vmi(json!([{"name": "a", "containerDisk": {"image": "x"}}]));
         let e = plan(&v, &refs(), Path::new("/d")).unwrap_err().to_string();
         assert!(e.contains("spec.volumes[0].containerDisk"), "{e}");
+        let mut r = refs();
+        r.container_disks
+            .insert("a".into(), "/cache/sha256/ab/disk".into());
+        assert_eq!(
+            plan(&v, &r, Path::new("/d")).unwrap(),
+            vec![VolumeAction::CreateOverlay {
+                name: "a".into(),
+                path: "/d/containerdisk-a.qcow2".into(),
+                backing: "/cache/sha256/ab/disk".into(),
+            }]
+        );
+    }
+
+    #[test]
+    fn block_volume_directories_become_loop_devices() {
+        use ferrovirt_storage::block;
+        if !block::loop_devices_available() || !block::losetup_usable() {
+            eprintln!("skipping: no usable loop devices");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pv = dir.path().join("pvc-b");
+        std::fs::create_dir_all(&pv).unwrap();
+        ferrovirt_storage::provisioner::create_sparse(&pv.join("disk.img"), 1 << 20).unwrap();
+        std::fs::write(pv.join(block::BLOCK_MARKER), b"Block\n").unwrap();
+        let mut r = ResolvedRefs::default();
+        r.claims.insert(
+            "root".into(),
+            ClaimInfo {
+                path: pv.clone(),
+                read_only: false,
+            },
+        );
+        let v = vmi(json!([{"name": "a", "persistentVolumeClaim": {"claimName": "root"}}]));
+        let prepared = execute(&plan(&v, &r, dir.path()).unwrap()).unwrap();
+        let detached = block::detach_all(&pv.join("disk.img")).unwrap();
+        assert_eq!(prepared["a"].source, DiskSource::Block);
+        assert_eq!(prepared["a"].format, DiskFormat::Raw);
+        assert_eq!(detached, vec![prepared["a"].path.clone()]);
     }
 
     #[test]

@@ -304,6 +304,8 @@ kstruct! {
         pub feature_gates: Option<Vec<String>>,
         pub filesystem_overhead: Option<FilesystemOverhead>,
         pub pod_resource_requirements: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+        /// Registries imported from over plain HTTP.
+        pub insecure_registries: Option<Vec<String>>,
         #[serde(flatten)]
         pub other: Map<String, Value>,
     }

@@ -28,6 +28,8 @@ kstruct! {
         pub higher_workload_density: Option<HigherWorkloadDensity>,
         pub uninstall_strategy: Option<String>,
         pub common_templates_namespace: Option<String>,
+        /// Import settings (registries spoken to over plain HTTP).
+        pub storage_import: Option<StorageImportConfig>,
         #[serde(flatten)]
         pub other: Map<String, Value>,
     }
@@ -56,6 +58,42 @@ kstruct! {
 }
 
 kstruct! {
+    /// HCO's `storageImport`: settings of volume imports and containerDisk pulls.
+    pub struct StorageImportConfig {
+        /// Registries (`host[:port]`, `*.domain`) reached over plain HTTP; all others over
+        /// HTTPS.
+        pub insecure_registries: Option<Vec<String>>,
+    }
+}
+
+/// The registries to reach over plain HTTP: `spec.storageImport.insecureRegistries` of every
+/// HyperConverged object and `spec.config.insecureRegistries` of every CDI object (both as
+/// JSON), without duplicates.
+pub fn insecure_registries(hcos: &[Value], cdis: &[Value]) -> Vec<String> {
+    let lists = hcos
+        .iter()
+        .filter_map(|h| h.pointer("/spec/storageImport/insecureRegistries"))
+        .chain(
+            cdis.iter()
+                .filter_map(|c| c.pointer("/spec/config/insecureRegistries")),
+        );
+    let mut out: Vec<String> = Vec::new();
+    for list in lists {
+        for r in list
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.as_str())
+        {
+            if !out.iter().any(|o| o == r) {
+                out.push(r.to_string());
+            }
+        }
+    }
+    out
+}
+
+kstruct! {
     /// Memory overcommit.
     pub struct HigherWorkloadDensity {
         pub memory_overcommit_percentage: Option<i32>,
@@ -79,5 +117,30 @@ kstruct! {
     pub struct ComponentVersion {
         pub name: String,
         pub version: String,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn collects_insecure_registries() {
+        let hco = json!({"spec": {"storageImport": {"insecureRegistries": ["a:5000", "b"]}}});
+        let cdi = json!({"spec": {"config": {"insecureRegistries": ["b", "c"]}}});
+        assert_eq!(
+            super::insecure_registries(&[hco, json!({})], &[cdi]),
+            vec!["a:5000", "b", "c"]
+        );
+        let typed: super::HyperConverged = serde_json::from_value(
+            json!({"spec": {"storageImport": {"insecureRegistries": ["x"]}}}),
+        )
+        .unwrap();
+        let spec = typed.spec.unwrap();
+        assert_eq!(
+            spec.storage_import.unwrap().insecure_registries.unwrap(),
+            vec!["x"]
+        );
+        assert!(spec.other.is_empty());
     }
 }

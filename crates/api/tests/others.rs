@@ -140,3 +140,24 @@ fn replica_sets_scale() {
     let vm = find("kubevirt.io", "virtualmachines").unwrap();
     assert!(scale_subresource(&vm).is_none());
 }
+
+#[test]
+fn pvc_storage_request_may_grow_but_not_shrink() {
+    let pvc = |size: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "c", "namespace": "default"},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": size}}}
+        })
+    };
+    let mut old = pvc("1Gi");
+    admit_new(&mut old).unwrap();
+    let def = find_kind("v1", "PersistentVolumeClaim").unwrap();
+    let mut grown = pvc("2Gi");
+    admit(&def, Operation::Update, &mut grown, Some(&old)).unwrap();
+    let mut shrunk = pvc("512Mi");
+    let e = admit(&def, Operation::Update, &mut shrunk, Some(&old)).unwrap_err();
+    assert_eq!(e.0[0].field, "spec.resources.requests.storage");
+    assert!(e.0[0].message.contains("less than previous value"), "{e:?}");
+}

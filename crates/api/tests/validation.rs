@@ -245,6 +245,25 @@ fn pod_network_listed_twice() {
 }
 
 #[test]
+fn duplicate_mac_within_one_vmi() {
+    let mut o = vmi();
+    o["spec"]["domain"]["devices"]["interfaces"][0]["macAddress"] = json!("02:00:00:00:00:0A");
+    o["spec"]["networks"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "sec", "multus": {"networkName": "br"}}));
+    o["spec"]["domain"]["devices"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "sec", "bridge": {}, "macAddress": "02-00-00-00-00-0a"}));
+    assert_field(
+        o,
+        "spec.domain.devices.interfaces[1].macAddress",
+        "FieldValueDuplicate",
+    );
+}
+
+#[test]
 fn name_not_dns1123() {
     let mut o = vmi();
     o["metadata"]["name"] = json!("Bad_Name");

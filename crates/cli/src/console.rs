@@ -2,7 +2,7 @@
 //! it switches to raw mode and Ctrl+] leaves; in a pipe it sends all of stdin, then prints what
 //! the guest answers until the guest is quiet for a moment (so scripts can run commands).
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
@@ -53,22 +53,7 @@ pub async fn run(target: &Target, name: &str, quiet: Duration) -> Result<(), Cli
     let ws = target.websocket(&path(&target.namespace, name)).await?;
     let (mut sink, mut stream) = ws.split();
     let interactive = std::io::stdin().is_terminal();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
-    // stdin is read on a plain thread: reads block.
-    std::thread::spawn(move || {
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = [0u8; 1024];
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if tx.blocking_send(buf[..n].to_vec()).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-    });
+    let mut rx = crate::wsio::stdin_chunks(1024);
     let _raw = if interactive {
         eprintln!("Successfully connected to {name} console. The escape sequence is ^]");
         Some(RawMode::enable()?)

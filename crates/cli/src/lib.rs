@@ -20,13 +20,17 @@ pub mod error;
 pub mod expand;
 pub mod get;
 pub mod jsonpath;
+pub mod portforward;
 pub mod printer;
+pub mod progress;
 pub mod resources;
 pub mod session;
+pub mod ssh;
 pub mod target;
 pub mod upload;
 pub mod virt;
 pub mod vnc;
 pub mod wait;
+pub mod wsio;
 
 pub use error::CliError;

@@ -1,13 +1,12 @@
 //! virtctl's `image-upload dv NAME --size SIZE --image-path FILE`: creates the DataVolume
 //! (source `upload: {}`) when absent, waits for `UploadReady`, asks for an upload token
 //! (`UploadTokenRequest`, `upload.cdi.kubevirt.io/v1beta1`), streams the file to the server's
-//! `/v1beta1/upload` with a progress line (one redrawn line on a terminal, plain lines every
-//! 10 % otherwise) and waits for `Succeeded`.
+//! `/v1beta1/upload` with a progress bar ([`crate::progress`]: redrawn on a terminal, plain
+//! lines every 10 % otherwise) and waits for `Succeeded`.
 //!
 //! ferrovirt's API server authenticates every request with the kubeconfig's token, so that
 //! token goes in `Authorization` and the upload token in `X-Upload-Token`.
 
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,32 +68,6 @@ pub fn dv_manifest(o: &UploadOptions, namespace: &str) -> Result<Value, CliError
         "metadata": {"name": o.name, "namespace": namespace},
         "spec": {"source": {"upload": {}}, "storage": storage},
     }))
-}
-
-/// `18.25 MiB`-style sizes.
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
-
-/// The progress line for `sent` of `total` bytes.
-pub fn progress_line(sent: u64, total: u64) -> String {
-    let pct = if total == 0 {
-        100.0
-    } else {
-        sent as f64 * 100.0 / total as f64
-    };
-    format!("{} / {} {pct:6.2}%", human(sent), human(total))
 }
 
 /// The status code and body of a raw HTTP/1.1 answer (chunked bodies decoded).
@@ -271,10 +244,8 @@ async fn send(target: &Target, o: &UploadOptions, token: &str, total: u64) -> Re
             context: format!("reading {}", o.image_path.display()),
             source: e,
         })?;
-    let tty = std::io::stderr().is_terminal();
+    let mut progress = crate::progress::ByteProgress::new(total);
     let mut sent = 0u64;
-    let mut next_line = 0u64;
-    let mut last_draw = Instant::now() - Duration::from_secs(1);
     let written: Result<(), std::io::Error> = async {
         tls.write_all(head.as_bytes()).await?;
         let mut buf = vec![0u8; 256 << 10];
@@ -285,23 +256,12 @@ async fn send(target: &Target, o: &UploadOptions, token: &str, total: u64) -> Re
             }
             tls.write_all(&buf[..n]).await?;
             sent += n as u64;
-            if tty {
-                if last_draw.elapsed() >= Duration::from_millis(200) || sent == total {
-                    eprint!("\r{}", progress_line(sent, total));
-                    let _ = std::io::stderr().flush();
-                    last_draw = Instant::now();
-                }
-            } else if sent >= next_line || sent == total {
-                eprintln!("{}", progress_line(sent, total));
-                next_line = sent + (total / 10).max(1);
-            }
+            progress.update(sent);
         }
         tls.flush().await
     }
     .await;
-    if tty {
-        eprintln!();
-    }
+    progress.finish();
     // The server may answer (401, 409) before reading everything: read its answer anyway.
     let mut raw = Vec::new();
     let read = (&mut tls).take(1 << 20).read_to_end(&mut raw).await;
@@ -410,17 +370,6 @@ mod tests {
         let mut o = opts();
         o.size = None;
         assert!(dv_manifest(&o, "ns").is_err());
-    }
-
-    #[test]
-    fn progress_and_sizes() {
-        assert_eq!(human(512), "512 B");
-        assert_eq!(human(19 << 20), "19.00 MiB");
-        assert_eq!(
-            progress_line(1 << 20, 2 << 20),
-            "1.00 MiB / 2.00 MiB  50.00%"
-        );
-        assert!(progress_line(0, 0).ends_with("100.00%"));
     }
 
     #[test]

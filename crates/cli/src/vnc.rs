@@ -4,10 +4,7 @@
 
 use std::path::Path;
 
-use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
 
 use crate::error::CliError;
 use crate::target::Target;
@@ -21,47 +18,6 @@ pub fn path(namespace: &str, name: &str) -> String {
 
 fn rfb_err(e: impl std::fmt::Display) -> CliError {
     CliError::Transport(format!("VNC: {e}"))
-}
-
-/// Copies bytes both ways between a websocket (binary frames) and a byte stream until either
-/// side closes.
-pub async fn bridge<S, IO>(ws: WebSocketStream<S>, io: IO) -> Result<(), CliError>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-    IO: AsyncRead + AsyncWrite + Unpin,
-{
-    let (mut sink, mut stream) = ws.split();
-    let (mut r, mut w) = tokio::io::split(io);
-    let up = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = r.read(&mut buf).await.map_err(rfb_err)?;
-            if n == 0 {
-                break;
-            }
-            sink.send(Message::Binary(bytes::Bytes::copy_from_slice(&buf[..n])))
-                .await
-                .map_err(rfb_err)?;
-        }
-        let _ = sink.send(Message::Close(None)).await;
-        Ok::<(), CliError>(())
-    };
-    let down = async {
-        while let Some(m) = stream.next().await {
-            match m.map_err(rfb_err)? {
-                Message::Binary(b) => w.write_all(&b).await.map_err(rfb_err)?,
-                Message::Text(t) => w.write_all(t.as_bytes()).await.map_err(rfb_err)?,
-                Message::Close(_) => break,
-                _ => {}
-            }
-        }
-        let _ = w.shutdown().await;
-        Ok::<(), CliError>(())
-    };
-    tokio::select! {
-        r = up => r,
-        r = down => r,
-    }
 }
 
 /// A framebuffer as 8-bit RGB rows.
@@ -261,7 +217,7 @@ pub fn encode_png(frame: &Frame) -> Result<Vec<u8>, CliError> {
 pub async fn screenshot(target: &Target, name: &str, file: &Path) -> Result<Frame, CliError> {
     let ws = target.websocket(&path(&target.namespace, name)).await?;
     let (mut ours, theirs) = tokio::io::duplex(1 << 20);
-    let pump = tokio::spawn(bridge(ws, theirs));
+    let pump = tokio::spawn(crate::wsio::bridge(ws, theirs));
     let frame = tokio::time::timeout(std::time::Duration::from_secs(60), capture(&mut ours))
         .await
         .map_err(|_| rfb_err("no framebuffer update within 60 s"))??;
@@ -293,7 +249,7 @@ pub async fn proxy(target: &Target, name: &str, port: u16) -> Result<(), CliErro
             .map_err(|e| CliError::io("accepting a connection", e))?;
         let ws = target.websocket(&path(&target.namespace, name)).await?;
         tokio::spawn(async move {
-            if let Err(e) = bridge(ws, conn).await {
+            if let Err(e) = crate::wsio::bridge(ws, conn).await {
                 eprintln!("{e}");
             }
         });

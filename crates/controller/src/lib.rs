@@ -1,12 +1,14 @@
 //! ferrovirt's controllers. Each reconcile is split into a pure decision (in [`scheduler`],
 //! [`vm`], [`node_lifecycle`]) of (object, observed state) → desired changes, unit-tested
 //! without a server, and the I/O that applies it against the API server ([`runtime`]).
+//! [`node_ipam`] gives Nodes their pod subnets (`spec.podCIDR`).
 //! [`storage`] holds the StorageClass/PVC/DataVolume controllers.
 //!
 //! Start everything with [`run`]`(client, ControllerOptions::default())`.
 
 pub mod conditions;
 pub mod error;
+pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod runtime;
 pub mod scheduler;

@@ -145,6 +145,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         let mut opts = ferrovirt_controller::ControllerOptions::default();
         opts.leader_election.identity = format!("{}-{}", node::hostname(), std::process::id());
         opts.storage.data_dir = Some(args.data_dir.clone());
+        opts.node_ipam.cluster_cidr = args.pod.cluster_cidr.clone();
         tasks.spawn(async move {
             ferrovirt_controller::run(client, opts)
                 .await

@@ -42,9 +42,14 @@ pub struct PodNetArgs {
     /// The cluster's pod address range.
     #[arg(long, default_value = "10.244.0.0/16")]
     pub cluster_cidr: String,
-    /// This node's /24 of the cluster range (default: the first one).
+    /// This node's subnet of the cluster range, recorded as the Node's spec.podCIDR (default:
+    /// the one the node IPAM controller assigns).
     #[arg(long)]
     pub pod_cidr: Option<String>,
+    /// The node's underlay address: published as its InternalIP and used as the VXLAN
+    /// endpoint of the overlay between the nodes' pod networks (default: no overlay).
+    #[arg(long)]
+    pub node_ip: Option<std::net::Ipv4Addr>,
     /// Put the node bridge in this named network namespace (default: the agent's own).
     #[arg(long)]
     pub node_netns: Option<String>,
@@ -55,7 +60,9 @@ pub struct PodNetArgs {
 
 impl PodNetArgs {
     /// The node network these flags describe, when pod networking is on.
-    pub fn node_network(&self) -> anyhow::Result<Option<ferrovirt_network::NodeNetwork>> {
+    pub fn node_network(
+        &self,
+    ) -> anyhow::Result<Option<ferrovirt_agent::network::PodNetworkOptions>> {
         if !self.pod_network {
             return Ok(None);
         }
@@ -64,15 +71,27 @@ impl PodNetArgs {
             .parse()
             .with_context(|| format!("--cluster-cidr {}", self.cluster_cidr))?;
         let ipam = ferrovirt_network::Ipam::new(cluster, 24)?;
-        let subnet = match &self.pod_cidr {
-            Some(s) => s.parse().with_context(|| format!("--pod-cidr {s}"))?,
+        let pod_cidr: Option<ferrovirt_network::Ipv4Cidr> = match &self.pod_cidr {
+            Some(s) => Some(s.parse().with_context(|| format!("--pod-cidr {s}"))?),
+            None => None,
+        };
+        // Until the Node's podCIDR is known, the first subnet stands in (for validation).
+        let subnet = match pod_cidr {
+            Some(c) => c,
             None => ipam.node_subnet(0)?,
         };
         let mut node = ferrovirt_network::NodeNetwork::new(ipam, subnet);
         node.netns = self.node_netns.clone();
         node.uplink = self.uplink.clone();
-        node.validate()?;
-        Ok(Some(node))
+        node.validate().with_context(|| match &self.pod_cidr {
+            Some(c) => format!("--pod-cidr {c} with --cluster-cidr {}", self.cluster_cidr),
+            None => format!("--cluster-cidr {}", self.cluster_cidr),
+        })?;
+        Ok(Some(ferrovirt_agent::network::PodNetworkOptions {
+            node,
+            pod_cidr,
+            node_ip: self.node_ip,
+        }))
     }
 }
 

@@ -211,6 +211,50 @@ pub enum VerbCommand {
     Fslist { name: String },
     /// Upload a disk image into a DataVolume (created with an `upload` source when absent).
     ImageUpload(ImageUploadArgs),
+    /// Forward local ports to a VM's guest ports through the API server.
+    PortForward(PortForwardArgs),
+    /// SSH into a VM's guest through the API server (runs the local ssh client).
+    Ssh(SshArgs),
+}
+
+/// `port-forward TYPE/NAME[.NAMESPACE] [LOCAL:]REMOTE…` (virtctl's form).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PortForwardArgs {
+    /// `vm/NAME[.NAMESPACE]` or `vmi/NAME[.NAMESPACE]`.
+    target: String,
+    /// `PORT`, `LOCAL:REMOTE` or `:REMOTE` (any free local port).
+    ports: Vec<String>,
+    /// Local address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    address: std::net::IpAddr,
+    /// Carry one connection over stdin/stdout instead of listening (for ssh's ProxyCommand).
+    #[arg(long)]
+    stdio: bool,
+}
+
+/// `ssh [USER@]TYPE/NAME[.NAMESPACE]` (virtctl's flags, local ssh client).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SshArgs {
+    /// `[USER@]vm/NAME[.NAMESPACE]` or `vmi/…`.
+    destination: String,
+    /// User to log in as (when the destination has none).
+    #[arg(short = 'l', long)]
+    username: Option<String>,
+    /// Private key file.
+    #[arg(short = 'i', long)]
+    identity_file: Option<PathBuf>,
+    /// The guest's SSH port.
+    #[arg(short = 'p', long, default_value_t = 22)]
+    port: u16,
+    /// Run this command instead of a login shell.
+    #[arg(short = 'c', long)]
+    command: Option<String>,
+    /// Extra options for the local ssh client (repeatable), e.g. -t "-o StrictHostKeyChecking=no".
+    #[arg(short = 't', long = "local-ssh-opts", allow_hyphen_values = true)]
+    local_ssh_opts: Vec<String>,
+    /// Known-hosts file for the guests' host keys.
+    #[arg(long)]
+    known_hosts: Option<PathBuf>,
 }
 
 /// `image-upload dv NAME --size SIZE --image-path FILE` (virtctl's flags).
@@ -240,8 +284,18 @@ pub struct ImageUploadArgs {
     wait: String,
 }
 
-/// Runs a verb; returns the process exit code (kubectl's: 0 ok, 1 error).
+/// Runs a verb; returns the process exit code (kubectl's: 0 ok, 1 error; `ssh`: the ssh
+/// client's).
 pub async fn run(conn: &Conn, cmd: VerbCommand) -> i32 {
+    if let VerbCommand::Ssh(a) = cmd {
+        return match ssh(conn, a) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("{e}");
+                1
+            }
+        };
+    }
     match run_inner(conn, cmd).await {
         Ok(()) => 0,
         Err(ferrovirt_cli::CliError::Reported) => 1,
@@ -270,6 +324,23 @@ fn format_doc(v: &serde_json::Value, output: &str) -> Result<String, CliError> {
             "unsupported output format \"{other}\" (yaml or json)"
         ))),
     }
+}
+
+fn ssh(conn: &Conn, a: SshArgs) -> Result<i32, CliError> {
+    let target = Target::load(conn.kubeconfig.as_deref(), conn.namespace.as_deref())?;
+    let o = ferrovirt_cli::ssh::SshOptions {
+        destination: a.destination,
+        username: a.username,
+        identity_file: a.identity_file,
+        port: a.port,
+        command: a.command,
+        local_ssh_opts: a.local_ssh_opts,
+        known_hosts: a.known_hosts,
+    };
+    let exe = std::env::current_exe().map_err(|e| CliError::io("finding this program", e))?;
+    let args =
+        ferrovirt_cli::ssh::ssh_args(&o, &exe, conn.kubeconfig.as_deref(), &target.namespace)?;
+    ferrovirt_cli::ssh::run(&args)
 }
 
 /// Verbs that need no server.
@@ -354,6 +425,21 @@ async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), CliError> {
                 wait: parse_duration(&a.wait)?,
             };
             return ferrovirt_cli::upload::run(&target, &o).await;
+        }
+        VerbCommand::PortForward(a) => {
+            let fwd = ferrovirt_cli::portforward::ForwardTarget::parse(&a.target)?;
+            let ports = a
+                .ports
+                .iter()
+                .map(|p| ferrovirt_cli::portforward::parse_port(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            if a.stdio {
+                let [p] = ports.as_slice() else {
+                    return Err(CliError::Usage("--stdio takes exactly one port".into()));
+                };
+                return ferrovirt_cli::portforward::stdio(&target, &fwd, p.remote).await;
+            }
+            return ferrovirt_cli::portforward::run(&target, &fwd, &ports, a.address).await;
         }
         VerbCommand::Start { name } => (Verb::Start, name, None),
         VerbCommand::Stop { name, grace_period } => (Verb::Stop, name, grace_period),

@@ -299,6 +299,15 @@ fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
             .count()
     };
     assert_eq!(qemu(), 1);
+    // Keep the VMI once it ends (no restart), to read how it ended.
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        "fenced",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Manual"}}"#,
+    ])?;
     // The control plane goes away: node2's agent can no longer renew its lease (15 s).
     c.kill_server()?;
     let t0 = Instant::now();
@@ -316,5 +325,23 @@ fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
         "fenced after {took:?}, before the lease could have expired"
     );
     eprintln!("agent fenced its VM {took:?} after losing the API server");
+    // The fenced VM did not finish its work: once the control plane is back, the VMI ends
+    // Failed (NodeFenced from the agent, or NodeUnresponsive from the node controller), never
+    // Succeeded.
+    assert!(needle.join("fenced").exists(), "no fence marker");
+    c.restart_server()?;
+    let st = c.wait_until("the fenced VMI final", Duration::from_secs(60), || {
+        let v = c.get_json(&["vmi", "fenced"])?;
+        assert_eq!(v["metadata"]["uid"], uid.as_str(), "the VMI was replaced");
+        let phase = v["status"]["phase"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_ne!(phase, "Succeeded", "a fenced VMI reported Succeeded: {v}");
+        Ok((phase == "Failed").then(|| v["status"].clone()))
+    })?;
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert!(["NodeFenced", "NodeUnresponsive"].contains(&reason), "{st}");
+    eprintln!("fenced VMI: Failed ({reason})");
     Ok(())
 }

@@ -5,58 +5,24 @@
 //! the VMI removes its namespace. The "node" is a network namespace this test creates, so
 //! nothing touches the host's own interfaces.
 
-use std::process::Command;
 use std::time::Duration;
 
+use ferrovirt_testkit::netns::{Netns, netns_list, token};
 use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
 
 const BOOT: Duration = Duration::from_secs(180);
 
-/// A network namespace that is deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new() -> anyhow::Result<Netns> {
-        let name = format!("fvn-{}", std::process::id() % 100_000);
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
-        let st = Command::new("ip").args(["netns", "add", &name]).status()?;
-        anyhow::ensure!(st.success(), "ip netns add {name} failed (root needed)");
-        Ok(Netns(name))
-    }
-
-    fn exec(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
-        Ok(Command::new("ip")
-            .args(["netns", "exec", &self.0])
-            .args(args)
-            .output()?)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn netns_list() -> String {
-    Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-}
-
 #[test]
 fn masquerade_vmi_gets_a_pod_address_reachable_from_its_node() -> anyhow::Result<()> {
     TestGuest::get()?;
-    let node = Netns::new()?;
+    let node = Netns::new(&format!("fvn-{}", token()))?;
     let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
     opts.extra_args = vec![
         "--pod-network".into(),
         "--pod-cidr".into(),
         "10.244.0.0/24".into(),
         "--node-netns".into(),
-        node.0.clone(),
+        node.name().to_string(),
     ];
     let c = Cluster::start(&opts)?;
     c.guest_disk_claim("net-root")?;
@@ -98,7 +64,7 @@ spec:
         .unwrap_or_default()
         .to_string();
     // Whatever happens below, the VMI's namespace does not outlive the test.
-    let _vmi_ns = Netns(format!("fv-{uid}"));
+    let _vmi_ns = Netns::guard(&format!("fv-{uid}"));
     let log = c.agent_dir().join("vmis").join(&uid).join("serial.log");
     let lease = c.wait_until("the guest's DHCP lease", BOOT, || {
         let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
@@ -128,7 +94,7 @@ spec:
     c.wait_until(
         "the VMI's namespace removed",
         Duration::from_secs(30),
-        || Ok((!netns_list().contains(&uid)).then_some(())),
+        || Ok((!netns_list().iter().any(|n| n.contains(&uid))).then_some(())),
     )?;
     Ok(())
 }

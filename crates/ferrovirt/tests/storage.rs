@@ -163,43 +163,9 @@ spec:
     )
 }
 
-/// Waits for the VM's VMI to run and its guest to print the boot marker; returns the VMI uid.
-fn wait_booted(c: &Cluster, vm: &str) -> anyhow::Result<String> {
-    let uid = c.wait_until(&format!("VMI {vm} Running"), BOOT, || {
-        let out = c.kubectl(&["get", "vmi", vm, "-o", "json"])?;
-        if !out.status.success() {
-            return Ok(None);
-        }
-        let v: Value = serde_json::from_slice(&out.stdout)?;
-        if v["status"]["phase"] == "Failed" {
-            anyhow::bail!("VMI {vm} failed: {}", v["status"]);
-        }
-        Ok((v["status"]["phase"] == "Running").then(|| {
-            v["metadata"]["uid"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        }))
-    })?;
-    let log = c.agent_dir().join("vmis").join(&uid).join("serial.log");
-    c.wait_until(
-        &format!("FERROVIRT-BOOT in {}", log.display()),
-        BOOT,
-        || {
-            let text =
-                String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
-            Ok(text.contains("FERROVIRT-BOOT").then_some(()))
-        },
-    )?;
-    Ok(uid)
-}
-
 fn delete_vm(c: &Cluster, vm: &str) -> anyhow::Result<()> {
     c.kubectl_ok(&["delete", "vm", vm, "-n", "default", "--wait=false"])?;
-    c.wait_until(&format!("VMI {vm} gone"), BOOT, || {
-        let out = c.kubectl(&["get", "vmi", vm, "-n", "default"])?;
-        Ok((!out.status.success()).then_some(()))
-    })
+    c.wait_gone("vmi", vm, BOOT)
 }
 
 fn pv_of(c: &Cluster, claim: &str) -> anyhow::Result<Value> {
@@ -244,7 +210,7 @@ fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
     assert_eq!(pv["spec"]["accessModes"][0], "ReadWriteMany");
 
     c.apply(&vm_manifest("from-import", "imported", ""))?;
-    wait_booted(&c, "from-import")?;
+    c.wait_booted("from-import", BOOT)?;
     delete_vm(&c, "from-import")?;
 
     // Clone the imported volume (size taken from the source).
@@ -256,7 +222,7 @@ fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
     let v = wait_dv_phase(&c, "cloned", "Succeeded", IMPORT)?;
     assert_eq!(v["status"]["progress"], "100.0%", "{v}");
     c.apply(&vm_manifest("from-clone", "cloned", ""))?;
-    wait_booted(&c, "from-clone")?;
+    c.wait_booted("from-clone", BOOT)?;
     delete_vm(&c, "from-clone")?;
 
     // dataVolumeTemplates: the VM creates (and owns) its DataVolume in the default class.
@@ -264,7 +230,7 @@ fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
         "  dataVolumeTemplates:\n  - metadata: {{name: templated-root}}\n    spec:\n      source:\n        http: {{url: \"{url}\"}}\n      storage:\n        resources: {{requests: {{storage: 64Mi}}}}\n"
     );
     c.apply(&vm_manifest("templated", "templated-root", &templates))?;
-    wait_booted(&c, "templated")?;
+    c.wait_booted("templated", BOOT)?;
     let v = dv(&c, "templated-root")?;
     assert_eq!(v["status"]["phase"], "Succeeded", "{v}");
     assert_eq!(
@@ -444,5 +410,253 @@ spec:
         .as_str()
         .unwrap_or_default();
     assert!(msg.contains("404"), "{v}");
+    Ok(())
+}
+
+/// Loop devices backed by `file` (`losetup -j`).
+fn loop_devices(file: &Path) -> anyhow::Result<Vec<String>> {
+    let out = Command::new("losetup").arg("-j").arg(file).output()?;
+    anyhow::ensure!(out.status.success(), "losetup -j failed");
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(d, _)| d.to_string()))
+        .collect())
+}
+
+fn volume_dir_of(pv: &Value) -> anyhow::Result<PathBuf> {
+    pv["spec"]["hostPath"]["path"]
+        .as_str()
+        .or_else(|| pv["spec"]["local"]["path"].as_str())
+        .map(PathBuf::from)
+        .context("PV has no path")
+}
+
+fn claim_capacity(c: &Cluster, claim: &str) -> anyhow::Result<String> {
+    let p = c.get_json(&["pvc", claim, "-n", "default"])?;
+    Ok(p["status"]["capacity"]["storage"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+#[test]
+fn datasource_clones_and_block_volumes_boot() -> anyhow::Result<()> {
+    let guest = TestGuest::get()?;
+    let c = cluster()?;
+    let base = serve_files(vec![("disk.qcow2", guest.disk_qcow2.clone())])?;
+    let url = format!("{base}/disk.qcow2");
+
+    // A DataVolume whose DataSource does not exist yet waits with a clear condition.
+    c.apply(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {name: from-ds, namespace: default}
+spec:
+  sourceRef: {kind: DataSource, name: golden}
+  storage: {storageClassName: shared}
+"#,
+    )?;
+    c.wait_until("from-ds waits for its DataSource", IMPORT, || {
+        let v = dv(&c, "from-ds")?;
+        let m = condition(&v, "Bound")["message"]
+            .as_str()
+            .unwrap_or_default();
+        Ok(
+            (v["status"]["phase"] == "Pending"
+                && m.contains("DataSource default/golden not found"))
+            .then_some(()),
+        )
+    })?;
+
+    // The DataSource exists before its PVC: Ready=False, NotFound.
+    c.apply(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataSource
+metadata: {name: golden, namespace: default}
+spec:
+  source:
+    pvc: {name: golden-disk, namespace: default}
+"#,
+    )?;
+    c.wait_until("DataSource NotFound", IMPORT, || {
+        let d = c.get_json(&["datasource", "golden", "-n", "default"])?;
+        let r = condition(&d, "Ready");
+        Ok((r["status"] == "False" && r["reason"] == "NotFound").then_some(()))
+    })?;
+
+    // The golden image is imported; the DataSource becomes Ready and the clone proceeds.
+    c.apply(&dv_manifest(
+        "golden-disk",
+        &http_source(&url),
+        &storage(Some("shared"), Some("64Mi")),
+    ))?;
+    wait_dv_phase(&c, "golden-disk", "Succeeded", IMPORT)?;
+    c.wait_until("DataSource Ready", IMPORT, || {
+        let d = c.get_json(&["datasource", "golden", "-n", "default"])?;
+        let r = condition(&d, "Ready");
+        Ok((r["status"] == "True" && r["reason"] == "Ready").then_some(()))
+    })?;
+    let v = wait_dv_phase(&c, "from-ds", "Succeeded", IMPORT)?;
+    assert_eq!(v["status"]["progress"], "100.0%", "{v}");
+    assert_eq!(
+        c.get_json(&["pvc", "from-ds", "-n", "default"])?["spec"]["resources"]["requests"]["storage"],
+        "64Mi"
+    );
+
+    // A VM whose dataVolumeTemplate clones the DataSource into a Block volume boots from the
+    // loop device.
+    let templates = "  dataVolumeTemplates:\n  - metadata: {name: block-root}\n    spec:\n      sourceRef: {kind: DataSource, name: golden}\n      storage:\n        volumeMode: Block\n        resources: {requests: {storage: 64Mi}}\n";
+    c.apply(&vm_manifest("block-vm", "block-root", templates))?;
+    let uid = c.wait_booted("block-vm", BOOT)?;
+    let pv = pv_of(&c, "block-root")?;
+    assert_eq!(pv["spec"]["volumeMode"], "Block", "{pv}");
+    let img = volume_dir_of(&pv)?.join("disk.img");
+    let devs = loop_devices(&img)?;
+    assert_eq!(devs.len(), 1, "{devs:?}");
+    let spec = std::fs::read_to_string(c.agent_dir().join("vmis").join(&uid).join("spec.json"))?;
+    assert!(
+        spec.contains(&devs[0]),
+        "launch spec does not use {}: {spec}",
+        devs[0]
+    );
+
+    // Deleting the VM deletes its DataVolume, claim and volume, and detaches the device.
+    delete_vm(&c, "block-vm")?;
+    c.wait_until("block volume reclaimed", Duration::from_secs(90), || {
+        let gone = !img.exists();
+        let attached = loop_devices(&img).map(|d| !d.is_empty()).unwrap_or(false);
+        let listed = String::from_utf8_lossy(&Command::new("losetup").arg("-a").output()?.stdout)
+            .contains(&img.display().to_string());
+        Ok((gone && !attached && !listed).then_some(()))
+    })?;
+    Ok(())
+}
+
+#[test]
+fn claims_expand_and_never_shrink() -> anyhow::Result<()> {
+    let c = cluster()?;
+    c.apply(
+        r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: grow-fs, namespace: default}
+spec:
+  storageClassName: shared
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 8Mi}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: grow-block, namespace: default}
+spec:
+  storageClassName: shared
+  volumeMode: Block
+  accessModes: [ReadWriteMany]
+  resources: {requests: {storage: 8Mi}}
+"#,
+    )?;
+    for claim in ["grow-fs", "grow-block"] {
+        c.wait_until(&format!("{claim} Bound"), Duration::from_secs(30), || {
+            Ok((claim_capacity(&c, claim)? == "8Mi").then_some(()))
+        })?;
+    }
+    let sc = c.get_json(&["storageclass", "shared"])?;
+    assert_eq!(sc["allowVolumeExpansion"], true);
+    let profile = c.get_json(&["storageprofile", "shared"])?;
+    let modes: Vec<&str> = profile["status"]["claimPropertySets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["volumeMode"].as_str())
+        .collect();
+    assert_eq!(modes, ["Filesystem", "Block"], "{profile}");
+    let fs_img = volume_dir_of(&pv_of(&c, "grow-fs")?)?.join("disk.img");
+    let block_pv = pv_of(&c, "grow-block")?;
+    assert_eq!(block_pv["spec"]["volumeMode"], "Block");
+    let block_img = volume_dir_of(&block_pv)?.join("disk.img");
+    let dev = loop_devices(&block_img)?
+        .into_iter()
+        .next()
+        .context("no loop device for the Block claim")?;
+    let dev_size = |dev: &str| -> anyhow::Result<u64> {
+        let name = Path::new(dev).file_name().context("device name")?;
+        let sectors =
+            std::fs::read_to_string(Path::new("/sys/class/block").join(name).join("size"))?;
+        Ok(sectors.trim().parse::<u64>()? * 512)
+    };
+    assert_eq!(dev_size(&dev)?, 8 << 20);
+
+    for claim in ["grow-fs", "grow-block"] {
+        c.kubectl_ok(&[
+            "patch",
+            "pvc",
+            claim,
+            "-n",
+            "default",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"24Mi"}}}}"#,
+        ])?;
+    }
+    for claim in ["grow-fs", "grow-block"] {
+        c.wait_until(
+            &format!("{claim} expanded"),
+            Duration::from_secs(30),
+            || Ok((claim_capacity(&c, claim)? == "24Mi").then_some(())),
+        )?;
+        assert_eq!(pv_of(&c, claim)?["spec"]["capacity"]["storage"], "24Mi");
+    }
+    assert_eq!(std::fs::metadata(&fs_img)?.len(), 24 << 20);
+    assert_eq!(std::fs::metadata(&block_img)?.len(), 24 << 20);
+    assert_eq!(
+        dev_size(&dev)?,
+        24 << 20,
+        "loop device capacity not refreshed"
+    );
+
+    // A loop device that went away (a reboot) is attached again by the controller.
+    let out = Command::new("losetup").arg("-d").arg(&dev).output()?;
+    anyhow::ensure!(out.status.success(), "losetup -d {dev} failed");
+    let again = c.wait_until("Block volume re-attached", Duration::from_secs(30), || {
+        Ok(loop_devices(&block_img)?.into_iter().next())
+    })?;
+    assert_eq!(dev_size(&again)?, 24 << 20);
+
+    // Shrinking is refused by admission, naming the field.
+    let out = c.kubectl(&[
+        "patch",
+        "pvc",
+        "grow-fs",
+        "-n",
+        "default",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"4Mi"}}}}"#,
+    ])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "shrink accepted");
+    assert!(
+        err.contains("spec.resources.requests.storage") && err.contains("less than"),
+        "{err}"
+    );
+
+    // Deleting the Block claim detaches its loop device.
+    c.kubectl_ok(&[
+        "delete",
+        "pvc",
+        "grow-block",
+        "-n",
+        "default",
+        "--wait=false",
+    ])?;
+    c.wait_until("grow-block detached", Duration::from_secs(60), || {
+        let listed = String::from_utf8_lossy(&Command::new("losetup").arg("-a").output()?.stdout)
+            .contains(&block_img.display().to_string());
+        Ok((!listed && !block_img.exists()).then_some(()))
+    })?;
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! the real server binary and its embedded node agent, with the test guest under TCG: the serial
 //! console and VNC as websockets (subprotocol `plain.kubevirt.io`, binary frames), pause /
 //! unpause / soft reboot, the guest-agent views, the VM start/stop/restart verbs, discovery, and
-//! the 401 / 404 / 409 answers. Clients authenticate with the kubeconfig's token and trust its CA.
+//! the 401 / 404 / 409 answers, and the agent endpoint's HTTPS with its certificate pinned on the
+//! Node. Clients authenticate with the kubeconfig's token and trust its CA.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -433,6 +434,50 @@ fn console_vnc_pause_and_guest_info_through_the_api() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The agent's Node publishes an `https://` endpoint and the SHA-256 of the certificate that
+/// endpoint actually serves.
+async fn agent_endpoint_is_pinned_https(creds: &Creds) -> anyhow::Result<()> {
+    use ferrovirt_agent::node::{ENDPOINT_ANNOTATION, FINGERPRINT_ANNOTATION};
+    use ferrovirt_agent::tls;
+    let (code, body) = creds.get("/api/v1/nodes").await?;
+    assert_eq!(code, 200, "{body}");
+    let nodes: Value = serde_json::from_str(&body)?;
+    let annotations = &nodes["items"][0]["metadata"]["annotations"];
+    let url = annotations[ENDPOINT_ANNOTATION]
+        .as_str()
+        .context("no endpoint annotation")?;
+    let published = annotations[FINGERPRINT_ANNOTATION]
+        .as_str()
+        .context("no fingerprint annotation")?;
+    assert!(url.starts_with("https://"), "{url}");
+    assert_eq!(published.len(), 64, "{published}");
+    let target = tls::transport(url, Some(published))?;
+    let pin = target.pin.context("no pin")?;
+    // The pinned handshake succeeds, and the served certificate hashes to the annotation.
+    let tcp = tokio::net::TcpStream::connect(&target.authority).await?;
+    let conn = tls::connect(tcp, &target.host, pin).await?;
+    let served = conn
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .context("no peer certificate")?;
+    assert_eq!(
+        tls::format_fingerprint(&tls::fingerprint(served)),
+        published
+    );
+    // Any other pin is refused.
+    let tcp = tokio::net::TcpStream::connect(&target.authority).await?;
+    let mut other = pin;
+    other[0] ^= 1;
+    let err = tls::connect(tcp, &target.host, other)
+        .await
+        .err()
+        .context("a wrong pin was accepted")?;
+    assert!(tls::is_pin_mismatch(&err), "{err}");
+    Ok(())
+}
+
 #[test]
 fn errors_auth_and_discovery() -> anyhow::Result<()> {
     let c = cluster()?;
@@ -493,6 +538,7 @@ fn errors_auth_and_discovery() -> anyhow::Result<()> {
         ] {
             assert!(names.contains(&n), "{n} missing from {names:?}");
         }
+        agent_endpoint_is_pinned_https(&creds).await?;
         anyhow::Ok(())
     })?;
     // A VMI that is not running: pause and console answer 409.

@@ -220,27 +220,7 @@ spec:
         dataVolume: {name: uploaded}
 "#,
     )?;
-    let uid = c.wait_until("VMI from-upload Running", BOOT, || {
-        let out = c.kubectl(&["get", "vmi", "from-upload", "-o", "json"])?;
-        if !out.status.success() {
-            return Ok(None);
-        }
-        let v: Value = serde_json::from_slice(&out.stdout)?;
-        if v["status"]["phase"] == "Failed" {
-            anyhow::bail!("VMI failed: {}", v["status"]);
-        }
-        Ok((v["status"]["phase"] == "Running").then(|| {
-            v["metadata"]["uid"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        }))
-    })?;
-    let log = c.agent_dir().join("vmis").join(&uid).join("serial.log");
-    c.wait_until("FERROVIRT-BOOT on the serial console", BOOT, || {
-        let t = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
-        Ok(t.contains("FERROVIRT-BOOT").then_some(()))
-    })?;
+    c.wait_booted("from-upload", BOOT)?;
     c.kubectl_ok(&["delete", "vm", "from-upload", "--wait=false"])?;
     Ok(())
 }

@@ -67,6 +67,24 @@ pub enum Request {
     },
     /// Guest agent data: OS info, hostname, users, filesystems, interfaces.
     GuestInfo,
+    /// Port forwarding into a guest on user-mode networking: the launcher adds a QEMU host
+    /// forward from a free `127.0.0.1` port to the guest's TCP `port` and replies
+    /// [`OpenedPort`]. The caller connects to it, then sends [`Request::ClosePort`].
+    OpenPort {
+        port: u16,
+    },
+    /// Removes a forward made by [`Request::OpenPort`] (connections made through it stay).
+    #[serde(rename_all = "camelCase")]
+    ClosePort {
+        host_port: u16,
+    },
+}
+
+/// The reply to [`Request::OpenPort`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenedPort {
+    pub host_port: u16,
 }
 
 /// One reply line: exactly one of `ok` / `error`.

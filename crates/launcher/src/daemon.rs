@@ -12,8 +12,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::control::{
-    ExitReason, ExitReport, LaunchMeta, LauncherStatus, PROTOCOL_VERSION, Reply, Request, RunPhase,
-    files, write_json_atomic,
+    ExitReason, ExitReport, LaunchMeta, LauncherStatus, OpenedPort, PROTOCOL_VERSION, Reply,
+    Request, RunPhase, files, write_json_atomic,
 };
 use crate::error::{Error, Result};
 use crate::lifecycle::{ShutdownOutcome, ShutdownPolicy, StartOptions, Vm, VmState};
@@ -37,6 +37,8 @@ enum Command {
     SoftReboot,
     Shutdown { grace: Duration },
     GuestInfo,
+    OpenPort { port: u16 },
+    ClosePort { host_port: u16 },
 }
 
 type Responder = oneshot::Sender<Reply>;
@@ -195,6 +197,13 @@ async fn main_loop(
                     Command::Reset => vm.reset().await.map(|_| serde_json::Value::Null),
                     Command::SoftReboot => vm.soft_reboot().await.map(|_| serde_json::Value::Null),
                     Command::GuestInfo => guest_info(&vm).await,
+                    Command::OpenPort { port } => vm
+                        .open_port(port)
+                        .await
+                        .map(|host_port| serde_json::json!(OpenedPort { host_port })),
+                    Command::ClosePort { host_port } => {
+                        vm.close_port(host_port).await.map(|_| serde_json::Value::Null)
+                    }
                     Command::Shutdown { grace } => {
                         status.lock().await.phase = RunPhase::ShuttingDown;
                         let _ = respond.send(Reply::ok(serde_json::Value::Null));
@@ -347,6 +356,8 @@ async fn connection(
                         grace: Duration::from_secs(grace_seconds),
                     },
                     Request::GuestInfo => Command::GuestInfo,
+                    Request::OpenPort { port } => Command::OpenPort { port },
+                    Request::ClosePort { host_port } => Command::ClosePort { host_port },
                     Request::Hello { .. } | Request::Status => continue,
                 };
                 let (rtx, rrx) = oneshot::channel();

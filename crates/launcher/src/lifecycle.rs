@@ -255,6 +255,62 @@ impl Vm {
         self.qmp.system_reset().await
     }
 
+    /// Adds a QEMU host forward `127.0.0.1:<free port>` → the guest's TCP `guest_port` on the
+    /// first user-mode NIC; returns the host port. The port is picked by binding port 0 and
+    /// releasing it, so a few attempts may be needed when another process takes it first.
+    pub async fn open_port(&self, guest_port: u16) -> Result<u16> {
+        let netdev = user_netdev(&self.spec).ok_or_else(|| {
+            Error::InvalidSpec("the VMI has no user-mode network interface to forward to".into())
+        })?;
+        let mut last = String::new();
+        for _ in 0..5 {
+            let host_port = std::net::TcpListener::bind(("127.0.0.1", 0))
+                .and_then(|l| l.local_addr())
+                .map_err(|e| Error::io("picking a free port", e))?
+                .port();
+            let out = self
+                .hmp(&hostfwd_add_command(&netdev, host_port, guest_port))
+                .await?;
+            if out.trim().is_empty() {
+                return Ok(host_port);
+            }
+            last = out.trim().to_string();
+        }
+        Err(Error::Protocol(format!("hostfwd_add failed: {last}")))
+    }
+
+    /// Removes a host forward added by [`Vm::open_port`].
+    pub async fn close_port(&self, host_port: u16) -> Result<()> {
+        let netdev = user_netdev(&self.spec).ok_or_else(|| {
+            Error::InvalidSpec("the VMI has no user-mode network interface".into())
+        })?;
+        let out = self
+            .hmp(&format!(
+                "hostfwd_remove {netdev} tcp:127.0.0.1:{host_port}"
+            ))
+            .await?;
+        if out.trim().is_empty() || out.contains("removed") {
+            Ok(())
+        } else {
+            Err(Error::Protocol(format!(
+                "hostfwd_remove failed: {}",
+                out.trim()
+            )))
+        }
+    }
+
+    /// A human monitor command through QMP; its text output.
+    async fn hmp(&self, command_line: &str) -> Result<String> {
+        let v = self
+            .qmp
+            .execute(
+                "human-monitor-command",
+                Some(serde_json::json!({"command-line": command_line})),
+            )
+            .await?;
+        Ok(v.as_str().unwrap_or_default().to_string())
+    }
+
     /// Connects to the serial console socket.
     pub async fn console(&self, connect_timeout: Duration) -> Result<SerialConsole> {
         let path =
@@ -350,9 +406,50 @@ fn early_exit_or(process: &mut QemuProcess, e: Error) -> Error {
     }
 }
 
+/// The netdev id of the spec's first user-mode (slirp) NIC.
+pub fn user_netdev(spec: &LaunchSpec) -> Option<String> {
+    spec.nics
+        .iter()
+        .find(|n| matches!(n.backend, crate::spec::NicBackend::User { .. }))
+        .map(|n| format!("net-{}", n.id))
+}
+
+/// The HMP command adding a loopback TCP forward to the guest.
+pub fn hostfwd_add_command(netdev: &str, host_port: u16, guest_port: u16) -> String {
+    format!("hostfwd_add {netdev} tcp:127.0.0.1:{host_port}-:{guest_port}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::{Nic, NicBackend, NicModel};
+
+    #[test]
+    fn port_forwards_use_the_first_user_nic() {
+        let mut spec = LaunchSpec::new("vm", "u", 64, "/tmp/q".into());
+        assert_eq!(user_netdev(&spec), None);
+        let nic = |id: &str, backend| Nic {
+            id: id.into(),
+            mac: None,
+            model: NicModel::default(),
+            backend,
+            boot_order: None,
+        };
+        spec.nics.push(nic(
+            "tap0",
+            NicBackend::Tap {
+                ifname: "tap0".into(),
+            },
+        ));
+        assert_eq!(user_netdev(&spec), None);
+        spec.nics
+            .push(nic("default", NicBackend::User { forwards: vec![] }));
+        assert_eq!(user_netdev(&spec).as_deref(), Some("net-default"));
+        assert_eq!(
+            hostfwd_add_command("net-default", 40000, 80),
+            "hostfwd_add net-default tcp:127.0.0.1:40000-:80"
+        );
+    }
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)

@@ -151,6 +151,25 @@ pub async fn apply_one(a: &Action) -> Result<()> {
                 .await?;
             }
         }
+        Action::Bridge {
+            netns,
+            args,
+            tolerate_failure,
+        } => {
+            let mut argv = vec!["bridge".to_string()];
+            if let Some(n) = netns {
+                argv.extend(["-n".to_string(), n.clone()]);
+            }
+            argv.extend(args.iter().cloned());
+            if *tolerate_failure {
+                let out = run(&argv, None).await?;
+                if !out.ok {
+                    tracing::debug!("`{}` failed (ignored): {}", argv.join(" "), out.stderr);
+                }
+            } else {
+                run_ok(argv, None).await?;
+            }
+        }
         Action::DelNetns(n) => {
             if crate::netns::exists(n) {
                 run_ok(
@@ -231,5 +250,47 @@ pub async fn preflight() -> Result<()> {
         Ok(())
     } else {
         Err(Error::Preflight(format!("missing {}", missing.join(", "))))
+    }
+}
+
+/// Runs `TOOL [-n NETNS] ARGS…` (`ip` or `bridge`) and returns its stdout (for `-j` queries).
+pub async fn query(tool: &str, netns: &Option<String>, args: &[&str]) -> Result<String> {
+    let mut argv = vec![tool.to_string()];
+    if let Some(n) = netns {
+        argv.extend(["-n".to_string(), n.clone()]);
+    }
+    argv.extend(args.iter().map(|s| s.to_string()));
+    run_ok(argv, None).await
+}
+
+/// Names of the bridges in `netns` (`ip -o link show type bridge`).
+pub async fn bridges(netns: &Option<String>) -> Result<Vec<String>> {
+    if let Some(n) = netns
+        && !crate::netns::exists(n)
+    {
+        return Err(Error::Preflight(format!(
+            "node namespace {n} does not exist"
+        )));
+    }
+    let out = query("ip", netns, &["-o", "link", "show", "type", "bridge"]).await?;
+    Ok(parse_link_names(&out))
+}
+
+/// Link names from `ip -o link show` lines (`3: br0: <…> …`, `4: veth0@if3: …`).
+pub fn parse_link_names(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn link_names_from_ip_o() {
+        let t = "3: br-test: <BROADCAST,MULTICAST,UP> mtu 1500 qdisc noqueue\n\
+                 7: fv0123456789@if2: <BROADCAST> mtu 1500\n";
+        assert_eq!(super::parse_link_names(t), vec!["br-test", "fv0123456789"]);
     }
 }

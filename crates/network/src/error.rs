@@ -36,6 +36,34 @@ pub enum Error {
     /// The address handed out is not inside the subnet it claims.
     #[error("address {addr} is not in {subnet}")]
     NotInSubnet { addr: Ipv4Addr, subnet: String },
+    /// A NetworkAttachmentDefinition's CNI configuration cannot be used.
+    #[error("{0}")]
+    InvalidNetworkConfig(String),
+    /// A secondary network names a host bridge the node does not have.
+    #[error("network {interface:?}: bridge {bridge:?} does not exist on this node{}", netns.as_ref().map(|n| format!(" (namespace {n})")).unwrap_or_default())]
+    MissingBridge {
+        interface: String,
+        bridge: String,
+        netns: Option<String>,
+    },
+    /// A secondary network asks for a VLAN on a bridge (or kernel) without VLAN filtering.
+    #[error(
+        "network {interface:?}: VLAN {vlan} needs VLAN filtering on bridge {bridge:?}, which this node cannot enable ({reason})"
+    )]
+    VlanUnsupported {
+        interface: String,
+        vlan: u16,
+        bridge: String,
+        reason: String,
+    },
+    /// Two nodes' pod subnets overlap.
+    #[error("pod CIDR {cidr} of node {node} overlaps {other_cidr} of node {other}")]
+    NodeCidrOverlap {
+        node: String,
+        cidr: String,
+        other: String,
+        other_cidr: String,
+    },
     /// A required tool or privilege is missing.
     #[error("pod networking cannot run here: {0}")]
     Preflight(String),

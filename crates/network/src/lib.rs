@@ -3,20 +3,29 @@
 //! - [`ipam`]: CIDRs, node subnets, stable VMI addresses and MACs (pure).
 //! - [`plan`]: what to create for the node and for one VMI interface (pure).
 //! - [`render`]: plans → idempotent iproute2 / nft actions (pure).
+//! - [`node_cidrs`]: node subnet allocation (`spec.podCIDR`) and overlap checks (pure).
+//! - [`overlay`]: the VXLAN overlay between nodes: peers from Node objects, sync steps (pure).
+//! - [`secondary`]: Multus bridge networks: CNI config parsing, per-interface plans (pure).
 //! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.
 //! - [`apply`], [`netns`]: running the actions as root; entering namespaces.
-//! - [`pod`]: the API the agent calls (`setup_node`, `setup`, `teardown`).
+//! - [`pod`]: the API the agent calls (`setup_node`, `setup`, `teardown`, overlay and
+//!   secondary networks).
 
 pub mod apply;
 pub mod dhcp;
 pub mod error;
 pub mod ipam;
 pub mod netns;
+pub mod node_cidrs;
+pub mod overlay;
 pub mod plan;
 pub mod pod;
 pub mod render;
+pub mod secondary;
 
 pub use error::{Error, Result};
 pub use ipam::{Ipam, Ipv4Cidr, MacAddr};
+pub use overlay::{NodeInfo, Overlay, Peer};
 pub use plan::{Binding, NodeNetwork, PodPlan, PodRequest, Port, PortProtocol};
 pub use pod::{Attached, setup, setup_node, teardown, teardown_node};
+pub use secondary::{BridgeConfig, SecondaryPlan, SecondaryRequest};

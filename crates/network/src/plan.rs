@@ -229,7 +229,7 @@ pub struct PodPlan {
     pub lease: LeaseConfig,
 }
 
-fn hash_hex(s: &str) -> String {
+pub(crate) fn hash_hex(s: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.bytes() {
         h ^= u64::from(b);

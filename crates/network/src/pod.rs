@@ -82,3 +82,73 @@ pub async fn setup(plan: &PodPlan) -> Result<Attached> {
 pub async fn teardown(plan: &PodPlan) -> Result<()> {
     apply_all_best_effort(&render::pod_teardown_actions(plan)).await
 }
+
+/// Creates (or repairs) one secondary interface (veth from the host bridge into the VMI
+/// namespace, in-namespace bridge, tap). Fails with [`crate::Error::MissingBridge`] when the
+/// node has no bridge of that name.
+pub async fn setup_secondary(plan: &crate::SecondaryPlan) -> Result<()> {
+    let bridges = crate::apply::bridges(&plan.node_netns).await?;
+    if !bridges.iter().any(|b| b == &plan.bridge) {
+        return Err(crate::Error::MissingBridge {
+            interface: plan.interface.clone(),
+            bridge: plan.bridge.clone(),
+            netns: plan.node_netns.clone(),
+        });
+    }
+    if let Some(vlan) = plan.vlan {
+        // First, so a kernel without VLAN filtering fails before anything is created.
+        let on = crate::secondary::vlan_filtering_action(plan);
+        crate::apply::apply_one(&on).await.map_err(|e| {
+            let reason = match e {
+                crate::Error::Command { stderr, .. } => stderr,
+                other => other.to_string(),
+            };
+            crate::Error::VlanUnsupported {
+                interface: plan.interface.clone(),
+                vlan,
+                bridge: plan.bridge.clone(),
+                reason,
+            }
+        })?;
+    }
+    apply_all(&crate::secondary::secondary_actions(plan)).await
+}
+
+/// Removes one secondary interface's veth (what is already gone is skipped).
+pub async fn teardown_secondary(plan: &crate::SecondaryPlan) -> Result<()> {
+    apply_all_best_effort(&crate::secondary::secondary_teardown_actions(plan)).await
+}
+
+/// Removes a VMI namespace (with everything still in it), if it exists.
+pub async fn teardown_netns(name: &str) -> Result<()> {
+    apply_all_best_effort(&[render::Action::DelNetns(name.to_string())]).await
+}
+
+/// Creates (or repairs) the node's overlay device. Call after [`setup_node`].
+pub async fn setup_overlay(node: &NodeNetwork, ov: &crate::Overlay) -> Result<()> {
+    apply_all(&crate::overlay::device_actions(node, ov)).await
+}
+
+/// Removes the node's overlay device (and with it every peer's route and FDB entry).
+pub async fn teardown_overlay(node: &NodeNetwork, ov: &crate::Overlay) -> Result<()> {
+    apply_all_best_effort(&crate::overlay::device_teardown_actions(node, ov)).await
+}
+
+/// Reads the overlay device's routes, neighbours and FDB entries and makes them match
+/// `peers` exactly (adds, changes and removes). Returns how many steps it ran.
+pub async fn sync_overlay(
+    node: &NodeNetwork,
+    ov: &crate::Overlay,
+    peers: &[crate::Peer],
+) -> Result<usize> {
+    use crate::apply::query;
+    let ns = &node.netns;
+    let dev = ov.device.as_str();
+    let routes = query("ip", ns, &["-j", "route", "show", "dev", dev]).await?;
+    let neigh = query("ip", ns, &["-j", "neigh", "show", "dev", dev]).await?;
+    let fdb = query("bridge", ns, &["-j", "fdb", "show", "dev", dev]).await?;
+    let observed = crate::overlay::parse_observed(&routes, &neigh, &fdb)?;
+    let actions = crate::overlay::sync_actions(node, ov, &observed, peers);
+    apply_all(&actions).await?;
+    Ok(actions.len())
+}

@@ -38,6 +38,13 @@ pub enum Action {
     DelLink { netns: Option<String>, name: String },
     /// `ip netns del NAME`, if it exists.
     DelNetns(String),
+    /// `bridge [-n NETNS] ARGS…` (VLANs, FDB entries); a failure is ignored when
+    /// `tolerate_failure` (removing what is already gone).
+    Bridge {
+        netns: Option<String>,
+        args: Vec<String>,
+        tolerate_failure: bool,
+    },
     /// `nft delete table FAMILY NAME` inside `netns`, if it exists.
     DelNftTable {
         netns: Option<String>,
@@ -46,11 +53,11 @@ pub enum Action {
     },
 }
 
-fn strs(v: &[&str]) -> Vec<String> {
+pub(crate) fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
-fn ip(netns: &Option<String>, args: &[&str]) -> Action {
+pub(crate) fn ip(netns: &Option<String>, args: &[&str]) -> Action {
     Action::Ip {
         netns: netns.clone(),
         args: strs(args),

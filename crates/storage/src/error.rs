@@ -21,6 +21,10 @@ pub enum StorageError {
     /// The request or source is invalid (bad URL, bad checksum syntax, bad header).
     #[error("invalid {what}: {message}")]
     Invalid { what: &'static str, message: String },
+    /// The server's TLS certificate is not trusted (or the handshake failed): retrying does
+    /// not help until the source or its `certConfigMap` changes.
+    #[error("download of {url} failed: TLS: {message}")]
+    Tls { url: String, message: String },
     /// The downloaded data does not match the expected checksum.
     #[error("checksum mismatch: expected {expected}, got {actual}")]
     ChecksumMismatch { expected: String, actual: String },

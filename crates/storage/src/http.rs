@@ -1,6 +1,7 @@
 //! A small HTTP(S) downloader for the importer: GET with extra headers and basic auth,
 //! following up to 5 redirects, streaming the body into a writer callback with progress.
-//! HTTPS uses rustls with the system's root certificates.
+//! HTTPS uses rustls with the system's root certificates plus the PEM certificates of the
+//! request (CDI's `certConfigMap`: every value of the ConfigMap is a PEM bundle of CAs).
 
 use std::sync::Arc;
 
@@ -34,6 +35,8 @@ pub struct DownloadRequest {
     /// `Name: value` header lines (CDI's `extraHeaders` / `secretExtraHeaders`).
     pub headers: Vec<String>,
     pub auth: Option<BasicAuth>,
+    /// PEM bundles of extra CA certificates trusted besides the system roots.
+    pub ca_pems: Vec<String>,
 }
 
 /// Split a `Name: value` header line.
@@ -51,11 +54,37 @@ pub fn parse_header(line: &str) -> Result<(http::HeaderName, http::HeaderValue),
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
-fn tls_config() -> Result<Arc<rustls::ClientConfig>, StorageError> {
+/// Parse PEM bundles into DER certificates; a bundle without any certificate is an error.
+pub fn parse_ca_pems(
+    pems: &[String],
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, StorageError> {
+    use rustls::pki_types::pem::PemObject;
+    let mut out = Vec::new();
+    for (i, pem) in pems.iter().enumerate() {
+        let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| StorageError::invalid("CA certificate", format!("bundle {i}: {e}")))?;
+        if certs.is_empty() {
+            return Err(StorageError::invalid(
+                "CA certificate",
+                format!("bundle {i} holds no PEM CERTIFICATE block"),
+            ));
+        }
+        out.extend(certs);
+    }
+    Ok(out)
+}
+
+fn tls_config(ca_pems: &[String]) -> Result<Arc<rustls::ClientConfig>, StorageError> {
     let mut roots = rustls::RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for cert in native.certs {
         let _ = roots.add(cert);
+    }
+    for cert in parse_ca_pems(ca_pems)? {
+        roots
+            .add(cert)
+            .map_err(|e| StorageError::invalid("CA certificate", e.to_string()))?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let cfg = rustls::ClientConfig::builder_with_provider(provider)
@@ -66,7 +95,7 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, StorageError> {
     Ok(Arc::new(cfg))
 }
 
-async fn connect(uri: &Uri, url: &str) -> Result<Box<dyn Io>, StorageError> {
+async fn connect(uri: &Uri, url: &str, ca_pems: &[String]) -> Result<Box<dyn Io>, StorageError> {
     let herr = |m: String| StorageError::Http {
         url: url.to_string(),
         message: m,
@@ -94,10 +123,13 @@ async fn connect(uri: &Uri, url: &str) -> Result<Box<dyn Io>, StorageError> {
     }
     let name = rustls::pki_types::ServerName::try_from(bare.to_string())
         .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
-    let tls = tokio_rustls::TlsConnector::from(tls_config()?)
+    let tls = tokio_rustls::TlsConnector::from(tls_config(ca_pems)?)
         .connect(name, tcp)
         .await
-        .map_err(|e| herr(format!("TLS: {e}")))?;
+        .map_err(|e| StorageError::Tls {
+            url: url.to_string(),
+            message: e.to_string(),
+        })?;
     Ok(Box::new(tls))
 }
 
@@ -121,7 +153,7 @@ pub async fn download(
             url: url.clone(),
             message: m,
         };
-        let io = connect(&uri, &url).await?;
+        let io = connect(&uri, &url, &req.ca_pems).await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(|e| herr(e.to_string()))?;

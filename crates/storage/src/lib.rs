@@ -3,17 +3,22 @@
 //! - [`provisioner`]: volume directories (`<root>/<pv>/disk.img`, thin raw sparse files) for
 //!   the built-in `shared` and `local` classes, deletion, and copying for clones;
 //! - [`qemu_img`]: `qemu-img info --output=json`, `convert -p` with progress, `resize`;
+//! - [`block`]: Block-mode volumes as loop devices over `disk.img` (attach, grow, detach);
 //! - [`checksum`]: `sha256:<hex>`-style checksums;
 //! - [`http`]: a small HTTP(S) downloader (hyper + rustls);
-//! - [`importer`]: download → checksum → decompress → validate → convert to raw.
+//! - [`importer`]: download → checksum → decompress → validate → convert to raw;
+//! - [`registry`]: disk images from OCI registries (containerDisk layout): the distribution
+//!   API client, layer extraction, the DataVolume `registry` import and the node's image cache.
 //!
 //! The format choices are documented in `docs/storage.md`.
 
+pub mod block;
 pub mod checksum;
 pub mod error;
 pub mod http;
 pub mod importer;
 pub mod provisioner;
 pub mod qemu_img;
+pub mod registry;
 
 pub use error::StorageError;

@@ -1,6 +1,9 @@
-//! Wrappers around `qemu-img`: `info --output=json` (parsed into [`ImageInfo`]), `convert -p`
-//! with its progress parsed from the `(12.34/100%)` lines, and `resize`. The parsing is pure
-//! and unit-tested; the commands run with `tokio::process`.
+//! Wrappers around `qemu-img`: `info --output=json` (parsed into [`ImageInfo`]), `check`,
+//! `convert -p` with its progress parsed from the `(12.34/100%)` lines, and `resize`. The
+//! parsing is pure and unit-tested; the commands run with `tokio::process`. `info` and
+//! `check` inspect untrusted images, so they run under `prlimit` (address space
+//! [`INSPECT_MEMORY_LIMIT`], CPU time [`INSPECT_CPU_SECONDS`]) and a wall-clock timeout
+//! ([`INSPECT_TIMEOUT`]): a crafted header cannot make them eat the host.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -28,7 +31,27 @@ pub struct ImageInfo {
     pub full_backing_filename: Option<String>,
     #[serde(default)]
     pub encrypted: Option<bool>,
+    /// Format-specific details (`{"type": "qcow2", "data": {"data-file": …}}`).
+    #[serde(default)]
+    pub format_specific: Option<serde_json::Value>,
 }
+
+impl ImageInfo {
+    /// The external data file of a qcow2 image (`-o data_file=…`), if any.
+    pub fn data_file(&self) -> Option<&str> {
+        self.format_specific
+            .as_ref()?
+            .pointer("/data/data-file")?
+            .as_str()
+    }
+}
+
+/// Address-space limit for `qemu-img info`/`check` on untrusted images (bytes).
+pub const INSPECT_MEMORY_LIMIT: u64 = 1 << 30;
+/// CPU-time limit for `qemu-img info`/`check` (seconds).
+pub const INSPECT_CPU_SECONDS: u64 = 30;
+/// Wall-clock limit for `qemu-img info`/`check`.
+pub const INSPECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Image formats the importer accepts as sources.
 pub const ACCEPTED_FORMATS: &[&str] = &["raw", "qcow2", "vmdk", "vdi", "vhdx", "vpc", "qcow"];
@@ -52,6 +75,12 @@ pub fn validate(info: &ImageInfo, capacity: u64) -> Result<(), StorageError> {
                 .as_deref()
                 .or(info.full_backing_filename.as_deref())
                 .unwrap_or("")
+        )));
+    }
+    if let Some(f) = info.data_file() {
+        return Err(StorageError::Refused(format!(
+            "the image has an external data file ({f}); images with external data files are \
+             not accepted"
         )));
     }
     if info.encrypted == Some(true) {
@@ -107,15 +136,92 @@ async fn run(tool: &str, cmd: &mut Command) -> Result<String, StorageError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `qemu-img info --output=json [-f format] path`. Backing files are not opened.
+/// The argv prefix that runs `qemu-img` under the inspection limits.
+pub fn limited_qemu_img() -> Vec<String> {
+    vec![
+        "prlimit".into(),
+        format!("--as={INSPECT_MEMORY_LIMIT}"),
+        format!("--cpu={INSPECT_CPU_SECONDS}"),
+        "--".into(),
+        "qemu-img".into(),
+    ]
+}
+
+fn limited(args: &[&str]) -> Command {
+    let argv = limited_qemu_img();
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).args(args).kill_on_drop(true);
+    cmd
+}
+
+async fn run_limited(tool: &str, cmd: &mut Command) -> Result<std::process::Output, StorageError> {
+    let out = tokio::time::timeout(INSPECT_TIMEOUT, cmd.stdin(Stdio::null()).output())
+        .await
+        .map_err(|_| {
+            tool_err(
+                tool,
+                format!("timed out after {} s", INSPECT_TIMEOUT.as_secs()),
+            )
+        })?
+        .map_err(|e| tool_err(tool, format!("cannot start prlimit/qemu-img: {e}")))?;
+    Ok(out)
+}
+
+/// `qemu-img info --output=json [-f format] path` under the inspection limits. Backing
+/// files are not opened.
 pub async fn info(path: &Path, format: Option<&str>) -> Result<ImageInfo, StorageError> {
-    let mut cmd = Command::new("qemu-img");
-    cmd.args(["info", "--output=json"]);
+    let mut cmd = limited(&["info", "--output=json"]);
     if let Some(f) = format {
         cmd.args(["-f", f]);
     }
     cmd.arg(path);
-    parse_info(&run("qemu-img info", &mut cmd).await?)
+    let out = run_limited("qemu-img info", &mut cmd).await?;
+    if !out.status.success() {
+        return Err(tool_err(
+            "qemu-img info",
+            first_lines(&String::from_utf8_lossy(&out.stderr), 3),
+        ));
+    }
+    parse_info(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The first `n` non-empty lines of `text`, joined with "; ".
+pub fn first_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut s = lines.iter().take(n).copied().collect::<Vec<_>>().join("; ");
+    if lines.len() > n {
+        s.push_str(&format!(" (and {} more lines)", lines.len() - n));
+    }
+    s
+}
+
+/// `qemu-img check -f format path` under the inspection limits: `Err(Refused)` when the
+/// image is corrupt (exit status 2) or cannot be checked (1); leaked clusters (3) are
+/// harmless. Formats without a consistency check pass.
+pub async fn check(path: &Path, format: &str) -> Result<(), StorageError> {
+    if format != "qcow2" && format != "qcow" && format != "vdi" && format != "vhdx" {
+        return Ok(());
+    }
+    let mut cmd = limited(&["check", "-f", format]);
+    cmd.arg(path);
+    let out = run_limited("qemu-img check", &mut cmd).await?;
+    match out.status.code() {
+        Some(0) | Some(3) => Ok(()),
+        Some(63) => Ok(()), // "check not supported for this format"
+        _ => {
+            let mut msg = String::from_utf8_lossy(&out.stderr).into_owned();
+            msg.push('\n');
+            msg.push_str(&String::from_utf8_lossy(&out.stdout));
+            Err(StorageError::Refused(format!(
+                "the {format} image is corrupt: {}",
+                first_lines(&msg, 2)
+            )))
+        }
+    }
 }
 
 /// What to convert.
@@ -236,6 +342,54 @@ mod tests {
         let mut f = i;
         f.format = "luks".into();
         assert!(validate(&f, 1 << 40).is_err());
+    }
+
+    #[test]
+    fn refuses_external_data_files() {
+        let json = r#"{"virtual-size": 1048576, "format": "qcow2",
+            "format-specific": {"type": "qcow2", "data": {"data-file": "/etc/passwd"}}}"#;
+        let i = parse_info(json).unwrap();
+        assert_eq!(i.data_file(), Some("/etc/passwd"));
+        let e = validate(&i, 1 << 30).unwrap_err().to_string();
+        assert!(e.contains("external data file (/etc/passwd)"), "{e}");
+        assert_eq!(parse_info(QCOW2).unwrap().data_file(), None);
+    }
+
+    #[test]
+    fn limits_and_line_trimming() {
+        let argv = limited_qemu_img();
+        assert_eq!(argv[0], "prlimit");
+        assert!(argv.contains(&format!("--as={INSPECT_MEMORY_LIMIT}")));
+        assert_eq!(argv.last().map(String::as_str), Some("qemu-img"));
+        assert_eq!(first_lines("a\n\nb\nc\nd\n", 2), "a; b (and 2 more lines)");
+        assert_eq!(first_lines("one\n", 3), "one");
+    }
+
+    #[tokio::test]
+    async fn check_finds_truncated_qcow2() {
+        let d = tempfile::tempdir().unwrap();
+        let raw = d.path().join("a.raw");
+        std::fs::write(&raw, vec![0x5au8; 4 << 20]).unwrap();
+        let q = d.path().join("a.qcow2");
+        convert(
+            &ConvertRequest {
+                src: &raw,
+                src_format: "raw",
+                dst: &q,
+                dst_format: "qcow2",
+                existing_dst: false,
+            },
+            |_| {},
+        )
+        .await
+        .unwrap();
+        check(&q, "qcow2").await.unwrap();
+        let bytes = std::fs::read(&q).unwrap();
+        let t = d.path().join("t.qcow2");
+        std::fs::write(&t, &bytes[..bytes.len() / 3]).unwrap();
+        let e = check(&t, "qcow2").await.unwrap_err().to_string();
+        assert!(e.contains("corrupt"), "{e}");
+        check(&raw, "raw").await.unwrap();
     }
 
     #[test]

@@ -159,6 +159,17 @@ impl Cluster {
 
     /// Starts another node agent named `node` with its own data dir.
     pub fn start_agent(&mut self, node: &str) -> anyhow::Result<()> {
+        self.start_agent_with(node, &[])
+    }
+
+    /// What the extra agent `node` printed.
+    pub fn agent_log(&self, node: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("agent-{node}.log")))
+            .unwrap_or_default()
+    }
+
+    /// Starts another node agent named `node` with its own data dir and `extra` arguments.
+    pub fn start_agent_with(&mut self, node: &str, extra: &[&str]) -> anyhow::Result<()> {
         let data = self.dir.path().join(format!("agent-{node}"));
         let mut cmd = Command::new(&self.binary);
         cmd.arg("agent")
@@ -167,6 +178,7 @@ impl Cluster {
             .args(["--node-name", node])
             .arg("--data-dir")
             .arg(&data)
+            .args(extra)
             .env("RUST_LOG", "info");
         let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
         self.agents.push((node.to_string(), child));
@@ -289,6 +301,48 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// Waits until VMI `name` (namespace `default`) runs on the embedded agent and its guest
+    /// printed the boot marker on its serial console; returns the VMI's uid. A Failed VMI ends
+    /// the wait with its status.
+    pub fn wait_booted(&self, name: &str, timeout: Duration) -> anyhow::Result<String> {
+        let uid = self.wait_until(&format!("VMI {name} Running"), timeout, || {
+            let out = self.kubectl(&["get", "vmi", name, "-n", "default", "-o", "json"])?;
+            if !out.status.success() {
+                return Ok(None);
+            }
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+            if v["status"]["phase"] == "Failed" {
+                bail!("VMI {name} failed: {}", v["status"]);
+            }
+            Ok((v["status"]["phase"] == "Running").then(|| {
+                v["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            }))
+        })?;
+        let log = self.agent_dir().join("vmis").join(&uid).join("serial.log");
+        self.wait_until(
+            &format!("FERROVIRT-BOOT in {}", log.display()),
+            timeout,
+            || {
+                let text = std::fs::read(&log).unwrap_or_default();
+                Ok(String::from_utf8_lossy(&text)
+                    .contains("FERROVIRT-BOOT")
+                    .then_some(()))
+            },
+        )?;
+        Ok(uid)
+    }
+
+    /// Waits until `kubectl get KIND NAME -n default` finds nothing.
+    pub fn wait_gone(&self, kind: &str, name: &str, timeout: Duration) -> anyhow::Result<()> {
+        self.wait_until(&format!("{kind} {name} gone"), timeout, || {
+            let out = self.kubectl(&["get", kind, name, "-n", "default"])?;
+            Ok((!out.status.success()).then_some(()))
+        })
     }
 
     /// A PersistentVolume `pv-<claim>` (hostPath directory holding a copy of the test guest's

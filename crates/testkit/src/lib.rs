@@ -8,15 +8,19 @@ pub mod cluster;
 pub mod console;
 pub mod etcd;
 pub mod guest;
+pub mod netns;
 pub mod qemu;
 pub mod qmp;
+pub mod registry;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use console::SerialConsole;
 pub use etcd::Etcd;
 pub use guest::TestGuest;
+pub use netns::Netns;
 pub use qemu::{Accel, BootSource, QemuVm, QemuVmOptions};
 pub use qmp::QmpClient;
+pub use registry::Registry;
 
 use std::net::TcpListener;
 use std::path::PathBuf;

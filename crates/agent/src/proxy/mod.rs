@@ -6,8 +6,16 @@
 //!   `filesystemlist` (GET): the VMI must be Running on a node; the call is forwarded to that
 //!   node's agent endpoint ([`crate::endpoint`], found in the Node's
 //!   [`ENDPOINT_ANNOTATION`]), and guest-agent data is converted to KubeVirt's shapes.
+//!
+//! Agent connections are HTTPS pinned to the certificate fingerprint the agent published on its
+//! Node ([`FINGERPRINT_ANNOTATION`], see [`crate::tls`]); a different certificate is answered
+//! 502. Nodes of agents without TLS (http URL, no fingerprint) are reached over plain HTTP only
+//! on loopback addresses. Requests carry the server's bearer token in both cases.
 //! - VMI `console`, `vnc` (GET, websocket, subprotocol `plain.kubevirt.io`): binary frames are
 //!   pumped to and from the agent's upgraded raw stream of the VMI's unix socket.
+//! - VMI and VM `portforward/{port}[/tcp]` (GET, websocket, `plain.kubevirt.io`): one TCP
+//!   connection to the guest's port per websocket, opened by the node's agent
+//!   ([`crate::portforward`]); the VM form forwards to the VMI of the same name.
 //! - VM `start`, `stop`, `restart` (PUT): a pure decision ([`plan_vm`]) turns the VM (and its
 //!   VMI) into JSON patches (run strategy flip or `status.stateChangeRequests`) or a 409; the VM
 //!   controller acts on the result.
@@ -36,7 +44,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::endpoint::{self, STREAM_PROTOCOL, StreamKind, VmiAction};
-use crate::node::ENDPOINT_ANNOTATION;
+use crate::node::{ENDPOINT_ANNOTATION, FINGERPRINT_ANNOTATION};
+use crate::tls;
 
 /// The API group of KubeVirt's subresources.
 pub const GROUP: &str = "subresources.kubevirt.io";
@@ -144,6 +153,8 @@ const SUBRESOURCES: &[(&str, &str, &str)] = &[
     ("virtualmachineinstances", "guestosinfo", "get"),
     ("virtualmachineinstances", "userlist", "get"),
     ("virtualmachineinstances", "filesystemlist", "get"),
+    ("virtualmachineinstances", "portforward", "get"),
+    ("virtualmachines", "portforward", "get"),
     ("virtualmachines", "start", "update"),
     ("virtualmachines", "stop", "update"),
     ("virtualmachines", "restart", "update"),
@@ -174,6 +185,12 @@ pub fn parse_op(resource: &str, sub: &str, method: &Method) -> Result<Op, ApiErr
         ("virtualmachines", "start") => Op::Vm(VmVerb::Start),
         ("virtualmachines", "stop") => Op::Vm(VmVerb::Stop),
         ("virtualmachines", "restart") => Op::Vm(VmVerb::Restart),
+        (_, "portforward") => {
+            return Err(ApiErr::new(
+                400,
+                format!("{resource}/portforward needs a port: .../portforward/{{port}}[/tcp]"),
+            ));
+        }
         (_, "guestosinfo") => Op::GuestOsInfo,
         (_, "userlist") => Op::UserList,
         (_, "filesystemlist") => Op::FilesystemList,
@@ -216,23 +233,24 @@ pub fn api_group() -> Value {
 }
 
 mod plan;
+mod portforward;
 #[cfg(test)]
 mod tests;
 
 pub use plan::*;
 
-struct Ready {
-    client: Client,
-    token: String,
+pub(super) struct Ready {
+    pub(super) client: Client,
+    pub(super) token: String,
 }
 
 #[derive(Clone, Default)]
-struct ProxyState {
+pub(super) struct ProxyState {
     ready: Arc<OnceLock<Ready>>,
 }
 
 impl ProxyState {
-    fn ready(&self) -> Result<&Ready, ApiErr> {
+    pub(super) fn ready(&self) -> Result<&Ready, ApiErr> {
         self.ready
             .get()
             .ok_or_else(|| ApiErr::new(503, "the subresource API is starting"))
@@ -282,6 +300,16 @@ pub fn deferred() -> (Router, ProxyHandle) {
         .route(
             &format!("{base}/v1/namespaces/{{ns}}/{{resource}}/{{name}}/{{sub}}"),
             any(dispatch),
+        )
+        .route(
+            &format!("{base}/v1/namespaces/{{ns}}/{{resource}}/{{name}}/portforward/{{port}}"),
+            get(portforward::handle),
+        )
+        .route(
+            &format!(
+                "{base}/v1/namespaces/{{ns}}/{{resource}}/{{name}}/portforward/{{port}}/{{protocol}}"
+            ),
+            get(portforward::handle_with_protocol),
         )
         .route(
             &format!("{base}/{{*rest}}"),
@@ -338,8 +366,21 @@ async fn dispatch(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// A node's agent endpoint as its Node publishes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct AgentAddr {
+    /// [`ENDPOINT_ANNOTATION`].
+    pub(super) url: String,
+    /// [`FINGERPRINT_ANNOTATION`] (absent for agents without TLS).
+    pub(super) fingerprint: Option<String>,
+}
+
 /// The running VMI `ns/name`, its uid and its node's agent endpoint.
-async fn locate(ready: &Ready, ns: &str, name: &str) -> Result<(Value, String, String), ApiErr> {
+pub(super) async fn locate(
+    ready: &Ready,
+    ns: &str,
+    name: &str,
+) -> Result<(Value, String, AgentAddr), ApiErr> {
     let vmi = get_object(&ready.client, &vmi_resource(), ns, name)
         .await?
         .ok_or_else(|| ApiErr::not_found("virtualmachineinstances", name))?;
@@ -350,15 +391,18 @@ async fn locate(ready: &Ready, ns: &str, name: &str) -> Result<(Value, String, S
         .await
         .map_err(kube_err)?
         .ok_or_else(|| ApiErr::new(503, format!("node {node} of the VMI does not exist")))?;
-    let url = n
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ENDPOINT_ANNOTATION))
-        .filter(|u| !u.is_empty())
-        .cloned()
+    let annotation = |key: &str| {
+        n.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .filter(|u| !u.is_empty())
+            .cloned()
+    };
+    let url = annotation(ENDPOINT_ANNOTATION)
         .ok_or_else(|| ApiErr::new(503, format!("node {node} publishes no agent endpoint")))?;
-    Ok((vmi, uid, url))
+    let fingerprint = annotation(FINGERPRINT_ANNOTATION);
+    Ok((vmi, uid, AgentAddr { url, fingerprint }))
 }
 
 async fn vmi_call(ready: &Ready, ns: &str, name: &str, op: Op) -> Result<Response, ApiErr> {
@@ -392,26 +436,55 @@ async fn vmi_call(ready: &Ready, ns: &str, name: &str, op: Op) -> Result<Respons
 
 type AgentConn = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 
-async fn agent_connect(url: &str) -> Result<(AgentConn, String), ApiErr> {
-    let authority = url
-        .strip_prefix("http://")
-        .unwrap_or(url)
-        .trim_end_matches('/')
-        .to_string();
+/// Connects to the agent at `addr`: TLS pinned to its published fingerprint, or plain HTTP
+/// for a loopback agent that publishes none ([`tls::transport`]). Returns the request sender
+/// and the authority to send as `Host`.
+async fn agent_connect(addr: &AgentAddr) -> Result<(AgentConn, String), ApiErr> {
+    let url = &addr.url;
+    let target = tls::transport(url, addr.fingerprint.as_deref())
+        .map_err(|e| ApiErr::new(503, e.to_string()))?;
     let unreachable = |e: String| ApiErr::new(503, format!("agent at {url} unreachable: {e}"));
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&authority))
+    let connect = async {
+        let tcp = tokio::net::TcpStream::connect(&target.authority)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        let Some(pin) = target.pin else {
+            return http1(tcp).await.map_err(|e| unreachable(e.to_string()));
+        };
+        let stream = tls::connect(tcp, &target.host, pin).await.map_err(|e| {
+            if tls::is_pin_mismatch(&e) {
+                ApiErr::new(
+                    502,
+                    format!(
+                        "the certificate of the agent at {url} does not match its Node's \
+                         {FINGERPRINT_ANNOTATION}"
+                    ),
+                )
+            } else {
+                unreachable(format!("TLS: {e}"))
+            }
+        })?;
+        http1(stream).await.map_err(|e| unreachable(e.to_string()))
+    };
+    let send = tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
-        .map_err(|_| unreachable("timed out".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|_| unreachable("timed out".into()))??;
+    Ok((send, target.authority))
+}
+
+/// An HTTP/1.1 client connection (with upgrades) over `io`, driven by a background task.
+async fn http1<I>(io: I) -> Result<AgentConn, hyper::Error>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!("agent connection: {e}");
         }
     });
-    Ok((send, authority))
+    Ok(send)
 }
 
 fn agent_request(
@@ -438,7 +511,12 @@ pub fn agent_error(status: u16, body: &[u8]) -> ApiErr {
 }
 
 /// One request to an agent; the body of its 2xx answer.
-async fn agent_call(url: &str, method: Method, path: &str, token: &str) -> Result<Bytes, ApiErr> {
+async fn agent_call(
+    url: &AgentAddr,
+    method: Method,
+    path: &str,
+    token: &str,
+) -> Result<Bytes, ApiErr> {
     let (mut send, authority) = agent_connect(url).await?;
     let req = agent_request(method, &authority, path, token)
         .body(Empty::<Bytes>::new())
@@ -468,15 +546,13 @@ async fn agent_call(url: &str, method: Method, path: &str, token: &str) -> Resul
 }
 
 /// Opens the agent's raw stream of the VMI's console or VNC socket.
-async fn agent_stream(
-    url: &str,
-    uid: &str,
-    kind: StreamKind,
+pub(super) async fn agent_stream(
+    url: &AgentAddr,
+    path: &str,
     token: &str,
 ) -> Result<TokioIo<Upgraded>, ApiErr> {
     let (mut send, authority) = agent_connect(url).await?;
-    let path = format!("/vmis/{uid}/{}", kind.as_str());
-    let req = agent_request(Method::GET, &authority, &path, token)
+    let req = agent_request(Method::GET, &authority, path, token)
         .header(header::CONNECTION, "Upgrade")
         .header(header::UPGRADE, STREAM_PROTOCOL)
         .body(Empty::<Bytes>::new())
@@ -514,7 +590,8 @@ async fn stream(
         .map_err(|e| ApiErr::new(400, format!("{} needs a websocket: {e}", kind.as_str())))?;
     let (_, uid, url) = locate(ready, ns, name).await?;
     // Connect to the agent first, so that failures are answered as HTTP errors.
-    let agent = agent_stream(&url, &uid, kind, &ready.token).await?;
+    let path = format!("/vmis/{uid}/{}", kind.as_str());
+    let agent = agent_stream(&url, &path, &ready.token).await?;
     tracing::info!(%ns, %name, stream = kind.as_str(), "streaming");
     Ok(ws
         .protocols([WS_PROTOCOL])
@@ -522,7 +599,7 @@ async fn stream(
 }
 
 /// Pumps websocket frames to and from the agent's raw stream until either side closes.
-async fn pump_ws(socket: WebSocket, agent: TokioIo<Upgraded>) {
+pub(super) async fn pump_ws(socket: WebSocket, agent: TokioIo<Upgraded>) {
     let (mut ar, mut aw) = tokio::io::split(agent);
     let (mut tx, mut rx) = socket.split();
     let up = async {

@@ -1,4 +1,4 @@
-//! Unit tests of the subresource proxy's pure parts.
+//! Unit tests of the subresource proxy's pure parts and of its agent connections.
 
 use super::*;
 
@@ -252,4 +252,75 @@ fn restart_is_stop_then_start() {
             .code,
         400
     );
+}
+
+/// The proxy's agent client against a real (TLS) agent endpoint: the published fingerprint
+/// works (the token still matters), any other is refused as a mismatch, and plain http is
+/// refused to non-loopback agents.
+#[tokio::test]
+async fn agent_connections_pin_the_published_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = crate::tls::load_or_create(dir.path(), &[]).unwrap();
+    let cfg = crate::launchers::LauncherConfig {
+        binary: "ferrovirt".into(),
+        data_dir: dir.path().to_path_buf(),
+        qemu_binary: "qemu-system-x86_64".into(),
+    };
+    let ep = crate::endpoint::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.1",
+        cfg,
+        Some("tok".into()),
+        &cert,
+    )
+    .await
+    .unwrap();
+    let good = AgentAddr {
+        url: ep.url.clone(),
+        fingerprint: Some(ep.fingerprint.clone()),
+    };
+    // Reached and authenticated: the (absent) launcher is the agent's answer.
+    let e = agent_call(&good, Method::GET, "/vmis/abc/guestinfo", "tok")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, 409, "{e:?}");
+    let e = agent_call(&good, Method::GET, "/vmis/abc/guestinfo", "nope")
+        .await
+        .unwrap_err();
+    assert_eq!(e.message, "the node agent refused the server's credentials");
+    // Another certificate's fingerprint: refused before any request is sent.
+    let other = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
+    let wrong = AgentAddr {
+        url: ep.url.clone(),
+        fingerprint: Some(other.fingerprint_hex()),
+    };
+    let e = agent_call(&wrong, Method::GET, "/vmis/abc/guestinfo", "tok")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, 502, "{e:?}");
+    assert!(e.message.contains("does not match its Node"), "{e:?}");
+    let e = agent_stream(&wrong, "/vmis/abc/console", "tok")
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code, 502, "{e:?}");
+    // An https URL without fingerprint, and plain http off loopback, are refused.
+    let unpinned = AgentAddr {
+        url: ep.url.clone(),
+        fingerprint: None,
+    };
+    let e = agent_call(&unpinned, Method::GET, "/vmis/abc/guestinfo", "tok")
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("no certificate fingerprint"), "{e:?}");
+    let remote = AgentAddr {
+        url: "http://192.0.2.1:4000".into(),
+        fingerprint: None,
+    };
+    let e = agent_call(&remote, Method::GET, "/vmis/abc/guestinfo", "tok")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, 503);
+    assert!(e.message.contains("refusing plain http"), "{e:?}");
+    ep.task.abort();
 }

@@ -86,6 +86,11 @@ pub(super) fn validate(
                 check_quantity("spec.bandwidthPerMigration".into(), q, &mut e);
             }
         }
+        "PersistentVolumeClaim" if def.group.is_empty() && op == Operation::Update => {
+            if let Some(old) = old {
+                e.extend(pvc_not_shrunk(obj, old));
+            }
+        }
         "NetworkAttachmentDefinition" => {
             if let Some(config) = str_at(obj, &["spec", "config"])
                 && !config.is_empty()
@@ -100,6 +105,25 @@ pub(super) fn validate(
         _ => {}
     }
     e
+}
+
+/// A claim's storage request may grow (expansion) but never shrink.
+fn pvc_not_shrunk(obj: &Value, old: &Value) -> Option<FieldError> {
+    let at = |v: &Value| {
+        v.pointer("/spec/resources/requests/storage")
+            .and_then(|q| match q {
+                Value::String(s) => crate::quantity::parse(s).ok(),
+                Value::Number(n) => n.as_f64(),
+                _ => None,
+            })
+    };
+    let (new, old) = (at(obj)?, at(old)?);
+    (new < old).then(|| {
+        FieldError::forbidden(
+            "spec.resources.requests.storage",
+            "field can not be less than previous value",
+        )
+    })
 }
 
 fn check_vm_ref(obj: &Value, field: &str, e: &mut Vec<FieldError>) {

@@ -511,6 +511,7 @@ fn validate_networks(p: &str, spec: &VirtualMachineInstanceSpec, e: &mut Vec<Fie
         }
     }
     let mut iface_names = HashSet::new();
+    let mut macs = HashSet::new();
     for (i, iface) in interfaces.iter().enumerate() {
         let ip = format!("{p}.domain.devices.interfaces[{i}]");
         if iface.name.is_empty() {
@@ -547,13 +548,18 @@ fn validate_networks(p: &str, spec: &VirtualMachineInstanceSpec, e: &mut Vec<Fie
                 "Masquerade interface only implemented with pod network",
             ));
         }
-        if let Some(mac) = &iface.mac_address
-            && !is_mac(mac)
-        {
-            e.push(FieldError::invalid(
-                format!("{ip}.macAddress"),
-                format!("\"{mac}\" is not a valid MAC address"),
-            ));
+        if let Some(mac) = &iface.mac_address {
+            if !is_mac(mac) {
+                e.push(FieldError::invalid(
+                    format!("{ip}.macAddress"),
+                    format!("\"{mac}\" is not a valid MAC address"),
+                ));
+            } else if !macs.insert(mac.replace('-', ":").to_lowercase()) {
+                e.push(FieldError::duplicate(
+                    format!("{ip}.macAddress"),
+                    format!("Duplicate value: \"{mac}\" (MAC addresses must be unique)"),
+                ));
+            }
         }
         for (j, port) in list(&iface.ports).iter().enumerate() {
             if !(1..=65535).contains(&port.port) {

@@ -33,6 +33,8 @@ pub struct ControllerOptions {
     pub vm: VmOptions,
     pub scheduler: SchedulerLoopOptions,
     pub node_lifecycle: NodeLifecycleOptions,
+    /// Node subnets (`spec.podCIDR`) from the cluster CIDR (`crate::node_ipam`).
+    pub node_ipam: crate::node_ipam::NodeIpamOptions,
     /// StorageClasses, PVC binding/provisioning and DataVolumes (`crate::storage`).
     pub storage: StorageOptions,
 }
@@ -66,6 +68,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
         tasks.spawn({
             let (c, o) = (client.clone(), opts.node_lifecycle.clone());
             async move { ("node-lifecycle", node_loop::run(c, o).await) }
+        });
+        tasks.spawn({
+            let (c, o) = (client.clone(), opts.node_ipam.clone());
+            async move { ("node-ipam", crate::node_ipam::run(c, o).await) }
         });
         tasks.spawn({
             let (c, o) = (client.clone(), opts.storage.clone());

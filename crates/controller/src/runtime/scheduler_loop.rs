@@ -111,11 +111,13 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
                 .collect();
             pending.sort_by_key(|&i| (all[i].metadata.creation_timestamp.clone(), key(&all[i])));
             for i in pending {
+                let affinity = volume_affinity(&client, &all[i]).await;
                 let decision = schedule(
                     &ScheduleRequest {
                         vmi: &all[i],
                         nodes: &node_list,
                         vmis: &all,
+                        volume_affinity: &affinity,
                     },
                     &opts.scheduler,
                 );
@@ -154,6 +156,31 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
         _ = pump => Err(ControllerError::TaskStopped { name: "scheduler", reason: "watch streams ended".into() }),
         _ = work => Ok(()),
     }
+}
+
+/// The node affinity of the PVs the VMI's claims are bound to (looked up now; lookup errors
+/// add no constraint and the agent reports a volume it cannot find).
+async fn volume_affinity(
+    client: &kube::Client,
+    vmi: &VirtualMachineInstance,
+) -> Vec<k8s_openapi::api::core::v1::NodeSelector> {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let pvs_api: Api<PersistentVolume> = Api::all(client.clone());
+    let (mut claims, mut pvs) = (Vec::new(), Vec::new());
+    for name in crate::scheduler::volumes::claim_names(vmi) {
+        let Ok(Some(claim)) = claims_api.get_opt(&name).await else {
+            continue;
+        };
+        if let Some(v) = claim.spec.as_ref().and_then(|s| s.volume_name.clone())
+            && let Ok(Some(pv)) = pvs_api.get_opt(&v).await
+        {
+            pvs.push(pv);
+        }
+        claims.push(claim);
+    }
+    crate::scheduler::volumes::required_selectors(&claims, &pvs)
 }
 
 fn vmi_api(client: &kube::Client, vmi: &VirtualMachineInstance) -> Api<Vmi> {

@@ -13,11 +13,12 @@ pub mod selectors;
 pub mod taints;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod volumes;
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Node, Taint, Toleration};
+use k8s_openapi::api::core::v1::{Node, NodeSelector, Taint, Toleration};
 
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
 
@@ -63,6 +64,9 @@ pub struct ScheduleRequest<'a> {
     pub nodes: &'a [Node],
     /// Every VMI; those bound to a node (`status.nodeName`) and not finished count against it.
     pub vmis: &'a [VirtualMachineInstance],
+    /// Required node selectors of the PVs the VMI's claims are bound to
+    /// ([`volumes::required_selectors`]).
+    pub volume_affinity: &'a [NodeSelector],
 }
 
 /// The scheduler's answer.
@@ -166,6 +170,7 @@ struct NodeState<'a> {
 
 struct Ctx<'a> {
     vmi: &'a VirtualMachineInstance,
+    volume_affinity: &'a [NodeSelector],
     want: Resources,
     needs_kvm: bool,
     placed: Vec<Placed<'a>>,
@@ -236,6 +241,10 @@ fn filter_node(ctx: &Ctx<'_>, state: &NodeState<'_>) -> Result<(), Vec<String>> 
     }
     if !reasons.is_empty() {
         return Err(reasons);
+    }
+    // VolumeBinding: bound volumes with node affinity (local volumes).
+    if !volumes::fits(ctx.volume_affinity, node) {
+        return Err(vec![volumes::REASON_VOLUME_AFFINITY.to_string()]);
     }
     // InterPodAffinity among VMIs.
     interpod::filter(ctx.vmi, node, &ctx.placed).map_err(|r| vec![r])
@@ -362,6 +371,7 @@ pub fn schedule(req: &ScheduleRequest<'_>, opts: &SchedulerOptions) -> Decision 
     }
     let ctx = Ctx {
         vmi: req.vmi,
+        volume_affinity: req.volume_affinity,
         want,
         needs_kvm: resources::vmi_needs_kvm(req.vmi),
         placed,
@@ -423,6 +433,7 @@ mod tests {
                 vmi: v,
                 nodes,
                 vmis,
+                volume_affinity: &[],
             },
             &SchedulerOptions::default(),
         )
@@ -532,6 +543,39 @@ mod tests {
     }
 
     #[test]
+    fn bound_local_volumes_restrict_nodes() {
+        use k8s_openapi::api::core::v1::NodeSelector;
+        let nodes = [node("a").build(), node("b").build()];
+        let v = vmi("v").build();
+        let pin = |n: &str| NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: HOSTNAME.into(),
+                    operator: "In".into(),
+                    values: Some(vec![n.into()]),
+                }]),
+                match_fields: None,
+            }],
+        };
+        let sched = |aff: &[NodeSelector]| {
+            schedule(
+                &ScheduleRequest {
+                    vmi: &v,
+                    nodes: &nodes,
+                    vmis: &[],
+                    volume_affinity: aff,
+                },
+                &SchedulerOptions::default(),
+            )
+        };
+        assert_eq!(bound(sched(&[pin("b")])), "b");
+        assert_eq!(
+            message(sched(&[pin("a"), pin("b")])),
+            "0/2 nodes are available: 2 node(s) had volume node affinity conflict."
+        );
+    }
+
+    #[test]
     fn overhead_is_added() {
         let nodes = [node("a").alloc("4", "1Gi").build()];
         let v = vmi("v").guest("1Gi").build();
@@ -544,6 +588,7 @@ mod tests {
                 vmi: &v,
                 nodes: &nodes,
                 vmis: &[],
+                volume_affinity: &[],
             },
             &SchedulerOptions {
                 memory_overhead_bytes: 0,

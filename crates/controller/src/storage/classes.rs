@@ -61,7 +61,7 @@ pub fn builtin_classes() -> Vec<StorageClass> {
         provisioner: provisioner.into(),
         reclaim_policy: Some("Delete".into()),
         volume_binding_mode: Some(mode.into()),
-        allow_volume_expansion: Some(false),
+        allow_volume_expansion: Some(true),
         ..Default::default()
     };
     vec![
@@ -90,20 +90,30 @@ pub fn waits_for_consumer(class: &StorageClass) -> bool {
     class.volume_binding_mode.as_deref() == Some(WAIT_FOR_FIRST_CONSUMER)
 }
 
-/// The StorageProfile status of a class (user overrides from `spec` win).
+/// The StorageProfile status of a class (user overrides from `spec` win). `block` says
+/// whether the node can make loop devices: then the built-in classes also offer
+/// `volumeMode: Block` (after Filesystem, which stays the default for DataVolumes).
 pub fn profile_status(
     class: &StorageClass,
     spec: Option<&ferrovirt_api::cdi::StorageProfileSpec>,
+    block: bool,
 ) -> StorageProfileStatus {
+    let sets = |access: &str| {
+        let mut v = vec![ClaimPropertySet {
+            access_modes: Some(vec![access.into()]),
+            volume_mode: Some("Filesystem".into()),
+        }];
+        if block {
+            v.push(ClaimPropertySet {
+                access_modes: Some(vec![access.into()]),
+                volume_mode: Some("Block".into()),
+            });
+        }
+        v
+    };
     let modes: Option<Vec<ClaimPropertySet>> = match Builtin::of(&class.provisioner) {
-        Some(Builtin::Shared) => Some(vec![ClaimPropertySet {
-            access_modes: Some(vec!["ReadWriteMany".into()]),
-            volume_mode: Some("Filesystem".into()),
-        }]),
-        Some(Builtin::Local) => Some(vec![ClaimPropertySet {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            volume_mode: Some("Filesystem".into()),
-        }]),
+        Some(Builtin::Shared) => Some(sets("ReadWriteMany")),
+        Some(Builtin::Local) => Some(sets("ReadWriteOnce")),
         None => None,
     };
     StorageProfileStatus {
@@ -143,7 +153,11 @@ pub async fn ensure(client: &kube::Client) -> Result<(), ControllerError> {
         };
         let existing = profiles.get_opt(&name).await?;
         let spec = existing.as_ref().and_then(|p| p.0.spec.clone());
-        let status = profile_status(&class, spec.as_ref());
+        let status = profile_status(
+            &class,
+            spec.as_ref(),
+            ferrovirt_storage::block::loop_devices_available(),
+        );
         match existing {
             None => {
                 let p = Profile(StorageProfile {
@@ -207,7 +221,13 @@ mod tests {
     #[test]
     fn profiles_follow_class_with_overrides() {
         let cs = builtin_classes();
-        let s = profile_status(&cs[1], None);
+        let s = profile_status(&cs[1], None, false);
+        assert_eq!(s.claim_property_sets.as_ref().unwrap().len(), 1);
+        let with_block = profile_status(&cs[1], None, true);
+        let sets = with_block.claim_property_sets.unwrap();
+        assert_eq!(sets[0].volume_mode.as_deref(), Some("Filesystem"));
+        assert_eq!(sets[1].volume_mode.as_deref(), Some("Block"));
+        assert_eq!(cs[0].allow_volume_expansion, Some(true));
         let set = &s.claim_property_sets.as_ref().unwrap()[0];
         assert_eq!(
             set.access_modes.as_deref(),
@@ -221,7 +241,7 @@ mod tests {
             }]),
             ..Default::default()
         };
-        let s = profile_status(&cs[1], Some(&spec));
+        let s = profile_status(&cs[1], Some(&spec), true);
         assert_eq!(
             s.claim_property_sets.unwrap()[0].volume_mode.as_deref(),
             Some("Block")

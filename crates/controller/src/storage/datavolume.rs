@@ -29,6 +29,8 @@ pub enum SourceKind {
     Blank,
     /// Filled through the upload endpoint ([`super::upload_api`]).
     Upload,
+    /// An image from an OCI registry ([`super::registry_import`]).
+    Registry,
     /// Clone of the PVC `namespace/name`.
     Pvc {
         namespace: String,
@@ -62,6 +64,8 @@ pub fn source_kind(spec: &DataVolumeSpec, dv_namespace: &str) -> Result<SourceKi
         Ok(SourceKind::Blank)
     } else if src.upload.is_some() {
         Ok(SourceKind::Upload)
+    } else if src.registry.is_some() {
+        Ok(SourceKind::Registry)
     } else if let Some(p) = &src.pvc {
         Ok(SourceKind::Pvc {
             namespace: p.namespace.clone().unwrap_or_else(|| dv_namespace.into()),

@@ -95,7 +95,9 @@ fn sources() {
         })
     );
     let s = dv_spec(json!({"source": {"registry": {"url": "docker://x"}}}));
-    assert!(source_kind(&s, "ns").unwrap_err().contains("registry"));
+    assert_eq!(source_kind(&s, "ns"), Ok(SourceKind::Registry));
+    let s = dv_spec(json!({"source": {"s3": {"url": "s3://x"}}}));
+    assert!(source_kind(&s, "ns").unwrap_err().contains("s3"));
     let s = dv_spec(json!({"source": {}}));
     assert!(source_kind(&s, "ns").is_err());
 }

@@ -2,15 +2,19 @@
 //! (from `pvc:`, or `storage:` completed with the class's StorageProfile), waits for it to be
 //! bound (choosing the node of WaitForFirstConsumer claims unless that is honoured), then
 //! populates the volume in a task — HTTP(S) import, blank, or a copy of another PVC — and
-//! reports phase, progress, conditions and Events. Transfer failures are retried with
-//! exponential backoff; checksum mismatches and refused images fail the DataVolume at once.
+//! reports phase, progress, conditions and Events. A `sourceRef` DataSource is resolved to
+//! a PVC copy first ([`super::datasource`]); Block volumes are written on their loop device.
+//! Transfer failures are retried with exponential backoff; checksum mismatches, refused
+//! images and untrusted TLS certificates fail the DataVolume at once.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret,
+};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -26,6 +30,7 @@ use ferrovirt_storage::importer::{self, ImportRequest};
 use ferrovirt_storage::provisioner::image_of;
 
 use super::classes;
+use super::datasource;
 use super::datavolume::{self as dvd, SourceKind, Stage};
 use super::pvc::{SELECTED_NODE, quantity_bytes};
 use super::resources::{CDI_API_VERSION, Dv, Profile};
@@ -51,6 +56,7 @@ impl From<StorageError> for Failure {
             StorageError::ChecksumMismatch { .. }
                 | StorageError::Refused(_)
                 | StorageError::Invalid { .. }
+                | StorageError::Tls { .. }
         );
         Failure {
             permanent,
@@ -65,6 +71,9 @@ struct Job {
     progress: Mutex<Option<f64>>,
     outcome: Mutex<Option<Result<(), Failure>>>,
     abort: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Signalled once `outcome` is set, so a reconcile waiting on a running job sees the end
+    /// at once instead of at its next requeue.
+    done: tokio::sync::Notify,
 }
 
 struct Ctx {
@@ -231,6 +240,15 @@ async fn observe_and_act(
         .and_then(|s| s.restart_count)
         .unwrap_or(0);
     let spec = dv.spec.clone().unwrap_or_default();
+    // `sourceRef: {kind: DataSource}` becomes a clone of the PVC the DataSource names.
+    let spec = match datasource::resolve_spec(&ctx.client, ns, &spec).await? {
+        Ok(s) => s,
+        Err(message) => {
+            event_once(ctx, dv, true, "DataSourceNotReady", &message).await;
+            let stage = Stage::ClaimPending { message };
+            return Ok(Outcome::new(stage, restarts, Duration::from_secs(2)));
+        }
+    };
     let source = match dvd::source_kind(&spec, ns) {
         Ok(s) => s,
         Err(message) => {
@@ -298,6 +316,11 @@ async fn observe_and_act(
         ));
     }
     if let Some(job) = ctx.job(uid) {
+        if job.outcome.lock().expect("lock").is_none() {
+            // Wait a little for the end of the job: finishing is reported without delay,
+            // progress about once a second.
+            let _ = tokio::time::timeout(Duration::from_millis(900), job.done.notified()).await;
+        }
         let outcome = job.outcome.lock().expect("lock").clone();
         return Ok(match outcome {
             None => {
@@ -305,7 +328,7 @@ async fn observe_and_act(
                 Outcome::new(
                     Stage::InProgress { clone, progress },
                     restarts,
-                    Duration::from_secs(1),
+                    Duration::from_millis(100),
                 )
             }
             Some(Ok(())) => {
@@ -355,11 +378,27 @@ async fn observe_and_act(
             at - Instant::now(),
         ));
     }
-    let target = image_of(&path);
+    let target = match pv.as_ref() {
+        Some(pv) => match super::block::target(pv, &path).await {
+            Ok(t) => t,
+            Err(e) => {
+                let stage = Stage::ClaimPending {
+                    message: format!("volume {volume}: {e}"),
+                };
+                return Ok(Outcome::new(stage, restarts, Duration::from_secs(5)));
+            }
+        },
+        None => image_of(&path),
+    };
     let work = match prepare(ctx, dv, ns, &source, target, capacity).await? {
         Prepared::Ready(w) => w,
         Prepared::Wait(message) => {
-            event_once(ctx, dv, false, "CloneSourcePending", &message).await;
+            let reason = if clone {
+                "CloneSourcePending"
+            } else {
+                "SourcePending"
+            };
+            event_once(ctx, dv, false, reason, &message).await;
             return Ok(Outcome::new(
                 Stage::Scheduled { clone },
                 restarts,
@@ -531,6 +570,7 @@ async fn create_claim(
 /// A population ready to run.
 enum Work {
     Import(ImportRequest),
+    Registry(Box<ferrovirt_storage::registry::RegistryImportRequest>),
     Blank {
         target: PathBuf,
         capacity: u64,
@@ -580,6 +620,18 @@ async fn prepare(
         SourceKind::Upload => Ok(Prepared::Invalid(
             "upload sources are filled through the upload endpoint".into(),
         )),
+        SourceKind::Registry => {
+            use super::registry_import::{self as ri, Prepared as P};
+            let registry = src.registry.clone().unwrap_or_default();
+            let scratch = ctx.dirs.scratch.join(&uid);
+            Ok(
+                match ri::prepare(&ctx.client, ns, &registry, scratch, target, capacity).await? {
+                    P::Ready(req) => Prepared::Ready(Work::Registry(req)),
+                    P::Wait(m) => Prepared::Wait(m),
+                    P::Invalid(m) => Prepared::Invalid(m),
+                },
+            )
+        }
         SourceKind::Http => {
             let http = src.http.unwrap_or_default();
             // `spec.source.http.checksum` is read from the stored object (the typed HttpSource
@@ -614,6 +666,27 @@ async fn prepare(
                     headers.push(String::from_utf8_lossy(&v.0).into_owned());
                 }
             }
+            // certConfigMap: every value of the ConfigMap (in the DataVolume's namespace) is
+            // a PEM bundle of CAs trusted in addition to the system roots, as in CDI.
+            let mut ca_pems = Vec::new();
+            if let Some(cm) = &http.cert_config_map {
+                let Some(map) = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
+                    .get_opt(cm)
+                    .await?
+                else {
+                    return Ok(Prepared::Wait(format!("certConfigMap {ns}/{cm} not found")));
+                };
+                ca_pems.extend(map.data.unwrap_or_default().into_values());
+                ca_pems.extend(
+                    map.binary_data
+                        .unwrap_or_default()
+                        .into_values()
+                        .map(|b| String::from_utf8_lossy(&b.0).into_owned()),
+                );
+                if let Err(e) = ferrovirt_storage::http::parse_ca_pems(&ca_pems) {
+                    return Ok(Prepared::Invalid(format!("certConfigMap {cm}: {e}")));
+                }
+            }
             let auth = match &http.secret_ref {
                 Some(s) => {
                     let Some(sec) = secrets.get_opt(s).await? else {
@@ -640,6 +713,7 @@ async fn prepare(
                     url: http.url,
                     headers,
                     auth,
+                    ca_pems,
                 },
                 checksum,
                 scratch_dir: ctx.dirs.scratch.join(uid),
@@ -706,22 +780,17 @@ fn start_job(ctx: &Arc<Ctx>, uid: &str, clone: bool, work: Work) {
         progress: Mutex::new(Some(0.0)),
         outcome: Mutex::new(None),
         abort: Mutex::new(None),
+        done: tokio::sync::Notify::new(),
     });
     let j = job.clone();
     let handle = tokio::spawn(async move {
         let report = |p: f64| *j.progress.lock().expect("lock") = Some(p);
         let result: Result<(), StorageError> = match work {
             Work::Import(req) => importer::import(&req, report).await.map(drop),
-            Work::Blank { target, capacity } => {
-                tokio::task::spawn_blocking(move || importer::blank(&target, capacity))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(StorageError::Tool {
-                            tool: "blank".into(),
-                            message: e.to_string(),
-                        })
-                    })
-            }
+            Work::Registry(req) => ferrovirt_storage::registry::import(&req, report)
+                .await
+                .map(drop),
+            Work::Blank { target, capacity } => importer::blank(&target, capacity).await,
             Work::Clone {
                 source,
                 target,
@@ -732,6 +801,7 @@ fn start_job(ctx: &Arc<Ctx>, uid: &str, clone: bool, work: Work) {
             tracing::warn!(clone = j.clone, error = %e, "volume population failed");
         }
         *j.outcome.lock().expect("lock") = Some(result.map_err(Failure::from));
+        j.done.notify_one();
     });
     *job.abort.lock().expect("lock") = Some(handle.abort_handle());
     ctx.jobs.lock().expect("lock").insert(uid.into(), job);

@@ -3,13 +3,20 @@
 //! [`pvc_loop`] applies, and reclaims released volumes), and the CDI DataVolume controller
 //! ([`datavolume`] decides, [`dv_loop`] creates the claim and runs imports, clones and blank
 //! volumes in tasks; `upload` sources wait in `UploadReady` for [`upload_api`], CDI's
-//! UploadTokenRequest and upload proxy served by the API server, tokens in [`upload_token`]). Volume data lives in directories built by `ferrovirt_storage`.
+//! UploadTokenRequest and upload proxy served by the API server, tokens in [`upload_token`]),
+//! DataSources ([`datasource`]: Ready condition, `sourceRef` resolution), Block-mode volumes
+//! on loop devices ([`block`]) and PVC expansion ([`expansion`]). Volume data lives in
+//! directories built by `ferrovirt_storage`.
 
+pub mod block;
 pub mod classes;
+pub mod datasource;
 pub mod datavolume;
 pub mod dv_loop;
+pub mod expansion;
 pub mod pvc;
 pub mod pvc_loop;
+pub mod registry_import;
 pub mod resources;
 pub mod upload_api;
 pub mod upload_token;
@@ -137,6 +144,7 @@ pub async fn run(client: kube::Client, opts: StorageOptions) -> Result<(), Contr
         pvc_loop::run(client.clone(), dirs.clone()),
         pvc_loop::reclaim_loop(client.clone(), dirs.clone(), opts.resync),
         dv_loop::run(client.clone(), dirs, opts.clone()),
+        datasource::run(client.clone()),
     )
     .map(drop)
 }

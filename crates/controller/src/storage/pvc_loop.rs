@@ -1,8 +1,10 @@
 //! The PVC controller loop: watches PersistentVolumeClaims (and VMIs, whose scheduling
 //! selects the node of WaitForFirstConsumer claims), applies [`super::pvc::decide`]:
 //! provisions volume directories with `ferrovirt_storage`, creates the PersistentVolume,
-//! binds claim and volume (PV `claimRef` + both statuses `Bound`). [`reclaim_loop`] deletes
-//! (with their directories) or releases volumes whose claims are gone.
+//! binds claim and volume (PV `claimRef` + both statuses `Bound`), attaches the loop device
+//! of Block-mode volumes ([`super::block`]) and grows bound volumes whose claims grew
+//! ([`super::expansion`]). [`reclaim_loop`] deletes (with their directories, detaching loop
+//! devices first) or releases volumes whose claims are gone, and re-attaches Block volumes.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -21,7 +23,9 @@ use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 use ferrovirt_storage::provisioner::VolumeRoot;
 
 use super::Dirs;
+use super::block;
 use super::classes::{self, Builtin};
+use super::expansion::{self, Expansion};
 use super::pvc::{self, PvcDecision, Reclaim};
 use crate::error::ControllerError;
 use crate::runtime::events::{EventRecorder, object_ref};
@@ -125,7 +129,10 @@ async fn reconcile(
         .await?
         .items;
     match pvc::decide(pvc, &pvs, &classes) {
-        PvcDecision::Nothing => Ok(Action::requeue(Duration::from_secs(300))),
+        PvcDecision::Nothing => {
+            resize_if_needed(&ctx, pvc, &pvs, &classes).await?;
+            Ok(Action::requeue(Duration::from_secs(300)))
+        }
         PvcDecision::Bind { pv } => {
             let pv = pvs
                 .iter()
@@ -159,6 +166,12 @@ async fn reconcile(
                     return Ok(Action::requeue(Duration::from_secs(10)));
                 }
             };
+            if plan.volume_mode == block::BLOCK
+                && let Err(e) = block::provision(&dir).await
+            {
+                report(&ctx, pvc, true, "ProvisioningFailed", &e.to_string()).await;
+                return Ok(Action::requeue(Duration::from_secs(10)));
+            }
             let pv = pvc::build_pv(&plan, &dir, pvc);
             let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
             let created = match api.create(&PostParams::default(), &pv).await {
@@ -313,6 +326,7 @@ pub async fn reclaim_loop(
 async fn reclaim_once(client: &kube::Client, dirs: &Dirs) -> Result<(), ControllerError> {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     for pv in pvs.list(&ListParams::default()).await?.items {
+        reattach_if_block(&pv, dirs).await;
         let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.clone()) else {
             continue;
         };
@@ -349,6 +363,12 @@ async fn reclaim_once(client: &kube::Client, dirs: &Dirs) -> Result<(), Controll
 }
 
 async fn remove_volume_dir(dir: &Path) {
+    match block::detach(dir).await {
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(path = %dir.display(), error = %e, "detaching loop devices failed")
+        }
+    }
     let d = dir.to_path_buf();
     let res = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&d)).await;
     match res {
@@ -359,4 +379,70 @@ async fn remove_volume_dir(dir: &Path) {
         }
         Err(e) => tracing::warn!(error = %e, "removal task failed"),
     }
+}
+
+/// Block volumes keep a loop device attached (after a reboot the devices are gone; the
+/// agent also attaches on use).
+async fn reattach_if_block(pv: &PersistentVolume, dirs: &Dirs) {
+    if !block::is_block(pv) || pv.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    let spec = pv.spec.as_ref();
+    let Some(dir) = spec
+        .and_then(|s| s.host_path.as_ref().map(|h| h.path.clone()))
+        .or_else(|| spec.and_then(|s| s.local.as_ref().map(|l| l.path.clone())))
+        .map(PathBuf::from)
+        .filter(|d| dirs.owns(d) && d.is_dir())
+    else {
+        return;
+    };
+    if let Err(e) = block::ensure_attached(&dir).await {
+        tracing::warn!(path = %dir.display(), error = %e, "attaching loop device failed");
+    }
+}
+
+/// Grow a bound claim's volume when its request grew (see [`expansion`]).
+async fn resize_if_needed(
+    ctx: &Ctx,
+    pvc: &PersistentVolumeClaim,
+    pvs: &[PersistentVolume],
+    classes: &[StorageClass],
+) -> Result<(), ControllerError> {
+    let Some(pv) = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .and_then(|n| pvs.iter().find(|p| p.metadata.name.as_deref() == Some(n)))
+    else {
+        return Ok(());
+    };
+    let class_name = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref());
+    let class = classes
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == class_name);
+    match expansion::decide(pvc, pv, class, &ctx.dirs) {
+        Expansion::Nothing => {}
+        Expansion::SyncStatus { size } => {
+            expansion::set_claim_capacity(&ctx.client, pvc, &size).await?;
+        }
+        Expansion::Refused { message } => {
+            report(ctx, pvc, true, "VolumeResizeFailed", &message).await;
+        }
+        Expansion::Grow { dir, bytes, size } => {
+            let pv_name = pv.metadata.name.clone().unwrap_or_default();
+            let msg = format!("resizing volume {pv_name} to {}", size.0);
+            report(ctx, pvc, false, "Resizing", &msg).await;
+            match expansion::expand(&ctx.client, pvc, pv, &dir, bytes, &size).await? {
+                Ok(()) => {
+                    let msg = format!("volume {pv_name} resized to {}", size.0);
+                    report(ctx, pvc, false, "VolumeResizeSuccessful", &msg).await;
+                }
+                Err(m) => report(ctx, pvc, true, "VolumeResizeFailed", &m).await,
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,5 +1,5 @@
 //! `kube::Resource` wrappers for the CDI kinds the storage controllers use (DataVolume,
-//! StorageProfile), so that `kube::Api` and `kube::runtime::Controller` work with the typed
+//! DataSource, StorageProfile), so that `kube::Api` and `kube::runtime::Controller` work with the typed
 //! structs of `ferrovirt_api::cdi`.
 
 use std::borrow::Cow;
@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use ferrovirt_api::cdi::{DataVolume, StorageProfile};
+use ferrovirt_api::cdi::{DataSource, DataVolume, StorageProfile};
 
 /// `cdi.kubevirt.io/v1beta1`.
 pub const CDI_API_VERSION: &str = "cdi.kubevirt.io/v1beta1";
@@ -48,6 +48,10 @@ macro_rules! cdi_kind {
 cdi_kind!(
     /// A DataVolume usable with `kube::Api`.
     Dv(DataVolume), k8s_openapi::NamespaceResourceScope, "DataVolume", "datavolumes"
+);
+cdi_kind!(
+    /// A DataSource usable with `kube::Api`.
+    Ds(DataSource), k8s_openapi::NamespaceResourceScope, "DataSource", "datasources"
 );
 cdi_kind!(
     /// A StorageProfile usable with `kube::Api`.

@@ -378,8 +378,11 @@ async fn upload(
             "image refused: the upload exceeds {n} bytes, more than a PVC of {capacity} bytes can hold"
         )),
         Ok(file) => {
-            let target = image_of(&path);
             let out = async {
+                let target = match pv.as_ref() {
+                    Some(pv) => super::block::target(pv, &path).await?,
+                    None => image_of(&path),
+                };
                 let image = importer::decompress_if_needed(&file, &scratch.join("image")).await?;
                 importer::clone_image(&image, &target, capacity, |p| {
                     set_progress(&progress, importer::convert_progress(p))

@@ -1,0 +1,735 @@
+//! The agent's side of networking (docs/networking.md): the node's pod network (its subnet from
+//! the Node's `spec.podCIDR`, set by the node IPAM controller or recorded from `--pod-cidr`),
+//! the VXLAN overlay to the other nodes (kept in sync with the Node objects), and per VMI the
+//! attachments: the pod-network interface (namespace, veth, tap, DHCP server) and secondary
+//! interfaces on Multus bridge networks (NetworkAttachmentDefinitions). Plans are kept in the
+//! VMI directory, so teardown is exact and an agent restart re-attaches running VMIs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_network::{Ipv4Cidr, NodeInfo, NodeNetwork, Overlay, SecondaryPlan};
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use crate::error::AgentError;
+use crate::launchers::{self, LauncherConfig};
+use crate::mapping::{self, PodTap};
+
+/// How the node's pod network is configured (`--pod-network` and friends).
+#[derive(Debug, Clone)]
+pub struct PodNetworkOptions {
+    /// Node settings. Its `node_subnet` is replaced by the Node's `spec.podCIDR` unless
+    /// `pod_cidr` is given.
+    pub node: NodeNetwork,
+    /// This node's subnet, overriding the node IPAM controller; recorded on the Node.
+    pub pod_cidr: Option<Ipv4Cidr>,
+    /// The node's underlay address: the overlay's VXLAN endpoint, published as the Node's
+    /// InternalIP. `None`: no overlay (VMIs reach only their own node's VMIs).
+    pub node_ip: Option<Ipv4Addr>,
+}
+
+/// File in the VMI directory with the secondary interfaces' plans.
+const SECONDARY_PLANS: &str = "secondary-networks.json";
+/// How long the agent waits for the node IPAM controller before it keeps retrying quietly.
+const CIDR_WAIT_LOG: Duration = Duration::from_secs(10);
+/// Overlay resync interval (besides Node watch events).
+const OVERLAY_RESYNC: Duration = Duration::from_secs(30);
+
+fn net_err(e: ferrovirt_network::Error) -> AgentError {
+    AgentError::Reference(format!("pod network: {e}"))
+}
+
+fn kube_err(e: kube::Error) -> AgentError {
+    AgentError::Reference(format!("API: {e}"))
+}
+
+/// What the launcher of one VMI needs from its network attachments.
+#[derive(Debug, Default)]
+pub struct Attachment {
+    /// Taps by interface name (pod and secondary interfaces).
+    pub taps: BTreeMap<String, PodTap>,
+    /// Command prefix entering the VMI's network namespace; empty without one.
+    pub exec_prefix: Vec<String>,
+}
+
+/// A VMI interface on a Multus network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecondaryInterface {
+    pub name: String,
+    /// `spec.networks[i]` of the interface's network (for error messages).
+    pub network_field: String,
+    /// The NetworkAttachmentDefinition: namespace and name.
+    pub nad_namespace: String,
+    pub nad_name: String,
+    pub mac: ferrovirt_network::MacAddr,
+}
+
+/// The VMI's interfaces on Multus networks, in interface order. Only the bridge binding is
+/// supported on them; any other binding is refused naming the interface.
+pub fn secondary_interfaces(
+    vmi: &VirtualMachineInstance,
+) -> Result<Vec<SecondaryInterface>, AgentError> {
+    let Some(spec) = vmi.spec.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let networks = spec.networks.as_deref().unwrap_or(&[]);
+    let mut out = Vec::new();
+    for (i, iface) in spec.domain.devices.interfaces.iter().flatten().enumerate() {
+        let Some((j, net)) = networks
+            .iter()
+            .enumerate()
+            .find(|(_, n)| n.name == iface.name)
+        else {
+            continue;
+        };
+        let Some(multus) = net.multus.as_ref() else {
+            continue;
+        };
+        let field = format!("spec.domain.devices.interfaces[{i}]");
+        if iface.bridge.is_none() {
+            return Err(AgentError::unsupported(
+                field,
+                "interfaces on multus networks support only the bridge binding",
+            ));
+        }
+        let (nad_namespace, nad_name) = match multus.network_name.split_once('/') {
+            Some((n, name)) => (n.to_string(), name.to_string()),
+            None => (ns.to_string(), multus.network_name.clone()),
+        };
+        let mac = mapping::nic_mac(i, iface, vmi)?;
+        let mac = mac.parse().map_err(|_| {
+            AgentError::invalid(
+                format!("{field}.macAddress"),
+                format!("{mac:?} is not a MAC"),
+            )
+        })?;
+        out.push(SecondaryInterface {
+            name: iface.name.clone(),
+            network_field: format!("spec.networks[{j}].multus.networkName"),
+            nad_namespace,
+            nad_name,
+            mac,
+        });
+    }
+    Ok(out)
+}
+
+/// The explicit MAC addresses (`macAddress`) of `vmi`'s interfaces, normalized.
+fn explicit_macs(vmi: &VirtualMachineInstance) -> Vec<(usize, String)> {
+    vmi.spec
+        .as_ref()
+        .and_then(|s| s.domain.devices.interfaces.as_ref())
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, iface)| {
+            iface
+                .mac_address
+                .as_ref()
+                .map(|m| (i, m.replace('-', ":").to_lowercase()))
+        })
+        .collect()
+}
+
+fn is_final(vmi: &VirtualMachineInstance) -> bool {
+    let phase = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_ref())
+        .and_then(|p| serde_json::to_value(p).ok())
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default();
+    phase == "Succeeded" || phase == "Failed"
+}
+
+/// Refuses a `macAddress` that another live VMI of the cluster already asked for. The older
+/// VMI (creation time, then namespace/name) keeps the address, so exactly one of two
+/// conflicting VMIs fails, whichever node sees it first.
+pub fn check_duplicate_macs(
+    vmi: &VirtualMachineInstance,
+    others: &[VirtualMachineInstance],
+) -> Result<(), AgentError> {
+    let key = |v: &VirtualMachineInstance| {
+        (
+            v.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            v.metadata.namespace.clone().unwrap_or_default(),
+            v.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    let mine = key(vmi);
+    for (i, mac) in explicit_macs(vmi) {
+        for o in others {
+            if o.metadata.uid == vmi.metadata.uid
+                || is_final(o)
+                || o.metadata.deletion_timestamp.is_some()
+                || key(o) > mine
+            {
+                continue;
+            }
+            if explicit_macs(o).iter().any(|(_, m)| *m == mac) {
+                return Err(AgentError::invalid(
+                    format!("spec.domain.devices.interfaces[{i}].macAddress"),
+                    format!(
+                        "MAC address {mac} is already in use by VirtualMachineInstance {}/{}",
+                        o.metadata.namespace.as_deref().unwrap_or("default"),
+                        o.metadata.name.as_deref().unwrap_or("")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn nad_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    )
+}
+
+fn read_secondary_plans(dir: &Path) -> Vec<SecondaryPlan> {
+    std::fs::read_to_string(dir.join(SECONDARY_PLANS))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+fn write_secondary_plans(dir: &Path, plans: &[SecondaryPlan]) -> Result<(), AgentError> {
+    let path = dir.join(SECONDARY_PLANS);
+    let tmp = dir.join(format!("{SECONDARY_PLANS}.tmp"));
+    let text = serde_json::to_vec_pretty(plans)
+        .map_err(|e| AgentError::Reference(format!("encoding network plans: {e}")))?;
+    std::fs::write(&tmp, text).map_err(|e| AgentError::io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| AgentError::io(&path, e))
+}
+
+/// The agent's networking state.
+pub struct AgentNet {
+    opts: Option<PodNetworkOptions>,
+    cfg: LauncherConfig,
+    /// The node network once its subnet is known ([`AgentNet::init`]).
+    node: OnceLock<NodeNetwork>,
+    /// Pod-network attachments (their DHCP servers) per VMI uid.
+    attachments: Mutex<HashMap<String, ferrovirt_network::Attached>>,
+}
+
+impl AgentNet {
+    pub fn new(opts: Option<PodNetworkOptions>, cfg: LauncherConfig) -> Self {
+        AgentNet {
+            opts,
+            cfg,
+            node: OnceLock::new(),
+            attachments: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the node has a pod network.
+    pub fn enabled(&self) -> bool {
+        self.opts.is_some()
+    }
+
+    /// The address to publish as the Node's InternalIP, when the overlay defines one.
+    pub fn internal_ip(&self) -> Option<String> {
+        self.opts
+            .as_ref()
+            .and_then(|o| o.node_ip)
+            .map(|ip| ip.to_string())
+    }
+
+    /// Checks the tools (before anything else, so the agent fails early and clearly).
+    pub async fn preflight(&self) -> Result<(), AgentError> {
+        if self.opts.is_some() {
+            ferrovirt_network::apply::preflight()
+                .await
+                .map_err(net_err)?;
+        }
+        Ok(())
+    }
+
+    /// After the Node is registered: settles the node's subnet (records `--pod-cidr` on the
+    /// Node after checking it against the other Nodes, or waits for the node IPAM controller
+    /// to set `spec.podCIDR`), sets up the node bridge and NAT and the overlay device.
+    pub async fn init(&self, client: &Client, node_name: &str) -> Result<(), AgentError> {
+        let Some(opts) = &self.opts else {
+            return Ok(());
+        };
+        let nodes: Api<Node> = Api::all(client.clone());
+        let subnet = match opts.pod_cidr {
+            Some(cidr) => {
+                let list = nodes.list(&ListParams::default()).await.map_err(kube_err)?;
+                let others: Vec<(String, Option<String>)> = list
+                    .items
+                    .iter()
+                    .map(|n| (n.metadata.name.clone().unwrap_or_default(), pod_cidr_of(n)))
+                    .collect();
+                ferrovirt_network::node_cidrs::check_own(node_name, cidr, &others)
+                    .map_err(|e| AgentError::Reference(format!("--pod-cidr: {e}")))?;
+                let patch =
+                    json!({"spec": {"podCIDR": cidr.to_string(), "podCIDRs": [cidr.to_string()]}});
+                nodes
+                    .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(kube_err)?;
+                cidr
+            }
+            None => wait_for_pod_cidr(&nodes, node_name).await?,
+        };
+        let mut node = opts.node.clone();
+        node.node_subnet = subnet;
+        node.validate().map_err(net_err)?;
+        ferrovirt_network::setup_node(&node)
+            .await
+            .map_err(net_err)?;
+        if let Some(ip) = opts.node_ip {
+            let ov = Overlay::new(node_name, ip);
+            ferrovirt_network::pod::setup_overlay(&node, &ov)
+                .await
+                .map_err(net_err)?;
+        }
+        tracing::info!(subnet = %node.node_subnet, overlay = ?opts.node_ip, "pod network ready");
+        let _ = self.node.set(node);
+        Ok(())
+    }
+
+    /// Keeps the overlay's peers equal to the other Nodes (watch plus periodic resync).
+    /// Returns at once when the node has no overlay.
+    pub async fn run_overlay(&self, client: Client, node_name: String) {
+        use futures::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        let (Some(node), Some(ip)) = (self.node.get(), self.opts.as_ref().and_then(|o| o.node_ip))
+        else {
+            return std::future::pending().await;
+        };
+        let ov = Overlay::new(&node_name, ip);
+        let api: Api<Node> = Api::all(client);
+        let mut events = kube::runtime::watcher(api.clone(), Default::default())
+            .default_backoff()
+            .boxed();
+        let mut last_notes = Vec::new();
+        loop {
+            match api.list(&ListParams::default()).await {
+                Ok(list) => {
+                    let infos: Vec<NodeInfo> = list.items.iter().map(node_info).collect();
+                    let (peers, notes) =
+                        ferrovirt_network::overlay::peers(node, &node_name, &infos);
+                    if notes != last_notes {
+                        for n in &notes {
+                            tracing::info!("overlay: {n}");
+                        }
+                        last_notes = notes;
+                    }
+                    match ferrovirt_network::pod::sync_overlay(node, &ov, &peers).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(peers = peers.len(), steps = n, "overlay synced"),
+                        Err(e) => tracing::warn!("overlay sync: {e}"),
+                    }
+                }
+                Err(e) => tracing::warn!("listing nodes for the overlay: {e}"),
+            }
+            // Wait for a Node change or the resync interval.
+            let _ = tokio::time::timeout(OVERLAY_RESYNC, async {
+                loop {
+                    match events.next().await {
+                        Some(Ok(kube::runtime::watcher::Event::Apply(_)))
+                        | Some(Ok(kube::runtime::watcher::Event::Delete(_)))
+                        | Some(Ok(kube::runtime::watcher::Event::InitDone)) => break,
+                        Some(_) => {}
+                        None => {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            break;
+                        }
+                    }
+                }
+            })
+            .await;
+        }
+    }
+
+    /// Attaches the VMI's networks before its launcher starts: the pod-network interface
+    /// (when the VMI has one) and every secondary interface. On failure whatever was created
+    /// is removed again and the error names the interface or network at fault.
+    pub async fn attach(
+        &self,
+        client: &Client,
+        vmi: &VirtualMachineInstance,
+        uid: &str,
+        dir: &Path,
+    ) -> Result<Attachment, AgentError> {
+        let secondaries = secondary_interfaces(vmi)?;
+        let Some(node) = self.node.get() else {
+            if let Some(s) = secondaries.first() {
+                return Err(AgentError::unsupported(
+                    s.network_field.clone(),
+                    "secondary (multus) networks need the node's pod network (agent flag --pod-network)",
+                ));
+            }
+            return Ok(Attachment::default());
+        };
+        match self
+            .attach_inner(client, node, vmi, uid, dir, &secondaries)
+            .await
+        {
+            Ok(a) => Ok(a),
+            Err(e) => {
+                self.detach(uid).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn attach_inner(
+        &self,
+        client: &Client,
+        node: &NodeNetwork,
+        vmi: &VirtualMachineInstance,
+        uid: &str,
+        dir: &Path,
+        secondaries: &[SecondaryInterface],
+    ) -> Result<Attachment, AgentError> {
+        let mut out = Attachment::default();
+        if let Some(pi) = mapping::pod_interface(vmi)? {
+            let plan = {
+                // Held while allocating, so two VMIs starting together never pick one address.
+                let mut attachments = self.attachments.lock().await;
+                attachments.remove(uid); // one DHCP server per VMI
+                match launchers::read_network_plan(dir) {
+                    Some(p) => p,
+                    None => {
+                        let (ns, name) = ns_name(vmi);
+                        let mut req =
+                            ferrovirt_network::PodRequest::new(uid, &ns, &name, pi.binding.clone());
+                        req.interface = pi.name.clone();
+                        req.mac = Some(pi.mac);
+                        req.used = self
+                            .cfg
+                            .local_uids()
+                            .iter()
+                            .filter(|u| u.as_str() != uid)
+                            .filter_map(|u| launchers::read_network_plan(&self.cfg.vmi_dir(u)))
+                            .map(|p| p.address)
+                            .collect();
+                        let plan =
+                            ferrovirt_network::PodPlan::build(node, &req).map_err(net_err)?;
+                        launchers::write_network_plan(dir, &plan)?;
+                        plan
+                    }
+                }
+            };
+            let attached = ferrovirt_network::setup(&plan).await.map_err(net_err)?;
+            out.taps.insert(
+                pi.name.clone(),
+                PodTap {
+                    ifname: attached.tap.clone(),
+                    mac: attached.mac.to_string(),
+                },
+            );
+            out.exec_prefix = attached.exec_prefix();
+            self.attachments
+                .lock()
+                .await
+                .insert(uid.to_string(), attached);
+        }
+        if secondaries.is_empty() {
+            return Ok(out);
+        }
+        let mut plans = Vec::new();
+        for (k, s) in secondaries.iter().enumerate() {
+            let nad_api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &s.nad_namespace, &nad_resource());
+            let nad = nad_api.get_opt(&s.nad_name).await.map_err(kube_err)?;
+            let Some(nad) = nad else {
+                return Err(AgentError::invalid(
+                    s.network_field.clone(),
+                    format!(
+                        "network {:?}: NetworkAttachmentDefinition {}/{} not found",
+                        s.name, s.nad_namespace, s.nad_name
+                    ),
+                ));
+            };
+            let config = nad.data["spec"]["config"].as_str().unwrap_or("");
+            let config = ferrovirt_network::secondary::parse_cni_config(config).map_err(|e| {
+                AgentError::invalid(
+                    s.network_field.clone(),
+                    format!(
+                        "network {:?}: NetworkAttachmentDefinition {}/{}: {e}",
+                        s.name, s.nad_namespace, s.nad_name
+                    ),
+                )
+            })?;
+            let req = ferrovirt_network::SecondaryRequest {
+                uid: uid.to_string(),
+                interface: s.name.clone(),
+                nad: format!("{}/{}", s.nad_namespace, s.nad_name),
+                config,
+                index: k as u32 + 1,
+                mac: s.mac,
+            };
+            plans.push(SecondaryPlan::build(node, &req).map_err(net_err)?);
+        }
+        // Recorded before anything is created, so teardown finds it all.
+        write_secondary_plans(dir, &plans)?;
+        for p in &plans {
+            ferrovirt_network::pod::setup_secondary(p)
+                .await
+                .map_err(|e| {
+                    AgentError::Reference(format!("{}: {e}", secondary_field(secondaries, p)))
+                })?;
+            out.taps.insert(
+                p.interface.clone(),
+                PodTap {
+                    ifname: p.tap.clone(),
+                    mac: p.mac.to_string(),
+                },
+            );
+        }
+        if out.exec_prefix.is_empty() {
+            out.exec_prefix = ferrovirt_network::netns::exec_prefix(&plans[0].netns);
+        }
+        Ok(out)
+    }
+
+    /// After an agent restart: re-applies the plans of a running VMI (links are kept) and
+    /// restarts its DHCP server.
+    pub async fn reattach(&self, uid: &str) {
+        if self.node.get().is_none() || self.attachments.lock().await.contains_key(uid) {
+            return;
+        }
+        let dir = self.cfg.vmi_dir(uid);
+        if let Some(plan) = launchers::read_network_plan(&dir) {
+            match ferrovirt_network::setup(&plan).await {
+                Ok(a) => {
+                    self.attachments.lock().await.insert(uid.to_string(), a);
+                }
+                Err(e) => tracing::warn!(%uid, "re-attaching the pod network: {e}"),
+            }
+        }
+        for p in read_secondary_plans(&dir) {
+            if let Err(e) = ferrovirt_network::pod::setup_secondary(&p).await {
+                tracing::warn!(%uid, "re-attaching network {}: {e}", p.interface);
+            }
+        }
+    }
+
+    /// Stops the VMI's DHCP server and removes its namespace and veths (before its directory,
+    /// which holds the plans, is removed).
+    pub async fn detach(&self, uid: &str) {
+        self.attachments.lock().await.remove(uid);
+        let dir = self.cfg.vmi_dir(uid);
+        let mut netns = None;
+        if let Some(plan) = launchers::read_network_plan(&dir) {
+            if let Err(e) = ferrovirt_network::teardown(&plan).await {
+                tracing::warn!(%uid, "tearing down the pod network: {e}");
+            }
+            netns = Some(plan.netns);
+        }
+        for p in read_secondary_plans(&dir) {
+            if let Err(e) = ferrovirt_network::pod::teardown_secondary(&p).await {
+                tracing::warn!(%uid, "tearing down network {}: {e}", p.interface);
+            }
+            netns.get_or_insert(p.netns);
+        }
+        if let Some(n) = netns
+            && let Err(e) = ferrovirt_network::pod::teardown_netns(&n).await
+        {
+            tracing::warn!(%uid, "removing namespace {n}: {e}");
+        }
+    }
+
+    /// The pod-network interface name and address of a VMI, for its status.
+    pub fn pod_report(&self, vmi: &VirtualMachineInstance, uid: &str) -> Option<(String, String)> {
+        self.opts.as_ref()?;
+        let p = launchers::read_network_plan(&self.cfg.vmi_dir(uid))?;
+        let pi = mapping::pod_interface(vmi).ok().flatten()?;
+        Some((pi.name, p.address.to_string()))
+    }
+
+    /// Lists the cluster's VMIs and refuses `vmi` when it asks for a MAC another one uses.
+    pub async fn check_macs(
+        &self,
+        client: &Client,
+        vmi: &VirtualMachineInstance,
+    ) -> Result<(), AgentError> {
+        if explicit_macs(vmi).is_empty() {
+            return Ok(());
+        }
+        let res = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
+            "virtualmachineinstances",
+        );
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
+        let list = api.list(&ListParams::default()).await.map_err(kube_err)?;
+        let others: Vec<VirtualMachineInstance> = list
+            .items
+            .into_iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .filter_map(|v| serde_json::from_value(v).ok())
+            .collect();
+        check_duplicate_macs(vmi, &others)
+    }
+}
+
+fn secondary_field(secondaries: &[SecondaryInterface], p: &SecondaryPlan) -> String {
+    secondaries
+        .iter()
+        .find(|s| s.name == p.interface)
+        .map(|s| s.network_field.clone())
+        .unwrap_or_else(|| p.interface.clone())
+}
+
+fn ns_name(vmi: &VirtualMachineInstance) -> (String, String) {
+    (
+        vmi.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        vmi.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn pod_cidr_of(n: &Node) -> Option<String> {
+    n.spec.as_ref().and_then(|s| {
+        s.pod_cidr
+            .clone()
+            .or_else(|| s.pod_cidrs.as_ref().and_then(|c| c.first().cloned()))
+    })
+}
+
+fn node_info(n: &Node) -> NodeInfo {
+    NodeInfo {
+        name: n.metadata.name.clone().unwrap_or_default(),
+        pod_cidr: pod_cidr_of(n),
+        internal_ip: n
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+            .map(|a| a.address.clone()),
+    }
+}
+
+/// Waits until the node IPAM controller has set the Node's `spec.podCIDR`.
+async fn wait_for_pod_cidr(nodes: &Api<Node>, name: &str) -> Result<Ipv4Cidr, AgentError> {
+    let started = std::time::Instant::now();
+    let mut logged = started;
+    loop {
+        match nodes.get_opt(name).await {
+            Ok(Some(n)) => {
+                if let Some(c) = pod_cidr_of(&n) {
+                    return c.parse().map_err(|e| {
+                        AgentError::Reference(format!("node {name}: spec.podCIDR: {e}"))
+                    });
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!("reading node {name}: {e}"),
+        }
+        if logged.elapsed() > CIDR_WAIT_LOG {
+            logged = std::time::Instant::now();
+            tracing::warn!(
+                "node {name} has no spec.podCIDR after {:?}: is the node IPAM controller running (ferrovirt server without --disable-controllers)? Or give --pod-cidr",
+                started.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vmi(
+        name: &str,
+        created: i64,
+        macs: &[Option<&str>],
+        multus: bool,
+    ) -> VirtualMachineInstance {
+        let ifaces: Vec<_> = macs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let mut v = json!({"name": format!("n{i}"), "bridge": {}});
+                if let Some(m) = m {
+                    v["macAddress"] = json!(m);
+                }
+                v
+            })
+            .collect();
+        let nets: Vec<_> = (0..macs.len())
+            .map(|i| {
+                if multus {
+                    json!({"name": format!("n{i}"), "multus": {"networkName": if i == 0 { "br-test".to_string() } else { format!("other/nad{i}") }}})
+                } else {
+                    json!({"name": format!("n{i}"), "pod": {}})
+                }
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
+                         "creationTimestamp": format!("2026-01-01T00:00:{created:02}Z")},
+            "spec": {"domain": {"devices": {"interfaces": ifaces}}, "networks": nets}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_older_vmi_keeps_a_duplicate_mac() {
+        let a = vmi("a", 1, &[Some("02:00:00:00:00:01")], false);
+        let b = vmi("b", 2, &[None, Some("02-00-00-00-00-01")], false);
+        let c = vmi("c", 3, &[Some("02:00:00:00:00:02")], false);
+        let all = [a.clone(), b.clone(), c.clone()];
+        check_duplicate_macs(&a, &all).unwrap();
+        check_duplicate_macs(&c, &all).unwrap();
+        let e = check_duplicate_macs(&b, &all).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "spec.domain.devices.interfaces[1].macAddress: MAC address 02:00:00:00:00:01 is already in use by VirtualMachineInstance default/a"
+        );
+        // A finished VMI no longer holds its MAC.
+        let mut done = a.clone();
+        done.status = serde_json::from_value(json!({"phase": "Succeeded"})).unwrap();
+        check_duplicate_macs(&b, &[done, b.clone()]).unwrap();
+    }
+
+    #[test]
+    fn secondary_interfaces_resolve_their_nad() {
+        let v = vmi("s", 1, &[None, Some("02:00:00:00:00:09")], true);
+        let s = secondary_interfaces(&v).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            (s[0].nad_namespace.as_str(), s[0].nad_name.as_str()),
+            ("default", "br-test")
+        );
+        assert_eq!(
+            (s[1].nad_namespace.as_str(), s[1].nad_name.as_str()),
+            ("other", "nad1")
+        );
+        assert_eq!(
+            s[0].mac.to_string(),
+            mapping::derived_mac("default", "s", "n0")
+        );
+        assert_eq!(s[1].mac.to_string(), "02:00:00:00:00:09");
+        assert_eq!(s[1].network_field, "spec.networks[1].multus.networkName");
+        // Only the bridge binding.
+        let mut raw = serde_json::to_value(&v).unwrap();
+        raw["spec"]["domain"]["devices"]["interfaces"][0] = json!({"name": "n0", "masquerade": {}});
+        let v: VirtualMachineInstance = serde_json::from_value(raw).unwrap();
+        let e = secondary_interfaces(&v).unwrap_err().to_string();
+        assert!(
+            e.contains("interfaces[0]: interfaces on multus networks"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,159 @@
+//! The node IPAM controller (Kubernetes' `--allocate-node-cidrs`): gives every Node without a
+//! `spec.podCIDR` a subnet of the cluster CIDR, written with the Node's resourceVersion as a
+//! precondition (a concurrent change makes the write fail and the next pass decide again).
+//! The decision is `ferrovirt_network::node_cidrs::assign` (pure): stable, disjoint subnets,
+//! and Nodes whose subnets overlap reported with a Warning Event (`CIDRNotAvailable`) instead of
+//! being touched. Agents started with `--pod-cidr` record their own subnet; this controller
+//! keeps it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use serde_json::json;
+
+use crate::error::ControllerError;
+use crate::runtime::events::{EventRecorder, object_ref};
+
+/// Component name on Events.
+pub const COMPONENT: &str = "node-ipam-controller";
+
+/// How node subnets are cut.
+#[derive(Debug, Clone)]
+pub struct NodeIpamOptions {
+    /// Allocate node subnets at all.
+    pub enabled: bool,
+    /// The cluster ("pod network") CIDR.
+    pub cluster_cidr: String,
+    /// Prefix length of a node subnet.
+    pub node_prefix: u8,
+    /// Pass interval besides Node watch events.
+    pub resync: Duration,
+}
+
+impl Default for NodeIpamOptions {
+    fn default() -> Self {
+        NodeIpamOptions {
+            enabled: true,
+            cluster_cidr: ferrovirt_network::ipam::DEFAULT_CLUSTER_CIDR.into(),
+            node_prefix: ferrovirt_network::ipam::DEFAULT_NODE_PREFIX,
+            resync: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Runs the controller until the future is dropped. A bad cluster CIDR stops it with an error
+/// naming the setting.
+pub async fn run(client: kube::Client, opts: NodeIpamOptions) -> Result<(), ControllerError> {
+    if !opts.enabled {
+        return std::future::pending().await;
+    }
+    let ipam = opts
+        .cluster_cidr
+        .parse()
+        .and_then(|c| ferrovirt_network::Ipam::new(c, opts.node_prefix))
+        .map_err(|e| ControllerError::TaskStopped {
+            name: "node-ipam",
+            reason: format!("cluster CIDR {:?}: {e}", opts.cluster_cidr),
+        })?;
+    let recorder = EventRecorder::new(client.clone(), COMPONENT);
+    let api: Api<Node> = Api::all(client);
+    let mut events = kube::runtime::watcher(api.clone(), Default::default())
+        .default_backoff()
+        .boxed();
+    let mut reported = HashSet::new();
+    loop {
+        if let Err(e) = pass(&api, &ipam, &recorder, &mut reported).await {
+            tracing::warn!(error = %e, "node IPAM pass failed");
+        }
+        let _ = tokio::time::timeout(opts.resync, async {
+            loop {
+                match events.next().await {
+                    Some(Ok(kube::runtime::watcher::Event::Apply(_)))
+                    | Some(Ok(kube::runtime::watcher::Event::InitDone)) => break,
+                    Some(_) => {}
+                    None => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        break;
+                    }
+                }
+            }
+        })
+        .await;
+    }
+}
+
+async fn pass(
+    api: &Api<Node>,
+    ipam: &ferrovirt_network::Ipam,
+    recorder: &EventRecorder,
+    reported: &mut HashSet<(String, String)>,
+) -> Result<(), ControllerError> {
+    let nodes = api.list(&ListParams::default()).await?.items;
+    let current: Vec<(String, Option<String>)> = nodes
+        .iter()
+        .map(|n| {
+            let cidr = n.spec.as_ref().and_then(|s| {
+                s.pod_cidr
+                    .clone()
+                    .or_else(|| s.pod_cidrs.as_ref().and_then(|c| c.first().cloned()))
+            });
+            (n.metadata.name.clone().unwrap_or_default(), cidr)
+        })
+        .collect();
+    let decision = match ferrovirt_network::node_cidrs::assign(ipam, &current) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!("node IPAM: {e}");
+            return Ok(());
+        }
+    };
+    for (name, reason) in decision.conflicts {
+        if reported.insert((name.clone(), reason.clone())) {
+            tracing::warn!(node = %name, "node IPAM: {reason}");
+            if let Some(n) = nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(&name))
+            {
+                let r = object_ref("v1", "Node", &n.metadata);
+                recorder.record(&r, true, "CIDRNotAvailable", &reason).await;
+            }
+        }
+    }
+    for (name, cidr) in decision.assign {
+        let Some(n) = nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(&name))
+        else {
+            continue;
+        };
+        let patch = json!({
+            "metadata": {"resourceVersion": n.metadata.resource_version},
+            "spec": {"podCIDR": cidr.to_string(), "podCIDRs": [cidr.to_string()]},
+        });
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(node = %name, %cidr, "assigned node pod CIDR");
+                let r = object_ref("v1", "Node", &n.metadata);
+                recorder
+                    .record(
+                        &r,
+                        false,
+                        "CIDRAssignmentSucceeded",
+                        &format!("Node {name} got pod CIDR {cidr}"),
+                    )
+                    .await;
+            }
+            // Changed meanwhile (e.g. the agent recorded its own): decided again next pass.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

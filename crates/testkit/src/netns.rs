@@ -1,0 +1,129 @@
+//! Network namespaces for network end-to-end tests: throwaway named namespaces (a "node", an
+//! "outside" peer) deleted on drop, veth pairs between them, and small queries (`ip netns
+//! list`, links of a namespace) to assert that nothing was left behind. Needs root.
+
+use std::process::{Command, Output};
+
+use anyhow::{Context, bail};
+
+/// Runs a command and returns stdout; fails with its stderr.
+pub fn sh(argv: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .with_context(|| format!("running {argv:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{argv:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A named network namespace (under /run/netns), deleted on drop.
+#[derive(Debug)]
+pub struct Netns(pub String);
+
+impl Netns {
+    /// Creates `name` (replacing a leftover of that name) with `lo` up.
+    pub fn new(name: &str) -> anyhow::Result<Netns> {
+        if std::path::Path::new("/run/netns").join(name).exists() {
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
+        }
+        sh(&["ip", "netns", "add", name]).context("ip netns add (root needed)")?;
+        let ns = Netns(name.to_string());
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// Only deletes `name` on drop (e.g. a VMI namespace the test expects to vanish).
+    pub fn guard(name: &str) -> Netns {
+        Netns(name.to_string())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// `ip -n NAME ARGS…`.
+    pub fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut argv = vec!["ip", "-n", &self.0];
+        argv.extend_from_slice(args);
+        sh(&argv)
+    }
+
+    /// `bridge -n NAME ARGS…`.
+    pub fn bridge(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut argv = vec!["bridge", "-n", &self.0];
+        argv.extend_from_slice(args);
+        sh(&argv)
+    }
+
+    /// Runs a program inside the namespace (`ip netns exec`), whatever its exit status.
+    pub fn exec(&self, args: &[&str]) -> anyhow::Result<Output> {
+        Ok(Command::new("ip")
+            .args(["netns", "exec", &self.0])
+            .args(args)
+            .output()?)
+    }
+
+    /// Names of the links in the namespace.
+    pub fn links(&self) -> anyhow::Result<Vec<String>> {
+        Ok(link_names(&self.ip(&["-o", "link", "show"])?))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if std::path::Path::new("/run/netns").join(&self.0).exists() {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+}
+
+/// Link names from `ip -o link show` output.
+pub fn link_names(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        .collect()
+}
+
+/// A veth pair `a` (in namespace `ns_a`, address `addr_a`) ↔ `b` (in `ns_b`, `addr_b`), both
+/// up; an address of `None` leaves that end without one.
+pub fn veth(
+    (ns_a, a, addr_a): (&Netns, &str, Option<&str>),
+    (ns_b, b, addr_b): (&Netns, &str, Option<&str>),
+) -> anyhow::Result<()> {
+    sh(&[
+        "ip", "link", "add", a, "netns", &ns_a.0, "type", "veth", "peer", "name", b, "netns",
+        &ns_b.0,
+    ])?;
+    for (ns, name, addr) in [(ns_a, a, addr_a), (ns_b, b, addr_b)] {
+        if let Some(addr) = addr {
+            ns.ip(&["addr", "add", addr, "dev", name])?;
+        }
+        ns.ip(&["link", "set", name, "up"])?;
+    }
+    Ok(())
+}
+
+/// `ip netns list` (names only).
+pub fn netns_list() -> Vec<String> {
+    Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.split_whitespace().next().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A short token for names that must not clash between concurrent test runs.
+pub fn token() -> String {
+    format!("{:05}", std::process::id() % 100_000)
+}
