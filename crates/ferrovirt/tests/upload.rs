@@ -1,8 +1,9 @@
 //! End-to-end uploads through the real server: `ferrovirt image-upload dv` of the test
 //! guest's `disk.qcow2` (DataVolume with an `upload` source → UploadReady → UploadTokenRequest
 //! → `POST /v1beta1/upload` → Succeeded) and a VirtualMachine booting from it (the guest's
-//! `FERROVIRT-BOOT` serial marker); a gzip-compressed upload; a forged or missing upload token answers 401; an image
-//! larger than the claim fails the DataVolume.
+//! `FERROVIRT-BOOT` serial marker); a gzip-compressed upload; a forged or missing upload token
+//! answers 401; an upload whose client dies half-way leaves the DataVolume ready for another
+//! try; an image larger than the claim fails the DataVolume.
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -183,6 +184,40 @@ spec:
     assert_eq!(post_upload(&c, Some(&forged), b"data")?, 401);
     assert_eq!(post_upload(&c, Some("not-a-token"), b"data")?, 401);
     assert_eq!(post_upload(&c, None, b"data")?, 401);
+    let v = c.get_json(&["datavolume", "waiting", "-n", "default"])?;
+    assert_eq!(v["status"]["phase"], "UploadReady", "{v}");
+
+    // An upload whose client dies half-way (1 MiB of a declared 6 MB) leaves the DataVolume
+    // UploadReady for another try.
+    let part = c.dir.path().join("part");
+    std::fs::write(&part, vec![0x5a; 1 << 20])?;
+    let admin = std::fs::read_to_string(c.data_dir.join("token"))?;
+    let mut curl = Command::new("curl")
+        .args(["-sk", "-o", "/dev/null", "-X", "POST"])
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {}", admin.trim()))
+        .arg("-H")
+        .arg(format!("X-Upload-Token: {good}"))
+        .args(["-H", "Content-Length: 6000000", "--data-binary"])
+        .arg(format!("@{}", part.display()))
+        .arg(format!("https://127.0.0.1:{}/v1beta1/upload", c.port))
+        .spawn()?;
+    // The server is receiving: the DataVolume shows the share of the declared length so far.
+    let seen = c.wait_until("upload progress", Duration::from_secs(30), || {
+        let v = c.get_json(&["datavolume", "waiting", "-n", "default"])?;
+        let p = v["status"]["progress"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let pct: f64 = p.trim_end_matches('%').parse().unwrap_or(0.0);
+        Ok((pct > 0.0).then_some(p))
+    });
+    let _ = curl.kill();
+    let _ = curl.wait();
+    std::thread::sleep(Duration::from_secs(1));
+    // (The transfer is the first half of the progress scale, conversion the second.)
+    let seen = seen?;
+    assert!(seen.starts_with("8.7"), "half of 1 MiB of 6 MB: {seen}");
     let v = c.get_json(&["datavolume", "waiting", "-n", "default"])?;
     assert_eq!(v["status"]["phase"], "UploadReady", "{v}");
 
