@@ -53,6 +53,23 @@ pub enum Action {
     },
 }
 
+/// Creates the veth pair `host` (in `node_ns`) ↔ `peer` (moved into namespace `netns`).
+pub(crate) fn add_veth_pair(
+    node_ns: &Option<String>,
+    host: &str,
+    peer: &str,
+    netns: &str,
+    mtu: &str,
+) -> Action {
+    Action::AddLink {
+        netns: node_ns.clone(),
+        name: host.into(),
+        args: strs(&[
+            "link", "add", host, "mtu", mtu, "type", "veth", "peer", "name", peer, "netns", netns,
+        ]),
+    }
+}
+
 pub(crate) fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
@@ -224,24 +241,7 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
     let mut a = vec![
         Action::AddNetns(plan.netns.clone()),
         ip(&pod, &["link", "set", "lo", "up"]),
-        Action::AddLink {
-            netns: node_ns.clone(),
-            name: hveth.into(),
-            args: strs(&[
-                "link",
-                "add",
-                hveth,
-                "mtu",
-                &mtu,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                veth,
-                "netns",
-                &plan.netns,
-            ]),
-        },
+        add_veth_pair(node_ns, hveth, veth, &plan.netns, &mtu),
         ip(
             node_ns,
             &[

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::ipam::MacAddr;
 use crate::plan::{NodeNetwork, check_ifname};
-use crate::render::{Action, ip, strs};
+use crate::render::{Action, add_veth_pair, ip, strs};
 
 /// What a bridge CNI configuration asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,24 +186,7 @@ pub fn secondary_actions(plan: &SecondaryPlan) -> Vec<Action> {
     let mut a = vec![
         Action::AddNetns(plan.netns.clone()),
         ip(&pod, &["link", "set", "lo", "up"]),
-        Action::AddLink {
-            netns: node_ns.clone(),
-            name: hv.into(),
-            args: strs(&[
-                "link",
-                "add",
-                hv,
-                "mtu",
-                &mtu,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                veth,
-                "netns",
-                &plan.netns,
-            ]),
-        },
+        add_veth_pair(node_ns, hv, veth, &plan.netns, &mtu),
         ip(
             node_ns,
             &["link", "set", hv, "master", &plan.bridge, "mtu", &mtu, "up"],

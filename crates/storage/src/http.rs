@@ -51,7 +51,7 @@ pub fn parse_header(line: &str) -> Result<(http::HeaderName, http::HeaderValue),
     Ok((name, value))
 }
 
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// Parse PEM bundles into DER certificates; a bundle without any certificate is an error.
@@ -75,7 +75,8 @@ pub fn parse_ca_pems(
     Ok(out)
 }
 
-fn tls_config(ca_pems: &[String]) -> Result<Arc<rustls::ClientConfig>, StorageError> {
+/// A rustls client configuration trusting the system roots and the PEM bundles `ca_pems`.
+pub fn tls_config(ca_pems: &[String]) -> Result<Arc<rustls::ClientConfig>, StorageError> {
     let mut roots = rustls::RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for cert in native.certs {
@@ -96,6 +97,25 @@ fn tls_config(ca_pems: &[String]) -> Result<Arc<rustls::ClientConfig>, StorageEr
 }
 
 async fn connect(uri: &Uri, url: &str, ca_pems: &[String]) -> Result<Box<dyn Io>, StorageError> {
+    let tls = if uri.scheme_str() == Some("https") {
+        Some(tls_config(ca_pems)?)
+    } else {
+        None
+    };
+    connect_with(uri, url, tls, "").await
+}
+
+/// How long a TCP connect may take.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Connects to the host of `uri` (`url` is its text, for messages): plain TCP for `http`, TLS
+/// with `tls` for `https` (`None` there is an error). `tls_hint` is appended to TLS failures.
+pub(crate) async fn connect_with(
+    uri: &Uri,
+    url: &str,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    tls_hint: &str,
+) -> Result<Box<dyn Io>, StorageError> {
     let herr = |m: String| StorageError::Http {
         url: url.to_string(),
         message: m,
@@ -115,22 +135,24 @@ async fn connect(uri: &Uri, url: &str, ca_pems: &[String]) -> Result<Box<dyn Io>
         .ok_or_else(|| StorageError::invalid("URL", format!("{url} has no host")))?;
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let tcp = TcpStream::connect((bare, port))
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((bare, port)))
         .await
+        .map_err(|_| herr(format!("connecting to {host}:{port} timed out")))?
         .map_err(|e| herr(format!("connecting to {host}:{port}: {e}")))?;
     if !https {
         return Ok(Box::new(tcp));
     }
+    let tls = tls.ok_or_else(|| StorageError::invalid("URL", format!("{url}: no TLS settings")))?;
     let name = rustls::pki_types::ServerName::try_from(bare.to_string())
         .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
-    let tls = tokio_rustls::TlsConnector::from(tls_config(ca_pems)?)
+    let stream = tokio_rustls::TlsConnector::from(tls)
         .connect(name, tcp)
         .await
         .map_err(|e| StorageError::Tls {
             url: url.to_string(),
-            message: e.to_string(),
+            message: format!("{e}{tls_hint}"),
         })?;
-    Ok(Box::new(tls))
+    Ok(Box::new(stream))
 }
 
 /// GET `req.url` and pass the body to `sink` chunk by chunk; `progress(received, total)` is

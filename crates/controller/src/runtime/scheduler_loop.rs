@@ -169,7 +169,7 @@ async fn volume_affinity(
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let pvs_api: Api<PersistentVolume> = Api::all(client.clone());
     let (mut claims, mut pvs) = (Vec::new(), Vec::new());
-    for name in crate::scheduler::volumes::claim_names(vmi) {
+    for name in crate::storage::pvc_loop::claims_of(vmi) {
         let Ok(Some(claim)) = claims_api.get_opt(&name).await else {
             continue;
         };

@@ -6,35 +6,10 @@
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, PersistentVolume, PersistentVolumeClaim};
 
-use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
-
 use super::selectors;
 
 /// Kubernetes' reason for nodes that do not match a bound volume's node affinity.
 pub const REASON_VOLUME_AFFINITY: &str = "node(s) had volume node affinity conflict";
-
-/// The claims (in the VMI's namespace) a VMI's volumes use: `persistentVolumeClaim`,
-/// `dataVolume` (same-named claim) and `ephemeral` volumes.
-pub fn claim_names(vmi: &VirtualMachineInstance) -> Vec<String> {
-    vmi.spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|v| {
-            v.persistent_volume_claim
-                .as_ref()
-                .map(|c| c.claim_name.clone())
-                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
-                .or_else(|| {
-                    v.ephemeral
-                        .as_ref()
-                        .and_then(|e| e.persistent_volume_claim.as_ref())
-                        .map(|c| c.claim_name.clone())
-                })
-        })
-        .collect()
-}
 
 /// The required node selectors of the PVs the given (already looked-up) claims are bound to.
 pub fn required_selectors(
@@ -108,16 +83,17 @@ mod tests {
         assert!(fits(&sel, &node("node2")));
         assert!(!fits(&sel, &node("node1")));
         assert!(fits(&[], &node("node1")));
-        let vmi: VirtualMachineInstance = serde_json::from_value(json!({
-            "metadata": {"name": "v"},
-            "spec": {"domain": {"devices": {}}, "volumes": [
-                {"name": "a", "persistentVolumeClaim": {"claimName": "a"}},
-                {"name": "b", "dataVolume": {"name": "b"}},
-                {"name": "c", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}},
-                {"name": "d", "emptyDisk": {"capacity": "1Gi"}}
-            ]}
-        }))
-        .unwrap();
-        assert_eq!(claim_names(&vmi), ["a", "b", "c"]);
+        let vmi: ferrovirt_api::kubevirt::vmi::VirtualMachineInstance =
+            serde_json::from_value(json!({
+                "metadata": {"name": "v"},
+                "spec": {"domain": {"devices": {}}, "volumes": [
+                    {"name": "a", "persistentVolumeClaim": {"claimName": "a"}},
+                    {"name": "b", "dataVolume": {"name": "b"}},
+                    {"name": "c", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}},
+                    {"name": "d", "emptyDisk": {"capacity": "1Gi"}}
+                ]}
+            }))
+            .unwrap();
+        assert_eq!(crate::storage::pvc_loop::claims_of(&vmi), ["a", "b", "c"]);
     }
 }

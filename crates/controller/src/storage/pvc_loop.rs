@@ -42,7 +42,8 @@ struct Ctx {
     reported: Mutex<HashSet<(String, String)>>,
 }
 
-/// The claims a VMI's volumes use.
+/// The claims (in the VMI's namespace) a VMI's volumes use: `persistentVolumeClaim`,
+/// `dataVolume` (same-named claim) and `ephemeral` volumes.
 pub fn claims_of(vmi: &VirtualMachineInstance) -> Vec<String> {
     vmi.spec
         .as_ref()

@@ -19,7 +19,6 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 use super::auth::{self, Challenge};
 use super::manifest::{self, Descriptor, ImageManifest, Manifest};
@@ -27,7 +26,6 @@ use super::reference::{self, ImageRef};
 use crate::error::StorageError;
 use crate::http::BasicAuth;
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest a body may stall between two chunks.
 const STALL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -74,40 +72,15 @@ impl std::fmt::Debug for RegistryClient {
     }
 }
 
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+use crate::http::Io;
 
 /// A rustls client configuration with the system roots and the PEM certificates of `extra`.
 pub fn tls_config(extra: &[u8]) -> Result<Arc<rustls::ClientConfig>, StorageError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
+    if extra.is_empty() {
+        crate::http::tls_config(&[])
+    } else {
+        crate::http::tls_config(&[String::from_utf8_lossy(extra).into_owned()])
     }
-    if !extra.is_empty() {
-        let mut n = 0;
-        for cert in CertificateDer::pem_slice_iter(extra) {
-            let cert = cert.map_err(|e| StorageError::invalid("CA certificate", e.to_string()))?;
-            roots
-                .add(cert)
-                .map_err(|e| StorageError::invalid("CA certificate", e.to_string()))?;
-            n += 1;
-        }
-        if n == 0 {
-            return Err(StorageError::invalid(
-                "CA certificate",
-                "the bundle holds no PEM certificate",
-            ));
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| StorageError::invalid("TLS configuration", e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(cfg))
 }
 
 /// Percent-encodes a query value.
@@ -167,41 +140,13 @@ impl RegistryClient {
     }
 
     async fn connect(&self, uri: &Uri, url: &str) -> Result<Box<dyn Io>, StorageError> {
-        let https = match uri.scheme_str() {
-            Some("https") => true,
-            Some("http") => false,
-            other => {
-                return Err(StorageError::invalid(
-                    "URL",
-                    format!("{url}: unsupported scheme {other:?}"),
-                ));
-            }
-        };
-        let host = uri
-            .host()
-            .ok_or_else(|| StorageError::invalid("URL", format!("{url} has no host")))?;
-        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((bare, port)))
-            .await
-            .map_err(|_| self.http_err(url, format!("connecting to {host}:{port} timed out")))?
-            .map_err(|e| self.http_err(url, format!("connecting to {host}:{port}: {e}")))?;
-        if !https {
-            return Ok(Box::new(tcp));
-        }
-        let name = rustls::pki_types::ServerName::try_from(bare.to_string())
-            .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
-        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-            .connect(name, tcp)
-            .await
-            .map_err(|e| StorageError::Tls {
-                url: url.to_string(),
-                message: format!(
-                    "{e} (list the registry as insecure to use plain HTTP, or give its CA in \
-                     certConfigMap)"
-                ),
-            })?;
-        Ok(Box::new(tls))
+        crate::http::connect_with(
+            uri,
+            url,
+            Some(self.tls.clone()),
+            " (list the registry as insecure to use plain HTTP, or give its CA in certConfigMap)",
+        )
+        .await
     }
 
     /// One GET on a fresh connection.
