@@ -14,6 +14,7 @@
 //! - [`endpoint`]: the agent's HTTP endpoint (VMI actions, guest info, console/VNC streams).
 //! - [`tls`]: the endpoint's pinned self-signed certificate (server and API server sides).
 //! - [`proxy`]: the API server side of KubeVirt's `subresources.kubevirt.io` API.
+//! - [`resize`]: online growth of running VMIs' claim disks after their volumes grew.
 
 pub mod cloudinit;
 pub mod containerdisk;
@@ -27,6 +28,7 @@ pub mod network;
 pub mod node;
 pub mod portforward;
 pub mod proxy;
+pub mod resize;
 pub mod runtime;
 pub mod tls;
 pub mod volumes;

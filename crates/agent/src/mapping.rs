@@ -200,6 +200,17 @@ fn parse_cache(cache: Option<&str>, field: &str) -> Result<Option<CacheMode>, Ag
     })
 }
 
+/// The launch-spec disk id of the VMI disk named `name`: `disk-` and the name with every
+/// character QEMU does not allow in node names as `-` (a second disk with the same id gets
+/// `-2`, … appended by [`launch_spec`]).
+pub fn disk_id(name: &str) -> String {
+    let base: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    format!("disk-{base}")
+}
+
 fn map_disk(
     i: usize,
     d: &ApiDisk,
@@ -241,14 +252,7 @@ fn map_disk(
             false,
         )
     };
-    // QEMU node names allow [A-Za-z0-9_.-] and must start with a letter.
-    let mut id: String = format!(
-        "disk-{}",
-        d.name
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect::<String>()
-    );
+    let mut id = disk_id(&d.name);
     let n = used_ids.entry(id.clone()).or_insert(0);
     *n += 1;
     if *n > 1 {

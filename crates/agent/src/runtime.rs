@@ -118,6 +118,8 @@ struct Agent {
     net: crate::network::AgentNet,
     /// The node's containerDisk image cache ([`crate::containerdisk`]).
     container_disks: crate::containerdisk::ContainerDisks,
+    /// Per VMI uid: the size last sent in a `ResizeDisk` for each claim disk ([`crate::resize`]).
+    disk_sizes: Mutex<HashMap<String, BTreeMap<String, u64>>>,
 }
 
 /// How often a connected guest agent is asked for OS info and interfaces.
@@ -158,6 +160,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         guest_info: Mutex::new(HashMap::new()),
         net,
         container_disks: crate::containerdisk::ContainerDisks::new(&opts.data_dir),
+        disk_sizes: Mutex::new(HashMap::new()),
         opts,
     });
     agent.register_node().await?;
@@ -518,6 +521,7 @@ impl Agent {
         }
         if let Observed::Running(_) = &observed {
             self.net.reattach(&uid).await;
+            self.grow_disks(&vmi, &uid).await;
         }
         let guest = self.guest_info_for(&uid, &observed).await;
         let pod = self.net.pod_report(&vmi, &uid);
@@ -631,12 +635,58 @@ impl Agent {
                 }
                 Action::Cleanup => {
                     self.guest_info.lock().await.remove(&uid);
+                    self.disk_sizes.lock().await.remove(&uid);
                     self.net.detach(&uid).await;
                     launchers::remove_dir(&self.cfg.vmi_dir(&uid));
                     if let Err(e) = self.set_finalizer(&vmi, false).await {
                         tracing::warn!("removing finalizer: {e}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Online disk growth ([`crate::resize`]): claim disks of the running VMI whose volume is
+    /// larger than the size last sent are grown by its launcher (`ResizeDisk`).
+    async fn grow_disks(&self, vmi: &VirtualMachineInstance, uid: &str) {
+        let dir = self.cfg.vmi_dir(uid);
+        let Some(spec) = std::fs::read(dir.join(ferrovirt_launcher::control::files::SPEC))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<ferrovirt_launcher::spec::LaunchSpec>(&b).ok())
+        else {
+            return;
+        };
+        let measured: Vec<(String, u64)> = crate::resize::claim_disks(vmi, &spec, &dir)
+            .into_iter()
+            .filter_map(|(id, path)| crate::resize::measure(&path).ok().map(|b| (id, b)))
+            .collect();
+        let last = self
+            .disk_sizes
+            .lock()
+            .await
+            .get(uid)
+            .cloned()
+            .unwrap_or_default();
+        for (disk, bytes) in crate::resize::plan(&measured, &last) {
+            let req = Request::ResizeDisk {
+                disk: disk.clone(),
+                bytes,
+            };
+            match launchers::request(&self.cfg, uid, &req, Duration::from_secs(10)).await {
+                Ok(v) => {
+                    self.disk_sizes
+                        .lock()
+                        .await
+                        .entry(uid.to_string())
+                        .or_default()
+                        .insert(disk.clone(), bytes);
+                    if v["grown"] == true {
+                        let msg = format!("disk {disk} grown to {} bytes", v["bytes"]);
+                        tracing::info!(uid, "{msg}");
+                        self.event(vmi, "Normal", "DiskResized", &msg).await;
+                    }
+                }
+                Err(e) => tracing::warn!(uid, "resizing disk {disk}: {e}"),
             }
         }
     }

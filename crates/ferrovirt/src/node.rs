@@ -28,6 +28,11 @@ pub struct AgentArgs {
     /// Address reported as the node's InternalIP.
     #[arg(long, default_value = "127.0.0.1")]
     address: String,
+    /// Where the agent's HTTPS endpoint (console, VNC, port-forward, lifecycle calls from the
+    /// API server) listens; port 0 picks a free port. An unspecified address (0.0.0.0) is
+    /// published with `--address` as its host.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    endpoint_listen: std::net::SocketAddr,
     #[command(flatten)]
     pub pod: PodNetArgs,
 }
@@ -173,6 +178,7 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let name = args.node_name.clone().unwrap_or_else(hostname);
     let mut opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.clone());
     opts.address = args.address.clone();
+    opts.endpoint_listen = args.endpoint_listen;
     opts.api_token = token;
     opts.pod_network = args.pod.node_network()?;
     ferrovirt_agent::runtime::run(client, opts).await?;

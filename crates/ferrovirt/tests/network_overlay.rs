@@ -121,6 +121,9 @@ fn two_nodes_overlay_bindings_and_cleanup() -> anyhow::Result<()> {
             B_IP,
             "--pod-cidr",
             B_CIDR,
+            // Listening on every address: the URL on the Node names --address (127.0.0.1).
+            "--endpoint-listen",
+            "0.0.0.0:0",
         ],
     )?;
 
@@ -301,6 +304,12 @@ fn two_nodes_overlay_bindings_and_cleanup() -> anyhow::Result<()> {
     assert!(body.contains("hostname=b1"), "{body}");
     let body = guest_wget(&guests["b1"], &format!("http://{}/", guests["a2"].ip))?;
     assert!(body.contains("hostname=a2"), "{body}");
+
+    let b = c.get_json(&["node", "node-b"])?;
+    let url = b["metadata"]["annotations"]["ferrovirt.io/agent-endpoint"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
 
     // port-forward through the API reaches a masquerade guest (from inside its namespace),
     // a bridge-bound guest (from node A's namespace) and a guest on the other node.

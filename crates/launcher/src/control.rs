@@ -78,6 +78,22 @@ pub enum Request {
     ClosePort {
         host_port: u16,
     },
+    /// Grows a raw disk to `bytes` while the VM runs (QMP `block_resize`, after the volume
+    /// behind it grew): never shrinks; a size not above the current one changes nothing.
+    /// Replies [`ResizedDisk`].
+    ResizeDisk {
+        disk: String,
+        bytes: u64,
+    },
+}
+
+/// The reply to [`Request::ResizeDisk`]: the disk's size after the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResizedDisk {
+    pub bytes: u64,
+    /// False when the disk already had at least the asked size.
+    pub grown: bool,
 }
 
 /// The reply to [`Request::OpenPort`].

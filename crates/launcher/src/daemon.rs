@@ -39,6 +39,7 @@ enum Command {
     GuestInfo,
     OpenPort { port: u16 },
     ClosePort { host_port: u16 },
+    ResizeDisk { disk: String, bytes: u64 },
 }
 
 type Responder = oneshot::Sender<Reply>;
@@ -204,6 +205,10 @@ async fn main_loop(
                     Command::ClosePort { host_port } => {
                         vm.close_port(host_port).await.map(|_| serde_json::Value::Null)
                     }
+                    Command::ResizeDisk { disk, bytes } => vm
+                        .resize_disk(&disk, bytes)
+                        .await
+                        .map(|r| serde_json::json!(r)),
                     Command::Shutdown { grace } => {
                         status.lock().await.phase = RunPhase::ShuttingDown;
                         let _ = respond.send(Reply::ok(serde_json::Value::Null));
@@ -358,6 +363,7 @@ async fn connection(
                     Request::GuestInfo => Command::GuestInfo,
                     Request::OpenPort { port } => Command::OpenPort { port },
                     Request::ClosePort { host_port } => Command::ClosePort { host_port },
+                    Request::ResizeDisk { disk, bytes } => Command::ResizeDisk { disk, bytes },
                     Request::Hello { .. } | Request::Status => continue,
                 };
                 let (rtx, rrx) = oneshot::channel();

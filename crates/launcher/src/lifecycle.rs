@@ -1,5 +1,6 @@
 //! Driving one VM: start QEMU and wait for QMP, pause/unpause, reset, soft reboot through the
-//! guest agent, and graceful shutdown (ACPI power button, then SIGKILL after the grace period).
+//! guest agent, graceful shutdown (ACPI power button, then SIGKILL after the grace period),
+//! host port forwards and online disk growth (`block_resize`).
 //!
 //! The decisions are pure and unit-tested: [`ShutdownTracker::next`] says what the shutdown loop
 //! does next, [`VmState::apply`] folds QMP events into the VM's state.
@@ -11,6 +12,7 @@ use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 use tokio::time::{Instant, sleep_until};
 
 use crate::console::SerialConsole;
+use crate::control::ResizedDisk;
 use crate::error::{Error, Result};
 use crate::process::{QemuOptions, QemuProcess};
 use crate::qga::{GuestAgent, QgaOptions};
@@ -299,6 +301,36 @@ impl Vm {
         }
     }
 
+    /// Grows disk `disk_id` to `bytes` (rounded down to whole 512-byte sectors) with QMP
+    /// `block_resize` on its format node, after its volume grew; the guest is told by the
+    /// device (virtio-blk config change). Never shrinks: asking for no more than the current
+    /// size changes nothing.
+    pub async fn resize_disk(&self, disk_id: &str, bytes: u64) -> Result<ResizedDisk> {
+        let node = crate::cmdline::disk_node_name(disk_id);
+        let blocks = self.qmp.execute("query-block", None).await?;
+        let current = virtual_size_of(&blocks, &node).ok_or_else(|| {
+            Error::Protocol(format!("query-block does not list block node {node}"))
+        })?;
+        match resize_target(&self.spec, disk_id, bytes, current)? {
+            None => Ok(ResizedDisk {
+                bytes: current,
+                grown: false,
+            }),
+            Some(size) => {
+                self.qmp
+                    .execute(
+                        "block_resize",
+                        Some(serde_json::json!({"node-name": node, "size": size})),
+                    )
+                    .await?;
+                Ok(ResizedDisk {
+                    bytes: size,
+                    grown: true,
+                })
+            }
+        }
+    }
+
     /// A human monitor command through QMP; its text output.
     async fn hmp(&self, command_line: &str) -> Result<String> {
         let v = self
@@ -414,6 +446,43 @@ pub fn user_netdev(spec: &LaunchSpec) -> Option<String> {
         .map(|n| format!("net-{}", n.id))
 }
 
+/// The size to grow disk `disk_id` to, given the asked `bytes` and its `current` size; `None`
+/// when there is nothing to do (never shrinks). Only writable raw disks can be resized.
+pub fn resize_target(
+    spec: &LaunchSpec,
+    disk_id: &str,
+    bytes: u64,
+    current: u64,
+) -> Result<Option<u64>> {
+    let d = spec
+        .disks
+        .iter()
+        .find(|d| d.id == disk_id)
+        .ok_or_else(|| Error::InvalidSpec(format!("disk: no disk {disk_id:?} in this VM")))?;
+    if d.is_readonly() {
+        return Err(Error::InvalidSpec(format!(
+            "disk: {disk_id:?} is read-only and cannot be resized"
+        )));
+    }
+    if d.format != crate::spec::DiskFormat::Raw {
+        return Err(Error::InvalidSpec(format!(
+            "disk: {disk_id:?} is not a raw image; only raw disks are resized"
+        )));
+    }
+    let target = bytes / 512 * 512;
+    Ok((target > current).then_some(target))
+}
+
+/// `inserted.image.virtual-size` of the `query-block` entry whose node is `node`.
+pub fn virtual_size_of(query_block: &serde_json::Value, node: &str) -> Option<u64> {
+    query_block
+        .as_array()?
+        .iter()
+        .map(|b| &b["inserted"])
+        .find(|i| i["node-name"] == node)
+        .and_then(|i| i["image"]["virtual-size"].as_u64())
+}
+
 /// The HMP command adding a loopback TCP forward to the guest.
 pub fn hostfwd_add_command(netdev: &str, host_port: u16, guest_port: u16) -> String {
     format!("hostfwd_add {netdev} tcp:127.0.0.1:{host_port}-:{guest_port}")
@@ -423,6 +492,69 @@ pub fn hostfwd_add_command(netdev: &str, host_port: u16, guest_port: u16) -> Str
 mod tests {
     use super::*;
     use crate::spec::{Nic, NicBackend, NicModel};
+
+    #[test]
+    fn disks_only_grow_and_only_raw_writable_ones() {
+        use crate::spec::{Disk, DiskFormat};
+        let mut spec = LaunchSpec::new("vm", "u", 64, "/tmp/q".into());
+        let disk = |id: &str, format, readonly| -> Disk {
+            serde_json::from_value(serde_json::json!({
+                "id": id, "path": "/v/disk.img", "format": format, "readonly": readonly,
+            }))
+            .unwrap()
+        };
+        spec.disks = vec![
+            disk("disk-root", "raw", false),
+            disk("disk-ro", "raw", true),
+            disk("disk-q", "qcow2", false),
+        ];
+        assert_eq!(spec.disks[2].format, DiskFormat::Qcow2);
+        let mib = 1 << 20;
+        assert_eq!(
+            resize_target(&spec, "disk-root", 96 * mib, 64 * mib).unwrap(),
+            Some(96 * mib)
+        );
+        // Whole sectors only; equal or smaller is a no-op.
+        assert_eq!(
+            resize_target(&spec, "disk-root", 64 * mib + 700, 64 * mib).unwrap(),
+            Some(64 * mib + 512)
+        );
+        assert_eq!(
+            resize_target(&spec, "disk-root", 64 * mib + 100, 64 * mib).unwrap(),
+            None
+        );
+        assert_eq!(
+            resize_target(&spec, "disk-root", 64 * mib, 64 * mib).unwrap(),
+            None
+        );
+        assert_eq!(
+            resize_target(&spec, "disk-root", 8 * mib, 64 * mib).unwrap(),
+            None
+        );
+        for (id, want) in [
+            ("disk-ro", "read-only"),
+            ("disk-q", "not a raw image"),
+            ("nope", "no disk"),
+        ] {
+            let e = resize_target(&spec, id, 96 * mib, 64 * mib)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want) && e.contains("disk"), "{e}");
+        }
+    }
+
+    #[test]
+    fn virtual_size_comes_from_the_disks_format_node() {
+        let blocks = serde_json::json!([
+            {"device": "", "qdev": "/machine/peripheral/disk-a/virtio-backend",
+             "inserted": {"node-name": "fmt-disk-a", "image": {"virtual-size": 1024}}},
+            {"device": "", "qdev": "/machine/peripheral/disk-b/virtio-backend",
+             "inserted": {"node-name": "fmt-disk-b", "image": {"virtual-size": 4096}}},
+            {"device": "ide1-cd0", "removable": true},
+        ]);
+        assert_eq!(virtual_size_of(&blocks, "fmt-disk-b"), Some(4096));
+        assert_eq!(virtual_size_of(&blocks, "fmt-disk-c"), None);
+    }
 
     #[test]
     fn port_forwards_use_the_first_user_nic() {
