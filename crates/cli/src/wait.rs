@@ -136,6 +136,11 @@ impl Progress {
         self.last = msg.to_string();
     }
 
+    /// Whether the line is redrawn in place.
+    pub fn is_tty(&self) -> bool {
+        self.tty
+    }
+
     /// Clears a live line.
     pub fn finish(&mut self) {
         if self.tty && !self.last.is_empty() {
@@ -171,6 +176,29 @@ fn condition_summary(obj: Option<&Value>, want: &WaitFor) -> String {
     }
 }
 
+/// What an object reports of its own progress (a DataVolume's `status.phase` and
+/// `status.progress: "45.20%"`): a bar on a terminal, the phase and the percentage in steps of
+/// 10 otherwise (so piped output gets a line per step, not per poll). Pure.
+pub fn object_progress(obj: Option<&Value>, tty: bool) -> Option<String> {
+    let status = &obj?["status"];
+    let pct: f64 = status["progress"]
+        .as_str()?
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .ok()?;
+    let phase = status["phase"].as_str().unwrap_or_default();
+    let text = if tty {
+        format!(
+            "{phase} {} {pct:.1}%",
+            crate::progress::bar(pct / 100.0, 20)
+        )
+    } else {
+        format!("{phase} {}%", (pct / 10.0).floor() as u32 * 10)
+    };
+    Some(text.trim_start().to_string())
+}
+
 async fn poll_until(
     s: &Session,
     r: &ResourceInfo,
@@ -197,11 +225,16 @@ async fn poll_until(
                 r.plural
             )));
         }
-        progress.update(&format!(
+        let mut line = format!(
             "waiting for {}/{name}: {}",
             r.kind_group(),
             condition_summary(obj.as_ref(), want)
-        ));
+        );
+        if let Some(p) = object_progress(obj.as_ref(), progress.is_tty()) {
+            line.push_str(", ");
+            line.push_str(&p);
+        }
+        progress.update(&line);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
@@ -302,6 +335,22 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("5m3").is_err());
+    }
+
+    #[test]
+    fn datavolume_progress_in_waits() {
+        let dv = serde_json::json!({"status": {"phase": "ImportInProgress", "progress": "45.20%"}});
+        assert_eq!(
+            object_progress(Some(&dv), true).unwrap(),
+            format!("ImportInProgress {} 45.2%", crate::progress::bar(0.452, 20))
+        );
+        assert_eq!(
+            object_progress(Some(&dv), false).unwrap(),
+            "ImportInProgress 40%"
+        );
+        let na = serde_json::json!({"status": {"phase": "Pending", "progress": "N/A"}});
+        assert_eq!(object_progress(Some(&na), false), None);
+        assert_eq!(object_progress(None, true), None);
     }
 
     #[test]
