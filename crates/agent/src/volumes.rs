@@ -118,6 +118,20 @@ fn claim<'a>(
     })
 }
 
+/// The data of a referenced ConfigMap or Secret: a missing optional one is empty, a missing
+/// required one the error `missing()` describes.
+fn key_files(
+    found: Option<&BTreeMap<String, Vec<u8>>>,
+    optional: Option<bool>,
+    missing: impl FnOnce() -> String,
+) -> Result<BTreeMap<String, Vec<u8>>, AgentError> {
+    match found {
+        Some(d) => Ok(d.clone()),
+        None if optional == Some(true) => Ok(BTreeMap::new()),
+        None => Err(AgentError::Reference(missing())),
+    }
+}
+
 /// Decides what to do for every volume of `vmi`. Files go under `vmi_dir`.
 pub fn plan(
     vmi: &VirtualMachineInstance,
@@ -257,15 +271,9 @@ pub fn plan(
             }
         } else if let Some(cm) = &v.config_map {
             let cm_name = cm.name.clone().unwrap_or_default();
-            let data = match refs.config_maps.get(&cm_name) {
-                Some(d) => d.clone(),
-                None if cm.optional == Some(true) => BTreeMap::new(),
-                None => {
-                    return Err(AgentError::Reference(format!(
-                        "{field}.configMap.name: ConfigMap {cm_name:?} not found"
-                    )));
-                }
-            };
+            let data = key_files(refs.config_maps.get(&cm_name), cm.optional, || {
+                format!("{field}.configMap.name: ConfigMap {cm_name:?} not found")
+            })?;
             let label = cm.volume_label.clone().unwrap_or_else(|| "cfgdata".into());
             VolumeAction::BuildIso {
                 name: n,
@@ -274,15 +282,9 @@ pub fn plan(
             }
         } else if let Some(s) = &v.secret {
             let s_name = s.secret_name.clone().unwrap_or_default();
-            let data = match refs.secrets.get(&s_name) {
-                Some(d) => d.clone(),
-                None if s.optional == Some(true) => BTreeMap::new(),
-                None => {
-                    return Err(AgentError::Reference(format!(
-                        "{field}.secret.secretName: Secret {s_name:?} not found"
-                    )));
-                }
-            };
+            let data = key_files(refs.secrets.get(&s_name), s.optional, || {
+                format!("{field}.secret.secretName: Secret {s_name:?} not found")
+            })?;
             let label = s.volume_label.clone().unwrap_or_else(|| "secdata".into());
             VolumeAction::BuildIso {
                 name: n,

@@ -53,6 +53,27 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The `ip`/`bridge` command line of the action (`ip -n NS link add …`), for logs and
+    /// tests; other actions in their Debug form.
+    pub fn command_line(&self) -> String {
+        let with_ns = |tool: &str, netns: &Option<String>, args: &[String]| {
+            let ns = netns
+                .as_ref()
+                .map(|n| format!("-n {n} "))
+                .unwrap_or_default();
+            format!("{tool} {ns}{}", args.join(" "))
+        };
+        match self {
+            Action::Ip { netns, args } | Action::AddLink { netns, args, .. } => {
+                with_ns("ip", netns, args)
+            }
+            Action::Bridge { netns, args, .. } => with_ns("bridge", netns, args),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
 /// Creates the veth pair `host` (in `node_ns`) ↔ `peer` (moved into namespace `netns`).
 pub(crate) fn add_veth_pair(
     node_ns: &Option<String>,
@@ -346,20 +367,6 @@ mod tests {
         PodPlan::build(&node(), &req).unwrap()
     }
 
-    fn cmd(a: &Action) -> String {
-        match a {
-            Action::Ip { netns, args } | Action::AddLink { netns, args, .. } => format!(
-                "ip {}{}",
-                netns
-                    .as_ref()
-                    .map(|n| format!("-n {n} "))
-                    .unwrap_or_default(),
-                args.join(" ")
-            ),
-            other => format!("{other:?}"),
-        }
-    }
-
     #[test]
     fn node_nat_masquerades_the_cluster_cidr_out_of_the_uplink() {
         let s = node_nft_script(&node());
@@ -374,7 +381,10 @@ mod tests {
 
     #[test]
     fn node_actions_create_the_bridge_with_the_gateway() {
-        let a: Vec<String> = node_actions(&node()).iter().map(cmd).collect();
+        let a: Vec<String> = node_actions(&node())
+            .iter()
+            .map(Action::command_line)
+            .collect();
         assert_eq!(a[0], "ip link add fv-br0 type bridge");
         assert_eq!(a[1], "ip addr replace 10.244.1.1/24 dev fv-br0");
         assert_eq!(a[2], "ip link set fv-br0 mtu 1500 up");
@@ -425,7 +435,7 @@ mod tests {
     #[test]
     fn masquerade_pod_actions_in_order() {
         let p = plan(Binding::Masquerade { ports: vec![] });
-        let a: Vec<String> = pod_actions(&p).iter().map(cmd).collect();
+        let a: Vec<String> = pod_actions(&p).iter().map(Action::command_line).collect();
         let hv = &p.host_veth;
         let expect = [
             "AddNetns(\"fv-uid-1\")".to_string(),
@@ -447,7 +457,7 @@ mod tests {
     #[test]
     fn bridge_pod_actions_enslave_the_veth_and_keep_dhcp_local() {
         let p = plan(Binding::Bridge);
-        let a: Vec<String> = pod_actions(&p).iter().map(cmd).collect();
+        let a: Vec<String> = pod_actions(&p).iter().map(Action::command_line).collect();
         assert!(
             a.contains(&"ip -n fv-uid-1 link set eth0 master k6t-eth0 mtu 1500 up".to_string())
         );

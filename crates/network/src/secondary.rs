@@ -265,25 +265,7 @@ mod tests {
     }
 
     fn render(a: &Action) -> String {
-        match a {
-            Action::Ip { netns, args } | Action::AddLink { netns, args, .. } => format!(
-                "ip {}{}",
-                netns
-                    .as_ref()
-                    .map(|n| format!("-n {n} "))
-                    .unwrap_or_default(),
-                args.join(" ")
-            ),
-            Action::Bridge { netns, args, .. } => format!(
-                "bridge {}{}",
-                netns
-                    .as_ref()
-                    .map(|n| format!("-n {n} "))
-                    .unwrap_or_default(),
-                args.join(" ")
-            ),
-            other => format!("{other:?}"),
-        }
+        a.command_line()
     }
 
     #[test]
