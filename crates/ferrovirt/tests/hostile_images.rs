@@ -7,7 +7,6 @@
 //! certificate comes from a CA made here is refused with a TLS error until the DataVolume
 //! names a ConfigMap holding that CA. No guest boots, so both tests are quick.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -16,58 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest, serve_files};
 use serde_json::Value;
 
 const IMPORT: Duration = Duration::from_secs(120);
 
 fn cluster() -> anyhow::Result<Cluster> {
     Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))
-}
-
-/// Answer one HTTP/1.1 request on `stream` from `files` (`GET /<name>`), else 404.
-fn answer<S: Read + Write>(stream: S, files: &[(String, PathBuf)]) {
-    let mut reader = BufReader::new(stream);
-    let mut request = String::new();
-    if reader.read_line(&mut request).is_err() {
-        return;
-    }
-    let mut line = String::new();
-    while reader.read_line(&mut line).unwrap_or(0) > 2 {
-        line.clear();
-    }
-    let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let body = files
-        .iter()
-        .find(|(n, _)| path == format!("/{n}"))
-        .and_then(|(_, p)| std::fs::read(p).ok());
-    let s = reader.get_mut();
-    let _ = match body {
-        Some(b) => write!(
-            s,
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            b.len()
-        )
-        .and_then(|_| s.write_all(&b)),
-        None => write!(
-            s,
-            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        ),
-    };
-    let _ = s.flush();
-}
-
-/// A plain HTTP file server on 127.0.0.1; returns its base URL.
-fn serve_http(files: Vec<(String, PathBuf)>) -> anyhow::Result<String> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let files = files.clone();
-            std::thread::spawn(move || answer(stream, &files));
-        }
-    });
-    Ok(format!("http://{addr}"))
 }
 
 /// A CA and a serving certificate for 127.0.0.1 signed by it: (CA PEM, cert PEM, key PEM).
@@ -121,7 +75,7 @@ fn serve_https(
                 let Ok(conn) = rustls::ServerConnection::new(config) else {
                     return;
                 };
-                answer(rustls::StreamOwned::new(conn, tcp), &files);
+                ferrovirt_testkit::fileserver::answer(rustls::StreamOwned::new(conn, tcp), &files);
             });
         }
     });
@@ -283,7 +237,7 @@ fn hostile_images_fail_cleanly() -> anyhow::Result<()> {
     .iter()
     .map(|n| (n.to_string(), p(n)))
     .collect();
-    let base = serve_http(files)?;
+    let base = serve_files(files)?;
     let url = |n: &str| format!("{{url: \"{base}/{n}\"}}");
     let wrong = format!("sha256:{}", "0".repeat(64));
     assert_ne!(sha256(&p("good.qcow2"))?, "0".repeat(64));

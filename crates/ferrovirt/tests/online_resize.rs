@@ -3,42 +3,12 @@
 //! with `kubectl patch` while the guest runs, and the guest's virtio disk grows without a
 //! restart (`/sys/block/vda/size` read on the serial console).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest};
+use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest, serve_files};
 
 const BOOT: Duration = Duration::from_secs(180);
 const IMPORT: Duration = Duration::from_secs(120);
-
-/// Serves `file` at any path over HTTP/1.1 on 127.0.0.1; returns its URL.
-fn serve_file(file: PathBuf) -> anyhow::Result<String> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let file = file.clone();
-            std::thread::spawn(move || -> std::io::Result<()> {
-                let mut reader = BufReader::new(stream.try_clone()?);
-                let mut line = String::new();
-                while reader.read_line(&mut line)? > 2 {
-                    line.clear();
-                }
-                let body = std::fs::read(&file)?;
-                let mut s = stream;
-                write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                )?;
-                s.write_all(&body)
-            });
-        }
-    });
-    Ok(format!("http://{addr}/disk.qcow2"))
-}
 
 /// The guest's `vda` size in 512-byte sectors.
 fn guest_sectors(console: &SerialConsole) -> anyhow::Result<u64> {
@@ -51,7 +21,7 @@ fn guest_sectors(console: &SerialConsole) -> anyhow::Result<u64> {
 fn running_guest_sees_its_grown_claim() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
     let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
-    let url = serve_file(guest.disk_qcow2.clone())?;
+    let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
     c.apply(&format!(
         r#"
 apiVersion: cdi.kubevirt.io/v1beta1

@@ -4,14 +4,12 @@
 //! clones of a PVC, and VirtualMachines booting from them (directly and through
 //! `dataVolumeTemplates`), asserting on the guest's `FERROVIRT-BOOT` serial marker.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest, serve_files};
 use serde_json::Value;
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -20,51 +18,6 @@ const IMPORT: Duration = Duration::from_secs(120);
 fn cluster() -> anyhow::Result<Cluster> {
     TestGuest::get()?;
     Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))
-}
-
-/// A tiny HTTP/1.1 file server on 127.0.0.1: `GET /<name>` answers the file registered as
-/// `name`, anything else 404. One thread per connection; the threads end with the process.
-fn serve_files(files: Vec<(&'static str, PathBuf)>) -> anyhow::Result<String> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let files = files.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(match stream.try_clone() {
-                    Ok(s) => s,
-                    Err(_) => return,
-                });
-                let mut request = String::new();
-                if reader.read_line(&mut request).is_err() {
-                    return;
-                }
-                let mut line = String::new();
-                while reader.read_line(&mut line).unwrap_or(0) > 2 {
-                    line.clear();
-                }
-                let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
-                let body = files
-                    .iter()
-                    .find(|(n, _)| path == format!("/{n}"))
-                    .and_then(|(_, p)| std::fs::read(p).ok());
-                let mut s = stream;
-                let _ = match body {
-                    Some(b) => write!(
-                        s,
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        b.len()
-                    )
-                    .and_then(|_| s.write_all(&b)),
-                    None => write!(
-                        s,
-                        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    ),
-                };
-            });
-        }
-    });
-    Ok(format!("http://{addr}"))
 }
 
 fn sha256(path: &Path) -> anyhow::Result<String> {
@@ -180,7 +133,7 @@ fn pv_of(c: &Cluster, claim: &str) -> anyhow::Result<Value> {
 fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
     let c = cluster()?;
-    let base = serve_files(vec![("disk.qcow2", guest.disk_qcow2.clone())])?;
+    let base = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])?;
     let url = format!("{base}/disk.qcow2");
     let sum = format!("sha256:{}", sha256(&guest.disk_qcow2)?);
 
@@ -249,7 +202,7 @@ fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
 fn classes_claims_failures_blank_and_reclaim() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
     let c = cluster()?;
-    let base = serve_files(vec![("disk.qcow2", guest.disk_qcow2.clone())])?;
+    let base = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])?;
     let url = format!("{base}/disk.qcow2");
 
     // Built-in classes and their profiles.
@@ -443,7 +396,7 @@ fn claim_capacity(c: &Cluster, claim: &str) -> anyhow::Result<String> {
 fn datasource_clones_and_block_volumes_boot() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
     let c = cluster()?;
-    let base = serve_files(vec![("disk.qcow2", guest.disk_qcow2.clone())])?;
+    let base = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])?;
     let url = format!("{base}/disk.qcow2");
 
     // A DataVolume whose DataSource does not exist yet waits with a clear condition.

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod console;
 pub mod etcd;
+pub mod fileserver;
 pub mod guest;
 pub mod netns;
 pub mod qemu;
@@ -16,6 +17,7 @@ pub mod registry;
 pub use cluster::{Cluster, ClusterOptions};
 pub use console::SerialConsole;
 pub use etcd::Etcd;
+pub use fileserver::serve_files;
 pub use guest::TestGuest;
 pub use netns::Netns;
 pub use qemu::{Accel, BootSource, QemuVm, QemuVmOptions};
