@@ -17,6 +17,8 @@ use ferrovirt_storage::registry::{ClientOptions, ImageRef, auth, reference};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 
+use ferrovirt_launcher::spec::DiskFormat;
+
 use crate::error::AgentError;
 
 /// The largest layer or disk file the node pulls.
@@ -62,6 +64,16 @@ pub fn container_disk_volumes(
         });
     }
     Ok(out)
+}
+
+/// The format the cache recorded for a pulled disk (`qemu-img info` at pull time, after the
+/// importer's checks); QEMU is given exactly this, the cached file is never probed again.
+pub fn recorded_format(recorded: &str) -> Option<DiskFormat> {
+    match recorded {
+        "qcow2" => Some(DiskFormat::Qcow2),
+        "raw" => Some(DiskFormat::Raw),
+        _ => None,
+    }
 }
 
 /// The node's containerDisk cache.
@@ -157,12 +169,12 @@ impl ContainerDisks {
     }
 
     /// Pulls (or finds) the image of every containerDisk volume of `vmi`; returns the
-    /// cached disk by volume name.
+    /// cached disk and the format recorded when it was pulled, by volume name.
     pub async fn prepare(
         &self,
         client: &kube::Client,
         vmi: &VirtualMachineInstance,
-    ) -> Result<BTreeMap<String, PathBuf>, AgentError> {
+    ) -> Result<BTreeMap<String, (PathBuf, DiskFormat)>, AgentError> {
         let volumes = container_disk_volumes(vmi)?;
         let mut out = BTreeMap::new();
         if volumes.is_empty() {
@@ -184,7 +196,16 @@ impl ContainerDisks {
             if disk.pulled {
                 tracing::info!(image = %v.image, digest = %disk.info.digest, "pulled containerDisk");
             }
-            out.insert(v.volume, disk.path);
+            let format = recorded_format(&disk.info.format).ok_or_else(|| {
+                pull_err(
+                    &v.image,
+                    format!(
+                        "the cache recorded format {:?} for this image (qcow2 or raw expected)",
+                        disk.info.format
+                    ),
+                )
+            })?;
+            out.insert(v.volume, (disk.path, format));
         }
         Ok(out)
     }
@@ -216,6 +237,14 @@ mod tests {
         assert_eq!(cds[0].policy, cache::PullPolicy::IfNotPresent);
         assert_eq!(cds[1].policy, cache::PullPolicy::Always);
         assert_eq!(cds[1].pull_secret.as_deref(), Some("s"));
+    }
+
+    #[test]
+    fn only_recorded_qcow2_and_raw_are_used() {
+        assert_eq!(recorded_format("qcow2"), Some(DiskFormat::Qcow2));
+        assert_eq!(recorded_format("raw"), Some(DiskFormat::Raw));
+        assert_eq!(recorded_format("vmdk"), None);
+        assert_eq!(recorded_format(""), None);
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct PreparedVolume {
     pub source: DiskSource,
     /// The volume itself is read-only (cloud-init, config maps, secrets).
     pub readonly: bool,
+    /// The recorded backing chain of a qcow2 overlay (empty: none).
+    pub backing: Vec<ferrovirt_launcher::spec::BackingImage>,
 }
 
 /// Where OVMF lives (Debian's `ovmf` package).
@@ -269,6 +271,7 @@ fn map_disk(
         serial: d.serial.clone(),
         cache: parse_cache(d.cache.as_deref(), &format!("{field}.cache"))?,
         source: vol.source,
+        backing: vol.backing.clone(),
     })
 }
 
@@ -633,6 +636,7 @@ mod tests {
                 format: DiskFormat::Raw,
                 source: DiskSource::File,
                 readonly: false,
+                backing: Vec::new(),
             },
         );
         c.volumes.insert(
@@ -642,6 +646,7 @@ mod tests {
                 format: DiskFormat::Raw,
                 source: DiskSource::File,
                 readonly: true,
+                backing: Vec::new(),
             },
         );
         c.port_forwards.insert(80, 18080);

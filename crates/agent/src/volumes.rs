@@ -2,14 +2,18 @@
 //! references (PVC → PV path, Secrets, ConfigMaps) it decides what to use or create for each
 //! volume. [`execute`] does it (qemu-img, genisoimage, sparse files) and returns the prepared
 //! volumes the QEMU mapping needs.
+//!
+//! Formats are recorded, never guessed: a claim's or host disk's image is raw (what our
+//! storage makes, as KubeVirt treats `disk.img`), an overlay is qcow2 over a backing whose
+//! format is known (a raw claim, or the containerDisk cache's recorded format), and the
+//! whole chain goes to QEMU explicitly. Nothing here reads a guest-writable image's header.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
-use ferrovirt_launcher::spec::{DiskFormat, DiskSource};
+use ferrovirt_launcher::spec::{BackingImage, DiskFormat, DiskSource};
 
 use crate::cloudinit::{self, CloudInitKind, InstanceIdentity, IsoImage, SecretData};
 use crate::error::AgentError;
@@ -31,15 +35,15 @@ pub struct ResolvedRefs {
     pub claims: BTreeMap<String, ClaimInfo>,
     pub secrets: BTreeMap<String, SecretData>,
     pub config_maps: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
-    /// containerDisk volumes: the cached (read-only) disk by volume name
-    /// ([`crate::containerdisk`]).
-    pub container_disks: BTreeMap<String, PathBuf>,
+    /// containerDisk volumes: the cached (read-only) disk and the format recorded when it
+    /// was pulled, by volume name ([`crate::containerdisk`]).
+    pub container_disks: BTreeMap<String, (PathBuf, DiskFormat)>,
 }
 
 /// What to do for one volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeAction {
-    /// Use an existing image file or block device; the format is detected unless given.
+    /// Use an existing raw image file or block device (a claim's `disk.img`, a host disk).
     UseExisting {
         name: String,
         path: PathBuf,
@@ -58,11 +62,13 @@ pub enum VolumeAction {
         path: PathBuf,
         size: u64,
     },
-    /// Create a qcow2 overlay over `backing` (ephemeral): writes go to the overlay.
+    /// Create a qcow2 overlay over `backing` (ephemeral, containerDisk): writes go to the
+    /// overlay. `backing_format` is the backing's recorded format.
     CreateOverlay {
         name: String,
         path: PathBuf,
         backing: PathBuf,
+        backing_format: DiskFormat,
     },
     /// Build an ISO image with the given files (cloud-init, configMap, secret, serviceAccount).
     BuildIso {
@@ -196,6 +202,7 @@ pub fn plan(
                 name: n,
                 path: vmi_dir.join(format!("ephemeral-{fname}.qcow2")),
                 backing: c.path.clone(),
+                backing_format: DiskFormat::Raw,
             }
         } else if let Some(e) = &v.empty_disk {
             VolumeAction::CreateQcow2 {
@@ -308,7 +315,7 @@ pub fn plan(
             }
         } else if v.container_disk.is_some() {
             // An ephemeral overlay on the node's cached copy of the image's disk.
-            let base = refs.container_disks.get(&n).ok_or_else(|| {
+            let (base, format) = refs.container_disks.get(&n).ok_or_else(|| {
                 AgentError::Reference(format!(
                     "{field}.containerDisk: the image of volume {n:?} has not been pulled"
                 ))
@@ -317,6 +324,7 @@ pub fn plan(
                 name: n,
                 path: vmi_dir.join(format!("containerdisk-{fname}.qcow2")),
                 backing: base.clone(),
+                backing_format: *format,
             }
         } else {
             return Err(AgentError::unsupported(
@@ -330,16 +338,6 @@ pub fn plan(
         actions.push(action);
     }
     Ok(actions)
-}
-
-/// Reads the first bytes of an image to tell qcow2 from raw.
-pub fn detect_format(path: &Path) -> Result<DiskFormat, AgentError> {
-    let mut f = std::fs::File::open(path).map_err(|e| AgentError::io(path, e))?;
-    let mut magic = [0u8; 4];
-    match f.read_exact(&mut magic) {
-        Ok(()) if &magic == b"QFI\xfb" => Ok(DiskFormat::Qcow2),
-        _ => Ok(DiskFormat::Raw),
-    }
 }
 
 /// Turns a PV path into the image to open: `disk.img` inside a directory, the loop device of
@@ -394,16 +392,12 @@ pub fn execute(actions: &[VolumeAction]) -> Result<BTreeMap<String, PreparedVolu
         let prepared = match a {
             VolumeAction::UseExisting { path, readonly, .. } => {
                 let (img, source) = resolve_image(path)?;
-                let format = if source == DiskSource::Block {
-                    DiskFormat::Raw
-                } else {
-                    detect_format(&img)?
-                };
                 PreparedVolume {
                     path: img,
-                    format,
+                    format: DiskFormat::Raw,
                     source,
                     readonly: *readonly,
+                    backing: Vec::new(),
                 }
             }
             VolumeAction::CreateRawIfMissing { path, size, .. } => {
@@ -416,9 +410,10 @@ pub fn execute(actions: &[VolumeAction]) -> Result<BTreeMap<String, PreparedVolu
                 }
                 PreparedVolume {
                     path: path.clone(),
-                    format: detect_format(path)?,
+                    format: DiskFormat::Raw,
                     source: DiskSource::File,
                     readonly: false,
+                    backing: Vec::new(),
                 }
             }
             VolumeAction::CreateQcow2 { path, size, .. } => {
@@ -430,11 +425,17 @@ pub fn execute(actions: &[VolumeAction]) -> Result<BTreeMap<String, PreparedVolu
                     format: DiskFormat::Qcow2,
                     source: DiskSource::File,
                     readonly: false,
+                    backing: Vec::new(),
                 }
             }
-            VolumeAction::CreateOverlay { path, backing, .. } => {
-                let (img, _) = resolve_image(backing)?;
-                let fmt = match detect_format(&img)? {
+            VolumeAction::CreateOverlay {
+                path,
+                backing,
+                backing_format,
+                ..
+            } => {
+                let (img, source) = resolve_image(backing)?;
+                let fmt = match backing_format {
                     DiskFormat::Qcow2 => "qcow2",
                     DiskFormat::Raw => "raw",
                 };
@@ -446,6 +447,11 @@ pub fn execute(actions: &[VolumeAction]) -> Result<BTreeMap<String, PreparedVolu
                     format: DiskFormat::Qcow2,
                     source: DiskSource::File,
                     readonly: false,
+                    backing: vec![BackingImage {
+                        path: img,
+                        format: *backing_format,
+                        source,
+                    }],
                 }
             }
             VolumeAction::BuildIso { path, image, .. } => {
@@ -456,6 +462,7 @@ pub fn execute(actions: &[VolumeAction]) -> Result<BTreeMap<String, PreparedVolu
                     format: DiskFormat::Raw,
                     source: DiskSource::File,
                     readonly: true,
+                    backing: Vec::new(),
                 }
             }
         };
@@ -555,14 +562,17 @@ mod tests {
         let e = plan(&v, &refs(), Path::new("/d")).unwrap_err().to_string();
         assert!(e.contains("spec.volumes[0].containerDisk"), "{e}");
         let mut r = refs();
-        r.container_disks
-            .insert("a".into(), "/cache/sha256/ab/disk".into());
+        r.container_disks.insert(
+            "a".into(),
+            ("/cache/sha256/ab/disk".into(), DiskFormat::Qcow2),
+        );
         assert_eq!(
             plan(&v, &r, Path::new("/d")).unwrap(),
             vec![VolumeAction::CreateOverlay {
                 name: "a".into(),
                 path: "/d/containerdisk-a.qcow2".into(),
                 backing: "/cache/sha256/ab/disk".into(),
+                backing_format: DiskFormat::Qcow2,
             }]
         );
     }
@@ -596,6 +606,43 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_whose_bytes_look_like_qcow2_stays_raw() {
+        let dir = tempfile::tempdir().unwrap();
+        let pv = dir.path().join("pv");
+        std::fs::create_dir_all(&pv).unwrap();
+        // What a guest can write at the start of its own raw disk: a qcow2 header whose
+        // backing file is a host file.
+        let secret = dir.path().join("host-secret");
+        std::fs::write(&secret, b"host secret").unwrap();
+        let out = Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+            .arg(&secret)
+            .arg(pv.join("disk.img"))
+            .arg("1M")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let mut r = ResolvedRefs::default();
+        r.claims.insert(
+            "root".into(),
+            ClaimInfo {
+                path: pv.clone(),
+                read_only: false,
+            },
+        );
+        let v = vmi(json!([
+            {"name": "a", "persistentVolumeClaim": {"claimName": "root"}},
+            {"name": "c", "ephemeral": {"persistentVolumeClaim": {"claimName": "root"}}}
+        ]));
+        let prepared = execute(&plan(&v, &r, dir.path()).unwrap()).unwrap();
+        assert_eq!(prepared["a"].format, DiskFormat::Raw);
+        assert!(prepared["a"].backing.is_empty());
+        assert_eq!(prepared["c"].backing.len(), 1);
+        assert_eq!(prepared["c"].backing[0].format, DiskFormat::Raw);
+        assert_eq!(prepared["c"].backing[0].path, pv.join("disk.img"));
+    }
+
+    #[test]
     fn executes_on_real_files() {
         let dir = tempfile::tempdir().unwrap();
         let pv = dir.path().join("pv");
@@ -621,9 +668,14 @@ mod tests {
         assert_eq!(prepared["a"].path, pv.join("disk.img"));
         assert_eq!(prepared["a"].format, DiskFormat::Raw);
         assert_eq!(prepared["b"].format, DiskFormat::Qcow2);
+        assert_eq!(prepared["c"].format, DiskFormat::Qcow2);
         assert_eq!(
-            detect_format(&prepared["c"].path).unwrap(),
-            DiskFormat::Qcow2
+            prepared["c"].backing,
+            vec![BackingImage {
+                path: pv.join("disk.img"),
+                format: DiskFormat::Raw,
+                source: DiskSource::File,
+            }]
         );
         assert_eq!(
             std::fs::metadata(&prepared["d"].path).unwrap().len(),

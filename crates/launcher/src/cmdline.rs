@@ -322,29 +322,65 @@ pub fn disk_node_name(disk_id: &str) -> String {
     format!("fmt-{disk_id}")
 }
 
+/// The `-blockdev` nodes of one disk: for each image (the disk, then its recorded backing
+/// chain) a protocol node and a format node with the recorded format. Every qcow2 node names its
+/// backing explicitly, the next image's format node or `null`, so QEMU never follows a backing
+/// file written into an image header; backing images are read-only.
 fn block_nodes(d: &Disk, a: &mut Args) {
-    let ro = d.is_readonly();
-    let file_node = format!("file-{}", d.id);
-    let mut file = json!({
-        "driver": match d.source { DiskSource::File => "file", DiskSource::Block => "host_device" },
-        "filename": d.path.display().to_string(),
-        "node-name": file_node,
-        "read-only": ro,
-    });
-    let mut fmt = json!({
-        "driver": match d.format { DiskFormat::Raw => "raw", DiskFormat::Qcow2 => "qcow2" },
-        "file": file_node,
-        "node-name": disk_node_name(&d.id),
-        "read-only": ro,
-    });
-    if let Some(mode) = d.cache {
-        let (direct, no_flush, _) = cache_flags(mode);
-        let cache = json!({"direct": direct, "no-flush": no_flush});
-        file["cache"] = cache.clone();
-        fmt["cache"] = cache;
+    struct Layer<'a> {
+        path: &'a std::path::Path,
+        format: DiskFormat,
+        source: DiskSource,
+        suffix: String,
+        read_only: bool,
     }
-    a.opt("-blockdev", blockdev(file));
-    a.opt("-blockdev", blockdev(fmt));
+    let top = std::iter::once(Layer {
+        path: &d.path,
+        format: d.format,
+        source: d.source,
+        suffix: String::new(),
+        read_only: d.is_readonly(),
+    });
+    let chain = d.backing.iter().enumerate().map(|(i, b)| Layer {
+        path: &b.path,
+        format: b.format,
+        source: b.source,
+        suffix: format!("-b{}", i + 1),
+        read_only: true,
+    });
+    let layers: Vec<Layer> = top.chain(chain).collect();
+    let cache = d.cache.map(|mode| {
+        let (direct, no_flush, _) = cache_flags(mode);
+        json!({"direct": direct, "no-flush": no_flush})
+    });
+    // Backing nodes first: a format node can only name nodes that exist already.
+    for (i, l) in layers.iter().enumerate().rev() {
+        let file_node = format!("file-{}{}", d.id, l.suffix);
+        let mut file = json!({
+            "driver": match l.source { DiskSource::File => "file", DiskSource::Block => "host_device" },
+            "filename": l.path.display().to_string(),
+            "node-name": file_node,
+            "read-only": l.read_only,
+        });
+        let mut fmt = json!({
+            "driver": match l.format { DiskFormat::Raw => "raw", DiskFormat::Qcow2 => "qcow2" },
+            "file": file_node,
+            "node-name": format!("{}{}", disk_node_name(&d.id), l.suffix),
+            "read-only": l.read_only,
+        });
+        if l.format == DiskFormat::Qcow2 {
+            fmt["backing"] = match layers.get(i + 1) {
+                Some(next) => json!(format!("{}{}", disk_node_name(&d.id), next.suffix)),
+                None => Value::Null,
+            };
+        }
+        if let Some(cache) = &cache {
+            file["cache"] = cache.clone();
+            fmt["cache"] = cache.clone();
+        }
+        a.opt("-blockdev", blockdev(file));
+        a.opt("-blockdev", blockdev(fmt));
+    }
 }
 
 fn disk_device(d: &Disk, slot: usize) -> String {
@@ -451,6 +487,7 @@ mod tests {
             serial: None,
             cache: None,
             source: DiskSource::File,
+            backing: Vec::new(),
         }
     }
 
@@ -704,13 +741,64 @@ mod tests {
         );
         assert_eq!(
             b[1],
-            json!({"driver": "qcow2", "file": "file-root",
+            json!({"driver": "qcow2", "file": "file-root", "backing": null,
                    "node-name": "fmt-root", "read-only": false})
         );
         assert!(
             values_of(&argv, "-device")
                 .contains(&"virtio-blk-pci,id=root,drive=fmt-root,serial=abc,,def,bootindex=1")
         );
+    }
+
+    #[test]
+    fn qcow2_overlays_name_their_recorded_backing_chain() {
+        let mut s = spec();
+        let mut d = disk("root");
+        d.format = DiskFormat::Qcow2;
+        d.path = "/vmi/overlay.qcow2".into();
+        d.backing = vec![
+            BackingImage {
+                path: "/cache/base.qcow2".into(),
+                format: DiskFormat::Qcow2,
+                source: DiskSource::File,
+            },
+            BackingImage {
+                path: "/dev/loop7".into(),
+                format: DiskFormat::Raw,
+                source: DiskSource::Block,
+            },
+        ];
+        s.disks.push(d);
+        let argv = qemu_command(&s);
+        let b = blockdevs(&argv);
+        let names: Vec<&str> = b.iter().map(|n| n["node-name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "file-root-b2",
+                "fmt-root-b2",
+                "file-root-b1",
+                "fmt-root-b1",
+                "file-root",
+                "fmt-root"
+            ]
+        );
+        assert_eq!(b[0]["driver"], "host_device");
+        assert_eq!(b[1]["driver"], "raw");
+        assert!(b[1].get("backing").is_none(), "raw has no backing option");
+        assert_eq!(b[1]["read-only"], true);
+        assert_eq!(b[3]["driver"], "qcow2");
+        assert_eq!(b[3]["backing"], "fmt-root-b2");
+        assert_eq!(b[3]["read-only"], true);
+        assert_eq!(b[5]["backing"], "fmt-root-b1");
+        assert_eq!(b[5]["read-only"], false);
+        assert!(values_of(&argv, "-device").contains(&"virtio-blk-pci,id=root,drive=fmt-root"));
+        // A raw disk never gets a backing key, whatever its bytes say.
+        let mut s = spec();
+        s.disks.push(disk("data"));
+        let b = blockdevs(&qemu_command(&s));
+        assert_eq!(b[1]["driver"], "raw");
+        assert!(b[1].get("backing").is_none());
     }
 
     #[test]

@@ -230,6 +230,32 @@ pub struct Disk {
     /// Whether `path` is a regular file or a block device.
     #[serde(default)]
     pub source: DiskSource,
+    /// The backing chain of a qcow2 disk as the agent recorded it, nearest first. Empty: the
+    /// disk has no backing file. Either way QEMU is told explicitly (`backing` is a node name
+    /// or `null`), so a backing file named inside an image header is never opened.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backing: Vec<BackingImage>,
+}
+
+/// One read-only image in a disk's backing chain, with its recorded format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImage {
+    pub path: PathBuf,
+    pub format: DiskFormat,
+    #[serde(default)]
+    pub source: DiskSource,
+}
+
+/// The first position in `d`'s chain (0 = the disk itself) where a raw image would have a
+/// backing image after it.
+fn chain_break(d: &Disk) -> Option<usize> {
+    let formats = std::iter::once(d.format).chain(d.backing.iter().map(|b| b.format));
+    let n = d.backing.len();
+    formats
+        .enumerate()
+        .find(|(i, f)| *f == DiskFormat::Raw && *i < n)
+        .map(|(i, _)| i)
 }
 
 impl Disk {
@@ -515,6 +541,12 @@ impl LaunchSpec {
                     return bad(format!("disk {:?}: a SATA disk cannot be read-only", d.id));
                 }
             }
+            if let Some(i) = chain_break(d) {
+                return bad(format!(
+                    "disk {:?}: a raw image cannot have a backing file (backing chain entry {i})",
+                    d.id
+                ));
+            }
             if let Some(o) = d.boot_order
                 && !boot.insert(o)
             {
@@ -617,6 +649,7 @@ mod tests {
             serial: None,
             cache: None,
             source: DiskSource::File,
+            backing: Vec::new(),
         }
     }
 
@@ -628,6 +661,29 @@ mod tests {
         assert_eq!(s.smbios.manufacturer, "ferrovirt");
         assert_eq!(s.accel, Accel::Tcg);
         assert_eq!(s.cpu.vcpus(), 1);
+    }
+
+    #[test]
+    fn raw_images_cannot_have_a_backing_chain() {
+        let mut s = spec();
+        let mut d = disk("root");
+        d.format = DiskFormat::Qcow2;
+        let img = |format| BackingImage {
+            path: "/b".into(),
+            format,
+            source: DiskSource::File,
+        };
+        d.backing = vec![img(DiskFormat::Qcow2), img(DiskFormat::Raw)];
+        s.disks = vec![d.clone()];
+        s.validate().unwrap();
+        d.backing = vec![img(DiskFormat::Raw), img(DiskFormat::Raw)];
+        s.disks = vec![d.clone()];
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("backing chain entry 1"), "{e}");
+        d.format = DiskFormat::Raw;
+        d.backing = vec![img(DiskFormat::Raw)];
+        s.disks = vec![d];
+        assert!(s.validate().is_err());
     }
 
     #[test]

@@ -221,6 +221,7 @@ async fn boot_from_disk(name: &str, file: &str, format: DiskFormat, bus: DiskBus
         serial: Some("rootdisk".into()),
         cache: None,
         source: DiskSource::File,
+        backing: Vec::new(),
     });
     let uuid = spec.uuid.clone();
     let t = TestVm::start(spec, dir, true).await;

@@ -29,6 +29,7 @@ fn disk(id: &str, path: std::path::PathBuf, format: DiskFormat, bus: DiskBus) ->
         serial: None,
         cache: None,
         source: DiskSource::File,
+        backing: Vec::new(),
     }
 }
 
