@@ -167,8 +167,9 @@ pub fn read_network_plan(dir: &Path) -> Option<ferrovirt_network::PodPlan> {
     serde_json::from_str(&text).ok()
 }
 
-/// Removes a VMI directory.
+/// Removes a VMI directory, releasing its QEMU uid.
 pub fn remove_dir(dir: &Path) {
+    crate::isolation::release_uid(dir);
     if dir.exists()
         && let Err(e) = std::fs::remove_dir_all(dir)
     {

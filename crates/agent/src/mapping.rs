@@ -65,6 +65,10 @@ pub struct MappingContext {
     /// Put the VM in a memory cgroup named after this (the VMI uid), limited to its memory
     /// plus overhead.
     pub cgroup_name: Option<String>,
+    /// pids.max of that cgroup.
+    pub pids_max: Option<u64>,
+    /// Bound of `serial.log` (rotated to `serial.log.1`).
+    pub serial_log_max_bytes: Option<u64>,
     /// Taps the node's pod network prepared, by interface name: such a masquerade or bridge
     /// interface gets a tap backend instead of user-mode networking.
     pub pod_taps: BTreeMap<String, PodTap>,
@@ -100,6 +104,8 @@ impl MappingContext {
             port_forwards: BTreeMap::new(),
             run_as: None,
             cgroup_name: None,
+            pids_max: None,
+            serial_log_max_bytes: None,
             pod_taps: BTreeMap::new(),
         }
     }
@@ -591,8 +597,12 @@ pub fn launch_spec(
         ls.cgroup = Some(ferrovirt_launcher::cgroup::CgroupSpec {
             name: name.clone(),
             memory_limit_bytes: ferrovirt_launcher::cgroup::memory_limit_bytes(&ls),
+            pids_max: ctx.pids_max,
+            // The vCPUs plus one CPU for QEMU's own threads (I/O, TCG helpers).
+            cpu_millis: Some((u64::from(ls.cpu.vcpus()) + 1) * 1000),
         });
     }
+    ls.serial_log_max_bytes = ctx.serial_log_max_bytes;
     Ok(ls)
 }
 

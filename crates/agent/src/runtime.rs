@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,9 @@ pub struct AgentOptions {
     /// in a per-VMI network namespace, Multus bridge networks a veth from a host bridge, the
     /// overlay connects the nodes. `None`: masquerade on QEMU user-mode networking.
     pub pod_network: Option<crate::network::PodNetworkOptions>,
+    /// Per-VM QEMU uids, cgroup limits, serial log bound, allowed host paths
+    /// ([`crate::isolation`]).
+    pub isolation: crate::isolation::IsolationOptions,
 }
 
 impl AgentOptions {
@@ -76,6 +79,7 @@ impl AgentOptions {
             endpoint_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
             pod_network: None,
+            isolation: crate::isolation::IsolationOptions::default(),
         }
     }
 }
@@ -379,6 +383,14 @@ impl Agent {
         }
     }
 
+    /// ferrovirt's own directories no foreign host path may reach: the configured ones and the
+    /// agent's data dir.
+    fn protected_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = self.opts.isolation.protected_dirs.clone();
+        dirs.push(self.opts.data_dir.clone());
+        dirs
+    }
+
     /// Looks up what the VMI's volumes reference.
     async fn resolve_refs(&self, vmi: &VirtualMachineInstance) -> Result<ResolvedRefs, AgentError> {
         let (ns, _) = ns_name(vmi);
@@ -415,6 +427,15 @@ impl Agent {
                         .map(|h| h.path)
                         .or_else(|| spec.local.map(|l| l.path));
                     if let Some(path) = path {
+                        let ours = crate::hostpath::made_by_us(
+                            Path::new(&path),
+                            pv.metadata
+                                .annotations
+                                .as_ref()
+                                .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+                                .map(String::as_str),
+                            &self.protected_dirs(),
+                        );
                         let ro = spec
                             .access_modes
                             .unwrap_or_default()
@@ -425,6 +446,7 @@ impl Agent {
                             ClaimInfo {
                                 path: path.into(),
                                 read_only: ro,
+                                ours,
                             },
                         );
                     }
@@ -477,17 +499,33 @@ impl Agent {
         let dir = self.cfg.vmi_dir(&uid);
         std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
         let mut refs = self.resolve_refs(vmi).await?;
+        let policy = crate::hostpath::HostPathPolicy {
+            host_disk_gate: crate::hostpath::host_disk_gate(&self.client).await,
+            allowed_roots: self.opts.isolation.host_disk_roots.clone(),
+            protected: self.protected_dirs(),
+        };
+        crate::hostpath::verify(vmi, &refs, &policy)?;
         refs.container_disks = self.container_disks.prepare(&self.client, vmi).await?;
         let actions = volumes::plan(vmi, &refs, &dir)?;
         let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
             .await
             .map_err(|e| AgentError::Reference(format!("volume preparation task: {e}")))??;
         let mut ctx = MappingContext::new(&dir, self.accel);
+        if self.qemu_user.is_some() {
+            // Root agent: this VM's QEMU gets a uid of its own, and its images are its.
+            let range = self.opts.isolation.qemu_uids;
+            let qemu_uid = crate::isolation::allocate_uid(&self.opts.data_dir, &dir, &uid, range)
+                .map_err(|e| AgentError::io(&dir, e))?;
+            crate::isolation::own_volumes(prepared.values().map(|v| &v.path), qemu_uid)
+                .map_err(|e| AgentError::io(&dir, e))?;
+            ctx.run_as = Some(crate::isolation::run_as(qemu_uid));
+        }
         ctx.volumes = prepared;
         ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
-        ctx.run_as = self.qemu_user.clone();
         ctx.sandbox = true;
         ctx.cgroup_name = vmi.metadata.uid.clone();
+        ctx.pids_max = Some(self.opts.isolation.pids_max);
+        ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
         self.net.check_macs(&self.client, vmi).await?;
         let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
         ctx.pod_taps = attachment.taps;

@@ -26,6 +26,9 @@ pub struct ClaimInfo {
     /// `disk.img` (Filesystem mode), an image file, or a block device.
     pub path: PathBuf,
     pub read_only: bool,
+    /// Made by ferrovirt's own provisioners ([`crate::hostpath::made_by_us`]): exempt from the
+    /// allowed-roots and data-dir checks other PV host paths get.
+    pub ours: bool,
 }
 
 /// Referenced objects, looked up by the agent before planning.
@@ -491,6 +494,7 @@ mod tests {
             ClaimInfo {
                 path: "/pv/root".into(),
                 read_only: false,
+                ours: false,
             },
         );
         r
@@ -595,6 +599,7 @@ mod tests {
             ClaimInfo {
                 path: pv.clone(),
                 read_only: false,
+                ours: false,
             },
         );
         let v = vmi(json!([{"name": "a", "persistentVolumeClaim": {"claimName": "root"}}]));
@@ -628,6 +633,7 @@ mod tests {
             ClaimInfo {
                 path: pv.clone(),
                 read_only: false,
+                ours: false,
             },
         );
         let v = vmi(json!([
@@ -654,6 +660,7 @@ mod tests {
             ClaimInfo {
                 path: pv.clone(),
                 read_only: false,
+                ours: false,
             },
         );
         let v = vmi(json!([

@@ -93,6 +93,17 @@ pub fn insecure_registries(hcos: &[Value], cdis: &[Value]) -> Vec<String> {
     out
 }
 
+/// Whether feature gate `gate` (e.g. `HostDisk`) is on in any HyperConverged object (as JSON):
+/// `spec.featureGates.<gate>: true`.
+pub fn feature_gate_on(hcos: &[Value], gate: &str) -> bool {
+    hcos.iter().any(|h| {
+        h.pointer("/spec/featureGates")
+            .and_then(|g| g.get(gate))
+            .and_then(Value::as_bool)
+            == Some(true)
+    })
+}
+
 kstruct! {
     /// Memory overcommit.
     pub struct HigherWorkloadDensity {
@@ -123,6 +134,15 @@ kstruct! {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn reads_feature_gates() {
+        let on = json!({"spec": {"featureGates": {"HostDisk": true}}});
+        let off = json!({"spec": {"featureGates": {"HostDisk": false}}});
+        assert!(super::feature_gate_on(&[json!({}), on], "HostDisk"));
+        assert!(!super::feature_gate_on(&[off], "HostDisk"));
+        assert!(!super::feature_gate_on(&[], "HostDisk"));
+    }
 
     #[test]
     fn collects_insecure_registries() {

@@ -65,6 +65,8 @@ struct ServerArgs {
     node_name: Option<String>,
     #[command(flatten)]
     pod: node::PodNetArgs,
+    #[command(flatten)]
+    isolation: node::IsolationArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -159,6 +161,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
             ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.join("agent"));
         opts.api_token = Some(server.token.clone());
         opts.pod_network = args.pod.node_network()?;
+        opts.isolation = args.isolation.options(vec![args.data_dir.clone()])?;
         tasks.spawn(async move {
             ferrovirt_agent::runtime::run(client, opts)
                 .await

@@ -35,6 +35,53 @@ pub struct AgentArgs {
     endpoint_listen: std::net::SocketAddr,
     #[command(flatten)]
     pub pod: PodNetArgs,
+    #[command(flatten)]
+    pub isolation: IsolationArgs,
+}
+
+/// How a node keeps its VMs apart from the host and each other (docs/security.md).
+#[derive(Debug, Clone, clap::Args)]
+pub struct IsolationArgs {
+    /// A directory hostDisk volumes (with the HyperConverged feature gate HostDisk) and the
+    /// host paths of hand-made PersistentVolumes may lie under; repeat for several. None by
+    /// default: such paths are refused.
+    #[arg(long = "host-disk-root", value_name = "DIR")]
+    pub host_disk_roots: Vec<PathBuf>,
+    /// The uids (and equal gids) VMs' QEMU processes run as, one per VM, FIRST-LAST.
+    #[arg(long, default_value = "3000000000-3000065535")]
+    pub qemu_uid_range: String,
+    /// Bound of each VM's serial.log; it is rotated to serial.log.1 before passing it.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub serial_log_max_bytes: u64,
+    /// pids.max of each VM's cgroup (launcher and QEMU threads together).
+    #[arg(long, default_value_t = 4096)]
+    pub vm_pids_max: u64,
+}
+
+impl IsolationArgs {
+    /// The agent's isolation options; `protected` are ferrovirt's data dirs besides the
+    /// agent's own.
+    pub fn options(
+        &self,
+        protected: Vec<PathBuf>,
+    ) -> anyhow::Result<ferrovirt_agent::isolation::IsolationOptions> {
+        let qemu_uids = ferrovirt_agent::isolation::UidRange::parse(&self.qemu_uid_range)
+            .map_err(|e| anyhow::anyhow!("--qemu-uid-range: {e}"))?;
+        for r in &self.host_disk_roots {
+            anyhow::ensure!(
+                r.is_absolute(),
+                "--host-disk-root {}: must be absolute",
+                r.display()
+            );
+        }
+        Ok(ferrovirt_agent::isolation::IsolationOptions {
+            host_disk_roots: self.host_disk_roots.clone(),
+            protected_dirs: protected,
+            qemu_uids,
+            serial_log_max_bytes: self.serial_log_max_bytes,
+            pids_max: self.vm_pids_max,
+        })
+    }
 }
 
 /// Pod networking for a node's VMIs (off by default: masquerade then uses QEMU user networking).
@@ -181,6 +228,7 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     opts.endpoint_listen = args.endpoint_listen;
     opts.api_token = token;
     opts.pod_network = args.pod.node_network()?;
+    opts.isolation = args.isolation.options(Vec::new())?;
     ferrovirt_agent::runtime::run(client, opts).await?;
     Ok(())
 }

@@ -238,15 +238,17 @@ fn chardev_args(spec: &LaunchSpec, a: &mut Args) {
     a.opt("-chardev", socket_chardev("qmp", &s.qmp));
     a.opt("-mon", "chardev=qmp,mode=control");
 
-    let log = s
-        .serial_log
+    // QEMU writes the serial log into a FIFO the launcher drains into the bounded log
+    // (`crate::seriallog`).
+    let fifo = s.serial_log.as_deref().map(crate::seriallog::fifo_path);
+    let log = fifo
         .as_ref()
         .map(|l| format!(",logfile={},logappend=on", esc(&l.display().to_string())));
     let serial = match (&s.serial, &log) {
         (Some(sock), _) => {
             Some(socket_chardev(SERIAL_CHARDEV_ID, sock) + log.as_deref().unwrap_or(""))
         }
-        (None, Some(_)) => s.serial_log.as_ref().map(|l| {
+        (None, Some(_)) => fifo.as_ref().map(|l| {
             format!(
                 "file,id={SERIAL_CHARDEV_ID},path={}",
                 esc(&l.display().to_string())
@@ -575,11 +577,13 @@ mod tests {
         s.sockets.serial_log = Some("/log/console.log".into());
         let argv = qemu_command(&s);
         assert!(values_of(&argv, "-chardev").contains(
-            &"socket,id=serial0,path=/s.sock,server=on,wait=off,logfile=/log/console.log,logappend=on"
+            &"socket,id=serial0,path=/s.sock,server=on,wait=off,logfile=/log/console.log.fifo,logappend=on"
         ));
         s.sockets.serial = None;
         let argv = qemu_command(&s);
-        assert!(values_of(&argv, "-chardev").contains(&"file,id=serial0,path=/log/console.log"));
+        assert!(
+            values_of(&argv, "-chardev").contains(&"file,id=serial0,path=/log/console.log.fifo")
+        );
         assert!(values_of(&argv, "-device").contains(&"isa-serial,chardev=serial0"));
     }
 

@@ -16,6 +16,7 @@ pub mod lifecycle;
 pub mod process;
 pub mod qga;
 pub mod qmp;
+pub mod seriallog;
 pub mod spec;
 
 pub use cmdline::{detect_accel, qemu_command};

@@ -48,6 +48,16 @@ pub struct QemuProcess {
     argv: Vec<String>,
     output: Output,
     exit: Option<ExitStatus>,
+    /// The task copying the serial log FIFO into the bounded log.
+    serial_log: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for QemuProcess {
+    fn drop(&mut self) {
+        if let Some(t) = &self.serial_log {
+            t.abort();
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -64,9 +74,16 @@ impl QemuProcess {
         for sock in spec.sockets.all() {
             prepare_socket_path(sock)?;
         }
-        if let Some(log) = &spec.sockets.serial_log {
-            create_parent(log)?;
-        }
+        let serial_log = match &spec.sockets.serial_log {
+            Some(log) => {
+                create_parent(log)?;
+                let max = spec
+                    .serial_log_max_bytes
+                    .unwrap_or(crate::spec::DEFAULT_SERIAL_LOG_MAX);
+                Some(crate::seriallog::spawn(log, max)?)
+            }
+            None => None,
+        };
         let argv = qemu_command(spec);
         let mut cmd = Command::new(&opts.binary);
         cmd.args(&argv)
@@ -118,6 +135,7 @@ impl QemuProcess {
             argv,
             output,
             exit: None,
+            serial_log,
         })
     }
 

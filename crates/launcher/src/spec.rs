@@ -65,10 +65,17 @@ pub struct LaunchSpec {
     /// Put the launcher and QEMU in a memory cgroup of this name and limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<crate::cgroup::CgroupSpec>,
+    /// Bound of the serial log file (`sockets.serialLog`): when it would grow past this, it is
+    /// rotated to `<name>.1` (replacing an older one). Unset: [`DEFAULT_SERIAL_LOG_MAX`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_log_max_bytes: Option<u64>,
     /// Extra arguments appended verbatim at the end (tests, debugging).
     #[serde(default)]
     pub extra_args: Vec<String>,
 }
+
+/// The serial log bound when a spec gives none.
+pub const DEFAULT_SERIAL_LOG_MAX: u64 = 4 << 20;
 
 fn default_machine() -> String {
     "q35".to_string()
@@ -493,6 +500,7 @@ impl LaunchSpec {
             start_paused: false,
             run_as: None,
             cgroup: None,
+            serial_log_max_bytes: None,
             extra_args: Vec::new(),
         }
     }

@@ -83,7 +83,10 @@ impl Cluster {
             .arg("--data-dir")
             .arg(&data_dir)
             .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"));
+            .arg(format!("127.0.0.1:{port}"))
+            // Hand-made PersistentVolumes (guest_disk_claim) live in the cluster's directory.
+            .arg("--host-disk-root")
+            .arg(dir.path());
         match &opts.node_name {
             Some(n) => {
                 cmd.args(["--node-name", n]);
@@ -178,6 +181,8 @@ impl Cluster {
             .args(["--node-name", node])
             .arg("--data-dir")
             .arg(&data)
+            .arg("--host-disk-root")
+            .arg(self.dir.path())
             .args(extra)
             .env("RUST_LOG", "info");
         let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
