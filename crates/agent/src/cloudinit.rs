@@ -164,11 +164,34 @@ fn safe_relative(path: &str) -> bool {
             .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
-/// Writes `img` as an ISO 9660 (Joliet + Rock Ridge) file at `out`, staging files in
-/// `staging` (removed afterwards).
+/// Writes `img` as an ISO 9660 (Joliet + Rock Ridge) file at `out`. The files (Secret data
+/// among them) are staged in a fresh directory with a random name next to `staging` (created,
+/// never reused: mode 0700, files create-new 0600) and the image is built under a random
+/// temporary name, then renamed to `out`; both are removed on every path.
 pub fn write_iso(img: &IsoImage, staging: &Path, out: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::DirBuilderExt;
     let _ = std::fs::remove_dir_all(staging);
-    std::fs::create_dir_all(staging).map_err(|e| AgentError::io(staging, e))?;
+    let random = |p: &Path| {
+        let mut name = p.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".{:016x}", fastrand::u64(..)));
+        p.with_file_name(name)
+    };
+    let dir = random(staging);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| AgentError::io(&dir, e))?;
+    let tmp_out = random(out);
+    let result = build_iso(img, &dir, &tmp_out)
+        .and_then(|()| std::fs::rename(&tmp_out, out).map_err(|e| AgentError::io(out, e)));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&tmp_out);
+    result
+}
+
+fn build_iso(img: &IsoImage, staging: &Path, out: &Path) -> Result<(), AgentError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     for (name, content) in &img.files {
         if !safe_relative(name) {
             return Err(AgentError::invalid(
@@ -180,7 +203,13 @@ pub fn write_iso(img: &IsoImage, staging: &Path, out: &Path) -> Result<(), Agent
         if let Some(parent) = p.parent() {
             std::fs::create_dir_all(parent).map_err(|e| AgentError::io(parent, e))?;
         }
-        std::fs::write(&p, content).map_err(|e| AgentError::io(&p, e))?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&p)
+            .and_then(|mut f| f.write_all(content))
+            .map_err(|e| AgentError::io(&p, e))?;
     }
     let output = Command::new("genisoimage")
         .args(["-quiet", "-input-charset", "utf-8", "-J", "-R", "-V"])
@@ -193,7 +222,6 @@ pub fn write_iso(img: &IsoImage, staging: &Path, out: &Path) -> Result<(), Agent
             tool: "genisoimage".into(),
             message: e.to_string(),
         })?;
-    let _ = std::fs::remove_dir_all(staging);
     if !output.status.success() {
         return Err(AgentError::Tool {
             tool: "genisoimage".into(),

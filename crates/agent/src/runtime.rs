@@ -497,14 +497,15 @@ impl Agent {
     async fn start(&self, vmi: &VirtualMachineInstance) -> Result<(), AgentError> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
-        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
         let mut refs = self.resolve_refs(vmi).await?;
         let policy = crate::hostpath::HostPathPolicy {
             host_disk_gate: crate::hostpath::host_disk_gate(&self.client).await,
             allowed_roots: self.opts.isolation.host_disk_roots.clone(),
             protected: self.protected_dirs(),
         };
+        // Refused host paths leave nothing behind, not even the VMI directory.
         crate::hostpath::verify(vmi, &refs, &policy)?;
+        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
         refs.container_disks = self.container_disks.prepare(&self.client, vmi).await?;
         let actions = volumes::plan(vmi, &refs, &dir)?;
         let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))

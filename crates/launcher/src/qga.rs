@@ -180,17 +180,13 @@ impl GuestAgent {
         let io = |e| Error::io("talking to the guest agent", e);
         stream.get_mut().write_all(&msg).await.map_err(io)?;
         let result = timeout_at(deadline, async {
-            let mut skipped = Vec::new();
             loop {
-                skipped.clear();
-                if stream.read_until(0xFF, &mut skipped).await.map_err(io)? == 0 {
+                // Bytes before the delimiter are discarded as they come, never collected.
+                if !skip_past(stream, 0xFF).await.map_err(io)? {
                     return Err(Error::Disconnected);
                 }
-                if skipped.last() != Some(&0xFF) {
-                    continue;
-                }
                 let mut line = Vec::new();
-                if stream.read_until(b'\n', &mut line).await.map_err(io)? == 0 {
+                if read_capped(stream, b'\n', &mut line).await? == 0 {
                     return Err(Error::Disconnected);
                 }
                 let reply: Option<Value> = serde_json::from_slice(&line).ok();
@@ -284,7 +280,7 @@ impl GuestAgent {
                 let mut line = Vec::new();
                 loop {
                     line.clear();
-                    if stream.read_until(b'\n', &mut line).await.map_err(io)? == 0 {
+                    if read_capped(stream, b'\n', &mut line).await? == 0 {
                         return Err(Error::Disconnected);
                     }
                     let text = String::from_utf8_lossy(&line);
@@ -397,6 +393,61 @@ impl GuestAgent {
     }
 }
 
+/// The largest guest-agent reply read; a longer line is a protocol error (the guest is not
+/// trusted to bound its own replies).
+pub const MAX_REPLY_BYTES: usize = 1 << 20;
+
+/// Reads up to and including `delim` into `out`, failing once more than [`MAX_REPLY_BYTES`]
+/// arrived without it. Returns the bytes read (0: end of stream).
+async fn read_capped(
+    stream: &mut BufReader<UnixStream>,
+    delim: u8,
+    out: &mut Vec<u8>,
+) -> Result<usize> {
+    let io = |e| Error::io("reading from the guest agent", e);
+    loop {
+        let buf = stream.fill_buf().await.map_err(io)?;
+        if buf.is_empty() {
+            return Ok(out.len());
+        }
+        let (n, done) = match buf.iter().position(|b| *b == delim) {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if out.len() + n > MAX_REPLY_BYTES {
+            stream.consume(n);
+            return Err(Error::Protocol(format!(
+                "the guest agent sent a reply over {MAX_REPLY_BYTES} bytes"
+            )));
+        }
+        out.extend_from_slice(&buf[..n]);
+        stream.consume(n);
+        if done {
+            return Ok(out.len());
+        }
+    }
+}
+
+/// Discards input up to and including `delim`; false at end of stream.
+async fn skip_past(stream: &mut BufReader<UnixStream>, delim: u8) -> std::io::Result<bool> {
+    loop {
+        let buf = stream.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(false);
+        }
+        match buf.iter().position(|b| *b == delim) {
+            Some(i) => {
+                stream.consume(i + 1);
+                return Ok(true);
+            }
+            None => {
+                let n = buf.len();
+                stream.consume(n);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +514,41 @@ mod tests {
             sync_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(2),
         }
+    }
+
+    #[tokio::test]
+    async fn an_oversized_reply_is_refused_not_collected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qga.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (r, mut w) = stream.into_split();
+            let mut r = BufReader::new(r);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                if r.read_until(b'\n', &mut line).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                let start = line.iter().rposition(|&b| b == 0xFF).map_or(0, |i| i + 1);
+                let cmd: Value = serde_json::from_slice(&line[start..]).unwrap();
+                if cmd["execute"] == "guest-sync-delimited" {
+                    let mut o = vec![0xFF];
+                    o.extend(format!("{}\n", json!({"return": cmd["arguments"]["id"]})).bytes());
+                    w.write_all(&o).await.unwrap();
+                } else {
+                    // A hostile guest: a reply line of 3 MiB.
+                    let mut o = b"{\"return\": \"".to_vec();
+                    o.extend(std::iter::repeat_n(b'a', 3 << 20));
+                    o.extend(b"\"}\n");
+                    let _ = w.write_all(&o).await;
+                }
+            }
+        });
+        let mut qga = GuestAgent::connect(&path, &opts()).await.unwrap();
+        let err = qga.host_name().await.unwrap_err();
+        assert!(err.to_string().contains("over 1048576 bytes"), "{err}");
     }
 
     #[tokio::test]

@@ -54,6 +54,9 @@ pub const WS_PROTOCOL: &str = "plain.kubevirt.io";
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const AGENT_TIMEOUT: Duration = Duration::from_secs(45);
+/// The largest answer body read from a node agent (guest info, file system and user lists are
+/// guest-controlled); a larger one is refused with 502, never collected.
+pub const MAX_AGENT_BODY: usize = 4 << 20;
 
 /// A metav1.Status error.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -527,11 +530,10 @@ async fn agent_call(
             .await
             .map_err(|e| ApiErr::new(503, format!("agent request failed: {e}")))?;
         let status = resp.status();
-        let body = resp
-            .into_body()
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_AGENT_BODY)
             .collect()
             .await
-            .map_err(|e| ApiErr::new(503, format!("agent answer: {e}")))?
+            .map_err(|e| ApiErr::new(502, format!("agent answer: {e}")))?
             .to_bytes();
         Ok::<_, ApiErr>((status, body))
     };
@@ -563,8 +565,7 @@ pub(super) async fn agent_stream(
         .map_err(|e| ApiErr::new(503, format!("agent request failed: {e}")))?;
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_AGENT_BODY)
             .collect()
             .await
             .map(|b| b.to_bytes())
