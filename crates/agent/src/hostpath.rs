@@ -84,21 +84,24 @@ pub fn check_lexical(path: &Path, policy: &HostPathPolicy, ours: bool) -> Result
 }
 
 /// Whether a PV at `path` with provisioner annotation `provisioned_by` was made by our
-/// provisioners: the annotation names one and the path is a volume directory inside a
-/// protected directory's `volumes/` or `local-volumes/`.
-pub fn made_by_us(path: &Path, provisioned_by: Option<&str>, protected: &[PathBuf]) -> bool {
+/// provisioners: the annotation names one and the path has their layout, a volume directory
+/// directly in a `volumes/` root (shared) or in `local-volumes/<node>/` (local). A standalone
+/// agent does not know the server's data dir, so the layout, not the location, is checked;
+/// such PVs still get the system-tree, symlink and device checks.
+pub fn made_by_us(path: &Path, provisioned_by: Option<&str>) -> bool {
     let annotated = matches!(
         provisioned_by,
         Some("ferrovirt.io/local" | "ferrovirt.io/shared")
     );
+    fn name_of(p: Option<&Path>) -> Option<&str> {
+        p.and_then(Path::file_name).and_then(|n| n.to_str())
+    }
+    let parent = path.parent();
+    let grandparent = parent.and_then(Path::parent);
     annotated
         && plain(path)
-        && protected.iter().any(|p| {
-            ["volumes", "local-volumes"].iter().any(|d| {
-                let root = p.join(d);
-                path.starts_with(&root) && path != root
-            })
-        })
+        && path.file_name().is_some()
+        && (name_of(parent) == Some("volumes") || name_of(grandparent) == Some("local-volumes"))
 }
 
 /// Walks `path` with `lstat`: no component may be a symbolic link, and an existing leaf must
@@ -276,32 +279,30 @@ mod tests {
 
     #[test]
     fn only_our_provisioners_volume_dirs_are_ours() {
-        let prot = vec![PathBuf::from("/d")];
         assert!(made_by_us(
             Path::new("/d/volumes/pvc-1"),
-            Some("ferrovirt.io/shared"),
-            &prot
+            Some("ferrovirt.io/shared")
         ));
         assert!(made_by_us(
             Path::new("/d/local-volumes/n1/pvc-1"),
-            Some("ferrovirt.io/local"),
-            &prot
+            Some("ferrovirt.io/local")
         ));
-        assert!(!made_by_us(Path::new("/d/volumes/pvc-1"), None, &prot));
+        assert!(!made_by_us(Path::new("/d/volumes/pvc-1"), None));
+        assert!(!made_by_us(
+            Path::new("/d/volumes/pvc-1"),
+            Some("other.io/x")
+        ));
         assert!(!made_by_us(
             Path::new("/d/token"),
-            Some("ferrovirt.io/local"),
-            &prot
+            Some("ferrovirt.io/local")
         ));
         assert!(!made_by_us(
             Path::new("/d/volumes/../token"),
-            Some("ferrovirt.io/local"),
-            &prot
+            Some("ferrovirt.io/local")
         ));
         assert!(!made_by_us(
             Path::new("/d/volumes"),
-            Some("ferrovirt.io/local"),
-            &prot
+            Some("ferrovirt.io/local")
         ));
     }
 

@@ -434,7 +434,6 @@ impl Agent {
                                 .as_ref()
                                 .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
                                 .map(String::as_str),
-                            &self.protected_dirs(),
                         );
                         let ro = spec
                             .access_modes
