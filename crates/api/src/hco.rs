@@ -63,7 +63,30 @@ kstruct! {
         /// Registries (`host[:port]`, `*.domain`) reached over plain HTTP; all others over
         /// HTTPS.
         pub insecure_registries: Option<Vec<String>>,
+        /// Seconds an import's or upload's transfer may stall before it fails (default 60).
+        pub transfer_stall_timeout_seconds: Option<u64>,
+        /// Seconds an import's transfer may take in all (default 4 hours).
+        pub transfer_timeout_seconds: Option<u64>,
     }
+}
+
+/// The transfer timeouts `(stall, overall)` in seconds: `spec.storageImport.…` of the first
+/// HyperConverged object that sets them, else `spec.config.…` of a CDI object (same names).
+pub fn transfer_timeouts(hcos: &[Value], cdis: &[Value]) -> (Option<u64>, Option<u64>) {
+    let pick = |field: &str| {
+        hcos.iter()
+            .filter_map(|h| h.pointer(&format!("/spec/storageImport/{field}")))
+            .chain(
+                cdis.iter()
+                    .filter_map(|c| c.pointer(&format!("/spec/config/{field}"))),
+            )
+            .find_map(|v| v.as_u64())
+            .filter(|v| *v > 0)
+    };
+    (
+        pick("transferStallTimeoutSeconds"),
+        pick("transferTimeoutSeconds"),
+    )
 }
 
 /// The registries to reach over plain HTTP: `spec.storageImport.insecureRegistries` of every
@@ -162,5 +185,17 @@ mod tests {
             vec!["x"]
         );
         assert!(spec.other.is_empty());
+    }
+
+    #[test]
+    fn transfer_timeouts_from_hco_then_cdi() {
+        let hco = json!({"spec": {"storageImport": {"transferStallTimeoutSeconds": 2}}});
+        let cdi = json!({"spec": {"config": {"transferStallTimeoutSeconds": 9,
+            "transferTimeoutSeconds": 30}}});
+        assert_eq!(
+            super::transfer_timeouts(&[hco], &[cdi]),
+            (Some(2), Some(30))
+        );
+        assert_eq!(super::transfer_timeouts(&[], &[]), (None, None));
     }
 }

@@ -319,3 +319,260 @@ fn https_import_trusts_the_cert_config_map() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// One request as a scripted server saw it: path and lower-cased header lines.
+type Seen = Arc<std::sync::Mutex<Vec<(String, Vec<String>)>>>;
+
+/// A loopback HTTP server answering each request with `answer(path, stream)`; records every
+/// request's path and headers.
+fn scripted(
+    answer: impl Fn(&str, &mut std::net::TcpStream) + Send + Sync + 'static,
+) -> anyhow::Result<(String, Seen)> {
+    use std::io::{BufRead, BufReader};
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let base = format!("http://{}", l.local_addr()?);
+    let seen: Seen = Arc::default();
+    let s2 = seen.clone();
+    let answer = Arc::new(answer);
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let (seen, answer) = (s2.clone(), answer.clone());
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(s.try_clone().expect("clone"));
+                let mut first = String::new();
+                let _ = r.read_line(&mut first);
+                let path = first.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let mut headers = Vec::new();
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) <= 2 {
+                        break;
+                    }
+                    headers.push(line.trim().to_ascii_lowercase());
+                }
+                seen.lock().expect("lock").push((path.clone(), headers));
+                let mut s = s;
+                answer(&path, &mut s);
+            });
+        }
+    });
+    Ok((base, seen))
+}
+
+fn respond(s: &mut std::net::TcpStream, head: &str, body: &[u8]) {
+    use std::io::Write;
+    let _ = write!(s, "HTTP/1.1 {head}\r\nConnection: close\r\n\r\n");
+    let _ = s.write_all(body);
+}
+
+/// The 135-byte kind of VMDK descriptor seen in the wild: one FLAT extent naming a host file.
+fn flat_descriptor(target: &Path) -> String {
+    format!(
+        "# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\n\
+         createType=\"monolithicFlat\"\nRW 8 FLAT \"{}\" 0\n",
+        target.display()
+    )
+}
+
+/// Every attack on the importer's transfer and image rules, each refused with a message
+/// naming what was wrong and nothing read or left behind: a VMDK descriptor naming the
+/// server's token file, a gzip bomb (scratch space stays bounded), oversized bodies with and
+/// without Content-Length, a stalled server, a redirect loop, and a redirect to another
+/// origin that must not carry Basic auth or secretExtraHeaders; and a pvc clone of a disk
+/// whose first sector is such a descriptor stays a byte copy.
+#[test]
+fn hostile_sources_are_refused() -> anyhow::Result<()> {
+    use base64::Engine;
+    let c = cluster()?;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let token = c.data_dir.join("token");
+    let token_text = std::fs::read_to_string(&token)?;
+    let desc = flat_descriptor(&token);
+    let images = c.dir.path().join("images");
+    std::fs::create_dir_all(&images)?;
+    // 512 MiB of zeros in about half a MiB of gzip.
+    run(Command::new("sh").arg("-c").arg(format!(
+        "head -c 512M /dev/zero | gzip -1 > {}",
+        images.join("bomb.gz").display()
+    )))?;
+    let bomb = std::fs::read(images.join("bomb.gz"))?;
+    let bomb_len = bomb.len() as u64;
+    let good = vec![0x5au8; 1 << 20];
+    let (other, other_seen) = {
+        let good = good.clone();
+        scripted(move |_, s| {
+            respond(
+                s,
+                &format!("200 OK\r\nContent-Length: {}", good.len()),
+                &good,
+            )
+        })?
+    };
+    let desc2 = desc.clone();
+    let other2 = other.clone();
+    let (base, seen) = scripted(move |path, s| match path {
+        "/flat.vmdk" => respond(
+            s,
+            &format!("200 OK\r\nContent-Length: {}", desc2.len()),
+            desc2.as_bytes(),
+        ),
+        "/bomb.gz" => respond(
+            s,
+            &format!("200 OK\r\nContent-Length: {}", bomb.len()),
+            &bomb,
+        ),
+        "/declared-big" => respond(s, "200 OK\r\nContent-Length: 209715200", b""),
+        "/undeclared-big" => {
+            use std::io::Write;
+            let _ = write!(s, "HTTP/1.0 200 OK\r\nConnection: close\r\n\r\n");
+            let chunk = vec![7u8; 1 << 20];
+            for _ in 0..200 {
+                if s.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        }
+        "/stall" => {
+            respond(s, "200 OK\r\nContent-Length: 1048576", &[1u8; 1000]);
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "/loop" => respond(s, "302 Found\r\nLocation: /loop\r\nContent-Length: 0", b""),
+        "/elsewhere" => respond(
+            s,
+            &format!("302 Found\r\nLocation: {other2}/disk.img\r\nContent-Length: 0"),
+            b"",
+        ),
+        _ => respond(s, "404 Not Found\r\nContent-Length: 0", b""),
+    })?;
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: kubevirt-hyperconverged}}
+---
+apiVersion: hco.kubevirt.io/v1beta1
+kind: HyperConverged
+metadata: {{name: kubevirt-hyperconverged, namespace: kubevirt-hyperconverged}}
+spec:
+  storageImport:
+    transferStallTimeoutSeconds: 2
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: creds, namespace: default}}
+data: {{accessKeyId: "{}", secretKey: "{}"}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: hdrs, namespace: default}}
+data: {{h: "{}"}}
+"#,
+        b64("user"),
+        b64("hunter2"),
+        b64("X-Secret: s3cr3t")
+    ))?;
+    let url = |p: &str| format!("{{url: \"{base}{p}\"}}");
+    let mut yaml = String::new();
+    yaml.push_str(&dv_yaml("s-flat", &url("/flat.vmdk"), "16Mi"));
+    yaml.push_str(&dv_yaml("s-bomb", &url("/bomb.gz"), "16Mi"));
+    yaml.push_str(&dv_yaml("s-declared", &url("/declared-big"), "16Mi"));
+    yaml.push_str(&dv_yaml("s-undeclared", &url("/undeclared-big"), "16Mi"));
+    yaml.push_str(&dv_yaml("s-stall", &url("/stall"), "16Mi"));
+    yaml.push_str(&dv_yaml("s-loop", &url("/loop"), "16Mi"));
+    yaml.push_str(&dv_yaml(
+        "s-elsewhere",
+        &format!("{{url: \"{base}/elsewhere\", secretRef: creds, secretExtraHeaders: [hdrs]}}"),
+        "16Mi",
+    ));
+    yaml.push_str(&dv_yaml("s-blank", "null\n    blank: {}", "16Mi"));
+    // Scratch space is watched while the bomb is refused.
+    let scratch = c.data_dir.join("import-scratch");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let peak = {
+        let (scratch, stop) = (scratch.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut peak = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = Command::new("du").arg("-sb").arg(&scratch).output();
+                if let Ok(o) = out {
+                    let n = String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0);
+                    peak = peak.max(n);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            peak
+        })
+    };
+    c.apply(&yaml)?;
+    let expect = [
+        ("s-flat", "VMDK descriptor"),
+        ("s-bomb", "decompresses to more than"),
+        ("s-declared", "Content-Length 209715200"),
+        ("s-undeclared", "the body is more than"),
+        ("s-stall", "stalled for more than 2 s"),
+        ("s-loop", "more than 5 redirects"),
+    ];
+    let limit = (16u64 << 20) + (1 << 20) + (64 << 20);
+    for (name, text) in expect {
+        let v = wait_phase(&c, name, "Failed")?;
+        let m = message(&v);
+        assert!(m.contains(text), "{name}: {m:?} lacks {text:?}");
+        assert_left_blank(&c, &v, 16 << 20)?;
+        eprintln!("{name}: {m}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = peak.join().expect("du thread");
+    assert!(
+        peak <= limit + bomb_len * 4 + (8 << 20),
+        "scratch grew to {peak} bytes"
+    );
+    eprintln!("peak scratch while refusing the bomb: {peak} bytes (limit {limit})");
+
+    // The redirect to another origin succeeds, without the credentials there.
+    wait_phase(&c, "s-elsewhere", "Succeeded")?;
+    let first = seen.lock().expect("lock").clone();
+    let (_, h) = first
+        .iter()
+        .find(|(p, _)| p == "/elsewhere")
+        .context("origin request")?;
+    assert!(
+        h.iter().any(|l| l.starts_with("authorization: basic")),
+        "{h:?}"
+    );
+    assert!(h.iter().any(|l| l == "x-secret: s3cr3t"), "{h:?}");
+    for (p, h) in other_seen.lock().expect("lock").iter() {
+        assert!(
+            !h.iter()
+                .any(|l| l.starts_with("authorization") || l.starts_with("x-secret")),
+            "{p}: credentials sent to another origin: {h:?}"
+        );
+    }
+    let img = volume_dir(&c, "s-elsewhere")?.join("disk.img");
+    assert!(std::fs::read(&img)?[..1 << 20] == good[..]);
+
+    // A guest disk whose first sector is a FLAT descriptor, cloned: a byte copy.
+    wait_phase(&c, "s-blank", "Succeeded")?;
+    let src = volume_dir(&c, "s-blank")?.join("disk.img");
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&src)?;
+        f.seek(std::io::SeekFrom::Start(0))?;
+        f.write_all(desc.as_bytes())?;
+    }
+    c.apply(
+        "apiVersion: cdi.kubevirt.io/v1beta1\nkind: DataVolume\nmetadata: {name: s-clone, namespace: default}\nspec:\n  source:\n    pvc: {name: s-blank, namespace: default}\n  storage:\n    storageClassName: shared\n    resources: {requests: {storage: 16Mi}}\n",
+    )?;
+    wait_phase(&c, "s-clone", "Succeeded")?;
+    let copy = std::fs::read(volume_dir(&c, "s-clone")?.join("disk.img"))?;
+    assert!(copy == std::fs::read(&src)?, "the clone is not a byte copy");
+    let needle = token_text.trim().as_bytes();
+    assert!(
+        !copy.windows(needle.len()).any(|w| w == needle),
+        "the token file's content is in the clone"
+    );
+    Ok(())
+}

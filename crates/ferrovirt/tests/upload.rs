@@ -259,3 +259,57 @@ spec:
     c.kubectl_ok(&["delete", "vm", "from-upload", "--wait=false"])?;
     Ok(())
 }
+
+/// The probe seen in the wild: a 135-byte VMDK descriptor whose FLAT extent names the server's
+/// admin token file. The upload is refused as a VMDK descriptor; the volume stays blank (the
+/// token never reaches it) and no scratch space is left.
+#[test]
+fn vmdk_descriptor_upload_is_refused() -> anyhow::Result<()> {
+    let c = Cluster::start(&ClusterOptions::new(BIN))?;
+    let token_file = c.data_dir.join("token");
+    let token = std::fs::read_to_string(&token_file)?;
+    let desc = c.dir.path().join("flat.vmdk");
+    std::fs::write(
+        &desc,
+        format!(
+            "# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\n\
+             createType=\"monolithicFlat\"\nRW 8 FLAT \"{}\" 0\n",
+            token_file.display()
+        ),
+    )?;
+    let out = fv(
+        &c,
+        &[
+            "image-upload",
+            "dv",
+            "flat",
+            "--size",
+            "8Mi",
+            "--storage-class",
+            "shared",
+            "--image-path",
+            desc.to_str().context("path")?,
+        ],
+    )?;
+    assert!(!out.status.success(), "{}", text(&out));
+    let v = c.get_json(&["datavolume", "flat", "-n", "default"])?;
+    assert_eq!(v["status"]["phase"], "Failed", "{v}");
+    let msg = condition(&v, "Running")["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(msg.contains("VMDK descriptor"), "{v}");
+    let pvc = c.get_json(&["pvc", "flat", "-n", "default"])?;
+    let pv = c.get_json(&["pv", pvc["spec"]["volumeName"].as_str().context("pv")?])?;
+    let dir = pv["spec"]["hostPath"]["path"].as_str().context("path")?;
+    let disk = std::fs::read(std::path::Path::new(dir).join("disk.img"))?;
+    assert!(disk.iter().all(|b| *b == 0), "the volume holds data");
+    let needle = token.trim().as_bytes();
+    assert!(!disk.windows(needle.len()).any(|w| w == needle));
+    let uid = v["metadata"]["uid"].as_str().unwrap_or_default();
+    let scratch = c
+        .data_dir
+        .join("import-scratch")
+        .join(format!("upload-{uid}"));
+    assert!(!scratch.exists(), "scratch {} left", scratch.display());
+    Ok(())
+}

@@ -1,5 +1,7 @@
 //! A small HTTP(S) downloader for the importer: GET with extra headers and basic auth,
-//! following up to 5 redirects, streaming the body into a writer callback with progress.
+//! following up to 5 redirects (credentials and secret headers to the original origin only,
+//! never HTTPS to HTTP), streaming the body into a writer callback with progress, bounded in
+//! size ([`TransferLimits`]: declared and counted bytes), stall time and overall time.
 //! HTTPS uses rustls with the system's root certificates plus the PEM certificates of the
 //! request (CDI's `certConfigMap`: every value of the ConfigMap is a PEM bundle of CAs).
 
@@ -28,6 +30,66 @@ impl std::fmt::Debug for BasicAuth {
     }
 }
 
+/// Bounds of one transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferLimits {
+    /// The most bytes accepted (declared in Content-Length or counted while streaming).
+    pub max_bytes: u64,
+    /// The longest the body may stall between two chunks (and the longest to wait for the
+    /// response headers).
+    pub stall_timeout: std::time::Duration,
+    /// The longest the whole transfer may take.
+    pub overall_timeout: std::time::Duration,
+}
+
+/// Default stall timeout of a transfer.
+pub const DEFAULT_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Default overall timeout of a transfer.
+pub const DEFAULT_OVERALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4 * 3600);
+/// Redirects followed at most.
+pub const MAX_REDIRECTS: usize = 5;
+
+impl Default for TransferLimits {
+    fn default() -> Self {
+        TransferLimits {
+            max_bytes: u64::MAX,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+            overall_timeout: DEFAULT_OVERALL_TIMEOUT,
+        }
+    }
+}
+
+/// The most bytes a transfer (and a decompressed image) may hold for a claim of `capacity`
+/// bytes: the claim plus a margin for image metadata (1/16 of it plus 64 MiB).
+pub fn transfer_limit(capacity: u64) -> u64 {
+    capacity
+        .saturating_add(capacity / 16)
+        .saturating_add(64 << 20)
+}
+
+/// `scheme://host:port` of `uri` (the port made explicit), for same-origin checks.
+pub fn origin(uri: &Uri) -> String {
+    let scheme = uri.scheme_str().unwrap_or("");
+    let port = uri
+        .port_u16()
+        .unwrap_or(if scheme == "https" { 443 } else { 80 });
+    format!(
+        "{scheme}://{}:{port}",
+        uri.host().unwrap_or("").to_ascii_lowercase()
+    )
+}
+
+/// What to do about a redirect from `from` to `to` (pure): `Err` when it goes from HTTPS to
+/// plain HTTP; `Ok(true)` when credentials may still be sent (same origin as `original`).
+pub fn redirect_decision(original: &Uri, from: &Uri, to: &Uri) -> Result<bool, String> {
+    if from.scheme_str() == Some("https") && to.scheme_str() != Some("https") {
+        return Err(format!(
+            "refusing a redirect from HTTPS to plain HTTP ({to})"
+        ));
+    }
+    Ok(origin(original) == origin(to))
+}
+
 /// What to download.
 #[derive(Debug, Clone, Default)]
 pub struct DownloadRequest {
@@ -37,6 +99,10 @@ pub struct DownloadRequest {
     pub auth: Option<BasicAuth>,
     /// PEM bundles of extra CA certificates trusted besides the system roots.
     pub ca_pems: Vec<String>,
+    /// Headers (`secretExtraHeaders`) sent only to the original origin, like `auth`.
+    pub secret_headers: Vec<String>,
+    /// Size and time bounds.
+    pub limits: TransferLimits,
 }
 
 /// Split a `Name: value` header line.
@@ -157,17 +223,48 @@ pub(crate) async fn connect_with(
 
 /// GET `req.url` and pass the body to `sink` chunk by chunk; `progress(received, total)` is
 /// called after each chunk (`total` from Content-Length when known). Returns the byte count.
+/// Basic auth and the secret headers go to the original origin only; a redirect from HTTPS
+/// to HTTP is refused, as are more than [`MAX_REDIRECTS`] redirects, a body larger than
+/// `req.limits.max_bytes` (declared or counted), a stall longer than the stall timeout and a
+/// transfer longer than the overall timeout.
 pub async fn download(
+    req: &DownloadRequest,
+    sink: impl FnMut(&[u8]) -> Result<(), StorageError>,
+    progress: impl FnMut(u64, Option<u64>),
+) -> Result<u64, StorageError> {
+    let overall = req.limits.overall_timeout;
+    tokio::time::timeout(overall, download_in(req, sink, progress))
+        .await
+        .map_err(|_| StorageError::Http {
+            url: req.url.clone(),
+            message: format!(
+                "the transfer did not finish within the overall timeout of {} s",
+                overall.as_secs()
+            ),
+        })?
+}
+
+async fn download_in(
     req: &DownloadRequest,
     mut sink: impl FnMut(&[u8]) -> Result<(), StorageError>,
     mut progress: impl FnMut(u64, Option<u64>),
 ) -> Result<u64, StorageError> {
+    let stall = req.limits.stall_timeout;
+    let max = req.limits.max_bytes;
     let mut url = req.url.clone();
     let mut headers = Vec::new();
     for h in &req.headers {
         headers.push(parse_header(h)?);
     }
-    for _redirect in 0..=5 {
+    let mut secret_headers = Vec::new();
+    for h in &req.secret_headers {
+        secret_headers.push(parse_header(h)?);
+    }
+    let original: Uri = url
+        .parse()
+        .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
+    let mut credentials = true;
+    for _redirect in 0..=MAX_REDIRECTS {
         let uri: Uri = url
             .parse()
             .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
@@ -185,11 +282,16 @@ pub async fn download(
         let mut builder = Request::get(path)
             .header(http::header::HOST, authority)
             .header(http::header::USER_AGENT, "ferrovirt-importer");
-        if let Some(a) = &req.auth {
-            use base64::Engine;
-            let token = base64::engine::general_purpose::STANDARD
-                .encode(format!("{}:{}", a.user, a.password));
-            builder = builder.header(http::header::AUTHORIZATION, format!("Basic {token}"));
+        if credentials {
+            if let Some(a) = &req.auth {
+                use base64::Engine;
+                let token = base64::engine::general_purpose::STANDARD
+                    .encode(format!("{}:{}", a.user, a.password));
+                builder = builder.header(http::header::AUTHORIZATION, format!("Basic {token}"));
+            }
+            for (n, v) in &secret_headers {
+                builder = builder.header(n, v);
+            }
         }
         for (n, v) in &headers {
             builder = builder.header(n, v);
@@ -197,19 +299,30 @@ pub async fn download(
         let request = builder
             .body(Empty::<Bytes>::new())
             .map_err(|e| herr(e.to_string()))?;
-        let resp = sender
-            .send_request(request)
+        let resp = tokio::time::timeout(stall, sender.send_request(request))
             .await
+            .map_err(|_| {
+                herr(format!(
+                    "no response within the stall timeout of {} s",
+                    stall.as_secs()
+                ))
+            })?
             .map_err(|e| herr(e.to_string()))?;
         let status = resp.status();
         if status.is_redirection() {
+            conn_task.abort();
             let loc = resp
                 .headers()
                 .get(http::header::LOCATION)
                 .and_then(|l| l.to_str().ok())
                 .ok_or_else(|| herr(format!("{status} without a Location")))?;
-            url = resolve(&uri, loc);
-            conn_task.abort();
+            let next = resolve(&uri, loc);
+            let next_uri: Uri = next
+                .parse()
+                .map_err(|e| herr(format!("redirect to {next:?}: {e}")))?;
+            let same = redirect_decision(&original, &uri, &next_uri).map_err(herr)?;
+            credentials = credentials && same;
+            url = next;
             continue;
         }
         if !status.is_success() {
@@ -221,13 +334,38 @@ pub async fn download(
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
+        if let Some(t) = total
+            && t > max
+        {
+            conn_task.abort();
+            return Err(StorageError::Refused(format!(
+                "{url}: Content-Length {t} is more than the {max} bytes a claim of this size \
+                 accepts"
+            )));
+        }
         let mut body = resp.into_body();
         let mut received = 0u64;
-        while let Some(frame) = body.frame().await {
+        loop {
+            let frame = tokio::time::timeout(stall, body.frame())
+                .await
+                .map_err(|_| {
+                    herr(format!(
+                        "the transfer stalled for more than {} s after {received} bytes",
+                        stall.as_secs()
+                    ))
+                })?;
+            let Some(frame) = frame else { break };
             let frame = frame.map_err(|e| herr(e.to_string()))?;
             if let Some(data) = frame.data_ref() {
-                sink(data)?;
                 received += data.len() as u64;
+                if received > max {
+                    conn_task.abort();
+                    return Err(StorageError::Refused(format!(
+                        "{url}: the body is more than the {max} bytes a claim of this size \
+                         accepts"
+                    )));
+                }
+                sink(data)?;
                 progress(received, total);
             }
         }
@@ -240,7 +378,7 @@ pub async fn download(
     }
     Err(StorageError::Http {
         url: req.url.clone(),
-        message: "too many redirects".into(),
+        message: format!("more than {MAX_REDIRECTS} redirects"),
     })
 }
 
@@ -278,6 +416,19 @@ mod tests {
         assert_eq!(resolve(&base, "/c.img"), "http://h:8/c.img");
         assert_eq!(resolve(&base, "c.img"), "http://h:8/a/c.img");
         assert_eq!(resolve(&base, "https://x/y"), "https://x/y");
+    }
+
+    #[test]
+    fn redirect_rules() {
+        let u = |s: &str| s.parse::<Uri>().unwrap();
+        let o = u("https://a:443/x");
+        assert_eq!(redirect_decision(&o, &o, &u("https://a/y")), Ok(true));
+        assert_eq!(redirect_decision(&o, &o, &u("https://b/y")), Ok(false));
+        assert!(redirect_decision(&o, &o, &u("http://a/y")).is_err());
+        let h = u("http://a:80/x");
+        assert_eq!(redirect_decision(&h, &h, &u("http://a:81/y")), Ok(false));
+        assert_eq!(transfer_limit(16 << 20), (17 << 20) + (64 << 20));
+        assert_eq!(transfer_limit(u64::MAX), u64::MAX);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::process::Stdio;
 use crate::block;
 use crate::checksum::{self, Checksum, Hasher};
 use crate::error::StorageError;
+use crate::header;
 use crate::http::{self, DownloadRequest};
 use crate::provisioner;
 use crate::qemu_img::{self, ConvertRequest, ImageInfo};
@@ -129,7 +130,12 @@ async fn import_in(
     };
     let downloaded = started.elapsed();
     progress(DOWNLOAD_SHARE);
-    let image = decompress_if_needed(&download, &req.scratch_dir.join("image")).await?;
+    let image = decompress_if_needed(
+        &download,
+        &req.scratch_dir.join("image"),
+        req.source.limits.max_bytes,
+    )
+    .await?;
     let info = inspect(&image, req.capacity).await?;
     let inspected = started.elapsed();
     write_raw(&image, &info.format, &req.target, req.capacity, |p| {
@@ -148,25 +154,44 @@ async fn import_in(
     Ok(info)
 }
 
-/// `qemu-img info` + [`qemu_img::validate`] + `qemu-img check` of an untrusted image: an
-/// image qemu-img cannot open is refused (retrying cannot fix it), as is a corrupt one.
+/// The checks of an untrusted image, all with the format given to `qemu-img` (never probed):
+/// its format from its header ([`header::detect_file`], which refuses VMDK descriptors,
+/// backing files and external data files before `qemu-img` opens anything), then
+/// `qemu-img info -f` + [`qemu_img::validate`] + [`qemu_img::validate_self_contained`] (one
+/// file, no extents elsewhere) + `qemu-img check -f`. An image qemu-img cannot open is
+/// refused (retrying cannot fix it), as is a corrupt one.
 pub async fn inspect(image: &Path, capacity: u64) -> Result<ImageInfo, StorageError> {
-    let info = match qemu_img::info(image, None).await {
+    let format = header::detect_file(image)?;
+    let info = match qemu_img::info(image, format).await {
         Ok(i) => i,
         Err(StorageError::Tool { message, .. }) => {
             return Err(StorageError::Refused(format!(
-                "not a valid disk image: {message}"
+                "not a valid {format} image: {message}"
             )));
         }
         Err(e) => return Err(e),
     };
+    if info.format != format {
+        return Err(StorageError::Refused(format!(
+            "qemu-img reports format {:?} for a {format} image",
+            info.format
+        )));
+    }
     qemu_img::validate(&info, capacity)?;
+    qemu_img::validate_self_contained(&info, image)?;
     qemu_img::check(image, &info.format).await?;
     Ok(info)
 }
 
-/// Decompress `path` into `out` when it is gzip/xz/zstd; returns the image to use.
-pub async fn decompress_if_needed(path: &Path, out: &Path) -> Result<PathBuf, StorageError> {
+/// Decompress `path` into `out` when it is gzip/xz/zstd, refusing output of more than
+/// `limit` bytes while it streams (the decompressor is stopped there, so a compression bomb
+/// never takes more scratch space than that); returns the image to use.
+pub async fn decompress_if_needed(
+    path: &Path,
+    out: &Path,
+    limit: u64,
+) -> Result<PathBuf, StorageError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut head = [0u8; 8];
     let n = {
         use std::io::Read;
@@ -176,29 +201,59 @@ pub async fn decompress_if_needed(path: &Path, out: &Path) -> Result<PathBuf, St
     let Some(c) = detect_compression(&head[..n]) else {
         return Ok(path.to_path_buf());
     };
-    let dst = std::fs::File::create(out).map_err(|e| StorageError::io(out, e))?;
-    let res = tokio::process::Command::new(c.tool())
+    let tool_err = |m: String| StorageError::Tool {
+        tool: c.tool().into(),
+        message: m,
+    };
+    let mut child = tokio::process::Command::new(c.tool())
         .arg("-dc")
         .arg(path)
         .stdin(Stdio::null())
-        .stdout(dst)
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
-        .map_err(|e| StorageError::Tool {
-            tool: c.tool().into(),
-            message: e.to_string(),
-        })?
-        .wait_with_output()
+        .map_err(|e| tool_err(e.to_string()))?;
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let err_task = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s).await;
+        s
+    });
+    let mut dst = tokio::fs::File::create(out)
         .await
-        .map_err(|e| StorageError::Tool {
-            tool: c.tool().into(),
-            message: e.to_string(),
-        })?;
-    if !res.status.success() {
-        return Err(StorageError::Tool {
-            tool: c.tool().into(),
-            message: String::from_utf8_lossy(&res.stderr).trim().to_string(),
-        });
+        .map_err(|e| StorageError::io(out, e))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = stdout
+            .read(&mut buf)
+            .await
+            .map_err(|e| tool_err(e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > limit {
+            let _ = child.kill().await;
+            drop(dst);
+            let _ = std::fs::remove_file(out);
+            return Err(StorageError::Refused(format!(
+                "the {} stream decompresses to more than {limit} bytes, more than a claim of \
+                 this size accepts",
+                c.tool()
+            )));
+        }
+        dst.write_all(&buf[..n])
+            .await
+            .map_err(|e| StorageError::io(out, e))?;
+    }
+    dst.flush().await.map_err(|e| StorageError::io(out, e))?;
+    let status = child.wait().await.map_err(|e| tool_err(e.to_string()))?;
+    if !status.success() {
+        let stderr = err_task.await.unwrap_or_default();
+        return Err(tool_err(stderr.trim().to_string()));
     }
     let _ = std::fs::remove_file(path);
     Ok(out.to_path_buf())
@@ -288,16 +343,28 @@ pub async fn discard(dev: &Path) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// Copy the volume image `src` into `target` (a clone): the source's virtual size must fit
-/// in `capacity`; the copy stays sparse.
+/// Copy the volume image `src` into `target` (a clone): a byte copy of a raw disk, never
+/// probed (its first sector is whatever the guest wrote, perhaps an image header); its size
+/// must fit in `capacity`; the copy stays sparse.
 pub async fn clone_image(
     src: &Path,
     target: &Path,
     capacity: u64,
     progress: impl FnMut(f64),
 ) -> Result<(), StorageError> {
-    let info = inspect(src, capacity).await?;
-    write_raw(src, &info.format, target, capacity, progress).await
+    let size = {
+        use std::io::Seek;
+        let mut f = std::fs::File::open(src).map_err(|e| StorageError::io(src, e))?;
+        f.seek(std::io::SeekFrom::End(0))
+            .map_err(|e| StorageError::io(src, e))?
+    };
+    if size > capacity {
+        return Err(StorageError::Refused(format!(
+            "the clone source is {size} bytes, larger than the target claim of {capacity} \
+             bytes; a larger PVC is required"
+        )));
+    }
+    write_raw(src, "raw", target, capacity, progress).await
 }
 
 #[cfg(test)]
@@ -346,7 +413,7 @@ mod tests {
             assert!(status.success(), "{tool}");
             let packed = src.with_file_name(format!("img-{tool}.{ext}"));
             let out = d.path().join(format!("out-{tool}"));
-            let img = decompress_if_needed(&packed, &out).await.unwrap();
+            let img = decompress_if_needed(&packed, &out, 1 << 20).await.unwrap();
             assert_eq!(img, out);
             assert!(std::fs::read(&img).unwrap() == vec![3u8; 1 << 16], "{tool}");
         }
@@ -363,9 +430,20 @@ mod tests {
             .status()
             .unwrap();
         assert!(status.success());
-        let img = decompress_if_needed(&d.path().join("x.gz"), &d.path().join("y"))
+        let img = decompress_if_needed(&d.path().join("x.gz"), &d.path().join("y"), 1 << 20)
             .await
             .unwrap();
+        // Bounded while streaming: one byte less refuses, and the partial output is gone.
+        std::fs::write(d.path().join("z"), vec![1u8; 1 << 20]).unwrap();
+        std::process::Command::new("gzip")
+            .arg(d.path().join("z"))
+            .status()
+            .unwrap();
+        let e = decompress_if_needed(&d.path().join("z.gz"), &d.path().join("w"), (1 << 20) - 1)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("decompresses to more than"), "{e}");
+        assert!(!d.path().join("w").exists());
         assert!(std::fs::read(&img).unwrap() == vec![1u8; 1 << 20]);
         let b = d.path().join("b.img");
         clone_image(&img, &b, 2 << 20, |_| {}).await.unwrap();
@@ -428,6 +506,7 @@ mod tests {
                 headers: vec!["X-Test: 1".into()],
                 auth: None,
                 ca_pems: Vec::new(),
+                ..Default::default()
             },
             checksum: Some(sum),
             scratch_dir: d.path().join("scratch"),

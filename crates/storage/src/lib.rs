@@ -2,6 +2,7 @@
 //!
 //! - [`provisioner`]: volume directories (`<root>/<pv>/disk.img`, thin raw sparse files) for
 //!   the built-in `shared` and `local` classes, deletion, and copying for clones;
+//! - [`header`]: format detection from image headers (refuses multi-file images);
 //! - [`qemu_img`]: `qemu-img info --output=json`, `convert -p` with progress, `resize`;
 //! - [`block`]: Block-mode volumes as loop devices over `disk.img` (attach, grow, detach);
 //! - [`checksum`]: `sha256:<hex>`-style checksums;
@@ -15,6 +16,7 @@
 pub mod block;
 pub mod checksum;
 pub mod error;
+pub mod header;
 pub mod http;
 pub mod importer;
 pub mod provisioner;

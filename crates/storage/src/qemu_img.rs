@@ -102,6 +102,50 @@ pub fn validate(info: &ImageInfo, capacity: u64) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// Why the image `info` describes (opened as `path`) is not self-contained: a VMDK with
+/// more than one extent, or an extent that is not `path` itself (a FLAT extent naming a host
+/// file), or any `json:`/protocol file name in its details.
+pub fn validate_self_contained(info: &ImageInfo, path: &Path) -> Result<(), StorageError> {
+    let refuse =
+        |m: String| StorageError::Refused(format!("{m}; only self-contained images are accepted"));
+    let own = path.to_string_lossy();
+    if let Some(extents) = info
+        .format_specific
+        .as_ref()
+        .and_then(|f| f.pointer("/data/extents"))
+        .and_then(|e| e.as_array())
+    {
+        if extents.len() > 1 {
+            return Err(refuse(format!(
+                "the {} image has {} extents",
+                info.format,
+                extents.len()
+            )));
+        }
+        for e in extents {
+            let name = e.get("filename").and_then(|f| f.as_str()).unwrap_or("");
+            if name != own {
+                return Err(refuse(format!(
+                    "the {} image names the extent file {name:?}",
+                    info.format
+                )));
+            }
+        }
+    }
+    let text = info
+        .format_specific
+        .as_ref()
+        .map(|f| f.to_string())
+        .unwrap_or_default();
+    if text.contains("json:") {
+        return Err(refuse(format!(
+            "the {} image refers to a json: file name",
+            info.format
+        )));
+    }
+    Ok(())
+}
+
 /// Parse a `qemu-img convert -p` progress line such as `    (45.02/100%)` into 45.02.
 pub fn parse_progress(line: &str) -> Option<f64> {
     let s = line.trim();
@@ -167,14 +211,24 @@ async fn run_limited(tool: &str, cmd: &mut Command) -> Result<std::process::Outp
     Ok(out)
 }
 
-/// `qemu-img info --output=json [-f format] path` under the inspection limits. Backing
-/// files are not opened.
-pub async fn info(path: &Path, format: Option<&str>) -> Result<ImageInfo, StorageError> {
-    let mut cmd = limited(&["info", "--output=json"]);
-    if let Some(f) = format {
-        cmd.args(["-f", f]);
+/// A path handed to `qemu-img`: absolute, so QEMU never reads it as a protocol
+/// (`nbd:…`, `json:{…}`).
+pub fn path_arg(path: &Path) -> Result<&Path, StorageError> {
+    let s = path.to_string_lossy();
+    if !path.is_absolute() || s.starts_with("json:") {
+        return Err(StorageError::invalid(
+            "image path",
+            format!("{s:?} is not an absolute file path"),
+        ));
     }
-    cmd.arg(path);
+    Ok(path)
+}
+
+/// `qemu-img info --output=json -f format path` under the inspection limits. The format is
+/// always given (never probed); backing files are not opened.
+pub async fn info(path: &Path, format: &str) -> Result<ImageInfo, StorageError> {
+    let mut cmd = limited(&["info", "--output=json", "-f", format]);
+    cmd.arg(path_arg(path)?);
     let out = run_limited("qemu-img info", &mut cmd).await?;
     if !out.status.success() {
         return Err(tool_err(
@@ -207,7 +261,7 @@ pub async fn check(path: &Path, format: &str) -> Result<(), StorageError> {
         return Ok(());
     }
     let mut cmd = limited(&["check", "-f", format]);
-    cmd.arg(path);
+    cmd.arg(path_arg(path)?);
     let out = run_limited("qemu-img check", &mut cmd).await?;
     match out.status.code() {
         Some(0) | Some(3) => Ok(()),
@@ -248,8 +302,8 @@ pub async fn convert(
     if req.existing_dst {
         cmd.arg("-n");
     }
-    cmd.arg(req.src)
-        .arg(req.dst)
+    cmd.arg(path_arg(req.src)?)
+        .arg(path_arg(req.dst)?)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -300,7 +354,7 @@ pub async fn convert(
 pub async fn resize(path: &Path, format: &str, size: u64) -> Result<(), StorageError> {
     let mut cmd = Command::new("qemu-img");
     cmd.args(["resize", "-f", format])
-        .arg(path)
+        .arg(path_arg(path)?)
         .arg(size.to_string());
     run("qemu-img resize", &mut cmd).await.map(drop)
 }
@@ -393,6 +447,19 @@ mod tests {
     }
 
     #[test]
+    fn multi_file_vmdks_are_refused() {
+        let json = r#"{"virtual-size": 4096, "format": "vmdk", "format-specific": {"type": "vmdk",
+            "data": {"extents": [{"filename": "/etc/token", "format": "FLAT"}]}}}"#;
+        let i = parse_info(json).unwrap();
+        let e = validate_self_contained(&i, Path::new("/s/image")).unwrap_err();
+        assert!(e.to_string().contains("/etc/token"), "{e}");
+        let ok = json.replace("/etc/token", "/s/image");
+        validate_self_contained(&parse_info(&ok).unwrap(), Path::new("/s/image")).unwrap();
+        assert!(path_arg(Path::new("nbd:x")).is_err());
+        assert!(path_arg(Path::new("/a/b")).is_ok());
+    }
+
+    #[test]
     fn parses_progress_lines() {
         assert_eq!(parse_progress("    (45.02/100%)"), Some(45.02));
         assert_eq!(parse_progress("(100.00/100%)"), Some(100.0));
@@ -422,12 +489,9 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(seen.last(), Some(&100.0));
-        let i = info(&dst, None).await.unwrap();
+        let i = info(&dst, "qcow2").await.unwrap();
         assert_eq!((i.format.as_str(), i.virtual_size), ("qcow2", 1 << 20));
         resize(&dst, "qcow2", 2 << 20).await.unwrap();
-        assert_eq!(
-            info(&dst, Some("qcow2")).await.unwrap().virtual_size,
-            2 << 20
-        );
+        assert_eq!(info(&dst, "qcow2").await.unwrap().virtual_size, 2 << 20);
     }
 }

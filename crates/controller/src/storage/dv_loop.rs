@@ -569,7 +569,7 @@ async fn create_claim(
 
 /// A population ready to run.
 enum Work {
-    Import(ImportRequest),
+    Import(Box<ImportRequest>),
     Registry(Box<ferrovirt_storage::registry::RegistryImportRequest>),
     Blank {
         target: PathBuf,
@@ -657,13 +657,15 @@ async fn prepare(
                 Err(e) => return Ok(Prepared::Invalid(e.to_string())),
             };
             let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-            let mut headers = http.extra_headers.clone().unwrap_or_default();
+            let headers = http.extra_headers.clone().unwrap_or_default();
+            // secretExtraHeaders carry credentials: sent to the URL's origin only.
+            let mut secret_headers = Vec::new();
             for s in http.secret_extra_headers.iter().flatten() {
                 let Some(sec) = secrets.get_opt(s).await? else {
                     return Ok(Prepared::Invalid(format!("Secret {s} not found")));
                 };
                 for v in sec.data.unwrap_or_default().into_values() {
-                    headers.push(String::from_utf8_lossy(&v.0).into_owned());
+                    secret_headers.push(String::from_utf8_lossy(&v.0).into_owned());
                 }
             }
             // certConfigMap: every value of the ConfigMap (in the DataVolume's namespace) is
@@ -708,18 +710,20 @@ async fn prepare(
                 }
                 None => None,
             };
-            Ok(Prepared::Ready(Work::Import(ImportRequest {
+            Ok(Prepared::Ready(Work::Import(Box::new(ImportRequest {
                 source: DownloadRequest {
                     url: http.url,
                     headers,
                     auth,
                     ca_pems,
+                    secret_headers,
+                    limits: super::registry_import::transfer_limits(&ctx.client, capacity).await?,
                 },
                 checksum,
                 scratch_dir: ctx.dirs.scratch.join(uid),
                 target,
                 capacity,
-            })))
+            }))))
         }
         SourceKind::Pvc {
             namespace,

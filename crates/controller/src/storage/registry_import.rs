@@ -68,8 +68,10 @@ fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
     }
 }
 
-/// The insecure registries configured in the HyperConverged and CDI objects.
-pub async fn insecure_registries(client: &kube::Client) -> Result<Vec<String>, ControllerError> {
+/// The HyperConverged and CDI objects (as JSON; empty when not served).
+pub async fn config_objects(
+    client: &kube::Client,
+) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>), ControllerError> {
     let list = |r: ApiResource| {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &r);
         async move {
@@ -92,7 +94,35 @@ pub async fn insecure_registries(client: &kube::Client) -> Result<Vec<String>, C
     ))
     .await?;
     let cdis = list(resource("cdi.kubevirt.io", "CDI", "cdis")).await?;
+    Ok((hcos, cdis))
+}
+
+/// The insecure registries configured in the HyperConverged and CDI objects.
+pub async fn insecure_registries(client: &kube::Client) -> Result<Vec<String>, ControllerError> {
+    let (hcos, cdis) = config_objects(client).await?;
     Ok(ferrovirt_api::hco::insecure_registries(&hcos, &cdis))
+}
+
+/// The transfer limits of an import into a claim of `capacity` bytes: at most
+/// [`ferrovirt_storage::http::transfer_limit`] bytes, the timeouts of the HyperConverged or
+/// CDI configuration (`transferStallTimeoutSeconds`, `transferTimeoutSeconds`).
+pub async fn transfer_limits(
+    client: &kube::Client,
+    capacity: u64,
+) -> Result<ferrovirt_storage::http::TransferLimits, ControllerError> {
+    let (hcos, cdis) = config_objects(client).await?;
+    let (stall, overall) = ferrovirt_api::hco::transfer_timeouts(&hcos, &cdis);
+    let mut l = ferrovirt_storage::http::TransferLimits {
+        max_bytes: ferrovirt_storage::http::transfer_limit(capacity),
+        ..Default::default()
+    };
+    if let Some(s) = stall {
+        l.stall_timeout = std::time::Duration::from_secs(s);
+    }
+    if let Some(o) = overall {
+        l.overall_timeout = std::time::Duration::from_secs(o);
+    }
+    Ok(l)
 }
 
 /// Gathers credentials, CAs and the insecure list for importing `src` into `target`.

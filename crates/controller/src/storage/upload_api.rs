@@ -263,10 +263,10 @@ impl Drop for Busy<'_> {
     }
 }
 
-/// The most bytes accepted for a claim of `capacity` bytes (images may carry metadata; a
-/// larger body cannot hold an image that fits).
+/// The most bytes accepted for a claim of `capacity` bytes, compressed or decompressed
+/// (images may carry metadata; a larger body cannot hold an image that fits).
 pub fn upload_limit(capacity: u64) -> u64 {
-    capacity.saturating_mul(2).saturating_add(64 << 20)
+    ferrovirt_storage::http::transfer_limit(capacity)
 }
 
 async fn upload(
@@ -383,8 +383,16 @@ async fn upload(
                     Some(pv) => super::block::target(pv, &path).await?,
                     None => image_of(&path),
                 };
-                let image = importer::decompress_if_needed(&file, &scratch.join("image")).await?;
-                importer::clone_image(&image, &target, capacity, |p| {
+                let image = importer::decompress_if_needed(
+                    &file,
+                    &scratch.join("image"),
+                    upload_limit(capacity),
+                )
+                .await?;
+                // Checked like any import (format from its header, self-contained, within
+                // the claim), never copied as it is.
+                let info = importer::inspect(&image, capacity).await?;
+                importer::write_raw(&image, &info.format, &target, capacity, |p| {
                     set_progress(&progress, importer::convert_progress(p))
                 })
                 .await
@@ -546,7 +554,7 @@ mod tests {
 
     #[test]
     fn limits() {
-        assert_eq!(upload_limit(1 << 20), (2 << 20) + (64 << 20));
+        assert_eq!(upload_limit(16 << 20), (17 << 20) + (64 << 20));
         assert_eq!(upload_limit(u64::MAX), u64::MAX);
     }
 }
