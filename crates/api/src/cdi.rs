@@ -81,6 +81,8 @@ kstruct! {
         pub secret_extra_headers: Option<Vec<String>>,
         /// Expected digest of the downloaded file, `sha256:<hex>` (also sha1/sha384/sha512).
         pub checksum: Option<String>,
+        /// Skip TLS verification of the endpoint.
+        pub insecure_skip_verify: Option<bool>,
     }
 }
 
@@ -102,6 +104,15 @@ kstruct! {
         pub pull_method: Option<String>,
         pub secret_ref: Option<String>,
         pub cert_config_map: Option<String>,
+        /// Which platform of a multi-arch image to import.
+        pub platform: Option<PlatformOptions>,
+    }
+}
+
+kstruct! {
+    /// Image platform selection.
+    pub struct PlatformOptions {
+        pub architecture: Option<String>,
     }
 }
 
@@ -112,6 +123,7 @@ kstruct! {
         pub disk_id: String,
         pub secret_ref: Option<String>,
         pub cert_config_map: Option<String>,
+        pub insecure_skip_verify: Option<bool>,
     }
 }
 
@@ -123,7 +135,10 @@ kstruct! {
         pub backing_file: Option<String>,
         pub thumbprint: Option<String>,
         pub secret_ref: Option<String>,
+        #[serde(rename = "initImageURL")]
         pub init_image_url: Option<String>,
+        /// ConfigMap with extra VDDK arguments.
+        pub extra_args: Option<String>,
     }
 }
 

@@ -37,8 +37,14 @@ fn normalize(v: &mut Value) {
         Value::Object(map) => {
             map.remove("title");
             // Defaults are applied by admission, not by the schema (and metadata may not
-            // carry one in a structural schema).
+            // carry one in a structural schema). Only a schema's `default` keyword goes: a
+            // property named `default` (`multus.default`) stays.
             map.remove("default");
+            if let Some(Value::Object(props)) = map.get_mut("properties") {
+                for (_, child) in props.iter_mut() {
+                    normalize(child);
+                }
+            }
             if let Some(Value::Array(values)) = map.get_mut("enum") {
                 values.retain(|v| !v.is_null());
             }
@@ -61,8 +67,10 @@ fn normalize(v: &mut Value) {
                     map.insert("format".into(), Value::String(r.into()));
                 }
             }
-            for (_, child) in map.iter_mut() {
-                normalize(child);
+            for (key, child) in map.iter_mut() {
+                if key != "properties" {
+                    normalize(child);
+                }
             }
         }
         Value::Array(items) => items.iter_mut().for_each(normalize),

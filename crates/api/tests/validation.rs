@@ -102,13 +102,23 @@ fn disk_naming_a_missing_volume_in_vm_template() {
 }
 
 #[test]
-fn volume_without_disk_on_vmi() {
+fn volume_without_disk_on_vmi_gets_a_disk() {
+    // As KubeVirt's mutating webhook does.
     let mut o = vmi();
     o["spec"]["volumes"]
         .as_array_mut()
         .unwrap()
         .push(json!({"name": "extra", "emptyDisk": {"capacity": "1Gi"}}));
-    assert_field(o, "spec.volumes[2].name", "FieldValueInvalid");
+    let def =
+        ferrovirt_api::registry::find_kind("kubevirt.io/v1", "VirtualMachineInstance").unwrap();
+    admit(&def, Operation::Create, &mut o, None).expect("admitted");
+    let disks = o["spec"]["domain"]["devices"]["disks"].as_array().unwrap();
+    assert!(
+        disks
+            .iter()
+            .any(|d| d["name"] == "extra" && d["disk"]["bus"] == "virtio"),
+        "{disks:?}"
+    );
 }
 
 #[test]

@@ -95,6 +95,12 @@ pub(super) fn validate_dv_spec(p: &str, spec: &DataVolumeSpec) -> Vec<FieldError
             "Data volume should have either Storage or PVC, not both",
         )),
         (Some(pvc), None) => {
+            check_access_modes(
+                &format!("{p}.pvc.accessModes"),
+                pvc.access_modes.as_deref(),
+                true,
+                &mut e,
+            );
             let size = pvc
                 .resources
                 .as_ref()
@@ -102,7 +108,7 @@ pub(super) fn validate_dv_spec(p: &str, spec: &DataVolumeSpec) -> Vec<FieldError
                 .and_then(|r| r.get("storage"));
             match size {
                 Some(q) => {
-                    check_quantity(format!("{p}.pvc.resources.requests.storage"), &q.0, &mut e);
+                    check_size(format!("{p}.pvc.resources.requests.storage"), &q.0, &mut e);
                 }
                 None if !clone_source => e.push(FieldError::required(
                     format!("{p}.pvc.resources.requests.storage"),
@@ -118,12 +124,18 @@ pub(super) fn validate_dv_spec(p: &str, spec: &DataVolumeSpec) -> Vec<FieldError
                 .and_then(|r| r.requests.as_ref())
                 .and_then(|r| r.get("storage"))
             {
-                check_quantity(
+                check_size(
                     format!("{p}.storage.resources.requests.storage"),
                     &q.0,
                     &mut e,
                 );
             }
+            check_access_modes(
+                &format!("{p}.storage.accessModes"),
+                st.access_modes.as_deref(),
+                false,
+                &mut e,
+            );
         }
     }
     if let Some(ct) = &spec.content_type
@@ -134,5 +146,62 @@ pub(super) fn validate_dv_spec(p: &str, spec: &DataVolumeSpec) -> Vec<FieldError
             format!("Unsupported value: \"{ct}\": supported values: \"kubevirt\", \"archive\""),
         ));
     }
+    if spec.content_type.as_deref() == Some("archive")
+        && spec.source.as_ref().is_some_and(|s| s.blank.is_some())
+    {
+        e.push(FieldError::invalid(
+            format!("{p}.contentType"),
+            "SourceType cannot be blank and the contentType be archive",
+        ));
+    }
     e
+}
+
+/// A requested size must parse and be greater than zero (CDI's message).
+fn check_size(path: String, q: &str, e: &mut Vec<FieldError>) {
+    if let Some(v) = check_quantity(path.clone(), q, e)
+        && v <= 0.0
+    {
+        e.push(FieldError::invalid(
+            path,
+            "PVC size can't be equal or less than zero",
+        ));
+    }
+}
+
+/// CDI: a `pvc` needs exactly one access mode; `storage` may leave them to the
+/// StorageProfile; every mode must be a known one.
+fn check_access_modes(
+    path: &str,
+    modes: Option<&[String]>,
+    required: bool,
+    e: &mut Vec<FieldError>,
+) {
+    const MODES: [&str; 4] = [
+        "ReadOnlyMany",
+        "ReadWriteOnce",
+        "ReadWriteMany",
+        "ReadWriteOncePod",
+    ];
+    let modes = modes.unwrap_or_default();
+    if modes.is_empty() {
+        if required {
+            e.push(FieldError::required(
+                path,
+                "Required value: at least 1 access mode is required",
+            ));
+        }
+        return;
+    }
+    if required && modes.len() > 1 {
+        e.push(FieldError::invalid(path, "PVC multiple accessModes"));
+    }
+    for m in modes {
+        if !MODES.contains(&m.as_str()) {
+            e.push(FieldError::not_supported(
+                path,
+                format!("Unsupported value: \"{m}\": supported values: \"ReadOnlyMany\", \"ReadWriteMany\", \"ReadWriteOnce\", \"ReadWriteOncePod\""),
+            ));
+        }
+    }
 }

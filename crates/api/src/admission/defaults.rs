@@ -82,6 +82,10 @@ pub fn default_vmi_spec(spec: &mut Value, d: &VmiDefaults) {
         default_memory(domain);
         default_cpu(domain);
     }
+    default_disks_for_volumes(spec);
+    let Some(domain) = child(spec, "domain") else {
+        return;
+    };
     if d.disk_bus
         && let Some(devices) = child(domain, "devices")
         && let Some(Value::Array(disks)) = devices.get_mut("disks")
@@ -90,6 +94,59 @@ pub fn default_vmi_spec(spec: &mut Value, d: &VmiDefaults) {
     }
     if d.pod_network {
         default_pod_network(spec);
+    }
+}
+
+/// As KubeVirt's mutating webhook does: a volume that no disk, filesystem or ACPI table uses
+/// gets a disk of its name (`disk: {}`; the bus is defaulted like any other disk's).
+/// Memory-dump and container-path volumes never become disks.
+fn default_disks_for_volumes(spec: &mut Map<String, Value>) {
+    let names = |v: Option<&Value>| -> Vec<String> {
+        v.and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d.get("name").and_then(Value::as_str).map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let domain = spec.get("domain");
+    let devices = domain.and_then(|d| d.get("devices"));
+    let mut used = names(devices.and_then(|d| d.get("disks")));
+    used.extend(names(devices.and_then(|d| d.get("filesystems"))));
+    if let Some(acpi) = domain
+        .and_then(|d| d.get("firmware"))
+        .and_then(|f| f.get("acpi"))
+        .and_then(Value::as_object)
+    {
+        used.extend(acpi.values().filter_map(Value::as_str).map(str::to_string));
+    }
+    let missing: Vec<String> = spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .map(|vols| {
+            vols.iter()
+                .filter(|v| v.get("memoryDump").is_none() && v.get("containerPath").is_none())
+                .filter_map(|v| v.get("name").and_then(Value::as_str))
+                .filter(|n| !n.is_empty() && !used.iter().any(|u| u == n))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    if missing.is_empty() {
+        return;
+    }
+    let Some(devices) = child(spec, "domain").and_then(|d| child(d, "devices")) else {
+        return;
+    };
+    let slot = devices.entry("disks").or_insert_with(|| json!([]));
+    if slot.is_null() {
+        *slot = json!([]);
+    }
+    if let Value::Array(disks) = slot {
+        for n in missing {
+            disks.push(json!({"name": n, "disk": {}}));
+        }
     }
 }
 
@@ -247,20 +304,13 @@ pub(super) fn default_template_at(obj: &mut Value, path: &[&str], with_uuid: boo
     default_vmi_spec(cur, &d);
 }
 
-/// Defaults of a whole VirtualMachine object: `running` becomes `runStrategy`, and the
+/// Defaults of a whole VirtualMachine object (`running` is kept as written: it is deprecated but served), and the
 /// template gets VMI defaults, except those an instancetype or preference decides.
 pub(super) fn default_vm_object(obj: &mut Value) {
     let uuid = uuid_for(obj);
     let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
         return;
     };
-    if is_unset(spec.get("runStrategy"))
-        && let Some(Value::Bool(running)) = spec.get("running")
-    {
-        let strategy = if *running { "Always" } else { "Halted" };
-        spec.remove("running");
-        spec.insert("runStrategy".into(), json!(strategy));
-    }
     let has_instancetype = !is_unset(spec.get("instancetype"));
     let has_preference = !is_unset(spec.get("preference"));
     let d = VmiDefaults {

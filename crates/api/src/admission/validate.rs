@@ -179,14 +179,39 @@ fn validate_domain(p: &str, d: &DomainSpec, checks: SpecChecks, e: &mut Vec<Fiel
         }
         if let Some(hp) = &mem.hugepages
             && let Some(size) = &hp.page_size
-            && quantity::parse(size).is_err()
         {
-            e.push(FieldError::invalid(
-                format!("{dp}.memory.hugepages.pageSize"),
-                format!("Invalid value: \"{size}\": not a valid quantity"),
-            ));
+            if quantity::parse(size).is_err() {
+                e.push(FieldError::invalid(
+                    format!("{dp}.memory.hugepages.pageSize"),
+                    format!("Invalid value: \"{size}\": not a valid quantity"),
+                ));
+            } else if !HUGEPAGE_SIZES.contains(&size.as_str()) {
+                e.push(FieldError::not_supported(
+                    format!("{dp}.memory.hugepages.pageSize"),
+                    format!("Unsupported value: \"{size}\": supported values: \"2Mi\", \"1Gi\""),
+                ));
+            }
         }
     }
+    for (i, g) in list(&d.devices.gpus).iter().enumerate() {
+        check_device_source(
+            format!("{dp}.devices.gpus[{i}]"),
+            &g.device_name,
+            &g.claim_name,
+            &g.request_name,
+            e,
+        );
+    }
+    for (i, h) in list(&d.devices.host_devices).iter().enumerate() {
+        check_device_source(
+            format!("{dp}.devices.hostDevices[{i}]"),
+            &h.device_name,
+            &h.claim_name,
+            &h.request_name,
+            e,
+        );
+    }
+    {}
     if let (Some(g), Some(r)) = (guest_mem, request_mem)
         && g < r
     {
@@ -262,6 +287,14 @@ fn validate_volumes<'a>(
             list(&spec.domain.devices.filesystems)
                 .iter()
                 .map(|f| f.name.as_str()),
+        )
+        .chain(
+            spec.domain
+                .firmware
+                .iter()
+                .filter_map(|f| f.acpi.as_ref())
+                .flat_map(|a| [a.slic_name_ref.as_deref(), a.msdm_name_ref.as_deref()])
+                .flatten(),
         )
         .collect();
     for (i, v) in list(&spec.volumes).iter().enumerate() {
@@ -362,7 +395,9 @@ fn validate_disks(
             ));
         }
         let volume = volumes.get(d.name.as_str());
-        if volume.is_none() && !d.name.is_empty() {
+        // An empty CD-ROM drive (declarative hotplug: the volume comes later).
+        let empty_cdrom = d.cdrom.is_some() && d.disk.is_none() && d.lun.is_none();
+        if volume.is_none() && !d.name.is_empty() && !empty_cdrom {
             e.push(FieldError::invalid(
                 format!("{dp}.name"),
                 format!("{dp}.name '{}' not found.", d.name),
@@ -437,6 +472,40 @@ fn check_boot_order(
     }
 }
 
+/// NIC models KubeVirt accepts.
+const INTERFACE_MODELS: [&str; 7] = [
+    "e1000", "e1000e", "igb", "ne2k_pci", "pcnet", "rtl8139", "virtio",
+];
+
+/// Hugepage sizes KubeVirt accepts.
+const HUGEPAGE_SIZES: [&str; 2] = ["2Mi", "1Gi"];
+
+/// A GPU or host device names either a device plugin resource or a DRA claim and request.
+fn check_device_source(
+    path: String,
+    device_name: &Option<String>,
+    claim: &Option<String>,
+    request: &Option<String>,
+    e: &mut Vec<FieldError>,
+) {
+    let plugin = device_name.as_deref().is_some_and(|s| !s.is_empty());
+    let dra = claim.is_some() || request.is_some();
+    if plugin == dra {
+        e.push(FieldError::invalid(
+            path,
+            "exactly one of deviceName or claimName with requestName must be set",
+        ));
+    } else if dra
+        && (claim.as_deref().unwrap_or("").is_empty()
+            || request.as_deref().unwrap_or("").is_empty())
+    {
+        e.push(FieldError::required(
+            path,
+            "a DRA device needs both claimName and requestName",
+        ));
+    }
+}
+
 fn bindings(iface: &Interface) -> Vec<&'static str> {
     [
         (iface.bridge.is_some(), "bridge"),
@@ -446,6 +515,7 @@ fn bindings(iface: &Interface) -> Vec<&'static str> {
         (iface.passt.is_some(), "passt"),
         (iface.macvtap.is_some(), "macvtap"),
         (iface.binding.is_some(), "binding"),
+        (iface.passt_binding.is_some(), "passtBinding"),
     ]
     .into_iter()
     .filter(|(set, _)| *set)
@@ -479,7 +549,10 @@ fn validate_networks(p: &str, spec: &VirtualMachineInstanceSpec, e: &mut Vec<Fie
                 format!("Duplicate value: \"{}\"", n.name),
             ));
         }
-        match (n.pod.is_some(), n.multus.as_ref()) {
+        match (
+            n.pod.is_some() || n.resource_claim.is_some(),
+            n.multus.as_ref(),
+        ) {
             (false, None) => e.push(FieldError::required(
                 np.clone(),
                 "should have a network type",
@@ -560,6 +633,17 @@ fn validate_networks(p: &str, spec: &VirtualMachineInstanceSpec, e: &mut Vec<Fie
                     format!("Duplicate value: \"{mac}\" (MAC addresses must be unique)"),
                 ));
             }
+        }
+        if let Some(model) = &iface.model
+            && !INTERFACE_MODELS.contains(&model.as_str())
+        {
+            e.push(FieldError::not_supported(
+                format!("{ip}.model"),
+                format!(
+                    "Unsupported value: \"{model}\": supported values: {}",
+                    INTERFACE_MODELS.map(|m| format!("\"{m}\"")).join(", ")
+                ),
+            ));
         }
         for (j, port) in list(&iface.ports).iter().enumerate() {
             if !(1..=65535).contains(&port.port) {

@@ -28,6 +28,27 @@ kstruct! {
         pub sound: Option<SoundDevice>,
         pub tpm: Option<Tpm>,
         pub log_serial_console: Option<bool>,
+        /// The guest's video device (`type`: `virtio`, `vga`, `bochs`, `cirrus`, `ramfb`).
+        pub video: Option<Video>,
+        /// A virtio-serial port carrying host metrics (vhostmd).
+        pub downward_metrics: Option<Empty>,
+        /// Panic notifier devices.
+        pub panic_devices: Option<Vec<PanicDevice>>,
+    }
+}
+
+kstruct! {
+    /// The video device and its model.
+    pub struct Video {
+        #[serde(rename = "type")]
+        pub type_: Option<String>,
+    }
+}
+
+kstruct! {
+    /// A panic notifier (`model`: `isa`, `hyperv`, `pvpanic`, `s390`).
+    pub struct PanicDevice {
+        pub model: Option<String>,
     }
 }
 
@@ -48,6 +69,8 @@ kstruct! {
         pub block_size: Option<BlockSize>,
         pub shareable: Option<bool>,
         pub error_policy: Option<String>,
+        /// Track changed blocks (incremental backup) of this disk.
+        pub changed_block_tracking: Option<bool>,
     }
 }
 
@@ -91,6 +114,7 @@ kstruct! {
     pub struct CustomBlockSize {
         pub logical: u32,
         pub physical: u32,
+        pub discard_granularity: Option<u32>,
     }
 }
 
@@ -112,9 +136,13 @@ kstruct! {
         pub sriov: Option<Empty>,
         pub slirp: Option<Empty>,
         pub passt: Option<Empty>,
+        /// The core passt binding (no plugin).
+        pub passt_binding: Option<Empty>,
         pub macvtap: Option<Empty>,
         pub binding: Option<PluginBinding>,
         pub ports: Option<Vec<Port>>,
+        /// Port ranges forwarded to the guest (passt binding).
+        pub port_ranges: Option<Vec<PortRange>>,
         pub mac_address: Option<String>,
         pub boot_order: Option<u32>,
         pub pci_address: Option<String>,
@@ -142,6 +170,15 @@ kstruct! {
 }
 
 kstruct! {
+    /// An inclusive range of ports.
+    pub struct PortRange {
+        pub start: i32,
+        pub end: i32,
+        pub protocol: Option<String>,
+    }
+}
+
+kstruct! {
     /// Extra DHCP options offered to the guest.
     pub struct DhcpOptions {
         pub boot_file_name: Option<String>,
@@ -164,6 +201,8 @@ kstruct! {
     pub struct Watchdog {
         pub name: String,
         pub i6300esb: Option<I6300esbWatchdog>,
+        /// The s390x diag288 watchdog.
+        pub diag288: Option<I6300esbWatchdog>,
     }
 }
 
@@ -185,19 +224,42 @@ kstruct! {
 }
 
 kstruct! {
-    /// A GPU passed through or mediated.
+    /// A GPU passed through or mediated: a device plugin resource (`deviceName`) or a DRA
+    /// claim (`claimName` + `requestName`).
     pub struct Gpu {
         pub name: String,
-        pub device_name: String,
+        pub device_name: Option<String>,
+        pub claim_name: Option<String>,
+        pub request_name: Option<String>,
+        #[serde(rename = "virtualGPUOptions")]
+        pub virtual_gpu_options: Option<VgpuOptions>,
         pub tag: Option<String>,
     }
 }
 
 kstruct! {
-    /// A host device passed through.
+    /// Options of a mediated (vGPU) device.
+    pub struct VgpuOptions {
+        pub display: Option<VgpuDisplay>,
+    }
+}
+
+kstruct! {
+    /// A vGPU display.
+    pub struct VgpuDisplay {
+        pub enabled: Option<bool>,
+        #[serde(rename = "ramFB")]
+        pub ram_fb: Option<FeatureEnabled>,
+    }
+}
+
+kstruct! {
+    /// A host device passed through: a device plugin resource or a DRA claim.
     pub struct HostDevice {
         pub name: String,
-        pub device_name: String,
+        pub device_name: Option<String>,
+        pub claim_name: Option<String>,
+        pub request_name: Option<String>,
         pub tag: Option<String>,
     }
 }

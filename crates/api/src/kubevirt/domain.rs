@@ -21,6 +21,46 @@ kstruct! {
         pub devices: Devices,
         pub io_threads_policy: Option<String>,
         pub chassis: Option<Chassis>,
+        /// Supplemental IOThread pool size (`ioThreadsPolicy: supplementalPool`).
+        pub io_threads: Option<IoThreads>,
+        /// `Terminate`: a guest reboot ends the VMI instead of rebooting in place.
+        pub reboot_policy: Option<String>,
+        /// Confidential computing (AMD SEV/SEV-ES/SNP, Intel TDX).
+        pub launch_security: Option<LaunchSecurity>,
+    }
+}
+
+kstruct! {
+    /// IOThreads options.
+    pub struct IoThreads {
+        pub supplemental_pool_thread_count: Option<u32>,
+    }
+}
+
+kstruct! {
+    /// Memory encryption technology of a confidential VM.
+    pub struct LaunchSecurity {
+        pub sev: Option<Sev>,
+        pub snp: Option<Empty>,
+        pub tdx: Option<Empty>,
+    }
+}
+
+kstruct! {
+    /// AMD SEV options.
+    pub struct Sev {
+        pub policy: Option<SevPolicy>,
+        pub attestation: Option<Empty>,
+        pub session: Option<String>,
+        pub dh_cert: Option<String>,
+    }
+}
+
+kstruct! {
+    /// AMD SEV guest policy.
+    pub struct SevPolicy {
+        /// SEV-ES.
+        pub encrypted_state: Option<bool>,
     }
 }
 
@@ -84,6 +124,17 @@ kstruct! {
         pub hugepages: Option<Hugepages>,
         pub guest: Option<Quantity>,
         pub max_guest: Option<Quantity>,
+        /// Extra memory reserved for the VMI beyond KubeVirt's computed overhead.
+        pub reserved_overhead: Option<ReservedOverhead>,
+    }
+}
+
+kstruct! {
+    /// Reserved memory overhead.
+    pub struct ReservedOverhead {
+        pub added_overhead: Option<Quantity>,
+        /// `Required` or `NotRequired`.
+        pub mem_lock: Option<String>,
     }
 }
 
@@ -216,6 +267,8 @@ kstruct! {
         pub hyperv: Option<FeatureHyperv>,
         pub kvm: Option<FeatureKvm>,
         pub pvspinlock: Option<FeatureState>,
+        /// Pass every Hyper-V enlightenment the host supports.
+        pub hyperv_passthrough: Option<FeatureState>,
     }
 }
 
@@ -255,9 +308,18 @@ kstruct! {
         pub vendorid: Option<FeatureVendorId>,
         pub frequencies: Option<FeatureState>,
         pub reenlightenment: Option<FeatureState>,
-        pub tlbflush: Option<FeatureState>,
+        pub tlbflush: Option<FeatureTlbflush>,
         pub ipi: Option<FeatureState>,
         pub evmcs: Option<FeatureState>,
+    }
+}
+
+kstruct! {
+    /// Hyper-V TLB flush and its direct/extended variants.
+    pub struct FeatureTlbflush {
+        pub enabled: Option<bool>,
+        pub direct: Option<FeatureState>,
+        pub extended: Option<FeatureState>,
     }
 }
 

@@ -43,6 +43,8 @@ kstruct! {
         pub annotations: Option<BTreeMap<String, String>>,
         pub node_selector: Option<BTreeMap<String, String>>,
         pub scheduler_name: Option<String>,
+        pub launch_security: Option<super::domain::LaunchSecurity>,
+        pub io_threads: Option<super::domain::IoThreads>,
     }
 }
 
@@ -86,6 +88,7 @@ kstruct! {
         pub annotations: Option<BTreeMap<String, String>>,
         pub prefer_spread_socket_to_core_ratio: Option<u32>,
         pub preferred_architecture: Option<String>,
+        pub preferred_launch_security: Option<super::domain::LaunchSecurity>,
     }
 }
 
@@ -145,6 +148,7 @@ kstruct! {
         pub preferred_tpm: Option<super::devices::Tpm>,
         pub preferred_interface_masquerade: Option<Empty>,
         pub preferred_sound_model: Option<String>,
+        pub preferred_video_type: Option<String>,
     }
 }
 
@@ -188,6 +192,8 @@ kstruct! {
 kstruct! {
     /// Minimum resources the preference demands.
     pub struct PreferenceRequirements {
+        /// The architecture the VM must have (`amd64`, `arm64`, `s390x`).
+        pub architecture: Option<String>,
         pub cpu: Option<CpuRequirement>,
         pub memory: Option<MemoryRequirement>,
     }

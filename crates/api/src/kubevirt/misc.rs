@@ -21,6 +21,30 @@ kstruct! {
     pub struct MigrationSpec {
         pub vmi_name: Option<String>,
         pub added_node_selector: Option<BTreeMap<String, String>>,
+        /// Cross-cluster migration: the source side.
+        pub send_to: Option<MigrationSource>,
+        /// Cross-cluster migration: the target side.
+        pub receive: Option<MigrationTarget>,
+        /// `system-critical`, `user-triggered` or `system-maintenance`.
+        pub priority: Option<String>,
+    }
+}
+
+kstruct! {
+    /// Where a decentralized migration sends the VMI.
+    pub struct MigrationSource {
+        #[serde(rename = "migrationID")]
+        pub migration_id: String,
+        #[serde(rename = "connectURL")]
+        pub connect_url: String,
+    }
+}
+
+kstruct! {
+    /// The receiving side of a decentralized migration.
+    pub struct MigrationTarget {
+        #[serde(rename = "migrationID")]
+        pub migration_id: String,
     }
 }
 
@@ -223,6 +247,8 @@ kstruct! {
         pub completion_timeout_per_gib: Option<i64>,
         pub allow_post_copy: Option<bool>,
         pub allow_workload_disruption: Option<bool>,
+        pub max_downtime_ms: Option<u64>,
+        pub experimental: Option<FreeForm>,
     }
 }
 

@@ -130,6 +130,17 @@ kstruct! {
         pub target_readiness_policy: Option<String>,
         pub volume_restore_policy: Option<String>,
         pub volume_ownership_policy: Option<String>,
+        pub volume_restore_overrides: Option<Vec<VolumeRestoreOverride>>,
+    }
+}
+
+kstruct! {
+    /// Name, labels and annotations of one restored volume.
+    pub struct VolumeRestoreOverride {
+        pub volume_name: Option<String>,
+        pub restore_name: Option<String>,
+        pub labels: Option<std::collections::BTreeMap<String, String>>,
+        pub annotations: Option<std::collections::BTreeMap<String, String>>,
     }
 }
 

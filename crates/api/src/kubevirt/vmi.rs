@@ -43,6 +43,32 @@ kstruct! {
         pub dns_config: Option<PodDNSConfig>,
         pub access_credentials: Option<Vec<AccessCredential>>,
         pub architecture: Option<String>,
+        /// The ServiceAccount the VMI runs as.
+        pub service_account_name: Option<String>,
+        /// DRA resource claims the VMI's devices use.
+        pub resource_claims: Option<Vec<PodResourceClaim>>,
+        /// Volumes for utilities (backup targets) not attached to the guest.
+        pub utility_volumes: Option<Vec<UtilityVolume>>,
+    }
+}
+
+kstruct! {
+    /// A named DRA resource claim, by claim or by claim template.
+    pub struct PodResourceClaim {
+        pub name: String,
+        pub resource_claim_name: Option<String>,
+        pub resource_claim_template_name: Option<String>,
+    }
+}
+
+kstruct! {
+    /// A PVC mounted for a utility, not the guest.
+    pub struct UtilityVolume {
+        pub name: String,
+        pub claim_name: String,
+        pub read_only: Option<bool>,
+        #[serde(rename = "type")]
+        pub type_: Option<String>,
     }
 }
 

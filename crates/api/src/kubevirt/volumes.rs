@@ -26,13 +26,23 @@ kstruct! {
         pub downward_api: Option<DownwardApiVolumeSource>,
         pub downward_metrics: Option<Empty>,
         pub memory_dump: Option<PvcVolumeSource>,
+        /// A path of the virt-launcher container shared with the guest (virtiofs).
+        pub container_path: Option<ContainerPathSource>,
+    }
+}
+
+kstruct! {
+    /// A container path exposed to the guest.
+    pub struct ContainerPathSource {
+        pub path: String,
+        pub read_only: Option<bool>,
     }
 }
 
 impl Volume {
     /// The source type's field name (`containerDisk`, `dataVolume`, ...), if any is set.
     pub fn source_kind(&self) -> Option<&'static str> {
-        let kinds: [(bool, &'static str); 15] = [
+        let kinds: [(bool, &'static str); 16] = [
             (self.container_disk.is_some(), "containerDisk"),
             (self.ephemeral.is_some(), "ephemeral"),
             (
@@ -54,6 +64,7 @@ impl Volume {
             (self.downward_api.is_some(), "downwardAPI"),
             (self.downward_metrics.is_some(), "downwardMetrics"),
             (self.memory_dump.is_some(), "memoryDump"),
+            (self.container_path.is_some(), "containerPath"),
         ];
         kinds.iter().find(|(set, _)| *set).map(|(_, k)| *k)
     }
@@ -76,6 +87,7 @@ impl Volume {
             self.downward_api.is_some(),
             self.downward_metrics.is_some(),
             self.memory_dump.is_some(),
+            self.container_path.is_some(),
         ]
         .iter()
         .filter(|b| **b)
@@ -203,6 +215,16 @@ kstruct! {
         pub name: String,
         pub pod: Option<PodNetwork>,
         pub multus: Option<MultusNetwork>,
+        /// A network device from a DRA resource claim.
+        pub resource_claim: Option<ClaimRequest>,
+    }
+}
+
+kstruct! {
+    /// A request of a pod resource claim (DRA).
+    pub struct ClaimRequest {
+        pub claim_name: String,
+        pub request_name: Option<String>,
     }
 }
 

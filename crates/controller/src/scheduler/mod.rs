@@ -7,6 +7,7 @@
 //! Filters run in the order of Kubernetes' default plugins and a node reports the reasons of
 //! the first filter it fails, so the counts in the message add up to the node count.
 
+pub mod capabilities;
 pub mod interpod;
 pub mod resources;
 pub mod selectors;
@@ -241,6 +242,11 @@ fn filter_node(ctx: &Ctx<'_>, state: &NodeState<'_>) -> Result<(), Vec<String>> 
     }
     if !reasons.is_empty() {
         return Err(reasons);
+    }
+    // Honour or refuse: devices and features the node must offer.
+    let unmet = capabilities::unmet(ctx.vmi, node);
+    if !unmet.is_empty() {
+        return Err(unmet);
     }
     // VolumeBinding: bound volumes with node affinity (local volumes).
     if !volumes::fits(ctx.volume_affinity, node) {
