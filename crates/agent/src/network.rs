@@ -12,7 +12,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
-use ferrovirt_network::{Ipv4Cidr, NodeInfo, NodeNetwork, Overlay, SecondaryPlan};
+use ferrovirt_network::{
+    Ipv4Cidr, NetworkMode, NodeInfo, NodeNetwork, Overlay, RequestedMode, SecondaryPlan,
+};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{
@@ -25,9 +27,13 @@ use crate::error::AgentError;
 use crate::launchers::{self, LauncherConfig};
 use crate::mapping::{self, PodTap};
 
-/// How the node's pod network is configured (`--pod-network` and friends).
+/// How the node's pod network is configured (`--network-mode` and friends).
 #[derive(Debug, Clone)]
 pub struct PodNetworkOptions {
+    /// `Auto`: the pod network when the node can build it, else restricted QEMU user
+    /// networking (logged as a warning); `Pod`: refuse to start without it. (`User` is
+    /// expressed as no `PodNetworkOptions` at all.)
+    pub requested: RequestedMode,
     /// Node settings. Its `node_subnet` is replaced by the Node's `spec.podCIDR` unless
     /// `pod_cidr` is given.
     pub node: NodeNetwork,
@@ -217,7 +223,10 @@ fn write_secondary_plans(dir: &Path, plans: &[SecondaryPlan]) -> Result<(), Agen
 
 /// The agent's networking state.
 pub struct AgentNet {
+    /// `None`: user networking (asked for, or the fallback of `auto`).
     opts: Option<PodNetworkOptions>,
+    /// The mode in force (after [`AgentNet::resolve`]).
+    mode: NetworkMode,
     cfg: LauncherConfig,
     /// The node network once its subnet is known ([`AgentNet::init`]).
     node: OnceLock<NodeNetwork>,
@@ -227,8 +236,14 @@ pub struct AgentNet {
 
 impl AgentNet {
     pub fn new(opts: Option<PodNetworkOptions>, cfg: LauncherConfig) -> Self {
+        let mode = if opts.is_some() {
+            NetworkMode::Pod
+        } else {
+            NetworkMode::User
+        };
         AgentNet {
             opts,
+            mode,
             cfg,
             node: OnceLock::new(),
             attachments: Mutex::new(HashMap::new()),
@@ -248,14 +263,35 @@ impl AgentNet {
             .map(|ip| ip.to_string())
     }
 
-    /// Checks the tools (before anything else, so the agent fails early and clearly).
-    pub async fn preflight(&self) -> Result<(), AgentError> {
-        if self.opts.is_some() {
-            ferrovirt_network::apply::preflight()
-                .await
-                .map_err(net_err)?;
+    /// The network mode in force (reported on the Node as
+    /// [`ferrovirt_network::mode::NODE_LABEL`]).
+    pub fn mode(&self) -> NetworkMode {
+        self.mode
+    }
+
+    /// Settles the network mode before anything else (so the agent fails early and clearly):
+    /// checks the tools and privileges the pod network needs; `auto` without them falls back
+    /// to user networking with a warning, an explicit `pod` is an error. Logs the decision.
+    pub async fn resolve(&mut self) -> Result<NetworkMode, AgentError> {
+        let requested = match &self.opts {
+            Some(o) => o.requested,
+            None => RequestedMode::User,
+        };
+        let preflight = match requested {
+            RequestedMode::User => Ok(()),
+            _ => ferrovirt_network::apply::preflight().await,
+        };
+        let d = ferrovirt_network::mode::decide(requested, &preflight).map_err(net_err)?;
+        if d.fell_back {
+            tracing::warn!(network_mode = %d.mode, "{}", d.reason);
+        } else {
+            tracing::info!(network_mode = %d.mode, "{}", d.reason);
         }
-        Ok(())
+        if d.mode == NetworkMode::User {
+            self.opts = None;
+        }
+        self.mode = d.mode;
+        Ok(d.mode)
     }
 
     /// After the Node is registered: settles the node's subnet (records `--pod-cidr` on the
@@ -318,6 +354,7 @@ impl AgentNet {
             .default_backoff()
             .boxed();
         let mut last_notes = Vec::new();
+        let mut last_sources: Option<Vec<Ipv4Addr>> = None;
         loop {
             match api.list(&ListParams::default()).await {
                 Ok(list) => {
@@ -329,6 +366,23 @@ impl AgentNet {
                             tracing::info!("overlay: {n}");
                         }
                         last_notes = notes;
+                    }
+                    // The source filter changes only with the peer set (a replace resets
+                    // its drop counter).
+                    let mut sources: Vec<Ipv4Addr> = peers.iter().map(|p| p.underlay).collect();
+                    sources.sort_unstable();
+                    sources.dedup();
+                    if last_sources.as_ref() != Some(&sources) {
+                        match ferrovirt_network::pod::set_overlay_sources(node, &ov, &peers).await {
+                            Ok(()) => {
+                                tracing::info!(
+                                    ?sources,
+                                    "overlay: VXLAN accepted only from these nodes"
+                                );
+                                last_sources = Some(sources);
+                            }
+                            Err(e) => tracing::warn!("overlay source filter: {e}"),
+                        }
                     }
                     match ferrovirt_network::pod::sync_overlay(node, &ov, &peers).await {
                         Ok(0) => {}
@@ -372,7 +426,7 @@ impl AgentNet {
             if let Some(s) = secondaries.first() {
                 return Err(AgentError::unsupported(
                     s.network_field.clone(),
-                    "secondary (multus) networks need the node's pod network (agent flag --pod-network)",
+                    "secondary (multus) networks need the node's pod network (this node runs --network-mode user)",
                 ));
             }
             return Ok(Attachment::default());

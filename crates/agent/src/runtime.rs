@@ -139,8 +139,8 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         data_dir: opts.data_dir.clone(),
         qemu_binary: opts.qemu_binary.clone(),
     };
-    let net = crate::network::AgentNet::new(opts.pod_network.clone(), cfg.clone());
-    net.preflight().await?;
+    let mut net = crate::network::AgentNet::new(opts.pod_network.clone(), cfg.clone());
+    net.resolve().await?;
     let cert = crate::tls::load_or_create(&opts.data_dir, std::slice::from_ref(&opts.address))?;
     let endpoint = crate::endpoint::serve(
         opts.endpoint_listen,
@@ -198,12 +198,16 @@ impl Agent {
             .internal_ip()
             .unwrap_or_else(|| self.opts.address.clone());
         let facts = HostFacts::gather(self.accel, &address);
-        let desired = node::node_object(
+        let mut desired = node::node_object(
             &self.opts.node_name,
             &facts,
             &self.endpoint_url,
             &self.endpoint_fingerprint,
             now_ts(),
+        );
+        desired.metadata.labels.get_or_insert_default().insert(
+            ferrovirt_network::mode::NODE_LABEL.to_string(),
+            self.net.mode().to_string(),
         );
         let nodes: Api<Node> = Api::all(self.client.clone());
         match nodes

@@ -84,12 +84,19 @@ impl IsolationArgs {
     }
 }
 
-/// Pod networking for a node's VMIs (off by default: masquerade then uses QEMU user networking).
+/// Networking for a node's VMIs: the pod network by default wherever the node can build it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PodNetArgs {
-    /// Give VMIs real pod networking: a namespace per VMI on a node bridge, a tap, DHCP and
-    /// nftables (needs root, `ip`, `nft`, `nsenter`).
-    #[arg(long)]
+    /// `pod`: real pod networking, a namespace per VMI on a node bridge, a tap, DHCP and
+    /// nftables (needs root, `ip`, `nft`, `nsenter`, /dev/net/tun; the agent refuses to start
+    /// without them). `user`: QEMU user networking, restricted (the guest reaches no host
+    /// address; bridge bindings and multus networks are refused). `auto`: `pod` when the node
+    /// can build it, else `user` with a warning. The agent logs the mode and labels its Node
+    /// `ferrovirt.io/network-mode`.
+    #[arg(long, default_value = "auto", value_parser = parse_mode)]
+    pub network_mode: ferrovirt_network::RequestedMode,
+    /// Same as `--network-mode pod` (kept for older command lines).
+    #[arg(long, conflicts_with = "network_mode")]
     pub pod_network: bool,
     /// The cluster's pod address range.
     #[arg(long, default_value = "10.244.0.0/16")]
@@ -110,12 +117,27 @@ pub struct PodNetArgs {
     pub uplink: Option<String>,
 }
 
+fn parse_mode(s: &str) -> Result<ferrovirt_network::RequestedMode, String> {
+    s.parse()
+}
+
 impl PodNetArgs {
-    /// The node network these flags describe, when pod networking is on.
+    /// The mode asked for (`--pod-network` = `pod`).
+    pub fn requested_mode(&self) -> ferrovirt_network::RequestedMode {
+        if self.pod_network {
+            ferrovirt_network::RequestedMode::Pod
+        } else {
+            self.network_mode
+        }
+    }
+
+    /// The node network these flags describe, unless user networking was asked for (`auto`
+    /// is settled by the agent, which checks what the node offers).
     pub fn node_network(
         &self,
     ) -> anyhow::Result<Option<ferrovirt_agent::network::PodNetworkOptions>> {
-        if !self.pod_network {
+        let requested = self.requested_mode();
+        if requested == ferrovirt_network::RequestedMode::User {
             return Ok(None);
         }
         let cluster: ferrovirt_network::Ipv4Cidr = self
@@ -140,6 +162,7 @@ impl PodNetArgs {
             None => format!("--cluster-cidr {}", self.cluster_cidr),
         })?;
         Ok(Some(ferrovirt_agent::network::PodNetworkOptions {
+            requested,
             node,
             pod_cidr,
             node_ip: self.node_ip,
@@ -236,6 +259,36 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+    use ferrovirt_network::RequestedMode;
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        pod: PodNetArgs,
+    }
+
+    #[test]
+    fn network_mode_flags() {
+        let mode = |argv: &[&str]| {
+            Flags::try_parse_from([&["t"], argv].concat()).map(|f| f.pod.requested_mode())
+        };
+        assert_eq!(mode(&[]).unwrap(), RequestedMode::Auto);
+        assert_eq!(mode(&["--pod-network"]).unwrap(), RequestedMode::Pod);
+        assert_eq!(
+            mode(&["--network-mode", "user"]).unwrap(),
+            RequestedMode::User
+        );
+        assert!(mode(&["--network-mode", "slirp"]).is_err());
+        assert!(mode(&["--pod-network", "--network-mode", "user"]).is_err());
+        let f = Flags::try_parse_from(["t", "--network-mode", "user"]).unwrap();
+        assert!(f.pod.node_network().unwrap().is_none());
+        let f = Flags::try_parse_from(["t"]).unwrap();
+        assert_eq!(
+            f.pod.node_network().unwrap().unwrap().requested,
+            RequestedMode::Auto
+        );
+    }
 
     #[test]
     fn token_of_the_current_user() {

@@ -17,14 +17,33 @@ fn masquerade_vmi_gets_a_pod_address_reachable_from_its_node() -> anyhow::Result
     TestGuest::get()?;
     let node = Netns::new(&format!("fvn-{}", token()))?;
     let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
+    // `auto` (the binary's default, spelled out because the test harness defaults to `user`)
+    // picks the pod network: this test runs as root with ip and nft.
     opts.extra_args = vec![
-        "--pod-network".into(),
+        "--network-mode".into(),
+        "auto".into(),
         "--pod-cidr".into(),
         "10.244.0.0/24".into(),
         "--node-netns".into(),
         node.name().to_string(),
     ];
     let c = Cluster::start(&opts)?;
+    let n = c.wait_until(
+        "the Node's network-mode label",
+        Duration::from_secs(60),
+        || {
+            let n = c.get_json(&["node", "node1"])?;
+            Ok(n["metadata"]["labels"]["ferrovirt.io/network-mode"]
+                .as_str()
+                .map(String::from))
+        },
+    )?;
+    assert_eq!(n, "pod", "auto picks the pod network as root");
+    assert!(
+        c.server_log()
+            .contains("--network-mode auto: root, ip, nft"),
+        "the server logs the mode"
+    );
     c.guest_disk_claim("net-root")?;
     c.apply(
         r#"

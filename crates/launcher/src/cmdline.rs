@@ -420,7 +420,10 @@ fn nic_args(nic: &Nic, a: &mut Args) {
     let netdev = format!("net-{}", nic.id);
     let has_netdev = match &nic.backend {
         NicBackend::User { forwards } => {
-            let mut o = format!("user,id={netdev}");
+            // restrict=on: the guest reaches no host address (not 10.0.2.2 = the host's
+            // loopback, not the host's own addresses, not slirp's DNS forwarder 10.0.2.3);
+            // only the explicit hostfwd forwards (port-forward) still reach the guest.
+            let mut o = format!("user,id={netdev},restrict=on");
             for f in forwards {
                 let proto = match f.protocol {
                     ForwardProtocol::Tcp => "tcp",
@@ -908,7 +911,9 @@ mod tests {
         let argv = qemu_command(&s);
         assert_eq!(
             value_of(&argv, "-netdev"),
-            Some("user,id=net-net0,hostfwd=tcp:127.0.0.1:2222-:22,hostfwd=udp:127.0.0.1:5353-:53")
+            Some(
+                "user,id=net-net0,restrict=on,hostfwd=tcp:127.0.0.1:2222-:22,hostfwd=udp:127.0.0.1:5353-:53"
+            )
         );
         assert!(
             values_of(&argv, "-device").contains(

@@ -1,5 +1,6 @@
 //! ferrovirt-network: the pod network of a node (see docs/networking.md).
 //!
+//! - [`mode`]: the node's network mode (`auto`, `pod`, `user`) and the decision for `auto` (pure).
 //! - [`ipam`]: CIDRs, node subnets, stable VMI addresses and MACs (pure).
 //! - [`plan`]: what to create for the node and for one VMI interface (pure).
 //! - [`render`]: plans → idempotent iproute2 / nft actions (pure).
@@ -15,6 +16,7 @@ pub mod apply;
 pub mod dhcp;
 pub mod error;
 pub mod ipam;
+pub mod mode;
 pub mod netns;
 pub mod node_cidrs;
 pub mod overlay;
@@ -25,6 +27,7 @@ pub mod secondary;
 
 pub use error::{Error, Result};
 pub use ipam::{Ipam, Ipv4Cidr, MacAddr};
+pub use mode::{ModeDecision, NetworkMode, RequestedMode};
 pub use overlay::{NodeInfo, Overlay, Peer};
 pub use plan::{Binding, NodeNetwork, PodPlan, PodRequest, Port, PortProtocol};
 pub use pod::{Attached, setup, setup_node, teardown, teardown_node};

@@ -180,12 +180,57 @@ pub fn device_actions(node: &NodeNetwork, ov: &Overlay) -> Vec<Action> {
     ]
 }
 
-/// Steps that remove the overlay device (its routes, neighbours and FDB entries go with it).
+/// Steps that remove the overlay device (its routes, neighbours and FDB entries go with it)
+/// and its source filter.
 pub fn device_teardown_actions(node: &NodeNetwork, ov: &Overlay) -> Vec<Action> {
-    vec![Action::DelLink {
+    vec![
+        Action::DelLink {
+            netns: node.netns.clone(),
+            name: ov.device.clone(),
+        },
+        Action::DelNftTable {
+            netns: node.netns.clone(),
+            family: "ip".into(),
+            table: filter_table(node),
+        },
+    ]
+}
+
+/// The nft table (family `ip`, in the node's namespace) with the overlay's source filter.
+pub fn filter_table(node: &NodeNetwork) -> String {
+    format!("{}-vxlan", node.nft_table)
+}
+
+/// The overlay's source filter: UDP to the VXLAN port is dropped (and counted) unless it comes
+/// from a peer's underlay address (a Node's InternalIP), so no other host can inject frames
+/// into the pod network. With no peers every VXLAN packet is dropped.
+pub fn filter_script(node: &NodeNetwork, ov: &Overlay, peers: &[Peer]) -> String {
+    let mut sources: Vec<Ipv4Addr> = peers.iter().map(|p| p.underlay).collect();
+    sources.sort_unstable();
+    sources.dedup();
+    let port = ov.port;
+    let rule = if sources.is_empty() {
+        format!("    udp dport {port} counter drop\n")
+    } else {
+        let set = sources
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("    udp dport {port} ip saddr != {{ {set} }} counter drop\n")
+    };
+    let body = format!(
+        "  chain input {{\n    type filter hook input priority -10; policy accept;\n{rule}  }}\n"
+    );
+    crate::render::replace_table("ip", &filter_table(node), &body)
+}
+
+/// The step that installs [`filter_script`] (an atomic replace of its table).
+pub fn filter_action(node: &NodeNetwork, ov: &Overlay, peers: &[Peer]) -> Action {
+    Action::Nft {
         netns: node.netns.clone(),
-        name: ov.device.clone(),
-    }]
+        script: filter_script(node, ov, peers),
+    }
 }
 
 /// What the kernel holds on the overlay device.
@@ -371,6 +416,30 @@ mod tests {
             pod_cidr: cidr.parse().unwrap(),
             underlay: ip.parse().unwrap(),
         }
+    }
+
+    #[test]
+    fn vxlan_is_accepted_only_from_peers() {
+        let ov = Overlay::new("node-a", "192.168.1.1".parse().unwrap());
+        let peers = [
+            peer("node-c", "10.244.3.0/24", "192.168.1.3"),
+            peer("node-b", "10.244.2.0/24", "192.168.1.2"),
+        ];
+        let s = filter_script(&node(), &ov, &peers);
+        assert!(
+            s.starts_with("table ip ferrovirt-vxlan\ndelete table ip ferrovirt-vxlan\n"),
+            "{s}"
+        );
+        assert!(s.contains("type filter hook input"), "{s}");
+        assert!(
+            s.contains("udp dport 4789 ip saddr != { 192.168.1.2, 192.168.1.3 } counter drop"),
+            "{s}"
+        );
+        // No peers: nothing is accepted.
+        let s = filter_script(&node(), &ov, &[]);
+        assert!(s.contains("    udp dport 4789 counter drop\n"), "{s}");
+        let t = device_teardown_actions(&node(), &ov);
+        assert!(matches!(&t[1], Action::DelNftTable { table, .. } if table == "ferrovirt-vxlan"));
     }
 
     fn render(a: &Action) -> String {

@@ -124,9 +124,22 @@ pub async fn teardown_netns(name: &str) -> Result<()> {
     apply_all_best_effort(&[render::Action::DelNetns(name.to_string())]).await
 }
 
-/// Creates (or repairs) the node's overlay device. Call after [`setup_node`].
+/// Creates (or repairs) the node's overlay device, with a source filter that drops every
+/// VXLAN packet until [`set_overlay_sources`] names the peers. Call after [`setup_node`].
 pub async fn setup_overlay(node: &NodeNetwork, ov: &crate::Overlay) -> Result<()> {
-    apply_all(&crate::overlay::device_actions(node, ov)).await
+    let mut actions = crate::overlay::device_actions(node, ov);
+    actions.push(crate::overlay::filter_action(node, ov, &[]));
+    apply_all(&actions).await
+}
+
+/// Accepts VXLAN packets only from the underlay addresses of `peers` (the Nodes' InternalIPs):
+/// atomically replaces the overlay's source filter (its drop counter restarts at zero).
+pub async fn set_overlay_sources(
+    node: &NodeNetwork,
+    ov: &crate::Overlay,
+    peers: &[crate::Peer],
+) -> Result<()> {
+    apply_all(&[crate::overlay::filter_action(node, ov, peers)]).await
 }
 
 /// Removes the node's overlay device (and with it every peer's route and FDB entry).

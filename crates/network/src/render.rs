@@ -103,16 +103,29 @@ pub(crate) fn ip(netns: &Option<String>, args: &[&str]) -> Action {
 }
 
 /// nft's idiom for an atomic replace of one table: create (no-op if present), delete, define.
-fn replace_table(family: &str, table: &str, body: &str) -> String {
+pub(crate) fn replace_table(family: &str, table: &str, body: &str) -> String {
     format!(
         "table {family} {table}\ndelete table {family} {table}\ntable {family} {table} {{\n{body}}}\n"
     )
 }
 
-/// The node's NAT: traffic from the cluster CIDR to anywhere else leaves masqueraded through
-/// the uplink (no rule without an uplink).
+/// The node's table: guests never reach the node itself (nothing arriving from the node
+/// bridge or the overlay is delivered locally unless it answers a connection the node
+/// opened: no service on any node address, such as an agent endpoint or etcd listening on
+/// 0.0.0.0, is reachable from a VMI; forwarded traffic between VMIs and out of the uplink is
+/// not affected); and the NAT: traffic from the cluster CIDR to anywhere else leaves
+/// masqueraded through the uplink (no rule without an uplink).
 pub fn node_nft_script(node: &NodeNetwork) -> String {
-    let mut body = String::from(
+    let mut body = String::new();
+    let _ = write!(
+        body,
+        "  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+         iifname {{ \"{br}\", \"{vx}\" }} ct state established,related accept\n    \
+         iifname {{ \"{br}\", \"{vx}\" }} counter drop\n  }}\n",
+        br = node.bridge,
+        vx = crate::overlay::OVERLAY_DEVICE,
+    );
+    body.push_str(
         "  chain postrouting {\n    type nat hook postrouting priority 100; policy accept;\n",
     );
     if let Some(up) = &node.uplink {
@@ -189,7 +202,25 @@ pub fn masquerade_nft_script(plan: &PodPlan, ports: &[Port]) -> String {
         "    ip saddr {guest} oifname \"{veth}\" snat to {vmi}"
     );
     body.push_str("  }\n");
+    body.push_str(&guest_input_chain(plan));
     replace_table("ip", &plan.node.nft_table, &body)
+}
+
+/// Inside the VMI namespace: what the guest sends to the namespace itself is dropped, except
+/// DHCP to its server and answers to connections the namespace opened (port-forward).
+fn guest_input_chain(plan: &PodPlan) -> String {
+    let br = &plan.pod_bridge;
+    format!(
+        "  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+         iifname \"{br}\" udp dport 67 accept\n    \
+         iifname \"{br}\" ct state established,related accept\n    \
+         iifname \"{br}\" counter drop\n  }}\n"
+    )
+}
+
+/// The bridge binding's `ip` table in the VMI namespace: only the guest input filter.
+pub fn bridge_guest_input_script(plan: &PodPlan) -> String {
+    replace_table("ip", &plan.node.nft_table, &guest_input_chain(plan))
 }
 
 /// The bridge binding's filter inside the VMI namespace: DHCP stays between the guest and its
@@ -328,6 +359,10 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
                     netns: pod.clone(),
                     script: bridge_nft_script(plan),
                 },
+                Action::Nft {
+                    netns: pod.clone(),
+                    script: bridge_guest_input_script(plan),
+                },
             ]);
         }
     }
@@ -377,6 +412,32 @@ mod tests {
         let mut n = node();
         n.uplink = None;
         assert!(!node_nft_script(&n).contains("masquerade"));
+    }
+
+    #[test]
+    fn guests_never_reach_the_node_itself() {
+        let s = node_nft_script(&node());
+        assert!(s.contains("type filter hook input priority 0"), "{s}");
+        assert!(
+            s.contains("iifname { \"fv-br0\", \"fv-vx0\" } ct state established,related accept"),
+            "{s}"
+        );
+        assert!(
+            s.contains("iifname { \"fv-br0\", \"fv-vx0\" } counter drop"),
+            "{s}"
+        );
+        // Inside the VMI namespace: DHCP only.
+        let p = plan(Binding::Masquerade { ports: vec![] });
+        let s = masquerade_nft_script(&p, &[]);
+        assert!(
+            s.contains("iifname \"k6t-eth0\" udp dport 67 accept"),
+            "{s}"
+        );
+        assert!(s.contains("iifname \"k6t-eth0\" counter drop"), "{s}");
+        let b = plan(Binding::Bridge);
+        let s = bridge_guest_input_script(&b);
+        assert!(s.starts_with("table ip ferrovirt-t1\n"), "{s}");
+        assert!(s.contains("iifname \"k6t-eth0\" counter drop"), "{s}");
     }
 
     #[test]

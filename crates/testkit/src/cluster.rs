@@ -56,6 +56,22 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
+/// Tests that do not choose a network mode get `--network-mode user` (restricted QEMU user
+/// networking): the binary's default, `auto`, picks the pod network when run as root, which
+/// would put every test cluster's node bridge into the host's namespace. Network tests choose
+/// `auto` or `pod` with their own node namespace (`--node-netns`).
+fn default_network_mode<S: AsRef<str>>(args: &[S]) -> Vec<&'static str> {
+    let chosen = args.iter().any(|a| {
+        let a = a.as_ref();
+        a == "--pod-network" || a.starts_with("--network-mode")
+    });
+    if chosen {
+        Vec::new()
+    } else {
+        vec!["--network-mode", "user"]
+    }
+}
+
 fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
     let f = std::fs::File::create(log)?;
     Ok(cmd
@@ -96,6 +112,7 @@ impl Cluster {
             }
         }
         cmd.args(&opts.extra_args);
+        cmd.args(default_network_mode(&opts.extra_args));
         cmd.env("RUST_LOG", "info");
         let server_cmd: Vec<String> = cmd
             .get_args()
@@ -184,6 +201,7 @@ impl Cluster {
             .arg("--host-disk-root")
             .arg(self.dir.path())
             .args(extra)
+            .args(default_network_mode(extra))
             .env("RUST_LOG", "info");
         let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
         self.agents.push((node.to_string(), child));
