@@ -24,7 +24,6 @@ use axum::routing::get;
 use ferrovirt_launcher::control::{LauncherClient, Request as LauncherRequest, RunPhase};
 use http::{StatusCode, header};
 use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixStream};
@@ -190,9 +189,6 @@ pub struct Endpoint {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// How long a client has to complete the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Binds `listen` and serves the endpoint over TLS with `cert`. `advertise` is the host put
 /// into the URL when the listener is bound to an unspecified address.
 pub async fn serve(
@@ -215,47 +211,22 @@ pub async fn serve(
     let fingerprint = cert.fingerprint_hex();
     let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
     let app = router(cfg, token);
-    let task = tokio::spawn(accept_loop(listener, acceptor, app));
+    // The same accept loop as the API server's: connection caps, handshake and header-read
+    // timeouts (until the task is aborted).
+    let task = tokio::spawn(ferrovirt_serve::serve(
+        "agent endpoint",
+        listener,
+        acceptor,
+        app,
+        ferrovirt_serve::Limits::default(),
+        std::future::pending(),
+    ));
     tracing::info!(%url, sha256 = %fingerprint, "agent endpoint listening");
     Ok(Endpoint {
         url,
         fingerprint,
         task,
     })
-}
-
-/// Accepts connections, completes their TLS handshakes and serves HTTP/1.1 (with upgrades) on
-/// them until the task is aborted.
-async fn accept_loop(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, app: Router) {
-    loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!("agent endpoint: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let svc = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(t)) => t,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, "agent endpoint: TLS handshake failed: {e}");
-                    return;
-                }
-                Err(_) => return,
-            };
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), svc)
-                .with_upgrades();
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "agent endpoint connection ended: {e}");
-            }
-        });
-    }
 }
 
 /// The URL of an endpoint bound to `addr`.

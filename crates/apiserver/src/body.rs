@@ -11,9 +11,33 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 
-/// Reads the whole body, failing with 413 above `limit` bytes. An oversized body is still
-/// drained (up to a bound) so that the client sees the 413 instead of a broken connection.
-pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads the whole body within `timeout`, failing with 413 above `limit` bytes and 408 when the
+/// client is too slow (a trickled body cannot hold a handler forever). An oversized body is
+/// still drained (up to a bound) so that the client sees the 413 instead of a broken connection.
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(timeout, read_body_unbounded(headers, body, limit)).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::new(
+            408,
+            "Timeout",
+            format!(
+                "the request body was not received within {} s",
+                timeout.as_secs()
+            ),
+        )),
+    }
+}
+
+async fn read_body_unbounded(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

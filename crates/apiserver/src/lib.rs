@@ -33,6 +33,7 @@ mod events;
 mod gc;
 mod handlers;
 mod jsonpath;
+mod limits;
 mod objects;
 mod openapi;
 mod openapi_pb;
@@ -51,4 +52,5 @@ mod watch;
 
 pub use error::{ApiError, ServerError};
 pub use events::{EventRecord, record_event};
-pub use server::{Server, ServerOptions, run};
+pub use server::{ENCRYPTED_PREFIXES, Server, ServerOptions, encryption_key_file, run};
+pub use tls::{private_dir, private_file};

@@ -123,7 +123,8 @@ pub fn validate_name(def: &ResourceDef, name: &str) -> Result<(), String> {
     }
 }
 
-/// `prefix` plus five random characters, as the API server does for `generateName`.
+/// `prefix` (cut to 58 bytes on a character boundary) plus five random characters, as the API
+/// server does for `generateName`.
 pub fn generate_name(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let bytes = *uuid::Uuid::new_v4().as_bytes();
@@ -131,13 +132,7 @@ pub fn generate_name(prefix: &str) -> String {
         .iter()
         .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
         .collect();
-    let max_prefix = 253 - 5;
-    let p = if prefix.len() > max_prefix {
-        &prefix[..max_prefix]
-    } else {
-        prefix
-    };
-    format!("{p}{suffix}")
+    format!("{}{suffix}", crate::limits::generate_name_base(prefix))
 }
 
 /// The object with `status` and `metadata` removed, to detect spec changes.

@@ -10,6 +10,27 @@ pub enum PatchError {
     Invalid(String),
     #[error("the patch could not be applied: {0}")]
     Failed(String),
+    /// The patch has too many operations or makes the object too large.
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+/// Bounds on applying a JSON patch.
+#[derive(Debug, Clone, Copy)]
+pub struct PatchLimits {
+    /// The most operations accepted.
+    pub max_ops: usize,
+    /// The largest document (compact JSON bytes) any operation may produce.
+    pub max_bytes: usize,
+}
+
+impl Default for PatchLimits {
+    fn default() -> Self {
+        Self {
+            max_ops: crate::limits::MAX_JSON_PATCH_OPS,
+            max_bytes: crate::limits::MAX_OBJECT_BYTES,
+        }
+    }
 }
 
 /// Applies RFC 7386 merge patch `patch` to `target`.
@@ -148,13 +169,74 @@ fn path_field(op: &Value, name: &str) -> Result<Vec<String>, PatchError> {
     split_pointer(p)
 }
 
-/// Applies RFC 6902 operations to `doc`; on error `doc` may be partly changed (callers patch a
-/// copy).
+/// Applies RFC 6902 operations to `doc` within [`PatchLimits::default`]; on error `doc` may be
+/// partly changed (callers patch a copy).
 pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), PatchError> {
+    json_patch_limited(doc, ops, PatchLimits::default())
+}
+
+/// Applies RFC 6902 operations to `doc`, refusing more than `limits.max_ops` operations and
+/// stopping as soon as the document could exceed `limits.max_bytes` (so that `copy` doubling
+/// cannot build a huge document in memory first). The size is tracked as an upper bound (each
+/// added value's size is added) and measured exactly only when that bound passes the limit.
+pub fn json_patch_limited(
+    doc: &mut Value,
+    ops: &Value,
+    limits: PatchLimits,
+) -> Result<(), PatchError> {
     let ops = ops
         .as_array()
         .ok_or_else(|| PatchError::Invalid("a JSON patch must be an array of operations".into()))?;
-    for op in ops {
+    if ops.len() > limits.max_ops {
+        return Err(PatchError::TooLarge(format!(
+            "the JSON patch has {} operations, more than the limit of {}",
+            ops.len(),
+            limits.max_ops
+        )));
+    }
+    let mut bound = crate::limits::json_len(doc);
+    for (i, op) in ops.iter().enumerate() {
+        apply_op(doc, op)?;
+        bound = bound.saturating_add(added_size(op, doc));
+        if bound > limits.max_bytes {
+            bound = crate::limits::json_len(doc);
+            if bound > limits.max_bytes {
+                return Err(PatchError::TooLarge(format!(
+                    "operation {i} of the JSON patch ({} {}) makes the object {bound} bytes, more than the limit of {} bytes",
+                    op.get("op").and_then(Value::as_str).unwrap_or_default(),
+                    crate::limits::shown(
+                        op.get("path").and_then(Value::as_str).unwrap_or_default()
+                    ),
+                    limits.max_bytes
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An upper bound on how many bytes operation `op` (already applied to `doc`) added.
+fn added_size(op: &Value, doc: &Value) -> usize {
+    let len = |v: Option<&Value>| v.map_or(0, crate::limits::json_len);
+    let path_len = op.get("path").and_then(Value::as_str).map_or(0, str::len) + 4;
+    match op.get("op").and_then(Value::as_str) {
+        Some("add" | "replace") => len(op.get("value")) + path_len,
+        // The copy equals its source, which is still in place.
+        Some("copy") => {
+            let from = op
+                .get("from")
+                .and_then(Value::as_str)
+                .and_then(|p| split_pointer(p).ok());
+            len(from.as_deref().and_then(|p| get_at(doc, p))) + path_len
+        }
+        // A move only adds the new key's name.
+        Some("move") => path_len,
+        _ => 0,
+    }
+}
+
+fn apply_op(doc: &mut Value, op: &Value) -> Result<(), PatchError> {
+    {
         let name = field(op, "op")?
             .as_str()
             .ok_or_else(|| PatchError::Invalid("\"op\" must be a string".into()))?;
@@ -259,6 +341,33 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn copy_doubling_stops_at_the_limit() {
+        // Each `copy` doubles the document: 40 of them would need terabytes.
+        let mut doc = json!({"a": ["x".repeat(1000)]});
+        let mut ops = vec![json!({"op": "add", "path": "/b", "value": []})];
+        for i in 0..40 {
+            let (from, to) = if i % 2 == 0 {
+                ("/a", "/b")
+            } else {
+                ("/b", "/a")
+            };
+            ops.push(json!({"op": "copy", "from": from, "path": format!("{to}/-")}));
+        }
+        let limits = PatchLimits {
+            max_ops: 100,
+            max_bytes: 1 << 20,
+        };
+        let err = json_patch_limited(&mut doc, &Value::Array(ops), limits).unwrap_err();
+        assert!(matches!(err, PatchError::TooLarge(_)), "{err}");
+        assert!(crate::limits::json_len(&doc) < 4 << 20);
+        let many = Value::Array(vec![json!({"op": "test", "path": "", "value": null}); 101]);
+        assert!(matches!(
+            json_patch_limited(&mut doc, &many, limits),
+            Err(PatchError::TooLarge(_))
+        ));
     }
 
     #[test]

@@ -12,8 +12,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use ferrovirt_api::registry::{self, ResourceDef};
 use ferrovirt_store::Store;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
@@ -32,6 +30,7 @@ pub struct ServerOptions {
     /// `sqlite://PATH` or etcd URLs; None: SQLite in the data dir.
     pub datastore_endpoint: Option<String>,
     /// An already opened store (tests, embedding); takes precedence over `datastore_endpoint`.
+    /// Either way Secrets are encrypted in it with the keys in `DATA_DIR/encryption-keys`.
     pub store: Option<Arc<dyn Store>>,
     /// Served resources; None: [`ferrovirt_api::registry::resources`].
     pub resources: Option<Vec<ResourceDef>>,
@@ -39,6 +38,11 @@ pub struct ServerOptions {
     pub extra_sans: Vec<String>,
     /// Largest accepted request body (413 above). Default 3 MiB.
     pub max_body_bytes: usize,
+    /// How long a client may take to send a request body read by the API server (408 after).
+    /// Default 60 s.
+    pub body_timeout: Duration,
+    /// Connection caps and the TLS-handshake / header-read (idle) timeouts.
+    pub connection_limits: ferrovirt_serve::Limits,
     /// How often the garbage collector rescans when nothing prompts it. Default 30 s.
     pub gc_interval: Duration,
     /// How often watches get a BOOKMARK when asked for. Default 60 s.
@@ -75,6 +79,8 @@ impl Default for ServerOptions {
             resources: None,
             extra_sans: Vec::new(),
             max_body_bytes: 3 * 1024 * 1024,
+            body_timeout: Duration::from_secs(60),
+            connection_limits: ferrovirt_serve::Limits::default(),
             gc_interval: Duration::from_secs(30),
             bookmark_interval: Duration::from_secs(60),
             compact_interval: Some(Duration::from_secs(300)),
@@ -91,6 +97,7 @@ pub(crate) struct Shared {
     pub resources: Resources,
     pub token: String,
     pub max_body: usize,
+    pub body_timeout: Duration,
     pub bookmark_interval: Duration,
     /// Wakes the garbage collector (deletions, deletionTimestamps).
     pub gc_kick: Notify,
@@ -130,12 +137,27 @@ impl std::fmt::Debug for Server {
     }
 }
 
+/// Store keys whose values are encrypted at rest: Secrets.
+pub const ENCRYPTED_PREFIXES: &[&str] = &["/registry/core/secrets/"];
+
+/// The key file for Secrets at rest in `data_dir`.
+pub fn encryption_key_file(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("encryption-keys")
+}
+
+/// Opens the store and wraps it so that Secrets are encrypted at rest.
 async fn open_store(opts: &ServerOptions) -> Result<Arc<dyn Store>, ServerError> {
-    if let Some(s) = &opts.store {
-        return Ok(s.clone());
-    }
-    let endpoint = opts.datastore_endpoint.as_deref().unwrap_or("");
-    Ok(ferrovirt_store::open_endpoint(endpoint, &opts.data_dir).await?)
+    let raw = match &opts.store {
+        Some(s) => s.clone(),
+        None => {
+            let endpoint = opts.datastore_endpoint.as_deref().unwrap_or("");
+            ferrovirt_store::open_endpoint(endpoint, &opts.data_dir).await?
+        }
+    };
+    let key_file = encryption_key_file(&opts.data_dir);
+    let enc = ferrovirt_store::EncryptingStore::new(raw, &key_file, ENCRYPTED_PREFIXES)?;
+    tls::private_file(&key_file)?;
+    Ok(Arc::new(enc))
 }
 
 async fn authenticate(State(sh): State<Arc<Shared>>, req: Request, next: Next) -> Response {
@@ -167,7 +189,15 @@ async fn check_token(sh: &Shared, req: Request, next: Next) -> Response {
         .map(str::trim);
     match presented {
         Some(t) if constant_time_eq(t.as_bytes(), sh.token.as_bytes()) => next.run(req).await,
-        _ => ApiError::unauthorized().into_response(),
+        _ => {
+            // No keep-alive for unauthenticated clients: their connections cannot linger.
+            let mut resp = ApiError::unauthorized().into_response();
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            resp
+        }
     }
 }
 
@@ -181,8 +211,9 @@ impl Server {
         // In-process rustls clients (kube-rs) need a process-wide provider when more than one
         // is compiled in; the server itself always uses ring explicitly.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        std::fs::create_dir_all(&opts.data_dir)
-            .map_err(|e| ServerError::io(opts.data_dir.display(), e))?;
+        // Secrets, the token, keys and the store live here: owner only (0700).
+        tls::private_dir(&opts.data_dir)?;
+        tls::private_file(&opts.data_dir.join("kubeconfig.yaml"))?;
         let store = open_store(&opts).await?;
         let pki = tls::load_or_create(&opts.data_dir, &opts.extra_sans)?;
         let tls_cfg = tls::server_config(&pki)?;
@@ -212,6 +243,7 @@ impl Server {
                 .with_extra_groups(&opts.extra_groups),
             token: pki.token.clone(),
             max_body: opts.max_body_bytes,
+            body_timeout: opts.body_timeout,
             bookmark_interval: opts.bookmark_interval,
             gc_kick: Notify::new(),
             shutdown,
@@ -231,7 +263,17 @@ impl Server {
         ));
 
         let mut tasks = JoinSet::new();
-        tasks.spawn(accept_loop(listener, tls_cfg, app, shared.shutdown.clone()));
+        let mut stopping = shared.shutdown.clone();
+        tasks.spawn(ferrovirt_serve::serve(
+            "API server",
+            listener,
+            tokio_rustls::TlsAcceptor::from(tls_cfg),
+            app,
+            opts.connection_limits,
+            async move {
+                let _ = stopping.wait_for(|stop| *stop).await;
+            },
+        ));
         tasks.spawn(gc::run(shared.clone(), opts.gc_interval));
         if let Some(every) = opts.compact_interval {
             tasks.spawn(gc::compact_loop(shared.clone(), every, opts.compact_keep));
@@ -263,52 +305,6 @@ impl Server {
     pub async fn wait(&mut self) {
         let _ = self.tasks.join_next().await;
     }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    tls_cfg: Arc<rustls::ServerConfig>,
-    app: Router,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls_cfg);
-    let mut conns = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = shutdown.changed() => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let svc = TowerToHyperService::new(app.clone());
-        conns.spawn(async move {
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, "TLS handshake failed: {e}");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tls), svc)
-                .with_upgrades();
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "connection ended: {e}");
-            }
-        });
-    }
-    conns.shutdown().await;
 }
 
 /// Runs the server until Ctrl-C / SIGTERM.

@@ -35,14 +35,40 @@ fn read_opt(path: &Path) -> Result<Option<String>, ServerError> {
     }
 }
 
-/// Writes a file readable by its owner only.
-fn write_private(path: &Path, contents: &str) -> Result<(), ServerError> {
+/// Creates `dir` (and its parents) when missing and makes it private to its owner (0700),
+/// tightening an existing directory that was more open.
+pub fn private_dir(dir: &Path) -> Result<(), ServerError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| ServerError::io(dir.display(), e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| ServerError::io(dir.display(), e))
+}
+
+/// Makes an existing file readable by its owner only (0600); a missing file is fine.
+pub fn private_file(path: &Path) -> Result<(), ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(ServerError::io(path.display(), e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Writes a file readable by its owner only: a fresh 0600 temporary file renamed over `path`,
+/// so the secret is never readable by others, not even for a moment, and never half-written.
+pub(crate) fn write_private(path: &Path, contents: &str) -> Result<(), ServerError> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
+    // A leftover temporary file could have any mode: start from a new one.
+    let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| ServerError::io(tmp.display(), e))?;
@@ -102,13 +128,17 @@ fn generate(sans: Vec<String>) -> Result<(String, String, String), ServerError> 
 /// Loads the credentials from `data_dir`, creating what is missing.
 pub fn load_or_create(data_dir: &Path, extra_sans: &[String]) -> Result<Pki, ServerError> {
     let dir = data_dir.join("tls");
-    std::fs::create_dir_all(&dir).map_err(|e| ServerError::io(dir.display(), e))?;
+    private_dir(&dir)?;
     let (ca_p, cert_p, key_p) = (
         dir.join("ca.crt"),
         dir.join("serving.crt"),
         dir.join("serving.key"),
     );
     let token_p = data_dir.join("token");
+    // Files from older versions may have been written with a wider mode.
+    for p in [&ca_p, &cert_p, &key_p, &token_p] {
+        private_file(p)?;
+    }
     let token = match read_opt(&token_p)?.map(|t| t.trim().to_string()) {
         Some(t) if !t.is_empty() => t,
         _ => {
@@ -219,6 +249,11 @@ mod tests {
         assert_eq!((a.token.clone(), a.ca_pem.clone()), (b.token, b.ca_pem));
         assert_eq!(pem_blocks(&a.cert_pem, "CERTIFICATE").len(), 1);
         server_config(&a).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join("tls")), 0o700);
+        assert_eq!(mode(&dir.path().join("tls/serving.key")), 0o600);
+        assert_eq!(mode(&dir.path().join("token")), 0o600);
         let p = write_kubeconfig(dir.path(), "https://127.0.0.1:1", &a).unwrap();
         assert!(std::fs::read_to_string(p).unwrap().contains(&a.token));
     }

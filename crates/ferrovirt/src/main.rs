@@ -34,6 +34,11 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Server maintenance of Secrets at rest.
+    Secrets {
+        #[command(subcommand)]
+        cmd: SecretsCommand,
+    },
     /// Boot the test guest as a demo VM straight through QEMU, without the server.
     Demo {
         #[command(subcommand)]
@@ -69,6 +74,74 @@ struct ServerArgs {
     isolation: node::IsolationArgs,
 }
 
+#[derive(Debug, Subcommand)]
+enum SecretsCommand {
+    /// Add a new encryption key, re-encrypt every Secret with it and retire the old keys.
+    /// With SQLite, stop the server first; with etcd it runs beside the servers, which must
+    /// share this data dir's `encryption-keys` file.
+    RotateKey {
+        /// The server's data directory (holds `encryption-keys`).
+        #[arg(long, default_value = "/var/lib/ferrovirt")]
+        data_dir: PathBuf,
+        /// The server's store (default: DATA_DIR/state.db).
+        #[arg(long)]
+        datastore_endpoint: Option<String>,
+        /// How long to wait after adding the key before re-encrypting, so that running
+        /// servers (etcd) have picked it up.
+        #[arg(long, default_value = "2s", value_parser = parse_secs)]
+        settle: std::time::Duration,
+    },
+}
+
+fn parse_secs(s: &str) -> Result<std::time::Duration, String> {
+    let n = s.strip_suffix('s').unwrap_or(s);
+    n.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| format!("invalid duration {s:?} (e.g. 2s)"))
+}
+
+async fn secrets(cmd: SecretsCommand) -> anyhow::Result<()> {
+    let SecretsCommand::RotateKey {
+        data_dir,
+        datastore_endpoint,
+        settle,
+    } = cmd;
+    let endpoint = datastore_endpoint.unwrap_or_default();
+    let store = ferrovirt_store::open_endpoint(&endpoint, &data_dir)
+        .await
+        .map_err(|e| {
+            if e.to_string().contains("in use by another store") {
+                anyhow::anyhow!(
+                    "{e}: stop the server first (an SQLite store is opened by one process at a time)"
+                )
+            } else {
+                anyhow::anyhow!("opening the store: {e}")
+            }
+        })?;
+    let key_file = ferrovirt_apiserver::encryption_key_file(&data_dir);
+    let done = ferrovirt_store::encrypt::rotate(
+        store,
+        &key_file,
+        ferrovirt_apiserver::ENCRYPTED_PREFIXES,
+        settle,
+    )
+    .await
+    .with_context(|| format!("rotating the keys in {}", key_file.display()))?;
+    println!(
+        "new key {}; {} Secret(s) re-encrypted; retired {}",
+        done.new_key,
+        done.rewritten,
+        if done.retired.is_empty() {
+            "nothing".to_string()
+        } else {
+            done.retired.join(", ")
+        }
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -89,6 +162,7 @@ fn main() -> anyhow::Result<()> {
         }),
         Command::Agent(args) => runtime()?.block_on(node::run_agent(args)),
         Command::Server(args) => runtime()?.block_on(server(args)),
+        Command::Secrets { cmd } => runtime()?.block_on(secrets(cmd)),
         Command::Verb(cmd) => {
             let code = runtime()?.block_on(verbs::run(&cli.conn, cmd));
             std::process::exit(code);
@@ -104,7 +178,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 async fn server(args: ServerArgs) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.data_dir)
+    ferrovirt_apiserver::private_dir(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     // KubeVirt's subresource API (console, VNC, pause, start/stop, ...) needs a client of this
     // very server, which exists only once the server has started and written its kubeconfig:

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
+pub mod encrypt;
 pub mod etcd;
 pub mod sqlite;
 
+pub use encrypt::EncryptingStore;
 pub use etcd::EtcdStore;
 pub use sqlite::SqliteStore;
 

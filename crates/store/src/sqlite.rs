@@ -15,6 +15,7 @@ mod tests;
 mod watch;
 
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -75,6 +76,27 @@ fn join_error(e: tokio::task::JoinError) -> StoreError {
     StoreError::Backend(format!("sqlite worker failed: {e}"))
 }
 
+/// Creates the database file 0600 when missing and makes it, its WAL, shared-memory and lock
+/// files 0600 when they exist (SQLite creates `-wal` and `-shm` with the database's mode).
+fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    for suffix in ["", "-wal", "-shm", ".lock"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        match std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     /// Opens (creating when missing) the database at `path`, and its parent directory.
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
@@ -104,6 +126,7 @@ impl SqliteStore {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(|e| io_err("opening the lock file of", e))?;
         let deadline = Instant::now() + LOCK_WAIT;
@@ -126,6 +149,7 @@ impl SqliteStore {
             }
         }
 
+        make_private(&path).map_err(|e| io_err("restricting", e))?;
         let writer = Connection::open(&path)?;
         writer.busy_timeout(BUSY_TIMEOUT)?;
         let mode: String = writer.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;

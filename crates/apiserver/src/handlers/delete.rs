@@ -29,7 +29,7 @@ pub struct DeleteOpts {
 
 impl DeleteOpts {
     async fn from_request(ctx: &Ctx, body: Body) -> Result<Self, ApiError> {
-        let bytes = read_body(&ctx.headers, body, ctx.sh.max_body).await?;
+        let bytes = read_body(&ctx.headers, body, ctx.sh.max_body, ctx.sh.body_timeout).await?;
         let b = if bytes.iter().all(u8::is_ascii_whitespace) {
             Value::Null
         } else {

@@ -18,7 +18,7 @@ use crate::objects::{
     resource_version, spec_part, validate_name,
 };
 use crate::server::Shared;
-use crate::{patch, resources, schema, smp, timefmt};
+use crate::{limits, patch, resources, schema, smp, timefmt};
 
 /// `fieldValidation` levels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +180,29 @@ async fn require_namespace(sh: &Shared, ns: &str) -> Result<(), ApiError> {
     }
 }
 
+/// The size and metadata limits ([`limits`]): 413 for an object over the size limit, 422 naming
+/// each bad metadata field.
+fn check_limits(def: &ResourceDef, obj: &Value) -> Result<(), ApiError> {
+    if let Some(n) = limits::oversized(obj) {
+        return Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!(
+                "{} {}: the object would be {n} bytes, more than the limit of {} bytes",
+                def.kind,
+                limits::shown(name_of(obj)),
+                limits::MAX_OBJECT_BYTES
+            ),
+        ));
+    }
+    let causes = limits::metadata_problems(obj);
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(def, name_of(obj), causes))
+    }
+}
+
 /// Creates an object (admission, metadata, store). Returns the stored object and warnings.
 pub(crate) async fn create(
     sh: &Shared,
@@ -191,6 +214,7 @@ pub(crate) async fn create(
     check_type_meta(def, &mut obj)?;
     check_namespace(def, ns, &mut obj)?;
     let warnings = check_unknown_fields(def, &obj, opts)?;
+    check_limits(def, &obj)?;
     let gen_prefix = meta_str(&obj, "generateName")
         .unwrap_or_default()
         .to_string();
@@ -446,6 +470,7 @@ async fn update_object(
         }
         let warnings = check_unknown_fields(def, &new, opts)?;
         let mut merged = merge_for_update(def, &old, new, status_only);
+        check_limits(def, &merged)?;
         if is_deleting(&old) {
             let old_f = finalizers(&old);
             if finalizers(&merged).iter().any(|f| !old_f.contains(f)) {
@@ -491,6 +516,7 @@ pub(crate) fn apply_patch(media: &str, target: &mut Value, p: &Value) -> Result<
     res.map_err(|e| match e {
         patch::PatchError::Invalid(m) => ApiError::bad_request(m),
         patch::PatchError::Failed(m) => ApiError::new(422, "Invalid", m),
+        patch::PatchError::TooLarge(m) => ApiError::new(413, "RequestEntityTooLarge", m),
     })?;
     if !target.is_object() {
         return Err(ApiError::bad_request(
@@ -506,7 +532,7 @@ fn respond(ctx: &Ctx, code: StatusCode, obj: Value, warnings: &[String]) -> Resp
 
 pub(super) async fn create_handler(ctx: &Ctx, body: Body) -> Result<Response, ApiError> {
     let opts = WriteOpts::from_ctx(ctx)?;
-    let bytes = read_body(&ctx.headers, body, ctx.sh.max_body).await?;
+    let bytes = read_body(&ctx.headers, body, ctx.sh.max_body, ctx.sh.body_timeout).await?;
     let obj = parse_object(&bytes, &content_type(&ctx.headers))?;
     let (obj, warnings) = create(&ctx.sh, &ctx.def, ctx.ns(), obj, opts).await?;
     Ok(respond(ctx, StatusCode::CREATED, obj, &warnings))
@@ -519,7 +545,7 @@ pub(super) async fn update_handler(
     status_only: bool,
 ) -> Result<Response, ApiError> {
     let opts = WriteOpts::from_ctx(ctx)?;
-    let bytes = read_body(&ctx.headers, body, ctx.sh.max_body).await?;
+    let bytes = read_body(&ctx.headers, body, ctx.sh.max_body, ctx.sh.body_timeout).await?;
     let obj = parse_object(&bytes, &content_type(&ctx.headers))?;
     let (obj, warnings) = update_object(ctx, name, Change::Replace(obj), status_only, opts).await?;
     Ok(respond(ctx, StatusCode::OK, obj, &warnings))
@@ -544,7 +570,7 @@ pub(super) async fn patch_handler(
     ) {
         return Err(ApiError::unsupported_media_type(&media));
     }
-    let bytes = read_body(&ctx.headers, body, ctx.sh.max_body).await?;
+    let bytes = read_body(&ctx.headers, body, ctx.sh.max_body, ctx.sh.body_timeout).await?;
     let patch = parse_document(&bytes, "application/json")?;
     let (obj, warnings) = update_object(
         ctx,
@@ -575,7 +601,7 @@ async fn apply_handler(
             "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
         ));
     }
-    let bytes = read_body(&ctx.headers, body, ctx.sh.max_body).await?;
+    let bytes = read_body(&ctx.headers, body, ctx.sh.max_body, ctx.sh.body_timeout).await?;
     let mut applied = parse_object(&bytes, "application/yaml")?;
     if let Some(m) = applied.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("resourceVersion");

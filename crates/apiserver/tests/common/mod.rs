@@ -34,8 +34,15 @@ pub fn options(dir: &Path) -> ServerOptions {
 }
 
 pub async fn start() -> Result<TestServer> {
+    start_with(|_| {}).await
+}
+
+/// A server whose options `tune` adjusts first (limits, timeouts).
+pub async fn start_with(tune: impl FnOnce(&mut ServerOptions)) -> Result<TestServer> {
     let dir = tempfile::tempdir()?;
-    let server = Server::start(options(dir.path())).await?;
+    let mut opts = options(dir.path());
+    tune(&mut opts);
+    let server = Server::start(opts).await?;
     Ok(TestServer {
         server: Some(server),
         dir,
@@ -154,6 +161,29 @@ impl TestServer {
         let token = self.srv().token.clone();
         self.raw(Some(&token), "GET", path, None, Some(accept), Vec::new())
             .await
+    }
+
+    /// A TLS connection to the server that trusts its CA (raw bytes from here on).
+    pub async fn tls(&self) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let srv = self.srv();
+        let mut roots = rustls::RootCertStore::empty();
+        let b64: String = srv
+            .ca_pem
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        let der = base64::engine::general_purpose::STANDARD.decode(b64)?;
+        roots.add(rustls::pki_types::CertificateDer::from(der))?;
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect(srv.addr).await?;
+        Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(rustls::pki_types::ServerName::try_from("localhost")?, tcp)
+            .await?)
     }
 
     async fn raw(

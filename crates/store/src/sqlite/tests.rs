@@ -27,6 +27,26 @@ async fn database_is_wal_with_full_sync() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn database_wal_shm_and_lock_are_owner_only() -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("state.db");
+    // A database left world-readable by an older version is tightened too.
+    std::fs::write(&db, b"")?;
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644))?;
+    let store = SqliteStore::open(&db).await?;
+    store.create("/k", b"v".to_vec()).await?;
+    for name in ["state.db", "state.db-wal", "state.db-shm", "state.db.lock"] {
+        let mode = std::fs::metadata(dir.path().join(name))?
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600, "{name}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn second_open_of_one_file_is_refused() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("s.db");

@@ -1,7 +1,9 @@
 //! Store conformance suite: the same behavioural tests, written once in [`suite`], run against
 //! every backend. [`sqlite`] opens databases in temp dirs; [`etcd`] starts a real etcd process
-//! per test (from `/usr/bin/etcd`, or `$FERROVIRT_ETCD_BIN`) on loopback ports.
+//! per test (from `/usr/bin/etcd`, or `$FERROVIRT_ETCD_BIN`) on loopback ports; [`encrypted`]
+//! runs cases through the encrypting wrapper on both.
 
+mod encrypted;
 mod etcd;
 mod sqlite;
 mod suite;
