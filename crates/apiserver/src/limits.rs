@@ -33,18 +33,8 @@ fn is_qualified_part(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
-fn is_dns1123_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
-
 fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(crate::objects::is_label)
 }
 
 /// Why `key` is not a qualified name (`[prefix/]name`), or None when it is.
