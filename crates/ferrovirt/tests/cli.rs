@@ -298,8 +298,13 @@ fn apply_get_describe_and_errors() -> anyhow::Result<()> {
         d.contains("\nSpec:\n  Run Strategy:  Halted\n  Template:\n"),
         "{d}"
     );
-    assert!(d.contains("\n  Generation:          "), "{d}");
-    assert!(d.contains("\n  UID:                 "), "{d}");
+    // The VM controller's finalizer (a list) splits the metadata into two aligned groups.
+    assert!(
+        d.contains("\n  Finalizers:\n    kubevirt.io/virtualMachineControllerFinalize\n"),
+        "{d}"
+    );
+    assert!(d.contains("\n  Generation:        "), "{d}");
+    assert!(d.contains("\n  UID:               "), "{d}");
     assert!(d.contains("\nStatus:\n"), "{d}");
     assert!(d.contains("\n  Printable Status:  Stopped\n"), "{d}");
     assert!(d.ends_with("\nEvents:  <none>\n"), "{d}");

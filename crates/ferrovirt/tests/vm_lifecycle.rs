@@ -2,7 +2,9 @@
 //! agent) with the test guest under TCG: `kubectl apply` of a VM with runStrategy Always gives a
 //! Running VMI and `kubectl get vm` prints Running/True; a guest that powers itself off is
 //! started again (new VMI uid) under Always and left Stopped under RerunOnFailure; switching to
-//! Halted stops the VM and removes its VMI.
+//! Halted stops the VM and removes its VMI. `kubectl delete vm --wait` returns only once QEMU is
+//! gone (the VM's `kubevirt.io/virtualMachineControllerFinalize` finalizer), and
+//! `--cascade=orphan` leaves the VMI.
 
 use std::time::Duration;
 
@@ -259,5 +261,121 @@ spec:
     assert_ne!(uid1, uid2);
     let vmi = c.get_json(&["vmi", "sized"])?;
     assert_eq!(vmi["spec"]["domain"]["memory"]["guest"], "128Mi", "{vmi}");
+    Ok(())
+}
+
+/// Whether `pid` is a live QEMU process (a reaped or zombie one has no cmdline).
+fn qemu_alive(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).starts_with("qemu-system"))
+        .unwrap_or(false)
+}
+
+#[test]
+fn delete_vm_wait_returns_only_after_qemu_is_gone() -> anyhow::Result<()> {
+    let c = cluster()?;
+    c.apply(&vm_manifest(&c, "del", "Always", "#!/bin/sh\necho up")?)?;
+    wait_running(&c, "del")?;
+    let pid: u32 = c.wait_until("QEMU pid annotation", BOOT, || {
+        let v = c.get_json(&["vmi", "del"])?;
+        Ok(v["metadata"]["annotations"]["ferrovirt.io/qemu-pid"]
+            .as_str()
+            .and_then(|p| p.parse().ok()))
+    })?;
+    assert!(qemu_alive(pid), "QEMU {pid} not running before the delete");
+    let fins = c.get_json(&["vm", "del"])?["metadata"]["finalizers"].clone();
+    assert!(
+        fins.as_array().is_some_and(|f| f
+            .iter()
+            .any(|x| x == "kubevirt.io/virtualMachineControllerFinalize")),
+        "VM finalizers: {fins}"
+    );
+    let t0 = std::time::Instant::now();
+    c.kubectl_ok(&["delete", "vm", "del", "--wait", "--timeout=150s"])?;
+    let took = t0.elapsed();
+    assert!(
+        !qemu_alive(pid),
+        "kubectl delete vm --wait returned while QEMU {pid} still runs"
+    );
+    assert!(vmi_state(&c, "del")?.is_none(), "VMI left after the VM");
+    eprintln!("kubectl delete vm --wait took {took:?}");
+    Ok(())
+}
+
+#[test]
+fn delete_vm_with_orphan_cascade_leaves_its_vmi() -> anyhow::Result<()> {
+    let c = cluster()?;
+    // A VMI that never schedules (no node has this label): no guest needed.
+    let manifest = vm_manifest(&c, "orph", "Always", "#!/bin/sh\necho up")?.replace(
+        "      terminationGracePeriodSeconds: 30\n",
+        "      terminationGracePeriodSeconds: 30\n      nodeSelector: {ferrovirt.test/none: \"x\"}\n",
+    );
+    c.apply(&manifest)?;
+    c.wait_until("VMI created", BOOT, || {
+        Ok(vmi_state(&c, "orph")?.map(|_| ()))
+    })?;
+    c.kubectl_ok(&[
+        "delete",
+        "vm",
+        "orph",
+        "--cascade=orphan",
+        "--wait",
+        "--timeout=60s",
+    ])?;
+    std::thread::sleep(Duration::from_secs(3));
+    let v = c.get_json(&["vmi", "orph"])?;
+    assert!(
+        v["metadata"]["deletionTimestamp"].is_null(),
+        "orphaned VMI is being deleted: {v}"
+    );
+    c.kubectl_ok(&["delete", "vmi", "orph", "--timeout=60s"])?;
+    Ok(())
+}
+
+#[test]
+fn unhonourable_launch_security_gives_an_unschedulable_vmi_naming_the_field() -> anyhow::Result<()>
+{
+    let c = cluster()?;
+    // The test node offers no AMD SEV: the VMI must not run without it.
+    let manifest = vm_manifest(&c, "sev", "Always", "#!/bin/sh\necho up")?.replace(
+        "      domain:\n",
+        "      domain:\n        launchSecurity: {sev: {}}\n",
+    );
+    c.apply(&manifest)?;
+    let cond = c.wait_until("PodScheduled=False Unschedulable", BOOT, || {
+        let out = c.kubectl(&["get", "vmi", "sev", "-o", "json"])?;
+        if !out.status.success() {
+            return Ok(None);
+        }
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+            .cloned())
+    })?;
+    assert_eq!(cond["reason"], "Unschedulable", "{cond}");
+    let msg = cond["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("spec.domain.launchSecurity"), "{msg}");
+    let vmi = c.get_json(&["vmi", "sev"])?;
+    assert!(vmi["status"]["nodeName"].is_null(), "{vmi}");
+    assert_eq!(
+        vmi["spec"]["domain"]["launchSecurity"]["sev"],
+        serde_json::json!({})
+    );
+    let ev = c.wait_until("a FailedScheduling event", BOOT, || {
+        let ev = c.get_json(&["events", "--field-selector", "involvedObject.name=sev"])?;
+        Ok(ev["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["reason"] == "FailedScheduling")
+            .and_then(|e| e["message"].as_str().map(String::from)))
+    })?;
+    assert!(ev.contains("spec.domain.launchSecurity"), "{ev}");
+    c.wait_until("printableStatus ErrorUnschedulable", BOOT, || {
+        Ok((printable_status(&c, "sev")? == "ErrorUnschedulable").then_some(()))
+    })?;
     Ok(())
 }

@@ -1,14 +1,17 @@
 //! The VirtualMachine controller loop: watches VirtualMachines and the VMIs they own, gathers
 //! what [`crate::vm::decide`] needs (the VMI, volume readiness, the instancetype-expanded
 //! template), applies the decided action, writes `status` through the `/status` subresource
-//! (optimistic concurrency: a conflict just requeues) and records Events.
+//! (optimistic concurrency: a conflict just requeues), keeps the VM's finalizer until its VMI
+//! is gone ([`crate::vm::finalize`]) and records Events.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 
@@ -21,6 +24,7 @@ use super::resources::{Vm, Vmi};
 use crate::conditions;
 use crate::error::ControllerError;
 use crate::vm::decide::{VmAction, VmInput, VmOptions, VolumeReadiness, decide};
+use crate::vm::finalize::{FinalizerStep, apply_step, finalizer_step};
 use crate::vm::template::{KUBEVIRT_API_VERSION, expanded_spec};
 
 /// Component name on Events.
@@ -84,6 +88,28 @@ async fn reconcile(vm: Arc<Vm>, ctx: Arc<Ctx>) -> Result<Action, ControllerError
         })?;
     let vmis: Api<Vmi> = Api::namespaced(ctx.client.clone(), &ns);
     let vmi = vmis.get_opt(&name).await?.map(|v| v.0);
+    let own_vmi = vmi.as_ref().is_some_and(|v| !controlled_by_other(v, vm));
+    let step = finalizer_step(vm, own_vmi);
+    if step != FinalizerStep::Keep {
+        // The resourceVersion makes this a compare-and-swap of the whole list.
+        let patch = serde_json::json!({"metadata": {
+            "finalizers": apply_step(vm, step),
+            "resourceVersion": vm.metadata.resource_version,
+        }});
+        let vms: Api<Vm> = Api::namespaced(ctx.client.clone(), &ns);
+        match vms
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(Action::await_change()),
+            Err(e) if is_conflict(&e) => return Ok(Action::requeue(Duration::from_millis(200))),
+            Err(e) => return Err(e.into()),
+        }
+        if step == FinalizerStep::Remove {
+            return Ok(Action::await_change());
+        }
+    }
     if let Some(v) = &vmi
         && controlled_by_other(v, vm)
     {

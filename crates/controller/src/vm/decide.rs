@@ -259,7 +259,8 @@ pub fn decide(input: &VmInput<'_>, opts: &VmOptions) -> VmDecision {
 
     let action = if vm.metadata.deletion_timestamp.is_some() {
         match vmi {
-            Some(v) if !vmi_deleting => delete(v),
+            // `propagationPolicy: Orphan`: the VMI stays.
+            Some(v) if !vmi_deleting && !super::finalize::orphaning(vm) => delete(v),
             _ => VmAction::Nothing,
         }
     } else {

@@ -384,6 +384,14 @@ fn terminating_vm_deletes_its_vmi() {
 }
 
 #[test]
+fn orphaning_vm_leaves_its_vmi() {
+    let mut v = vm("a").strategy(Always).deleting().build();
+    v.metadata.finalizers = Some(vec!["orphan".into()]);
+    let vmi = vmi_of(&v, "u", VmiPhase::Running).build();
+    assert_eq!(go(&v, Some(&vmi)).action, VmAction::Nothing);
+}
+
+#[test]
 fn expansion_errors_set_failure() {
     let v = vm("a").strategy(Always).build();
     let d = run(Case {

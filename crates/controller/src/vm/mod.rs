@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod decide;
+pub mod finalize;
 pub mod template;
 #[cfg(test)]
 pub(crate) mod testutil;
