@@ -224,16 +224,27 @@ async fn scan(sh: &Shared) -> Result<bool, ApiError> {
         .iter()
         .filter(|i| i.def.kind == "Event" && i.def.group.is_empty())
     {
-        let ts = ["lastTimestamp", "eventTime", "firstTimestamp"]
-            .iter()
-            .find_map(|f| it.obj.get(*f).and_then(Value::as_str))
-            .or_else(|| meta_str(&it.obj, "creationTimestamp"))
-            .and_then(timefmt::parse_rfc3339);
-        if ts.is_some_and(|t| now - t > EVENT_TTL_SECS) {
+        if event_last_seen(&it.obj, now).is_some_and(|t| now - t > EVENT_TTL_SECS) {
             delete_quietly(sh, it, "Background").await;
         }
     }
     Ok(progress)
+}
+
+/// When an event was last written, for its TTL: the newest of the server's creationTimestamp
+/// and the times the client wrote (lastTimestamp, eventTime, series.lastObservedTime), those
+/// in the future ignored, so a client can neither expire an event at once by writing an old
+/// time nor keep it forever by writing a future one.
+fn event_last_seen(obj: &Value, now: i64) -> Option<i64> {
+    let created = meta_str(obj, "creationTimestamp").and_then(timefmt::parse_rfc3339);
+    let client = ["lastTimestamp", "eventTime", "firstTimestamp"]
+        .iter()
+        .filter_map(|f| obj.get(*f).and_then(Value::as_str))
+        .chain(obj.pointer("/series/lastObservedTime").and_then(Value::as_str))
+        .filter_map(timefmt::parse_rfc3339)
+        .filter(|t| *t <= now)
+        .max();
+    created.into_iter().chain(client).max()
 }
 
 /// The garbage collector: rescans when prompted (in-process deletions, store events that
@@ -315,5 +326,31 @@ pub(crate) async fn compact_loop(sh: Arc<Shared>, every: Duration, keep: i64) {
         {
             tracing::warn!("compaction to {target} failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn event_age_counts_from_the_last_write() {
+        let now = timefmt::parse_rfc3339("2026-12-02T10:00:00Z").unwrap();
+        // An old client time does not expire a just-created event.
+        let fresh = json!({"metadata": {"creationTimestamp": "2026-12-02T09:59:00Z"},
+                           "eventTime": "2026-01-01T00:00:00.000000Z"});
+        assert_eq!(event_last_seen(&fresh, now), Some(now - 60));
+        // A recount (lastTimestamp moves on) keeps an old event alive.
+        let recounted = json!({"metadata": {"creationTimestamp": "2026-12-02T07:00:00Z"},
+                               "lastTimestamp": "2026-12-02T09:30:00Z"});
+        assert_eq!(event_last_seen(&recounted, now), Some(now - 1800));
+        // A time in the future is ignored.
+        let future = json!({"metadata": {"creationTimestamp": "2026-12-02T07:00:00Z"},
+                            "lastTimestamp": "2030-01-01T00:00:00Z"});
+        assert_eq!(event_last_seen(&future, now), Some(now - 3 * 3600));
+        let series = json!({"metadata": {"creationTimestamp": "2026-12-02T07:00:00Z"},
+                            "series": {"count": 2, "lastObservedTime": "2026-12-02T09:00:00.000000Z"}});
+        assert_eq!(event_last_seen(&series, now), Some(now - 3600));
     }
 }
