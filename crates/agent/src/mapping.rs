@@ -146,16 +146,16 @@ pub fn guest_memory_mib(vmi: &VirtualMachineInstance) -> Result<u64, AgentError>
     let Some((field, q)) = q else {
         return Err(AgentError::invalid(field, "no guest memory is set"));
     };
-    let bytes = ferrovirt_api::quantity::parse(&q.0)
+    let bytes = ferrovirt_api::quantity::bytes(&q.0)
         .map_err(|e| AgentError::invalid(field, e.to_string()))?;
-    let mib = (bytes / (1024.0 * 1024.0)).floor();
-    if !(1.0..=16.0 * 1024.0 * 1024.0).contains(&mib) {
+    let mib = bytes >> 20;
+    if !(1..=16 << 20).contains(&mib) {
         return Err(AgentError::invalid(
             field,
             format!("{} is out of range", q.0),
         ));
     }
-    Ok(mib as u64)
+    Ok(mib)
 }
 
 /// A stable, locally administered unicast MAC for an interface without `macAddress`.
