@@ -43,6 +43,7 @@ fn normalize(v: &mut Value) {
             if let Some(Value::Object(props)) = map.get_mut("properties") {
                 for (_, child) in props.iter_mut() {
                     normalize(child);
+                    describe_from_items(child);
                 }
             }
             if let Some(Value::Array(values)) = map.get_mut("enum") {
@@ -75,6 +76,25 @@ fn normalize(v: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(normalize),
         _ => {}
+    }
+}
+
+/// A list field without a description of its own takes its items' description ("A guest
+/// disk …" for `disks`), so `kubectl explain` has something to say about it.
+fn describe_from_items(field: &mut Value) {
+    let Some(m) = field.as_object_mut() else {
+        return;
+    };
+    if m.contains_key("description") {
+        return;
+    }
+    let from_items = m
+        .get("items")
+        .and_then(|i| i.get("description"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let Some(d) = from_items {
+        m.insert("description".into(), Value::String(d));
     }
 }
 

@@ -248,7 +248,10 @@ mod tests {
         ] {
             find(&all, name);
         }
-        assert!(!all.iter().any(|c| c["spec"]["group"] == "apiextensions.k8s.io"));
+        assert!(
+            !all.iter()
+                .any(|c| c["spec"]["group"] == "apiextensions.k8s.io")
+        );
         let mut names: Vec<&str> = all
             .iter()
             .map(|c| c["metadata"]["name"].as_str().unwrap())
@@ -288,7 +291,11 @@ mod tests {
         assert_eq!(cols, ["Age", "Status", "Ready"]);
         let conds = vm["status"]["conditions"].as_array().unwrap();
         for t in ["Established", "NamesAccepted"] {
-            assert!(conds.iter().any(|c| c["type"] == t && c["status"] == "True"));
+            assert!(
+                conds
+                    .iter()
+                    .any(|c| c["type"] == t && c["status"] == "True")
+            );
         }
         assert_eq!(vm["status"]["storedVersions"], json!(["v1"]));
     }

@@ -185,10 +185,7 @@ fn pod_status(obj: &Value) -> String {
     let waiting = obj
         .pointer("/status/containerStatuses")
         .and_then(Value::as_array)
-        .and_then(|a| {
-            a.iter()
-                .find_map(|c| s(c.pointer("/state/waiting/reason")))
-        });
+        .and_then(|a| a.iter().find_map(|c| s(c.pointer("/state/waiting/reason"))));
     s(obj.pointer("/status/reason"))
         .or(waiting)
         .or_else(|| s(obj.pointer("/status/phase")))
@@ -252,14 +249,18 @@ pub fn cell(def: &ResourceDef, column: &str, obj: &Value) -> Value {
         ("PersistentVolumeClaim", "Access Modes") => {
             access_modes(obj.pointer("/status/accessModes"))
         }
-        ("PersistentVolumeClaim", "StorageClass") => Value::String(
-            s(obj.pointer("/spec/storageClassName"))
-                .or_else(|| {
-                    s(obj.pointer("/metadata/annotations/volume.beta.kubernetes.io~1storage-class"))
-                })
-                .unwrap_or_default()
-                .into(),
-        ),
+        ("PersistentVolumeClaim", "StorageClass") => {
+            Value::String(
+                s(obj.pointer("/spec/storageClassName"))
+                    .or_else(|| {
+                        s(obj.pointer(
+                            "/metadata/annotations/volume.beta.kubernetes.io~1storage-class",
+                        ))
+                    })
+                    .unwrap_or_default()
+                    .into(),
+            )
+        }
         ("PersistentVolume" | "PersistentVolumeClaim", "VolumeAttributesClass") => {
             str_or(obj.pointer("/spec/volumeAttributesClassName"), UNSET)
         }
@@ -276,11 +277,11 @@ pub fn cell(def: &ResourceDef, column: &str, obj: &Value) -> Value {
             let name = s(o.and_then(|o| o.get("name"))).unwrap_or_default();
             Value::String(format!("{kind}/{name}"))
         }
-        ("Event", "Subobject") => {
-            Value::String(s(event_object(obj).and_then(|o| o.get("fieldPath")))
+        ("Event", "Subobject") => Value::String(
+            s(event_object(obj).and_then(|o| o.get("fieldPath")))
                 .unwrap_or_default()
-                .into())
-        }
+                .into(),
+        ),
         ("Event", "Source") => Value::String(event_source(obj)),
         ("Event", "Message") => Value::String(
             s(obj.get("message"))
@@ -309,7 +310,10 @@ pub fn cell(def: &ResourceDef, column: &str, obj: &Value) -> Value {
 
 /// The NAME cell: a default StorageClass is marked `(default)` as kubectl shows it.
 pub fn name_cell(def: &ResourceDef, obj: &Value) -> Value {
-    let name = obj.pointer("/metadata/name").cloned().unwrap_or(Value::Null);
+    let name = obj
+        .pointer("/metadata/name")
+        .cloned()
+        .unwrap_or(Value::Null);
     match (&name, def.kind) {
         (Value::String(n), "StorageClass") if is_default_class(obj) => {
             Value::String(format!("{n} (default)"))
@@ -338,10 +342,7 @@ mod tests {
         assert_eq!(cell(&d, "StorageClass", &pvc), "local");
         assert_eq!(cell(&d, "VolumeAttributesClass", &pvc), "<unset>");
         let pv = json!({"spec": {"claimRef": {"namespace": "ns", "name": "c"}}});
-        assert_eq!(
-            cell(&def("v1", "PersistentVolume"), "Claim", &pv),
-            "ns/c"
-        );
+        assert_eq!(cell(&def("v1", "PersistentVolume"), "Claim", &pv), "ns/c");
         let sc = json!({"metadata": {"name": "local", "annotations":
             {"storageclass.kubernetes.io/is-default-class": "true"}}, "provisioner": "x"});
         let scd = def("storage.k8s.io/v1", "StorageClass");
