@@ -178,3 +178,40 @@ fn explain_path_has_descriptions() {
         assert!(disk[name]["description"].is_string(), "disks[].{name}");
     }
 }
+
+/// `kubectl explain KIND` has something to say about every kind's top-level fields and about
+/// the fields of its spec.
+#[test]
+fn top_level_fields_have_descriptions() {
+    let mut missing = Vec::new();
+    for d in resources() {
+        let s = openapi_schema(&d);
+        if s["description"].as_str().is_none_or(str::is_empty) {
+            missing.push(format!("{}", d.kind));
+        }
+        for (name, prop) in s["properties"].as_object().into_iter().flatten() {
+            if prop["description"].as_str().is_none_or(str::is_empty) {
+                missing.push(format!("{}.{name}", d.kind));
+            }
+        }
+        if ferrovirt_api::registry::is_builtin_group(d.group) {
+            continue;
+        }
+        for (name, prop) in s["properties"]["spec"]["properties"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
+            if prop["description"].as_str().is_none_or(str::is_empty) {
+                missing.push(format!("{}.spec.{name}", d.kind));
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "{} without descriptions: {missing:?}",
+        missing.len()
+    );
+}
