@@ -233,6 +233,21 @@ async fn unknown_kinds_have_no_matches() -> Result<()> {
         "{err}"
     );
     assert!(!err.contains("failed to list CRDs"), "{err}");
+    // The oldest and newest bundled kubectl say the same.
+    let file = t.dir.path().join("foo.yaml");
+    std::fs::write(&file, "apiVersion: bar/v1\nkind: Foo\nmetadata:\n  name: x\n")?;
+    let file = file.to_string_lossy().into_owned();
+    for bin in kubectls() {
+        let err = run_kubectl(&bin, &t, &["apply", "-f", &file])
+            .await
+            .expect_err("an unknown kind cannot apply")
+            .to_string();
+        assert!(
+            err.contains(r#"no matches for kind "Foo" in version "bar/v1""#)
+                && !err.contains("failed to list CRDs"),
+            "{bin}: {err}"
+        );
+    }
     // A known group with an unknown kind, and a known kind in an unserved version.
     for (av, kind) in [
         ("kubevirt.io/v1", "Nope"),
