@@ -187,7 +187,7 @@ fn top_level_fields_have_descriptions() {
     for d in resources() {
         let s = openapi_schema(&d);
         if s["description"].as_str().is_none_or(str::is_empty) {
-            missing.push(format!("{}", d.kind));
+            missing.push(d.kind.to_string());
         }
         for (name, prop) in s["properties"].as_object().into_iter().flatten() {
             if prop["description"].as_str().is_none_or(str::is_empty) {

@@ -235,7 +235,10 @@ async fn unknown_kinds_have_no_matches() -> Result<()> {
     assert!(!err.contains("failed to list CRDs"), "{err}");
     // The oldest and newest bundled kubectl say the same.
     let file = t.dir.path().join("foo.yaml");
-    std::fs::write(&file, "apiVersion: bar/v1\nkind: Foo\nmetadata:\n  name: x\n")?;
+    std::fs::write(
+        &file,
+        "apiVersion: bar/v1\nkind: Foo\nmetadata:\n  name: x\n",
+    )?;
     let file = file.to_string_lossy().into_owned();
     for bin in kubectls() {
         let err = run_kubectl(&bin, &t, &["apply", "-f", &file])
