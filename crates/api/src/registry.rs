@@ -1,5 +1,5 @@
 //! The table of served resources: what discovery, OpenAPI, Table output and routing are built
-//! from. One [`ResourceDef`] per kind the API server serves.
+//! from. One [`ResourceDef`] per kind and version the API server serves.
 
 /// A `kubectl get` column: evaluated by the API server against each object (like a CRD's
 /// `additionalPrinterColumns`).

@@ -529,6 +529,15 @@ async fn v1alpha3_is_served_and_stored_as_v1() -> Result<()> {
         "{}",
         w.text()
     );
+    // The `all` category names each resource once although two versions serve it.
+    let all = t.kubectl_ok(&["get", "all", "-o", "name"]).await?;
+    assert_eq!(
+        all.lines()
+            .filter(|l| *l == "virtualmachine.kubevirt.io/oldvm")
+            .count(),
+        1,
+        "{all}"
+    );
     t.kubectl_ok(&["delete", "virtualmachines.v1alpha3.kubevirt.io", "oldvm"])
         .await?;
     t.shutdown().await;
