@@ -253,6 +253,9 @@ impl Server {
         gc::ensure_system_namespaces(&shared)
             .await
             .map_err(|e| ServerError::Config(format!("creating system namespaces: {e}")))?;
+        crate::crd::sync(&shared)
+            .await
+            .map_err(|e| ServerError::Config(format!("writing CustomResourceDefinitions: {e}")))?;
 
         let mut app = handlers::router(shared.clone());
         if let Some(extra) = opts.extra_routes.clone() {
