@@ -303,7 +303,10 @@ fn disk_args(spec: &LaunchSpec, a: &mut Args) {
     }
     let (mut sata, mut scsi) = (0usize, 0usize);
     for d in &spec.disks {
-        block_nodes(d, a);
+        // An empty CD-ROM drive has no block nodes: the device comes up without a medium.
+        if !d.empty {
+            block_nodes(d, a);
+        }
         let slot = match d.bus {
             DiskBus::Sata => {
                 sata += 1;
@@ -396,7 +399,10 @@ fn disk_device(d: &Disk, slot: usize) -> String {
         ),
         (DiskBus::Usb, _) => format!("usb-storage,bus={USB_CONTROLLER_ID}.0"),
     };
-    let mut dev = format!("{model},id={},drive={}", d.id, disk_node_name(&d.id));
+    let mut dev = format!("{model},id={}", d.id);
+    if !d.empty {
+        dev.push_str(&format!(",drive={}", disk_node_name(&d.id)));
+    }
     if let Some(serial) = &d.serial {
         dev.push_str(&format!(",serial={}", esc(serial)));
     }
@@ -488,6 +494,7 @@ mod tests {
             bus: DiskBus::Virtio,
             readonly: false,
             cdrom: false,
+            empty: false,
             boot_order: None,
             serial: None,
             cache: None,
@@ -831,6 +838,43 @@ mod tests {
         assert_eq!(cache_flags(CacheMode::Writethrough), (false, false, false));
         assert_eq!(cache_flags(CacheMode::Unsafe), (false, true, true));
         assert_eq!(cache_flags(CacheMode::Directsync), (true, false, false));
+    }
+
+    #[test]
+    fn empty_cdroms_are_drives_without_a_medium() {
+        let mut s = spec();
+        s.disks.push(disk("root"));
+        for (id, bus) in [("cd-sata", DiskBus::Sata), ("cd-scsi", DiskBus::Scsi)] {
+            let mut cd = disk(id);
+            cd.path = "".into();
+            cd.cdrom = true;
+            cd.empty = true;
+            cd.bus = bus;
+            s.disks.push(cd);
+        }
+        s.validate().unwrap();
+        let argv = qemu_command(&s);
+        let devices = values_of(&argv, "-device");
+        assert!(
+            devices.contains(&"ide-cd,bus=ide.0,id=cd-sata"),
+            "{devices:?}"
+        );
+        assert!(
+            devices.contains(&"scsi-cd,bus=scsi0.0,channel=0,scsi-id=0,lun=0,id=cd-scsi"),
+            "{devices:?}"
+        );
+        assert!(devices.contains(&"virtio-scsi-pci,id=scsi0"));
+        // No block nodes for them: only the root disk's file and format nodes.
+        let names: Vec<String> = blockdevs(&argv)
+            .iter()
+            .map(|n| n["node-name"].as_str().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(names, ["file-root", "fmt-root"]);
+        assert!(
+            !argv
+                .iter()
+                .any(|a| a.contains("cd-sata") && a.contains("filename"))
+        );
     }
 
     #[test]
