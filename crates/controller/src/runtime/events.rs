@@ -1,15 +1,18 @@
-//! Emitting core/v1 Events about objects (VMs, VMIs, Nodes). Failures to record an Event are
-//! logged and otherwise ignored.
+//! Emitting Events about objects (VMs, VMIs, Nodes) through kube-rs's `Recorder`
+//! (events.k8s.io/v1, repeated events folded into a series; the API server serves them as core/v1
+//! Events too). Failures to record an Event are logged and otherwise ignored.
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+/// The longest Event note the Events API accepts (1 kB).
+const MAX_NOTE_BYTES: usize = 1024;
 
 /// Records Events as one component.
 #[derive(Clone)]
 pub struct EventRecorder {
-    client: kube::Client,
+    recorder: Recorder,
     component: String,
 }
 
@@ -19,6 +22,15 @@ impl std::fmt::Debug for EventRecorder {
             .field("component", &self.component)
             .finish()
     }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn truncated(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// An ObjectReference for an Event's `involvedObject`.
@@ -37,13 +49,18 @@ pub fn object_ref(api_version: &str, kind: &str, meta: &ObjectMeta) -> ObjectRef
 impl EventRecorder {
     /// A recorder reporting as `component` (e.g. `virtualmachine-controller`).
     pub fn new(client: kube::Client, component: &str) -> Self {
+        let reporter = Reporter {
+            controller: component.into(),
+            instance: None,
+        };
         Self {
-            client,
+            recorder: Recorder::new(client, reporter),
             component: component.into(),
         }
     }
 
-    /// Record one Event (type `Warning` when `warning`, else `Normal`).
+    /// Record one Event (type `Warning` when `warning`, else `Normal`); the reason is also the
+    /// action.
     pub async fn record(
         &self,
         object: &ObjectReference,
@@ -51,40 +68,31 @@ impl EventRecorder {
         reason: &str,
         message: &str,
     ) {
-        let now = Timestamp::now();
-        let namespace = object.namespace.clone().unwrap_or_else(|| "default".into());
-        let name = format!(
-            "{}.{:x}",
-            object.name.as_deref().unwrap_or("object"),
-            now.as_nanosecond()
-        );
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(name),
-                namespace: Some(namespace.clone()),
-                ..Default::default()
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
             },
-            involved_object: object.clone(),
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-            count: Some(1),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            event_time: Some(MicroTime(now)),
-            action: Some(reason.into()),
-            reporting_component: Some(self.component.clone()),
-            reporting_instance: Some(self.component.clone()),
-            source: Some(EventSource {
-                component: Some(self.component.clone()),
-                host: None,
-            }),
-            related: None,
-            series: None,
+            reason: truncated(reason, 128).into(),
+            note: Some(truncated(message, MAX_NOTE_BYTES).into()),
+            action: truncated(reason, 128).into(),
+            secondary: None,
         };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        if let Err(e) = api.create(&PostParams::default(), &event).await {
+        if let Err(e) = self.recorder.publish(&ev, object).await {
             tracing::warn!(%reason, error = %e, "recording event failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_cut_on_a_character_boundary() {
+        assert_eq!(truncated("abc", 2), "ab");
+        assert_eq!(truncated("aé", 2), "a");
+        assert_eq!(truncated("short", 1024), "short");
     }
 }
