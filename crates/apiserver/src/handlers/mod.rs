@@ -2,7 +2,9 @@
 //! (get, list, watch, create, update, patch, delete, deletecollection) and renders responses.
 
 mod delete;
+mod presets;
 mod read;
+mod scale;
 mod write;
 
 use std::sync::Arc;
@@ -139,8 +141,13 @@ async fn resource(
     if def.namespaced && p.namespace.is_none() && (p.name.is_some() || method == Method::POST) {
         return Err(ApiError::path_not_found());
     }
+    let scale = match p.subresource.as_deref() {
+        Some("scale") => ferrovirt_api::registry::scale_subresource(&def),
+        _ => None,
+    };
     let status_only = match p.subresource.as_deref() {
         None => false,
+        Some("scale") if scale.is_some() => false,
         Some("status") if def.has_status => true,
         Some("finalize") if def.kind == "Namespace" && def.group.is_empty() => false,
         Some(_) => return Err(ApiError::path_not_found()),
@@ -153,6 +160,9 @@ async fn resource(
         q,
         headers,
     };
+    if let (Some(sub), Some(name)) = (&scale, &p.name) {
+        return scale::serve(&ctx, sub, &method, name, body).await;
+    }
     match (method.as_str(), p.name) {
         ("GET", None) if watching => {
             verb_allowed(&ctx.def, "watch")?;
