@@ -354,7 +354,7 @@ resource! {
 kstruct! {
     /// Which claim the token is for.
     pub struct UploadTokenRequestSpec {
-        pub pvc_name: String,
+        pub pvc_name: Option<String>,
     }
 }
 
