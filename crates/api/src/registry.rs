@@ -702,11 +702,9 @@ pub fn scale_subresource(def: &ResourceDef) -> Option<ScaleSubresource> {
         ("kubevirt.io", "VirtualMachineInstanceReplicaSet")
             | ("pool.kubevirt.io", "VirtualMachinePool")
     )
-    .then_some(
-        ScaleSubresource {
-            spec_replicas_path: ".spec.replicas",
-            status_replicas_path: ".status.replicas",
-            label_selector_path: ".status.labelSelector",
-        },
-    )
+    .then_some(ScaleSubresource {
+        spec_replicas_path: ".spec.replicas",
+        status_replicas_path: ".status.replicas",
+        label_selector_path: ".status.labelSelector",
+    })
 }

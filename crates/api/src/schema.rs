@@ -110,9 +110,7 @@ fn generate(def: &ResourceDef) -> Value {
         ("pool.kubevirt.io", "VirtualMachinePool") => {
             schema_of::<kubevirt::pool::VirtualMachinePool>()
         }
-        ("upload.cdi.kubevirt.io", "UploadTokenRequest") => {
-            schema_of::<cdi::UploadTokenRequest>()
-        }
+        ("upload.cdi.kubevirt.io", "UploadTokenRequest") => schema_of::<cdi::UploadTokenRequest>(),
         (_, "VirtualMachineInstancetype") => schema_of::<it::VirtualMachineInstancetype>(),
         (_, "VirtualMachineClusterInstancetype") => {
             schema_of::<it::VirtualMachineClusterInstancetype>()

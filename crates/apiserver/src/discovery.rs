@@ -246,7 +246,10 @@ mod tests {
             .iter()
             .find(|r| r["name"] == "virtualmachinepools/scale")
             .expect("the pool's scale subresource is listed");
-        assert_eq!((&scale["group"], &scale["kind"]), (&json!("autoscaling"), &json!("Scale")));
+        assert_eq!(
+            (&scale["group"], &scale["kind"]),
+            (&json!("autoscaling"), &json!("Scale"))
+        );
         let agg = aggregated(&res, false, "v2");
         assert!(
             agg["items"]

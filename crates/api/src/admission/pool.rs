@@ -51,7 +51,11 @@ fn check_state_preservation(field: &str, value: Option<&String>, e: &mut Vec<Fie
     }
 }
 
-fn check_selection(field: &str, p: Option<&VirtualMachinePoolSelectionPolicy>, e: &mut Vec<FieldError>) {
+fn check_selection(
+    field: &str,
+    p: Option<&VirtualMachinePoolSelectionPolicy>,
+    e: &mut Vec<FieldError>,
+) {
     let Some(p) = p else { return };
     if let Some(s) = &p.sort_policy
         && !SORT_POLICIES.contains(&s.as_str())
@@ -132,7 +136,11 @@ pub(super) fn validate_pool(obj: &Value, pool: &VirtualMachinePool) -> Vec<Field
         e.push(unsupported("spec.autohealing", "replacing failing VMs"));
     }
     if let Some(u) = &spec.update_strategy {
-        let set = [u.unmanaged.is_some(), u.opportunistic.is_some(), u.proactive.is_some()];
+        let set = [
+            u.unmanaged.is_some(),
+            u.opportunistic.is_some(),
+            u.proactive.is_some(),
+        ];
         if set.iter().filter(|s| **s).count() > 1 {
             e.push(FieldError::invalid(
                 "spec.updateStrategy",
@@ -147,7 +155,11 @@ pub(super) fn validate_pool(obj: &Value, pool: &VirtualMachinePool) -> Vec<Field
         }
     }
     if let Some(s) = &spec.scale_in_strategy {
-        let set = [s.unmanaged.is_some(), s.opportunistic.is_some(), s.proactive.is_some()];
+        let set = [
+            s.unmanaged.is_some(),
+            s.opportunistic.is_some(),
+            s.proactive.is_some(),
+        ];
         if set.iter().filter(|s| **s).count() > 1 {
             e.push(FieldError::invalid(
                 "spec.scaleInStrategy",
@@ -247,19 +259,24 @@ mod tests {
         let mut p = pool(json!({}));
         assert_eq!(fields(&mut p), Vec::<String>::new());
         assert_eq!(p["spec"]["replicas"], 1);
-        assert!(p["spec"]["virtualMachineTemplate"]["spec"]["template"]["spec"]["domain"]
-            .get("machine")
-            .is_none(), "the stored template is not defaulted");
+        assert!(
+            p["spec"]["virtualMachineTemplate"]["spec"]["template"]["spec"]["domain"]
+                .get("machine")
+                .is_none(),
+            "the stored template is not defaulted"
+        );
     }
 
     #[test]
     fn refusals_name_their_fields() {
         let mut p = pool(json!({"replicas": -1, "selector": {"matchLabels": {"app": "other"}}}));
         assert_eq!(fields(&mut p), vec!["spec.replicas", "spec.selector"]);
-        let mut p = pool(json!({"autohealing": {}, "updateStrategy": {"proactive": {}},
+        let mut p = pool(
+            json!({"autohealing": {}, "updateStrategy": {"proactive": {}},
             "maxUnavailable": "120%",
             "scaleInStrategy": {"proactive": {"statePreservation": "Online",
-                "selectionPolicy": {"sortPolicy": "Biggest", "selectors": {}}}}}));
+                "selectionPolicy": {"sortPolicy": "Biggest", "selectors": {}}}}}),
+        );
         assert_eq!(
             fields(&mut p),
             vec![
@@ -273,18 +290,26 @@ mod tests {
         );
         let mut p = pool(json!({}));
         p["spec"]["virtualMachineTemplate"]["spec"]["running"] = json!(true);
-        assert_eq!(fields(&mut p), vec!["spec.virtualMachineTemplate.spec.running"]);
+        assert_eq!(
+            fields(&mut p),
+            vec!["spec.virtualMachineTemplate.spec.running"]
+        );
         let mut p = pool(json!({}));
-        p["spec"].as_object_mut().unwrap().remove("virtualMachineTemplate");
+        p["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("virtualMachineTemplate");
         assert_eq!(fields(&mut p), vec!["spec.virtualMachineTemplate"]);
     }
 
     #[test]
     fn supported_strategies_pass() {
-        let mut p = pool(json!({"maxUnavailable": 1, "updateStrategy": {"opportunistic": {}},
+        let mut p = pool(
+            json!({"maxUnavailable": 1, "updateStrategy": {"opportunistic": {}},
             "nameGeneration": {"appendIndexToConfigMapRefs": true, "appendIndexToSecretRefs": false},
             "scaleInStrategy": {"proactive": {"statePreservation": "Disabled",
-                "selectionPolicy": {"sortPolicy": "Oldest"}}}}));
+                "selectionPolicy": {"sortPolicy": "Oldest"}}}}),
+        );
         assert_eq!(fields(&mut p), Vec::<String>::new());
     }
 }

@@ -104,12 +104,10 @@ pub fn matching_presets<'a>(vmi: &Value, presets: &'a [Value]) -> Vec<&'a Value>
     let labels = labels_of(vmi);
     let mut out: Vec<&Value> = presets
         .iter()
-        .filter(|p| {
-            match p.pointer("/spec/selector") {
-                None | Some(Value::Null) => true,
-                Some(sel) => serde_json::from_value::<LabelSelector>(sel.clone())
-                    .is_ok_and(|s| selector_matches(&s, &labels)),
-            }
+        .filter(|p| match p.pointer("/spec/selector") {
+            None | Some(Value::Null) => true,
+            Some(sel) => serde_json::from_value::<LabelSelector>(sel.clone())
+                .is_ok_and(|s| selector_matches(&s, &labels)),
         })
         .collect();
     out.sort_by(|a, b| name_of(a).cmp(name_of(b)));
@@ -155,10 +153,10 @@ pub fn apply_presets(vmi: &mut Value, presets: &[Value]) -> Result<PresetOutcome
         return Err(errors);
     }
     let mut outcome = PresetOutcome::default();
-    let Some(spec) = vmi.as_object_mut().map(|m| {
-        m.entry("spec")
-            .or_insert_with(|| Value::Object(Map::new()))
-    }) else {
+    let Some(spec) = vmi
+        .as_object_mut()
+        .map(|m| m.entry("spec").or_insert_with(|| Value::Object(Map::new())))
+    else {
         return Ok(outcome);
     };
     if !spec.is_object() {
@@ -407,7 +405,10 @@ mod tests {
             out.warnings[0]
         );
         assert_eq!(
-            ann(&v, "virtualmachineinstancepreset.kubevirt.io/example-preset"),
+            ann(
+                &v,
+                "virtualmachineinstancepreset.kubevirt.io/example-preset"
+            ),
             None
         );
     }

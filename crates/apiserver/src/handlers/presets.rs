@@ -33,7 +33,10 @@ pub(crate) async fn apply(
     };
     let listed = sh
         .store
-        .list(&resources::list_prefix(pdef, Some(ns)), ListOptions::default())
+        .list(
+            &resources::list_prefix(pdef, Some(ns)),
+            ListOptions::default(),
+        )
         .await
         .map_err(ApiError::from_store)?;
     if listed.items.is_empty() {

@@ -38,7 +38,12 @@ pub(super) async fn serve(
     };
     let media = content_type(&ctx.headers);
     let request = match method.as_str() {
-        "GET" => return Ok(json_response(StatusCode::OK, &scale_of(sub, &current().await?))),
+        "GET" => {
+            return Ok(json_response(
+                StatusCode::OK,
+                &scale_of(sub, &current().await?),
+            ));
+        }
         "PUT" | "PATCH" => {
             let bytes = read_body(&ctx.headers, body, ctx.sh.max_body, ctx.sh.body_timeout).await?;
             if method == Method::PUT {
@@ -65,7 +70,10 @@ pub(super) async fn serve(
             .filter(|s| !s.is_empty())
             .map(str::to_string);
         if let Some(rv) = &explicit_rv
-            && obj.pointer("/metadata/resourceVersion").and_then(Value::as_str) != Some(rv)
+            && obj
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                != Some(rv)
         {
             return Err(ApiError::stale(&ctx.def, name));
         }

@@ -269,8 +269,7 @@ pub fn decide(pool: &VirtualMachinePool, vms: &[VirtualMachine], now: &Time) -> 
                 if current == Some(&hash) {
                     continue;
                 }
-                let Some(index) = index_of(&name, vm.metadata.name.as_deref().unwrap_or(""))
-                else {
+                let Some(index) = index_of(&name, vm.metadata.name.as_deref().unwrap_or("")) else {
                     continue;
                 };
                 let mut want = vm_for(pool, index);

@@ -59,14 +59,20 @@ fn creates_missing_replicas_at_the_lowest_free_indexes_owned_and_labelled() {
     let vm = &d.create[0];
     assert_eq!(vm["metadata"]["labels"]["app"], "web");
     assert_eq!(vm["metadata"]["labels"][POOL_LABEL], "web");
-    assert_eq!(vm["spec"]["template"]["metadata"]["labels"][POOL_LABEL], "web");
+    assert_eq!(
+        vm["spec"]["template"]["metadata"]["labels"][POOL_LABEL],
+        "web"
+    );
     let owner = &vm["metadata"]["ownerReferences"][0];
     assert_eq!(owner["kind"], "VirtualMachinePool");
     assert_eq!(owner["uid"], "pool-uid");
     assert_eq!(owner["controller"], true);
     assert_eq!(vm["spec"]["runStrategy"], "Always");
     // Without nameGeneration the referenced names stay.
-    assert_eq!(vm["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"], "conf");
+    assert_eq!(
+        vm["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"],
+        "conf"
+    );
     assert_eq!(d.status.replicas, Some(1));
     assert_eq!(d.status.ready_replicas, Some(1));
     assert_eq!(d.status.label_selector.as_deref(), Some("app=web"));
@@ -93,9 +99,8 @@ fn scales_in_highest_index_first_by_default_and_by_policy() {
     assert_eq!(d.delete[0].1, "uid-2");
     assert_eq!(d.status.replicas, Some(1));
     assert!(d.create.is_empty());
-    let policy = |s: &str| {
-        json!({"scaleInStrategy": {"proactive": {"selectionPolicy": {"sortPolicy": s}}}})
-    };
+    let policy =
+        |s: &str| json!({"scaleInStrategy": {"proactive": {"selectionPolicy": {"sortPolicy": s}}}});
     let p = pool(1, policy("AscendingOrder"));
     assert_eq!(deleted(&decide(&p, &vms, &now())), vec!["web-0", "web-1"]);
     // web-0 was created last (t=100), web-2 first (t=98).

@@ -141,7 +141,10 @@ async fn reconcile(pool: Arc<Pool>, ctx: Arc<Ctx>) -> Result<Action, ControllerE
         let mut vm: Vm = serde_json::from_value(vm.clone())?;
         let vm_name = vm.0.metadata.name.clone().unwrap_or_default();
         // Keep what the VM controller owns: its finalizer and status.
-        if let Some(cur) = vms.iter().find(|v| v.metadata.name.as_ref() == Some(&vm_name)) {
+        if let Some(cur) = vms
+            .iter()
+            .find(|v| v.metadata.name.as_ref() == Some(&vm_name))
+        {
             vm.0.metadata.finalizers = cur.metadata.finalizers.clone();
             vm.0.status = cur.status.clone();
         }
