@@ -9,6 +9,7 @@ mod datavolume;
 mod defaults;
 mod meta;
 mod others;
+mod pool;
 mod validate;
 
 use serde::de::DeserializeOwned;
@@ -16,6 +17,7 @@ use serde_json::Value;
 
 use crate::cdi::DataVolume;
 use crate::kubevirt::misc::VirtualMachineInstanceReplicaSet;
+use crate::kubevirt::pool::VirtualMachinePool;
 use crate::kubevirt::vm::VirtualMachine;
 use crate::kubevirt::vmi::VirtualMachineInstance;
 use crate::registry::ResourceDef;
@@ -149,6 +151,14 @@ pub fn admit(
                 }
             });
         }
+        ("pool.kubevirt.io", "VirtualMachinePool") => {
+            admit_typed::<VirtualMachinePool>(obj, &mut errors, |obj, errs| {
+                pool::default_pool(obj);
+                if let Some(p) = reparse::<VirtualMachinePool>(obj, errs) {
+                    errs.extend(pool::validate_pool(obj, &p));
+                }
+            });
+        }
         ("cdi.kubevirt.io", "DataVolume") => {
             admit_typed::<DataVolume>(obj, &mut errors, |obj, errs| {
                 if let Some(dv) = reparse::<DataVolume>(obj, errs) {
@@ -242,6 +252,10 @@ fn typecheck_only(def: &ResourceDef, obj: &mut Value, errors: &mut Vec<FieldErro
             parse_typed::<misc::VirtualMachineInstanceMigration>(obj).map(drop)
         }
         (_, "KubeVirt") => parse_typed::<misc::KubeVirt>(obj).map(drop),
+        (_, "VirtualMachineInstancePreset") => {
+            parse_typed::<crate::kubevirt::preset::VirtualMachineInstancePreset>(obj).map(drop)
+        }
+        (_, "UploadTokenRequest") => parse_typed::<crate::cdi::UploadTokenRequest>(obj).map(drop),
         (_, "MigrationPolicy") => parse_typed::<misc::MigrationPolicy>(obj).map(drop),
         (_, "VirtualMachineInstancetype") => {
             parse_typed::<it::VirtualMachineInstancetype>(obj).map(drop)

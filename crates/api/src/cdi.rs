@@ -353,3 +353,23 @@ kstruct! {
         pub observed_version: Option<String>,
     }
 }
+
+resource! {
+    /// upload.cdi.kubevirt.io/v1beta1: a request for a short-lived token that authorizes one
+    /// upload into a claim (create-only; the answer carries `status.token`).
+    UploadTokenRequest, UploadTokenRequestSpec, UploadTokenRequestStatus
+}
+
+kstruct! {
+    /// Which claim the token is for.
+    pub struct UploadTokenRequestSpec {
+        pub pvc_name: Option<String>,
+    }
+}
+
+kstruct! {
+    /// The issued token.
+    pub struct UploadTokenRequestStatus {
+        pub token: Option<String>,
+    }
+}

@@ -13,6 +13,7 @@ pub mod kubevirt;
 pub mod network;
 pub mod quantity;
 pub mod registry;
+pub mod scale;
 pub mod schema;
 
 pub use k8s_openapi;

@@ -67,6 +67,9 @@ impl ResourceDef {
 /// Verbs for resources that are read-only views (e.g. Pods mirroring launchers).
 pub const READ_ONLY_VERBS: &[&str] = &["get", "list", "watch"];
 
+/// Verbs for request-like resources that are only ever created (UploadTokenRequest).
+pub const CREATE_ONLY_VERBS: &[&str] = &["create"];
+
 const CREATED: &str = ".metadata.creationTimestamp";
 const PHASE: &str = ".status.phase";
 const READY_COND: &str = ".status.conditions[?(@.type=='Ready')].status";
@@ -585,6 +588,39 @@ fn kubevirt_resources() -> Vec<ResourceDef> {
                 "Number of managed VirtualMachineInstances which are ready to receive traffic",
             ),
         ]),
+        kv(
+            "VirtualMachineInstancePreset",
+            "VirtualMachineInstancePresetList",
+            "virtualmachineinstancepresets",
+            "virtualmachineinstancepreset",
+        )
+        .short(&["vmipreset", "vmipresets"])
+        .all(),
+        Def::new(
+            "pool.kubevirt.io",
+            "v1beta1",
+            "VirtualMachinePool",
+            "VirtualMachinePoolList",
+            "virtualmachinepools",
+            "virtualmachinepool",
+        )
+        .short(&["vmpool", "vmpools"])
+        .all()
+        .status()
+        .cols(vec![
+            described(
+                col("Desired", "integer", ".spec.replicas"),
+                "Number of desired VirtualMachines",
+            ),
+            described(
+                col("Current", "integer", ".status.replicas"),
+                "Number of managed and not final or deleted VirtualMachines",
+            ),
+            described(
+                col("Ready", "integer", ".status.readyReplicas"),
+                "Number of managed VirtualMachines which are ready to receive traffic",
+            ),
+        ]),
         kv("KubeVirt", "KubeVirtList", "kubevirts", "kubevirt")
             .short(&["kv", "kvs"])
             .all()
@@ -732,6 +768,16 @@ fn cdi_and_other_resources() -> Vec<ResourceDef> {
             .all()
             .status()
             .cols(vec![col("Phase", "string", PHASE)]),
+        // Create-only: answered by the upload API's route with `status.token`.
+        Def::new(
+            "upload.cdi.kubevirt.io",
+            "v1beta1",
+            "UploadTokenRequest",
+            "UploadTokenRequestList",
+            "uploadtokenrequests",
+            "uploadtokenrequest",
+        )
+        .verbs(CREATE_ONLY_VERBS),
         Def::new(
             "k8s.cni.cncf.io",
             "v1",
@@ -782,13 +828,17 @@ pub struct ScaleSubresource {
     pub label_selector_path: &'static str,
 }
 
-/// The `/scale` subresource of a kind, if it has one (VirtualMachineInstanceReplicaSet).
+/// The `/scale` subresource of a kind, if it has one (VirtualMachineInstanceReplicaSet,
+/// VirtualMachinePool).
 pub fn scale_subresource(def: &ResourceDef) -> Option<ScaleSubresource> {
-    (def.group == "kubevirt.io" && def.kind == "VirtualMachineInstanceReplicaSet").then_some(
-        ScaleSubresource {
-            spec_replicas_path: ".spec.replicas",
-            status_replicas_path: ".status.replicas",
-            label_selector_path: ".status.labelSelector",
-        },
+    matches!(
+        (def.group, def.kind),
+        ("kubevirt.io", "VirtualMachineInstanceReplicaSet")
+            | ("pool.kubevirt.io", "VirtualMachinePool")
     )
+    .then_some(ScaleSubresource {
+        spec_replicas_path: ".spec.replicas",
+        status_replicas_path: ".status.replicas",
+        label_selector_path: ".status.labelSelector",
+    })
 }

@@ -124,6 +124,13 @@ fn generate(def: &ResourceDef) -> Value {
             schema_of::<misc::VirtualMachineInstanceReplicaSet>()
         }
         ("kubevirt.io", "KubeVirt") => schema_of::<misc::KubeVirt>(),
+        ("kubevirt.io", "VirtualMachineInstancePreset") => {
+            schema_of::<kubevirt::preset::VirtualMachineInstancePreset>()
+        }
+        ("pool.kubevirt.io", "VirtualMachinePool") => {
+            schema_of::<kubevirt::pool::VirtualMachinePool>()
+        }
+        ("upload.cdi.kubevirt.io", "UploadTokenRequest") => schema_of::<cdi::UploadTokenRequest>(),
         (_, "VirtualMachineInstancetype") => schema_of::<it::VirtualMachineInstancetype>(),
         (_, "VirtualMachineClusterInstancetype") => {
             schema_of::<it::VirtualMachineClusterInstancetype>()

@@ -2,7 +2,7 @@
 //! and the aggregated form (apidiscovery.k8s.io/v2 APIGroupDiscoveryList) when asked for.
 
 use axum::response::{IntoResponse, Response};
-use ferrovirt_api::registry::ResourceDef;
+use ferrovirt_api::registry::{ResourceDef, scale_subresource};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use serde_json::{Value, json};
 
@@ -61,6 +61,17 @@ fn api_resource(def: &ResourceDef) -> Vec<Value> {
             "verbs": status_verbs(def),
         }));
     }
+    if scale_subresource(def).is_some() {
+        out.push(json!({
+            "name": format!("{}/scale", def.plural),
+            "singularName": "",
+            "namespaced": def.namespaced,
+            "group": "autoscaling",
+            "version": "v1",
+            "kind": "Scale",
+            "verbs": ["get", "patch", "update"],
+        }));
+    }
     out
 }
 
@@ -109,12 +120,23 @@ fn aggregated_resource(def: &ResourceDef) -> Value {
     if !def.categories.is_empty() {
         r["categories"] = json!(def.categories);
     }
+    let mut subresources = Vec::new();
     if def.has_status {
-        r["subresources"] = json!([{
+        subresources.push(json!({
             "subresource": "status",
             "responseKind": kind,
             "verbs": status_verbs(def),
-        }]);
+        }));
+    }
+    if scale_subresource(def).is_some() {
+        subresources.push(json!({
+            "subresource": "scale",
+            "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+            "verbs": ["get", "patch", "update"],
+        }));
+    }
+    if !subresources.is_empty() {
+        r["subresources"] = Value::Array(subresources);
     }
     r
 }
@@ -217,6 +239,17 @@ mod tests {
             .map(|r| r["name"].as_str().unwrap())
             .collect();
         assert!(names.contains(&"configmaps") && names.contains(&"namespaces/status"));
+        let pools = resource_list(&res, "pool.kubevirt.io", "v1beta1").unwrap();
+        let scale = pools["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "virtualmachinepools/scale")
+            .expect("the pool's scale subresource is listed");
+        assert_eq!(
+            (&scale["group"], &scale["kind"]),
+            (&json!("autoscaling"), &json!("Scale"))
+        );
         let agg = aggregated(&res, false, "v2");
         assert!(
             agg["items"]

@@ -10,6 +10,7 @@ pub mod conditions;
 pub mod error;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod pool;
 pub mod runtime;
 pub mod scheduler;
 pub mod storage;

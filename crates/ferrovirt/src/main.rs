@@ -194,14 +194,8 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),
         extra_routes: Some(subresources.merge(upload)),
-        extra_groups: vec![
-            format!("{}/v1", ferrovirt_agent::proxy::GROUP),
-            format!(
-                "{}/{}",
-                ferrovirt_controller::storage::upload_api::GROUP,
-                ferrovirt_controller::storage::upload_api::VERSION
-            ),
-        ],
+        // upload.cdi.kubevirt.io is in the resource table (UploadTokenRequest, create-only).
+        extra_groups: vec![format!("{}/v1", ferrovirt_agent::proxy::GROUP)],
         ..Default::default()
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;

@@ -91,6 +91,9 @@ pub(super) fn validate(
                 e.extend(pvc_not_shrunk(obj, old));
             }
         }
+        "UploadTokenRequest" if str_at(obj, &["spec", "pvcName"]).unwrap_or("").is_empty() => {
+            e.push(FieldError::required("spec.pvcName", "pvcName is required"));
+        }
         "NetworkAttachmentDefinition" => {
             if let Some(config) = str_at(obj, &["spec", "config"])
                 && !config.is_empty()

@@ -1,9 +1,11 @@
-//! kubevirt.io/v1 kinds and their sibling groups (instancetype, snapshot, migrations).
+//! kubevirt.io/v1 kinds and their sibling groups (instancetype, snapshot, migrations, pool).
 
 pub mod devices;
 pub mod domain;
 pub mod instancetype;
 pub mod misc;
+pub mod pool;
+pub mod preset;
 pub mod snapshot;
 pub mod vm;
 pub mod vmi;

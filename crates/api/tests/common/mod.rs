@@ -51,6 +51,11 @@ pub fn typed_roundtrip(obj: &Value) -> Value {
         "VirtualMachineInstanceMigration" => rt::<misc::VirtualMachineInstanceMigration>(obj),
         "VirtualMachineInstanceReplicaSet" => rt::<misc::VirtualMachineInstanceReplicaSet>(obj),
         "KubeVirt" => rt::<misc::KubeVirt>(obj),
+        "VirtualMachinePool" => rt::<ferrovirt_api::kubevirt::pool::VirtualMachinePool>(obj),
+        "VirtualMachineInstancePreset" => {
+            rt::<ferrovirt_api::kubevirt::preset::VirtualMachineInstancePreset>(obj)
+        }
+        "UploadTokenRequest" => rt::<cdi::UploadTokenRequest>(obj),
         "MigrationPolicy" => rt::<misc::MigrationPolicy>(obj),
         "VirtualMachineClusterInstancetype" => rt::<it::VirtualMachineClusterInstancetype>(obj),
         "VirtualMachineInstancetype" => rt::<it::VirtualMachineInstancetype>(obj),

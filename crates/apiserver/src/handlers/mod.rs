@@ -2,7 +2,9 @@
 //! (get, list, watch, create, update, patch, delete, deletecollection) and renders responses.
 
 mod delete;
+mod presets;
 mod read;
+mod scale;
 mod write;
 
 use std::sync::Arc;
@@ -139,8 +141,13 @@ async fn resource(
     if def.namespaced && p.namespace.is_none() && (p.name.is_some() || method == Method::POST) {
         return Err(ApiError::path_not_found());
     }
+    let scale = match p.subresource.as_deref() {
+        Some("scale") => ferrovirt_api::registry::scale_subresource(&def),
+        _ => None,
+    };
     let status_only = match p.subresource.as_deref() {
         None => false,
+        Some("scale") if scale.is_some() => false,
         Some("status") if def.has_status => true,
         Some("finalize") if def.kind == "Namespace" && def.group.is_empty() => false,
         Some(_) => return Err(ApiError::path_not_found()),
@@ -154,7 +161,10 @@ async fn resource(
         q,
         headers,
     };
-    let resp = verb(ctx, method, p.name, body, status_only, watching).await;
+    let resp = match (&scale, &p.name) {
+        (Some(sub), Some(name)) => scale::serve(&ctx, sub, &method, name, body).await,
+        _ => verb(ctx, method, p.name, body, status_only, watching).await,
+    };
     match deprecated {
         Some(w) => resp.map(|r| with_warnings(r, &[w])),
         None => resp,

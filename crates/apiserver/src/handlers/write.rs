@@ -45,7 +45,7 @@ impl Default for WriteOpts {
 }
 
 impl WriteOpts {
-    fn from_ctx(ctx: &Ctx) -> Result<Self, ApiError> {
+    pub(super) fn from_ctx(ctx: &Ctx) -> Result<Self, ApiError> {
         let validation = match ctx.q.get("fieldValidation") {
             None | Some("Warn") => FieldValidation::Warn,
             Some("Strict") => FieldValidation::Strict,
@@ -213,7 +213,7 @@ pub(crate) async fn create(
 ) -> Result<(Value, Vec<String>), ApiError> {
     check_type_meta(def, &mut obj)?;
     check_namespace(def, ns, &mut obj)?;
-    let warnings = check_unknown_fields(def, &obj, opts)?;
+    let mut warnings = check_unknown_fields(def, &obj, opts)?;
     check_limits(def, &obj)?;
     let gen_prefix = meta_str(&obj, "generateName")
         .unwrap_or_default()
@@ -273,6 +273,9 @@ pub(crate) async fn create(
                 Value::String(timefmt::now_rfc3339()),
             );
             m.insert("generation".into(), json!(1));
+        }
+        if super::presets::applies_to(def) {
+            warnings.extend(super::presets::apply(sh, def, ns.unwrap_or_default(), &mut o).await?);
         }
         run_admission(def, Operation::Create, &mut o, None)?;
         let key = resources::object_key(def, ns, &name);
@@ -408,12 +411,12 @@ pub(crate) async fn finalize_if_done(
 }
 
 /// How a write computes the new object from the current one.
-enum Change<'a> {
+pub(super) enum Change<'a> {
     Replace(Value),
     Patch { media: &'a str, patch: Value },
 }
 
-async fn update_object(
+pub(super) async fn update_object(
     ctx: &Ctx,
     name: &str,
     change: Change<'_>,

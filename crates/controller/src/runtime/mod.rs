@@ -1,5 +1,5 @@
-//! The controllers wired to an API server with kube-rs: the VM controller, the scheduler
-//! loop and the node lifecycle loop, run only while this instance holds the leader Lease.
+//! The controllers wired to an API server with kube-rs: the VM controller, the pool
+//! controller, the scheduler loop and the node lifecycle loop, run only while this instance holds the leader Lease.
 //!
 //! ```no_run
 //! # async fn start(client: kube::Client) -> Result<(), ferrovirt_controller::ControllerError> {
@@ -11,6 +11,7 @@
 pub mod events;
 pub mod leader;
 pub mod node_loop;
+pub mod pool_controller;
 pub mod resources;
 pub mod scheduler_loop;
 pub mod vm_controller;
@@ -60,6 +61,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
         tasks.spawn({
             let (c, o) = (client.clone(), opts.vm.clone());
             async move { ("vm", vm_controller::run(c, o).await) }
+        });
+        tasks.spawn({
+            let c = client.clone();
+            async move { ("vmpool", pool_controller::run(c).await) }
         });
         tasks.spawn({
             let (c, o) = (client.clone(), opts.scheduler.clone());

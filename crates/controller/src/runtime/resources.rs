@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+use ferrovirt_api::kubevirt::pool::VirtualMachinePool;
 use ferrovirt_api::kubevirt::vm::VirtualMachine;
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 
@@ -57,6 +58,10 @@ kube_kind!(
 kube_kind!(
     /// A VirtualMachineInstance usable with `kube::Api`.
     Vmi(VirtualMachineInstance), "kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances"
+);
+kube_kind!(
+    /// A VirtualMachinePool usable with `kube::Api`.
+    Pool(VirtualMachinePool), "pool.kubevirt.io", "v1beta1", "VirtualMachinePool", "virtualmachinepools"
 );
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 //!
 //! - `POST /apis/upload.cdi.kubevirt.io/v1beta1/namespaces/{ns}/uploadtokenrequests` with
 //!   `spec.pvcName` answers the `UploadTokenRequest` with `status.token`: an HMAC-signed,
-//!   short-lived token for that claim ([`super::upload_token`]); discovery documents for the
-//!   group are served here too.
+//!   short-lived token for that claim ([`super::upload_token`]). The kind itself is in the
+//!   API server's resource table (create-only), so discovery, `kubectl api-resources` and
+//!   `kubectl create -f` know it; this route answers the create.
 //! - `POST /v1beta1/upload` (CDI's upload proxy path; `/v1beta1/upload-async` is the same
 //!   here): the body is the image. The API server authenticates every route with its admin
 //!   bearer token, so `Authorization: Bearer` carries that token and the upload token goes
@@ -25,7 +26,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use futures::StreamExt;
 use http::{HeaderMap, StatusCode};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -124,8 +125,6 @@ pub fn deferred(opts: UploadOptions) -> std::io::Result<(Router, Handle)> {
     let key = UploadKey::load_or_create(&opts.data_dir.join(KEY_FILE))?;
     let slot: Slot = Arc::new(OnceLock::new());
     let router = Router::new()
-        .route(&format!("/apis/{GROUP}"), get(group_doc))
-        .route(&format!("/apis/{GROUP}/{VERSION}"), get(resource_list))
         .route(
             &format!("/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/uploadtokenrequests"),
             post(token_request),
@@ -188,21 +187,6 @@ fn service(slot: &Slot) -> Result<Arc<Service>, Failure> {
     slot.get()
         .cloned()
         .ok_or_else(|| Failure::new(503, "the upload API is starting"))
-}
-
-async fn group_doc() -> axum::Json<Value> {
-    let gv = json!({"groupVersion": format!("{GROUP}/{VERSION}"), "version": VERSION});
-    axum::Json(
-        json!({"kind": "APIGroup", "apiVersion": "v1", "name": GROUP,
-        "versions": [gv], "preferredVersion": gv}),
-    )
-}
-
-async fn resource_list() -> axum::Json<Value> {
-    axum::Json(json!({"kind": "APIResourceList", "apiVersion": "v1",
-        "groupVersion": format!("{GROUP}/{VERSION}"),
-        "resources": [{"name": "uploadtokenrequests", "singularName": "uploadtokenrequest",
-            "namespaced": true, "kind": "UploadTokenRequest", "verbs": ["create"]}]}))
 }
 
 /// The answer to an UploadTokenRequest `req` in `ns` (pure, for tests).
