@@ -34,6 +34,7 @@ mod gc;
 mod handlers;
 mod jsonpath;
 mod limits;
+mod metrics;
 mod objects;
 mod openapi;
 mod openapi_pb;
