@@ -2,7 +2,8 @@
 //! server's embedded node1 and a `ferrovirt agent` process, node2) and two running VMs is left
 //! alone, and the API server's request counters (`/metrics`, by verb, resource and user agent)
 //! show over a quiet window (`FERROVIRT_QUIET_SECS`, default 10 s) no LIST from an agent or the
-//! controllers. The requests per second of each component are printed.
+//! controllers. The requests per second of each component are printed
+//! (`FERROVIRT_STEADY_BINARY` measures another `ferrovirt` build the same way).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -83,14 +84,20 @@ fn is_ours(agent: &str) -> bool {
 #[test]
 fn agents_and_controllers_make_no_list_requests_in_steady_state() -> anyhow::Result<()> {
     TestGuest::get()?;
-    let mut c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    let binary = std::env::var("FERROVIRT_STEADY_BINARY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferrovirt").to_string());
+    let mut c = Cluster::start(&ClusterOptions::new(binary))?;
     c.start_agent("node2")?;
     c.apply(&vm(&c, "quiet-a", "node1")?)?;
     c.apply(&vm(&c, "quiet-b", "node2")?)?;
-    c.wait_booted("quiet-a", BOOT)?;
-    c.wait_booted("quiet-b", BOOT)?;
-    // Let start-up work settle (guest agent, conditions, events).
-    std::thread::sleep(Duration::from_secs(8));
+    for name in ["quiet-a", "quiet-b"] {
+        c.wait_until(&format!("VMI {name} Running"), BOOT, || {
+            let v = c.get_json(&["vmi", name])?;
+            Ok((v["status"]["phase"] == "Running").then_some(()))
+        })?;
+    }
+    // Let start-up work settle (conditions, events).
+    std::thread::sleep(Duration::from_secs(10));
     let secs: u64 = std::env::var("FERROVIRT_QUIET_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
