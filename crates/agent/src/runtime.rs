@@ -893,7 +893,7 @@ async fn heartbeat(agent: Arc<Agent>) {
 /// Why the sync loop runs a pass.
 enum Trigger {
     /// A watch event for this VMI (added, changed or deleted).
-    Vmi(ObjectRef<DynamicObject>),
+    Vmi(Box<ObjectRef<DynamicObject>>),
     /// Every VMI bound here, from the cache: the periodic requeue, a relist, a launcher that
     /// came up.
     All,
@@ -920,7 +920,7 @@ async fn sync_loop(
         let mut all = false;
         tokio::select! {
             ev = events.recv() => match ev {
-                Some(Trigger::Vmi(r)) => dirty.push(r),
+                Some(Trigger::Vmi(r)) => dirty.push(*r),
                 Some(Trigger::All) => all = true,
                 None => return,
             },
@@ -930,7 +930,7 @@ async fn sync_loop(
         // Coalesce whatever else is queued.
         while let Ok(ev) = events.try_recv() {
             match ev {
-                Trigger::Vmi(r) => dirty.push(r),
+                Trigger::Vmi(r) => dirty.push(*r),
                 Trigger::All => all = true,
             }
         }
@@ -1009,7 +1009,7 @@ async fn watch_vmis(
     while let Some(ev) = events.next().await {
         let trigger = match ev {
             Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
-                Trigger::Vmi(ObjectRef::from_obj_with(&obj, resource.clone()))
+                Trigger::Vmi(Box::new(ObjectRef::from_obj_with(&obj, resource.clone())))
             }
             Ok(watcher::Event::InitDone) => Trigger::All,
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,

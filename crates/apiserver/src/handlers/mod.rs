@@ -160,8 +160,8 @@ async fn resource(
         .unwrap_or("");
     sh.requests.count(
         crate::metrics::verb(method.as_str(), p.name.is_some(), watching),
-        &def.group,
-        &def.plural,
+        def.group,
+        def.plural,
         user_agent,
     );
     let ctx = Ctx {
