@@ -217,3 +217,30 @@ impl Stores {
         self.nodes.state().iter().map(|n| (**n).clone()).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn changes_wait_for_the_kinds_asked_and_report_lag_and_close() {
+        let (tx, rx) = broadcast::channel(2);
+        let mut changes = Changes(rx);
+        tx.send(Kind::Vmi).unwrap();
+        tx.send(Kind::Lease).unwrap();
+        assert_eq!(
+            changes.wait_for(&[Kind::Node, Kind::Lease]).await,
+            Some(Kind::Lease)
+        );
+        // Lagging behind counts as a change of the first kind asked for.
+        for _ in 0..3 {
+            tx.send(Kind::Vmi).unwrap();
+        }
+        assert_eq!(
+            changes.wait_for(&[Kind::PersistentVolume]).await,
+            Some(Kind::PersistentVolume)
+        );
+        drop(tx);
+        assert_eq!(changes.wait_for(&[Kind::Node]).await, None);
+    }
+}

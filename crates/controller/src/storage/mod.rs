@@ -49,7 +49,8 @@ pub struct StorageOptions {
     /// First retry delay (doubled per attempt, at most five minutes).
     pub retry_backoff: Duration,
     /// Reclaiming released volumes follows PV and PVC watch events; this is how often it also
-    /// runs without one (Block volumes re-attached, StorageProfiles refreshed every tenth time).
+    /// runs without one, from the caches (no API request unless something is to be done:
+    /// Block volumes re-attached, StorageProfiles refreshed every tenth time).
     pub resync: Duration,
 }
 
@@ -60,7 +61,7 @@ impl Default for StorageOptions {
             honor_wait_for_first_consumer: false,
             max_retries: 3,
             retry_backoff: Duration::from_secs(2),
-            resync: Duration::from_secs(30),
+            resync: Duration::from_secs(3),
         }
     }
 }
