@@ -45,8 +45,12 @@ fn parse(text: &str) -> Counts {
     out
 }
 
+/// The counters (`kubectl get --raw /metrics` is no resource request: it counts nothing),
+/// retried on a transient kubectl failure.
 fn metrics(c: &Cluster) -> anyhow::Result<Counts> {
-    Ok(parse(&c.kubectl_ok(&["get", "--raw", "/metrics"])?))
+    c.wait_until("/metrics", Duration::from_secs(20), || {
+        Ok(Some(parse(&c.kubectl_ok(&["get", "--raw", "/metrics"])?)))
+    })
 }
 
 fn vm(c: &Cluster, name: &str, node: &str) -> anyhow::Result<String> {
