@@ -350,47 +350,49 @@ impl AgentNet {
         };
         let ov = Overlay::new(&node_name, ip);
         let api: Api<Node> = Api::all(client);
-        let mut events = kube::runtime::watcher(api.clone(), Default::default())
-            .default_backoff()
-            .boxed();
+        // Nodes come from a reflector cache (one list, then the watch): no list per pass.
+        let (cache, writer) = kube::runtime::reflector::store::<Node>();
+        let mut events = kube::runtime::reflector(
+            writer,
+            kube::runtime::watcher(api, Default::default()).default_backoff(),
+        )
+        .boxed();
         let mut last_notes = Vec::new();
         let mut last_sources: Option<Vec<Ipv4Addr>> = None;
+        // The first pass waits for the first complete list (an empty cache has no peers).
+        while let Some(ev) = events.next().await {
+            if matches!(ev, Ok(kube::runtime::watcher::Event::InitDone)) {
+                break;
+            }
+        }
         loop {
-            match api.list(&ListParams::default()).await {
-                Ok(list) => {
-                    let infos: Vec<NodeInfo> = list.items.iter().map(node_info).collect();
-                    let (peers, notes) =
-                        ferrovirt_network::overlay::peers(node, &node_name, &infos);
-                    if notes != last_notes {
-                        for n in &notes {
-                            tracing::info!("overlay: {n}");
-                        }
-                        last_notes = notes;
-                    }
-                    // The source filter changes only with the peer set (a replace resets
-                    // its drop counter).
-                    let mut sources: Vec<Ipv4Addr> = peers.iter().map(|p| p.underlay).collect();
-                    sources.sort_unstable();
-                    sources.dedup();
-                    if last_sources.as_ref() != Some(&sources) {
-                        match ferrovirt_network::pod::set_overlay_sources(node, &ov, &peers).await {
-                            Ok(()) => {
-                                tracing::info!(
-                                    ?sources,
-                                    "overlay: VXLAN accepted only from these nodes"
-                                );
-                                last_sources = Some(sources);
-                            }
-                            Err(e) => tracing::warn!("overlay source filter: {e}"),
-                        }
-                    }
-                    match ferrovirt_network::pod::sync_overlay(node, &ov, &peers).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(peers = peers.len(), steps = n, "overlay synced"),
-                        Err(e) => tracing::warn!("overlay sync: {e}"),
-                    }
+            let list = cache.state();
+            let infos: Vec<NodeInfo> = list.iter().map(|n| node_info(n)).collect();
+            let (peers, notes) = ferrovirt_network::overlay::peers(node, &node_name, &infos);
+            if notes != last_notes {
+                for n in &notes {
+                    tracing::info!("overlay: {n}");
                 }
-                Err(e) => tracing::warn!("listing nodes for the overlay: {e}"),
+                last_notes = notes;
+            }
+            // The source filter changes only with the peer set (a replace resets
+            // its drop counter).
+            let mut sources: Vec<Ipv4Addr> = peers.iter().map(|p| p.underlay).collect();
+            sources.sort_unstable();
+            sources.dedup();
+            if last_sources.as_ref() != Some(&sources) {
+                match ferrovirt_network::pod::set_overlay_sources(node, &ov, &peers).await {
+                    Ok(()) => {
+                        tracing::info!(?sources, "overlay: VXLAN accepted only from these nodes");
+                        last_sources = Some(sources);
+                    }
+                    Err(e) => tracing::warn!("overlay source filter: {e}"),
+                }
+            }
+            match ferrovirt_network::pod::sync_overlay(node, &ov, &peers).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(peers = peers.len(), steps = n, "overlay synced"),
+                Err(e) => tracing::warn!("overlay sync: {e}"),
             }
             // Wait for a Node change or the resync interval.
             let _ = tokio::time::timeout(OVERLAY_RESYNC, async {

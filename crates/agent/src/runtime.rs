@@ -1,6 +1,11 @@
 //! The agent's control loop against the API server (kube-rs): registers the Node, renews its
 //! Lease (and fences itself when it cannot), and reconciles every VMI bound to this node by
 //! applying [`crate::decide`]'s actions: start launchers, stop them, write status, clean up.
+//! The VMIs come from a reflector cache of a watch on this node's VMIs only
+//! (`status.nodeName=<node>`, see [`vmi_selector`]): a watch event reconciles its VMI, the
+//! periodic resync re-checks the local launchers against the cache; the agent never lists in
+//! steady state. What a VMI references (claims, volumes, Secrets, ConfigMaps) is read by name
+//! when it starts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -20,8 +25,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
+use kube::runtime::reflector;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -31,6 +37,10 @@ use crate::launchers::{self, LauncherConfig, Launchers};
 use crate::mapping::{self, MappingContext};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
 use crate::volumes::{self, ClaimInfo, ResolvedRefs};
+
+mod sync;
+pub use sync::vmi_selector;
+use sync::{sync_loop, watch_vmis};
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -108,6 +118,8 @@ struct Agent {
     /// VMIs with an operation (start/stop) in flight.
     busy: Mutex<HashSet<String>>,
     last_renew: Mutex<Instant>,
+    /// The Lease as the last renewal wrote it (its resourceVersion guards the next one).
+    lease: Mutex<Option<Lease>>,
     /// The endpoint's URL, published as the Node's [`node::ENDPOINT_ANNOTATION`].
     endpoint_url: String,
     /// Its certificate's SHA-256, published as [`node::FINGERPRINT_ANNOTATION`].
@@ -159,6 +171,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         launchers: Mutex::new(Launchers::default()),
         busy: Mutex::new(HashSet::new()),
         last_renew: Mutex::new(Instant::now()),
+        lease: Mutex::new(None),
         qemu_user: crate::isolation::ensure_qemu_user(),
         wake: tokio::sync::Notify::new(),
         guest_info: Mutex::new(HashMap::new()),
@@ -179,8 +192,11 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         }
     });
     let hb = tokio::spawn(heartbeat(agent.clone()));
-    let sync = tokio::spawn(sync_loop(agent.clone()));
-    let watch = tokio::spawn(watch_vmis(agent.clone()));
+    let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());
+    let cache = writer.as_reader();
+    let (triggers, events) = tokio::sync::mpsc::unbounded_channel();
+    let watch = tokio::spawn(watch_vmis(agent.clone(), writer, triggers));
+    let sync = tokio::spawn(sync_loop(agent.clone(), cache, events));
     let r = tokio::select! {
         r = hb => r,
         r = sync => r,
@@ -264,35 +280,41 @@ impl Agent {
         Ok(())
     }
 
+    /// Renews the node's Lease: one `PUT` of the Lease the last renewal returned; a `GET`
+    /// (or create) only when there is none yet or the write was refused (a conflict).
     async fn renew_lease(&self) -> Result<(), AgentError> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
         let secs = i32::try_from(self.opts.lease_duration.as_secs()).unwrap_or(15);
         let now = now_ts();
-        match leases
-            .get_opt(&self.opts.node_name)
-            .await
-            .map_err(kube_err)?
-        {
-            None => {
-                leases
-                    .create(
-                        &PostParams::default(),
-                        &node::lease_object(&self.opts.node_name, secs, now),
-                    )
-                    .await
-                    .map_err(kube_err)?;
-            }
+        let mut cached = self.lease.lock().await;
+        let current = match cached.take() {
+            Some(l) => Some(l),
+            None => leases
+                .get_opt(&self.opts.node_name)
+                .await
+                .map_err(kube_err)?,
+        };
+        let written = match current {
+            None => leases
+                .create(
+                    &PostParams::default(),
+                    &node::lease_object(&self.opts.node_name, secs, now),
+                )
+                .await
+                .map_err(kube_err)?,
             Some(mut l) => {
                 let spec = l.spec.get_or_insert_with(Default::default);
                 spec.renew_time = Some(MicroTime(now));
                 spec.holder_identity = Some(self.opts.node_name.clone());
                 spec.lease_duration_seconds = Some(secs);
+                // A refused write leaves the cache empty: the next renewal reads it again.
                 leases
                     .replace(&self.opts.node_name, &PostParams::default(), &l)
                     .await
-                    .map_err(kube_err)?;
+                    .map_err(kube_err)?
             }
-        }
+        };
+        *cached = Some(written);
         Ok(())
     }
 
@@ -868,54 +890,5 @@ async fn heartbeat(agent: Arc<Agent>) {
                 tracing::debug!("node status: {e}");
             }
         }
-    }
-}
-
-async fn sync_loop(agent: Arc<Agent>) {
-    let api: Api<DynamicObject> = Api::all_with(agent.client.clone(), &vmi_resource());
-    loop {
-        agent.launchers.lock().await.reap();
-        match api.list(&ListParams::default()).await {
-            Ok(list) => {
-                let mut known = HashSet::new();
-                for obj in list.items {
-                    let Ok(vmi) = serde_json::to_value(&obj)
-                        .and_then(serde_json::from_value::<VirtualMachineInstance>)
-                    else {
-                        continue;
-                    };
-                    if let Some(uid) = &vmi.metadata.uid {
-                        known.insert(uid.clone());
-                    }
-                    let bound_here = vmi.status.as_ref().and_then(|s| s.node_name.as_deref())
-                        == Some(agent.opts.node_name.as_str());
-                    if bound_here {
-                        agent.reconcile(vmi).await;
-                    }
-                }
-                agent.collect_orphans(&known).await;
-            }
-            Err(e) => tracing::warn!("listing VMIs: {e}"),
-        }
-        tokio::select! {
-            _ = agent.wake.notified() => {}
-            _ = tokio::time::sleep(agent.opts.resync_interval) => {}
-        }
-    }
-}
-
-/// Wakes the sync loop on every VMI change, so new and deleted VMIs are acted on at once
-/// (the periodic resync still covers anything a broken watch misses).
-async fn watch_vmis(agent: Arc<Agent>) {
-    use futures::StreamExt;
-    let api: Api<DynamicObject> = Api::all_with(agent.client.clone(), &vmi_resource());
-    loop {
-        let mut events = kube::runtime::watcher(api.clone(), Default::default()).boxed();
-        while let Some(ev) = events.next().await {
-            if ev.is_ok() {
-                agent.wake.notify_one();
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -35,6 +35,7 @@ mod gc;
 mod handlers;
 mod jsonpath;
 mod limits;
+mod metrics;
 mod objects;
 mod openapi;
 mod openapi_pb;

@@ -17,6 +17,8 @@ pub struct ResourcePath {
 pub enum Route {
     Version,
     Health,
+    /// `/metrics`: request counters (Prometheus text).
+    Metrics,
     /// `/api`
     CoreVersions,
     /// `/apis`
@@ -45,6 +47,7 @@ pub fn parse(path: &str) -> Route {
     match segs.as_slice() {
         ["version"] => Route::Version,
         ["healthz" | "livez" | "readyz", ..] => Route::Health,
+        ["metrics"] => Route::Metrics,
         ["api"] => Route::CoreVersions,
         ["apis"] => Route::Groups,
         ["apis", g] => Route::Group(g.to_string()),

@@ -102,6 +102,8 @@ pub(crate) struct Shared {
     /// Wakes the garbage collector (deletions, deletionTimestamps).
     pub gc_kick: Notify,
     pub shutdown: watch::Receiver<bool>,
+    /// Resource requests by verb, resource and user agent (`/metrics`).
+    pub requests: crate::metrics::RequestCounter,
     openapi: std::sync::OnceLock<crate::openapi::Documents>,
 }
 
@@ -248,6 +250,7 @@ impl Server {
             bookmark_interval: opts.bookmark_interval,
             gc_kick: Notify::new(),
             shutdown,
+            requests: Default::default(),
             openapi: Default::default(),
         });
         gc::ensure_system_namespaces(&shared)

@@ -4,19 +4,19 @@
 //! The decision is `ferrovirt_network::node_cidrs::assign` (pure): stable, disjoint subnets,
 //! and Nodes whose subnets overlap reported with a Warning Event (`CIDRNotAvailable`) instead of
 //! being touched. Agents started with `--pod-cidr` record their own subnet; this controller
-//! keeps it.
+//! keeps it. Nodes come from the shared reflector cache ([`crate::runtime::stores`]): a pass
+//! runs on every Node change (and every `resync`), never listing.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::WatchStreamExt;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::error::ControllerError;
 use crate::runtime::events::{EventRecorder, object_ref};
+use crate::runtime::stores::{Kind, Stores};
 
 /// Component name on Events.
 pub const COMPONENT: &str = "node-ipam-controller";
@@ -47,7 +47,11 @@ impl Default for NodeIpamOptions {
 
 /// Runs the controller until the future is dropped. A bad cluster CIDR stops it with an error
 /// naming the setting.
-pub async fn run(client: kube::Client, opts: NodeIpamOptions) -> Result<(), ControllerError> {
+pub async fn run(
+    client: kube::Client,
+    opts: NodeIpamOptions,
+    stores: Stores,
+) -> Result<(), ControllerError> {
     if !opts.enabled {
         return std::future::pending().await;
     }
@@ -61,38 +65,25 @@ pub async fn run(client: kube::Client, opts: NodeIpamOptions) -> Result<(), Cont
         })?;
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
     let api: Api<Node> = Api::all(client);
-    let mut events = kube::runtime::watcher(api.clone(), Default::default())
-        .default_backoff()
-        .boxed();
+    let mut changes = stores.changes();
+    stores.nodes.wait_until_ready().await.ok();
     let mut reported = HashSet::new();
     loop {
-        if let Err(e) = pass(&api, &ipam, &recorder, &mut reported).await {
+        let nodes = stores.node_list();
+        if let Err(e) = pass(&api, &nodes, &ipam, &recorder, &mut reported).await {
             tracing::warn!(error = %e, "node IPAM pass failed");
         }
-        let _ = tokio::time::timeout(opts.resync, async {
-            loop {
-                match events.next().await {
-                    Some(Ok(kube::runtime::watcher::Event::Apply(_)))
-                    | Some(Ok(kube::runtime::watcher::Event::InitDone)) => break,
-                    Some(_) => {}
-                    None => {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        break;
-                    }
-                }
-            }
-        })
-        .await;
+        let _ = tokio::time::timeout(opts.resync, changes.wait_for(&[Kind::Node])).await;
     }
 }
 
 async fn pass(
     api: &Api<Node>,
+    nodes: &[Node],
     ipam: &ferrovirt_network::Ipam,
     recorder: &EventRecorder,
     reported: &mut HashSet<(String, String)>,
 ) -> Result<(), ControllerError> {
-    let nodes = api.list(&ListParams::default()).await?.items;
     let current: Vec<(String, Option<String>)> = nodes
         .iter()
         .map(|n| {

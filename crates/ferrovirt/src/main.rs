@@ -200,10 +200,11 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;
     subresources_handle.set(
-        node::client_from_kubeconfig(&server.kubeconfig_path).await?,
+        node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-subresources").await?,
         server.token.clone(),
     );
-    upload_handle.set(node::client_from_kubeconfig(&server.kubeconfig_path).await?);
+    upload_handle
+        .set(node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-upload").await?);
     tracing::info!(
         "API server listening on https://{}; kubeconfig: {}",
         server.addr,
@@ -211,7 +212,9 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
     );
     let mut tasks = tokio::task::JoinSet::new();
     if !args.disable_controllers {
-        let client = node::client_from_kubeconfig(&server.kubeconfig_path).await?;
+        let client =
+            node::client_from_kubeconfig(&server.kubeconfig_path, node::CONTROLLER_USER_AGENT)
+                .await?;
         let mut opts = ferrovirt_controller::ControllerOptions::default();
         opts.leader_election.identity = format!("{}-{}", node::hostname(), std::process::id());
         opts.storage.data_dir = Some(args.data_dir.clone());
@@ -223,8 +226,10 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         });
     }
     if !args.disable_agent {
-        let client = node::client_from_kubeconfig(&server.kubeconfig_path).await?;
         let name = args.node_name.clone().unwrap_or_else(node::hostname);
+        let client =
+            node::client_from_kubeconfig(&server.kubeconfig_path, &node::agent_user_agent(&name))
+                .await?;
         let mut opts =
             ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.join("agent"));
         opts.api_token = Some(server.token.clone());

@@ -179,13 +179,29 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// A kube-rs client from a kubeconfig file.
-pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client> {
+/// A kube-rs client from a kubeconfig file that names itself `user_agent` (the API server
+/// counts requests per user agent: `/metrics`).
+pub async fn client_from_kubeconfig(path: &Path, user_agent: &str) -> anyhow::Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path)
         .with_context(|| format!("reading {}", path.display()))?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    client_with_agent(cfg, user_agent)
+}
+
+fn client_with_agent(mut cfg: kube::Config, user_agent: &str) -> anyhow::Result<kube::Client> {
+    let value = http::HeaderValue::from_str(user_agent)
+        .with_context(|| format!("user agent {user_agent:?}"))?;
+    cfg.headers.push((http::header::USER_AGENT, value));
     Ok(kube::Client::try_from(cfg)?)
 }
+
+/// The user agent of a node agent's API client.
+pub fn agent_user_agent(node: &str) -> String {
+    format!("ferrovirt-agent/{node}")
+}
+
+/// The user agent of the controllers' API client.
+pub const CONTROLLER_USER_AGENT: &str = "ferrovirt-controller";
 
 /// The bearer token of the kubeconfig's current user (the agent's endpoint requires it).
 fn kubeconfig_token(path: &Path) -> Option<String> {
@@ -206,7 +222,12 @@ fn kubeconfig_token(path: &Path) -> Option<String> {
     })
 }
 
-async fn client_from_flags(server: &str, token: &str, ca: &Path) -> anyhow::Result<kube::Client> {
+async fn client_from_flags(
+    server: &str,
+    token: &str,
+    ca: &Path,
+    user_agent: &str,
+) -> anyhow::Result<kube::Client> {
     let pem = std::fs::read_to_string(ca).with_context(|| format!("reading {}", ca.display()))?;
     let kc = serde_json::json!({
         "apiVersion": "v1", "kind": "Config", "current-context": "ferrovirt",
@@ -219,7 +240,7 @@ async fn client_from_flags(server: &str, token: &str, ca: &Path) -> anyhow::Resu
     });
     let kc: kube::config::Kubeconfig = serde_json::from_value(kc)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    Ok(kube::Client::try_from(cfg)?)
+    client_with_agent(cfg, user_agent)
 }
 
 /// Runs `ferrovirt agent`.
@@ -229,6 +250,8 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         (None, Some(kc)) => kubeconfig_token(kc),
         (None, None) => None,
     };
+    let name = args.node_name.clone().unwrap_or_else(hostname);
+    let user_agent = agent_user_agent(&name);
     let client = match (&args.server, &args.kubeconfig) {
         (Some(server), _) => {
             client_from_flags(
@@ -237,15 +260,15 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
                 args.certificate_authority
                     .as_deref()
                     .unwrap_or(Path::new("")),
+                &user_agent,
             )
             .await?
         }
-        (None, Some(kc)) => client_from_kubeconfig(kc).await?,
+        (None, Some(kc)) => client_from_kubeconfig(kc, &user_agent).await?,
         (None, None) => {
             anyhow::bail!("give --kubeconfig, or --server with --token and --certificate-authority")
         }
     };
-    let name = args.node_name.clone().unwrap_or_else(hostname);
     let mut opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.clone());
     opts.address = args.address.clone();
     opts.endpoint_listen = args.endpoint_listen;

@@ -82,6 +82,14 @@ async fn dispatch(State(sh): State<Arc<Shared>>, req: Request) -> Response {
         Route::NotFound => Err(ApiError::path_not_found()),
         _ if !is_get => Err(ApiError::method_not_allowed(parts.method.as_str())),
         Route::Health => Ok("ok".into_response()),
+        Route::Metrics => {
+            let mut resp = sh.requests.render().into_response();
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            Ok(resp)
+        }
         Route::Version => Ok(json_response(StatusCode::OK, &discovery::version())),
         Route::OpenApiV2 if wants_openapi_protobuf(&parts.headers) => {
             let mut resp = raw_json(sh.openapi().v2_pb.clone());
@@ -154,6 +162,16 @@ async fn resource(
     };
     let watching = p.watch || q.flag("watch");
     let deprecated = ferrovirt_api::registry::deprecation_warning(&def);
+    let user_agent = headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    sh.requests.count(
+        crate::metrics::verb(method.as_str(), p.name.is_some(), watching),
+        def.group,
+        def.plural,
+        user_agent,
+    );
     let ctx = Ctx {
         sh,
         def,

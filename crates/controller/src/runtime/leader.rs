@@ -61,6 +61,9 @@ pub fn may_acquire(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> 
 pub struct LeaderElector {
     api: Api<Lease>,
     opts: LeaderElectionOptions,
+    /// The Lease as our last successful write left it, while we hold it: a renewal writes it
+    /// back (its resourceVersion guards against anyone else's write) without reading first.
+    held: std::sync::Arc<std::sync::Mutex<Option<Lease>>>,
 }
 
 impl LeaderElector {
@@ -68,6 +71,7 @@ impl LeaderElector {
         Self {
             api: Api::namespaced(client, &opts.lease_namespace),
             opts,
+            held: Default::default(),
         }
     }
 
@@ -100,10 +104,19 @@ impl LeaderElector {
         }
     }
 
+    fn hold(&self, lease: Lease) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
+    }
+
     /// Try to acquire or renew the Lease once; `Ok(true)` when we hold it afterwards.
     pub async fn try_acquire_or_renew(&self) -> Result<bool, ControllerError> {
         let now = Timestamp::now();
-        match self.api.get_opt(&self.opts.lease_name).await? {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let current = match held {
+            Some(l) => Some(l),
+            None => self.api.get_opt(&self.opts.lease_name).await?,
+        };
+        match current {
             None => {
                 let lease = Lease {
                     metadata: ObjectMeta {
@@ -114,7 +127,10 @@ impl LeaderElector {
                     spec: Some(self.spec(now, None)),
                 };
                 match self.api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => Ok(true),
+                    Ok(written) => {
+                        self.hold(written);
+                        Ok(true)
+                    }
                     Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => Ok(false),
                     Err(e) => Err(e.into()),
                 }
@@ -129,7 +145,10 @@ impl LeaderElector {
                     .replace(&self.opts.lease_name, &PostParams::default(), &lease)
                     .await
                 {
-                    Ok(_) => Ok(true),
+                    Ok(written) => {
+                        self.hold(written);
+                        Ok(true)
+                    }
                     Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                     Err(e) => Err(e.into()),
                 }

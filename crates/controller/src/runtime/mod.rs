@@ -14,6 +14,7 @@ pub mod node_loop;
 pub mod pool_controller;
 pub mod resources;
 pub mod scheduler_loop;
+pub mod stores;
 pub mod vm_controller;
 
 use std::time::{Duration, Instant};
@@ -58,6 +59,12 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
         }
         tracing::info!(identity = %le.identity, "became leader; starting controllers");
         let mut tasks: JoinSet<(&'static str, Result<(), ControllerError>)> = JoinSet::new();
+        // The shared reflector caches the loops below read instead of listing.
+        let (stores, caches) = stores::Stores::start(client.clone());
+        tasks.spawn(async move {
+            caches.await;
+            ("caches", Ok(()))
+        });
         tasks.spawn({
             let (c, o) = (client.clone(), opts.vm.clone());
             async move { ("vm", vm_controller::run(c, o).await) }
@@ -71,16 +78,16 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
             async move { ("scheduler", scheduler_loop::run(c, o).await) }
         });
         tasks.spawn({
-            let (c, o) = (client.clone(), opts.node_lifecycle.clone());
-            async move { ("node-lifecycle", node_loop::run(c, o).await) }
+            let (c, o, s) = (client.clone(), opts.node_lifecycle.clone(), stores.clone());
+            async move { ("node-lifecycle", node_loop::run(c, o, s).await) }
         });
         tasks.spawn({
-            let (c, o) = (client.clone(), opts.node_ipam.clone());
-            async move { ("node-ipam", crate::node_ipam::run(c, o).await) }
+            let (c, o, s) = (client.clone(), opts.node_ipam.clone(), stores.clone());
+            async move { ("node-ipam", crate::node_ipam::run(c, o, s).await) }
         });
         tasks.spawn({
-            let (c, o) = (client.clone(), opts.storage.clone());
-            async move { ("storage", crate::storage::run(c, o).await) }
+            let (c, o, s) = (client.clone(), opts.storage.clone(), stores.clone());
+            async move { ("storage", crate::storage::run(c, o, s).await) }
         });
         // Step down before others may take over: renewals failing for 2/3 of the duration.
         let deadline = le.lease_duration.mul_f64(2.0 / 3.0).max(le.renew_period);

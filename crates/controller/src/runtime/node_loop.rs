@@ -1,23 +1,25 @@
-//! The node lifecycle loop: periodically reads Nodes, their Leases (namespace
-//! `kube-node-lease`), PVC access modes and VMIs, applies [`crate::node_lifecycle`]'s
-//! decisions (Ready condition, taints) and fails, marks Unknown or evicts VMIs bound to
-//! unresponsive or NoExecute-tainted nodes, with Events.
+//! The node lifecycle loop: on every change of a Node or node Lease (namespace
+//! `kube-node-lease`) in the shared caches ([`super::stores`]), and when a lease is due to
+//! expire, reads Nodes, Leases, PVC access modes and VMIs from those caches (no API list),
+//! applies [`crate::node_lifecycle`]'s decisions (Ready condition, taints) and fails, marks
+//! Unknown or evicts VMIs bound to unresponsive or NoExecute-tainted nodes, with Events.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, vmi_condition};
 
 use super::events::{EventRecorder, object_ref};
 use super::resources::Vmi;
+use super::stores::{Kind, Stores};
 use crate::conditions;
 use crate::error::ControllerError;
 use crate::node_lifecycle::{
@@ -32,36 +34,47 @@ pub const COMPONENT: &str = "node-lifecycle-controller";
 
 /// Run the node lifecycle loop until the future is dropped. Errors of one pass are logged
 /// and the pass is retried.
-pub async fn run(client: kube::Client, opts: NodeLifecycleOptions) -> Result<(), ControllerError> {
+pub async fn run(
+    client: kube::Client,
+    opts: NodeLifecycleOptions,
+    stores: Stores,
+) -> Result<(), ControllerError> {
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
+    let mut changes = stores.changes();
+    stores.ready().await;
     loop {
-        let wait = match pass(&client, &recorder, &opts).await {
+        let wait = match pass(&client, &stores, &recorder, &opts).await {
             Ok(wait) => wait,
             Err(e) => {
                 tracing::warn!(error = %e, "node lifecycle pass failed");
                 Duration::from_secs(2)
             }
         };
-        tokio::time::sleep(wait).await;
+        // The next lease expiry, or sooner when a Node or Lease changes.
+        let _ = tokio::time::timeout(wait, changes.wait_for(&[Kind::Node, Kind::Lease])).await;
     }
+}
+
+/// Whether a write was refused because the cached object is stale (the change that made it
+/// stale is on its way through the watch and runs the next pass).
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 async fn pass(
     client: &kube::Client,
+    stores: &Stores,
     recorder: &EventRecorder,
     opts: &NodeLifecycleOptions,
 ) -> Result<Duration, ControllerError> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NODE_LEASE_NAMESPACE);
-    let node_list = nodes.list(&ListParams::default()).await?.items;
-    let lease_list = match leases.list(&ListParams::default()).await {
-        Ok(l) => l.items,
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-        Err(e) => return Err(e.into()),
-    };
-    let leases_by_node: HashMap<String, Lease> = lease_list
-        .into_iter()
-        .filter_map(|l| l.metadata.name.clone().map(|n| (n, l)))
+    let node_list = stores.node_list();
+    let leases_by_node: HashMap<String, Lease> = stores
+        .leases
+        .state()
+        .iter()
+        .filter(|l| l.metadata.namespace.as_deref() == Some(NODE_LEASE_NAMESPACE))
+        .filter_map(|l| l.metadata.name.clone().map(|n| (n, (**l).clone())))
         .collect();
     let now = Timestamp::now();
     let mut next = opts.resync;
@@ -88,9 +101,14 @@ async fn pass(
                 "metadata": {"resourceVersion": resource_version},
                 "status": {"conditions": conds}
             });
-            let updated = nodes
+            let updated = match nodes
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+                .await
+            {
+                Ok(n) => n,
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
+            };
             resource_version = updated.metadata.resource_version;
             let (reason, msg) = match cond.status.as_str() {
                 "True" => ("NodeReady", format!("Node {name} status is now: NodeReady")),
@@ -108,9 +126,14 @@ async fn pass(
                 "metadata": {"resourceVersion": resource_version},
                 "spec": {"taints": taints}
             });
-            nodes
+            match nodes
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
         let has_no_execute = node
             .spec
@@ -121,15 +144,7 @@ async fn pass(
             continue;
         }
         if vmis_cache.is_none() {
-            let api: Api<Vmi> = Api::all(client.clone());
-            vmis_cache = Some(
-                api.list(&ListParams::default())
-                    .await?
-                    .items
-                    .into_iter()
-                    .map(|v| v.0)
-                    .collect(),
-            );
+            vmis_cache = Some(stores.vmis.state().iter().map(|v| v.0.clone()).collect());
         }
         for vmi in vmis_cache
             .iter()
@@ -158,11 +173,9 @@ async fn pass(
             }
             for c in claims {
                 if let Entry::Vacant(slot) = pvc_cache.entry(format!("{ns}/{c}")) {
-                    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
-                    let modes = pvcs
-                        .get_opt(&c)
-                        .await?
-                        .and_then(|p| p.spec)
+                    let modes = stores
+                        .pvc(&ns, &c)
+                        .and_then(|p| p.spec.clone())
                         .and_then(|s| s.access_modes);
                     slot.insert(modes);
                 }

@@ -146,15 +146,44 @@ pub async fn ensure(client: &kube::Client) -> Result<(), ControllerError> {
             }
         }
     }
+    let all = classes.list(&Default::default()).await?.items;
+    ensure_profiles(client, &all).await
+}
+
+/// [`ensure`] on the classes of a cache (no list): built-in classes missing from it are
+/// created, every class gets its StorageProfile.
+pub async fn ensure_with(
+    client: &kube::Client,
+    cached: &[StorageClass],
+) -> Result<(), ControllerError> {
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    for c in builtin_classes() {
+        if cached.iter().any(|k| k.metadata.name == c.metadata.name) {
+            continue;
+        }
+        match classes.create(&PostParams::default(), &c).await {
+            Ok(_) => tracing::info!(class = ?c.metadata.name, "created StorageClass"),
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    ensure_profiles(client, cached).await
+}
+
+/// A StorageProfile for every class in `all`, its status up to date.
+async fn ensure_profiles(
+    client: &kube::Client,
+    all: &[StorageClass],
+) -> Result<(), ControllerError> {
     let profiles: Api<Profile> = Api::all(client.clone());
-    for class in classes.list(&Default::default()).await?.items {
+    for class in all {
         let Some(name) = class.metadata.name.clone() else {
             continue;
         };
         let existing = profiles.get_opt(&name).await?;
         let spec = existing.as_ref().and_then(|p| p.0.spec.clone());
         let status = profile_status(
-            &class,
+            class,
             spec.as_ref(),
             ferrovirt_storage::block::loop_devices_available(),
         );

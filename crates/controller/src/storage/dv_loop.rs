@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -78,6 +78,8 @@ struct Job {
 
 struct Ctx {
     client: kube::Client,
+    /// Shared caches: StorageClasses and Nodes are read here, never listed.
+    stores: crate::runtime::stores::Stores,
     dirs: Dirs,
     opts: StorageOptions,
     recorder: EventRecorder,
@@ -105,12 +107,14 @@ pub async fn run(
     client: kube::Client,
     dirs: Dirs,
     opts: StorageOptions,
+    stores: crate::runtime::stores::Stores,
 ) -> Result<(), ControllerError> {
     let dvs: Api<Dv> = Api::all(client.clone());
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let ctx = Arc::new(Ctx {
         recorder: EventRecorder::new(client.clone(), COMPONENT),
         client,
+        stores,
         dirs,
         opts,
         jobs: Mutex::new(HashMap::new()),
@@ -457,10 +461,7 @@ async fn unbound_stage(ctx: &Ctx, claim: &PersistentVolumeClaim) -> Result<Stage
         .spec
         .as_ref()
         .and_then(|s| s.storage_class_name.clone());
-    let classes: Vec<StorageClass> = Api::<StorageClass>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
+    let classes: Vec<StorageClass> = ctx.stores.class_list();
     let class = match &class_name {
         Some(c) => classes.iter().find(|k| k.metadata.name.as_ref() == Some(c)),
         None => classes::default_class(&classes),
@@ -474,7 +475,7 @@ async fn unbound_stage(ctx: &Ctx, claim: &PersistentVolumeClaim) -> Result<Stage
     if ctx.opts.honor_wait_for_first_consumer {
         return Ok(Stage::WaitForFirstConsumer);
     }
-    let Some(node) = pick_node(&ctx.client).await? else {
+    let Some(node) = pick_node(&ctx.stores) else {
         return Ok(Stage::WaitForFirstConsumer);
     };
     let patch = json!({"metadata": {"annotations": {SELECTED_NODE: node}}});
@@ -486,14 +487,11 @@ async fn unbound_stage(ctx: &Ctx, claim: &PersistentVolumeClaim) -> Result<Stage
     })
 }
 
-/// The first Ready, schedulable node by name.
-async fn pick_node(client: &kube::Client) -> Result<Option<String>, ControllerError> {
-    let mut nodes: Vec<Node> = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
+/// The first Ready, schedulable node by name (from the Node cache).
+fn pick_node(stores: &crate::runtime::stores::Stores) -> Option<String> {
+    let mut nodes: Vec<Node> = stores.node_list();
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    Ok(nodes
+    nodes
         .into_iter()
         .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true))
         .find(|n| {
@@ -502,7 +500,7 @@ async fn pick_node(client: &kube::Client) -> Result<Option<String>, ControllerEr
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
         })
-        .and_then(|n| n.metadata.name))
+        .and_then(|n| n.metadata.name)
 }
 
 /// Create the DataVolume's claim; `Ok(Err(message))` when its spec cannot be completed.
@@ -517,10 +515,7 @@ async fn create_claim(
         .namespace
         .clone()
         .unwrap_or_else(|| "default".into());
-    let classes: Vec<StorageClass> = Api::<StorageClass>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
+    let classes: Vec<StorageClass> = ctx.stores.class_list();
     let default = classes::default_class(&classes).and_then(|c| c.metadata.name.clone());
     let class = spec
         .storage

@@ -48,7 +48,9 @@ pub struct StorageOptions {
     pub max_retries: u32,
     /// First retry delay (doubled per attempt, at most five minutes).
     pub retry_backoff: Duration,
-    /// How often released volumes are reclaimed and StorageProfiles refreshed.
+    /// Reclaiming released volumes follows PV and PVC watch events; this is how often it also
+    /// runs without one, from the caches (no API request unless something is to be done:
+    /// Block volumes re-attached, StorageProfiles refreshed every tenth time).
     pub resync: Duration,
 }
 
@@ -122,7 +124,11 @@ pub fn resolve_data_dir(opt: Option<&Path>, env: Option<String>, args: &[String]
 }
 
 /// Run the storage controllers until one fails or the future is dropped.
-pub async fn run(client: kube::Client, opts: StorageOptions) -> Result<(), ControllerError> {
+pub async fn run(
+    client: kube::Client,
+    opts: StorageOptions,
+    stores: crate::runtime::stores::Stores,
+) -> Result<(), ControllerError> {
     let args: Vec<String> = std::env::args().collect();
     let data_dir = resolve_data_dir(
         opts.data_dir.as_deref(),
@@ -141,9 +147,9 @@ pub async fn run(client: kube::Client, opts: StorageOptions) -> Result<(), Contr
         }
     }
     tokio::try_join!(
-        pvc_loop::run(client.clone(), dirs.clone()),
-        pvc_loop::reclaim_loop(client.clone(), dirs.clone(), opts.resync),
-        dv_loop::run(client.clone(), dirs, opts.clone()),
+        pvc_loop::run(client.clone(), dirs.clone(), stores.clone()),
+        pvc_loop::reclaim_loop(client.clone(), dirs.clone(), opts.resync, stores.clone()),
+        dv_loop::run(client.clone(), dirs, opts.clone(), stores),
         datasource::run(client.clone()),
     )
     .map(drop)

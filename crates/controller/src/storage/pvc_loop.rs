@@ -5,6 +5,9 @@
 //! of Block-mode volumes ([`super::block`]) and grows bound volumes whose claims grew
 //! ([`super::expansion`]). [`reclaim_loop`] deletes (with their directories, detaching loop
 //! devices first) or releases volumes whose claims are gone, and re-attaches Block volumes.
+//! Volumes, classes and VMIs are read from the shared reflector caches
+//! ([`crate::runtime::stores`]); a decision to bind or provision is re-checked against a fresh
+//! list first (the caches may lag a write just made), so steady state lists nothing.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -30,12 +33,14 @@ use super::pvc::{self, PvcDecision, Reclaim};
 use crate::error::ControllerError;
 use crate::runtime::events::{EventRecorder, object_ref};
 use crate::runtime::resources::Vmi;
+use crate::runtime::stores::{Kind, Stores};
 
 /// Component name on Events.
 pub const COMPONENT: &str = "persistentvolume-controller";
 
 struct Ctx {
     client: kube::Client,
+    stores: Stores,
     dirs: Dirs,
     recorder: EventRecorder,
     /// (claim uid, reason) pairs already reported, so a waiting claim gets one Event.
@@ -66,12 +71,13 @@ pub fn claims_of(vmi: &VirtualMachineInstance) -> Vec<String> {
 }
 
 /// Run the PVC controller until its watch ends or the future is dropped.
-pub async fn run(client: kube::Client, dirs: Dirs) -> Result<(), ControllerError> {
+pub async fn run(client: kube::Client, dirs: Dirs, stores: Stores) -> Result<(), ControllerError> {
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let vmis: Api<Vmi> = Api::all(client.clone());
     let ctx = Arc::new(Ctx {
         recorder: EventRecorder::new(client.clone(), COMPONENT),
         client,
+        stores,
         dirs,
         reported: Mutex::new(HashSet::new()),
     });
@@ -121,15 +127,25 @@ async fn reconcile(
 ) -> Result<Action, ControllerError> {
     let pvc = &*claim;
     let (ns, name) = ns_name(pvc);
-    let pvs: Vec<PersistentVolume> = Api::<PersistentVolume>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let classes: Vec<StorageClass> = Api::<StorageClass>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    match pvc::decide(pvc, &pvs, &classes) {
+    let mut pvs = ctx.stores.pv_list();
+    let mut classes = ctx.stores.class_list();
+    let mut decision = pvc::decide(pvc, &pvs, &classes);
+    if matches!(
+        decision,
+        PvcDecision::Bind { .. } | PvcDecision::Provision(_)
+    ) {
+        // Writes to volumes are decided on fresh lists, not on caches that may lag.
+        pvs = Api::<PersistentVolume>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        classes = Api::<StorageClass>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        decision = pvc::decide(pvc, &pvs, &classes);
+    }
+    match decision {
         PvcDecision::Nothing => {
             resize_if_needed(&ctx, pvc, &pvs, &classes).await?;
             Ok(Action::requeue(Duration::from_secs(300)))
@@ -189,7 +205,7 @@ async fn reconcile(
             Ok(Action::requeue(Duration::from_millis(500)))
         }
         PvcDecision::WaitForFirstConsumer => {
-            if let Some(node) = consumer_node(&ctx.client, &ns, &name).await? {
+            if let Some(node) = consumer_node(&ctx.stores, &ns, &name) {
                 let patch = json!({"metadata": {"annotations": {pvc::SELECTED_NODE: node}}});
                 Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -209,21 +225,16 @@ async fn reconcile(
     }
 }
 
-/// The node of a scheduled VMI in `ns` that uses claim `name`.
-async fn consumer_node(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-) -> Result<Option<String>, ControllerError> {
-    let vmis: Api<Vmi> = Api::namespaced(client.clone(), ns);
-    Ok(vmis
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
+/// The node of a scheduled VMI in `ns` that uses claim `name` (from the VMI cache).
+fn consumer_node(stores: &Stores, ns: &str, name: &str) -> Option<String> {
+    stores
+        .vmis
+        .state()
+        .iter()
+        .filter(|v| v.0.metadata.namespace.as_deref() == Some(ns))
         .filter(|v| v.0.metadata.deletion_timestamp.is_none())
         .filter(|v| claims_of(&v.0).iter().any(|c| c == name))
-        .find_map(|v| v.0.status.and_then(|s| s.node_name)))
+        .find_map(|v| v.0.status.as_ref().and_then(|s| s.node_name.clone()))
 }
 
 async fn set_pending(ctx: &Ctx, pvc: &PersistentVolumeClaim) -> Result<(), ControllerError> {
@@ -303,40 +314,96 @@ async fn bind(
     Ok(())
 }
 
-/// Every `period`: reclaim volumes whose claims are gone, and refresh StorageProfiles.
+/// On every PersistentVolume or claim change (and every `period`): reclaim volumes whose
+/// claims are gone; every tenth `period` also refresh StorageProfiles.
 pub async fn reclaim_loop(
     client: kube::Client,
     dirs: Dirs,
     period: Duration,
+    stores: Stores,
 ) -> Result<(), ControllerError> {
-    let mut round: u64 = 0;
+    let mut changes = stores.changes();
+    stores.ready().await;
+    let mut last_profiles = std::time::Instant::now();
     loop {
-        tokio::time::sleep(period).await;
-        round += 1;
-        if let Err(e) = reclaim_once(&client, &dirs).await {
+        if let Err(e) = reclaim_once(&client, &stores, &dirs).await {
             tracing::warn!(error = %e, "reclaiming volumes failed");
         }
-        if round.is_multiple_of(10)
-            && let Err(e) = classes::ensure(&client).await
+        let woken = tokio::time::timeout(
+            period,
+            changes.wait_for(&[
+                Kind::PersistentVolume,
+                Kind::PersistentVolumeClaim,
+                Kind::StorageClass,
+            ]),
+        )
+        .await;
+        let class_changed = matches!(woken, Ok(Some(Kind::StorageClass)));
+        if (class_changed || last_profiles.elapsed() >= period * 10)
+            && let Err(e) = classes::ensure_with(&client, &stores.class_list()).await
         {
             tracing::warn!(error = %e, "refreshing StorageProfiles failed");
+        }
+        if class_changed || last_profiles.elapsed() >= period * 10 {
+            last_profiles = std::time::Instant::now();
         }
     }
 }
 
-async fn reclaim_once(client: &kube::Client, dirs: &Dirs) -> Result<(), ControllerError> {
+/// The uid of claim `ns/name`: from the cache, confirmed with a read when the cache says it
+/// is gone (it may not have seen the claim yet; a volume is never released on a lagging
+/// cache).
+async fn claim_uid(
+    client: &kube::Client,
+    stores: &Stores,
+    ns: &str,
+    name: &str,
+    want: Option<&str>,
+) -> Result<Option<String>, ControllerError> {
+    let cached = stores.pvc(ns, name).and_then(|c| c.metadata.uid.clone());
+    // Without a wanted uid the volume is kept whatever the claim is.
+    if want.is_none() || (cached.is_some() && cached.as_deref() == want) {
+        return Ok(cached);
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    Ok(claims.get_opt(name).await?.and_then(|c| c.metadata.uid))
+}
+
+async fn reclaim_once(
+    client: &kube::Client,
+    stores: &Stores,
+    dirs: &Dirs,
+) -> Result<(), ControllerError> {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    for pv in pvs.list(&ListParams::default()).await?.items {
+    for pv in stores.pv_list() {
         reattach_if_block(&pv, dirs).await;
         let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.clone()) else {
             continue;
         };
         let ns = r.namespace.clone().unwrap_or_else(|| "default".into());
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
-        let claim = claims.get_opt(r.name.as_deref().unwrap_or("")).await?;
-        let uid = claim.as_ref().and_then(|c| c.metadata.uid.as_deref());
+        let uid = claim_uid(
+            client,
+            stores,
+            &ns,
+            r.name.as_deref().unwrap_or(""),
+            r.uid.as_deref(),
+        )
+        .await?;
+        let uid = uid.as_deref();
         let name = pv.metadata.name.clone().unwrap_or_default();
-        match pvc::reclaim(&pv, uid) {
+        let mut decision = pvc::reclaim(&pv, uid);
+        if decision != Reclaim::Keep {
+            // Released or deleted only as the volume is now, not as the cache last saw it.
+            decision = match pvs.get_opt(&name).await? {
+                Some(fresh)
+                    if fresh.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) == Some(&r) =>
+                {
+                    pvc::reclaim(&fresh, uid)
+                }
+                _ => Reclaim::Keep,
+            };
+        }
+        match decision {
             Reclaim::Keep => {}
             Reclaim::Release => {
                 let patch = json!({"status": {"phase": "Released"}});

@@ -1,0 +1,246 @@
+//! Reflector caches shared by the controllers: one list-then-watch per kind (kube-rs watcher
+//! with its default backoff) for Nodes, node Leases (namespace `kube-node-lease`),
+//! PersistentVolumes, PersistentVolumeClaims, StorageClasses and VMIs. Reconcilers read these
+//! instead of listing on every pass; loops that are not kube-runtime controllers wait on
+//! [`Stores::changes`] to run when one of their kinds changed.
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) {
+//! use ferrovirt_controller::runtime::stores::{Kind, Stores};
+//! let (stores, task) = Stores::start(client);
+//! tokio::spawn(task); // drives the watches
+//! stores.ready().await;
+//! let mut changes = stores.changes();
+//! let nodes = stores.nodes.state(); // no API request
+//! let _ = changes.wait_for(&[Kind::Node, Kind::Lease]).await;
+//! # let _ = nodes; }
+//! ```
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::broadcast;
+
+use super::resources::Vmi;
+use crate::node_lifecycle::NODE_LEASE_NAMESPACE;
+
+/// The kinds cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Node,
+    Lease,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    StorageClass,
+    Vmi,
+}
+
+/// The shared caches (cheap to clone: every clone reads the same stores).
+#[derive(Clone)]
+pub struct Stores {
+    pub nodes: Store<Node>,
+    /// Node Leases (`kube-node-lease`), by node name.
+    pub leases: Store<Lease>,
+    pub pvs: Store<PersistentVolume>,
+    pub pvcs: Store<PersistentVolumeClaim>,
+    pub classes: Store<StorageClass>,
+    pub vmis: Store<Vmi>,
+    changed: Arc<broadcast::Sender<Kind>>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores").finish_non_exhaustive()
+    }
+}
+
+/// A subscription to cache changes.
+pub struct Changes(broadcast::Receiver<Kind>);
+
+impl Changes {
+    /// Waits until an object of one of `kinds` was added, changed or deleted (a lagging
+    /// receiver counts as a change: something may have been missed). `None` once the caches
+    /// are gone.
+    pub async fn wait_for(&mut self, kinds: &[Kind]) -> Option<Kind> {
+        loop {
+            match self.0.recv().await {
+                Ok(k) if kinds.contains(&k) => return Some(k),
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => return kinds.first().copied(),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
+/// Drives one reflector, announcing every event as `kind`.
+async fn drive<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    kind: Kind,
+    changed: Arc<broadcast::Sender<Kind>>,
+) where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    let mut events = reflector(
+        writer,
+        watcher(api, watcher::Config::default()).default_backoff(),
+    )
+    .boxed();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Ok(_) => {
+                let _ = changed.send(kind);
+            }
+            Err(e) => tracing::warn!(?kind, error = %e, "watch of the shared cache failed"),
+        }
+    }
+}
+
+impl Stores {
+    /// The caches and the future that keeps them (runs until dropped).
+    pub fn start(
+        client: kube::Client,
+    ) -> (
+        Stores,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let (nodes, nodes_w) = reflector::store::<Node>();
+        let (leases, leases_w) = reflector::store::<Lease>();
+        let (pvs, pvs_w) = reflector::store::<PersistentVolume>();
+        let (pvcs, pvcs_w) = reflector::store::<PersistentVolumeClaim>();
+        let (classes, classes_w) = reflector::store::<StorageClass>();
+        let (vmis, vmis_w) = reflector::store::<Vmi>();
+        let (tx, _) = broadcast::channel(1024);
+        let changed = Arc::new(tx);
+        let stores = Stores {
+            nodes,
+            leases,
+            pvs,
+            pvcs,
+            classes,
+            vmis,
+            changed: changed.clone(),
+        };
+        let c = client;
+        let task = async move {
+            futures::join!(
+                drive(
+                    Api::<Node>::all(c.clone()),
+                    nodes_w,
+                    Kind::Node,
+                    changed.clone()
+                ),
+                drive(
+                    Api::<Lease>::namespaced(c.clone(), NODE_LEASE_NAMESPACE),
+                    leases_w,
+                    Kind::Lease,
+                    changed.clone()
+                ),
+                drive(
+                    Api::<PersistentVolume>::all(c.clone()),
+                    pvs_w,
+                    Kind::PersistentVolume,
+                    changed.clone()
+                ),
+                drive(
+                    Api::<PersistentVolumeClaim>::all(c.clone()),
+                    pvcs_w,
+                    Kind::PersistentVolumeClaim,
+                    changed.clone()
+                ),
+                drive(
+                    Api::<StorageClass>::all(c.clone()),
+                    classes_w,
+                    Kind::StorageClass,
+                    changed.clone()
+                ),
+                drive(
+                    Api::<Vmi>::all(c.clone()),
+                    vmis_w,
+                    Kind::Vmi,
+                    changed.clone()
+                ),
+            );
+        };
+        (stores, task)
+    }
+
+    /// Subscribes to changes (from now on).
+    pub fn changes(&self) -> Changes {
+        Changes(self.changed.subscribe())
+    }
+
+    /// Waits until every cache holds its first complete list.
+    pub async fn ready(&self) {
+        let _ = futures::join!(
+            self.nodes.wait_until_ready(),
+            self.leases.wait_until_ready(),
+            self.pvs.wait_until_ready(),
+            self.pvcs.wait_until_ready(),
+            self.classes.wait_until_ready(),
+            self.vmis.wait_until_ready(),
+        );
+    }
+
+    /// The cached claim `ns/name`.
+    pub fn pvc(&self, ns: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        self.pvcs.get(&reflector::ObjectRef::new(name).within(ns))
+    }
+
+    /// Every cached PersistentVolume (cloned out of the cache).
+    pub fn pv_list(&self) -> Vec<PersistentVolume> {
+        self.pvs.state().iter().map(|p| (**p).clone()).collect()
+    }
+
+    /// Every cached StorageClass (cloned out of the cache).
+    pub fn class_list(&self) -> Vec<StorageClass> {
+        self.classes.state().iter().map(|c| (**c).clone()).collect()
+    }
+
+    /// Every cached Node (cloned out of the cache).
+    pub fn node_list(&self) -> Vec<Node> {
+        self.nodes.state().iter().map(|n| (**n).clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn changes_wait_for_the_kinds_asked_and_report_lag_and_close() {
+        let (tx, rx) = broadcast::channel(2);
+        let mut changes = Changes(rx);
+        tx.send(Kind::Vmi).unwrap();
+        tx.send(Kind::Lease).unwrap();
+        assert_eq!(
+            changes.wait_for(&[Kind::Node, Kind::Lease]).await,
+            Some(Kind::Lease)
+        );
+        // Lagging behind counts as a change of the first kind asked for.
+        for _ in 0..3 {
+            tx.send(Kind::Vmi).unwrap();
+        }
+        assert_eq!(
+            changes.wait_for(&[Kind::PersistentVolume]).await,
+            Some(Kind::PersistentVolume)
+        );
+        drop(tx);
+        assert_eq!(changes.wait_for(&[Kind::Node]).await, None);
+    }
+}

@@ -1,0 +1,157 @@
+//! In steady state node agents and controllers only watch: a cluster with two agents (the
+//! server's embedded node1 and a `ferrovirt agent` process, node2) and two running VMs is left
+//! alone, and the API server's request counters (`/metrics`, by verb, resource and user agent)
+//! show over a quiet window (`FERROVIRT_QUIET_SECS`, default 10 s) no LIST from an agent or the
+//! controllers. The requests per second of each component are printed
+//! (`FERROVIRT_STEADY_BINARY` measures another `ferrovirt` build the same way).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
+
+const BOOT: Duration = Duration::from_secs(240);
+
+/// (verb, resource, user agent) → count.
+type Counts = BTreeMap<(String, String, String), u64>;
+
+/// Parses `apiserver_request_total{verb="…",resource="…",user_agent="…"} N` lines.
+fn parse(text: &str) -> Counts {
+    let mut out = Counts::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, n)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let mut verb = String::new();
+        let mut resource = String::new();
+        let mut agent = String::new();
+        for part in labels.split("\",") {
+            let Some((k, v)) = part.split_once("=\"") else {
+                continue;
+            };
+            let v = v.trim_end_matches('"').to_string();
+            match k {
+                "verb" => verb = v,
+                "resource" => resource = v,
+                "user_agent" => agent = v,
+                _ => {}
+            }
+        }
+        out.insert((verb, resource, agent), n.trim().parse().unwrap_or(0));
+    }
+    out
+}
+
+/// The counters (`kubectl get --raw /metrics` is no resource request: it counts nothing),
+/// retried on a transient kubectl failure.
+fn metrics(c: &Cluster) -> anyhow::Result<Counts> {
+    c.wait_until("/metrics", Duration::from_secs(20), || {
+        Ok(Some(parse(&c.kubectl_ok(&["get", "--raw", "/metrics"])?)))
+    })
+}
+
+fn vm(c: &Cluster, name: &str, node: &str) -> anyhow::Result<String> {
+    c.guest_disk_claim(&format!("{name}-root"))?;
+    Ok(format!(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: {name}, namespace: default}}
+spec:
+  runStrategy: Always
+  template:
+    metadata:
+      labels: {{app: {name}}}
+    spec:
+      terminationGracePeriodSeconds: 10
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {{bus: virtio}}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {{claimName: {name}-root}}
+"#
+    ))
+}
+
+fn is_ours(agent: &str) -> bool {
+    agent.starts_with("ferrovirt-agent/") || agent == "ferrovirt-controller"
+}
+
+#[test]
+fn agents_and_controllers_make_no_list_requests_in_steady_state() -> anyhow::Result<()> {
+    TestGuest::get()?;
+    let binary = std::env::var("FERROVIRT_STEADY_BINARY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferrovirt").to_string());
+    let mut c = Cluster::start(&ClusterOptions::new(binary))?;
+    c.start_agent("node2")?;
+    c.apply(&vm(&c, "quiet-a", "node1")?)?;
+    c.apply(&vm(&c, "quiet-b", "node2")?)?;
+    for name in ["quiet-a", "quiet-b"] {
+        c.wait_until(&format!("VMI {name} Running"), BOOT, || {
+            let v = c.get_json(&["vmi", name])?;
+            Ok((v["status"]["phase"] == "Running").then_some(()))
+        })?;
+    }
+    // Let start-up work settle (conditions, events).
+    std::thread::sleep(Duration::from_secs(10));
+    let secs: u64 = std::env::var("FERROVIRT_QUIET_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    let before = metrics(&c)?;
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(secs));
+    let after = metrics(&c)?;
+    let window = t0.elapsed().as_secs_f64();
+
+    let mut per_agent: BTreeMap<String, u64> = BTreeMap::new();
+    let mut lists = Vec::new();
+    for (key, n) in &after {
+        let d = n - before.get(key).copied().unwrap_or(0);
+        if d == 0 {
+            continue;
+        }
+        let (verb, resource, agent) = key;
+        *per_agent.entry(agent.clone()).or_default() += d;
+        eprintln!("  {agent:28} {verb:8} {resource:48} {d}");
+        if verb == "LIST" && is_ours(agent) {
+            lists.push(format!("{agent} listed {resource} {d}×"));
+        }
+    }
+    for (agent, n) in &per_agent {
+        eprintln!(
+            "{agent}: {n} requests in {window:.1} s = {:.2}/s",
+            *n as f64 / window
+        );
+    }
+    let ours: u64 = per_agent
+        .iter()
+        .filter(|(a, _)| is_ours(a))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!(
+        "agents + controllers: {:.2} requests/s in steady state",
+        ours as f64 / window
+    );
+    // The counters do see the components (they watched at start-up).
+    for agent in [
+        "ferrovirt-agent/node1",
+        "ferrovirt-agent/node2",
+        "ferrovirt-controller",
+    ] {
+        assert!(
+            after.keys().any(|(v, _, a)| v == "WATCH" && a == agent),
+            "no watch counted for {agent}"
+        );
+    }
+    assert!(lists.is_empty(), "LIST requests in steady state: {lists:?}");
+    Ok(())
+}
