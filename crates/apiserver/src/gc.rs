@@ -240,7 +240,10 @@ fn event_last_seen(obj: &Value, now: i64) -> Option<i64> {
     let client = ["lastTimestamp", "eventTime", "firstTimestamp"]
         .iter()
         .filter_map(|f| obj.get(*f).and_then(Value::as_str))
-        .chain(obj.pointer("/series/lastObservedTime").and_then(Value::as_str))
+        .chain(
+            obj.pointer("/series/lastObservedTime")
+                .and_then(Value::as_str),
+        )
         .filter_map(timefmt::parse_rfc3339)
         .filter(|t| *t <= now)
         .max();

@@ -185,22 +185,35 @@ pub(crate) fn tls_for(
     }
 }
 
+/// The cause of `e` (an `io::Error`'s own `source` skips the error it wraps).
+fn cause<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    match e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        Some(inner) => Some(inner),
+        None => e.source(),
+    }
+}
+
 /// `e` and its causes, `: `-separated.
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
-    let mut cur = e.source();
+    let mut cur = cause(e);
     while let Some(c) = cur {
         let m = c.to_string();
         if !out.contains(&m) {
             out.push_str(": ");
             out.push_str(&m);
         }
-        cur = c.source();
+        cur = cause(c);
     }
     out
 }
 
-/// The first cause of `e` of type `T` (looking inside `io::Error`s too).
+/// The first cause of `e` of type `T`.
 fn find_cause<'a, T: std::error::Error + 'static>(
     e: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a T> {
@@ -209,14 +222,7 @@ fn find_cause<'a, T: std::error::Error + 'static>(
         if let Some(t) = c.downcast_ref::<T>() {
             return Some(t);
         }
-        if let Some(t) = c
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<T>())
-        {
-            return Some(t);
-        }
-        cur = c.source();
+        cur = cause(c);
     }
     None
 }

@@ -35,7 +35,9 @@ impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, canonical(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
@@ -276,9 +278,8 @@ impl reqwest::dns::Resolve for FilteringResolver {
         let policy = self.policy.clone();
         let host = name.as_str().to_string();
         Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let mut first_refusal = None;
             let mut allowed = Vec::new();
             for a in found {
@@ -352,7 +353,14 @@ mod tests {
         ] {
             assert_eq!(decide(ip(a), none, &[]), Err(class), "{a}");
         }
-        for a in ["10.0.0.1", "192.168.1.1", "8.8.8.8", "fd00::1", "2001:db8::1", "fec0::1"] {
+        for a in [
+            "10.0.0.1",
+            "192.168.1.1",
+            "8.8.8.8",
+            "fd00::1",
+            "2001:db8::1",
+            "fec0::1",
+        ] {
             assert_eq!(decide(ip(a), none, &[]), Ok(()), "{a}");
         }
     }
@@ -415,7 +423,11 @@ mod tests {
         let r = FilteringResolver::new(Arc::new(AddressPolicy::allowing(
             parse_list("127.0.0.0/8,::1/128").unwrap(),
         )));
-        let addrs: Vec<_> = r.resolve("localhost".parse().unwrap()).await.unwrap().collect();
+        let addrs: Vec<_> = r
+            .resolve("localhost".parse().unwrap())
+            .await
+            .unwrap()
+            .collect();
         assert!(addrs.iter().all(|a| a.ip().is_loopback()) && !addrs.is_empty());
     }
 }

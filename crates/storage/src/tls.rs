@@ -57,12 +57,14 @@ pub fn tls_config(ca_pems: &[String]) -> Result<rustls::ClientConfig, StorageErr
 /// handshake signatures): `insecureSkipVerify`.
 pub fn insecure_tls_config() -> Result<rustls::ClientConfig, StorageError> {
     let provider = provider();
-    Ok(rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| StorageError::invalid("TLS configuration", e.to_string()))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-        .with_no_client_auth())
+    Ok(
+        rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| StorageError::invalid("TLS configuration", e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth(),
+    )
 }
 
 /// Accepts every certificate chain and host name.

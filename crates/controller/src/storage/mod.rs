@@ -50,6 +50,10 @@ pub struct StorageOptions {
     pub retry_backoff: Duration,
     /// How often released volumes are reclaimed and StorageProfiles refreshed.
     pub resync: Duration,
+    /// Address ranges imports may reach although the address policy refuses their class
+    /// (`--import-allowed-cidrs`; HyperConverged `spec.storageImport.allowedImportCIDRs` adds
+    /// more).
+    pub import_allowed_cidrs: Vec<ferrovirt_storage::netpolicy::Cidr>,
 }
 
 impl Default for StorageOptions {
@@ -60,6 +64,7 @@ impl Default for StorageOptions {
             max_retries: 3,
             retry_backoff: Duration::from_secs(2),
             resync: Duration::from_secs(3),
+            import_allowed_cidrs: Vec::new(),
         }
     }
 }

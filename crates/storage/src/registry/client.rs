@@ -253,11 +253,7 @@ impl RegistryClient {
 
     /// GET `path` (below the registry's base URL), authenticating on a 401 and following
     /// redirects. Returns a successful response.
-    async fn get(
-        &self,
-        path: &str,
-        accept: Option<&str>,
-    ) -> Result<Response, StorageError> {
+    async fn get(&self, path: &str, accept: Option<&str>) -> Result<Response, StorageError> {
         let mut url = format!("{}{path}", self.base);
         let mut retried_auth = false;
         let mut same_origin = true;
@@ -302,7 +298,8 @@ impl RegistryClient {
             if status.is_redirection() {
                 let base: Url = crate::http::parse_url(&url)?;
                 let next = crate::http::redirect_target(&base, &resp)?;
-                same_origin = same_origin && crate::http::origin(&next) == crate::http::origin(&base);
+                same_origin =
+                    same_origin && crate::http::origin(&next) == crate::http::origin(&base);
                 if next.scheme() == "http" && !self.insecure {
                     return Err(self.http_err(
                         &url,
@@ -421,7 +418,9 @@ impl RegistryClient {
         let mut file = std::fs::File::create(dst).map_err(|e| StorageError::io(dst, e))?;
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         let mut received = 0u64;
-        while let Some(d) = crate::http::next_chunk(&mut resp, &url, STALL_TIMEOUT, received).await? {
+        while let Some(d) =
+            crate::http::next_chunk(&mut resp, &url, STALL_TIMEOUT, received).await?
+        {
             received += d.len() as u64;
             if received > desc.size {
                 return Err(StorageError::Refused(format!(
