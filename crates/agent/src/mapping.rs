@@ -146,16 +146,16 @@ pub fn guest_memory_mib(vmi: &VirtualMachineInstance) -> Result<u64, AgentError>
     let Some((field, q)) = q else {
         return Err(AgentError::invalid(field, "no guest memory is set"));
     };
-    let bytes = ferrovirt_api::quantity::parse(&q.0)
+    let bytes = ferrovirt_api::quantity::bytes(&q.0)
         .map_err(|e| AgentError::invalid(field, e.to_string()))?;
-    let mib = (bytes / (1024.0 * 1024.0)).floor();
-    if !(1.0..=16.0 * 1024.0 * 1024.0).contains(&mib) {
+    let mib = bytes >> 20;
+    if !(1..=16 << 20).contains(&mib) {
         return Err(AgentError::invalid(
             field,
             format!("{} is out of range", q.0),
         ));
     }
-    Ok(mib as u64)
+    Ok(mib)
 }
 
 /// A stable, locally administered unicast MAC for an interface without `macAddress`.
@@ -222,16 +222,31 @@ pub fn disk_id(name: &str) -> String {
 fn map_disk(
     i: usize,
     d: &ApiDisk,
+    has_volume: bool,
     ctx: &MappingContext,
     used_ids: &mut BTreeMap<String, usize>,
 ) -> Result<Disk, AgentError> {
     let field = format!("spec.domain.devices.disks[{i}]");
-    let vol = ctx.volumes.get(&d.name).ok_or_else(|| {
-        AgentError::invalid(
-            format!("{field}.name"),
-            format!("volume {:?} was not prepared", d.name),
-        )
-    })?;
+    // A CD-ROM without a volume of its name (admission allows it for declarative hotplug) is
+    // an empty drive: QEMU gets the device with no medium.
+    let empty_cdrom = d.cdrom.is_some() && d.disk.is_none() && d.lun.is_none() && !has_volume;
+    let no_medium = PreparedVolume {
+        path: PathBuf::new(),
+        format: DiskFormat::Raw,
+        source: DiskSource::File,
+        readonly: true,
+        backing: Vec::new(),
+    };
+    let (vol, empty) = match ctx.volumes.get(&d.name) {
+        Some(v) => (v, false),
+        None if empty_cdrom => (&no_medium, true),
+        None => {
+            return Err(AgentError::invalid(
+                format!("{field}.name"),
+                format!("volume {:?} was not prepared", d.name),
+            ));
+        }
+    };
     let (bus, readonly, cdrom) = if let Some(c) = &d.cdrom {
         (
             parse_bus(
@@ -273,6 +288,7 @@ fn map_disk(
         bus,
         readonly: readonly || vol.readonly,
         cdrom,
+        empty,
         boot_order: d.boot_order,
         serial: d.serial.clone(),
         cache: parse_cache(d.cache.as_deref(), &format!("{field}.cache"))?,
@@ -576,8 +592,16 @@ pub fn launch_spec(
 
     // Disks.
     let mut used_ids = BTreeMap::new();
+    let volume_names: std::collections::BTreeSet<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
     for (i, d) in devices.disks.iter().flatten().enumerate() {
-        ls.disks.push(map_disk(i, d, ctx, &mut used_ids)?);
+        let has_volume = volume_names.contains(d.name.as_str());
+        ls.disks
+            .push(map_disk(i, d, has_volume, ctx, &mut used_ids)?);
     }
 
     // NICs.
@@ -738,6 +762,51 @@ mod tests {
         c.volumes.remove("ci");
         let e = launch_spec(&vmi(base()), &c).unwrap_err().to_string();
         assert!(e.contains("spec.domain.devices.disks[1].name"), "{e}");
+    }
+
+    #[test]
+    fn a_cdrom_without_a_volume_is_an_empty_drive() {
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["disks"]
+            .as_array_mut()
+            .unwrap()
+            .extend([
+                json!({"name": "hotplug-cd", "cdrom": {"bus": "scsi"}}),
+                json!({"name": "sata-cd", "cdrom": {}}),
+            ]);
+        let ls = launch_spec(&vmi(v.clone()), &ctx()).unwrap();
+        let cd = &ls.disks[2];
+        assert_eq!(cd.id, "disk-hotplug-cd");
+        assert!(cd.empty && cd.cdrom && cd.is_readonly());
+        assert_eq!(cd.bus, DiskBus::Scsi);
+        assert_eq!(cd.path, PathBuf::new());
+        assert!(cd.backing.is_empty());
+        assert_eq!(ls.disks[3].bus, DiskBus::Sata, "a CD-ROM's default bus");
+        assert!(ls.disks[3].empty);
+        assert!(!ls.disks[0].empty && !ls.disks[1].empty);
+        ls.validate().unwrap();
+        let argv = ferrovirt_launcher::qemu_command(&ls).join(" ");
+        assert!(
+            argv.contains("scsi-cd,bus=scsi0.0,channel=0,scsi-id=0,lun=0,id=disk-hotplug-cd "),
+            "{argv}"
+        );
+
+        // A CD-ROM whose volume exists in the spec but was not prepared is still an error,
+        // and so is a plain disk without a volume.
+        let mut w = v.clone();
+        w["spec"]["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "hotplug-cd", "persistentVolumeClaim": {"claimName": "iso"}}));
+        let e = launch_spec(&vmi(w), &ctx()).unwrap_err().to_string();
+        assert!(e.contains("spec.domain.devices.disks[2].name"), "{e}");
+        let mut w = v;
+        w["spec"]["domain"]["devices"]["disks"][2] = json!({"name": "nodisk", "disk": {}});
+        let e = launch_spec(&vmi(w), &ctx()).unwrap_err().to_string();
+        assert!(
+            e.contains("disks[2].name") && e.contains("not prepared"),
+            "{e}"
+        );
     }
 
     #[test]

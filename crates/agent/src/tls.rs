@@ -195,7 +195,7 @@ pub fn parse_fingerprint(s: &str) -> Result<Fingerprint, String> {
 
 /// Compares in time independent of where the inputs differ.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 /// How the API server reaches an agent endpoint.

@@ -95,11 +95,11 @@ impl VolumeAction {
 
 fn quantity_bytes(field: &str, q: &str) -> Result<u64, AgentError> {
     let v =
-        ferrovirt_api::quantity::parse(q).map_err(|e| AgentError::invalid(field, e.to_string()))?;
-    if !(1.0..=(1u64 << 50) as f64).contains(&v) {
+        ferrovirt_api::quantity::bytes(q).map_err(|e| AgentError::invalid(field, e.to_string()))?;
+    if !(1..=1u64 << 50).contains(&v) {
         return Err(AgentError::invalid(field, format!("{q} is out of range")));
     }
-    Ok(v as u64)
+    Ok(v)
 }
 
 fn file_name(volume: &str) -> String {

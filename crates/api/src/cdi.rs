@@ -24,11 +24,14 @@ kstruct! {
         pub source_ref: Option<DataVolumeSourceRef>,
         pub pvc: Option<PersistentVolumeClaimSpec>,
         pub storage: Option<StorageSpec>,
+        /// Priority class of the populating workload.
         pub priority_class_name: Option<String>,
         /// `kubevirt` (default) or `archive`.
         pub content_type: Option<String>,
         pub checkpoints: Option<Vec<DataVolumeCheckpoint>>,
+        /// Whether the current checkpoint is the last one of a multi-stage import.
         pub final_checkpoint: Option<bool>,
+        /// Allocate the whole volume up front instead of thinly.
         pub preallocation: Option<bool>,
     }
 }
@@ -268,7 +271,9 @@ kstruct! {
         /// `copy`, `snapshot` or `csi-clone`.
         pub clone_strategy: Option<String>,
         pub claim_property_sets: Option<Vec<ClaimPropertySet>>,
+        /// Format DataImportCrons keep sources in: `pvc` or `snapshot`.
         pub data_import_cron_source_format: Option<String>,
+        /// The VolumeSnapshotClass used for snapshots of this class.
         pub snapshot_class: Option<String>,
     }
 }
@@ -301,12 +306,16 @@ resource! {
 kstruct! {
     /// CDI install options.
     pub struct CdiSpec {
+        /// Pull policy of the CDI component images.
         pub image_pull_policy: Option<String>,
+        /// Whether removing CDI waits for its workloads to go (`BlockUninstallIfWorkloadsExist`).
         pub uninstall_strategy: Option<String>,
         pub infra: Option<NodePlacement>,
         pub workload: Option<NodePlacement>,
         pub config: Option<CdiConfig>,
+        /// Priority class of the CDI components.
         pub priority_class: Option<String>,
+        /// Clone strategy used for every clone, overriding the storage profiles (`copy`, `snapshot`, `csi-clone`).
         pub clone_strategy_override: Option<String>,
     }
 }

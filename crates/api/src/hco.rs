@@ -16,17 +16,24 @@ resource! {
 kstruct! {
     /// Stack-wide configuration.
     pub struct HyperConvergedSpec {
+        /// Optional features to turn on.
         pub feature_gates: Option<BTreeMap<String, bool>>,
         pub live_migration_config: Option<LiveMigrationConfig>,
+        /// Cluster-wide eviction strategy of VMs (`LiveMigrate`, `None`, ...).
         pub eviction_strategy: Option<String>,
         pub infra: Option<HcoComponentConfig>,
         pub workloads: Option<HcoComponentConfig>,
+        /// CPU model VMs get when they name none.
         #[serde(rename = "defaultCPUModel")]
         pub default_cpu_model: Option<String>,
+        /// Runtime class VMs get when they name none.
         pub default_runtime_class: Option<String>,
+        /// Storage class for persistent VM state (TPM, EFI variables).
         pub vm_state_storage_class: Option<String>,
         pub higher_workload_density: Option<HigherWorkloadDensity>,
+        /// Whether removal waits for VMs and DataVolumes to go.
         pub uninstall_strategy: Option<String>,
+        /// Namespace the common VM templates are put in.
         pub common_templates_namespace: Option<String>,
         /// Import settings (registries spoken to over plain HTTP).
         pub storage_import: Option<StorageImportConfig>,

@@ -47,11 +47,17 @@ macro_rules! resource {
         kstruct! {
             $(#[$m])*
             pub struct $name {
+                /// The versioned schema of this object (`group/version`); the server converts
+                /// between the versions it serves.
                 pub api_version: Option<String>,
+                /// The REST resource kind of this object, in CamelCase.
                 pub kind: Option<String>,
+                /// Standard object metadata: name, namespace, labels, annotations, owners.
                 #[serde(default)]
                 pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+                /// The desired state, written by the user.
                 pub spec: Option<$spec>,
+                /// The observed state, written by the system; read-only for users.
                 pub status: Option<$status>,
             }
         }
@@ -60,10 +66,14 @@ macro_rules! resource {
         kstruct! {
             $(#[$m])*
             pub struct $name {
+                /// The versioned schema of this object (`group/version`).
                 pub api_version: Option<String>,
+                /// The REST resource kind of this object, in CamelCase.
                 pub kind: Option<String>,
+                /// Standard object metadata: name, namespace, labels, annotations, owners.
                 #[serde(default)]
                 pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+                /// The desired state, written by the user.
                 pub spec: Option<$spec>,
             }
         }

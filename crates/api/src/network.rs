@@ -8,6 +8,7 @@ resource! {
 kstruct! {
     /// The CNI configuration.
     pub struct NetworkAttachmentDefinitionSpec {
+        /// The CNI configuration (JSON) of this network.
         pub config: Option<String>,
     }
 }

@@ -1,5 +1,5 @@
 //! The table of served resources: what discovery, OpenAPI, Table output and routing are built
-//! from. One [`ResourceDef`] per kind the API server serves.
+//! from. One [`ResourceDef`] per kind and version the API server serves.
 
 /// A `kubectl get` column: evaluated by the API server against each object (like a CRD's
 /// `additionalPrinterColumns`).
@@ -33,8 +33,11 @@ pub struct ResourceDef {
     pub has_status: bool,
     /// Verbs for discovery; normally [`ALL_VERBS`].
     pub verbs: &'static [&'static str],
-    /// Extra columns for Table output (NAME and AGE are always added by the server, so an
-    /// `Age` column is never listed here; see [`table_columns`] for KubeVirt's exact order).
+    /// Extra columns for Table output. For KubeVirt's kinds NAME and AGE are added by the
+    /// server (see [`table_columns`] for KubeVirt's exact order); Kubernetes' built-in kinds
+    /// list every column after NAME themselves, Age included, in Kubernetes' order (a `Name`
+    /// column replaces the leading NAME, as for Events). Columns with the [`COMPUTED`] path
+    /// are filled by the API server's built-in printers.
     pub printer_columns: Vec<PrinterColumn>,
 }
 
@@ -154,7 +157,62 @@ pub fn resources() -> Vec<ResourceDef> {
     let mut v = core_resources();
     v.extend(kubevirt_resources());
     v.extend(cdi_and_other_resources());
+    let legacy = legacy_versions(&v);
+    v.extend(legacy);
     v
+}
+
+/// Older versions KubeVirt still serves for every `kubevirt.io` kind, with the v1 schema.
+/// Objects are stored once, in v1 ([`storage_version`]), and read back in the asked version.
+pub const KUBEVIRT_LEGACY_VERSIONS: &[&str] = &["v1alpha3"];
+
+/// A twin of every `kubevirt.io/v1` kind for each of [`KUBEVIRT_LEGACY_VERSIONS`], so kinds
+/// added to the table get their legacy versions without listing them twice.
+fn legacy_versions(defs: &[ResourceDef]) -> Vec<ResourceDef> {
+    defs.iter()
+        .filter(|d| d.group == "kubevirt.io" && d.version == "v1")
+        .flat_map(|d| {
+            KUBEVIRT_LEGACY_VERSIONS.iter().map(move |v| ResourceDef {
+                version: v,
+                ..d.clone()
+            })
+        })
+        .collect()
+}
+
+/// The version objects of `def`'s resource are stored in: the first version the table lists
+/// for its group and plural (the preferred one).
+pub fn storage_version(def: &ResourceDef) -> &'static str {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static FIRST: OnceLock<HashMap<(&'static str, &'static str), &'static str>> = OnceLock::new();
+    let first = FIRST.get_or_init(|| {
+        let mut m = HashMap::new();
+        for d in resources() {
+            m.entry((d.group, d.plural)).or_insert(d.version);
+        }
+        m
+    });
+    first
+        .get(&(def.group, def.plural))
+        .copied()
+        .unwrap_or(def.version)
+}
+
+/// The warning a client gets for using a deprecated version (KubeVirt's legacy versions).
+pub fn deprecation_warning(def: &ResourceDef) -> Option<String> {
+    (def.group == "kubevirt.io" && KUBEVIRT_LEGACY_VERSIONS.contains(&def.version)).then(|| {
+        format!(
+            "{}/{} is deprecated and will go away in a later release; use {}/v1",
+            def.group, def.version, def.group
+        )
+    })
+}
+
+/// Whether a group is one of Kubernetes' built-in API groups (core, `apps`, `*.k8s.io`)
+/// rather than one that a real cluster gets from CustomResourceDefinitions.
+pub fn is_builtin_group(group: &str) -> bool {
+    group.is_empty() || group == "apps" || group.ends_with(".k8s.io")
 }
 
 /// Look a served resource up by group and plural (e.g. `("kubevirt.io", "virtualmachines")`).
@@ -175,6 +233,10 @@ pub fn find_kind(api_version: &str, kind: &str) -> Option<ResourceDef> {
 /// columns with `Age` placed where the published CRD places it (second for VMs, VMIs, KubeVirt
 /// and CDI; last otherwise).
 pub fn table_columns(def: &ResourceDef) -> Vec<PrinterColumn> {
+    // Built-in kinds list Age themselves (CRDs and Events have none).
+    if is_builtin_group(def.group) {
+        return def.printer_columns.clone();
+    }
     let age_first = matches!(
         (def.group, def.kind),
         ("kubevirt.io", "VirtualMachine")
@@ -191,28 +253,73 @@ pub fn table_columns(def: &ResourceDef) -> Vec<PrinterColumn> {
     cols
 }
 
+/// Columns whose cells the API server computes itself (as Kubernetes' built-in printers do:
+/// counts, short access modes, roles from labels) carry this JSONPath.
+pub const COMPUTED: &str = "";
+
+fn computed(name: &'static str, type_: &'static str) -> PrinterColumn {
+    col(name, type_, COMPUTED)
+}
+
 fn core_resources() -> Vec<ResourceDef> {
     let core = |kind, list, plural, singular| Def::new("", "v1", kind, list, plural, singular);
+    let age = age_column;
+    let event_cols = || {
+        vec![
+            computed("Last Seen", "string"),
+            col("Type", "string", ".type"),
+            col("Reason", "string", ".reason"),
+            computed("Object", "string"),
+            PrinterColumn {
+                priority: 1,
+                ..computed("Subobject", "string")
+            },
+            PrinterColumn {
+                priority: 1,
+                ..computed("Source", "string")
+            },
+            computed("Message", "string"),
+            PrinterColumn {
+                priority: 1,
+                ..computed("First Seen", "string")
+            },
+            PrinterColumn {
+                priority: 1,
+                ..computed("Count", "integer")
+            },
+            wide("Name", "string", ".metadata.name"),
+        ]
+    };
     vec![
         core("Namespace", "NamespaceList", "namespaces", "namespace")
             .cluster()
             .short(&["ns"])
             .status()
-            .cols(vec![col("Status", "string", PHASE)]),
+            .cols(vec![col("Status", "string", PHASE), age()]),
         core("Node", "NodeList", "nodes", "node")
             .cluster()
             .short(&["no"])
             .status()
             .cols(vec![
-                col("Ready", "string", READY_COND),
+                computed("Status", "string"),
+                computed("Roles", "string"),
+                age(),
                 col("Version", "string", ".status.nodeInfo.kubeletVersion"),
-                wide(
-                    "Internal-IP",
-                    "string",
-                    ".status.addresses[?(@.type=='InternalIP')].address",
-                ),
+                PrinterColumn {
+                    priority: 1,
+                    ..computed("Internal-IP", "string")
+                },
+                PrinterColumn {
+                    priority: 1,
+                    ..computed("External-IP", "string")
+                },
                 wide("OS-Image", "string", ".status.nodeInfo.osImage"),
                 wide("Kernel-Version", "string", ".status.nodeInfo.kernelVersion"),
+                wide(
+                    "Container-Runtime",
+                    "string",
+                    ".status.nodeInfo.containerRuntimeVersion",
+                ),
             ]),
         core(
             "PersistentVolume",
@@ -225,16 +332,22 @@ fn core_resources() -> Vec<ResourceDef> {
         .status()
         .cols(vec![
             col("Capacity", "string", ".spec.capacity.storage"),
-            col("Access Modes", "string", ".spec.accessModes"),
+            computed("Access Modes", "string"),
             col(
                 "Reclaim Policy",
                 "string",
                 ".spec.persistentVolumeReclaimPolicy",
             ),
             col("Status", "string", PHASE),
-            col("Claim", "string", ".spec.claimRef.name"),
+            computed("Claim", "string"),
             col("StorageClass", "string", ".spec.storageClassName"),
-            wide("VolumeMode", "string", ".spec.volumeMode"),
+            computed("VolumeAttributesClass", "string"),
+            col("Reason", "string", ".status.reason"),
+            age(),
+            PrinterColumn {
+                priority: 1,
+                ..computed("VolumeMode", "string")
+            },
         ]),
         core(
             "PersistentVolumeClaim",
@@ -248,43 +361,54 @@ fn core_resources() -> Vec<ResourceDef> {
             col("Status", "string", PHASE),
             col("Volume", "string", ".spec.volumeName"),
             col("Capacity", "string", ".status.capacity.storage"),
-            col("Access Modes", "string", ".status.accessModes"),
-            col("StorageClass", "string", ".spec.storageClassName"),
-            wide("VolumeMode", "string", ".spec.volumeMode"),
+            computed("Access Modes", "string"),
+            computed("StorageClass", "string"),
+            computed("VolumeAttributesClass", "string"),
+            age(),
+            PrinterColumn {
+                priority: 1,
+                ..computed("VolumeMode", "string")
+            },
         ]),
-        core("Secret", "SecretList", "secrets", "secret")
-            .cols(vec![col("Type", "string", ".type")]),
-        core("ConfigMap", "ConfigMapList", "configmaps", "configmap").short(&["cm"]),
+        core("Secret", "SecretList", "secrets", "secret").cols(vec![
+            col("Type", "string", ".type"),
+            computed("Data", "integer"),
+            age(),
+        ]),
+        core("ConfigMap", "ConfigMapList", "configmaps", "configmap")
+            .short(&["cm"])
+            .cols(vec![computed("Data", "integer"), age()]),
         core("Event", "EventList", "events", "event")
             .short(&["ev"])
-            .cols(vec![
-                col("Last Seen", "date", ".lastTimestamp"),
-                col("Type", "string", ".type"),
-                col("Reason", "string", ".reason"),
-                col("Object", "string", ".involvedObject.name"),
-                col("Message", "string", ".message"),
-            ]),
+            .cols(event_cols()),
         core(
             "ServiceAccount",
             "ServiceAccountList",
             "serviceaccounts",
             "serviceaccount",
         )
-        .short(&["sa"]),
+        .short(&["sa"])
+        .cols(vec![computed("Secrets", "integer"), age()]),
         core("Pod", "PodList", "pods", "pod")
             .short(&["po"])
             .all()
             .status()
             .verbs(READ_ONLY_VERBS)
             .cols(vec![
-                col("Status", "string", PHASE),
-                col(
-                    "Restarts",
-                    "integer",
-                    ".status.containerStatuses[0].restartCount",
-                ),
+                computed("Ready", "string"),
+                computed("Status", "string"),
+                computed("Restarts", "string"),
+                age(),
                 wide("IP", "string", ".status.podIP"),
                 wide("Node", "string", ".spec.nodeName"),
+                PrinterColumn {
+                    priority: 1,
+                    ..computed("Nominated Node", "string")
+                },
+                PrinterColumn {
+                    priority: 1,
+                    ..computed("Readiness Gates", "string")
+                },
             ]),
         Def::new(
             "storage.k8s.io",
@@ -298,9 +422,10 @@ fn core_resources() -> Vec<ResourceDef> {
         .short(&["sc"])
         .cols(vec![
             col("Provisioner", "string", ".provisioner"),
-            col("ReclaimPolicy", "string", ".reclaimPolicy"),
-            col("VolumeBindingMode", "string", ".volumeBindingMode"),
-            col("AllowVolumeExpansion", "boolean", ".allowVolumeExpansion"),
+            computed("ReclaimPolicy", "string"),
+            computed("VolumeBindingMode", "string"),
+            computed("AllowVolumeExpansion", "string"),
+            age(),
         ]),
         Def::new(
             "coordination.k8s.io",
@@ -310,7 +435,7 @@ fn core_resources() -> Vec<ResourceDef> {
             "leases",
             "lease",
         )
-        .cols(vec![col("Holder", "string", ".spec.holderIdentity")]),
+        .cols(vec![col("Holder", "string", ".spec.holderIdentity"), age()]),
         Def::new(
             "events.k8s.io",
             "v1",
@@ -319,12 +444,7 @@ fn core_resources() -> Vec<ResourceDef> {
             "events",
             "event",
         )
-        .cols(vec![
-            col("Type", "string", ".type"),
-            col("Reason", "string", ".reason"),
-            col("Regarding", "string", ".regarding.name"),
-            col("Note", "string", ".note"),
-        ]),
+        .cols(event_cols()),
         Def::new(
             "apps",
             "v1",
@@ -334,9 +454,23 @@ fn core_resources() -> Vec<ResourceDef> {
             "controllerrevision",
         )
         .cols(vec![
-            col("Controller", "string", ".metadata.ownerReferences[0].name"),
+            computed("Controller", "string"),
             col("Revision", "integer", ".revision"),
+            age(),
         ]),
+        Def::new(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "CustomResourceDefinitionList",
+            "customresourcedefinitions",
+            "customresourcedefinition",
+        )
+        .cluster()
+        .short(&["crd", "crds"])
+        .status()
+        .verbs(READ_ONLY_VERBS)
+        .cols(vec![col("Created At", "string", CREATED)]),
     ]
     .into_iter()
     .map(|d| d.0)

@@ -43,6 +43,7 @@ fn normalize(v: &mut Value) {
             if let Some(Value::Object(props)) = map.get_mut("properties") {
                 for (_, child) in props.iter_mut() {
                     normalize(child);
+                    describe_from_items(child);
                 }
             }
             if let Some(Value::Array(values)) = map.get_mut("enum") {
@@ -75,6 +76,25 @@ fn normalize(v: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(normalize),
         _ => {}
+    }
+}
+
+/// A list field without a description of its own takes its items' description ("A guest
+/// disk …" for `disks`), so `kubectl explain` has something to say about it.
+fn describe_from_items(field: &mut Value) {
+    let Some(m) = field.as_object_mut() else {
+        return;
+    };
+    if m.contains_key("description") {
+        return;
+    }
+    let from_items = m
+        .get("items")
+        .and_then(|i| i.get("description"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let Some(d) = from_items {
+        m.insert("description".into(), Value::String(d));
     }
 }
 
@@ -124,8 +144,47 @@ fn generate(def: &ResourceDef) -> Value {
         (_, "CDI") => schema_of::<cdi::Cdi>(),
         (_, "NetworkAttachmentDefinition") => schema_of::<network::NetworkAttachmentDefinition>(),
         (_, "HyperConverged") => schema_of::<hco::HyperConverged>(),
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => crd_schema(),
         _ => free_form_object(),
     }
+}
+
+/// The CustomResourceDefinition kind (served read-only): typed metadata, a free-form spec and
+/// status (the published JSONSchemaProps type is recursive and cannot be inlined).
+fn crd_schema() -> Value {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let text = |d: &str| {
+        let mut m = Map::new();
+        m.insert("type".into(), "string".into());
+        m.insert("description".into(), d.into());
+        Value::Object(m)
+    };
+    let free = |d: &str| {
+        let mut v = free_form_object();
+        v["description"] = d.into();
+        v
+    };
+    let mut props = Map::new();
+    props.insert("apiVersion".into(), text("apiextensions.k8s.io/v1"));
+    props.insert("kind".into(), text("CustomResourceDefinition"));
+    props.insert("metadata".into(), schema_of::<ObjectMeta>());
+    props.insert(
+        "spec".into(),
+        free("The group, names, scope and versions (with schemas) of the resource."),
+    );
+    props.insert(
+        "status".into(),
+        free("Conditions (Established, NamesAccepted), accepted names and stored versions."),
+    );
+    let mut m = Map::new();
+    m.insert("type".into(), "object".into());
+    m.insert(
+        "description".into(),
+        "A resource kind served by this API server, described as a CustomResourceDefinition."
+            .into(),
+    );
+    m.insert("properties".into(), Value::Object(props));
+    Value::Object(m)
 }
 
 /// `{type: object, x-kubernetes-preserve-unknown-fields: true}`: accepts anything.

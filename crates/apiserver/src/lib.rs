@@ -27,6 +27,7 @@
 //! needs `Authorization: Bearer TOKEN`.
 
 mod body;
+mod crd;
 mod discovery;
 mod error;
 mod events;
@@ -38,6 +39,7 @@ mod objects;
 mod openapi;
 mod openapi_pb;
 pub mod patch;
+mod printers;
 mod proto;
 mod resources;
 mod routing;

@@ -1,6 +1,8 @@
-//! JSON Patch (RFC 6902) and JSON Merge Patch (RFC 7386) on `serde_json::Value`. Strategic merge
-//! patch lives in `smp`.
+//! JSON Patch (RFC 6902) and JSON Merge Patch (RFC 7386) on `serde_json::Value`, through the
+//! `json-patch` crate, with the server's bounds (operation count, object size tracked while the
+//! operations apply) and Kubernetes' null-test quirk. Strategic merge patch lives in `smp`.
 
+use json_patch::{PatchErrorKind, PatchOperation};
 use serde_json::Value;
 
 /// A patch that is malformed or does not apply.
@@ -35,138 +37,7 @@ impl Default for PatchLimits {
 
 /// Applies RFC 7386 merge patch `patch` to `target`.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(p) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Default::default());
-    }
-    let Value::Object(t) = target else { return };
-    for (k, v) in p {
-        if v.is_null() {
-            t.remove(k);
-        } else {
-            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-        }
-    }
-}
-
-fn unescape(token: &str) -> String {
-    token.replace("~1", "/").replace("~0", "~")
-}
-
-fn split_pointer(ptr: &str) -> Result<Vec<String>, PatchError> {
-    if ptr.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rest = ptr
-        .strip_prefix('/')
-        .ok_or_else(|| PatchError::Invalid(format!("path {ptr:?} must start with '/'")))?;
-    Ok(rest.split('/').map(unescape).collect())
-}
-
-fn array_index(tok: &str, len: usize, allow_end: bool) -> Result<usize, PatchError> {
-    if allow_end && tok == "-" {
-        return Ok(len);
-    }
-    let i: usize = tok
-        .parse()
-        .map_err(|_| PatchError::Failed(format!("invalid array index {tok:?}")))?;
-    let max = if allow_end {
-        len
-    } else {
-        len.saturating_sub(1)
-    };
-    if i > max || (!allow_end && len == 0) {
-        return Err(PatchError::Failed(format!("array index {i} out of bounds")));
-    }
-    Ok(i)
-}
-
-/// The parent container of `path` and the last token.
-fn parent_mut<'a>(
-    doc: &'a mut Value,
-    path: &[String],
-) -> Result<(&'a mut Value, String), PatchError> {
-    let (last, parents) = path
-        .split_last()
-        .ok_or_else(|| PatchError::Failed("the root cannot be the target".into()))?;
-    let mut cur = doc;
-    for tok in parents {
-        cur = match cur {
-            Value::Object(m) => m
-                .get_mut(tok)
-                .ok_or_else(|| PatchError::Failed(format!("path segment {tok:?} not found")))?,
-            Value::Array(a) => {
-                let i = array_index(tok, a.len(), false)?;
-                &mut a[i]
-            }
-            _ => {
-                return Err(PatchError::Failed(format!(
-                    "path segment {tok:?} not found"
-                )));
-            }
-        };
-    }
-    Ok((cur, last.clone()))
-}
-
-fn get_at<'a>(doc: &'a Value, path: &[String]) -> Option<&'a Value> {
-    let mut cur = doc;
-    for tok in path {
-        cur = match cur {
-            Value::Object(m) => m.get(tok)?,
-            Value::Array(a) => a.get(tok.parse::<usize>().ok()?)?,
-            _ => return None,
-        };
-    }
-    Some(cur)
-}
-
-fn add(doc: &mut Value, path: &[String], value: Value) -> Result<(), PatchError> {
-    if path.is_empty() {
-        *doc = value;
-        return Ok(());
-    }
-    let (parent, last) = parent_mut(doc, path)?;
-    match parent {
-        Value::Object(m) => {
-            m.insert(last, value);
-        }
-        Value::Array(a) => {
-            let i = array_index(&last, a.len(), true)?;
-            a.insert(i, value);
-        }
-        _ => return Err(PatchError::Failed(format!("cannot add to {last:?}"))),
-    }
-    Ok(())
-}
-
-fn remove(doc: &mut Value, path: &[String]) -> Result<Value, PatchError> {
-    let (parent, last) = parent_mut(doc, path)?;
-    match parent {
-        Value::Object(m) => m.shift_remove(&last).ok_or_else(|| {
-            PatchError::Failed(format!("unable to remove nonexistent key {last:?}"))
-        }),
-        Value::Array(a) => {
-            let i = array_index(&last, a.len(), false)?;
-            Ok(a.remove(i))
-        }
-        _ => Err(PatchError::Failed(format!("cannot remove {last:?}"))),
-    }
-}
-
-fn field<'a>(op: &'a Value, name: &str) -> Result<&'a Value, PatchError> {
-    op.get(name)
-        .ok_or_else(|| PatchError::Invalid(format!("operation is missing {name:?}")))
-}
-
-fn path_field(op: &Value, name: &str) -> Result<Vec<String>, PatchError> {
-    let p = field(op, name)?
-        .as_str()
-        .ok_or_else(|| PatchError::Invalid(format!("{name:?} must be a string")))?;
-    split_pointer(p)
+    json_patch::merge(target, patch);
 }
 
 /// Applies RFC 6902 operations to `doc` within [`PatchLimits::default`]; on error `doc` may be
@@ -223,11 +94,11 @@ fn added_size(op: &Value, doc: &Value) -> usize {
         Some("add" | "replace") => len(op.get("value")) + path_len,
         // The copy equals its source, which is still in place.
         Some("copy") => {
-            let from = op
+            len(op
                 .get("from")
                 .and_then(Value::as_str)
-                .and_then(|p| split_pointer(p).ok());
-            len(from.as_deref().and_then(|p| get_at(doc, p))) + path_len
+                .and_then(|p| doc.pointer(p)))
+                + path_len
         }
         // A move only adds the new key's name.
         Some("move") => path_len,
@@ -235,56 +106,34 @@ fn added_size(op: &Value, doc: &Value) -> usize {
     }
 }
 
+/// One operation, through the `json-patch` crate. As Kubernetes' implementation does (and
+/// kube-rs' finalizer helper relies on), testing for null succeeds when the path does not exist.
 fn apply_op(doc: &mut Value, op: &Value) -> Result<(), PatchError> {
+    let parsed: PatchOperation = serde_json::from_value(op.clone())
+        .map_err(|e| PatchError::Invalid(format!("operation {op}: {e}")))?;
+    if let PatchOperation::Test(t) = &parsed
+        && t.value.is_null()
+        && doc.pointer(t.path.as_str()).is_none()
     {
-        let name = field(op, "op")?
-            .as_str()
-            .ok_or_else(|| PatchError::Invalid("\"op\" must be a string".into()))?;
-        let path = path_field(op, "path")?;
-        match name {
-            "add" => add(doc, &path, field(op, "value")?.clone())?,
-            "remove" => {
-                remove(doc, &path)?;
-            }
-            "replace" => {
-                if path.is_empty() {
-                    *doc = field(op, "value")?.clone();
-                } else {
-                    remove(doc, &path)?;
-                    add(doc, &path, field(op, "value")?.clone())?;
-                }
-            }
-            "move" => {
-                let from = path_field(op, "from")?;
-                if path.starts_with(&from) && path.len() > from.len() {
-                    return Err(PatchError::Failed("cannot move a value into itself".into()));
-                }
-                let v = remove(doc, &from)?;
-                add(doc, &path, v)?;
-            }
-            "copy" => {
-                let from = path_field(op, "from")?;
-                let v = get_at(doc, &from)
-                    .cloned()
-                    .ok_or_else(|| PatchError::Failed("copy source not found".into()))?;
-                add(doc, &path, v)?;
-            }
-            "test" => {
-                let want = field(op, "value")?;
-                // As Kubernetes' implementation does (and kube-rs' finalizer helper relies on),
-                // testing for null succeeds when the path does not exist.
-                let actual = get_at(doc, &path).unwrap_or(&Value::Null);
-                if actual != want {
-                    return Err(PatchError::Failed(format!(
-                        "testing value {} failed",
-                        op["path"].as_str().unwrap_or_default()
-                    )));
-                }
-            }
-            other => return Err(PatchError::Invalid(format!("unknown operation {other:?}"))),
-        }
+        return Ok(());
     }
-    Ok(())
+    json_patch::patch_unsafe(doc, std::slice::from_ref(&parsed)).map_err(|e| match e.kind {
+        PatchErrorKind::TestFailed => {
+            PatchError::Failed(format!("testing value {} failed", e.path))
+        }
+        kind => PatchError::Failed(format!("{} {}: {kind}", op_name(&parsed), e.path)),
+    })
+}
+
+fn op_name(op: &PatchOperation) -> &'static str {
+    match op {
+        PatchOperation::Add(_) => "add",
+        PatchOperation::Remove(_) => "remove",
+        PatchOperation::Replace(_) => "replace",
+        PatchOperation::Move(_) => "move",
+        PatchOperation::Copy(_) => "copy",
+        PatchOperation::Test(_) => "test",
+    }
 }
 
 #[cfg(test)]

@@ -139,12 +139,15 @@ impl Resources {
             .filter(move |d| d.group == group && d.version == version)
     }
 
-    /// Distinct storage prefixes (one per stored kind), for GC and namespace cleanup.
+    /// Distinct storage prefixes (one per stored kind), for GC and namespace cleanup. The
+    /// CustomResourceDefinitions are left out: the server writes them, nothing owns or deletes
+    /// them, and their schemas would make every GC scan read a megabyte more.
     pub fn storage_defs(&self) -> Vec<&ResourceDef> {
         let mut seen = std::collections::HashSet::new();
         self.defs
             .iter()
-            .filter(|d| !is_events_v1(d) && seen.insert(storage_of(d)))
+            .filter(|d| !is_events_v1(d) && d.group != "apiextensions.k8s.io")
+            .filter(|d| seen.insert(storage_of(d)))
             .collect()
     }
 }

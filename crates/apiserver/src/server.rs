@@ -201,8 +201,9 @@ async fn check_token(sh: &Shared, req: Request, next: Next) -> Response {
     }
 }
 
+/// Compares in time independent of where the inputs differ (`subtle`).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 impl Server {
@@ -252,6 +253,9 @@ impl Server {
         gc::ensure_system_namespaces(&shared)
             .await
             .map_err(|e| ServerError::Config(format!("creating system namespaces: {e}")))?;
+        crate::crd::sync(&shared)
+            .await
+            .map_err(|e| ServerError::Config(format!("writing CustomResourceDefinitions: {e}")))?;
 
         let mut app = handlers::router(shared.clone());
         if let Some(extra) = opts.extra_routes.clone() {

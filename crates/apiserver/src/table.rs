@@ -6,7 +6,7 @@ use ferrovirt_api::registry::{self, PrinterColumn, ResourceDef};
 use serde_json::{Value, json};
 
 use crate::jsonpath::JsonPath;
-use crate::timefmt;
+use crate::{printers, timefmt};
 
 /// `includeObject`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +58,10 @@ fn column_definition(c: &PrinterColumn) -> Value {
 }
 
 /// One cell: the column's value, dates as ages, missing as null.
-fn cell(col: &PrinterColumn, path: Option<&JsonPath>, obj: &Value) -> Value {
+fn cell(def: &ResourceDef, col: &PrinterColumn, path: Option<&JsonPath>, obj: &Value) -> Value {
+    if col.json_path == registry::COMPUTED {
+        return printers::cell(def, col.name, obj);
+    }
     let Some(path) = path else { return Value::Null };
     let found = path.eval(obj);
     let v = match found.as_slice() {
@@ -91,6 +94,8 @@ pub fn table(req: &TableRequest<'_>) -> Value {
         .iter()
         .map(|c| JsonPath::parse(c.json_path).ok())
         .collect();
+    // A kind that lists its own `Name` column (Events: last, wide) has no leading NAME.
+    let own_name = cols.iter().any(|c| c.name == "Name");
     let mut defs = vec![json!({
         "name": "Name",
         "type": "string",
@@ -98,13 +103,23 @@ pub fn table(req: &TableRequest<'_>) -> Value {
         "description": "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition.",
         "priority": 0,
     })];
+    if own_name {
+        defs.clear();
+    }
     defs.extend(cols.iter().map(column_definition));
     let rows: Vec<Value> = req
         .objects
         .iter()
         .map(|o| {
-            let mut cells = vec![o.pointer("/metadata/name").cloned().unwrap_or(Value::Null)];
-            cells.extend(cols.iter().zip(&paths).map(|(c, p)| cell(c, p.as_ref(), o)));
+            let mut cells = Vec::with_capacity(cols.len() + 1);
+            if !own_name {
+                cells.push(printers::name_cell(req.def, o));
+            }
+            cells.extend(
+                cols.iter()
+                    .zip(&paths)
+                    .map(|(c, p)| cell(req.def, c, p.as_ref(), o)),
+            );
             let mut row = json!({"cells": cells});
             match req.include {
                 IncludeObject::None => {}

@@ -27,6 +27,7 @@ pub mod resources;
 pub mod session;
 pub mod ssh;
 pub mod target;
+pub mod transport;
 pub mod upload;
 pub mod virt;
 pub mod vnc;

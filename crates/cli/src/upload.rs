@@ -4,16 +4,15 @@
 //! `/v1beta1/upload` with a progress bar ([`crate::progress`]: redrawn on a terminal, plain
 //! lines every 10 % otherwise) and waits for `Succeeded`.
 //!
-//! ferrovirt's API server authenticates every request with the kubeconfig's token, so that
-//! token goes in `Authorization` and the upload token in `X-Upload-Token`.
+//! ferrovirt's API server authenticates every request with the kubeconfig's credentials, so
+//! those go in `Authorization` (through [`crate::transport`], as for every verb) and the upload
+//! token in `X-Upload-Token`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::CliError;
 use crate::target::Target;
@@ -68,31 +67,6 @@ pub fn dv_manifest(o: &UploadOptions, namespace: &str) -> Result<Value, CliError
         "metadata": {"name": o.name, "namespace": namespace},
         "spec": {"source": {"upload": {}}, "storage": storage},
     }))
-}
-
-/// The status code and body of a raw HTTP/1.1 answer (chunked bodies decoded).
-pub fn parse_response(raw: &[u8]) -> Option<(u16, String)> {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    let chunked = head.lines().any(|l| {
-        l.to_ascii_lowercase()
-            .starts_with("transfer-encoding: chunked")
-    });
-    if !chunked {
-        return Some((code, body.to_string()));
-    }
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).ok()?;
-        if n == 0 || after.len() < n {
-            break;
-        }
-        out.push_str(&after[..n]);
-        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
-    }
-    Some((code, out))
 }
 
 async fn phase(api: &Api<DynamicObject>, name: &str) -> Result<(String, Value), CliError> {
@@ -228,17 +202,14 @@ pub async fn request_token(
         .ok_or_else(|| CliError::Transport("the UploadTokenRequest has no status.token".into()))
 }
 
-/// Streams the image to the upload path.
+/// Streams the image to the upload path (the kubeconfig's credentials in `Authorization`, the
+/// upload token in `X-Upload-Token`; `--insecure` skips the server certificate check).
 async fn send(target: &Target, o: &UploadOptions, token: &str, total: u64) -> Result<(), CliError> {
-    let (mut tls, host, port) = target.connect_tls(o.insecure).await?;
-    let head = format!(
-        "POST {UPLOAD_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {}\r\n\
-         {TOKEN_HEADER}: {token}\r\nContent-Type: application/octet-stream\r\n\
-         Content-Length: {total}\r\nConnection: close\r\n\r\n",
-        target.token()
-    );
-    let io = |e: std::io::Error| CliError::Transport(format!("uploading: {e}"));
-    let mut file = tokio::fs::File::open(&o.image_path)
+    use futures::StreamExt;
+    use http_body_util::BodyExt;
+
+    let transport = target.transport(o.insecure).await?;
+    let file = tokio::fs::File::open(&o.image_path)
         .await
         .map_err(|e| CliError::Io {
             context: format!("reading {}", o.image_path.display()),
@@ -246,95 +217,42 @@ async fn send(target: &Target, o: &UploadOptions, token: &str, total: u64) -> Re
         })?;
     let mut progress = crate::progress::ByteProgress::new(total);
     let mut sent = 0u64;
-    let written: Result<(), std::io::Error> = async {
-        tls.write_all(head.as_bytes()).await?;
-        let mut buf = vec![0u8; 256 << 10];
-        loop {
-            let n = file.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            tls.write_all(&buf[..n]).await?;
-            sent += n as u64;
-            progress.update(sent);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let chunks = tokio_util::io::ReaderStream::with_capacity(file, 256 << 10).map(move |c| {
+        if let Ok(b) = &c {
+            let _ = tx.send(b.len() as u64);
         }
-        tls.flush().await
-    }
-    .await;
-    progress.finish();
-    // The server may answer (401, 409) before reading everything: read its answer anyway.
-    let mut raw = Vec::new();
-    let read = (&mut tls).take(1 << 20).read_to_end(&mut raw).await;
-    let Some((code, body)) = parse_response(&raw) else {
-        return Err(match (written, read) {
-            (Err(e), _) | (_, Err(e)) => io(e),
-            _ => CliError::Transport("the server closed the connection without an answer".into()),
-        });
+        c.map(hyper::body::Frame::data)
+    });
+    let body = http_body_util::StreamBody::new(chunks).boxed_unsync();
+    let req = http::Request::post(UPLOAD_PATH)
+        .header(TOKEN_HEADER, token)
+        .header(http::header::CONTENT_TYPE, "application/octet-stream")
+        .header(http::header::CONTENT_LENGTH, total)
+        .body(body)
+        .map_err(|e| CliError::Transport(e.to_string()))?;
+    let answer = transport.send(req);
+    tokio::pin!(answer);
+    let resp = loop {
+        tokio::select! {
+            r = &mut answer => break r,
+            Some(n) = rx.recv() => {
+                sent += n;
+                progress.update(sent);
+            }
+        }
     };
-    if !(200..300).contains(&code) {
-        return Err(CliError::from_response(code, &body));
+    while let Ok(n) = rx.try_recv() {
+        sent += n;
+        progress.update(sent);
     }
-    written.map_err(io)
-}
-
-/// A TLS connector that accepts any server certificate (`--insecure`).
-pub(crate) fn insecure_connector() -> tokio_rustls::TlsConnector {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
-        .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(cfg))
-}
-
-#[derive(Debug)]
-struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &rustls::pki_types::ServerName<'_>,
-        _ocsp: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    progress.finish();
+    let resp = resp?;
+    if !resp.status().is_success() {
+        return Err(crate::transport::error_response(resp).await);
     }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+    crate::transport::read_body(resp, 1 << 20).await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -370,14 +288,5 @@ mod tests {
         let mut o = opts();
         o.size = None;
         assert!(dv_manifest(&o, "ns").is_err());
-    }
-
-    #[test]
-    fn responses() {
-        let r = b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 2\r\n\r\n{}";
-        assert_eq!(parse_response(r), Some((401, "{}".into())));
-        let c = b"HTTP/1.1 400 Bad Request\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_response(c), Some((400, "abcde".into())));
-        assert_eq!(parse_response(b"garbage"), None);
     }
 }

@@ -2,7 +2,8 @@
 //! create-then-update of a multi-document file, `get` output (table, -o name, jsonpath, -A, -l,
 //! -w), `describe`, `create -f`, `edit`, `expand`, `create vm`, `wait`, `delete --wait`,
 //! `api-resources`, kubectl's error messages and exit codes, `completion`; and with one booted
-//! test guest, `vnc screenshot` (a valid PNG) and `vnc --proxy-only`.
+//! test guest, `vnc screenshot` (a valid PNG; also with a merged `$KUBECONFIG` list and a token
+//! file, with an exec credential plugin, and refused with a wrong token) and `vnc --proxy-only`.
 
 use std::io::{BufRead, Read, Write};
 use std::process::{Command, Stdio};
@@ -436,6 +437,106 @@ fn apply_get_describe_and_errors() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `ferrovirt ARGS` with `KUBECONFIG` (no `--kubeconfig`).
+fn fv_kubeconfig(kubeconfig: &str, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    Ok(Command::new(BIN)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()?)
+}
+
+/// `vnc screenshot` (a websocket through the API server) with credentials in forms other than
+/// an inline token.
+fn credential_forms_reach_the_console_stream(c: &Cluster, vm: &str) -> anyhow::Result<()> {
+    let kc = parse_yaml(&std::fs::read_to_string(&c.kubeconfig)?)?;
+    let server = kc["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .context("server")?;
+    let ca = kc["clusters"][0]["cluster"]["certificate-authority-data"]
+        .as_str()
+        .context("ca")?;
+    let token = kc["users"][0]["user"]["token"].as_str().context("token")?;
+    let dir = c.dir.path();
+    // File 1: cluster and context only; file 2: the user, whose token is in a file.
+    let clusters = dir.join("kc-clusters.yaml");
+    std::fs::write(
+        &clusters,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fv\n  cluster:\n    server: {server}\n    \
+             certificate-authority-data: {ca}\ncontexts:\n- name: fv\n  context: {{cluster: fv, user: \
+             split, namespace: default}}\ncurrent-context: fv\n"
+        ),
+    )?;
+    let token_file = dir.join("token-file");
+    std::fs::write(&token_file, token)?;
+    let users = dir.join("kc-users.yaml");
+    std::fs::write(
+        &users,
+        format!(
+            "apiVersion: v1\nkind: Config\nusers:\n- name: split\n  user:\n    tokenFile: {}\n",
+            token_file.display()
+        ),
+    )?;
+    // An exec plugin printing an ExecCredential.
+    let plugin = dir.join("cred-plugin.sh");
+    std::fs::write(
+        &plugin,
+        format!(
+            "#!/bin/sh\necho '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\
+             \"kind\":\"ExecCredential\",\"status\":{{\"token\":\"{token}\"}}}}'\n"
+        ),
+    )?;
+    std::fs::set_permissions(&plugin, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    let exec = dir.join("kc-exec.yaml");
+    std::fs::write(
+        &exec,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fv\n  cluster:\n    server: {server}\n    \
+             certificate-authority-data: {ca}\ncontexts:\n- name: fv\n  context: {{cluster: fv, user: \
+             plugin}}\ncurrent-context: fv\nusers:\n- name: plugin\n  user:\n    exec:\n      \
+             apiVersion: client.authentication.k8s.io/v1\n      command: {}\n      \
+             interactiveMode: Never\n",
+            plugin.display()
+        ),
+    )?;
+    let wrong = dir.join("kc-wrong.yaml");
+    std::fs::write(
+        &wrong,
+        std::fs::read_to_string(&c.kubeconfig)?.replace(token, "not-the-token"),
+    )?;
+    let merged = format!("{}:{}", clusters.display(), users.display());
+    for (what, kubeconfig) in [
+        ("merged list with a token file", merged.as_str()),
+        ("exec plugin", exec.to_str().context("path")?),
+    ] {
+        let png = dir.join("cred.png");
+        let _ = std::fs::remove_file(&png);
+        let out = fv_kubeconfig(
+            kubeconfig,
+            &["vnc", "screenshot", vm, "-f", png.to_str().context("path")?],
+        )?;
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (w, h) = png_size(&std::fs::read(&png)?)?;
+        assert!(w > 0 && h > 0, "{what}: {w}x{h}");
+    }
+    let out = fv_kubeconfig(
+        wrong.to_str().context("path")?,
+        &["vnc", "screenshot", vm, "-f", "/dev/null"],
+    )?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.to_lowercase().contains("unauthorized"),
+        "{err}"
+    );
+    Ok(())
+}
+
 fn parse_yaml(text: &str) -> anyhow::Result<Value> {
     let docs = ferrovirt_cli::printer::parse_documents(text)?;
     docs.into_iter().next().context("no YAML document")
@@ -656,6 +757,10 @@ spec:
     assert_eq!(shot.code, 0, "{shot:?}");
     let (w, h) = png_size(&std::fs::read(&png)?)?;
     assert!(w > 0 && h > 0, "{w}x{h}");
+
+    // The streaming verbs authenticate as kubectl does: a merged $KUBECONFIG list whose user
+    // reads a token file, an exec credential plugin, and a wrong token refused.
+    credential_forms_reach_the_console_stream(&c, "g1")?;
 
     // --proxy-only: a local port speaking RFB.
     let mut proxy = Command::new(BIN)

@@ -226,6 +226,10 @@ pub struct Disk {
     /// Present the disk as a CD-ROM (implies read-only; not possible on the virtio bus).
     #[serde(default)]
     pub cdrom: bool,
+    /// A CD-ROM drive with no medium (`path` empty, no backing chain): the guest sees the
+    /// drive, a volume can be inserted later. Only with `cdrom`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub empty: bool,
     /// Boot priority (lower boots first); `bootindex` on the device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_order: Option<u32>,
@@ -536,6 +540,19 @@ impl LaunchSpec {
             if !ids.insert(d.id.as_str()) {
                 return bad(format!("duplicate device id {:?}", d.id));
             }
+            if d.empty && (!d.cdrom || !d.path.as_os_str().is_empty() || !d.backing.is_empty()) {
+                return bad(format!(
+                    "disk {:?}: only a CD-ROM can be empty, and an empty drive has no image",
+                    d.id
+                ));
+            }
+            if d.empty && !matches!(d.bus, DiskBus::Sata | DiskBus::Scsi) {
+                // usb-storage has no removable-medium drive without an image.
+                return bad(format!(
+                    "disk {:?}: an empty CD-ROM needs the sata or scsi bus",
+                    d.id
+                ));
+            }
             if d.cdrom && d.bus == DiskBus::Virtio {
                 return bad(format!(
                     "disk {:?}: a CD-ROM cannot use the virtio bus",
@@ -653,6 +670,7 @@ mod tests {
             bus: DiskBus::Virtio,
             readonly: false,
             cdrom: false,
+            empty: false,
             boot_order: None,
             serial: None,
             cache: None,
@@ -832,6 +850,55 @@ mod tests {
         assert!(s.validate().unwrap_err().to_string().contains("read-only"));
         s.disks[0].cdrom = true;
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn an_empty_drive_is_a_cdrom_without_an_image() {
+        let mut s = spec();
+        let mut d = disk("cd");
+        d.path = "".into();
+        d.cdrom = true;
+        d.empty = true;
+        d.bus = DiskBus::Scsi;
+        s.disks.push(d.clone());
+        s.validate().unwrap();
+        assert!(s.disks[0].is_readonly());
+        // The field is left out of spec.json when false, and round-trips when true.
+        let json = serde_json::to_value(&s.disks[0]).unwrap();
+        assert_eq!(json["empty"], true);
+        assert!(
+            serde_json::to_value(disk("a"))
+                .unwrap()
+                .get("empty")
+                .is_none()
+        );
+        for (bad, why) in [
+            (
+                Disk {
+                    cdrom: false,
+                    ..d.clone()
+                },
+                "only a CD-ROM",
+            ),
+            (
+                Disk {
+                    path: "/img/x.iso".into(),
+                    ..d.clone()
+                },
+                "no image",
+            ),
+            (
+                Disk {
+                    bus: DiskBus::Usb,
+                    ..d.clone()
+                },
+                "sata or scsi",
+            ),
+        ] {
+            s.disks = vec![bad];
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
     }
 
     #[test]

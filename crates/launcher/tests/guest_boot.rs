@@ -217,6 +217,7 @@ async fn boot_from_disk(name: &str, file: &str, format: DiskFormat, bus: DiskBus
         bus,
         readonly,
         cdrom: false,
+        empty: false,
         boot_order: Some(1),
         serial: Some("rootdisk".into()),
         cache: None,

@@ -25,6 +25,7 @@ fn disk(id: &str, path: std::path::PathBuf, format: DiskFormat, bus: DiskBus) ->
         bus,
         readonly: true,
         cdrom: false,
+        empty: false,
         boot_order: None,
         serial: None,
         cache: None,
@@ -94,7 +95,16 @@ async fn real_qemu_accepts_every_device_kind_and_reports_them_over_qmp() {
         DiskFormat::Qcow2,
         DiskBus::Usb,
     );
+    // Empty CD-ROM drives (no medium: a volume can be inserted later).
+    let mut empty_cds = Vec::new();
+    for (id, bus) in [("cd2", DiskBus::Scsi), ("cd3", DiskBus::Sata)] {
+        let mut d = disk(id, "".into(), DiskFormat::Raw, bus);
+        d.cdrom = true;
+        d.empty = true;
+        empty_cds.push(d);
+    }
     spec.disks = vec![root, sata, cd, sata_cd, scsi, usb];
+    spec.disks.extend(empty_cds);
 
     let fwd_port = free_port();
     spec.nics = vec![
@@ -191,6 +201,29 @@ async fn real_qemu_accepts_every_device_kind_and_reports_them_over_qmp() {
                 .unwrap_or_else(|| panic!("node {name} missing"));
             assert_eq!(node["ro"], id != "sata0", "{name}");
         }
+    }
+
+    // the empty CD-ROMs: removable drives without a medium, no block nodes
+    assert!(
+        !nodes.iter().any(|n| n["node-name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with("-cd2") || n.ends_with("-cd3"))),
+        "{nodes:?}"
+    );
+    let blocks = qmp.execute("query-block", None).await.unwrap();
+    for id in ["cd2", "cd3"] {
+        let b = blocks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| {
+                b["qdev"]
+                    .as_str()
+                    .is_some_and(|q| q == id || q.contains(&format!("/{id}/")))
+            })
+            .unwrap_or_else(|| panic!("{id} not in query-block: {blocks}"));
+        assert_eq!(b["removable"], true, "{b}");
+        assert!(b.get("inserted").is_none(), "{id} has no medium: {b}");
     }
 
     // VNC on its unix socket speaks RFB

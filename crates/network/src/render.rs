@@ -109,21 +109,27 @@ pub(crate) fn replace_table(family: &str, table: &str, body: &str) -> String {
     )
 }
 
-/// The node's table: guests never reach the node itself (nothing arriving from the node
+/// The node's tables: guests never reach the node itself (nothing arriving from the node
 /// bridge or the overlay is delivered locally unless it answers a connection the node
-/// opened: no service on any node address, such as an agent endpoint or etcd listening on
-/// 0.0.0.0, is reachable from a VMI; forwarded traffic between VMIs and out of the uplink is
-/// not affected); and the NAT: traffic from the cluster CIDR to anywhere else leaves
-/// masqueraded through the uplink (no rule without an uplink).
+/// opened, over IPv4 (`ip`) and IPv6 (`ip6`, link-local addresses included): no service on
+/// any node address, such as an agent endpoint or etcd listening on 0.0.0.0 or `::`, is
+/// reachable from a VMI); nothing from them is routed to a link-local destination
+/// (169.254.0.0/16: a cloud metadata service beyond the uplink, RFC 3927 forbids forwarding
+/// those anyway); other forwarded traffic between VMIs and out of the uplink is not affected.
+/// And the NAT: traffic from the cluster CIDR to anywhere else leaves masqueraded through the
+/// uplink (no rule without an uplink).
 pub fn node_nft_script(node: &NodeNetwork) -> String {
-    let mut body = String::new();
-    let _ = write!(
-        body,
-        "  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
-         iifname {{ \"{br}\", \"{vx}\" }} ct state established,related accept\n    \
-         iifname {{ \"{br}\", \"{vx}\" }} counter drop\n  }}\n",
+    let guests = format!(
+        "{{ \"{br}\", \"{vx}\" }}",
         br = node.bridge,
         vx = crate::overlay::OVERLAY_DEVICE,
+    );
+    let input = input_chain(&guests, false);
+    let mut body = input.clone();
+    let _ = write!(
+        body,
+        "  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    \
+         iifname {guests} ip daddr {LINK_LOCAL} counter drop\n  }}\n",
     );
     body.push_str(
         "  chain postrouting {\n    type nat hook postrouting priority 100; policy accept;\n",
@@ -136,7 +142,28 @@ pub fn node_nft_script(node: &NodeNetwork) -> String {
         );
     }
     body.push_str("  }\n");
-    replace_table("ip", &node.nft_table, &body)
+    let mut script = replace_table("ip", &node.nft_table, &body);
+    script.push_str(&replace_table("ip6", &node.nft_table, &input));
+    script
+}
+
+/// IPv4 link-local addresses, never forwarded for a guest.
+pub const LINK_LOCAL: &str = "169.254.0.0/16";
+
+/// An input chain dropping (and counting) what arrives on `ifaces` (an nft interface name or
+/// set) unless it answers a connection opened from this side; DHCP to the local server first
+/// when `dhcp`.
+fn input_chain(ifaces: &str, dhcp: bool) -> String {
+    let dhcp = if dhcp {
+        format!("    iifname {ifaces} udp dport 67 accept\n")
+    } else {
+        String::new()
+    };
+    format!(
+        "  chain input {{\n    type filter hook input priority 0; policy accept;\n{dhcp}    \
+         iifname {ifaces} ct state established,related accept\n    \
+         iifname {ifaces} counter drop\n  }}\n"
+    )
 }
 
 fn port_rules(ports: &[Port], prefix: &str, target: &str) -> String {
@@ -203,24 +230,33 @@ pub fn masquerade_nft_script(plan: &PodPlan, ports: &[Port]) -> String {
     );
     body.push_str("  }\n");
     body.push_str(&guest_input_chain(plan));
-    replace_table("ip", &plan.node.nft_table, &body)
+    let mut s = replace_table("ip", &plan.node.nft_table, &body);
+    s.push_str(&guest_input6_table(plan));
+    s
 }
 
 /// Inside the VMI namespace: what the guest sends to the namespace itself is dropped, except
 /// DHCP to its server and answers to connections the namespace opened (port-forward).
 fn guest_input_chain(plan: &PodPlan) -> String {
-    let br = &plan.pod_bridge;
-    format!(
-        "  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
-         iifname \"{br}\" udp dport 67 accept\n    \
-         iifname \"{br}\" ct state established,related accept\n    \
-         iifname \"{br}\" counter drop\n  }}\n"
+    input_chain(&format!("\"{}\"", plan.pod_bridge), true)
+}
+
+/// The same over IPv6 (the bridge's link-local address): a table `ip6 <nft_table>` with only
+/// the input filter (no DHCP exception: the DHCP server is IPv4).
+fn guest_input6_table(plan: &PodPlan) -> String {
+    replace_table(
+        "ip6",
+        &plan.node.nft_table,
+        &input_chain(&format!("\"{}\"", plan.pod_bridge), false),
     )
 }
 
-/// The bridge binding's `ip` table in the VMI namespace: only the guest input filter.
+/// The bridge binding's `ip` and `ip6` tables in the VMI namespace: only the guest input
+/// filters.
 pub fn bridge_guest_input_script(plan: &PodPlan) -> String {
-    replace_table("ip", &plan.node.nft_table, &guest_input_chain(plan))
+    let mut s = replace_table("ip", &plan.node.nft_table, &guest_input_chain(plan));
+    s.push_str(&guest_input6_table(plan));
+    s
 }
 
 /// The bridge binding's filter inside the VMI namespace: DHCP stays between the guest and its
@@ -269,6 +305,11 @@ pub fn node_teardown_actions(node: &NodeNetwork) -> Vec<Action> {
         Action::DelNftTable {
             netns: node.netns.clone(),
             family: "ip".into(),
+            table: node.nft_table.clone(),
+        },
+        Action::DelNftTable {
+            netns: node.netns.clone(),
+            family: "ip6".into(),
             table: node.nft_table.clone(),
         },
         Action::DelLink {
@@ -426,9 +467,27 @@ mod tests {
             s.contains("iifname { \"fv-br0\", \"fv-vx0\" } counter drop"),
             "{s}"
         );
-        // Inside the VMI namespace: DHCP only.
+        // Over IPv6 too (link-local addresses of fv-br0), and no forwarding to link-local
+        // destinations (a metadata service beyond the uplink).
+        let v6 = &s[s.find("table ip6 ferrovirt-t1 {").expect("an ip6 table")..];
+        assert!(
+            v6.contains("iifname { \"fv-br0\", \"fv-vx0\" } counter drop"),
+            "{v6}"
+        );
+        assert!(!v6.contains("masquerade"), "{v6}");
+        assert!(
+            s.contains("type filter hook forward priority 0")
+                && s.contains(
+                    "iifname { \"fv-br0\", \"fv-vx0\" } ip daddr 169.254.0.0/16 counter drop"
+                ),
+            "{s}"
+        );
+        // Inside the VMI namespace: DHCP only, nothing over IPv6.
         let p = plan(Binding::Masquerade { ports: vec![] });
         let s = masquerade_nft_script(&p, &[]);
+        let v6 = &s[s.find("table ip6 ferrovirt-t1 {").expect("an ip6 table")..];
+        assert!(v6.contains("iifname \"k6t-eth0\" counter drop"), "{v6}");
+        assert!(!v6.contains("dport 67") && !v6.contains("dnat"), "{v6}");
         assert!(
             s.contains("iifname \"k6t-eth0\" udp dport 67 accept"),
             "{s}"
@@ -438,6 +497,7 @@ mod tests {
         let s = bridge_guest_input_script(&b);
         assert!(s.starts_with("table ip ferrovirt-t1\n"), "{s}");
         assert!(s.contains("iifname \"k6t-eth0\" counter drop"), "{s}");
+        assert!(s.contains("table ip6 ferrovirt-t1 {"), "{s}");
     }
 
     #[test]
@@ -451,7 +511,8 @@ mod tests {
         assert_eq!(a[2], "ip link set fv-br0 mtu 1500 up");
         assert!(a[3].contains("ip_forward"));
         let t = node_teardown_actions(&node());
-        assert!(matches!(&t[1], Action::DelLink { name, .. } if name == "fv-br0"));
+        assert!(matches!(&t[1], Action::DelNftTable { family, .. } if family == "ip6"));
+        assert!(matches!(&t[2], Action::DelLink { name, .. } if name == "fv-br0"));
     }
 
     #[test]

@@ -171,7 +171,10 @@ async fn setup_is_idempotent_and_teardown_removes_everything() -> anyhow::Result
         rules.contains(&format!("ip daddr {} dnat to 10.0.2.2", plan.address)),
         "{rules}"
     );
-    assert_eq!(rules.matches("table ip").count(), 1, "{rules}");
+    // Re-applied, not duplicated: one IPv4 table (NAT + guest input filter) and one IPv6
+    // table (guest input filter).
+    assert_eq!(rules.matches("table ip ").count(), 1, "{rules}");
+    assert_eq!(rules.matches("table ip6 ").count(), 1, "{rules}");
     let node_rules = nft_ruleset_in(&lab.node_ns);
     assert!(node_rules.contains("masquerade"), "{node_rules}");
     assert!(links_in(&lab.node_ns).contains(&plan.host_veth));

@@ -10,16 +10,26 @@ use super::devices::Devices;
 kstruct! {
     /// The virtual hardware of a VMI.
     pub struct DomainSpec {
+        /// Memory and CPU requests and limits of the VMI.
         pub resources: Option<ResourceRequirements>,
+        /// vCPU topology, model and placement.
         pub cpu: Option<Cpu>,
+        /// Guest memory size and backing (hugepages).
         pub memory: Option<Memory>,
+        /// The emulated machine type.
         pub machine: Option<Machine>,
+        /// Boot firmware (BIOS/EFI), SMBIOS identity and direct kernel boot.
         pub firmware: Option<Firmware>,
+        /// The guest clock and its timers.
         pub clock: Option<Clock>,
+        /// Hypervisor features exposed to the guest (ACPI, APIC, SMM, Hyper-V).
         pub features: Option<Features>,
+        /// Disks, network interfaces and the other virtual devices of the guest.
         #[serde(default)]
         pub devices: Devices,
+        /// How IOThreads are assigned to disks: `shared`, `auto` or `supplementalPool`.
         pub io_threads_policy: Option<String>,
+        /// SMBIOS chassis information the guest sees.
         pub chassis: Option<Chassis>,
         /// Supplemental IOThread pool size (`ioThreadsPolicy: supplementalPool`).
         pub io_threads: Option<IoThreads>,
@@ -67,8 +77,11 @@ kstruct! {
 kstruct! {
     /// Requests and limits of the VMI's pod-equivalent (memory, cpu).
     pub struct ResourceRequirements {
+        /// Resources the VMI needs (`memory`, `cpu`).
         pub requests: Option<BTreeMap<String, Quantity>>,
+        /// Upper bounds of the resources the VMI may use.
         pub limits: Option<BTreeMap<String, Quantity>>,
+        /// Do not add the virtualization overhead to the memory request.
         pub overcommit_guest_overhead: Option<bool>,
     }
 }
@@ -76,16 +89,25 @@ kstruct! {
 kstruct! {
     /// Guest CPU topology and model.
     pub struct Cpu {
+        /// Cores per socket (default 1).
         pub cores: Option<u32>,
+        /// Sockets (default 1).
         pub sockets: Option<u32>,
+        /// Threads per core (default 1).
         pub threads: Option<u32>,
+        /// Most sockets the VM can grow to with CPU hotplug.
         pub max_sockets: Option<u32>,
         /// `host-model`, `host-passthrough` or a named model.
         pub model: Option<String>,
+        /// CPU feature flags to require or disable.
         pub features: Option<Vec<CpuFeature>>,
+        /// Pin each vCPU to a dedicated host CPU.
         pub dedicated_cpu_placement: Option<bool>,
+        /// Give the emulator thread its own host CPU (with dedicated placement).
         pub isolate_emulator_thread: Option<bool>,
+        /// Guest NUMA topology.
         pub numa: Option<CpuNuma>,
+        /// Tune vCPUs for realtime workloads.
         pub realtime: Option<Realtime>,
     }
 }
@@ -121,8 +143,11 @@ kempty! {
 kstruct! {
     /// Guest memory.
     pub struct Memory {
+        /// Back guest memory with hugepages.
         pub hugepages: Option<Hugepages>,
+        /// Memory the guest sees; defaults to the memory request.
         pub guest: Option<Quantity>,
+        /// Most memory the guest can grow to with memory hotplug.
         pub max_guest: Option<Quantity>,
         /// Extra memory reserved for the VMI beyond KubeVirt's computed overhead.
         pub reserved_overhead: Option<ReservedOverhead>,
@@ -148,6 +173,7 @@ kstruct! {
 kstruct! {
     /// Emulated machine type (`q35`, `pc-q35-rhel9.4.0`, ...).
     pub struct Machine {
+        /// The machine type (`q35`).
         #[serde(rename = "type")]
         pub type_: Option<String>,
     }
@@ -156,10 +182,15 @@ kstruct! {
 kstruct! {
     /// Firmware: boot loader, SMBIOS UUID and serial, direct kernel boot.
     pub struct Firmware {
+        /// The SMBIOS system UUID the guest sees.
         pub uuid: Option<String>,
+        /// BIOS or EFI boot.
         pub bootloader: Option<Bootloader>,
+        /// The SMBIOS system serial number the guest sees.
         pub serial: Option<String>,
+        /// Boot a kernel and initrd directly instead of from a disk.
         pub kernel_boot: Option<KernelBoot>,
+        /// Extra ACPI tables (SLIC, MSDM) from volumes.
         pub acpi: Option<AcpiTables>,
     }
 }
@@ -167,7 +198,9 @@ kstruct! {
 kstruct! {
     /// BIOS or EFI.
     pub struct Bootloader {
+        /// Boot with legacy BIOS.
         pub bios: Option<Bios>,
+        /// Boot with UEFI.
         pub efi: Option<Efi>,
     }
 }
@@ -175,6 +208,7 @@ kstruct! {
 kstruct! {
     /// Legacy BIOS.
     pub struct Bios {
+        /// Send BIOS output to the serial console.
         pub use_serial: Option<bool>,
     }
 }
@@ -182,7 +216,9 @@ kstruct! {
 kstruct! {
     /// UEFI firmware.
     pub struct Efi {
+        /// Enable UEFI Secure Boot (default true).
         pub secure_boot: Option<bool>,
+        /// Keep the EFI variables across restarts.
         pub persistent: Option<bool>,
     }
 }
@@ -217,8 +253,11 @@ kstruct! {
 kstruct! {
     /// Guest clock.
     pub struct Clock {
+        /// Keep the guest clock in UTC, with an optional offset.
         pub utc: Option<ClockOffsetUtc>,
+        /// Keep the guest clock in this timezone (`Europe/Berlin`).
         pub timezone: Option<String>,
+        /// Timers exposed to the guest.
         pub timer: Option<Timer>,
     }
 }
@@ -261,11 +300,17 @@ kstruct! {
 kstruct! {
     /// Hypervisor features.
     pub struct Features {
+        /// ACPI support (default enabled).
         pub acpi: Option<FeatureState>,
+        /// The APIC.
         pub apic: Option<FeatureApic>,
+        /// System management mode (needed by Secure Boot).
         pub smm: Option<FeatureState>,
+        /// Hyper-V enlightenments for Windows guests.
         pub hyperv: Option<FeatureHyperv>,
+        /// KVM options (hiding the hypervisor).
         pub kvm: Option<FeatureKvm>,
+        /// Paravirtual spinlocks.
         pub pvspinlock: Option<FeatureState>,
         /// Pass every Hyper-V enlightenment the host supports.
         pub hyperv_passthrough: Option<FeatureState>,
@@ -350,10 +395,15 @@ kstruct! {
 kstruct! {
     /// SMBIOS chassis information.
     pub struct Chassis {
+        /// Chassis manufacturer.
         pub manufacturer: Option<String>,
+        /// Chassis version.
         pub version: Option<String>,
+        /// Chassis serial number.
         pub serial: Option<String>,
+        /// Chassis asset tag.
         pub asset: Option<String>,
+        /// Chassis SKU.
         pub sku: Option<String>,
     }
 }

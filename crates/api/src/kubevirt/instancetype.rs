@@ -38,10 +38,14 @@ kstruct! {
         pub memory: InstancetypeMemory,
         pub gpus: Option<Vec<Gpu>>,
         pub host_devices: Option<Vec<HostDevice>>,
+        /// IOThreads policy of the VMIs (`shared`, `auto`).
         #[serde(rename = "ioThreadsPolicy")]
         pub io_threads_policy: Option<String>,
+        /// Annotations added to the VMIs that use this instancetype.
         pub annotations: Option<BTreeMap<String, String>>,
+        /// Node labels the VMIs must be scheduled on.
         pub node_selector: Option<BTreeMap<String, String>>,
+        /// Scheduler of the VMIs.
         pub scheduler_name: Option<String>,
         pub launch_security: Option<super::domain::LaunchSecurity>,
         pub io_threads: Option<super::domain::IoThreads>,
@@ -82,11 +86,16 @@ kstruct! {
         pub firmware: Option<FirmwarePreferences>,
         pub machine: Option<MachinePreferences>,
         pub volumes: Option<VolumePreferences>,
+        /// Subdomain preferred for the VMIs.
         pub preferred_subdomain: Option<String>,
+        /// Grace period preferred for the VMIs' shutdown, in seconds.
         pub preferred_termination_grace_period_seconds: Option<i64>,
         pub requirements: Option<PreferenceRequirements>,
+        /// Annotations added to the VMIs that use this preference.
         pub annotations: Option<BTreeMap<String, String>>,
+        /// Cores per socket when vCPUs are spread over sockets and cores.
         pub prefer_spread_socket_to_core_ratio: Option<u32>,
+        /// CPU architecture preferred for the VM.
         pub preferred_architecture: Option<String>,
         pub preferred_launch_security: Option<super::domain::LaunchSecurity>,
     }

@@ -19,7 +19,9 @@ resource! {
 kstruct! {
     /// Which VMI to migrate.
     pub struct MigrationSpec {
+        /// The VMI to migrate (in the migration's namespace).
         pub vmi_name: Option<String>,
+        /// Extra node labels the migration target must have.
         pub added_node_selector: Option<BTreeMap<String, String>>,
         /// Cross-cluster migration: the source side.
         pub send_to: Option<MigrationSource>,
@@ -92,10 +94,12 @@ resource! {
 kstruct! {
     /// Desired replicas and their template.
     pub struct ReplicaSetSpec {
+        /// How many VMIs to keep (default 1).
         pub replicas: Option<i32>,
         pub selector: Option<LabelSelector>,
         #[serde(default)]
         pub template: VirtualMachineInstanceTemplateSpec,
+        /// Stop adding and removing VMIs while true.
         pub paused: Option<bool>,
     }
 }
@@ -118,11 +122,17 @@ resource! {
 kstruct! {
     /// Install options and configuration.
     pub struct KubeVirtSpec {
+        /// Tag of the component images.
         pub image_tag: Option<String>,
+        /// Registry the component images come from.
         pub image_registry: Option<String>,
+        /// Pull policy of the KubeVirt component images.
         pub image_pull_policy: Option<String>,
+        /// Namespace Prometheus runs in.
         pub monitor_namespace: Option<String>,
+        /// Prometheus service account allowed to scrape.
         pub monitor_account: Option<String>,
+        /// Whether removal waits for VMs to go (`BlockUninstallIfWorkloadsExist`).
         pub uninstall_strategy: Option<String>,
         pub certificate_rotate_strategy: Option<FreeForm>,
         pub workload_update_strategy: Option<FreeForm>,
@@ -131,9 +141,13 @@ kstruct! {
         pub workloads: Option<ComponentConfig>,
         pub customize_components: Option<FreeForm>,
         pub image_pull_secrets: Option<Vec<k8s_openapi::api::core::v1::LocalObjectReference>>,
+        /// Product name label put on the deployed components.
         pub product_name: Option<String>,
+        /// Product version label put on the deployed components.
         pub product_version: Option<String>,
+        /// Product component label put on the deployed components.
         pub product_component: Option<String>,
+        /// Namespace ServiceMonitors are created in.
         pub service_monitor_namespace: Option<String>,
     }
 }
@@ -241,12 +255,17 @@ kstruct! {
     /// Settings and which VMIs they apply to.
     pub struct MigrationPolicySpec {
         pub selectors: Option<MigrationPolicySelectors>,
+        /// Throttle the guest's vCPUs when a migration does not converge.
         pub allow_auto_converge: Option<bool>,
         pub bandwidth_per_migration: Option<Quantity>,
+        /// Seconds per GiB of guest memory before a migration is cancelled.
         #[serde(rename = "completionTimeoutPerGiB")]
         pub completion_timeout_per_gib: Option<i64>,
+        /// Allow switching to post-copy migration when pre-copy does not converge.
         pub allow_post_copy: Option<bool>,
+        /// Allow pausing the guest to finish a migration.
         pub allow_workload_disruption: Option<bool>,
+        /// Longest pause of the guest allowed at the switch-over, in milliseconds.
         pub max_downtime_ms: Option<u64>,
         pub experimental: Option<FreeForm>,
     }

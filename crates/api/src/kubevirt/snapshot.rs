@@ -18,6 +18,7 @@ kstruct! {
         pub source: TypedLocalObjectReference,
         /// `Delete` or `Retain`.
         pub deletion_policy: Option<String>,
+        /// How long the snapshot may take before it fails (a duration).
         pub failure_deadline: Option<String>,
     }
 }
@@ -54,6 +55,7 @@ resource! {
 kstruct! {
     /// The captured content.
     pub struct SnapshotContentSpec {
+        /// The snapshot this content belongs to.
         pub virtual_machine_snapshot_name: Option<String>,
         #[serde(default)]
         pub source: SnapshotContentSource,
@@ -125,10 +127,15 @@ kstruct! {
     /// Which snapshot into which target.
     pub struct RestoreSpec {
         pub target: TypedLocalObjectReference,
+        /// The snapshot to restore from.
         pub virtual_machine_snapshot_name: String,
+        /// JSON patches applied to the restored VM.
         pub patches: Option<Vec<String>>,
+        /// When to restore into a running target: `StopTarget`, `WaitGracePeriod`, `WaitEventually`, `FailImmediate`.
         pub target_readiness_policy: Option<String>,
+        /// How restored volumes are named: `RandomizeNames` or `InPlace`.
         pub volume_restore_policy: Option<String>,
+        /// Who owns the restored volumes: `Vm` or `None`.
         pub volume_ownership_policy: Option<String>,
         pub volume_restore_overrides: Option<Vec<VolumeRestoreOverride>>,
     }

@@ -15,12 +15,18 @@ kstruct! {
     pub struct VirtualMachineSpec {
         /// Deprecated: use `runStrategy`. Mutually exclusive with it.
         pub running: Option<bool>,
+        /// When a VMI should exist: `Always`, `Halted`, `Manual`, `RerunOnFailure`, `Once` or `WaitAsReceiver`.
         pub run_strategy: Option<RunStrategy>,
+        /// The instancetype the VM's resources and devices come from.
         pub instancetype: Option<InstancetypeMatcher>,
+        /// The preference the VM's defaults come from.
         pub preference: Option<PreferenceMatcher>,
+        /// The VMI the VM starts: its metadata and spec.
         #[serde(default)]
         pub template: VirtualMachineInstanceTemplateSpec,
+        /// DataVolumes created with the VM and owned by it, for its disks.
         pub data_volume_templates: Option<Vec<DataVolumeTemplateSpec>>,
+        /// How volume changes reach a running VM: `Replacement` or `Migration`.
         pub update_volumes_strategy: Option<String>,
     }
 }
@@ -125,19 +131,33 @@ pub mod vm_condition {
 kstruct! {
     /// Observed state of a VM.
     pub struct VirtualMachineStatus {
+        /// The snapshot being taken now, if any.
         pub snapshot_in_progress: Option<String>,
+        /// The restore being done now, if any.
         pub restore_in_progress: Option<String>,
+        /// Whether the VM's VMI exists.
         pub created: Option<bool>,
+        /// Whether the VM's VMI is running and ready.
         pub ready: Option<bool>,
+        /// A one-word summary of the VM's state (`Running`, `Stopped`, ...).
         pub printable_status: Option<PrintableStatus>,
+        /// The VM's current conditions (Ready, Paused, ...).
         pub conditions: Option<Vec<Condition>>,
+        /// Pending start and stop requests for the controller.
         pub state_change_requests: Option<Vec<StateChangeRequest>>,
+        /// Whether each volume supports snapshots.
         pub volume_snapshot_statuses: Option<Vec<VolumeSnapshotStatus>>,
+        /// Recent start failures and when the next retry is.
         pub start_failure: Option<StartFailure>,
+        /// The generation of the VM the controller last acted on.
         pub observed_generation: Option<i64>,
+        /// The latest generation of the VM spec.
         pub desired_generation: Option<i64>,
+        /// The run strategy in effect.
         pub run_strategy: Option<RunStrategy>,
+        /// The instancetype revision the VM uses.
         pub instancetype_ref: Option<InstancetypeStatusRef>,
+        /// The preference revision the VM uses.
         pub preference_ref: Option<InstancetypeStatusRef>,
     }
 }

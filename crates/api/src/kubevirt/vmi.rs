@@ -20,28 +20,46 @@ resource! {
 kstruct! {
     /// What a VMI runs.
     pub struct VirtualMachineInstanceSpec {
+        /// The priority class of the VMI, for scheduling and preemption.
         pub priority_class_name: Option<String>,
+        /// The virtual hardware: CPU, memory, firmware, features and devices.
         #[serde(default)]
         pub domain: DomainSpec,
+        /// Labels a node must have to run the VMI.
         pub node_selector: Option<BTreeMap<String, String>>,
+        /// Node and VMI affinity and anti-affinity rules for scheduling.
         pub affinity: Option<Affinity>,
+        /// The scheduler that places the VMI.
         pub scheduler_name: Option<String>,
+        /// Node taints the VMI tolerates.
         pub tolerations: Option<Vec<Toleration>>,
+        /// How VMIs spread across topology domains (zones, nodes).
         pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
         /// `None`, `LiveMigrate`, `LiveMigrateIfPossible` or `External`.
         pub eviction_strategy: Option<String>,
         /// `Paused` to start paused.
         pub start_strategy: Option<String>,
+        /// Seconds the guest gets to shut down after an ACPI power-off before it is killed.
         pub termination_grace_period_seconds: Option<i64>,
+        /// Storage the disks and filesystems are backed by, matched by name.
         pub volumes: Option<Vec<Volume>>,
+        /// Restart the VMI when this probe fails.
         pub liveness_probe: Option<Probe>,
+        /// Mark the VMI ready only when this probe succeeds.
         pub readiness_probe: Option<Probe>,
+        /// The guest hostname (defaults to the VMI name).
         pub hostname: Option<String>,
+        /// With a headless Service of this name, the guest gets a DNS name under it.
         pub subdomain: Option<String>,
+        /// Networks the interfaces connect to, matched by name.
         pub networks: Option<Vec<Network>>,
+        /// How the guest's DNS is configured (`ClusterFirst`, `Default`, `None`).
         pub dns_policy: Option<String>,
+        /// Extra DNS settings (nameservers, searches, options).
         pub dns_config: Option<PodDNSConfig>,
+        /// SSH keys and passwords injected into the guest.
         pub access_credentials: Option<Vec<AccessCredential>>,
+        /// The CPU architecture of the guest (`amd64`, `arm64`, `s390x`).
         pub architecture: Option<String>,
         /// The ServiceAccount the VMI runs as.
         pub service_account_name: Option<String>,
@@ -75,7 +93,9 @@ kstruct! {
 kstruct! {
     /// Template of a VMI inside a VM or replica set.
     pub struct VirtualMachineInstanceTemplateSpec {
+        /// Labels and annotations of the VMIs made from this template.
         pub metadata: Option<ObjectMeta>,
+        /// The spec of the VMIs made from this template.
         pub spec: Option<VirtualMachineInstanceSpec>,
     }
 }

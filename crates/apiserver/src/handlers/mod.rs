@@ -146,6 +146,7 @@ async fn resource(
         Some(_) => return Err(ApiError::path_not_found()),
     };
     let watching = p.watch || q.flag("watch");
+    let deprecated = ferrovirt_api::registry::deprecation_warning(&def);
     let ctx = Ctx {
         sh,
         def,
@@ -153,7 +154,23 @@ async fn resource(
         q,
         headers,
     };
-    match (method.as_str(), p.name) {
+    let resp = verb(ctx, method, p.name, body, status_only, watching).await;
+    match deprecated {
+        Some(w) => resp.map(|r| with_warnings(r, &[w])),
+        None => resp,
+    }
+}
+
+/// Runs the verb a method and path name.
+async fn verb(
+    ctx: Ctx,
+    method: Method,
+    name: Option<String>,
+    body: Body,
+    status_only: bool,
+    watching: bool,
+) -> Result<Response, ApiError> {
+    match (method.as_str(), name) {
         ("GET", None) if watching => {
             verb_allowed(&ctx.def, "watch")?;
             watch::serve(ctx, None).await
@@ -224,11 +241,16 @@ pub(crate) fn from_storage(def: &ResourceDef, obj: Value) -> Value {
     obj
 }
 
-/// The kind's external form → stored form.
+/// The kind's external form → stored form: events.k8s.io events as core/v1, other kinds in
+/// their storage version (`kubevirt.io/v1alpha3` objects are stored as `kubevirt.io/v1`).
 pub(crate) fn to_storage(def: &ResourceDef, obj: Value) -> Value {
     if resources::is_events_v1(def) {
-        events::v1_to_core(&obj)
-    } else {
-        obj
+        return events::v1_to_core(&obj);
     }
+    let stored = ferrovirt_api::registry::storage_version(def);
+    let mut obj = obj;
+    if stored != def.version && obj.is_object() {
+        obj["apiVersion"] = Value::String(format!("{}/{stored}", def.group));
+    }
+    obj
 }

@@ -17,8 +17,8 @@ fn allocatable(node: &Node, resource: &str) -> bool {
         .as_ref()
         .and_then(|s| s.allocatable.as_ref())
         .and_then(|a| a.get(resource))
-        .and_then(|q| ferrovirt_api::quantity::parse(&q.0).ok())
-        .is_some_and(|v| v > 0.0)
+        .and_then(|q| ferrovirt_api::quantity::millis(&q.0).ok())
+        .is_some_and(|v| v > 0)
 }
 
 fn reason(field: &str, why: &str) -> String {

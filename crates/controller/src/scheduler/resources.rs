@@ -37,12 +37,14 @@ pub fn parse_quantity(s: &str) -> Option<f64> {
     ferrovirt_api::quantity::parse(s).ok()
 }
 
+/// Millicores of a quantity, exact and rounded up (`9m` is 9).
 fn millis(q: &Quantity) -> Option<u64> {
-    parse_quantity(&q.0).map(|v| (v * 1000.0).ceil().max(0.0) as u64)
+    ferrovirt_api::quantity::millis(&q.0).ok()
 }
 
+/// Bytes of a quantity, exact and rounded up.
 fn bytes(q: &Quantity) -> Option<u64> {
-    parse_quantity(&q.0).map(|v| v.ceil().max(0.0) as u64)
+    ferrovirt_api::quantity::bytes(&q.0).ok()
 }
 
 /// What a VMI asks of its node: `spec.domain.resources.requests` when set, else guest memory
@@ -199,6 +201,15 @@ mod tests {
         );
         let v = vmi("c").build();
         assert_eq!(vmi_requests(&v).cpu_millis, 1000);
+        // Exact: 9m stays 9 millicores (a float made it 10), 0.1Gi rounds up once.
+        let v = vmi("d").requests("9m", "0.1Gi").build();
+        assert_eq!(
+            vmi_requests(&v),
+            Resources {
+                cpu_millis: 9,
+                memory_bytes: 107_374_183
+            }
+        );
     }
 
     #[test]

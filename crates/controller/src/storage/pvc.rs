@@ -64,11 +64,11 @@ pub struct ProvisionPlan {
 
 /// Bytes of a quantity like `1Gi`.
 pub fn quantity_bytes(q: &Quantity) -> Result<u64, String> {
-    let v = ferrovirt_api::quantity::parse(&q.0).map_err(|e| format!("{}: {e}", q.0))?;
-    if !(1.0..=(1u64 << 50) as f64).contains(&v) {
+    let v = ferrovirt_api::quantity::bytes(&q.0).map_err(|e| format!("{}: {e}", q.0))?;
+    if !(1..=1u64 << 50).contains(&v) {
         return Err(format!("{} is out of range", q.0));
     }
-    Ok(v.ceil() as u64)
+    Ok(v)
 }
 
 fn requested(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
