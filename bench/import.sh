@@ -77,8 +77,9 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+
 echo "# starting $BINARY server"
 API_PORT=$(free_port)
 DATA="$WORK/data"
+# The image server listens on loopback, which imports may not reach unless allowed.
 "$BINARY" server --data-dir "$DATA" --listen "127.0.0.1:$API_PORT" --disable-agent \
-  >"$WORK/server.log" 2>&1 &
+  --import-allowed-cidrs 127.0.0.1/32 >"$WORK/server.log" 2>&1 &
 PIDS+=($!)
 KC="$DATA/kubeconfig.yaml"
 for _ in $(seq 300); do

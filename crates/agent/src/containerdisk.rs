@@ -187,6 +187,9 @@ impl ContainerDisks {
                 insecure_registries: insecure.clone(),
                 extra_ca_pem: Vec::new(),
                 auth: self.credentials(client, ns, &v).await?,
+                // containerDisk pulls are not under the import address policy yet (the
+                // agent has no allowed-ranges setting): see docs/security.md.
+                address_policy: ferrovirt_storage::netpolicy::AddressPolicy::unrestricted(),
             };
             let disk: CachedDisk = self
                 .cache

@@ -74,7 +74,38 @@ kstruct! {
         pub transfer_stall_timeout_seconds: Option<u64>,
         /// Seconds an import's transfer may take in all (default 4 hours).
         pub transfer_timeout_seconds: Option<u64>,
+        /// ferrovirt's extension (not in HCO): address ranges (`10.0.0.0/8`, `fd00::/8`)
+        /// imports may reach although they are loopback, link-local, multicast or this
+        /// machine's own addresses, refused by default.
+        #[serde(rename = "allowedImportCIDRs")]
+        pub allowed_import_cidrs: Option<Vec<String>>,
     }
+}
+
+/// The ranges of `spec.storageImport.allowedImportCIDRs` of every HyperConverged object (as
+/// JSON), in order, without duplicates; an entry that is not a string is kept as its JSON
+/// text so that parsing it names it.
+pub fn allowed_import_cidrs(hcos: &[Value]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for list in hcos
+        .iter()
+        .filter_map(|h| h.pointer("/spec/storageImport/allowedImportCIDRs"))
+    {
+        let items = match list.as_array() {
+            Some(a) => a.clone(),
+            None => vec![list.clone()],
+        };
+        for r in items {
+            let r = r
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| r.to_string());
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
 }
 
 /// The transfer timeouts `(stall, overall)` in seconds: `spec.storageImport.…` of the first
@@ -196,6 +227,19 @@ mod tests {
 
     #[test]
     fn transfer_timeouts_from_hco_then_cdi() {
+        let hco = json!({"spec": {"storageImport": {"allowedImportCIDRs": ["10.0.0.0/8", 5]}}});
+        assert_eq!(
+            super::allowed_import_cidrs(&[hco.clone(), hco.clone()]),
+            vec!["10.0.0.0/8".to_string(), "5".to_string()]
+        );
+        let typed: super::HyperConvergedSpec = serde_json::from_value(json!({
+            "storageImport": {"allowedImportCIDRs": ["127.0.0.0/8"]}
+        }))
+        .unwrap();
+        assert_eq!(
+            typed.storage_import.unwrap().allowed_import_cidrs.unwrap(),
+            vec!["127.0.0.0/8".to_string()]
+        );
         let hco = json!({"spec": {"storageImport": {"transferStallTimeoutSeconds": 2}}});
         let cdi = json!({"spec": {"config": {"transferStallTimeoutSeconds": 9,
             "transferTimeoutSeconds": 30}}});

@@ -68,10 +68,24 @@ struct ServerArgs {
     /// Node name of the embedded agent (default: the host name).
     #[arg(long)]
     node_name: Option<String>,
+    /// Address ranges (comma list, e.g. `10.0.0.0/8,fd00::/8`) that DataVolume imports may
+    /// reach although they are loopback, link-local, multicast or this machine's own
+    /// addresses (refused by default); HyperConverged `spec.storageImport.allowedImportCIDRs`
+    /// adds more.
+    #[arg(long, value_parser = parse_cidrs, default_value = "")]
+    import_allowed_cidrs: Cidrs,
     #[command(flatten)]
     pod: node::PodNetArgs,
     #[command(flatten)]
     isolation: node::IsolationArgs,
+}
+
+/// The ranges of `--import-allowed-cidrs`.
+#[derive(Debug, Clone)]
+struct Cidrs(Vec<ferrovirt_storage::netpolicy::Cidr>);
+
+fn parse_cidrs(s: &str) -> Result<Cidrs, String> {
+    ferrovirt_storage::netpolicy::parse_list(s).map(Cidrs)
 }
 
 #[derive(Debug, Subcommand)]
@@ -218,6 +232,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         let mut opts = ferrovirt_controller::ControllerOptions::default();
         opts.leader_election.identity = format!("{}-{}", node::hostname(), std::process::id());
         opts.storage.data_dir = Some(args.data_dir.clone());
+        opts.storage.import_allowed_cidrs = args.import_allowed_cidrs.0.clone();
         opts.node_ipam.cluster_cidr = args.pod.cluster_cidr.clone();
         tasks.spawn(async move {
             ferrovirt_controller::run(client, opts)

@@ -5,7 +5,8 @@
 //! zeros, no allocated blocks), no `disk.img.importing` temporary exists and the import's
 //! scratch directory is gone. The second test covers `certConfigMap`: an HTTPS server whose
 //! certificate comes from a CA made here is refused with a TLS error until the DataVolume
-//! names a ConfigMap holding that CA. No guest boots, so both tests are quick.
+//! names a ConfigMap holding that CA, and accepted without it under `insecureSkipVerify`.
+//! No guest boots, so both tests are quick.
 
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
@@ -293,6 +294,14 @@ fn https_import_trusts_the_cert_config_map() -> anyhow::Result<()> {
     let v = wait_phase(&c, "tls-untrusted", "Failed")?;
     let m = message(&v);
     assert!(m.contains("TLS") && m.contains("UnknownIssuer"), "{m}");
+
+    // insecureSkipVerify: the same server without the CA, its certificate not verified.
+    c.apply(&dv_yaml(
+        "tls-skip-verify",
+        &format!("{{url: \"{base}/disk.qcow2\", insecureSkipVerify: true}}"),
+        "64Mi",
+    ))?;
+    wait_phase(&c, "tls-skip-verify", "Succeeded")?;
 
     // With the CA in a ConfigMap (any key; CDI's convention is ca.pem).
     let indented: String = ca.lines().map(|l| format!("    {l}\n")).collect();

@@ -25,6 +25,13 @@ pub enum StorageError {
     /// not help until the source or its `certConfigMap` changes.
     #[error("download of {url} failed: TLS: {message}")]
     Tls { url: String, message: String },
+    /// The address policy refused a host of the transfer (SSRF defence): permanent until an
+    /// administrator allows the range.
+    #[error("download of {url} refused: {refusal}")]
+    AddressRefused {
+        url: String,
+        refusal: crate::netpolicy::Refusal,
+    },
     /// The downloaded data does not match the expected checksum.
     #[error("checksum mismatch: expected {expected}, got {actual}")]
     ChecksumMismatch { expected: String, actual: String },

@@ -1,19 +1,25 @@
-//! A small HTTP(S) downloader for the importer: GET with extra headers and basic auth,
-//! following up to 5 redirects (credentials and secret headers to the original origin only,
-//! never HTTPS to HTTP), streaming the body into a writer callback with progress, bounded in
-//! size ([`TransferLimits`]: declared and counted bytes), stall time and overall time.
-//! HTTPS uses rustls with the system's root certificates plus the PEM certificates of the
-//! request (CDI's `certConfigMap`: every value of the ConfigMap is a PEM bundle of CAs).
+//! The HTTP(S) downloader of the importer, on reqwest (HTTP/1, rustls with the ring
+//! provider, no proxy, no automatic redirects or decompression): GET with extra headers and
+//! basic auth, following up to 5 redirects itself (credentials and secret headers to the
+//! original origin only, never HTTPS to HTTP), streaming the body into a writer callback with
+//! progress, bounded in size ([`TransferLimits`]: declared and counted bytes), stall time and
+//! overall time. Every hop obeys the request's [`AddressPolicy`]: IP-literal hosts are
+//! checked before connecting, names through the client's filtering DNS resolver, and the
+//! connected peer after it answers. HTTPS trusts the system's root certificates plus the PEM
+//! certificates of the request (CDI's `certConfigMap`) and skips verification only when the
+//! request says so (`insecureSkipVerify`, logged). [`client`], [`get`] and [`next_chunk`] are
+//! shared with the registry client.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Uri};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::Url;
 
 use crate::error::StorageError;
+use crate::netpolicy::{self, AddressPolicy, FilteringResolver, Refusal};
+pub use crate::tls::{parse_ca_pems, tls_config};
 
 /// Basic-auth credentials (from the source's Secret: `accessKeyId`/`secretKey`).
 #[derive(Clone, PartialEq, Eq)]
@@ -67,22 +73,20 @@ pub fn transfer_limit(capacity: u64) -> u64 {
         .saturating_add(64 << 20)
 }
 
-/// `scheme://host:port` of `uri` (the port made explicit), for same-origin checks.
-pub fn origin(uri: &Uri) -> String {
-    let scheme = uri.scheme_str().unwrap_or("");
-    let port = uri
-        .port_u16()
-        .unwrap_or(if scheme == "https" { 443 } else { 80 });
+/// `scheme://host:port` of `url` (the port made explicit), for same-origin checks.
+pub fn origin(url: &Url) -> String {
     format!(
-        "{scheme}://{}:{port}",
-        uri.host().unwrap_or("").to_ascii_lowercase()
+        "{}://{}:{}",
+        url.scheme(),
+        url.host_str().unwrap_or("").to_ascii_lowercase(),
+        url.port_or_known_default().unwrap_or(0)
     )
 }
 
 /// What to do about a redirect from `from` to `to` (pure): `Err` when it goes from HTTPS to
 /// plain HTTP; `Ok(true)` when credentials may still be sent (same origin as `original`).
-pub fn redirect_decision(original: &Uri, from: &Uri, to: &Uri) -> Result<bool, String> {
-    if from.scheme_str() == Some("https") && to.scheme_str() != Some("https") {
+pub fn redirect_decision(original: &Url, from: &Url, to: &Url) -> Result<bool, String> {
+    if from.scheme() == "https" && to.scheme() != "https" {
         return Err(format!(
             "refusing a redirect from HTTPS to plain HTTP ({to})"
         ));
@@ -103,130 +107,250 @@ pub struct DownloadRequest {
     pub secret_headers: Vec<String>,
     /// Size and time bounds.
     pub limits: TransferLimits,
+    /// Accept any server certificate (the source's `insecureSkipVerify`).
+    pub insecure_skip_verify: bool,
+    /// Which addresses every hop may connect to.
+    pub address_policy: AddressPolicy,
 }
 
 /// Split a `Name: value` header line.
-pub fn parse_header(line: &str) -> Result<(http::HeaderName, http::HeaderValue), StorageError> {
+pub fn parse_header(line: &str) -> Result<(HeaderName, HeaderValue), StorageError> {
     let (name, value) = line
         .split_once(':')
         .ok_or_else(|| StorageError::invalid("header", format!("{line:?} has no ':'")))?;
-    let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+    let name = HeaderName::from_bytes(name.trim().as_bytes())
         .map_err(|e| StorageError::invalid("header", format!("{line:?}: {e}")))?;
-    let value = http::HeaderValue::from_str(value.trim())
+    let value = HeaderValue::from_str(value.trim())
         .map_err(|e| StorageError::invalid("header", format!("{line:?}: {e}")))?;
     Ok((name, value))
 }
 
-pub(crate) trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
-
-/// Parse PEM bundles into DER certificates; a bundle without any certificate is an error.
-pub fn parse_ca_pems(
-    pems: &[String],
-) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, StorageError> {
-    use rustls::pki_types::pem::PemObject;
-    let mut out = Vec::new();
-    for (i, pem) in pems.iter().enumerate() {
-        let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|e| StorageError::invalid("CA certificate", format!("bundle {i}: {e}")))?;
-        if certs.is_empty() {
-            return Err(StorageError::invalid(
-                "CA certificate",
-                format!("bundle {i} holds no PEM CERTIFICATE block"),
-            ));
-        }
-        out.extend(certs);
-    }
-    Ok(out)
+/// Parse an `http`/`https` URL with a host.
+pub fn parse_url(url: &str) -> Result<Url, StorageError> {
+    let u = Url::parse(url).map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
+    check_scheme(&u)?;
+    Ok(u)
 }
 
-/// A rustls client configuration trusting the system roots and the PEM bundles `ca_pems`.
-pub fn tls_config(ca_pems: &[String]) -> Result<Arc<rustls::ClientConfig>, StorageError> {
-    let mut roots = rustls::RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    for cert in native.certs {
-        let _ = roots.add(cert);
+fn check_scheme(u: &Url) -> Result<(), StorageError> {
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(StorageError::invalid(
+            "URL",
+            format!("{u}: unsupported scheme {:?}", u.scheme()),
+        ));
     }
-    for cert in parse_ca_pems(ca_pems)? {
-        roots
-            .add(cert)
-            .map_err(|e| StorageError::invalid("CA certificate", e.to_string()))?;
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(StorageError::invalid("URL", format!("{u} has no host")));
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| StorageError::invalid("TLS configuration", e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(cfg))
-}
-
-async fn connect(uri: &Uri, url: &str, ca_pems: &[String]) -> Result<Box<dyn Io>, StorageError> {
-    let tls = if uri.scheme_str() == Some("https") {
-        Some(tls_config(ca_pems)?)
-    } else {
-        None
-    };
-    connect_with(uri, url, tls, "").await
+    Ok(())
 }
 
 /// How long a TCP connect may take.
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Connects to the host of `uri` (`url` is its text, for messages): plain TCP for `http`, TLS
-/// with `tls` for `https` (`None` there is an error). `tls_hint` is appended to TLS failures.
-pub(crate) async fn connect_with(
-    uri: &Uri,
+/// An HTTP/1 client with `tls`, no proxy, no automatic redirects, and DNS answers filtered
+/// by `policy`.
+pub(crate) fn client(
+    tls: rustls::ClientConfig,
+    policy: &Arc<AddressPolicy>,
+    user_agent: &str,
+) -> Result<reqwest::Client, StorageError> {
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(CONNECT_TIMEOUT)
+        .dns_resolver(Arc::new(FilteringResolver::new(policy.clone())))
+        .http1_only()
+        .user_agent(user_agent)
+        .build()
+        .map_err(|e| StorageError::invalid("HTTP client", error_chain(&e)))
+}
+
+/// The TLS settings of a request: any certificate when `insecure` (logged), else the system
+/// roots plus `ca_pems`.
+pub(crate) fn tls_for(
     url: &str,
-    tls: Option<Arc<rustls::ClientConfig>>,
+    ca_pems: &[String],
+    insecure: bool,
+) -> Result<rustls::ClientConfig, StorageError> {
+    if insecure {
+        tracing::warn!(
+            url,
+            "insecureSkipVerify is set: the server's TLS certificate is not verified"
+        );
+        crate::tls::insecure_tls_config()
+    } else {
+        tls_config(ca_pems)
+    }
+}
+
+/// The cause of `e` (an `io::Error`'s own `source` skips the error it wraps).
+fn cause<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    match e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        Some(inner) => Some(inner),
+        None => e.source(),
+    }
+}
+
+/// `e` and its causes, `: `-separated.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = cause(e);
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        cur = cause(c);
+    }
+    out
+}
+
+/// The first cause of `e` of type `T`.
+fn find_cause<'a, T: std::error::Error + 'static>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(t) = c.downcast_ref::<T>() {
+            return Some(t);
+        }
+        cur = cause(c);
+    }
+    None
+}
+
+fn send_error(url: &Url, e: &reqwest::Error, tls_hint: &str) -> StorageError {
+    if let Some(r) = find_cause::<Refusal>(e) {
+        return StorageError::AddressRefused {
+            url: url.to_string(),
+            refusal: r.clone(),
+        };
+    }
+    if let Some(t) = find_cause::<rustls::Error>(e) {
+        return StorageError::Tls {
+            url: url.to_string(),
+            message: format!("{t}{tls_hint}"),
+        };
+    }
+    StorageError::Http {
+        url: url.to_string(),
+        message: error_chain(e),
+    }
+}
+
+/// One GET of `url` with `headers` on `client` (made with `policy`): an IP-literal host is
+/// checked before connecting (the resolver sees names only) and the connected peer once the
+/// response headers are in. Waits at most `response_timeout` for them; `tls_hint` is
+/// appended to TLS failures.
+pub(crate) async fn get(
+    client: &reqwest::Client,
+    policy: &AddressPolicy,
+    url: &Url,
+    headers: HeaderMap,
+    response_timeout: Duration,
     tls_hint: &str,
-) -> Result<Box<dyn Io>, StorageError> {
+) -> Result<reqwest::Response, StorageError> {
+    check_scheme(url)?;
+    let host = url.host_str().unwrap_or("").to_string();
+    let literal = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .ok();
+    let refused = |refusal: Refusal| StorageError::AddressRefused {
+        url: url.to_string(),
+        refusal,
+    };
+    if let Some(r) = literal.and_then(|a| netpolicy::refusal(policy, &host, a)) {
+        return Err(refused(r));
+    }
+    let resp = tokio::time::timeout(
+        response_timeout,
+        client.get(url.clone()).headers(headers).send(),
+    )
+    .await
+    .map_err(|_| StorageError::Http {
+        url: url.to_string(),
+        message: format!(
+            "no response within {} s",
+            response_timeout.as_secs_f64().round()
+        ),
+    })?
+    .map_err(|e| send_error(url, &e, tls_hint))?;
+    match resp.remote_addr() {
+        Some(peer) => {
+            if let Some(r) = netpolicy::refusal(policy, &host, peer.ip()) {
+                return Err(refused(r));
+            }
+        }
+        None if !policy.unrestricted => {
+            return Err(StorageError::Http {
+                url: url.to_string(),
+                message: "the connected peer's address is unknown".into(),
+            });
+        }
+        None => {}
+    }
+    Ok(resp)
+}
+
+/// The next chunk of `resp`'s body (`None` at its end), waiting at most `stall` for it;
+/// `received` (bytes so far) goes into the stall message.
+pub(crate) async fn next_chunk(
+    resp: &mut reqwest::Response,
+    url: &Url,
+    stall: Duration,
+    received: u64,
+) -> Result<Option<Bytes>, StorageError> {
+    tokio::time::timeout(stall, resp.chunk())
+        .await
+        .map_err(|_| StorageError::Http {
+            url: url.to_string(),
+            message: format!(
+                "the transfer stalled for more than {} s after {received} bytes",
+                stall.as_secs()
+            ),
+        })?
+        .map_err(|e| StorageError::Http {
+            url: url.to_string(),
+            message: error_chain(&e),
+        })
+}
+
+/// The target of a redirect answer `resp` to `url` (a Location resolved against `url`).
+pub(crate) fn redirect_target(url: &Url, resp: &reqwest::Response) -> Result<Url, StorageError> {
     let herr = |m: String| StorageError::Http {
         url: url.to_string(),
         message: m,
     };
-    let https = match uri.scheme_str() {
-        Some("http") => false,
-        Some("https") => true,
-        other => {
-            return Err(StorageError::invalid(
-                "URL",
-                format!("{url}: unsupported scheme {other:?}"),
-            ));
-        }
-    };
-    let host = uri
-        .host()
-        .ok_or_else(|| StorageError::invalid("URL", format!("{url} has no host")))?;
-    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((bare, port)))
-        .await
-        .map_err(|_| herr(format!("connecting to {host}:{port} timed out")))?
-        .map_err(|e| herr(format!("connecting to {host}:{port}: {e}")))?;
-    if !https {
-        return Ok(Box::new(tcp));
-    }
-    let tls = tls.ok_or_else(|| StorageError::invalid("URL", format!("{url}: no TLS settings")))?;
-    let name = rustls::pki_types::ServerName::try_from(bare.to_string())
-        .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .map_err(|e| StorageError::Tls {
-            url: url.to_string(),
-            message: format!("{e}{tls_hint}"),
-        })?;
-    Ok(Box::new(stream))
+    let status = resp.status();
+    let loc = resp
+        .headers()
+        .get(http::header::LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .ok_or_else(|| herr(format!("{status} without a Location")))?;
+    let next = url
+        .join(loc)
+        .map_err(|e| herr(format!("redirect to {loc:?}: {e}")))?;
+    check_scheme(&next)?;
+    Ok(next)
 }
 
 /// GET `req.url` and pass the body to `sink` chunk by chunk; `progress(received, total)` is
 /// called after each chunk (`total` from Content-Length when known). Returns the byte count.
 /// Basic auth and the secret headers go to the original origin only; a redirect from HTTPS
-/// to HTTP is refused, as are more than [`MAX_REDIRECTS`] redirects, a body larger than
-/// `req.limits.max_bytes` (declared or counted), a stall longer than the stall timeout and a
-/// transfer longer than the overall timeout.
+/// to HTTP is refused, as are more than [`MAX_REDIRECTS`] redirects, an address the
+/// request's policy refuses (on any hop), a body larger than `req.limits.max_bytes`
+/// (declared or counted), a stall longer than the stall timeout and a transfer longer than
+/// the overall timeout.
 pub async fn download(
     req: &DownloadRequest,
     sink: impl FnMut(&[u8]) -> Result<(), StorageError>,
@@ -251,82 +375,54 @@ async fn download_in(
 ) -> Result<u64, StorageError> {
     let stall = req.limits.stall_timeout;
     let max = req.limits.max_bytes;
-    let mut url = req.url.clone();
-    let mut headers = Vec::new();
-    for h in &req.headers {
-        headers.push(parse_header(h)?);
-    }
-    let mut secret_headers = Vec::new();
-    for h in &req.secret_headers {
-        secret_headers.push(parse_header(h)?);
-    }
-    let original: Uri = url
-        .parse()
-        .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
+    let headers = req
+        .headers
+        .iter()
+        .map(|h| parse_header(h))
+        .collect::<Result<Vec<_>, _>>()?;
+    let secret_headers = req
+        .secret_headers
+        .iter()
+        .map(|h| parse_header(h))
+        .collect::<Result<Vec<_>, _>>()?;
+    let original = parse_url(&req.url)?;
+    let policy = Arc::new(req.address_policy.clone());
+    let tls = tls_for(&req.url, &req.ca_pems, req.insecure_skip_verify)?;
+    let client = client(tls, &policy, "ferrovirt-importer")?;
+    let mut url = original.clone();
     let mut credentials = true;
     for _redirect in 0..=MAX_REDIRECTS {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
         let herr = |m: String| StorageError::Http {
-            url: url.clone(),
+            url: url.to_string(),
             message: m,
         };
-        let io = connect(&uri, &url, &req.ca_pems).await?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| herr(e.to_string()))?;
-        let conn_task = tokio::spawn(conn);
-        let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
-        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let mut builder = Request::get(path)
-            .header(http::header::HOST, authority)
-            .header(http::header::USER_AGENT, "ferrovirt-importer");
+        let mut h = HeaderMap::new();
         if credentials {
             if let Some(a) = &req.auth {
                 use base64::Engine;
                 let token = base64::engine::general_purpose::STANDARD
                     .encode(format!("{}:{}", a.user, a.password));
-                builder = builder.header(http::header::AUTHORIZATION, format!("Basic {token}"));
+                let v = HeaderValue::from_str(&format!("Basic {token}"))
+                    .map_err(|e| StorageError::invalid("credentials", e.to_string()))?;
+                h.append(http::header::AUTHORIZATION, v);
             }
             for (n, v) in &secret_headers {
-                builder = builder.header(n, v);
+                h.append(n, v.clone());
             }
         }
         for (n, v) in &headers {
-            builder = builder.header(n, v);
+            h.append(n, v.clone());
         }
-        let request = builder
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| herr(e.to_string()))?;
-        let resp = tokio::time::timeout(stall, sender.send_request(request))
-            .await
-            .map_err(|_| {
-                herr(format!(
-                    "no response within the stall timeout of {} s",
-                    stall.as_secs()
-                ))
-            })?
-            .map_err(|e| herr(e.to_string()))?;
+        let mut resp = get(&client, &policy, &url, h, stall, "").await?;
         let status = resp.status();
         if status.is_redirection() {
-            conn_task.abort();
-            let loc = resp
-                .headers()
-                .get(http::header::LOCATION)
-                .and_then(|l| l.to_str().ok())
-                .ok_or_else(|| herr(format!("{status} without a Location")))?;
-            let next = resolve(&uri, loc);
-            let next_uri: Uri = next
-                .parse()
-                .map_err(|e| herr(format!("redirect to {next:?}: {e}")))?;
-            let same = redirect_decision(&original, &uri, &next_uri).map_err(herr)?;
+            let next = redirect_target(&url, &resp)?;
+            let same = redirect_decision(&original, &url, &next).map_err(herr)?;
             credentials = credentials && same;
             url = next;
             continue;
         }
         if !status.is_success() {
-            conn_task.abort();
             return Err(herr(format!("server answered {status}")));
         }
         let total = resp
@@ -337,37 +433,21 @@ async fn download_in(
         if let Some(t) = total
             && t > max
         {
-            conn_task.abort();
             return Err(StorageError::Refused(format!(
                 "{url}: Content-Length {t} is more than the {max} bytes a claim of this size \
                  accepts"
             )));
         }
-        let mut body = resp.into_body();
         let mut received = 0u64;
-        loop {
-            let frame = tokio::time::timeout(stall, body.frame())
-                .await
-                .map_err(|_| {
-                    herr(format!(
-                        "the transfer stalled for more than {} s after {received} bytes",
-                        stall.as_secs()
-                    ))
-                })?;
-            let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| herr(e.to_string()))?;
-            if let Some(data) = frame.data_ref() {
-                received += data.len() as u64;
-                if received > max {
-                    conn_task.abort();
-                    return Err(StorageError::Refused(format!(
-                        "{url}: the body is more than the {max} bytes a claim of this size \
-                         accepts"
-                    )));
-                }
-                sink(data)?;
-                progress(received, total);
+        while let Some(data) = next_chunk(&mut resp, &url, stall, received).await? {
+            received += data.len() as u64;
+            if received > max {
+                return Err(StorageError::Refused(format!(
+                    "{url}: the body is more than the {max} bytes a claim of this size accepts"
+                )));
             }
+            sink(&data)?;
+            progress(received, total);
         }
         if let Some(t) = total
             && t != received
@@ -380,22 +460,6 @@ async fn download_in(
         url: req.url.clone(),
         message: format!("more than {MAX_REDIRECTS} redirects"),
     })
-}
-
-/// Resolve a Location header against the request URI (absolute URLs and absolute paths).
-pub fn resolve(base: &Uri, location: &str) -> String {
-    if location.contains("://") {
-        return location.to_string();
-    }
-    let scheme = base.scheme_str().unwrap_or("http");
-    let authority = base.authority().map(|a| a.as_str()).unwrap_or("");
-    if location.starts_with('/') {
-        format!("{scheme}://{authority}{location}")
-    } else {
-        let path = base.path();
-        let dir = &path[..path.rfind('/').map(|i| i + 1).unwrap_or(0)];
-        format!("{scheme}://{authority}{dir}{location}")
-    }
 }
 
 #[cfg(test)]
@@ -411,21 +475,26 @@ mod tests {
     }
 
     #[test]
-    fn redirects_resolve() {
-        let base: Uri = "http://h:8/a/b.img".parse().unwrap();
-        assert_eq!(resolve(&base, "/c.img"), "http://h:8/c.img");
-        assert_eq!(resolve(&base, "c.img"), "http://h:8/a/c.img");
-        assert_eq!(resolve(&base, "https://x/y"), "https://x/y");
+    fn urls_parse() {
+        assert!(parse_url("http://h:8/a/b.img").is_ok());
+        assert!(parse_url("file:///etc/passwd").is_err());
+        assert!(parse_url("ftp://h/x").is_err());
+        assert!(parse_url("not a url").is_err());
+        let base = parse_url("http://h:8/a/b.img").unwrap();
+        assert_eq!(base.join("/c.img").unwrap().as_str(), "http://h:8/c.img");
+        assert_eq!(base.join("c.img").unwrap().as_str(), "http://h:8/a/c.img");
+        assert_eq!(base.join("https://x/y").unwrap().as_str(), "https://x/y");
     }
 
     #[test]
     fn redirect_rules() {
-        let u = |s: &str| s.parse::<Uri>().unwrap();
+        let u = |s: &str| Url::parse(s).unwrap();
         let o = u("https://a:443/x");
         assert_eq!(redirect_decision(&o, &o, &u("https://a/y")), Ok(true));
         assert_eq!(redirect_decision(&o, &o, &u("https://b/y")), Ok(false));
         assert!(redirect_decision(&o, &o, &u("http://a/y")).is_err());
         let h = u("http://a:80/x");
+        assert_eq!(redirect_decision(&h, &h, &u("http://A/y")), Ok(true));
         assert_eq!(redirect_decision(&h, &h, &u("http://a:81/y")), Ok(false));
         assert_eq!(transfer_limit(16 << 20), (17 << 20) + (64 << 20));
         assert_eq!(transfer_limit(u64::MAX), u64::MAX);

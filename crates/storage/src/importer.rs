@@ -506,6 +506,9 @@ mod tests {
                 headers: vec!["X-Test: 1".into()],
                 auth: None,
                 ca_pems: Vec::new(),
+                address_policy: crate::netpolicy::AddressPolicy::allowing(vec![
+                    "127.0.0.0/8".parse().unwrap(),
+                ]),
                 ..Default::default()
             },
             checksum: Some(sum),

@@ -6,7 +6,10 @@
 //! - [`qemu_img`]: `qemu-img info --output=json`, `convert -p` with progress, `resize`;
 //! - [`block`]: Block-mode volumes as loop devices over `disk.img` (attach, grow, detach);
 //! - [`checksum`]: `sha256:<hex>`-style checksums;
-//! - [`http`]: a small HTTP(S) downloader (hyper + rustls);
+//! - [`http`]: the HTTP(S) downloader (reqwest + rustls), shared with the registry client;
+//! - [`netpolicy`]: the address policy of imports (no loopback, link-local, … unless
+//!   allowed), with the filtering DNS resolver;
+//! - [`tls`]: rustls client settings (system roots + `certConfigMap`, `insecureSkipVerify`);
 //! - [`importer`]: download → checksum → decompress → validate → convert to raw;
 //! - [`registry`]: disk images from OCI registries (containerDisk layout): the distribution
 //!   API client, layer extraction, the DataVolume `registry` import and the node's image cache.
@@ -19,8 +22,10 @@ pub mod error;
 pub mod header;
 pub mod http;
 pub mod importer;
+pub mod netpolicy;
 pub mod provisioner;
 pub mod qemu_img;
 pub mod registry;
+pub mod tls;
 
 pub use error::StorageError;

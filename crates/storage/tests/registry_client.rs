@@ -5,6 +5,7 @@
 
 use ferrovirt_storage::StorageError;
 use ferrovirt_storage::http::BasicAuth;
+use ferrovirt_storage::netpolicy::{self, AddressClass, AddressPolicy};
 use ferrovirt_storage::registry::cache::{ImageCache, PullPolicy};
 use ferrovirt_storage::registry::{self, ClientOptions, RegistryImportRequest, reference};
 use ferrovirt_testkit::Registry;
@@ -26,10 +27,40 @@ fn qcow2(dir: &std::path::Path, backing: Option<&str>) -> std::path::PathBuf {
     p
 }
 
+/// Options that allow loopback registries (the tests' registries run on 127.0.0.1).
+fn base() -> ClientOptions {
+    ClientOptions {
+        address_policy: AddressPolicy::allowing(
+            netpolicy::parse_list("127.0.0.0/8,::1/128").unwrap(),
+        ),
+        ..Default::default()
+    }
+}
+
 fn opts(r: &Registry) -> ClientOptions {
     ClientOptions {
         insecure_registries: vec![r.addr.clone()],
-        ..Default::default()
+        ..base()
+    }
+}
+
+#[tokio::test]
+async fn the_default_policy_refuses_a_loopback_registry() {
+    let r = Registry::start().unwrap();
+    let image = reference::parse("url", &format!("docker://{}/fv/disk:v1", r.addr)).unwrap();
+    let client = registry::RegistryClient::new(
+        &image,
+        &ClientOptions {
+            insecure_registries: vec![r.addr.clone()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    match client.resolve().await.unwrap_err() {
+        StorageError::AddressRefused { refusal, .. } => {
+            assert_eq!(refusal.class, AddressClass::Loopback);
+        }
+        e => panic!("{e}"),
     }
 }
 
@@ -70,7 +101,7 @@ async fn imports_and_caches_from_a_real_registry() {
     let e = registry::import(&small, |_| {}).await.unwrap_err();
     assert!(matches!(e, StorageError::Refused(_)), "{e}");
     let https = RegistryImportRequest {
-        client: ClientOptions::default(),
+        client: base(),
         ..req.clone()
     };
     let e = registry::import(&https, |_| {}).await.unwrap_err();
@@ -92,7 +123,7 @@ async fn imports_and_caches_from_a_real_registry() {
     assert!(!c2.pulled);
     assert_eq!(c1.path, c2.path);
     let c3 = cache
-        .ensure(&image, PullPolicy::Never, &ClientOptions::default())
+        .ensure(&image, PullPolicy::Never, &base())
         .await
         .unwrap();
     assert_eq!(c3.path, c1.path);
@@ -145,7 +176,7 @@ async fn basic_auth_registry() {
             user: user.into(),
             password: password.into(),
         }),
-        ..Default::default()
+        ..base()
     };
     let e = cache
         .ensure(&image, PullPolicy::Always, &opts(&r))
@@ -289,7 +320,7 @@ async fn bearer_token_flow_and_redirected_blobs() {
             user: "alice".into(),
             password: password.into(),
         }),
-        ..Default::default()
+        ..base()
     };
     let cache = ImageCache::new(d.path().join("cache"), 1 << 30);
     let e = cache
@@ -320,13 +351,13 @@ async fn https_registry_with_a_custom_ca() {
     let cache = ImageCache::new(d.path().join("cache"), 1 << 30);
     // Not listed as insecure: HTTPS, and the system roots do not know the CA.
     let e = cache
-        .ensure(&image, PullPolicy::Always, &ClientOptions::default())
+        .ensure(&image, PullPolicy::Always, &base())
         .await
         .unwrap_err();
     assert!(matches!(e, StorageError::Tls { .. }), "{e}");
     let with_ca = ClientOptions {
         extra_ca_pem: ca.into_bytes(),
-        ..Default::default()
+        ..base()
     };
     let c = cache
         .ensure(&image, PullPolicy::Always, &with_ca)

@@ -2,7 +2,8 @@
 //! embedded node agent) in a temporary directory on a free loopback port, extra agents with
 //! their own data dirs, and helpers to drive the machine's real `kubectl` against it. Dropping
 //! the cluster kills every process (server, agents, launchers, QEMU) whose command line names
-//! its directory.
+//! its directory. Unless a test chooses otherwise, imports may reach loopback (the tests'
+//! file servers and registries listen there).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -72,6 +73,20 @@ fn default_network_mode<S: AsRef<str>>(args: &[S]) -> Vec<&'static str> {
     }
 }
 
+/// Tests that do not choose import address ranges get `--import-allowed-cidrs
+/// 127.0.0.0/8,::1/128`: their file servers and registries listen on loopback, which the
+/// import address policy refuses by default. The SSRF tests choose their own ranges.
+fn default_import_ranges<S: AsRef<str>>(args: &[S]) -> Vec<&'static str> {
+    let chosen = args
+        .iter()
+        .any(|a| a.as_ref().starts_with("--import-allowed-cidrs"));
+    if chosen {
+        Vec::new()
+    } else {
+        vec!["--import-allowed-cidrs", "127.0.0.0/8,::1/128"]
+    }
+}
+
 fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
     let f = std::fs::File::create(log)?;
     Ok(cmd
@@ -113,6 +128,7 @@ impl Cluster {
         }
         cmd.args(&opts.extra_args);
         cmd.args(default_network_mode(&opts.extra_args));
+        cmd.args(default_import_ranges(&opts.extra_args));
         cmd.env("RUST_LOG", "info");
         let server_cmd: Vec<String> = cmd
             .get_args()

@@ -57,6 +57,7 @@ impl From<StorageError> for Failure {
                 | StorageError::Refused(_)
                 | StorageError::Invalid { .. }
                 | StorageError::Tls { .. }
+                | StorageError::AddressRefused { .. }
         );
         Failure {
             permanent,
@@ -620,7 +621,17 @@ async fn prepare(
             let registry = src.registry.clone().unwrap_or_default();
             let scratch = ctx.dirs.scratch.join(&uid);
             Ok(
-                match ri::prepare(&ctx.client, ns, &registry, scratch, target, capacity).await? {
+                match ri::prepare(
+                    &ctx.client,
+                    ns,
+                    &ctx.opts.import_allowed_cidrs,
+                    &registry,
+                    scratch,
+                    target,
+                    capacity,
+                )
+                .await?
+                {
                     P::Ready(req) => Prepared::Ready(Work::Registry(req)),
                     P::Wait(m) => Prepared::Wait(m),
                     P::Invalid(m) => Prepared::Invalid(m),
@@ -705,6 +716,15 @@ async fn prepare(
                 }
                 None => None,
             };
+            let address_policy = match super::registry_import::address_policy(
+                &ctx.client,
+                &ctx.opts.import_allowed_cidrs,
+            )
+            .await?
+            {
+                Ok(p) => p,
+                Err(m) => return Ok(Prepared::Invalid(m)),
+            };
             Ok(Prepared::Ready(Work::Import(Box::new(ImportRequest {
                 source: DownloadRequest {
                     url: http.url,
@@ -713,6 +733,8 @@ async fn prepare(
                     ca_pems,
                     secret_headers,
                     limits: super::registry_import::transfer_limits(&ctx.client, capacity).await?,
+                    insecure_skip_verify: http.insecure_skip_verify.unwrap_or(false),
+                    address_policy,
                 },
                 checksum,
                 scratch_dir: ctx.dirs.scratch.join(uid),
@@ -855,6 +877,20 @@ mod tests {
             message: "server answered 503".into(),
         });
         assert!(!net.permanent && net.message.contains("503"));
+        let refused = StorageError::AddressRefused {
+            url: "http://127.0.0.1/x".into(),
+            refusal: ferrovirt_storage::netpolicy::Refusal {
+                host: "127.0.0.1".into(),
+                addr: "127.0.0.1".parse().unwrap(),
+                class: ferrovirt_storage::netpolicy::AddressClass::Loopback,
+            },
+        };
+        let f = Failure::from(refused);
+        assert!(
+            f.permanent && f.message.contains("loopback address"),
+            "{}",
+            f.message
+        );
         let io = StorageError::io("/x", std::io::Error::other("disk full"));
         assert!(!Failure::from(io).permanent);
     }

@@ -52,6 +52,10 @@ pub struct StorageOptions {
     /// runs without one, from the caches (no API request unless something is to be done:
     /// Block volumes re-attached, StorageProfiles refreshed every tenth time).
     pub resync: Duration,
+    /// Address ranges imports may reach although the address policy refuses their class
+    /// (`--import-allowed-cidrs`; HyperConverged `spec.storageImport.allowedImportCIDRs` adds
+    /// more).
+    pub import_allowed_cidrs: Vec<ferrovirt_storage::netpolicy::Cidr>,
 }
 
 impl Default for StorageOptions {
@@ -62,6 +66,7 @@ impl Default for StorageOptions {
             max_retries: 3,
             retry_backoff: Duration::from_secs(2),
             resync: Duration::from_secs(3),
+            import_allowed_cidrs: Vec::new(),
         }
     }
 }

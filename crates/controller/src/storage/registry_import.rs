@@ -14,6 +14,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 
 use ferrovirt_api::cdi::RegistrySource;
 use ferrovirt_storage::http::BasicAuth;
+use ferrovirt_storage::netpolicy::{AddressPolicy, Cidr};
 use ferrovirt_storage::registry::{ClientOptions, ImageRef, RegistryImportRequest, reference};
 
 use crate::error::ControllerError;
@@ -125,10 +126,39 @@ pub async fn transfer_limits(
     Ok(l)
 }
 
-/// Gathers credentials, CAs and the insecure list for importing `src` into `target`.
+/// The address policy of imports: the default refusals, less the ranges of the server flag
+/// (`flag`) and of HyperConverged `spec.storageImport.allowedImportCIDRs` (`Err`: an entry
+/// there is not a range, named).
+pub async fn address_policy(
+    client: &kube::Client,
+    flag: &[Cidr],
+) -> Result<Result<AddressPolicy, String>, ControllerError> {
+    let (hcos, _) = config_objects(client).await?;
+    Ok(policy_of(
+        flag,
+        &ferrovirt_api::hco::allowed_import_cidrs(&hcos),
+    ))
+}
+
+/// [`address_policy`] from its inputs (pure).
+pub fn policy_of(flag: &[Cidr], hco: &[String]) -> Result<AddressPolicy, String> {
+    let mut allowed = flag.to_vec();
+    for r in hco {
+        let c = r
+            .parse::<Cidr>()
+            .map_err(|e| format!("HyperConverged spec.storageImport.allowedImportCIDRs: {e}"))?;
+        allowed.push(c);
+    }
+    Ok(AddressPolicy::allowing(allowed))
+}
+
+/// Gathers credentials, CAs, the insecure list and the address policy (`allowed`: the server
+/// flag's ranges) for importing `src` into `target`.
+#[allow(clippy::too_many_arguments)]
 pub async fn prepare(
     client: &kube::Client,
     ns: &str,
+    allowed: &[Cidr],
     src: &RegistrySource,
     scratch_dir: PathBuf,
     target: PathBuf,
@@ -187,12 +217,17 @@ pub async fn prepare(
             return Ok(Prepared::Invalid(format!("certConfigMap {cm}: {e}")));
         }
     }
+    let address_policy = match address_policy(client, allowed).await? {
+        Ok(p) => p,
+        Err(m) => return Ok(Prepared::Invalid(m)),
+    };
     Ok(Prepared::Ready(Box::new(RegistryImportRequest {
         image,
         client: ClientOptions {
             insecure_registries: insecure_registries(client).await?,
             extra_ca_pem,
             auth,
+            address_policy,
         },
         scratch_dir,
         target,
@@ -209,6 +244,21 @@ mod tests {
             url: url.map(Into::into),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn address_policy_adds_flag_and_hco_ranges() {
+        let flag = vec!["127.0.0.2/32".parse().unwrap()];
+        let p = policy_of(&flag, &["10.0.0.0/8".into()]).unwrap();
+        assert_eq!(p.allowed.len(), 2);
+        assert!(!p.unrestricted);
+        assert!(p.check("127.0.0.2".parse().unwrap()).is_ok());
+        assert!(p.check("127.0.0.1".parse().unwrap()).is_err());
+        let e = policy_of(&flag, &["10.0.0.0/99".into()]).unwrap_err();
+        assert!(
+            e.contains("allowedImportCIDRs") && e.contains("10.0.0.0/99"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! from the challenge's realm for its service and scope, fetched with the credentials when
 //! there are some). Plain HTTP only for registries listed as insecure; HTTPS (rustls) with the
 //! system roots plus an optional CA bundle otherwise. Redirects (blob storage elsewhere) are
-//! followed without the registry's Authorization header.
+//! followed without the registry's Authorization header. Requests go through the importer's
+//! HTTP client ([`crate::http`]: reqwest), so every hop obeys the options' [`AddressPolicy`].
 
 use std::io::Write;
 use std::path::Path;
@@ -14,17 +15,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use bytes::Bytes;
-use http::{Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use reqwest::{Response, Url};
 
 use super::auth::{self, Challenge};
 use super::manifest::{self, Descriptor, ImageManifest, Manifest};
 use super::reference::{self, ImageRef};
 use crate::error::StorageError;
 use crate::http::BasicAuth;
+use crate::netpolicy::AddressPolicy;
 
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest a body may stall between two chunks.
@@ -42,6 +41,8 @@ pub struct ClientOptions {
     pub extra_ca_pem: Vec<u8>,
     /// Credentials (CDI's `secretRef` accessKeyId/secretKey, or an image pull secret).
     pub auth: Option<BasicAuth>,
+    /// Which addresses the registry (and every redirect and token endpoint) may have.
+    pub address_policy: AddressPolicy,
 }
 
 /// An image manifest and its digest (the platform manifest's, after an index).
@@ -57,7 +58,8 @@ pub struct RegistryClient {
     base: String,
     insecure: bool,
     insecure_list: Vec<String>,
-    tls: Arc<rustls::ClientConfig>,
+    http: reqwest::Client,
+    policy: Arc<AddressPolicy>,
     auth: Option<BasicAuth>,
     /// The Authorization header value that worked last (Basic or Bearer).
     authorization: Mutex<Option<String>>,
@@ -72,10 +74,8 @@ impl std::fmt::Debug for RegistryClient {
     }
 }
 
-use crate::http::Io;
-
 /// A rustls client configuration with the system roots and the PEM certificates of `extra`.
-pub fn tls_config(extra: &[u8]) -> Result<Arc<rustls::ClientConfig>, StorageError> {
+pub fn tls_config(extra: &[u8]) -> Result<rustls::ClientConfig, StorageError> {
     if extra.is_empty() {
         crate::http::tls_config(&[])
     } else {
@@ -116,12 +116,19 @@ impl RegistryClient {
     pub fn new(image: &ImageRef, opts: &ClientOptions) -> Result<Self, StorageError> {
         let insecure = reference::is_insecure(&image.registry, &opts.insecure_registries);
         let scheme = if insecure { "http" } else { "https" };
+        let policy = Arc::new(opts.address_policy.clone());
+        let http = crate::http::client(
+            tls_config(&opts.extra_ca_pem)?,
+            &policy,
+            "ferrovirt-registry-client",
+        )?;
         Ok(RegistryClient {
             base: format!("{scheme}://{}", image.api_host()),
             image: image.clone(),
             insecure,
             insecure_list: opts.insecure_registries.clone(),
-            tls: tls_config(&opts.extra_ca_pem)?,
+            http,
+            policy,
             auth: opts.auth.clone(),
             authorization: Mutex::new(None),
         })
@@ -139,74 +146,53 @@ impl RegistryClient {
         }
     }
 
-    async fn connect(&self, uri: &Uri, url: &str) -> Result<Box<dyn Io>, StorageError> {
-        crate::http::connect_with(
-            uri,
-            url,
-            Some(self.tls.clone()),
-            " (list the registry as insecure to use plain HTTP, or give its CA in certConfigMap)",
-        )
-        .await
-    }
-
-    /// One GET on a fresh connection.
+    /// One GET.
     async fn send(
         &self,
         url: &str,
         accept: Option<&str>,
         authorization: Option<&str>,
-    ) -> Result<Response<Incoming>, StorageError> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
-        let io = self.connect(&uri, url).await?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| self.http_err(url, e.to_string()))?;
-        tokio::spawn(conn);
-        let authority = uri.authority().map(|a| a.as_str()).unwrap_or("");
-        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let mut b = Request::get(path)
-            .header(http::header::HOST, authority)
-            .header(http::header::USER_AGENT, "ferrovirt-registry-client");
+    ) -> Result<Response, StorageError> {
+        let u = crate::http::parse_url(url)?;
+        let mut h = HeaderMap::new();
+        let value = |v: &str| {
+            HeaderValue::from_str(v).map_err(|e| StorageError::invalid("header", e.to_string()))
+        };
         if let Some(a) = accept {
-            b = b.header(http::header::ACCEPT, a);
+            h.insert(http::header::ACCEPT, value(a)?);
         }
         if let Some(a) = authorization {
-            b = b.header(http::header::AUTHORIZATION, a);
+            h.insert(http::header::AUTHORIZATION, value(a)?);
         }
-        let req = b
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| self.http_err(url, e.to_string()))?;
-        tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(req))
-            .await
-            .map_err(|_| self.http_err(url, "no response within 60 s"))?
-            .map_err(|e| self.http_err(url, e.to_string()))
+        crate::http::get(
+            &self.http,
+            &self.policy,
+            &u,
+            h,
+            RESPONSE_TIMEOUT,
+            " (list the registry as insecure to use plain HTTP, or give its CA in certConfigMap)",
+        )
+        .await
     }
 
     /// Reads a whole (small) body, at most `max` bytes.
     async fn read_body(
         &self,
         url: &str,
-        resp: Response<Incoming>,
+        mut resp: Response,
         max: usize,
     ) -> Result<Vec<u8>, StorageError> {
-        let mut body = resp.into_body();
+        let u = crate::http::parse_url(url)?;
         let mut out = Vec::new();
-        loop {
-            let frame = tokio::time::timeout(STALL_TIMEOUT, body.frame())
-                .await
-                .map_err(|_| self.http_err(url, "the transfer stalled"))?;
-            let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| self.http_err(url, e.to_string()))?;
-            if let Some(d) = frame.data_ref() {
-                if out.len() + d.len() > max {
-                    return Err(StorageError::Refused(format!(
-                        "{url}: the response is larger than {max} bytes"
-                    )));
-                }
-                out.extend_from_slice(d);
+        while let Some(d) =
+            crate::http::next_chunk(&mut resp, &u, STALL_TIMEOUT, out.len() as u64).await?
+        {
+            if out.len() + d.len() > max {
+                return Err(StorageError::Refused(format!(
+                    "{url}: the response is larger than {max} bytes"
+                )));
             }
+            out.extend_from_slice(&d);
         }
         Ok(out)
     }
@@ -267,11 +253,7 @@ impl RegistryClient {
 
     /// GET `path` (below the registry's base URL), authenticating on a 401 and following
     /// redirects. Returns a successful response.
-    async fn get(
-        &self,
-        path: &str,
-        accept: Option<&str>,
-    ) -> Result<Response<Incoming>, StorageError> {
+    async fn get(&self, path: &str, accept: Option<&str>) -> Result<Response, StorageError> {
         let mut url = format!("{}{path}", self.base);
         let mut retried_auth = false;
         let mut same_origin = true;
@@ -314,28 +296,17 @@ impl RegistryClient {
                 continue;
             }
             if status.is_redirection() {
-                let loc = resp
-                    .headers()
-                    .get(http::header::LOCATION)
-                    .and_then(|l| l.to_str().ok())
-                    .ok_or_else(|| self.http_err(&url, format!("{status} without a Location")))?;
-                let base: Uri = url
-                    .parse()
-                    .map_err(|e| StorageError::invalid("URL", format!("{url}: {e}")))?;
-                let next = crate::http::resolve(&base, loc);
-                let next_uri: Uri = next
-                    .parse()
-                    .map_err(|e| StorageError::invalid("URL", format!("{next}: {e}")))?;
-                same_origin = same_origin
-                    && next_uri.authority() == base.authority()
-                    && next_uri.scheme() == base.scheme();
-                if next_uri.scheme_str() == Some("http") && !self.insecure {
+                let base: Url = crate::http::parse_url(&url)?;
+                let next = crate::http::redirect_target(&base, &resp)?;
+                same_origin =
+                    same_origin && crate::http::origin(&next) == crate::http::origin(&base);
+                if next.scheme() == "http" && !self.insecure {
                     return Err(self.http_err(
                         &url,
                         format!("refusing a redirect from HTTPS to plain HTTP ({next})"),
                     ));
                 }
-                url = next;
+                url = next.to_string();
                 continue;
             }
             if !status.is_success() {
@@ -442,34 +413,31 @@ impl RegistryClient {
             )));
         }
         let path = format!("/v2/{}/blobs/{}", self.image.repository, desc.digest);
-        let url = format!("{}{path}", self.base);
-        let resp = self.get(&path, None).await?;
+        let url = crate::http::parse_url(&format!("{}{path}", self.base))?;
+        let mut resp = self.get(&path, None).await?;
         let mut file = std::fs::File::create(dst).map_err(|e| StorageError::io(dst, e))?;
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         let mut received = 0u64;
-        let mut body = resp.into_body();
-        loop {
-            let frame = tokio::time::timeout(STALL_TIMEOUT, body.frame())
-                .await
-                .map_err(|_| self.http_err(&url, "the transfer stalled"))?;
-            let Some(frame) = frame else { break };
-            let frame = frame.map_err(|e| self.http_err(&url, e.to_string()))?;
-            if let Some(d) = frame.data_ref() {
-                received += d.len() as u64;
-                if received > desc.size {
-                    return Err(StorageError::Refused(format!(
-                        "blob {} is larger than its declared {} bytes",
-                        desc.digest, desc.size
-                    )));
-                }
-                ctx.update(d);
-                file.write_all(d).map_err(|e| StorageError::io(dst, e))?;
-                progress(received);
+        while let Some(d) =
+            crate::http::next_chunk(&mut resp, &url, STALL_TIMEOUT, received).await?
+        {
+            received += d.len() as u64;
+            if received > desc.size {
+                return Err(StorageError::Refused(format!(
+                    "blob {} is larger than its declared {} bytes",
+                    desc.digest, desc.size
+                )));
             }
+            ctx.update(&d);
+            file.write_all(&d).map_err(|e| StorageError::io(dst, e))?;
+            progress(received);
         }
         file.flush().map_err(|e| StorageError::io(dst, e))?;
         if received != desc.size {
-            return Err(self.http_err(&url, format!("received {received} of {} bytes", desc.size)));
+            return Err(self.http_err(
+                url.as_str(),
+                format!("received {received} of {} bytes", desc.size),
+            ));
         }
         let actual = format!("sha256:{}", manifest::hex(ctx.finish().as_ref()));
         if actual != desc.digest {
