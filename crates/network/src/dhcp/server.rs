@@ -8,8 +8,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
-use super::packet::Packet;
-use super::{Destination, LeaseConfig, respond};
+use super::{Destination, LeaseConfig, decode, encode, respond};
 use crate::error::{Error, Result};
 
 /// Where and what to serve.
@@ -111,7 +110,7 @@ async fn serve(sock: UdpSocket, lease: LeaseConfig, client_port: u16, label: Str
                 continue;
             }
         };
-        let req = match Packet::decode(&buf[..n]) {
+        let req = match decode(&buf[..n]) {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!("dhcp {label}: ignoring packet from {from}: {e}");
@@ -127,10 +126,17 @@ async fn serve(sock: UdpSocket, lease: LeaseConfig, client_port: u16, label: Str
         };
         tracing::debug!(
             "dhcp {label}: {:?} → {:?} to {to}",
-            req.message_type(),
-            reply.packet.message_type()
+            req.opts().msg_type(),
+            reply.message.opts().msg_type()
         );
-        if let Err(e) = sock.send_to(&reply.packet.encode(), to).await {
+        let bytes = match encode(&reply.message) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("dhcp {label}: {e}");
+                continue;
+            }
+        };
+        if let Err(e) = sock.send_to(&bytes, to).await {
             tracing::warn!("dhcp {label}: sending to {to} failed: {e}");
         }
     }
