@@ -360,3 +360,45 @@ fn rejects_malformed_packets() {
     b[1] = 6; // token ring
     assert!(decode(&b).is_err());
 }
+
+/// The guest controls every byte the server decodes: truncations, single-byte corruptions
+/// and a self-referencing search-list pointer must give an error or a message, never a panic
+/// (a panic would end the VMI's DHCP server task).
+#[test]
+fn hostile_bytes_never_panic() {
+    let mut req = request(
+        MessageType::Request,
+        vec![
+            DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 0, 2, 2)),
+            DhcpOption::Hostname("guest".into()),
+        ],
+    );
+    for o in lease_options(&cfg(), true) {
+        req.opts_mut().insert(o);
+    }
+    let good = encode(&req).unwrap();
+    let c = cfg();
+    let mut tried = 0;
+    for len in 0..good.len() {
+        if let Ok(m) = decode(&good[..len]) {
+            let _ = respond(&c, &m);
+        }
+        tried += 1;
+    }
+    for at in 240..good.len().min(400) {
+        for v in [0u8, 1, 4, 31, 32, 33, 63, 64, 0xc0, 0xff] {
+            let mut b = good.clone();
+            b[at] = v;
+            if let Ok(m) = decode(&b) {
+                let _ = respond(&c, &m);
+            }
+            tried += 1;
+        }
+    }
+    let mut b = good[..240].to_vec();
+    b.extend_from_slice(&[53, 1, 3, 119, 2, 0xc0, 0x00, 121, 5, 33, 1, 2, 3, 4, 255]);
+    if let Ok(m) = decode(&b) {
+        let _ = respond(&c, &m);
+    }
+    assert!(tried > 1000);
+}
