@@ -33,6 +33,12 @@ pub enum Error {
     /// A DHCP packet could not be decoded.
     #[error("malformed DHCP packet: {0}")]
     Malformed(&'static str),
+    /// dhcproto could not decode a DHCP packet.
+    #[error("malformed DHCP packet: {0}")]
+    Decode(#[source] dhcproto::error::DecodeError),
+    /// dhcproto could not encode a reply (e.g. an option value too large).
+    #[error("cannot encode DHCP reply: {0}")]
+    Encode(#[source] dhcproto::error::EncodeError),
     /// The address handed out is not inside the subnet it claims.
     #[error("address {addr} is not in {subnet}")]
     NotInSubnet { addr: Ipv4Addr, subnet: String },

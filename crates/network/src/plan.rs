@@ -49,6 +49,9 @@ pub struct NodeNetwork {
     /// DNS servers handed to guests.
     #[serde(default)]
     pub dns: Vec<Ipv4Addr>,
+    /// DNS search domains handed to guests (DHCP options 119 and 15).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub search: Vec<String>,
 }
 
 impl NodeNetwork {
@@ -65,6 +68,7 @@ impl NodeNetwork {
             veth_prefix: "fv".into(),
             mtu: 1500,
             dns: Vec::new(),
+            search: Vec::new(),
         }
     }
 
@@ -104,6 +108,9 @@ impl NodeNetwork {
                 "invalid nft table name {:?}",
                 self.nft_table
             )));
+        }
+        for d in &self.search {
+            crate::dhcp::search_domain(d)?;
         }
         if self.mtu < 576 {
             return Err(Error::InvalidPlan(format!("MTU {} is too small", self.mtu)));
@@ -274,6 +281,7 @@ impl PodPlan {
                         subnet: masq,
                         router: Some(gw),
                         dns: node.dns.clone(),
+                        search: node.search.clone(),
                         server_id: gw,
                         lease_secs: DEFAULT_LEASE_SECS,
                         hostname: Some(req.name.clone()),
@@ -289,6 +297,7 @@ impl PodPlan {
                     subnet: node.node_subnet,
                     router: Some(node.gateway()),
                     dns: node.dns.clone(),
+                    search: node.search.clone(),
                     server_id: BRIDGE_DHCP_ADDR,
                     lease_secs: DEFAULT_LEASE_SECS,
                     hostname: Some(req.name.clone()),
@@ -358,6 +367,18 @@ mod tests {
         );
         // Stable: the same request plans the same thing.
         assert_eq!(p, PodPlan::build(&node(), &req).unwrap());
+    }
+
+    #[test]
+    fn search_domains_reach_the_lease_and_bad_ones_are_refused() {
+        let mut n = node();
+        n.search = vec!["ns.svc.cluster.local".into(), "cluster.local".into()];
+        let req = PodRequest::new("uid-s", "ns", "vm1", Binding::Bridge);
+        let p = PodPlan::build(&n, &req).unwrap();
+        assert_eq!(p.lease.search, n.search);
+        n.search.push("bad domain".into());
+        let e = PodPlan::build(&n, &req).unwrap_err().to_string();
+        assert!(e.contains("\"bad domain\""), "{e}");
     }
 
     #[test]

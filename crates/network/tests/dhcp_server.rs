@@ -1,5 +1,6 @@
 //! The DHCP server on real sockets: a server bound to one end of a veth pair in one namespace,
-//! a hand-rolled client on the other end in another namespace. Runs as root.
+//! a client sending dhcproto-built messages on the other end in another namespace. Runs as
+//! root.
 
 mod common;
 
@@ -8,29 +9,22 @@ use std::time::Duration;
 
 use common::{TempNetns, ip};
 use ferrovirt_network::MacAddr;
-use ferrovirt_network::dhcp::packet::{DhcpOption, MessageType, OP_REQUEST, Packet};
-use ferrovirt_network::dhcp::{DhcpServer, LeaseConfig, ServerOptions};
+use ferrovirt_network::dhcp::dhcproto::v4::{DhcpOption, Message, MessageType, OptionCode};
+use ferrovirt_network::dhcp::{DhcpServer, LeaseConfig, ServerOptions, decode, encode};
 use socket2::{Domain, Protocol, Socket, Type};
 
 const GUEST: MacAddr = MacAddr([0x02, 0xaa, 0, 0, 0, 1]);
 // Unprivileged-range ports keep this test clear of any real DHCP traffic.
 const SERVER_PORT: u16 = 6767;
 
-fn request(kind: MessageType, mac: MacAddr, extra: Vec<DhcpOption>) -> Packet {
-    let mut options = vec![DhcpOption::MessageType(kind)];
-    options.extend(extra);
-    Packet {
-        op: OP_REQUEST,
-        xid: 0x1234_5678,
-        secs: 0,
-        flags: 0,
-        ciaddr: Ipv4Addr::UNSPECIFIED,
-        yiaddr: Ipv4Addr::UNSPECIFIED,
-        siaddr: Ipv4Addr::UNSPECIFIED,
-        giaddr: Ipv4Addr::UNSPECIFIED,
-        chaddr: mac,
-        options,
+fn request(kind: MessageType, mac: MacAddr, extra: Vec<DhcpOption>) -> Message {
+    let any = Ipv4Addr::UNSPECIFIED;
+    let mut m = Message::new_with_id(0x1234_5678, any, any, any, any, &mac.0);
+    m.opts_mut().insert(DhcpOption::MessageType(kind));
+    for o in extra {
+        m.opts_mut().insert(o);
     }
+    m
 }
 
 fn client_socket(ns: &str) -> anyhow::Result<UdpSocket> {
@@ -45,11 +39,11 @@ fn client_socket(ns: &str) -> anyhow::Result<UdpSocket> {
     Ok(sock)
 }
 
-fn exchange(sock: &UdpSocket, p: &Packet) -> anyhow::Result<Option<Packet>> {
-    sock.send_to(&p.encode(), (Ipv4Addr::BROADCAST, SERVER_PORT))?;
+fn exchange(sock: &UdpSocket, p: &Message) -> anyhow::Result<Option<Message>> {
+    sock.send_to(&encode(p)?, (Ipv4Addr::BROADCAST, SERVER_PORT))?;
     let mut buf = [0u8; 1500];
     match sock.recv_from(&mut buf) {
-        Ok((n, _)) => Ok(Some(Packet::decode(&buf[..n])?)),
+        Ok((n, _)) => Ok(Some(decode(&buf[..n])?)),
         Err(e)
             if matches!(
                 e.kind(),
@@ -82,6 +76,7 @@ async fn dhcp_server_answers_its_client_over_a_veth() -> anyhow::Result<()> {
         subnet: "10.0.2.0/24".parse()?,
         router: Some(Ipv4Addr::new(10, 0, 2, 1)),
         dns: vec![Ipv4Addr::new(10, 0, 2, 3)],
+        search: vec!["default.svc.cluster.local".into()],
         server_id: Ipv4Addr::new(10, 0, 2, 1),
         lease_secs: 3600,
         hostname: Some("vm1".into()),
@@ -94,19 +89,25 @@ async fn dhcp_server_answers_its_client_over_a_veth() -> anyhow::Result<()> {
     let sock = client_socket(c)?;
 
     let offer = exchange(&sock, &request(MessageType::Discover, GUEST, vec![]))?.expect("an OFFER");
-    assert_eq!(offer.message_type(), Some(MessageType::Offer));
-    assert_eq!(offer.xid, 0x1234_5678);
-    assert_eq!(offer.yiaddr, Ipv4Addr::new(10, 0, 2, 2));
+    assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+    assert_eq!(offer.xid(), 0x1234_5678);
+    assert_eq!(offer.yiaddr(), Ipv4Addr::new(10, 0, 2, 2));
+    let gw = Ipv4Addr::new(10, 0, 2, 1);
     for o in [
         DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0)),
-        DhcpOption::Router(vec![Ipv4Addr::new(10, 0, 2, 1)]),
-        DhcpOption::Dns(vec![Ipv4Addr::new(10, 0, 2, 3)]),
-        DhcpOption::LeaseTime(3600),
+        DhcpOption::Router(vec![gw]),
+        DhcpOption::ClasslessStaticRoute(vec![("0.0.0.0/0".parse()?, gw)]),
+        DhcpOption::DomainNameServer(vec![Ipv4Addr::new(10, 0, 2, 3)]),
+        DhcpOption::DomainName("default.svc.cluster.local".into()),
+        DhcpOption::AddressLeaseTime(3600),
         DhcpOption::Hostname("vm1".into()),
-        DhcpOption::Mtu(1400),
+        DhcpOption::InterfaceMtu(1400),
+        DhcpOption::ServerIdentifier(gw),
     ] {
-        assert!(offer.options.contains(&o), "OFFER lacks {o:?}: {offer:?}");
+        let code = OptionCode::from(&o);
+        assert_eq!(offer.opts().get(code), Some(&o), "OFFER: {offer:?}");
     }
+    assert!(offer.opts().get(OptionCode::DomainSearch).is_some());
 
     let ack = exchange(
         &sock,
@@ -114,24 +115,24 @@ async fn dhcp_server_answers_its_client_over_a_veth() -> anyhow::Result<()> {
             MessageType::Request,
             GUEST,
             vec![
-                DhcpOption::RequestedIp(Ipv4Addr::new(10, 0, 2, 2)),
-                DhcpOption::ServerId(Ipv4Addr::new(10, 0, 2, 1)),
+                DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 0, 2, 2)),
+                DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 0, 2, 1)),
             ],
         ),
     )?
     .expect("an ACK");
-    assert_eq!(ack.message_type(), Some(MessageType::Ack));
+    assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
 
     let nak = exchange(
         &sock,
         &request(
             MessageType::Request,
             GUEST,
-            vec![DhcpOption::RequestedIp(Ipv4Addr::new(10, 0, 2, 77))],
+            vec![DhcpOption::RequestedIpAddress(Ipv4Addr::new(10, 0, 2, 77))],
         ),
     )?
     .expect("a NAK");
-    assert_eq!(nak.message_type(), Some(MessageType::Nak));
+    assert_eq!(nak.opts().msg_type(), Some(MessageType::Nak));
 
     // Another guest's DISCOVER gets no answer.
     let other = MacAddr([0x02, 0xbb, 0, 0, 0, 2]);

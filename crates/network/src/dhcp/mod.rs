@@ -1,16 +1,23 @@
-//! A tiny DHCPv4 server for exactly one guest NIC: [`packet`] encodes and decodes messages,
-//! [`respond`] is the pure decision (request → reply), and [`server`] runs it on a UDP socket
-//! bound to one interface inside a network namespace.
+//! A tiny DHCPv4 server for exactly one guest NIC. Packets are `dhcproto` [`Message`]s:
+//! [`decode`] and [`encode`] move them on and off the wire, [`respond`] is the pure decision
+//! (request → reply, with the options KubeVirt's server sends), and [`server`] runs it on a UDP
+//! socket bound to one interface inside a network namespace.
 
-pub mod packet;
 pub mod server;
+#[cfg(test)]
+mod tests;
 
 use std::net::Ipv4Addr;
 
+pub use dhcproto;
+use dhcproto::v4::OptionCode;
+use dhcproto::v4::{DhcpOption, HType, MAGIC, MIN_PACKET_SIZE, Message, MessageType, Opcode};
+use dhcproto::{Decodable, Decoder, Encodable, Name};
+use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::ipam::{Ipv4Cidr, MacAddr};
-use packet::{DhcpOption, FLAG_BROADCAST, MessageType, OP_REPLY, OP_REQUEST, Packet};
 
 pub use server::{DhcpServer, ServerOptions};
 
@@ -25,10 +32,13 @@ pub struct LeaseConfig {
     pub address: Ipv4Addr,
     /// The subnet the address belongs to (gives the netmask).
     pub subnet: Ipv4Cidr,
-    /// Default gateway, if any.
+    /// Default gateway, if any: sent as router (3) and as the default classless route (121).
     pub router: Option<Ipv4Addr>,
     #[serde(default)]
     pub dns: Vec<Ipv4Addr>,
+    /// DNS search domains (option 119); the first is also the domain name (option 15).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub search: Vec<String>,
     /// The server identifier: an address of the serving interface.
     pub server_id: Ipv4Addr,
     pub lease_secs: u32,
@@ -50,70 +60,171 @@ pub enum Destination {
 /// The reply to send, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
-    pub packet: Packet,
+    pub message: Message,
     pub to: Destination,
+}
+
+/// Decodes a DHCP message from the wire: a BOOTP header with the DHCP cookie, Ethernet
+/// hardware addresses; dhcproto joins split options (RFC 3396).
+pub fn decode(buf: &[u8]) -> Result<Message> {
+    if buf.len() < 240 {
+        return Err(Error::Malformed("shorter than a BOOTP header"));
+    }
+    if buf[236..240] != MAGIC {
+        return Err(Error::Malformed("no DHCP magic cookie"));
+    }
+    let m = Message::decode(&mut Decoder::new(buf)).map_err(Error::Decode)?;
+    if m.htype() != HType::Eth || m.hlen() != 6 {
+        return Err(Error::Malformed("hardware type is not Ethernet"));
+    }
+    Ok(m)
+}
+
+/// Encodes a message, padded to BOOTP's 300-byte minimum (some clients insist).
+pub fn encode(m: &Message) -> Result<Vec<u8>> {
+    let mut out = m.to_vec().map_err(Error::Encode)?;
+    if out.len() < MIN_PACKET_SIZE {
+        out.resize(MIN_PACKET_SIZE, 0);
+    }
+    Ok(out)
+}
+
+/// Checks one DNS search domain (RFC 1123 host name syntax: labels of 1-63 letters, digits and
+/// inner hyphens, 253 characters at most; one trailing dot allowed) and returns it as an
+/// absolute DNS name for option 119.
+pub fn search_domain(domain: &str) -> Result<Name> {
+    let bare = domain.strip_suffix('.').unwrap_or(domain);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if bare.is_empty() || bare.len() > 253 || !bare.split('.').all(label_ok) {
+        return Err(Error::InvalidPlan(format!(
+            "invalid DNS search domain {domain:?} (dot-separated labels of letters, digits and \
+             inner hyphens, at most 63 characters each and 253 in all)"
+        )));
+    }
+    Name::from_ascii(format!("{bare}."))
+        .map_err(|e| Error::InvalidPlan(format!("invalid DNS search domain {domain:?}: {e}")))
+}
+
+/// Classless static routes (RFC 3442) for the lease: the default route via the router, preceded
+/// by an on-link host route to the router when it lies outside the subnet (clients that get
+/// option 121 ignore option 3).
+pub fn classless_routes(cfg: &LeaseConfig) -> Vec<(Ipv4Net, Ipv4Addr)> {
+    let Some(gw) = cfg.router else {
+        return Vec::new();
+    };
+    let mut routes = Vec::new();
+    if !cfg.subnet.contains(gw) {
+        routes.push((host_net(gw, 32), Ipv4Addr::UNSPECIFIED));
+    }
+    routes.push((host_net(Ipv4Addr::UNSPECIFIED, 0), gw));
+    routes
+}
+
+fn host_net(addr: Ipv4Addr, prefix: u8) -> Ipv4Net {
+    // Prefixes 0 and 32 are always valid.
+    Ipv4Net::new(addr, prefix).unwrap_or_default()
 }
 
 fn lease_options(cfg: &LeaseConfig, with_lease: bool) -> Vec<DhcpOption> {
     let mut o = vec![
-        DhcpOption::ServerId(cfg.server_id),
+        DhcpOption::ServerIdentifier(cfg.server_id),
         DhcpOption::SubnetMask(cfg.subnet.netmask()),
     ];
     if let Some(r) = cfg.router {
         o.push(DhcpOption::Router(vec![r]));
+        o.push(DhcpOption::ClasslessStaticRoute(classless_routes(cfg)));
     }
     if !cfg.dns.is_empty() {
-        o.push(DhcpOption::Dns(cfg.dns.clone()));
+        o.push(DhcpOption::DomainNameServer(cfg.dns.clone()));
+    }
+    // Plans validate search domains; one that slipped through is left out, not sent broken.
+    let search: Vec<Name> = cfg
+        .search
+        .iter()
+        .filter_map(|d| search_domain(d).ok())
+        .collect();
+    if let Some(first) = cfg.search.first().filter(|_| !search.is_empty()) {
+        o.push(DhcpOption::DomainName(
+            first.strip_suffix('.').unwrap_or(first).to_string(),
+        ));
+        o.push(DhcpOption::DomainSearch(search));
     }
     if with_lease {
-        o.push(DhcpOption::LeaseTime(cfg.lease_secs));
-        o.push(DhcpOption::RenewalTime(cfg.lease_secs / 2));
-        o.push(DhcpOption::RebindingTime(cfg.lease_secs / 8 * 7));
+        o.push(DhcpOption::AddressLeaseTime(cfg.lease_secs));
+        o.push(DhcpOption::Renewal(cfg.lease_secs / 2));
+        o.push(DhcpOption::Rebinding(cfg.lease_secs / 8 * 7));
     }
     if let Some(h) = &cfg.hostname {
         o.push(DhcpOption::Hostname(h.clone()));
     }
     if let Some(m) = cfg.mtu {
-        o.push(DhcpOption::Mtu(m));
+        o.push(DhcpOption::InterfaceMtu(m));
     }
     o
 }
 
-fn reply(req: &Packet, kind: MessageType, yiaddr: Ipv4Addr, mut opts: Vec<DhcpOption>) -> Packet {
-    opts.insert(0, DhcpOption::MessageType(kind));
-    Packet {
-        op: OP_REPLY,
-        xid: req.xid,
-        secs: 0,
-        flags: req.flags,
-        ciaddr: if kind == MessageType::Nak {
-            Ipv4Addr::UNSPECIFIED
-        } else {
-            req.ciaddr
-        },
+fn reply(req: &Message, kind: MessageType, yiaddr: Ipv4Addr, opts: Vec<DhcpOption>) -> Message {
+    let ciaddr = if kind == MessageType::Nak {
+        Ipv4Addr::UNSPECIFIED
+    } else {
+        req.ciaddr()
+    };
+    let mut m = Message::new_with_id(
+        req.xid(),
+        ciaddr,
         yiaddr,
-        siaddr: Ipv4Addr::UNSPECIFIED,
-        giaddr: req.giaddr,
-        chaddr: req.chaddr,
-        options: opts,
+        Ipv4Addr::UNSPECIFIED,
+        req.giaddr(),
+        req.chaddr(),
+    );
+    m.set_opcode(Opcode::BootReply).set_flags(req.flags());
+    m.opts_mut().insert(DhcpOption::MessageType(kind));
+    for o in opts {
+        m.opts_mut().insert(o);
+    }
+    m
+}
+
+/// The server identifier (option 54) of a message, if present.
+pub fn server_id(m: &Message) -> Option<Ipv4Addr> {
+    match m.opts().get(OptionCode::ServerIdentifier)? {
+        DhcpOption::ServerIdentifier(a) => Some(*a),
+        _ => None,
+    }
+}
+
+/// The requested address (option 50) of a message, if present.
+pub fn requested_ip(m: &Message) -> Option<Ipv4Addr> {
+    match m.opts().get(OptionCode::RequestedIpAddress)? {
+        DhcpOption::RequestedIpAddress(a) => Some(*a),
+        _ => None,
     }
 }
 
 /// Decides the answer to one request: OFFER to a DISCOVER, ACK to a REQUEST for the lease's
 /// address, NAK to a REQUEST for any other address, ACK without lease to an INFORM; nothing for
 /// other clients, other servers' REQUESTs, relayed messages, RELEASE and DECLINE.
-pub fn respond(cfg: &LeaseConfig, req: &Packet) -> Option<Reply> {
-    if req.op != OP_REQUEST || req.chaddr != cfg.client_mac || !req.giaddr.is_unspecified() {
+pub fn respond(cfg: &LeaseConfig, req: &Message) -> Option<Reply> {
+    if req.opcode() != Opcode::BootRequest
+        || req.chaddr() != cfg.client_mac.0
+        || !req.giaddr().is_unspecified()
+    {
         return None;
     }
-    let broadcast_or_ciaddr = if req.ciaddr.is_unspecified() || req.flags & FLAG_BROADCAST != 0 {
+    let broadcast_or_ciaddr = if req.ciaddr().is_unspecified() || req.flags().broadcast() {
         Destination::Broadcast
     } else {
-        Destination::Unicast(req.ciaddr)
+        Destination::Unicast(req.ciaddr())
     };
-    match req.message_type()? {
+    match req.opts().msg_type()? {
         MessageType::Discover => Some(Reply {
-            packet: reply(
+            message: reply(
                 req,
                 MessageType::Offer,
                 cfg.address,
@@ -122,29 +233,29 @@ pub fn respond(cfg: &LeaseConfig, req: &Packet) -> Option<Reply> {
             to: Destination::Broadcast,
         }),
         MessageType::Request => {
-            if req.server_id().is_some_and(|s| s != cfg.server_id) {
+            if server_id(req).is_some_and(|s| s != cfg.server_id) {
                 return None; // the client chose another server
             }
-            let wanted = req.requested_ip().unwrap_or(req.ciaddr);
+            let wanted = requested_ip(req).unwrap_or(req.ciaddr());
             if wanted == cfg.address {
                 Some(Reply {
-                    packet: reply(req, MessageType::Ack, cfg.address, lease_options(cfg, true)),
+                    message: reply(req, MessageType::Ack, cfg.address, lease_options(cfg, true)),
                     to: broadcast_or_ciaddr,
                 })
             } else {
                 Some(Reply {
-                    packet: reply(
+                    message: reply(
                         req,
                         MessageType::Nak,
                         Ipv4Addr::UNSPECIFIED,
-                        vec![DhcpOption::ServerId(cfg.server_id)],
+                        vec![DhcpOption::ServerIdentifier(cfg.server_id)],
                     ),
                     to: Destination::Broadcast,
                 })
             }
         }
         MessageType::Inform => Some(Reply {
-            packet: reply(
+            message: reply(
                 req,
                 MessageType::Ack,
                 Ipv4Addr::UNSPECIFIED,
@@ -153,143 +264,5 @@ pub fn respond(cfg: &LeaseConfig, req: &Packet) -> Option<Reply> {
             to: broadcast_or_ciaddr,
         }),
         _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 1]);
-
-    fn cfg() -> LeaseConfig {
-        LeaseConfig {
-            client_mac: MAC,
-            address: Ipv4Addr::new(10, 0, 2, 2),
-            subnet: "10.0.2.0/24".parse().unwrap(),
-            router: Some(Ipv4Addr::new(10, 0, 2, 1)),
-            dns: vec![Ipv4Addr::new(10, 96, 0, 10)],
-            server_id: Ipv4Addr::new(10, 0, 2, 1),
-            lease_secs: 86400,
-            hostname: Some("vm1".into()),
-            mtu: Some(1500),
-        }
-    }
-
-    fn request(kind: MessageType, extra: Vec<DhcpOption>) -> Packet {
-        let mut options = vec![DhcpOption::MessageType(kind)];
-        options.extend(extra);
-        Packet {
-            op: OP_REQUEST,
-            xid: 42,
-            secs: 3,
-            flags: 0,
-            ciaddr: Ipv4Addr::UNSPECIFIED,
-            yiaddr: Ipv4Addr::UNSPECIFIED,
-            siaddr: Ipv4Addr::UNSPECIFIED,
-            giaddr: Ipv4Addr::UNSPECIFIED,
-            chaddr: MAC,
-            options,
-        }
-    }
-
-    #[test]
-    fn offers_the_lease_to_a_discover() {
-        let r = respond(&cfg(), &request(MessageType::Discover, vec![])).unwrap();
-        assert_eq!(r.to, Destination::Broadcast);
-        let p = r.packet;
-        assert_eq!(p.op, OP_REPLY);
-        assert_eq!(p.xid, 42);
-        assert_eq!(p.yiaddr, Ipv4Addr::new(10, 0, 2, 2));
-        assert_eq!(p.message_type(), Some(MessageType::Offer));
-        for o in [
-            DhcpOption::ServerId(Ipv4Addr::new(10, 0, 2, 1)),
-            DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0)),
-            DhcpOption::Router(vec![Ipv4Addr::new(10, 0, 2, 1)]),
-            DhcpOption::Dns(vec![Ipv4Addr::new(10, 96, 0, 10)]),
-            DhcpOption::LeaseTime(86400),
-            DhcpOption::Hostname("vm1".into()),
-            DhcpOption::Mtu(1500),
-        ] {
-            assert!(p.options.contains(&o), "missing {o:?}");
-        }
-        // It survives the wire.
-        assert_eq!(Packet::decode(&p.encode()).unwrap(), p);
-    }
-
-    #[test]
-    fn acks_a_request_for_the_lease_and_naks_others() {
-        let c = cfg();
-        let ok = request(
-            MessageType::Request,
-            vec![
-                DhcpOption::RequestedIp(c.address),
-                DhcpOption::ServerId(c.server_id),
-            ],
-        );
-        let r = respond(&c, &ok).unwrap();
-        assert_eq!(r.packet.message_type(), Some(MessageType::Ack));
-        assert_eq!(r.packet.yiaddr, c.address);
-        assert_eq!(r.to, Destination::Broadcast);
-
-        let wrong = request(
-            MessageType::Request,
-            vec![DhcpOption::RequestedIp(Ipv4Addr::new(192, 168, 1, 9))],
-        );
-        let r = respond(&c, &wrong).unwrap();
-        assert_eq!(r.packet.message_type(), Some(MessageType::Nak));
-        assert_eq!(r.packet.yiaddr, Ipv4Addr::UNSPECIFIED);
-        assert_eq!(r.to, Destination::Broadcast);
-    }
-
-    #[test]
-    fn renewals_are_answered_by_unicast() {
-        let c = cfg();
-        let mut renew = request(MessageType::Request, vec![]);
-        renew.ciaddr = c.address;
-        let r = respond(&c, &renew).unwrap();
-        assert_eq!(r.packet.message_type(), Some(MessageType::Ack));
-        assert_eq!(r.to, Destination::Unicast(c.address));
-        assert_eq!(r.packet.ciaddr, c.address);
-    }
-
-    #[test]
-    fn informs_get_configuration_without_a_lease() {
-        let c = cfg();
-        let mut inform = request(MessageType::Inform, vec![]);
-        inform.ciaddr = c.address;
-        let r = respond(&c, &inform).unwrap();
-        assert_eq!(r.packet.message_type(), Some(MessageType::Ack));
-        assert_eq!(r.packet.yiaddr, Ipv4Addr::UNSPECIFIED);
-        assert!(
-            !r.packet
-                .options
-                .iter()
-                .any(|o| matches!(o, DhcpOption::LeaseTime(_)))
-        );
-    }
-
-    #[test]
-    fn ignores_other_clients_servers_and_message_kinds() {
-        let c = cfg();
-        let mut other = request(MessageType::Discover, vec![]);
-        other.chaddr = MacAddr([0x02, 9, 9, 9, 9, 9]);
-        assert!(respond(&c, &other).is_none());
-        let elsewhere = request(
-            MessageType::Request,
-            vec![DhcpOption::ServerId(Ipv4Addr::new(10, 0, 2, 99))],
-        );
-        assert!(respond(&c, &elsewhere).is_none());
-        assert!(respond(&c, &request(MessageType::Release, vec![])).is_none());
-        assert!(respond(&c, &request(MessageType::Decline, vec![])).is_none());
-        let mut reply = request(MessageType::Discover, vec![]);
-        reply.op = OP_REPLY;
-        assert!(respond(&c, &reply).is_none());
-        let mut relayed = request(MessageType::Discover, vec![]);
-        relayed.giaddr = Ipv4Addr::new(10, 1, 1, 1);
-        assert!(respond(&c, &relayed).is_none());
-        let mut no_type = request(MessageType::Discover, vec![]);
-        no_type.options.clear();
-        assert!(respond(&c, &no_type).is_none());
     }
 }

@@ -8,8 +8,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
-use super::packet::Packet;
-use super::{Destination, LeaseConfig, respond};
+use super::{Destination, LeaseConfig, decode, encode, respond};
 use crate::error::{Error, Result};
 
 /// Where and what to serve.
@@ -111,27 +110,44 @@ async fn serve(sock: UdpSocket, lease: LeaseConfig, client_port: u16, label: Str
                 continue;
             }
         };
-        let req = match Packet::decode(&buf[..n]) {
-            Ok(p) => p,
-            Err(e) => {
+        // The guest writes every byte decoded here: a parser bug must cost one packet, not the
+        // server task (which a panic would end).
+        let answer = std::panic::catch_unwind(|| answer(&lease, &buf[..n]));
+        let (to, bytes) = match answer {
+            Ok(Ok(Some((to, bytes, kinds)))) => {
+                let to = match to {
+                    Destination::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, client_port),
+                    Destination::Unicast(ip) => SocketAddrV4::new(ip, client_port),
+                };
+                tracing::debug!("dhcp {label}: {kinds} to {to}");
+                (to, bytes)
+            }
+            Ok(Ok(None)) => continue,
+            Ok(Err(e)) => {
                 tracing::debug!("dhcp {label}: ignoring packet from {from}: {e}");
                 continue;
             }
+            Err(_) => {
+                tracing::warn!("dhcp {label}: decoding a packet from {from} panicked; dropped");
+                continue;
+            }
         };
-        let Some(reply) = respond(&lease, &req) else {
-            continue;
-        };
-        let to = match reply.to {
-            Destination::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, client_port),
-            Destination::Unicast(ip) => SocketAddrV4::new(ip, client_port),
-        };
-        tracing::debug!(
-            "dhcp {label}: {:?} → {:?} to {to}",
-            req.message_type(),
-            reply.packet.message_type()
-        );
-        if let Err(e) = sock.send_to(&reply.packet.encode(), to).await {
+        if let Err(e) = sock.send_to(&bytes, to).await {
             tracing::warn!("dhcp {label}: sending to {to} failed: {e}");
         }
     }
+}
+
+/// Decodes one request and encodes the reply, if any: (destination, bytes, "REQ → REPLY").
+fn answer(lease: &LeaseConfig, buf: &[u8]) -> Result<Option<(Destination, Vec<u8>, String)>> {
+    let req = decode(buf)?;
+    let Some(reply) = respond(lease, &req) else {
+        return Ok(None);
+    };
+    let kinds = format!(
+        "{:?} → {:?}",
+        req.opts().msg_type(),
+        reply.message.opts().msg_type()
+    );
+    Ok(Some((reply.to, encode(&reply.message)?, kinds)))
 }
