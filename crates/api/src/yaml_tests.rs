@@ -32,7 +32,7 @@ fn billion_laughs_is_refused() {
     );
     for i in 1..10 {
         let prev = format!("*l{}", i - 1);
-        let items = vec![prev.as_str(); 10].join(",");
+        let items = [prev.as_str(); 10].join(",");
         doc.push_str(&format!("l{i}: &l{i} [{items}]\n"));
     }
     let t = std::time::Instant::now();
