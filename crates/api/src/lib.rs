@@ -9,11 +9,13 @@ pub mod admission;
 pub mod cdi;
 pub mod expand;
 pub mod hco;
+pub mod jsonpath;
 pub mod kubevirt;
 pub mod network;
 pub mod quantity;
 pub mod registry;
 pub mod scale;
 pub mod schema;
+pub mod yaml;
 
 pub use k8s_openapi;

@@ -57,8 +57,8 @@ fn docs(sub: &str) -> Vec<Doc> {
                 .lines()
                 .find_map(|l| l.trim().strip_prefix("# expect:"))
                 .map(|s| s.trim().to_string());
-            let v: Value =
-                serde_saphyr::from_str(chunk).unwrap_or_else(|e| panic!("{file}#{index}: {e}"));
+            let v: Value = ferrovirt_api::yaml::from_str(chunk)
+                .unwrap_or_else(|e| panic!("{file}#{index}: {e}"));
             if v.is_null() {
                 continue;
             }

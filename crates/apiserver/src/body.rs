@@ -99,7 +99,7 @@ pub fn parse_document(bytes: &[u8], media: &str) -> Result<Value, ApiError> {
     if media.contains("yaml") {
         let s = std::str::from_utf8(bytes)
             .map_err(|_| ApiError::bad_request("the request body is not valid UTF-8"))?;
-        return serde_saphyr::from_str::<Value>(s)
+        return ferrovirt_api::yaml::from_str::<Value>(s)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML body: {e}")));
     }
     serde_json::from_slice(bytes).map_err(|e| {
@@ -301,5 +301,23 @@ mod tests {
             400
         );
         assert_eq!(parse_object(b"", "application/json").unwrap_err().code, 400);
+    }
+
+    #[test]
+    fn hostile_yaml_bodies_are_400() {
+        // Billion laughs: nine levels of tenfold aliases.
+        let mut bomb = String::from("a0: &a0 [x,x,x,x,x,x,x,x,x,x]\n");
+        for i in 1..10 {
+            let items = vec![format!("*a{}", i - 1); 10].join(",");
+            bomb.push_str(&format!("a{i}: &a{i} [{items}]\n"));
+        }
+        let deep = format!("{}1{}", "[".repeat(50_000), "]".repeat(50_000));
+        for body in [bomb, deep] {
+            let e = parse_document(body.as_bytes(), "application/yaml").unwrap_err();
+            assert_eq!(e.code, 400, "{e}");
+            assert!(e.message.starts_with("error decoding YAML body"), "{e}");
+        }
+        let ok = parse_document(b"kind: X\nmetadata: {name: a}\n", "application/yaml").unwrap();
+        assert_eq!(ok["metadata"]["name"], "a");
     }
 }

@@ -33,7 +33,6 @@ mod error;
 mod events;
 mod gc;
 mod handlers;
-mod jsonpath;
 mod limits;
 mod metrics;
 mod objects;

@@ -5,8 +5,8 @@
 use ferrovirt_api::registry::{self, PrinterColumn, ResourceDef};
 use serde_json::{Value, json};
 
-use crate::jsonpath::JsonPath;
 use crate::{printers, timefmt};
+use ferrovirt_api::jsonpath::JsonPath;
 
 /// `includeObject`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

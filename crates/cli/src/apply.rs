@@ -269,7 +269,7 @@ pub async fn edit(s: &Session, first: &str, second: Option<&str>) -> Result<Stri
     if stripped.trim().is_empty() {
         return Ok("Edit cancelled, saved file was empty.".into());
     }
-    let edited: Value = serde_saphyr::from_str(&stripped)
+    let edited: Value = ferrovirt_api::yaml::from_str(&stripped)
         .map_err(|e| CliError::Usage(format!("the edited file is not valid YAML: {e}")))?;
     let ns = obj["metadata"]["namespace"].as_str().map(String::from);
     let dobj: kube::api::DynamicObject = serde_json::from_value(edited)

@@ -95,7 +95,9 @@ pub fn format_objects(
             .iter()
             .map(|o| printer::name_line(&r.kind_group(), o) + "\n")
             .collect()),
-        Output::JsonPath(t) => crate::jsonpath::apply(t, &doc),
+        Output::JsonPath(t) => {
+            ferrovirt_api::jsonpath::apply(t, &doc).map_err(|e| CliError::Usage(e.to_string()))
+        }
         Output::Table | Output::Wide => Err(CliError::Usage("not an object format".into())),
     }
 }

@@ -19,7 +19,6 @@ pub mod describe;
 pub mod error;
 pub mod expand;
 pub mod get;
-pub mod jsonpath;
 pub mod portforward;
 pub mod printer;
 pub mod progress;

@@ -186,7 +186,7 @@ pub fn name_line(kind_group: &str, obj: &Value) -> String {
 
 /// A YAML document of `v`.
 pub fn to_yaml(v: &Value) -> Result<String, CliError> {
-    serde_saphyr::to_string(v).map_err(|e| CliError::Usage(format!("writing YAML: {e}")))
+    ferrovirt_api::yaml::to_string(v).map_err(|e| CliError::Usage(format!("writing YAML: {e}")))
 }
 
 /// Parses a file's content: one JSON document, or YAML with `---` separated documents; a
@@ -198,7 +198,7 @@ pub fn parse_documents(text: &str) -> Result<Vec<Value>, CliError> {
                 .map_err(|e| CliError::Usage(format!("parsing JSON: {e}")))?,
         ]
     } else {
-        serde_saphyr::from_multiple::<Value>(text)
+        ferrovirt_api::yaml::from_multiple::<Value>(text)
             .map_err(|e| CliError::Usage(format!("parsing YAML: {e}")))?
     };
     let mut out = Vec::new();
@@ -304,7 +304,7 @@ mod tests {
             "virtualmachine.kubevirt.io/x"
         );
         let y = to_yaml(&json!({"a": {"b": [1, "two"]}})).unwrap();
-        let back: Value = serde_saphyr::from_str(&y).unwrap();
+        let back: Value = ferrovirt_api::yaml::from_str(&y).unwrap();
         assert_eq!(back, json!({"a": {"b": [1, "two"]}}));
     }
 }

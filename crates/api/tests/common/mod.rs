@@ -22,8 +22,8 @@ pub fn corpus() -> Vec<(String, Value)> {
         .into_iter()
         .map(|p| {
             let text = std::fs::read_to_string(&p).expect("read");
-            let v: Value =
-                serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let v: Value = ferrovirt_api::yaml::from_str(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             (p.file_name().unwrap().to_string_lossy().into_owned(), v)
         })
         .collect()
