@@ -363,6 +363,7 @@ resource! {
 kstruct! {
     /// Which claim the token is for.
     pub struct UploadTokenRequestSpec {
+        /// The claim (and DataVolume) the upload goes into.
         pub pvc_name: Option<String>,
     }
 }

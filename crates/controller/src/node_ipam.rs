@@ -121,30 +121,56 @@ async fn pass(
         else {
             continue;
         };
+        if assign_one(api, n, &cidr.to_string()).await? {
+            tracing::info!(node = %name, %cidr, "assigned node pod CIDR");
+            let r = object_ref("v1", "Node", &n.metadata);
+            recorder
+                .record(
+                    &r,
+                    false,
+                    "CIDRAssignmentSucceeded",
+                    &format!("Node {name} got pod CIDR {cidr}"),
+                )
+                .await;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `cidr` into node `n` if it still has none: with the cached resourceVersion first, and
+/// after a conflict (the agent wrote the Node meanwhile, or the cache lags) with the Node read
+/// again, a few times, so one lost race never leaves a Node waiting for its next change.
+/// Whether it was assigned.
+async fn assign_one(api: &Api<Node>, n: &Node, cidr: &str) -> Result<bool, ControllerError> {
+    let name = n.metadata.name.clone().unwrap_or_default();
+    let mut rv = n.metadata.resource_version.clone();
+    for _ in 0..5 {
         let patch = json!({
-            "metadata": {"resourceVersion": n.metadata.resource_version},
-            "spec": {"podCIDR": cidr.to_string(), "podCIDRs": [cidr.to_string()]},
+            "metadata": {"resourceVersion": rv},
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
         });
         match api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {
-                tracing::info!(node = %name, %cidr, "assigned node pod CIDR");
-                let r = object_ref("v1", "Node", &n.metadata);
-                recorder
-                    .record(
-                        &r,
-                        false,
-                        "CIDRAssignmentSucceeded",
-                        &format!("Node {name} got pod CIDR {cidr}"),
-                    )
-                    .await;
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let Some(fresh) = api.get_opt(&name).await? else {
+                    return Ok(false);
+                };
+                let has = fresh.spec.as_ref().is_some_and(|s| {
+                    s.pod_cidr.is_some() || s.pod_cidrs.as_ref().is_some_and(|c| !c.is_empty())
+                });
+                if has {
+                    // The agent recorded its own (`--pod-cidr`) meanwhile.
+                    return Ok(false);
+                }
+                tracing::info!(node = %name, "node IPAM: conflict, retrying with the Node read again");
+                rv = fresh.metadata.resource_version;
             }
-            // Changed meanwhile (e.g. the agent recorded its own): decided again next pass.
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    Ok(false)
 }

@@ -76,29 +76,10 @@ fn matches_requirement(req: &NodeSelectorRequirement, value: Option<&str>) -> bo
 }
 
 /// Whether a metav1 `LabelSelector` selects these labels. An empty selector selects
-/// everything; unknown operators select nothing.
+/// everything; unknown operators select nothing. (The api crate's matcher, shared with VMI
+/// presets.)
 pub fn matches_label_selector(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let by_labels = selector
-        .match_labels
-        .as_ref()
-        .is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
-    by_labels
-        && selector
-            .match_expressions
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .all(|req| {
-                let values = req.values.as_deref().unwrap_or_default();
-                let value = labels.get(&req.key);
-                match req.operator.as_str() {
-                    "In" => value.is_some_and(|v| values.contains(v)),
-                    "NotIn" => value.is_none_or(|v| !values.contains(v)),
-                    "Exists" => value.is_some(),
-                    "DoesNotExist" => value.is_none(),
-                    _ => false,
-                }
-            })
+    ferrovirt_api::kubevirt::preset::selector_matches(selector, labels)
 }
 
 #[cfg(test)]
