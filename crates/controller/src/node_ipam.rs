@@ -66,7 +66,7 @@ pub async fn run(
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
     let api: Api<Node> = Api::all(client);
     let mut changes = stores.changes();
-    stores.nodes.wait_until_ready().await.ok();
+    stores.ready().await;
     let mut reported = HashSet::new();
     loop {
         let nodes = stores.node_list();

@@ -52,6 +52,10 @@ pub struct Stores {
     pub classes: Store<StorageClass>,
     pub vmis: Store<Vmi>,
     changed: Arc<broadcast::Sender<Kind>>,
+    /// True once every cache holds its first complete list. kube-rs's
+    /// `Store::wait_until_ready` wakes only one of several tasks waiting at once (its oneshot
+    /// keeps the last waker), so one task waits there and everyone else waits here.
+    ready: tokio::sync::watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -127,6 +131,7 @@ impl Stores {
         let (vmis, vmis_w) = reflector::store::<Vmi>();
         let (tx, _) = broadcast::channel(1024);
         let changed = Arc::new(tx);
+        let (ready_tx, ready) = tokio::sync::watch::channel(false);
         let stores = Stores {
             nodes,
             leases,
@@ -135,10 +140,25 @@ impl Stores {
             classes,
             vmis,
             changed: changed.clone(),
+            ready,
         };
+        let waiter = stores.clone();
         let c = client;
         let task = async move {
+            let announce = async move {
+                // The one waiter on each cache's readiness.
+                let _ = waiter.nodes.wait_until_ready().await;
+                let _ = waiter.leases.wait_until_ready().await;
+                let _ = waiter.pvs.wait_until_ready().await;
+                let _ = waiter.pvcs.wait_until_ready().await;
+                let _ = waiter.classes.wait_until_ready().await;
+                let _ = waiter.vmis.wait_until_ready().await;
+                let _ = ready_tx.send(true);
+                // Keep the sender, so waiters never see a closed channel.
+                std::future::pending::<()>().await;
+            };
             futures::join!(
+                announce,
                 drive(
                     Api::<Node>::all(c.clone()),
                     nodes_w,
@@ -187,14 +207,8 @@ impl Stores {
 
     /// Waits until every cache holds its first complete list.
     pub async fn ready(&self) {
-        let _ = futures::join!(
-            self.nodes.wait_until_ready(),
-            self.leases.wait_until_ready(),
-            self.pvs.wait_until_ready(),
-            self.pvcs.wait_until_ready(),
-            self.classes.wait_until_ready(),
-            self.vmis.wait_until_ready(),
-        );
+        let mut ready = self.ready.clone();
+        let _ = ready.wait_for(|r| *r).await;
     }
 
     /// The cached claim `ns/name`.
