@@ -4,7 +4,8 @@
 //! VNC streams (`GET /vmis/{uid}/console|vnc` with an HTTP/1.1 `Upgrade: ferrovirt-stream`, after
 //! which the connection carries the raw bytes of the VMI's `serial.sock` / `vnc.sock`), and
 //! port forwards (`GET /vmis/{uid}/portforward/{port}`, upgraded the same way, carrying a TCP
-//! connection to the guest's port: see [`crate::portforward`]).
+//! connection to the guest's port: see [`crate::portforward`]); and, for the controllers, the
+//! node's local volumes (`/storage/volumes/...`: see [`crate::nodestore`]).
 //!
 //! It is served over TLS with the agent's self-signed certificate ([`crate::tls`]), whose
 //! SHA-256 the agent publishes on its Node next to the `https://` URL; the API server pins it.
@@ -168,15 +169,14 @@ struct EndpointState {
 
 /// The endpoint's routes (without a listener; tests serve it themselves).
 pub fn router(cfg: LauncherConfig, token: Option<String>) -> Router {
+    let storage = crate::nodestore::server::router(cfg.data_dir.clone());
     let st = Arc::new(EndpointState { cfg, token });
     Router::new()
         .route("/vmis/{uid}/{op}", get(get_op).post(post_op))
         .route("/vmis/{uid}/portforward/{port}", get(port_forward))
-        .layer(axum::middleware::from_fn_with_state(
-            st.clone(),
-            authenticate,
-        ))
-        .with_state(st)
+        .with_state(st.clone())
+        .merge(storage)
+        .layer(axum::middleware::from_fn_with_state(st, authenticate))
 }
 
 /// A running endpoint.

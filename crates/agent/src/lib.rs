@@ -14,6 +14,8 @@
 //! - [`endpoint`]: the agent's HTTP endpoint (VMI actions, guest info, console/VNC streams).
 //! - [`tls`]: the endpoint's pinned self-signed certificate (server and API server sides).
 //! - [`proxy`]: the API server side of KubeVirt's `subresources.kubevirt.io` API.
+//! - [`nodestore`]: node-local volumes created, populated, grown and deleted on the node for
+//!   the controllers (server routes and the controllers' client).
 //! - [`resize`]: online growth of running VMIs' claim disks after their volumes grew.
 
 pub mod cloudinit;
@@ -27,6 +29,7 @@ pub mod launchers;
 pub mod mapping;
 pub mod network;
 pub mod node;
+pub mod nodestore;
 pub mod portforward;
 pub mod proxy;
 pub mod resize;

@@ -233,6 +233,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         opts.leader_election.identity = format!("{}-{}", node::hostname(), std::process::id());
         opts.storage.data_dir = Some(args.data_dir.clone());
         opts.storage.import_allowed_cidrs = args.import_allowed_cidrs.0.clone();
+        opts.storage.agent_token = Some(server.token.clone());
         opts.node_ipam.cluster_cidr = args.pod.cluster_cidr.clone();
         tasks.spawn(async move {
             ferrovirt_controller::run(client, opts)

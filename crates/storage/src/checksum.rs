@@ -4,7 +4,7 @@
 use crate::error::StorageError;
 
 /// A hash algorithm the importer can verify.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Algorithm {
     Sha1,
     Sha256,
@@ -44,7 +44,7 @@ impl Algorithm {
 }
 
 /// An expected checksum.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Checksum {
     pub algorithm: Algorithm,
     /// Lower-case hex digest.

@@ -49,6 +49,19 @@ impl StorageError {
         }
     }
 
+    /// Whether retrying cannot help: checksum mismatches, refused images, invalid sources,
+    /// untrusted TLS certificates and refused addresses fail a population at once.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            StorageError::ChecksumMismatch { .. }
+                | StorageError::Refused(_)
+                | StorageError::Invalid { .. }
+                | StorageError::Tls { .. }
+                | StorageError::AddressRefused { .. }
+        )
+    }
+
     /// An [`StorageError::Invalid`].
     pub fn invalid(what: &'static str, message: impl Into<String>) -> Self {
         StorageError::Invalid {

@@ -22,7 +22,7 @@ use crate::netpolicy::{self, AddressPolicy, FilteringResolver, Refusal};
 pub use crate::tls::{parse_ca_pems, tls_config};
 
 /// Basic-auth credentials (from the source's Secret: `accessKeyId`/`secretKey`).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BasicAuth {
     pub user: String,
     pub password: String,
@@ -37,7 +37,7 @@ impl std::fmt::Debug for BasicAuth {
 }
 
 /// Bounds of one transfer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TransferLimits {
     /// The most bytes accepted (declared in Content-Length or counted while streaming).
     pub max_bytes: u64,
@@ -95,7 +95,7 @@ pub fn redirect_decision(original: &Url, from: &Url, to: &Url) -> Result<bool, S
 }
 
 /// What to download.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct DownloadRequest {
     pub url: String,
     /// `Name: value` header lines (CDI's `extraHeaders` / `secretExtraHeaders`).

@@ -18,7 +18,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 /// An address range `addr/prefix` (a bare address is `/32` or `/128`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Cidr {
     addr: IpAddr,
     prefix: u8,
@@ -48,6 +49,20 @@ impl Cidr {
             }
             _ => false,
         }
+    }
+}
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<Cidr> for String {
+    fn from(c: Cidr) -> String {
+        c.to_string()
     }
 }
 
@@ -202,7 +217,7 @@ pub fn local_addresses() -> Vec<IpAddr> {
 }
 
 /// Which addresses an import may connect to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AddressPolicy {
     /// Ranges allowed whatever their class.
     pub allowed: Vec<Cidr>,

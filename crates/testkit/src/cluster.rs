@@ -42,10 +42,10 @@ pub struct Cluster {
     pub data_dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub port: u16,
-    binary: PathBuf,
+    pub(crate) binary: PathBuf,
     server_cmd: Vec<String>,
     server: Child,
-    agents: Vec<(String, Child)>,
+    pub(crate) agents: Vec<(String, Child)>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -61,7 +61,7 @@ impl std::fmt::Debug for Cluster {
 /// networking): the binary's default, `auto`, picks the pod network when run as root, which
 /// would put every test cluster's node bridge into the host's namespace. Network tests choose
 /// `auto` or `pod` with their own node namespace (`--node-netns`).
-fn default_network_mode<S: AsRef<str>>(args: &[S]) -> Vec<&'static str> {
+pub(crate) fn default_network_mode<S: AsRef<str>>(args: &[S]) -> Vec<&'static str> {
     let chosen = args.iter().any(|a| {
         let a = a.as_ref();
         a == "--pod-network" || a.starts_with("--network-mode")
@@ -87,7 +87,7 @@ fn default_import_ranges<S: AsRef<str>>(args: &[S]) -> Vec<&'static str> {
     }
 }
 
-fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
+pub(crate) fn spawn_logged(cmd: &mut Command, log: &Path) -> anyhow::Result<Child> {
     let f = std::fs::File::create(log)?;
     Ok(cmd
         .stdin(Stdio::null())

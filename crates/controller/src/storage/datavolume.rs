@@ -135,17 +135,28 @@ pub fn claim_spec(
     })
 }
 
-/// The PVC of a DataVolume: same name and namespace, controlled by the DataVolume.
+/// The PVC of a DataVolume: same name and namespace, controlled by the DataVolume. A
+/// `volume.kubernetes.io/selected-node` annotation on the DataVolume is passed on, so a
+/// node-local volume can be placed on a chosen node.
 pub fn claim_for(dv: &DataVolume, spec: PersistentVolumeClaimSpec) -> PersistentVolumeClaim {
     let name = dv.metadata.name.clone().unwrap_or_default();
     let mut labels = dv.metadata.labels.clone().unwrap_or_default();
     labels.insert("app".into(), "containerized-data-importer".into());
+    let mut annotations = BTreeMap::from([(POPULATED_FOR.to_string(), name.clone())]);
+    if let Some(node) = dv
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(super::pvc::SELECTED_NODE))
+    {
+        annotations.insert(super::pvc::SELECTED_NODE.to_string(), node.clone());
+    }
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: dv.metadata.namespace.clone(),
             labels: Some(labels),
-            annotations: Some(BTreeMap::from([(POPULATED_FOR.to_string(), name.clone())])),
+            annotations: Some(annotations),
             owner_references: Some(vec![OwnerReference {
                 api_version: CDI_API_VERSION.into(),
                 kind: "DataVolume".into(),

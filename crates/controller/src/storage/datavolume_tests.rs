@@ -229,6 +229,17 @@ fn templates_become_owned_datavolumes() {
     );
     let pvc = claim_for(dv, PersistentVolumeClaimSpec::default());
     assert_eq!(pvc.metadata.annotations.unwrap()[POPULATED_FOR], "root");
+    // A chosen node is passed on to the claim.
+    let mut placed = dv.clone();
+    placed.metadata.annotations = Some(std::collections::BTreeMap::from([(
+        crate::storage::pvc::SELECTED_NODE.to_string(),
+        "node-b".to_string(),
+    )]));
+    let pvc = claim_for(&placed, PersistentVolumeClaimSpec::default());
+    assert_eq!(
+        pvc.metadata.annotations.unwrap()[crate::storage::pvc::SELECTED_NODE],
+        "node-b"
+    );
 }
 
 #[test]

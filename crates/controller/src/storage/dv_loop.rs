@@ -4,6 +4,11 @@
 //! populates the volume in a task — HTTP(S) import, blank, or a copy of another PVC — and
 //! reports phase, progress, conditions and Events. A `sourceRef` DataSource is resolved to
 //! a PVC copy first ([`super::datasource`]); Block volumes are written on their loop device.
+//! A node-local (`local`-class) volume is populated by its node's agent ([`super::nodes`]):
+//! the work is decided and prepared here (sources, Secrets, CAs, checksum, address policy)
+//! and sent to the agent, whose progress lines feed the same job state; a clone between
+//! node-local claims on different nodes, or from a node-local claim into another class, is
+//! refused with a clear reason.
 //! Transfer failures are retried with exponential backoff; checksum mismatches, refused
 //! images and untrusted TLS certificates fail the DataVolume at once.
 
@@ -32,11 +37,14 @@ use ferrovirt_storage::provisioner::image_of;
 use super::classes;
 use super::datasource;
 use super::datavolume::{self as dvd, SourceKind, Stage};
+use super::nodes::{self, Placement};
 use super::pvc::{SELECTED_NODE, quantity_bytes};
 use super::resources::{CDI_API_VERSION, Dv, Profile};
 use super::{Dirs, StorageOptions};
 use crate::error::ControllerError;
 use crate::runtime::events::{EventRecorder, object_ref};
+use ferrovirt_agent::nodestore::client::NodeStorage;
+use ferrovirt_agent::nodestore::{Populate, Source};
 
 /// Component name on Events.
 pub const COMPONENT: &str = "datavolume-controller";
@@ -51,14 +59,7 @@ struct Failure {
 
 impl From<StorageError> for Failure {
     fn from(e: StorageError) -> Self {
-        let permanent = matches!(
-            e,
-            StorageError::ChecksumMismatch { .. }
-                | StorageError::Refused(_)
-                | StorageError::Invalid { .. }
-                | StorageError::Tls { .. }
-                | StorageError::AddressRefused { .. }
-        );
+        let permanent = e.is_permanent();
         Failure {
             permanent,
             message: e.to_string(),
@@ -383,7 +384,22 @@ async fn observe_and_act(
             at - Instant::now(),
         ));
     }
+    let placement = pv.as_ref().map(nodes::placement);
+    let remote = match &placement {
+        Some(Placement::Node { node, volume }) => {
+            match nodes::storage_of(&ctx.stores, node, ctx.opts.agent_token.as_deref()) {
+                Ok(s) => Some((s, volume.clone())),
+                Err(message) => {
+                    let stage = Stage::ClaimPending { message };
+                    return Ok(Outcome::new(stage, restarts, Duration::from_secs(5)));
+                }
+            }
+        }
+        _ => None,
+    };
     let target = match pv.as_ref() {
+        // The node's agent resolves its own target.
+        _ if remote.is_some() => PathBuf::new(),
         Some(pv) => match super::block::target(pv, &path).await {
             Ok(t) => t,
             Err(e) => {
@@ -418,6 +434,42 @@ async fn observe_and_act(
             };
             return Ok(Outcome::new(stage, restarts, Duration::from_secs(300)));
         }
+    };
+    let work = match (remote, work) {
+        (Some((storage, volume)), work) => match remote_source(work, storage.node()) {
+            Ok(source) => Work::Remote(Box::new(RemoteWork {
+                storage,
+                volume,
+                req: Populate { capacity, source },
+            })),
+            Err(message) => {
+                event_once(ctx, dv, true, "ErrInvalidSource", &message).await;
+                let stage = Stage::Failed {
+                    reason: "Error".into(),
+                    message,
+                };
+                return Ok(Outcome::new(stage, restarts, Duration::from_secs(300)));
+            }
+        },
+        (
+            None,
+            Work::Clone {
+                source: CloneSource::Node { node, .. },
+                ..
+            },
+        ) => {
+            let message = format!(
+                "cloning a node-local claim (on node {node}) into a claim of another class is \
+                 not supported: clone it into a local-class claim on the same node"
+            );
+            event_once(ctx, dv, true, "ErrInvalidSource", &message).await;
+            let stage = Stage::Failed {
+                reason: "Error".into(),
+                message,
+            };
+            return Ok(Outcome::new(stage, restarts, Duration::from_secs(300)));
+        }
+        (None, work) => work,
     };
     start_job(ctx, uid, clone, work);
     let (reason, msg) = if clone {
@@ -563,6 +615,52 @@ async fn create_claim(
     }
 }
 
+/// Where a clone's data is.
+#[derive(Debug, Clone, PartialEq)]
+enum CloneSource {
+    /// An image file this machine reaches (shared storage).
+    Path(PathBuf),
+    /// A node-local volume on `node`.
+    Node { node: String, volume: String },
+}
+
+/// What a node's agent runs for `work` into a volume on `node` (pure): the same source,
+/// minus the paths of this machine. A clone source must be a volume on the same node or a
+/// shared image; another node's volume is refused with the reason.
+fn remote_source(work: Work, node: &str) -> Result<Source, String> {
+    Ok(match work {
+        Work::Import(req) => Source::Http {
+            download: req.source,
+            checksum: req.checksum,
+        },
+        Work::Registry(req) => Source::Registry {
+            image: req.image,
+            client: req.client,
+        },
+        Work::Blank { .. } => Source::Blank,
+        Work::Clone {
+            source: CloneSource::Node { node: n, volume },
+            ..
+        } => {
+            if n != node {
+                return Err(format!(
+                    "cloning across nodes is not supported: the source volume {volume} is on \
+                     node {n}, the target on node {node} (node-local volumes are copied on \
+                     their node only)"
+                ));
+            }
+            Source::Volume { name: volume }
+        }
+        Work::Clone {
+            source: CloneSource::Path(path),
+            ..
+        } => Source::SharedImage {
+            path: path.to_string_lossy().into_owned(),
+        },
+        Work::Remote(r) => r.req.source,
+    })
+}
+
 /// A population ready to run.
 enum Work {
     Import(Box<ImportRequest>),
@@ -572,10 +670,19 @@ enum Work {
         capacity: u64,
     },
     Clone {
-        source: PathBuf,
+        source: CloneSource,
         target: PathBuf,
         capacity: u64,
     },
+    /// Run by the agent of the node holding the volume.
+    Remote(Box<RemoteWork>),
+}
+
+/// A population run by the agent of the node holding the volume.
+struct RemoteWork {
+    storage: NodeStorage,
+    volume: String,
+    req: Populate,
 }
 
 enum Prepared {
@@ -781,13 +888,17 @@ async fn prepare(
                 }
                 None => None,
             };
-            let Some((path, _)) = pv.as_ref().and_then(volume_path_and_size) else {
-                return wait(format!(
-                    "clone source PVC {namespace}/{src_name} is not bound"
-                ));
+            let source = match pv.as_ref().map(nodes::placement) {
+                Some(Placement::Node { node, volume }) => CloneSource::Node { node, volume },
+                Some(Placement::Path(path)) => CloneSource::Path(image_of(&path)),
+                _ => {
+                    return wait(format!(
+                        "clone source PVC {namespace}/{src_name} is not bound"
+                    ));
+                }
             };
             Ok(Prepared::Ready(Work::Clone {
-                source: image_of(&path),
+                source,
                 target,
                 capacity,
             }))
@@ -813,10 +924,35 @@ fn start_job(ctx: &Arc<Ctx>, uid: &str, clone: bool, work: Work) {
                 .map(drop),
             Work::Blank { target, capacity } => importer::blank(&target, capacity).await,
             Work::Clone {
-                source,
+                source: CloneSource::Path(source),
                 target,
                 capacity,
             } => importer::clone_image(&source, &target, capacity, report).await,
+            Work::Clone {
+                source: CloneSource::Node { node, volume },
+                ..
+            } => Err(StorageError::invalid(
+                "clone source",
+                format!("volume {volume} is on node {node}"),
+            )),
+            Work::Remote(r) => {
+                let RemoteWork {
+                    storage,
+                    volume,
+                    req,
+                } = *r;
+                let result = storage.populate(&volume, &req, report).await;
+                let result = result.map_err(|f| Failure {
+                    permanent: f.permanent,
+                    message: f.message,
+                });
+                if let Err(f) = &result {
+                    tracing::warn!(clone = j.clone, node = storage.node(), error = %f.message, "node-local volume population failed");
+                }
+                *j.outcome.lock().expect("lock") = Some(result);
+                j.done.notify_one();
+                return;
+            }
         };
         if let Err(e) = &result {
             tracing::warn!(clone = j.clone, error = %e, "volume population failed");
@@ -893,6 +1029,68 @@ mod tests {
         );
         let io = StorageError::io("/x", std::io::Error::other("disk full"));
         assert!(!Failure::from(io).permanent);
+    }
+
+    #[test]
+    fn node_work_keeps_the_source_and_refuses_other_nodes() {
+        let clone = |source| Work::Clone {
+            source,
+            target: PathBuf::new(),
+            capacity: 1,
+        };
+        let same = remote_source(
+            clone(CloneSource::Node {
+                node: "n1".into(),
+                volume: "pvc-s".into(),
+            }),
+            "n1",
+        );
+        assert!(matches!(same, Ok(Source::Volume { name }) if name == "pvc-s"));
+        let other = remote_source(
+            clone(CloneSource::Node {
+                node: "n2".into(),
+                volume: "pvc-s".into(),
+            }),
+            "n1",
+        );
+        assert!(
+            matches!(&other, Err(m) if m.contains("across nodes") && m.contains("n2")),
+            "{other:?}"
+        );
+        let shared = remote_source(
+            clone(CloneSource::Path("/d/volumes/pvc-x/disk.img".into())),
+            "n1",
+        );
+        assert!(
+            matches!(shared, Ok(Source::SharedImage { path }) if path == "/d/volumes/pvc-x/disk.img")
+        );
+        let blank = remote_source(
+            Work::Blank {
+                target: PathBuf::new(),
+                capacity: 1,
+            },
+            "n1",
+        );
+        assert!(matches!(blank, Ok(Source::Blank)));
+        // The address policy travels with an HTTP import.
+        let policy = ferrovirt_storage::netpolicy::AddressPolicy::allowing(
+            ferrovirt_storage::netpolicy::parse_list("127.0.0.0/8").unwrap(),
+        );
+        let import = Work::Import(Box::new(ImportRequest {
+            source: DownloadRequest {
+                url: "http://127.0.0.1:1/d.img".into(),
+                address_policy: policy.clone(),
+                ..Default::default()
+            },
+            checksum: None,
+            scratch_dir: PathBuf::new(),
+            target: PathBuf::new(),
+            capacity: 1,
+        }));
+        match remote_source(import, "n1") {
+            Ok(Source::Http { download, .. }) => assert_eq!(download.address_policy, policy),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! PVC expansion: [`decide`] (pure) compares a bound claim's requested size with its
 //! volume's capacity and its class's `allowVolumeExpansion`; [`expand`] grows the volume
-//! (sparse `disk.img`, plus `losetup -c` for Block volumes) and records the new size on the
+//! (sparse `disk.img`, plus `losetup -c` for Block volumes; a node-local volume is grown by
+//! its node's agent, [`Expansion::GrowOnNode`]) and [`record`] writes the new size on the
 //! PV (`spec.capacity`) and the claim (`status.capacity`, `status.allocatedResources`, no
 //! resize conditions left) as Kubernetes' resizer does. Raw disks need no filesystem step,
 //! so there is no `FileSystemResizePending`. Shrinking is refused by admission.
@@ -25,6 +26,13 @@ pub enum Expansion {
     /// Grow the volume at `dir` to `bytes` (`size` as the user wrote it).
     Grow {
         dir: PathBuf,
+        bytes: u64,
+        size: Quantity,
+    },
+    /// Have node `node`'s agent grow its volume `volume` to `bytes`.
+    GrowOnNode {
+        node: String,
+        volume: String,
         bytes: u64,
         size: Quantity,
     },
@@ -86,13 +94,14 @@ pub fn decide(
             ),
         };
     }
-    let spec = pv.spec.as_ref();
-    let dir = spec
-        .and_then(|s| s.host_path.as_ref().map(|h| h.path.clone()))
-        .or_else(|| spec.and_then(|s| s.local.as_ref().map(|l| l.path.clone())))
-        .map(PathBuf::from);
-    match dir {
-        Some(d) if dirs.owns(&d) => Expansion::Grow {
+    match super::nodes::placement(pv) {
+        super::nodes::Placement::Node { node, volume } => Expansion::GrowOnNode {
+            node,
+            volume,
+            bytes: want_b,
+            size: want.clone(),
+        },
+        super::nodes::Placement::Path(d) if dirs.owns(&d) => Expansion::Grow {
             dir: d,
             bytes: want_b,
             size: want.clone(),
@@ -140,13 +149,23 @@ pub async fn expand(
     if let Err(e) = super::block::grow(dir, bytes).await {
         return Ok(Err(e.to_string()));
     }
+    record(client, pvc, pv, size).await?;
+    Ok(Ok(()))
+}
+
+/// Record a grown volume's `size` on its PV (`spec.capacity`) and on the claim.
+pub async fn record(
+    client: &kube::Client,
+    pvc: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+    size: &Quantity,
+) -> Result<(), ControllerError> {
     let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
     let patch = json!({"spec": {"capacity": {"storage": size}}});
     Api::<PersistentVolume>::all(client.clone())
         .patch(pv_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    set_claim_capacity(client, pvc, size).await?;
-    Ok(Ok(()))
+    set_claim_capacity(client, pvc, size).await
 }
 
 #[cfg(test)]
@@ -210,6 +229,24 @@ mod tests {
         assert_eq!(
             decide(&pvc("128Mi", Some("64Mi")), &grown, Some(&c), &dirs),
             Expansion::SyncStatus {
+                size: Quantity("128Mi".into())
+            }
+        );
+        // A node-local volume of ours is grown by its node's agent.
+        let local: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pvc-9", "annotations": {
+                "pv.kubernetes.io/provisioned-by": "ferrovirt.io/local"}},
+            "spec": {"capacity": {"storage": "64Mi"}, "local": {"path": "/agent/volumes/pvc-9"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}]}]}}}
+        }))
+        .unwrap();
+        assert_eq!(
+            decide(&pvc("128Mi", Some("64Mi")), &local, Some(&c), &dirs),
+            Expansion::GrowOnNode {
+                node: "n2".into(),
+                volume: "pvc-9".into(),
+                bytes: 128 << 20,
                 size: Quantity("128Mi".into())
             }
         );

@@ -6,7 +6,9 @@
 //! UploadTokenRequest and upload proxy served by the API server, tokens in [`upload_token`]),
 //! DataSources ([`datasource`]: Ready condition, `sourceRef` resolution), Block-mode volumes
 //! on loop devices ([`block`]) and PVC expansion ([`expansion`]). Volume data lives in
-//! directories built by `ferrovirt_storage`.
+//! directories built by `ferrovirt_storage`: `shared` volumes on the server's machine, written
+//! here; node-local (`local`-class) volumes on their node, where the node's agent creates,
+//! populates, grows and deletes them on the controllers' request ([`nodes`]).
 
 pub mod block;
 pub mod classes;
@@ -14,6 +16,7 @@ pub mod datasource;
 pub mod datavolume;
 pub mod dv_loop;
 pub mod expansion;
+pub mod nodes;
 pub mod pvc;
 pub mod pvc_loop;
 pub mod registry_import;
@@ -33,9 +36,9 @@ pub const DATA_DIR_ENV: &str = "FERROVIRT_STORAGE_DIR";
 /// Tunables of the storage controllers.
 #[derive(Debug, Clone)]
 pub struct StorageOptions {
-    /// The server's data directory: `shared` volumes go to `<data_dir>/volumes`, `local`
-    /// volumes to `<data_dir>/local-volumes/<node>`, import scratch space to
-    /// `<data_dir>/import-scratch`. When unset: `$FERROVIRT_STORAGE_DIR`, else the
+    /// The server's data directory: `shared` volumes go to `<data_dir>/volumes`, import
+    /// scratch space to `<data_dir>/import-scratch` (`local` volumes live on their nodes, in
+    /// each agent's data dir). When unset: `$FERROVIRT_STORAGE_DIR`, else the
     /// `--data-dir` argument of this process, else `/var/lib/ferrovirt`.
     pub data_dir: Option<PathBuf>,
     /// Report DataVolumes of WaitForFirstConsumer classes as `WaitForFirstConsumer` until a
@@ -56,6 +59,10 @@ pub struct StorageOptions {
     /// (`--import-allowed-cidrs`; HyperConverged `spec.storageImport.allowedImportCIDRs` adds
     /// more).
     pub import_allowed_cidrs: Vec<ferrovirt_storage::netpolicy::Cidr>,
+    /// The bearer token the node agents' endpoints accept: the controllers call it to have
+    /// node-local volumes created, populated, grown and deleted on their node. `None`: such
+    /// requests fail with a clear message.
+    pub agent_token: Option<String>,
 }
 
 impl Default for StorageOptions {
@@ -67,6 +74,7 @@ impl Default for StorageOptions {
             retry_backoff: Duration::from_secs(2),
             resync: Duration::from_secs(3),
             import_allowed_cidrs: Vec::new(),
+            agent_token: None,
         }
     }
 }
@@ -76,8 +84,6 @@ impl Default for StorageOptions {
 pub struct Dirs {
     /// Root of `shared` volumes.
     pub shared: PathBuf,
-    /// Root of `local` volumes; one subdirectory per node.
-    pub local: PathBuf,
     /// Import scratch space; one subdirectory per transfer.
     pub scratch: PathBuf,
 }
@@ -87,13 +93,12 @@ impl Dirs {
     pub fn under(data_dir: &Path) -> Self {
         Dirs {
             shared: data_dir.join("volumes"),
-            local: data_dir.join("local-volumes"),
             scratch: data_dir.join("import-scratch"),
         }
     }
 
-    /// Whether `path` lies strictly inside one of the volume roots (never remove anything
-    /// else).
+    /// Whether `path` lies strictly inside the shared volume root (never remove anything
+    /// else; node-local volumes are removed by their node's agent).
     pub fn owns(&self, path: &Path) -> bool {
         let inside = |root: &Path| path.starts_with(root) && path != root;
         let plain = path.components().all(|c| {
@@ -102,7 +107,7 @@ impl Dirs {
                 std::path::Component::Normal(_) | std::path::Component::RootDir
             )
         });
-        plain && (inside(&self.shared) || inside(&self.local))
+        plain && inside(&self.shared)
     }
 }
 
@@ -141,7 +146,7 @@ pub async fn run(
         &args,
     );
     let dirs = Dirs::under(&data_dir);
-    tracing::info!(shared = %dirs.shared.display(), local = %dirs.local.display(), "storage controllers starting");
+    tracing::info!(shared = %dirs.shared.display(), "storage controllers starting");
     loop {
         match classes::ensure(&client).await {
             Ok(()) => break,
@@ -152,8 +157,19 @@ pub async fn run(
         }
     }
     tokio::try_join!(
-        pvc_loop::run(client.clone(), dirs.clone(), stores.clone()),
-        pvc_loop::reclaim_loop(client.clone(), dirs.clone(), opts.resync, stores.clone()),
+        pvc_loop::run(
+            client.clone(),
+            dirs.clone(),
+            opts.agent_token.clone(),
+            stores.clone()
+        ),
+        pvc_loop::reclaim_loop(
+            client.clone(),
+            dirs.clone(),
+            opts.agent_token.clone(),
+            opts.resync,
+            stores.clone()
+        ),
         dv_loop::run(client.clone(), dirs, opts.clone(), stores),
         datasource::run(client.clone()),
     )
@@ -193,7 +209,8 @@ mod tests {
     fn only_paths_inside_roots_are_owned() {
         let d = Dirs::under(Path::new("/data"));
         assert!(d.owns(Path::new("/data/volumes/pvc-1")));
-        assert!(d.owns(Path::new("/data/local-volumes/n1/pvc-1")));
+        assert!(!d.owns(Path::new("/data/local-volumes/n1/pvc-1")));
+        assert!(!d.owns(Path::new("/data/agent/volumes/pvc-1")));
         assert!(!d.owns(Path::new("/data/volumes")));
         assert!(!d.owns(Path::new("/data/volumes/../token")));
         assert!(!d.owns(Path::new("/etc")));

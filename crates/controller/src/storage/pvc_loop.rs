@@ -1,10 +1,13 @@
 //! The PVC controller loop: watches PersistentVolumeClaims (and VMIs, whose scheduling
 //! selects the node of WaitForFirstConsumer claims), applies [`super::pvc::decide`]:
-//! provisions volume directories with `ferrovirt_storage`, creates the PersistentVolume,
+//! provisions volume directories — `shared` ones here with `ferrovirt_storage`, node-local
+//! ones by the node's agent ([`super::nodes`]) — creates the PersistentVolume,
 //! binds claim and volume (PV `claimRef` + both statuses `Bound`), attaches the loop device
 //! of Block-mode volumes ([`super::block`]) and grows bound volumes whose claims grew
 //! ([`super::expansion`]). [`reclaim_loop`] deletes (with their directories, detaching loop
-//! devices first) or releases volumes whose claims are gone, and re-attaches Block volumes.
+//! devices first; a node-local volume by its node's agent, and its PV only once the agent
+//! removed it) or releases volumes whose claims are gone, and re-attaches shared Block
+//! volumes.
 //! Volumes, classes and VMIs are read from the shared reflector caches
 //! ([`crate::runtime::stores`]); a decision to bind or provision is re-checked against a fresh
 //! list first (the caches may lag a write just made), so steady state lists nothing.
@@ -29,11 +32,13 @@ use super::Dirs;
 use super::block;
 use super::classes::{self, Builtin};
 use super::expansion::{self, Expansion};
-use super::pvc::{self, PvcDecision, Reclaim};
+use super::nodes::{self, Placement};
+use super::pvc::{self, ProvisionPlan, PvcDecision, Reclaim};
 use crate::error::ControllerError;
 use crate::runtime::events::{EventRecorder, object_ref};
 use crate::runtime::resources::Vmi;
 use crate::runtime::stores::{Kind, Stores};
+use ferrovirt_agent::nodestore::CreateVolume;
 
 /// Component name on Events.
 pub const COMPONENT: &str = "persistentvolume-controller";
@@ -42,6 +47,8 @@ struct Ctx {
     client: kube::Client,
     stores: Stores,
     dirs: Dirs,
+    /// The agents' endpoint token ([`super::StorageOptions::agent_token`]).
+    agent_token: Option<String>,
     recorder: EventRecorder,
     /// (claim uid, reason) pairs already reported, so a waiting claim gets one Event.
     reported: Mutex<HashSet<(String, String)>>,
@@ -71,7 +78,12 @@ pub fn claims_of(vmi: &VirtualMachineInstance) -> Vec<String> {
 }
 
 /// Run the PVC controller until its watch ends or the future is dropped.
-pub async fn run(client: kube::Client, dirs: Dirs, stores: Stores) -> Result<(), ControllerError> {
+pub async fn run(
+    client: kube::Client,
+    dirs: Dirs,
+    agent_token: Option<String>,
+    stores: Stores,
+) -> Result<(), ControllerError> {
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let vmis: Api<Vmi> = Api::all(client.clone());
     let ctx = Arc::new(Ctx {
@@ -79,6 +91,7 @@ pub async fn run(client: kube::Client, dirs: Dirs, stores: Stores) -> Result<(),
         client,
         stores,
         dirs,
+        agent_token,
         reported: Mutex::new(HashSet::new()),
     });
     crate::runtime::drive(
@@ -161,34 +174,17 @@ async fn reconcile(
             Ok(Action::requeue(Duration::from_millis(500)))
         }
         PvcDecision::Provision(plan) => {
-            let root = match plan.builtin {
-                Builtin::Shared => ctx.dirs.shared.clone(),
-                Builtin::Local => ctx
-                    .dirs
-                    .local
-                    .join(plan.node.as_deref().unwrap_or("unknown")),
+            let dir = match plan.builtin {
+                Builtin::Shared => provision_shared(&ctx, &plan).await?,
+                Builtin::Local => provision_on_node(&ctx, &plan).await,
             };
-            let (pv_name, bytes) = (plan.pv_name.clone(), plan.bytes);
-            let dir =
-                tokio::task::spawn_blocking(move || VolumeRoot::new(root).create(&pv_name, bytes))
-                    .await
-                    .map_err(|e| ControllerError::TaskStopped {
-                        name: COMPONENT,
-                        reason: e.to_string(),
-                    })?;
             let dir: PathBuf = match dir {
                 Ok(d) => d,
-                Err(e) => {
-                    report(&ctx, pvc, true, "ProvisioningFailed", &e.to_string()).await;
-                    return Ok(Action::requeue(Duration::from_secs(10)));
+                Err(message) => {
+                    report(&ctx, pvc, true, "ProvisioningFailed", &message).await;
+                    return Ok(Action::requeue(Duration::from_secs(5)));
                 }
             };
-            if plan.volume_mode == block::BLOCK
-                && let Err(e) = block::provision(&dir).await
-            {
-                report(&ctx, pvc, true, "ProvisioningFailed", &e.to_string()).await;
-                return Ok(Action::requeue(Duration::from_secs(10)));
-            }
             let pv = pvc::build_pv(&plan, &dir, pvc);
             let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
             let created = match api.create(&PostParams::default(), &pv).await {
@@ -223,6 +219,46 @@ async fn reconcile(
             Ok(Action::requeue(Duration::from_secs(5)))
         }
     }
+}
+
+/// Creates a `shared` volume directory here (the server's machine holds the shared root).
+async fn provision_shared(
+    ctx: &Ctx,
+    plan: &ProvisionPlan,
+) -> Result<Result<PathBuf, String>, ControllerError> {
+    let root = ctx.dirs.shared.clone();
+    let (pv_name, bytes) = (plan.pv_name.clone(), plan.bytes);
+    let dir = tokio::task::spawn_blocking(move || VolumeRoot::new(root).create(&pv_name, bytes))
+        .await
+        .map_err(|e| ControllerError::TaskStopped {
+            name: COMPONENT,
+            reason: e.to_string(),
+        })?;
+    let dir = match dir {
+        Ok(d) => d,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    if plan.volume_mode == block::BLOCK
+        && let Err(e) = block::provision(&dir).await
+    {
+        return Ok(Err(e.to_string()));
+    }
+    Ok(Ok(dir))
+}
+
+/// Has the node's agent create a node-local volume; its directory on the node.
+async fn provision_on_node(ctx: &Ctx, plan: &ProvisionPlan) -> Result<PathBuf, String> {
+    let node = plan.node.as_deref().unwrap_or_default();
+    let storage = nodes::storage_of(&ctx.stores, node, ctx.agent_token.as_deref())?;
+    let req = CreateVolume {
+        bytes: plan.bytes,
+        block: plan.volume_mode == block::BLOCK,
+    };
+    storage
+        .create(&plan.pv_name, &req)
+        .await
+        .map(PathBuf::from)
+        .map_err(|e| e.to_string())
 }
 
 /// The node of a scheduled VMI in `ns` that uses claim `name` (from the VMI cache).
@@ -319,6 +355,7 @@ async fn bind(
 pub async fn reclaim_loop(
     client: kube::Client,
     dirs: Dirs,
+    agent_token: Option<String>,
     period: Duration,
     stores: Stores,
 ) -> Result<(), ControllerError> {
@@ -326,7 +363,7 @@ pub async fn reclaim_loop(
     stores.ready().await;
     let mut last_profiles = std::time::Instant::now();
     loop {
-        if let Err(e) = reclaim_once(&client, &stores, &dirs).await {
+        if let Err(e) = reclaim_once(&client, &stores, &dirs, agent_token.as_deref()).await {
             tracing::warn!(error = %e, "reclaiming volumes failed");
         }
         let woken = tokio::time::timeout(
@@ -373,6 +410,7 @@ async fn reclaim_once(
     client: &kube::Client,
     stores: &Stores,
     dirs: &Dirs,
+    agent_token: Option<&str>,
 ) -> Result<(), ControllerError> {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     for pv in stores.pv_list() {
@@ -411,7 +449,17 @@ async fn reclaim_once(
                     .await?;
             }
             Reclaim::Delete { remove_dir } => {
-                if let Some(dir) = remove_dir {
+                if let Placement::Node { node, volume } = nodes::placement(&pv) {
+                    // The node's agent removes the data; the PV stays until it has.
+                    let removed = match nodes::storage_of(stores, &node, agent_token) {
+                        Ok(s) => s.delete(&volume).await.map_err(|e| e.to_string()),
+                        Err(m) => Err(m),
+                    };
+                    if let Err(m) = removed {
+                        tracing::warn!(volume = %name, error = %m, "deleting a node-local volume failed; retrying");
+                        continue;
+                    }
+                } else if let Some(dir) = remove_dir {
                     let dir = PathBuf::from(dir);
                     if dirs.owns(&dir) {
                         remove_volume_dir(&dir).await;
@@ -452,7 +500,10 @@ async fn remove_volume_dir(dir: &Path) {
 /// Block volumes keep a loop device attached (after a reboot the devices are gone; the
 /// agent also attaches on use).
 async fn reattach_if_block(pv: &PersistentVolume, dirs: &Dirs) {
-    if !block::is_block(pv) || pv.metadata.deletion_timestamp.is_some() {
+    if !block::is_block(pv)
+        || pv.metadata.deletion_timestamp.is_some()
+        || matches!(nodes::placement(pv), Placement::Node { .. })
+    {
         return;
     }
     let spec = pv.spec.as_ref();
@@ -506,6 +557,27 @@ async fn resize_if_needed(
             match expansion::expand(&ctx.client, pvc, pv, &dir, bytes, &size).await? {
                 Ok(()) => {
                     let msg = format!("volume {pv_name} resized to {}", size.0);
+                    report(ctx, pvc, false, "VolumeResizeSuccessful", &msg).await;
+                }
+                Err(m) => report(ctx, pvc, true, "VolumeResizeFailed", &m).await,
+            }
+        }
+        Expansion::GrowOnNode {
+            node,
+            volume,
+            bytes,
+            size,
+        } => {
+            let msg = format!("resizing volume {volume} to {} on node {node}", size.0);
+            report(ctx, pvc, false, "Resizing", &msg).await;
+            let grown = match nodes::storage_of(&ctx.stores, &node, ctx.agent_token.as_deref()) {
+                Ok(s) => s.resize(&volume, bytes).await.map_err(|e| e.to_string()),
+                Err(m) => Err(m),
+            };
+            match grown {
+                Ok(()) => {
+                    expansion::record(&ctx.client, pvc, pv, &size).await?;
+                    let msg = format!("volume {volume} resized to {}", size.0);
                     report(ctx, pvc, false, "VolumeResizeSuccessful", &msg).await;
                 }
                 Err(m) => report(ctx, pvc, true, "VolumeResizeFailed", &m).await,

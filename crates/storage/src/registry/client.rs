@@ -33,7 +33,7 @@ const MAX_REDIRECTS: usize = 5;
 const MAX_SMALL_BODY: usize = 1 << 20;
 
 /// How to reach registries.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ClientOptions {
     /// Registries (`host[:port]`, `*.domain`) spoken to over plain HTTP.
     pub insecure_registries: Vec<String>,

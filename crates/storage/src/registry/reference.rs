@@ -9,7 +9,7 @@ pub const DEFAULT_REGISTRY: &str = "docker.io";
 const DOCKER_HUB_API: &str = "registry-1.docker.io";
 
 /// A parsed image reference.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImageRef {
     /// `host[:port]` as written (`docker.io` when absent).
     pub registry: String,

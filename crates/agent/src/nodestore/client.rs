@@ -1,0 +1,307 @@
+//! The controllers' side of node-local storage: [`NodeStorage`] reaches the agent of one node
+//! at the endpoint its Node publishes (TLS pinned to the published certificate fingerprint,
+//! or plain HTTP to a loopback agent that publishes none, as [`crate::tls::transport`]
+//! decides) with the agents' bearer token, and calls the routes of [`super::server`].
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use http::{Method, Request, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+
+use super::{CreateVolume, CreatedVolume, JobLine, NodeStoreError, Populate, ResizeVolume};
+use crate::node::{ENDPOINT_ANNOTATION, FINGERPRINT_ANNOTATION};
+use crate::tls::{self, AgentTarget};
+
+/// How long connecting (TCP and TLS) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a volume request (create, delete, resize) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a population may go without a line (the agent repeats its progress every 5 s).
+const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most bytes of a non-streamed answer.
+const MAX_ANSWER: usize = 1 << 20;
+
+/// The request body type (JSON, or an upload stream).
+pub type ReqBody = BoxBody<Bytes, std::io::Error>;
+
+/// A population that did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PopulateFailure {
+    /// Retrying cannot help (checksum mismatch, refused image or address, bad request).
+    pub permanent: bool,
+    pub message: String,
+}
+
+impl From<NodeStoreError> for PopulateFailure {
+    fn from(e: NodeStoreError) -> Self {
+        PopulateFailure {
+            permanent: e.is_permanent(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The storage of one node, reached through its agent.
+#[derive(Debug, Clone)]
+pub struct NodeStorage {
+    node: String,
+    target: AgentTarget,
+    token: String,
+}
+
+impl NodeStorage {
+    /// The storage of `node` (from its published endpoint annotations), called with `token`.
+    pub fn of(node: &Node, token: &str) -> Result<Self, NodeStoreError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let annotation = |key: &str| {
+            node.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(key))
+                .filter(|v| !v.is_empty())
+                .cloned()
+        };
+        let no = |message: String| NodeStoreError::NoEndpoint {
+            node: name.clone(),
+            message,
+        };
+        let url = annotation(ENDPOINT_ANNOTATION)
+            .ok_or_else(|| no("publishes no agent endpoint (is its agent running?)".into()))?;
+        let target = tls::transport(&url, annotation(FINGERPRINT_ANNOTATION).as_deref())
+            .map_err(|e| no(e.to_string()))?;
+        Ok(NodeStorage {
+            node: name,
+            target,
+            token: token.to_string(),
+        })
+    }
+
+    /// The node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn unreachable(&self, message: impl Into<String>) -> NodeStoreError {
+        NodeStoreError::Unreachable {
+            node: self.node.clone(),
+            message: message.into(),
+        }
+    }
+
+    async fn connect(
+        &self,
+    ) -> Result<hyper::client::conn::http1::SendRequest<ReqBody>, NodeStoreError> {
+        let t = &self.target;
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect(&t.authority)
+                .await
+                .map_err(|e| self.unreachable(e.to_string()))?;
+            let _ = tcp.set_nodelay(true);
+            match t.pin {
+                None => handshake(tcp)
+                    .await
+                    .map_err(|e| self.unreachable(e.to_string())),
+                Some(pin) => {
+                    let s = tls::connect(tcp, &t.host, pin).await.map_err(|e| {
+                        if tls::is_pin_mismatch(&e) {
+                            self.unreachable(format!(
+                                "its certificate does not match the Node's {FINGERPRINT_ANNOTATION}"
+                            ))
+                        } else {
+                            self.unreachable(format!("TLS: {e}"))
+                        }
+                    })?;
+                    handshake(s)
+                        .await
+                        .map_err(|e| self.unreachable(e.to_string()))
+                }
+            }
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, connect)
+            .await
+            .map_err(|_| self.unreachable("connecting timed out"))?
+    }
+
+    /// Sends one request; the answer when it is a success, else the agent's error.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: ReqBody,
+        content_type: &str,
+    ) -> Result<hyper::Response<Incoming>, NodeStoreError> {
+        let mut send = self.connect().await?;
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, &self.target.authority)
+            .header(header::AUTHORIZATION, format!("Bearer {}", self.token))
+            .header(header::CONTENT_TYPE, content_type)
+            .body(body)
+            .map_err(|e| self.unreachable(e.to_string()))?;
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| self.unreachable(format!("request failed: {e}")))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status().as_u16();
+        let body = Limited::new(resp.into_body(), MAX_ANSWER)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let message = match status {
+            401 => "the agent refused the controllers' credentials".to_string(),
+            _ => crate::endpoint::error_message(&body),
+        };
+        Err(NodeStoreError::Answer {
+            node: self.node.clone(),
+            status,
+            message,
+        })
+    }
+
+    async fn call<T: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&T>,
+    ) -> Result<Bytes, NodeStoreError> {
+        let bytes = match body {
+            Some(b) => serde_json::to_vec(b).map_err(|e| self.unreachable(e.to_string()))?,
+            None => Vec::new(),
+        };
+        let exchange = async {
+            let resp = self
+                .send(method, path, json_body(bytes), "application/json")
+                .await?;
+            Limited::new(resp.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| self.unreachable(format!("reading the answer: {e}")))
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| self.unreachable("the agent did not answer in time"))?
+    }
+
+    /// Creates (or keeps) volume `name`; returns its directory on the node.
+    pub async fn create(&self, name: &str, req: &CreateVolume) -> Result<String, NodeStoreError> {
+        let body = self
+            .call(Method::PUT, &volume_path(name, ""), Some(req))
+            .await?;
+        let made: CreatedVolume = serde_json::from_slice(&body)
+            .map_err(|e| self.unreachable(format!("bad answer: {e}")))?;
+        Ok(made.path)
+    }
+
+    /// Deletes volume `name` and its data (a missing one is not an error).
+    pub async fn delete(&self, name: &str) -> Result<(), NodeStoreError> {
+        self.call::<()>(Method::DELETE, &volume_path(name, ""), None)
+            .await
+            .map(drop)
+    }
+
+    /// Grows volume `name` to `bytes`.
+    pub async fn resize(&self, name: &str, bytes: u64) -> Result<(), NodeStoreError> {
+        let req = ResizeVolume { bytes };
+        self.call(Method::POST, &volume_path(name, "/resize"), Some(&req))
+            .await
+            .map(drop)
+    }
+
+    /// Populates volume `name`, calling `progress` with the agent's reports, until the agent
+    /// says it is done or failed. Dropping the future stops the job on the node.
+    pub async fn populate(
+        &self,
+        name: &str,
+        req: &Populate,
+        mut progress: impl FnMut(f64) + Send,
+    ) -> Result<(), PopulateFailure> {
+        let bytes = serde_json::to_vec(req).map_err(|e| PopulateFailure {
+            permanent: true,
+            message: e.to_string(),
+        })?;
+        let resp = self
+            .send(
+                Method::POST,
+                &volume_path(name, "/populate"),
+                json_body(bytes),
+                "application/json",
+            )
+            .await?;
+        let mut body = resp.into_body();
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let frame = tokio::time::timeout(STALL_TIMEOUT, body.frame())
+                .await
+                .map_err(|_| PopulateFailure::from(self.unreachable("the population stalled")))?;
+            let Some(frame) = frame else {
+                return Err(self
+                    .unreachable("the agent ended the population without a result")
+                    .into());
+            };
+            let frame =
+                frame.map_err(|e| PopulateFailure::from(self.unreachable(e.to_string())))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.extend_from_slice(&data);
+            if buf.len() > MAX_ANSWER {
+                return Err(self.unreachable("the agent sent an overlong line").into());
+            }
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                match serde_json::from_slice::<JobLine>(&line) {
+                    Ok(JobLine::Progress { percent }) => progress(percent),
+                    Ok(JobLine::Done) => return Ok(()),
+                    Ok(JobLine::Failed { message, permanent }) => {
+                        return Err(PopulateFailure { permanent, message });
+                    }
+                    Err(e) => {
+                        return Err(self
+                            .unreachable(format!("bad line from the agent: {e}"))
+                            .into());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `/storage/volumes/{name}{suffix}` (PV names need no escaping; others are refused by the
+/// agent).
+pub fn volume_path(name: &str, suffix: &str) -> String {
+    format!("/storage/volumes/{name}{suffix}")
+}
+
+/// A JSON request body.
+pub fn json_body(bytes: Vec<u8>) -> ReqBody {
+    Full::new(Bytes::from(bytes))
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+async fn handshake<I>(
+    io: I,
+) -> Result<hyper::client::conn::http1::SendRequest<ReqBody>, hyper::Error>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!("node storage connection: {e}");
+        }
+    });
+    Ok(send)
+}

@@ -1,0 +1,411 @@
+//! The agent's node-storage routes (served by [`crate::endpoint`] behind its token check):
+//!
+//! - `PUT /storage/volumes/{name}` [`CreateVolume`] → [`CreatedVolume`]: a thin `disk.img`
+//!   of the size (a loop device over it for Block volumes); idempotent, data kept;
+//! - `DELETE /storage/volumes/{name}`: stops a running population, detaches loop devices,
+//!   removes the directory (a missing volume is not an error);
+//! - `POST /storage/volumes/{name}/resize` [`ResizeVolume`]: grows `disk.img` (and the loop
+//!   device's capacity);
+//! - `POST /storage/volumes/{name}/populate` [`Populate`]: runs the import / blank / clone
+//!   with `ferrovirt_storage` and answers newline-delimited [`JobLine`]s; the client
+//!   closing the connection stops the job, and a new population of the same volume replaces
+//!   a running one.
+//!
+//! Every name is a PV name resolved inside [`volume_root`]; bad names and refused sources are
+//! answered 400 (the controller fails the DataVolume at once), I/O trouble 500.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{post, put};
+use ferrovirt_storage::StorageError;
+use ferrovirt_storage::block;
+use ferrovirt_storage::importer::{self, ImportRequest};
+use ferrovirt_storage::provisioner::{VolumeRoot, create_sparse, image_of};
+use ferrovirt_storage::registry::RegistryImportRequest;
+use http::StatusCode;
+use serde_json::json;
+
+use super::{
+    CreateVolume, CreatedVolume, JobLine, Populate, ResizeVolume, Source, progress_step,
+    scratch_root, shared_source_ok, volume_root,
+};
+
+/// How often a running population repeats its progress when nothing changed.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+struct StorageState {
+    data_dir: PathBuf,
+    /// Running populations: volume name → (job number, its task).
+    jobs: Mutex<HashMap<String, (u64, tokio::task::AbortHandle)>>,
+    next_job: std::sync::atomic::AtomicU64,
+}
+
+impl StorageState {
+    fn root(&self) -> VolumeRoot {
+        VolumeRoot::new(volume_root(&self.data_dir))
+    }
+
+    fn stop_job(&self, name: &str) {
+        if let Some((_, h)) = self.jobs.lock().expect("lock").remove(name) {
+            h.abort();
+        }
+    }
+}
+
+/// The routes, with their state; the caller adds authentication.
+pub fn router(data_dir: PathBuf) -> Router {
+    let st = Arc::new(StorageState {
+        data_dir,
+        jobs: Mutex::new(HashMap::new()),
+        next_job: std::sync::atomic::AtomicU64::new(1),
+    });
+    Router::new()
+        .route(
+            "/storage/volumes/{name}",
+            put(create_volume).delete(delete_volume),
+        )
+        .route("/storage/volumes/{name}/resize", post(resize_volume))
+        .route("/storage/volumes/{name}/populate", post(populate))
+        .with_state(st)
+}
+
+fn error(code: StatusCode, message: impl Into<String>) -> Response {
+    let body = json!({"code": code.as_u16(), "message": message.into()});
+    (code, axum::Json(body)).into_response()
+}
+
+/// A request the routes answer with an error.
+struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
+fn refusal(e: &StorageError) -> Refusal {
+    let code = if e.is_permanent() {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    Refusal(code, e.to_string())
+}
+
+fn storage_error(e: &StorageError) -> Response {
+    refusal(e).into_response()
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StorageError::Tool {
+            tool: "volume task".into(),
+            message: e.to_string(),
+        })?
+}
+
+/// Parses a JSON body, answering 400 with the reason.
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refusal> {
+    serde_json::from_slice(body)
+        .map_err(|e| Refusal(StatusCode::BAD_REQUEST, format!("request body: {e}")))
+}
+
+async fn create_volume(
+    State(st): State<Arc<StorageState>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let req: CreateVolume = match parse(&body) {
+        Ok(r) => r,
+        Err(r) => return r.into_response(),
+    };
+    let root = st.root();
+    let made = blocking(move || {
+        let dir = root.create(&name, req.bytes)?;
+        if req.block {
+            if !block::loop_devices_available() {
+                return Err(StorageError::Refused(
+                    "Block volumes need loop devices (/dev/loop-control) on the node".into(),
+                ));
+            }
+            block::make_block_volume(&dir)?;
+        }
+        tracing::info!(volume = %name, path = %dir.display(), bytes = req.bytes, "created node-local volume");
+        Ok(dir)
+    })
+    .await;
+    match made {
+        Ok(dir) => axum::Json(CreatedVolume {
+            path: dir.to_string_lossy().into_owned(),
+        })
+        .into_response(),
+        Err(e) => storage_error(&e),
+    }
+}
+
+async fn delete_volume(State(st): State<Arc<StorageState>>, Path(name): Path<String>) -> Response {
+    let dir = match st.root().dir(&name) {
+        Ok(d) => d,
+        Err(e) => return storage_error(&e),
+    };
+    st.stop_job(&name);
+    let root = st.root();
+    let scratch = scratch_root(&st.data_dir).join(&name);
+    let done = blocking(move || {
+        if dir.is_dir() {
+            block::detach_all(&image_of(&dir))?;
+        }
+        root.delete(&name)?;
+        let _ = std::fs::remove_dir_all(&scratch);
+        tracing::info!(volume = %name, "deleted node-local volume");
+        Ok(())
+    })
+    .await;
+    match done {
+        Ok(()) => axum::Json(json!({})).into_response(),
+        Err(e) => storage_error(&e),
+    }
+}
+
+async fn resize_volume(
+    State(st): State<Arc<StorageState>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let req: ResizeVolume = match parse(&body) {
+        Ok(r) => r,
+        Err(r) => return r.into_response(),
+    };
+    let dir = match st.root().dir(&name) {
+        Ok(d) => d,
+        Err(e) => return storage_error(&e),
+    };
+    if !dir.is_dir() {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("volume {name} does not exist on this node"),
+        );
+    }
+    let done = blocking(move || {
+        if block::is_block_volume(&dir) {
+            block::grow(&dir, req.bytes).map(drop)
+        } else {
+            create_sparse(&image_of(&dir), req.bytes)
+        }
+    })
+    .await;
+    match done {
+        Ok(()) => axum::Json(json!({})).into_response(),
+        Err(e) => storage_error(&e),
+    }
+}
+
+/// What a population runs.
+enum Work {
+    Import(Box<ImportRequest>),
+    Registry(Box<RegistryImportRequest>),
+    Blank,
+    Clone(PathBuf),
+}
+
+/// Resolves a request into work on `target` (pure apart from existence checks of sources).
+fn plan(
+    st: &StorageState,
+    name: &str,
+    req: Populate,
+    target: PathBuf,
+) -> Result<(Work, PathBuf), Refusal> {
+    let scratch = scratch_root(&st.data_dir).join(name);
+    let work = match req.source {
+        Source::Http { download, checksum } => Work::Import(Box::new(ImportRequest {
+            source: download,
+            checksum,
+            scratch_dir: scratch,
+            target: target.clone(),
+            capacity: req.capacity,
+        })),
+        Source::Registry { image, client } => Work::Registry(Box::new(RegistryImportRequest {
+            image,
+            client,
+            scratch_dir: scratch,
+            target: target.clone(),
+            capacity: req.capacity,
+        })),
+        Source::Blank => Work::Blank,
+        Source::Volume { name: src } => {
+            let dir = st.root().dir(&src).map_err(|e| refusal(&e))?;
+            if !dir.is_dir() {
+                return Err(Refusal(
+                    StatusCode::BAD_REQUEST,
+                    format!("clone source volume {src} does not exist on this node"),
+                ));
+            }
+            let src_target = if block::is_block_volume(&dir) {
+                block::device_of(&dir).map_err(|e| refusal(&e))?
+            } else {
+                image_of(&dir)
+            };
+            Work::Clone(src_target)
+        }
+        Source::SharedImage { path } => {
+            let p = PathBuf::from(&path);
+            shared_source_ok(&p, &st.data_dir).map_err(|m| Refusal(StatusCode::BAD_REQUEST, m))?;
+            Work::Clone(p)
+        }
+    };
+    Ok((work, target))
+}
+
+async fn run(
+    work: Work,
+    target: PathBuf,
+    capacity: u64,
+    mut report: impl FnMut(f64) + Send,
+) -> Result<(), StorageError> {
+    match work {
+        Work::Import(req) => importer::import(&req, report).await.map(drop),
+        Work::Registry(req) => ferrovirt_storage::registry::import(&req, report)
+            .await
+            .map(drop),
+        Work::Blank => {
+            importer::blank(&target, capacity).await?;
+            report(100.0);
+            Ok(())
+        }
+        Work::Clone(source) => importer::clone_image(&source, &target, capacity, report).await,
+    }
+}
+
+/// Aborts the population when the answer stream is dropped (the client went away).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn populate(
+    State(st): State<Arc<StorageState>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Response {
+    let req: Populate = match parse(&body) {
+        Ok(r) => r,
+        Err(r) => return r.into_response(),
+    };
+    let dir = match st.root().dir(&name) {
+        Ok(d) => d,
+        Err(e) => return storage_error(&e),
+    };
+    if !dir.is_dir() {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("volume {name} does not exist on this node"),
+        );
+    }
+    let target = if block::is_block_volume(&dir) {
+        let d = dir.clone();
+        match blocking(move || block::device_of(&d)).await {
+            Ok(t) => t,
+            Err(e) => return storage_error(&e),
+        }
+    } else {
+        image_of(&dir)
+    };
+    let capacity = req.capacity;
+    let (work, target) = match plan(&st, &name, req, target) {
+        Ok(w) => w,
+        Err(r) => return r.into_response(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<JobLine>();
+    let id = st
+        .next_job
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let task = {
+        let tx = tx.clone();
+        let st = st.clone();
+        let name = name.clone();
+        tokio::spawn(async move {
+            let progress_tx = tx.clone();
+            let mut last = None;
+            let report = move |p: f64| {
+                if let Some(s) = progress_step(last, p) {
+                    last = Some(s);
+                    let _ = progress_tx.send(JobLine::Progress { percent: s });
+                }
+            };
+            let result = run(work, target, capacity, report).await;
+            let line = match result {
+                Ok(()) => {
+                    tracing::info!(volume = %name, "populated node-local volume");
+                    JobLine::Done
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %name, error = %e, "populating node-local volume failed");
+                    JobLine::Failed {
+                        message: e.to_string(),
+                        permanent: e.is_permanent(),
+                    }
+                }
+            };
+            let _ = tx.send(line);
+            let mut jobs = st.jobs.lock().expect("lock");
+            if jobs.get(&name).is_some_and(|(j, _)| *j == id) {
+                jobs.remove(&name);
+            }
+        })
+    };
+    let guard = AbortOnDrop(task.abort_handle());
+    if let Some((_, old)) = st
+        .jobs
+        .lock()
+        .expect("lock")
+        .insert(name.clone(), (id, task.abort_handle()))
+    {
+        old.abort();
+    }
+    drop(tx);
+    let stream = futures::stream::unfold(
+        (rx, guard, 0.0_f64, false),
+        |(mut rx, guard, mut last, finished)| async move {
+            if finished {
+                return None;
+            }
+            let line = match tokio::time::timeout(HEARTBEAT, rx.recv()).await {
+                Ok(Some(l)) => l,
+                // The task ended without a final line (aborted by a newer population).
+                Ok(None) => JobLine::Failed {
+                    message: "the population was stopped on the node".into(),
+                    permanent: false,
+                },
+                Err(_) => JobLine::Progress { percent: last },
+            };
+            if let JobLine::Progress { percent } = line {
+                last = percent;
+            }
+            let end = !matches!(line, JobLine::Progress { .. });
+            let mut text = serde_json::to_vec(&line).unwrap_or_default();
+            text.push(b'\n');
+            Some((
+                Ok::<_, std::convert::Infallible>(Bytes::from(text)),
+                (rx, guard, last, end),
+            ))
+        },
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(http::header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
