@@ -217,8 +217,10 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-subresources").await?,
         server.token.clone(),
     );
-    upload_handle
-        .set(node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-upload").await?);
+    upload_handle.set(
+        node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-upload").await?,
+        Some(server.token.clone()),
+    );
     tracing::info!(
         "API server listening on https://{}; kubeconfig: {}",
         server.addr,

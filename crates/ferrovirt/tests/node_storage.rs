@@ -1,11 +1,14 @@
 //! Node-local storage done by the node's agent (docs/storage.md): two agents, each in its own
 //! mount namespace with a private tmpfs over its data dir that the server cannot see, and a
 //! server without an agent of its own. DataVolumes import the test guest's `disk.qcow2` over
-//! HTTP (from a file server on 127.0.0.1) into `local`-class claims on each node, a blank
-//! volume and a same-node clone are made on the nodes, a cross-node clone is refused with its
-//! reason, VMs boot from the imported volumes (the guest's `FERROVIRT-BOOT` serial marker,
-//! read inside the node's namespace), the server's filesystem holds no trace of the volumes,
-//! and deleting the DataVolumes deletes the volumes inside the nodes.
+//! HTTP (from a file server on 127.0.0.1) into `local`-class claims on each node; the import
+//! address policy holds on the node (127.0.0.2 is refused: only 127.0.0.1/32 is allowed); an
+//! upload (`ferrovirt image-upload`) is streamed to the node and converted there; a blank
+//! volume is made and grown, and a same-node clone copied, on the nodes; a cross-node clone
+//! is refused with its reason; VMs boot from the imported volumes (the guest's
+//! `FERROVIRT-BOOT` serial marker, read inside the node's namespace); the server's filesystem
+//! holds no trace of the volumes; and deleting the DataVolumes deletes the volumes inside the
+//! nodes.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -101,6 +104,7 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
     let guest = TestGuest::get()?;
     let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
     opts.node_name = None;
+    opts.extra_args = vec!["--import-allowed-cidrs".into(), "127.0.0.1/32".into()];
     let mut c = Cluster::start(&opts)?;
     let a = c.start_agent_in_mount_ns("node-a")?;
     let b = c.start_agent_in_mount_ns("node-b")?;
@@ -124,6 +128,9 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
     let mut manifests = dv("root-a", "node-a", &http, "64Mi");
     manifests.push_str(&dv("root-b", "node-b", &http, "64Mi"));
     manifests.push_str(&dv("blank-a", "node-a", "    blank: {}\n", "16Mi"));
+    let port = base.rsplit(':').next().unwrap_or_default();
+    let hostile = format!("    http: {{url: \"http://127.0.0.2:{port}/disk.qcow2\"}}\n");
+    manifests.push_str(&dv("ssrf-b", "node-b", &hostile, "64Mi"));
     c.apply(&manifests)?;
     let agents = [(&a, "root-a"), (&b, "root-b")];
     for (agent, name) in agents {
@@ -149,6 +156,53 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
     wait_phase(&c, "blank-a", "Succeeded")?;
     let (_, blank_dir, _) = volume_of(&c, "blank-a")?;
     assert!(a.exists(&blank_dir.join("disk.img"))?);
+    let refused = c.wait_until("ssrf-b refused", IMPORT, || {
+        let v = c.get_json(&["dv", "ssrf-b", "-n", "default"])?;
+        Ok((v["status"]["phase"] == "Failed").then_some(v))
+    })?;
+    assert!(refused.to_string().contains("loopback"), "{refused}");
+
+    // The node's agent grows its volume.
+    c.kubectl_ok(&[
+        "patch",
+        "pvc",
+        "blank-a",
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"32Mi"}}}}"#,
+    ])?;
+    let img = blank_dir.join("disk.img");
+    c.wait_until("blank-a grown on node-a", IMPORT, || {
+        let out = a.exec(&["stat", "-c", "%s", &img.to_string_lossy()])?;
+        let size = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let v = c.get_json(&["pvc", "blank-a", "-n", "default"])?;
+        Ok(
+            (size == (32u64 << 20).to_string() && v["status"]["capacity"]["storage"] == "32Mi")
+                .then_some(()),
+        )
+    })?;
+
+    // An upload is streamed to the node (the DataVolume controller places it on node-a,
+    // the first Ready node) and converted there: the same bytes as the import.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args([
+            "image-upload",
+            "dv",
+            "up-a",
+            "--size",
+            "64Mi",
+            "--insecure",
+            "--image-path",
+        ])
+        .arg(&guest.disk_qcow2)
+        .output()?;
+    assert!(out.status.success(), "{out:?}");
+    let v = wait_phase(&c, "up-a", "Succeeded")?;
+    assert_eq!(v["status"]["progress"], "100.0%", "{v}");
 
     // Same-node clone (by node-b's agent); a cross-node clone is refused with the reason.
     let clone_src = "    pvc: {namespace: default, name: root-b}\n";
@@ -167,6 +221,12 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
     };
     let (_, root_b_dir, _) = volume_of(&c, "root-b")?;
     assert_eq!(sum(&b, &copy_dir)?, sum(&b, &root_b_dir)?);
+    let (_, up_dir, _) = volume_of(&c, "up-a")?;
+    let (_, root_a_dir, _) = volume_of(&c, "root-a")?;
+    assert!(up_dir.starts_with(&a.data_dir), "{}", up_dir.display());
+    let up_sum = sum(&a, &up_dir)?;
+    assert!(!up_sum.is_empty());
+    assert_eq!(up_sum, sum(&a, &root_a_dir)?);
     let refused = c.wait_until("copy-a refused", IMPORT, || {
         let v = c.get_json(&["dv", "copy-a", "-n", "default"])?;
         Ok((v["status"]["phase"] == "Failed").then_some(v))
@@ -202,7 +262,7 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
 
     // The server's filesystem has no trace of the node-local volumes.
     let mut names = Vec::new();
-    for claim in ["root-a", "root-b", "blank-a", "copy-b"] {
+    for claim in ["root-a", "root-b", "blank-a", "copy-b", "up-a"] {
         let (pv, dir, _) = volume_of(&c, claim)?;
         assert!(
             find_named(c.dir.path(), &pv).is_empty(),
@@ -232,6 +292,8 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
         "blank-a",
         "copy-b",
         "copy-a",
+        "up-a",
+        "ssrf-b",
         "-n",
         "default",
         "--wait=false",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use http::{Method, Request, header};
-use http_body_util::combinators::BoxBody;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -28,7 +28,7 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_ANSWER: usize = 1 << 20;
 
 /// The request body type (JSON, or an upload stream).
-pub type ReqBody = BoxBody<Bytes, std::io::Error>;
+pub type ReqBody = UnsyncBoxBody<Bytes, std::io::Error>;
 
 /// A population that did not succeed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -225,7 +225,7 @@ impl NodeStorage {
         &self,
         name: &str,
         req: &Populate,
-        mut progress: impl FnMut(f64) + Send,
+        progress: impl FnMut(f64) + Send,
     ) -> Result<(), PopulateFailure> {
         let bytes = serde_json::to_vec(req).map_err(|e| PopulateFailure {
             permanent: true,
@@ -239,38 +239,62 @@ impl NodeStorage {
                 "application/json",
             )
             .await?;
+        self.read_job(resp, progress).await?
+    }
+
+    /// Streams an uploaded image (`body`, at most `limit` bytes) to volume `name` of
+    /// `capacity` bytes, where the agent validates and converts it like an import; calls
+    /// `progress` with the conversion's progress (50–100). The outer error is the exchange
+    /// failing (the agent unreachable, or refusing the body: 409 interrupted, 413 too
+    /// large), the inner one the image failing on the node.
+    pub async fn upload(
+        &self,
+        name: &str,
+        capacity: u64,
+        limit: u64,
+        body: ReqBody,
+        progress: impl FnMut(f64) + Send,
+    ) -> Result<Result<(), PopulateFailure>, NodeStoreError> {
+        let path = volume_path(name, &format!("/upload?capacity={capacity}&limit={limit}"));
+        let resp = self
+            .send(Method::POST, &path, body, "application/octet-stream")
+            .await?;
+        self.read_job(resp, progress).await
+    }
+
+    /// Reads a job's [`JobLine`]s until its result (outer error: the exchange broke).
+    async fn read_job(
+        &self,
+        resp: hyper::Response<Incoming>,
+        mut progress: impl FnMut(f64) + Send,
+    ) -> Result<Result<(), PopulateFailure>, NodeStoreError> {
         let mut body = resp.into_body();
         let mut buf: Vec<u8> = Vec::new();
         loop {
             let frame = tokio::time::timeout(STALL_TIMEOUT, body.frame())
                 .await
-                .map_err(|_| PopulateFailure::from(self.unreachable("the population stalled")))?;
+                .map_err(|_| self.unreachable("the population stalled"))?;
             let Some(frame) = frame else {
-                return Err(self
-                    .unreachable("the agent ended the population without a result")
-                    .into());
+                return Err(self.unreachable("the agent ended the population without a result"));
             };
-            let frame =
-                frame.map_err(|e| PopulateFailure::from(self.unreachable(e.to_string())))?;
+            let frame = frame.map_err(|e| self.unreachable(e.to_string()))?;
             let Ok(data) = frame.into_data() else {
                 continue;
             };
             buf.extend_from_slice(&data);
             if buf.len() > MAX_ANSWER {
-                return Err(self.unreachable("the agent sent an overlong line").into());
+                return Err(self.unreachable("the agent sent an overlong line"));
             }
             while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=nl).collect();
                 match serde_json::from_slice::<JobLine>(&line) {
                     Ok(JobLine::Progress { percent }) => progress(percent),
-                    Ok(JobLine::Done) => return Ok(()),
+                    Ok(JobLine::Done) => return Ok(Ok(())),
                     Ok(JobLine::Failed { message, permanent }) => {
-                        return Err(PopulateFailure { permanent, message });
+                        return Ok(Err(PopulateFailure { permanent, message }));
                     }
                     Err(e) => {
-                        return Err(self
-                            .unreachable(format!("bad line from the agent: {e}"))
-                            .into());
+                        return Err(self.unreachable(format!("bad line from the agent: {e}")));
                     }
                 }
             }
@@ -284,11 +308,20 @@ pub fn volume_path(name: &str, suffix: &str) -> String {
     format!("/storage/volumes/{name}{suffix}")
 }
 
+/// A streamed request body (an upload).
+pub fn stream_body<S>(stream: S) -> ReqBody
+where
+    S: futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    let frames = futures::StreamExt::map(stream, |r| r.map(hyper::body::Frame::data));
+    BodyExt::boxed_unsync(http_body_util::StreamBody::new(frames))
+}
+
 /// A JSON request body.
 pub fn json_body(bytes: Vec<u8>) -> ReqBody {
     Full::new(Bytes::from(bytes))
         .map_err(|never| match never {})
-        .boxed()
+        .boxed_unsync()
 }
 
 async fn handshake<I>(

@@ -9,7 +9,11 @@
 //! - `POST /storage/volumes/{name}/populate` [`Populate`]: runs the import / blank / clone
 //!   with `ferrovirt_storage` and answers newline-delimited [`JobLine`]s; the client
 //!   closing the connection stops the job, and a new population of the same volume replaces
-//!   a running one.
+//!   a running one;
+//! - `POST /storage/volumes/{name}/upload?capacity=N&limit=M`: the body is an uploaded image
+//!   (forwarded by the API server's upload proxy), validated and converted like an import;
+//!   answered like a population (409 when the body was interrupted or empty, 413 when it
+//!   exceeds the limit).
 //!
 //! Every name is a PV name resolved inside [`volume_root`]; bad names and refused sources are
 //! answered 400 (the controller fails the DataVolume at once), I/O trouble 500.
@@ -73,6 +77,7 @@ pub fn router(data_dir: PathBuf) -> Router {
         )
         .route("/storage/volumes/{name}/resize", post(resize_volume))
         .route("/storage/volumes/{name}/populate", post(populate))
+        .route("/storage/volumes/{name}/upload", post(upload))
         .with_state(st)
 }
 
@@ -295,6 +300,25 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The volume directory of `name` (404 when the node has none) and where its data is
+/// written: the loop device of a Block volume, else `disk.img`.
+async fn target_of(st: &StorageState, name: &str) -> Result<PathBuf, Refusal> {
+    let dir = st.root().dir(name).map_err(|e| refusal(&e))?;
+    if !dir.is_dir() {
+        return Err(Refusal(
+            StatusCode::NOT_FOUND,
+            format!("volume {name} does not exist on this node"),
+        ));
+    }
+    if block::is_block_volume(&dir) {
+        blocking(move || block::device_of(&dir))
+            .await
+            .map_err(|e| refusal(&e))
+    } else {
+        Ok(image_of(&dir))
+    }
+}
+
 async fn populate(
     State(st): State<Arc<StorageState>>,
     Path(name): Path<String>,
@@ -304,30 +328,114 @@ async fn populate(
         Ok(r) => r,
         Err(r) => return r.into_response(),
     };
-    let dir = match st.root().dir(&name) {
-        Ok(d) => d,
-        Err(e) => return storage_error(&e),
-    };
-    if !dir.is_dir() {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("volume {name} does not exist on this node"),
-        );
-    }
-    let target = if block::is_block_volume(&dir) {
-        let d = dir.clone();
-        match blocking(move || block::device_of(&d)).await {
-            Ok(t) => t,
-            Err(e) => return storage_error(&e),
-        }
-    } else {
-        image_of(&dir)
+    let target = match target_of(&st, &name).await {
+        Ok(t) => t,
+        Err(r) => return r.into_response(),
     };
     let capacity = req.capacity;
     let (work, target) = match plan(&st, &name, req, target) {
         Ok(w) => w,
         Err(r) => return r.into_response(),
     };
+    job_response(&st, &name, move |report| {
+        run(work, target, capacity, report)
+    })
+}
+
+/// `POST /storage/volumes/{name}/upload?capacity=N&limit=M`.
+#[derive(Debug, serde::Deserialize)]
+struct UploadQuery {
+    capacity: u64,
+    /// The most bytes the body may have.
+    limit: u64,
+}
+
+/// An upload forwarded by the API server's upload proxy: the body is streamed to the node's
+/// scratch space (at most `limit` bytes), then decompressed, validated and converted to raw
+/// into the volume exactly like an import; the answer is [`JobLine`]s as for a population
+/// (progress is the conversion's half, 50–100).
+async fn upload(
+    State(st): State<Arc<StorageState>>,
+    Path(name): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<UploadQuery>,
+    body: Body,
+) -> Response {
+    let target = match target_of(&st, &name).await {
+        Ok(t) => t,
+        Err(r) => return r.into_response(),
+    };
+    let scratch = scratch_root(&st.data_dir).join(format!("upload-{name}"));
+    let file = match receive(body, &scratch, q.limit).await {
+        Ok(f) => f,
+        Err(r) => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            return r.into_response();
+        }
+    };
+    let capacity = q.capacity;
+    job_response(&st, &name, move |mut report| async move {
+        let out = async {
+            let image =
+                importer::decompress_if_needed(&file, &scratch.join("image"), q.limit).await?;
+            // Checked like any import (format from its header, self-contained, within the
+            // claim), never copied as it is.
+            let info = importer::inspect(&image, capacity).await?;
+            importer::write_raw(&image, &info.format, &target, capacity, |p| {
+                report(importer::convert_progress(p))
+            })
+            .await
+        }
+        .await;
+        let _ = std::fs::remove_dir_all(&scratch);
+        out
+    })
+}
+
+/// Streams `body` into `<scratch>/upload`, at most `limit` bytes.
+async fn receive(body: Body, scratch: &std::path::Path, limit: u64) -> Result<PathBuf, Refusal> {
+    use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let io = |e: std::io::Error| Refusal(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    let _ = std::fs::remove_dir_all(scratch);
+    tokio::fs::create_dir_all(scratch).await.map_err(io)?;
+    let path = scratch.join("upload");
+    let mut file = tokio::fs::File::create(&path).await.map_err(io)?;
+    let mut stream = body.into_data_stream();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            Refusal(
+                StatusCode::CONFLICT,
+                format!("the upload was interrupted: {e}"),
+            )
+        })?;
+        total += chunk.len() as u64;
+        if total > limit {
+            return Err(Refusal(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("image refused: the upload exceeds {limit} bytes"),
+            ));
+        }
+        file.write_all(&chunk).await.map_err(io)?;
+    }
+    file.flush().await.map_err(io)?;
+    if total == 0 {
+        return Err(Refusal(
+            StatusCode::CONFLICT,
+            "the upload was interrupted: the body is empty".into(),
+        ));
+    }
+    Ok(path)
+}
+
+/// Runs the job `make` builds (given the progress reporter) for volume `name` in a task and
+/// answers its [`JobLine`]s; a new job for the same volume stops a running one, and the
+/// client going away stops this one.
+fn job_response<F, Fut>(st: &Arc<StorageState>, name: &str, make: F) -> Response
+where
+    F: FnOnce(Box<dyn FnMut(f64) + Send>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), StorageError>> + Send + 'static,
+{
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<JobLine>();
     let id = st
         .next_job
@@ -335,7 +443,7 @@ async fn populate(
     let task = {
         let tx = tx.clone();
         let st = st.clone();
-        let name = name.clone();
+        let name = name.to_string();
         tokio::spawn(async move {
             let progress_tx = tx.clone();
             let mut last = None;
@@ -345,7 +453,7 @@ async fn populate(
                     let _ = progress_tx.send(JobLine::Progress { percent: s });
                 }
             };
-            let result = run(work, target, capacity, report).await;
+            let result = make(Box::new(report)).await;
             let line = match result {
                 Ok(()) => {
                     tracing::info!(volume = %name, "populated node-local volume");
@@ -371,7 +479,7 @@ async fn populate(
         .jobs
         .lock()
         .expect("lock")
-        .insert(name.clone(), (id, task.abort_handle()))
+        .insert(name.to_string(), (id, task.abort_handle()))
     {
         old.abort();
     }

@@ -12,9 +12,12 @@
 //!   belong to a DataVolume with an `upload` source in phase `UploadReady`. The body is
 //!   streamed to `<data dir>/import-scratch/upload-<dv uid>/`, decompressed (gzip/xz/zstd)
 //!   and validated and converted exactly as an import (`qemu-img info`: no backing file, a
-//!   known format, a virtual size within the claim; then raw into `disk.img`). The
-//!   DataVolume becomes `Succeeded`, or `Failed` with the reason (the answer is then 400 with
-//!   the same message). An interrupted transfer leaves it `UploadReady` for another try.
+//!   known format, a virtual size within the claim; then raw into `disk.img`). A node-local
+//!   (`local`-class) volume is never written here: the body is streamed on to the agent of
+//!   its node ([`ferrovirt_agent::nodestore`]), which validates and converts it the same way
+//!   into its volume. The DataVolume becomes `Succeeded`, or `Failed` with the reason (the
+//!   answer is then 400 with the same message). An interrupted transfer leaves it
+//!   `UploadReady` for another try (503 when the node's agent cannot be reached).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -86,6 +89,8 @@ struct Service {
     dirs: Dirs,
     ttl: u64,
     busy: Mutex<HashSet<String>>,
+    /// The agents' endpoint token, to stream uploads of node-local volumes to their node.
+    agent_token: Option<String>,
 }
 
 type Slot = Arc<OnceLock<Arc<Service>>>;
@@ -104,8 +109,9 @@ impl std::fmt::Debug for Handle {
 }
 
 impl Handle {
-    /// Start serving with `client` (a client of this very server).
-    pub fn set(&self, client: kube::Client) {
+    /// Start serving with `client` (a client of this very server); `agent_token` reaches the
+    /// node agents (uploads into node-local volumes are streamed to their node).
+    pub fn set(&self, client: kube::Client, agent_token: Option<String>) {
         let Some(key) = self.key.lock().expect("lock").take() else {
             return;
         };
@@ -116,6 +122,7 @@ impl Handle {
             dirs: Dirs::under(&self.opts.data_dir),
             ttl: self.opts.token_ttl.as_secs().max(1),
             busy: Mutex::new(HashSet::new()),
+            agent_token,
         }));
     }
 }
@@ -349,41 +356,53 @@ async fn upload(
         stop.clone(),
     ));
     let _stop_ticker = AbortOnDrop(ticker.abort_handle());
-    let received = receive(body, &scratch, upload_limit(capacity), length, &progress).await;
+    let on_node = match pv.as_ref().map(super::nodes::placement) {
+        Some(super::nodes::Placement::Node { node, volume }) => Some((node, volume)),
+        _ => None,
+    };
+    let received = match on_node {
+        Some((node, volume)) => {
+            Err(forward(&svc, &node, &volume, body, capacity, length, &progress).await?)
+        }
+        None => Ok(receive(body, &scratch, upload_limit(capacity), length, &progress).await),
+    };
     let result = match received {
-        Err(Received::Interrupted(m)) => {
-            let _ = std::fs::remove_dir_all(&scratch);
-            return Err(Failure::new(
-                400,
-                format!("the upload was interrupted: {m}"),
-            ));
-        }
-        Err(Received::TooLarge(n)) => Err(format!(
-            "image refused: the upload exceeds {n} bytes, more than a PVC of {capacity} bytes can hold"
-        )),
-        Ok(file) => {
-            let out = async {
-                let target = match pv.as_ref() {
-                    Some(pv) => super::block::target(pv, &path).await?,
-                    None => image_of(&path),
-                };
-                let image = importer::decompress_if_needed(
-                    &file,
-                    &scratch.join("image"),
-                    upload_limit(capacity),
-                )
-                .await?;
-                // Checked like any import (format from its header, self-contained, within
-                // the claim), never copied as it is.
-                let info = importer::inspect(&image, capacity).await?;
-                importer::write_raw(&image, &info.format, &target, capacity, |p| {
-                    set_progress(&progress, importer::convert_progress(p))
-                })
-                .await
+        Err(forwarded) => forwarded,
+        Ok(received) => match received {
+            Err(Received::Interrupted(m)) => {
+                let _ = std::fs::remove_dir_all(&scratch);
+                return Err(Failure::new(
+                    400,
+                    format!("the upload was interrupted: {m}"),
+                ));
             }
-            .await;
-            out.map_err(|e| e.to_string())
-        }
+            Err(Received::TooLarge(n)) => Err(format!(
+                "image refused: the upload exceeds {n} bytes, more than a PVC of {capacity} bytes can hold"
+            )),
+            Ok(file) => {
+                let out = async {
+                    let target = match pv.as_ref() {
+                        Some(pv) => super::block::target(pv, &path).await?,
+                        None => image_of(&path),
+                    };
+                    let image = importer::decompress_if_needed(
+                        &file,
+                        &scratch.join("image"),
+                        upload_limit(capacity),
+                    )
+                    .await?;
+                    // Checked like any import (format from its header, self-contained, within
+                    // the claim), never copied as it is.
+                    let info = importer::inspect(&image, capacity).await?;
+                    importer::write_raw(&image, &info.format, &target, capacity, |p| {
+                        set_progress(&progress, importer::convert_progress(p))
+                    })
+                    .await
+                }
+                .await;
+                out.map_err(|e| e.to_string())
+            }
+        },
     };
     let _ = std::fs::remove_dir_all(&scratch);
     // Let a progress write in flight land before the final status.
@@ -479,9 +498,94 @@ async fn report_progress(
     }
 }
 
+#[derive(Debug, Clone)]
 enum Received {
     Interrupted(String),
     TooLarge(u64),
+}
+
+/// Streams the upload `body` to the agent of `node`, which writes it into its volume
+/// `volume`: the transfer is the first half of `progress` (counted here, at most
+/// [`upload_limit`] bytes), the node's conversion the second. `Ok(Err(message))` when the
+/// image failed (the DataVolume fails); `Err` when the transfer broke (it stays
+/// `UploadReady`).
+async fn forward(
+    svc: &Service,
+    node: &str,
+    volume: &str,
+    body: Body,
+    capacity: u64,
+    length: Option<u64>,
+    progress: &Arc<AtomicU64>,
+) -> Result<Result<(), String>, Failure> {
+    let node_obj = Api::<k8s_openapi::api::core::v1::Node>::all(svc.client.clone())
+        .get_opt(node)
+        .await
+        .map_err(kube_failure)?
+        .ok_or_else(|| Failure::new(503, format!("node {node} of the volume does not exist")))?;
+    let token = svc
+        .agent_token
+        .as_deref()
+        .ok_or_else(|| Failure::new(503, "the upload proxy has no token for the node agents"))?;
+    let storage = ferrovirt_agent::nodestore::client::NodeStorage::of(&node_obj, token)
+        .map_err(|e| Failure::new(503, e.to_string()))?;
+    let limit = upload_limit(capacity);
+    let broke: Arc<Mutex<Option<Received>>> = Arc::new(Mutex::new(None));
+    let counted = {
+        let (progress, broke) = (progress.clone(), broke.clone());
+        let mut total = 0u64;
+        body.into_data_stream().map(move |chunk| {
+            let stop = |r: Received| {
+                *broke.lock().expect("lock") = Some(r);
+                Err(std::io::Error::other("upload stopped"))
+            };
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => return stop(Received::Interrupted(e.to_string())),
+            };
+            total += chunk.len() as u64;
+            if total > limit {
+                return stop(Received::TooLarge(limit));
+            }
+            if let Some(p) = importer::download_progress(total, length) {
+                set_progress(&progress, p);
+            }
+            Ok(chunk)
+        })
+    };
+    let body = ferrovirt_agent::nodestore::client::stream_body(counted);
+    let answer = storage
+        .upload(volume, capacity, limit, body, |p| set_progress(progress, p))
+        .await;
+    let broke = broke.lock().expect("lock").take();
+    match (broke, answer) {
+        (Some(Received::TooLarge(n)), _) => Ok(Err(format!(
+            "image refused: the upload exceeds {n} bytes, more than a PVC of {capacity} bytes can hold"
+        ))),
+        (Some(Received::Interrupted(m)), _) => Err(Failure::new(
+            400,
+            format!("the upload was interrupted: {m}"),
+        )),
+        (None, Ok(Ok(()))) => Ok(Ok(())),
+        (None, Ok(Err(f))) => Ok(Err(f.message)),
+        (
+            None,
+            Err(ferrovirt_agent::nodestore::NodeStoreError::Answer {
+                status: 413,
+                message,
+                ..
+            }),
+        ) => Ok(Err(message)),
+        (
+            None,
+            Err(ferrovirt_agent::nodestore::NodeStoreError::Answer {
+                status: 409,
+                message,
+                ..
+            }),
+        ) => Err(Failure::new(400, message)),
+        (None, Err(e)) => Err(Failure::new(503, e.to_string())),
+    }
 }
 
 /// Streams `body` into `<scratch>/upload` (at most `limit` bytes); the transfer is the first
