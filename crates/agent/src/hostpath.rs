@@ -85,7 +85,8 @@ pub fn check_lexical(path: &Path, policy: &HostPathPolicy, ours: bool) -> Result
 
 /// Whether a PV at `path` with provisioner annotation `provisioned_by` was made by our
 /// provisioners: the annotation names one and the path has their layout, a volume directory
-/// directly in a `volumes/` root (shared) or in `local-volumes/<node>/` (local). A standalone
+/// directly in a `volumes/` root (shared, and local ones in an agent's data dir) or in
+/// `local-volumes/<node>/` (local volumes of earlier versions, made by the server). A standalone
 /// agent does not know the server's data dir, so the layout, not the location, is checked;
 /// such PVs still get the system-tree, symlink and device checks.
 pub fn made_by_us(path: &Path, provisioned_by: Option<&str>) -> bool {

@@ -15,6 +15,8 @@
 //! request can name a path outside it (clone sources from shared storage excepted, see
 //! [`Source::SharedImage`]).
 
+#[cfg(test)]
+mod attack_tests;
 pub mod client;
 pub mod server;
 
