@@ -1,7 +1,8 @@
 //! Node-local storage done by the node's agent (docs/storage.md): two agents, each in its own
 //! mount namespace with a private tmpfs over its data dir that the server cannot see, and a
 //! server without an agent of its own. DataVolumes import the test guest's `disk.qcow2` over
-//! HTTP (from a file server on 127.0.0.1) into `local`-class claims on each node; the import
+//! HTTP (from a file server on 127.0.0.1) into `local`-class claims on each node, and from an
+//! OCI registry on 127.0.0.1 into one on node-b; the import
 //! address policy holds on the node (127.0.0.2 is refused: only 127.0.0.1/32 is allowed); an
 //! upload (`ferrovirt image-upload`) is streamed to the node and converted there; a blank
 //! volume is made and grown, and a same-node clone copied, on the nodes; a cross-node clone
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ferrovirt_testkit::mountns::MountNsAgent;
-use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest, serve_files};
+use ferrovirt_testkit::{Cluster, ClusterOptions, Registry, TestGuest, serve_files};
 use serde_json::Value;
 
 const IMPORT: Duration = Duration::from_secs(90);
@@ -124,10 +125,24 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
         )?;
     }
     let base = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])?;
+    let reg = Registry::start()?;
+    reg.push_disk("fv/guest", "v1", &guest.disk_qcow2, "disk.qcow2", false)?;
+    c.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: kubevirt-hyperconverged}}\n---\n\
+         apiVersion: hco.kubevirt.io/v1beta1\nkind: HyperConverged\n\
+         metadata: {{name: kubevirt-hyperconverged, namespace: kubevirt-hyperconverged}}\n\
+         spec:\n  storageImport:\n    insecureRegistries: [\"{}\"]\n",
+        reg.addr
+    ))?;
     let http = format!("    http: {{url: \"{base}/disk.qcow2\"}}\n");
     let mut manifests = dv("root-a", "node-a", &http, "64Mi");
     manifests.push_str(&dv("root-b", "node-b", &http, "64Mi"));
     manifests.push_str(&dv("blank-a", "node-a", "    blank: {}\n", "16Mi"));
+    let registry = format!(
+        "    registry: {{url: \"docker://{}/fv/guest:v1\"}}\n",
+        reg.addr
+    );
+    manifests.push_str(&dv("reg-b", "node-b", &registry, "64Mi"));
     let port = base.rsplit(':').next().unwrap_or_default();
     let hostile = format!("    http: {{url: \"http://127.0.0.2:{port}/disk.qcow2\"}}\n");
     manifests.push_str(&dv("ssrf-b", "node-b", &hostile, "64Mi"));
@@ -221,6 +236,11 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
     };
     let (_, root_b_dir, _) = volume_of(&c, "root-b")?;
     assert_eq!(sum(&b, &copy_dir)?, sum(&b, &root_b_dir)?);
+    // The registry import made the same disk on node-b.
+    wait_phase(&c, "reg-b", "Succeeded")?;
+    let (_, reg_dir, _) = volume_of(&c, "reg-b")?;
+    assert!(reg_dir.starts_with(&b.data_dir) && !reg_dir.exists());
+    assert_eq!(sum(&b, &reg_dir)?, sum(&b, &root_b_dir)?);
     let (_, up_dir, _) = volume_of(&c, "up-a")?;
     let (_, root_a_dir, _) = volume_of(&c, "root-a")?;
     assert!(up_dir.starts_with(&a.data_dir), "{}", up_dir.display());
@@ -262,7 +282,7 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
 
     // The server's filesystem has no trace of the node-local volumes.
     let mut names = Vec::new();
-    for claim in ["root-a", "root-b", "blank-a", "copy-b", "up-a"] {
+    for claim in ["root-a", "root-b", "blank-a", "copy-b", "up-a", "reg-b"] {
         let (pv, dir, _) = volume_of(&c, claim)?;
         assert!(
             find_named(c.dir.path(), &pv).is_empty(),
@@ -294,6 +314,7 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
         "copy-a",
         "up-a",
         "ssrf-b",
+        "reg-b",
         "-n",
         "default",
         "--wait=false",
