@@ -2,7 +2,7 @@
 //! StorageProfiles ([`classes`]), the PVC binder/provisioner ([`pvc`] decides,
 //! [`pvc_loop`] applies, and reclaims released volumes), and the CDI DataVolume controller
 //! ([`datavolume`] decides, [`dv_loop`] creates the claim and runs imports, clones and blank
-//! volumes in tasks; `upload` sources wait in `UploadReady` for [`upload_api`], CDI's
+//! volumes in tasks, prepared by `dv_work`; `upload` sources wait in `UploadReady` for [`upload_api`], CDI's
 //! UploadTokenRequest and upload proxy served by the API server, tokens in [`upload_token`]),
 //! DataSources ([`datasource`]: Ready condition, `sourceRef` resolution), Block-mode volumes
 //! on loop devices ([`block`]) and PVC expansion ([`expansion`]). Volume data lives in
@@ -15,6 +15,7 @@ pub mod classes;
 pub mod datasource;
 pub mod datavolume;
 pub mod dv_loop;
+mod dv_work;
 pub mod expansion;
 pub mod nodes;
 pub mod pvc;
