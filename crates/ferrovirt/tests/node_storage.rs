@@ -2,7 +2,8 @@
 //! mount namespace with a private tmpfs over its data dir that the server cannot see, and a
 //! server without an agent of its own. DataVolumes import the test guest's `disk.qcow2` over
 //! HTTP (from a file server on 127.0.0.1) into `local`-class claims on each node, and from an
-//! OCI registry on 127.0.0.1 into one on node-b; the import
+//! OCI registry on 127.0.0.1 into one on node-b; a wrong checksum and a qcow2 with a backing
+//! file fail there with their reasons; the import
 //! address policy holds on the node (127.0.0.2 is refused: only 127.0.0.1/32 is allowed); an
 //! upload (`ferrovirt image-upload`) is streamed to the node and converted there; a blank
 //! volume is made and grown, and a same-node clone copied, on the nodes; a cross-node clone
@@ -124,7 +125,27 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
             },
         )?;
     }
-    let base = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])?;
+    // A qcow2 whose backing file is a host file: refused on the node like anywhere.
+    let evil = c.dir.path().join("evil.qcow2");
+    let made = std::process::Command::new("qemu-img")
+        .args([
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "raw",
+            "-b",
+            "/etc/passwd",
+        ])
+        .arg(&evil)
+        .arg("16M")
+        .status()?;
+    anyhow::ensure!(made.success(), "qemu-img create failed");
+    let base = serve_files(vec![
+        ("disk.qcow2".into(), guest.disk_qcow2.clone()),
+        ("evil.qcow2".into(), evil),
+    ])?;
     let reg = Registry::start()?;
     reg.push_disk("fv/guest", "v1", &guest.disk_qcow2, "disk.qcow2", false)?;
     c.apply(&format!(
@@ -135,7 +156,22 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
         reg.addr
     ))?;
     let http = format!("    http: {{url: \"{base}/disk.qcow2\"}}\n");
-    let mut manifests = dv("root-a", "node-a", &http, "64Mi");
+    let sum_of = |p: &Path| -> anyhow::Result<String> {
+        let out = std::process::Command::new("sha256sum").arg(p).output()?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_string())
+    };
+    let good = sum_of(&guest.disk_qcow2)?;
+    let checked = |sum: &str| {
+        format!("    http: {{url: \"{base}/disk.qcow2\", checksum: \"sha256:{sum}\"}}\n")
+    };
+    let mut manifests = dv("root-a", "node-a", &checked(&good), "64Mi");
+    manifests.push_str(&dv("badsum-a", "node-a", &checked(&"0".repeat(64)), "64Mi"));
+    let evil_src = format!("    http: {{url: \"{base}/evil.qcow2\"}}\n");
+    manifests.push_str(&dv("evil-b", "node-b", &evil_src, "64Mi"));
     manifests.push_str(&dv("root-b", "node-b", &http, "64Mi"));
     manifests.push_str(&dv("blank-a", "node-a", "    blank: {}\n", "16Mi"));
     let registry = format!(
@@ -176,6 +212,16 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
         Ok((v["status"]["phase"] == "Failed").then_some(v))
     })?;
     assert!(refused.to_string().contains("loopback"), "{refused}");
+    for (name, reason) in [
+        ("badsum-a", "checksum mismatch"),
+        ("evil-b", "backing file"),
+    ] {
+        let failed = c.wait_until(&format!("{name} failed"), IMPORT, || {
+            let v = c.get_json(&["dv", name, "-n", "default"])?;
+            Ok((v["status"]["phase"] == "Failed").then_some(v))
+        })?;
+        assert!(failed.to_string().contains(reason), "{failed}");
+    }
 
     // The node's agent grows its volume.
     c.kubectl_ok(&[
@@ -315,6 +361,8 @@ fn node_agents_import_boot_and_delete_their_own_volumes() -> anyhow::Result<()> 
         "up-a",
         "ssrf-b",
         "reg-b",
+        "badsum-a",
+        "evil-b",
         "-n",
         "default",
         "--wait=false",
