@@ -167,8 +167,11 @@ async fn delete_volume(State(st): State<Arc<StorageState>>, Path(name): Path<Str
     let root = st.root();
     let scratch = scratch_root(&st.data_dir).join(&name);
     let done = blocking(move || {
-        if dir.is_dir() {
-            block::detach_all(&image_of(&dir))?;
+        if dir.is_dir()
+            && let Err(e) = block::detach_all(&image_of(&dir))
+        {
+            // Removing the file still frees it once the device goes.
+            tracing::warn!(volume = %name, error = %e, "detaching loop devices failed");
         }
         root.delete(&name)?;
         let _ = std::fs::remove_dir_all(&scratch);
