@@ -5,7 +5,6 @@
 //! Unknown or evicts VMIs bound to unresponsive or NoExecute-tainted nodes, with Events.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -15,6 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
+use ferrovirt_api::fencing::vmi_fencing;
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, vmi_condition};
 
 use super::events::{EventRecorder, object_ref};
@@ -23,7 +23,7 @@ use super::stores::{Kind, Stores};
 use crate::conditions;
 use crate::error::ControllerError;
 use crate::node_lifecycle::{
-    NODE_LEASE_NAMESPACE, NodeLifecycleOptions, VmiNodeAction, can_run_elsewhere, decide_node,
+    NODE_LEASE_NAMESPACE, NodeLifecycleOptions, REASON_FENCED, VmiNodeAction, decide_node,
     decide_vmi,
 };
 use crate::scheduler::is_bound;
@@ -79,7 +79,6 @@ async fn pass(
     let now = Timestamp::now();
     let mut next = opts.resync;
     let mut vmis_cache: Option<Vec<VirtualMachineInstance>> = None;
-    let mut pvc_cache: HashMap<String, Option<Vec<String>>> = HashMap::new();
     for node in &node_list {
         let Some(name) = node.metadata.name.clone() else {
             continue;
@@ -151,43 +150,34 @@ async fn pass(
             .flatten()
             .filter(|v| is_bound(v) == Some(name.as_str()))
         {
-            let ns = vmi
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into());
-            let mut claims = Vec::new();
-            for v in vmi
-                .spec
-                .as_ref()
-                .and_then(|s| s.volumes.as_ref())
-                .into_iter()
-                .flatten()
-            {
-                let claim = v
-                    .persistent_volume_claim
-                    .as_ref()
-                    .map(|p| p.claim_name.clone())
-                    .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()));
-                claims.extend(claim);
+            let action = decide_vmi(vmi, node, &decision, vmi_fencing(vmi), now);
+            if let VmiNodeAction::Fail { .. } = action {
+                // A replacement is for good: decide again on the VMI as the API has it now
+                // (the cache may not have seen the agent announce a launcher yet).
+                let Some(fresh) = fresh_vmi(client, vmi).await? else {
+                    continue;
+                };
+                let action = decide_vmi(&fresh, node, &decision, vmi_fencing(&fresh), now);
+                apply_vmi_action(client, recorder, &fresh, &action).await?;
+            } else {
+                apply_vmi_action(client, recorder, vmi, &action).await?;
             }
-            for c in claims {
-                if let Entry::Vacant(slot) = pvc_cache.entry(format!("{ns}/{c}")) {
-                    let modes = stores
-                        .pvc(&ns, &c)
-                        .and_then(|p| p.spec.clone())
-                        .and_then(|s| s.access_modes);
-                    slot.insert(modes);
-                }
-            }
-            let relocatable = can_run_elsewhere(vmi, |claim| {
-                pvc_cache.get(&format!("{ns}/{claim}")).cloned().flatten()
-            });
-            let action = decide_vmi(vmi, node, &decision, relocatable, now);
-            apply_vmi_action(client, recorder, vmi, &action).await?;
         }
     }
     Ok(next)
+}
+
+/// The VMI as the API has it now (`None`: gone).
+async fn fresh_vmi(
+    client: &kube::Client,
+    vmi: &VirtualMachineInstance,
+) -> Result<Option<VirtualMachineInstance>, ControllerError> {
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let name = vmi.metadata.name.as_deref().unwrap_or("");
+    let api: Api<Vmi> = Api::namespaced(client.clone(), ns);
+    let fresh = api.get_opt(name).await?.map(|v| v.0);
+    // Another VMI of that name (already replaced) is not the one decided about.
+    Ok(fresh.filter(|f| f.metadata.uid == vmi.metadata.uid))
 }
 
 /// The finalizer node agents keep on the VMIs they run (see `ferrovirt_agent::decide`).
@@ -218,7 +208,9 @@ async fn apply_vmi_action(
             recorder.record(&reference, true, reason, message).await;
             return Ok(());
         }
-        VmiNodeAction::Fail { reason, message } => ("Failed", reason, message),
+        VmiNodeAction::Fail {
+            reason, message, ..
+        } => ("Failed", reason, message),
         VmiNodeAction::MarkUnknown { reason, message } => ("Unknown", reason, message),
     };
     let mut conds = vmi
@@ -233,9 +225,10 @@ async fn apply_vmi_action(
     );
     let mut patch = json!({"status": {"phase": phase, "reason": reason, "conditions": conds}});
     if phase == "Failed" {
-        // The dead node's agent can no longer release the VMI: it fenced itself (stopped its
-        // VMs) after its lease duration, which is shorter than the eviction grace that led
-        // here. Drop its finalizer so the VM controller can replace the VMI elsewhere.
+        // The dead node's agent can no longer release the VMI: its launcher fenced itself
+        // (killed QEMU) at the lease's fence deadline, which the margin that led here lies
+        // behind (or no launcher was ever started). Drop the agent's finalizer so the VM
+        // controller can replace the VMI elsewhere.
         let finalizers: Vec<String> = vmi
             .metadata
             .finalizers
@@ -255,6 +248,13 @@ async fn apply_vmi_action(
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
         Err(e) => return Err(e.into()),
+    }
+    if let VmiNodeAction::Fail {
+        fenced: Some(fenced),
+        ..
+    } = action
+    {
+        recorder.record(&reference, true, REASON_FENCED, fenced).await;
     }
     recorder.record(&reference, true, reason, message).await;
     Ok(())
