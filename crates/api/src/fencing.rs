@@ -189,8 +189,10 @@ mod tests {
 
     #[test]
     fn fenceable_needs_a_restarting_vm_and_movable_disks() {
-        let shared = vmi(serde_json::json!({"metadata": {"name": "a"}, "spec": {"domain": {},
-            "volumes": [{"name": "r", "persistentVolumeClaim": {"claimName": "c"}}]}}));
+        let shared = vmi(
+            serde_json::json!({"metadata": {"name": "a"}, "spec": {"domain": {},
+            "volumes": [{"name": "r", "persistentVolumeClaim": {"claimName": "c"}}]}}),
+        );
         let rwx = |_: &str| Some(vec!["ReadWriteMany".to_string()]);
         let rwo = |_: &str| Some(vec!["ReadWriteOnce".to_string()]);
         assert!(fenceable(&shared, Some(RunStrategy::Always), rwx));
@@ -205,8 +207,10 @@ mod tests {
         }
         assert!(!fenceable(&shared, None, rwx), "a VMI without a VM");
         assert!(!fenceable(&shared, Some(RunStrategy::Always), rwo));
-        let host = vmi(serde_json::json!({"metadata": {"name": "h"}, "spec": {"domain": {},
-            "volumes": [{"name": "r", "hostDisk": {"path": "/x", "type": "Disk"}}]}}));
+        let host = vmi(
+            serde_json::json!({"metadata": {"name": "h"}, "spec": {"domain": {},
+            "volumes": [{"name": "r", "hostDisk": {"path": "/x", "type": "Disk"}}]}}),
+        );
         assert!(!fenceable(&host, Some(RunStrategy::Always), rwx));
     }
 
@@ -234,8 +238,14 @@ mod tests {
             lease_duration_seconds: l,
             fence_margin_seconds: m,
         };
-        assert_eq!(t(3, 4).validate().unwrap_err().field, "leaseDurationSeconds");
-        assert_eq!(t(4000, 4).validate().unwrap_err().field, "leaseDurationSeconds");
+        assert_eq!(
+            t(3, 4).validate().unwrap_err().field,
+            "leaseDurationSeconds"
+        );
+        assert_eq!(
+            t(4000, 4).validate().unwrap_err().field,
+            "leaseDurationSeconds"
+        );
         assert_eq!(t(8, 1).validate().unwrap_err().field, "fenceMarginSeconds");
         assert_eq!(t(8, 0).validate().unwrap_err().field, "fenceMarginSeconds");
         assert!(t(4, 2).validate().is_ok());

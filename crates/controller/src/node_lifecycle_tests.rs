@@ -1,8 +1,8 @@
 //! Unit tests of [`super`]: lease expiry, conditions, taints, VMI failure and eviction.
 
 use super::*;
-use ferrovirt_api::fencing::VmiFencing;
 use crate::scheduler::testutil::{node, vmi};
+use ferrovirt_api::fencing::VmiFencing;
 use ferrovirt_api::kubevirt::volumes::{DataVolumeSource, HostDiskSource, PvcVolumeSource, Volume};
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::api::core::v1::Toleration;
@@ -188,7 +188,10 @@ fn vmis_on_dead_nodes() {
         } => {
             assert_eq!(reason, REASON_NODE_UNRESPONSIVE);
             assert!(fenced.contains("by 1970-01-01T00:00:08Z"), "{fenced}");
-            assert!(fenced.contains("renewed at 1970-01-01T00:00:00Z"), "{fenced}");
+            assert!(
+                fenced.contains("renewed at 1970-01-01T00:00:00Z"),
+                "{fenced}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -240,7 +243,11 @@ fn never_replaced_before_the_fence_deadline_plus_margin() {
                 let d = decide_node(&n, Some(&l), ts(t), &o);
                 let deadline = 1000 + i64::from(duration);
                 let margin = i64::try_from(margin).unwrap();
-                assert_eq!(d.fail_vmis, t >= deadline + margin, "{duration} {margin} {t}");
+                assert_eq!(
+                    d.fail_vmis,
+                    t >= deadline + margin,
+                    "{duration} {margin} {t}"
+                );
                 let running = vmi("v").bound("n1", VmiPhase::Running).build();
                 let action = decide_vmi(&running, &n, &d, VmiFencing::Enabled, ts(t));
                 assert_eq!(

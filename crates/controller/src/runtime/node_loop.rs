@@ -254,7 +254,9 @@ async fn apply_vmi_action(
         ..
     } = action
     {
-        recorder.record(&reference, true, REASON_FENCED, fenced).await;
+        recorder
+            .record(&reference, true, REASON_FENCED, fenced)
+            .await;
     }
     recorder.record(&reference, true, reason, message).await;
     Ok(())
