@@ -424,12 +424,11 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let (ns, name) = ns_name(vmi);
         // VMIs have no /status subresource (as in KubeVirt): status is written on the object.
+        // The uid is a precondition: a decision about an older VMI of the same name (say,
+        // one this agent fenced while it was stopped) never lands on its replacement.
+        let patch = json!({"metadata": {"uid": vmi.metadata.uid}, "status": status});
         self.vmi_api(&ns)
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": status})),
-            )
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kube_err)?;
         Ok(())
@@ -619,7 +618,7 @@ impl Agent {
         let (ns, name) = ns_name(vmi);
         // Announced before the launcher exists: the node controller replaces a VMI of a dead
         // node only when its launcher fences itself (or none was started).
-        let announce = json!({"metadata": {"annotations": {
+        let announce = json!({"metadata": {"uid": vmi.metadata.uid, "annotations": {
             ferrovirt_api::fencing::FENCING_ANNOTATION: crate::fencing::announcement(fence.as_ref())
         }}});
         self.vmi_api(&ns)
@@ -765,7 +764,9 @@ impl Agent {
                 }
                 Action::Annotate(annotations) => {
                     let (ns, name) = ns_name(&vmi);
-                    let patch = json!({"metadata": {"annotations": annotations}});
+                    let patch = json!({"metadata": {
+                        "uid": vmi.metadata.uid, "annotations": annotations
+                    }});
                     if let Err(e) = self
                         .vmi_api(&ns)
                         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))

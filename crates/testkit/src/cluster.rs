@@ -224,6 +224,16 @@ impl Cluster {
         Ok(())
     }
 
+    /// The process id of the extra agent `node` (to stop, continue or kill the agent alone;
+    /// its launchers and QEMUs are processes of their own).
+    pub fn agent_pid(&self, node: &str) -> Option<u32> {
+        self.agents
+            .iter()
+            .rev()
+            .find(|(n, _)| n == node)
+            .map(|(_, c)| c.id())
+    }
+
     /// The data dir of the extra agent `node` (VMI directories under `vmis/<uid>`).
     pub fn extra_agent_dir(&self, node: &str) -> PathBuf {
         self.dir.path().join(format!("agent-{node}"))

@@ -223,7 +223,11 @@ async fn apply_vmi_action(
         conditions::condition(vmi_condition::READY, false, Some(reason), Some(message)),
         &Time(Timestamp::now()),
     );
-    let mut patch = json!({"status": {"phase": phase, "reason": reason, "conditions": conds}});
+    // The uid is a precondition: never a write into a newer VMI of the same name.
+    let mut patch = json!({
+        "metadata": {"uid": vmi.metadata.uid},
+        "status": {"phase": phase, "reason": reason, "conditions": conds}
+    });
     if phase == "Failed" {
         // The dead node's agent can no longer release the VMI: its launcher fenced itself
         // (killed QEMU) at the lease's fence deadline, which the margin that led here lies
@@ -238,7 +242,7 @@ async fn apply_vmi_action(
             .cloned()
             .collect();
         if finalizers.len() != vmi.metadata.finalizers.as_ref().map_or(0, Vec::len) {
-            patch["metadata"] = json!({"finalizers": finalizers});
+            patch["metadata"]["finalizers"] = json!(finalizers);
         }
     }
     match api
@@ -246,7 +250,7 @@ async fn apply_vmi_action(
         .await
     {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 409 => return Ok(()),
         Err(e) => return Err(e.into()),
     }
     if let VmiNodeAction::Fail {
