@@ -99,10 +99,10 @@ pub fn fence_spec(
     if !fencing::fenceable(vmi, inputs.run_strategy, modes) {
         return Ok(None);
     }
-    let deadline = inputs
+    let initial = inputs
         .last_renewal
-        .map(Heartbeat::deadline_ms)
-        .filter(|d| *d > inputs.now_ms)
+        .filter(|hb| hb.deadline_ms() > inputs.now_ms)
+        .cloned()
         .ok_or_else(|| {
             AgentError::Reference(
                 "the node's lease is not confirmed: a self-fencing VM cannot start".into(),
@@ -121,10 +121,59 @@ pub fn fence_spec(
         .collect();
     Ok(Some(FenceSpec {
         heartbeat: heartbeat_path(inputs.data_dir),
-        initial_deadline_ms: deadline,
+        initial,
         node: inputs.node.to_string(),
         storage_leases,
     }))
+}
+
+/// The lease duration (seconds) the HyperConverged objects ask for (`spec.nodeFailure`), or
+/// `None` when none sets it.
+pub fn configured_lease_seconds(hcos: &[Value]) -> Option<u32> {
+    hcos.iter()
+        .any(|h| h.pointer("/spec/nodeFailure").is_some())
+        .then(|| ferrovirt_api::hco::node_failure_timing(hcos).lease_duration_seconds)
+}
+
+/// Follows the HyperConverged objects with a watch (no polling) and stores the configured
+/// lease duration in `lease_seconds` (`default` when none sets it). Runs until dropped.
+pub async fn follow_lease_duration(
+    client: Client,
+    lease_seconds: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    default: u32,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("hco.kubevirt.io", "v1beta1", "HyperConverged"),
+        "hyperconvergeds",
+    );
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let writer = reflector::store::Writer::<DynamicObject>::new(ar);
+    let store = writer.as_reader();
+    let mut events = std::pin::pin!(
+        reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+    );
+    let apply = |store: &reflector::Store<DynamicObject>| {
+        let hcos: Vec<Value> = store
+            .state()
+            .iter()
+            .map(|o| serde_json::to_value(&**o).unwrap_or(Value::Null))
+            .collect();
+        let secs = configured_lease_seconds(&hcos).unwrap_or(default);
+        let old = lease_seconds.swap(secs, std::sync::atomic::Ordering::SeqCst);
+        if old != secs {
+            tracing::info!("node lease duration now {secs} s (HyperConverged spec.nodeFailure)");
+        }
+    };
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(_) => apply(&store),
+            Err(e) => tracing::debug!("watching hyperconvergeds: {e}"),
+        }
+    }
 }
 
 /// The value of the VMI's `ferrovirt.io/fencing` announcement for a launcher with `spec`.
@@ -149,6 +198,16 @@ mod tests {
             "spec": {"domain": {}, "volumes": [
                 {"name": "r", "persistentVolumeClaim": {"claimName": claim}}]}}))
         .unwrap()
+    }
+
+    #[test]
+    fn lease_duration_from_hyperconverged() {
+        assert_eq!(configured_lease_seconds(&[]), None);
+        assert_eq!(configured_lease_seconds(&[json!({"spec": {}})]), None);
+        let hco = json!({"spec": {"nodeFailure": {"leaseDurationSeconds": 12}}});
+        assert_eq!(configured_lease_seconds(&[hco]), Some(12));
+        let defaulted = json!({"spec": {"nodeFailure": {"fenceMarginSeconds": 5}}});
+        assert_eq!(configured_lease_seconds(&[defaulted]), Some(8));
     }
 
     #[test]
@@ -194,7 +253,7 @@ mod tests {
         let s = fence_spec(&vmi("c"), &refs, &rwx, &inputs)
             .unwrap()
             .unwrap();
-        assert_eq!(s.initial_deadline_ms, 18_000);
+        assert_eq!(s.initial.deadline_ms(), 18_000);
         assert_eq!(s.heartbeat, Path::new("/var/lib/fv/heartbeat.json"));
         assert_eq!(s.storage_leases, vec![dir.path().join(".ferrovirt-lease")]);
         assert_eq!(announcement(Some(&s)), "enabled");

@@ -122,6 +122,9 @@ struct Agent {
     launchers: Mutex<Launchers>,
     /// VMIs with an operation (start/stop) in flight.
     busy: Mutex<HashSet<String>>,
+    /// The Lease duration in seconds: `opts.lease_duration` unless a HyperConverged object
+    /// sets `spec.nodeFailure.leaseDurationSeconds` ([`crate::fencing::follow_lease_duration`]).
+    lease_seconds: Arc<std::sync::atomic::AtomicU32>,
     /// The last successful Lease renewal, as written into the heartbeat file.
     last_renewal: std::sync::Mutex<Option<ferrovirt_launcher::fence::Heartbeat>>,
     /// The Lease as the last renewal wrote it (its resourceVersion guards the next one).
@@ -177,6 +180,9 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         launchers: Mutex::new(Launchers::default()),
         busy: Mutex::new(HashSet::new()),
         last_renewal: std::sync::Mutex::new(None),
+        lease_seconds: Arc::new(std::sync::atomic::AtomicU32::new(
+            u32::try_from(opts.lease_duration.as_secs()).unwrap_or(u32::MAX),
+        )),
         lease: Mutex::new(None),
         qemu_user: crate::isolation::ensure_qemu_user(),
         wake: tokio::sync::Notify::new(),
@@ -197,6 +203,11 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
             agent.net.run_overlay(client, name).await
         }
     });
+    tokio::spawn(crate::fencing::follow_lease_duration(
+        agent.client.clone(),
+        agent.lease_seconds.clone(),
+        u32::try_from(agent.opts.lease_duration.as_secs()).unwrap_or(u32::MAX),
+    ));
     let hb = tokio::spawn(heartbeat(agent.clone()));
     let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());
     let cache = writer.as_reader();
@@ -288,10 +299,10 @@ impl Agent {
 
     /// Renews the node's Lease: one `PUT` of the Lease the last renewal returned; a `GET`
     /// (or create) only when there is none yet or the write was refused (a conflict).
-    /// Returns the `renewTime` written.
-    async fn renew_lease(&self) -> Result<Timestamp, AgentError> {
+    /// Writes `lease_seconds` as the duration; returns the `renewTime` written.
+    async fn renew_lease(&self, lease_seconds: u32) -> Result<Timestamp, AgentError> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
-        let secs = i32::try_from(self.opts.lease_duration.as_secs()).unwrap_or(15);
+        let secs = i32::try_from(lease_seconds).unwrap_or(i32::MAX);
         let now = now_ts();
         let mut cached = self.lease.lock().await;
         let current = match cached.take() {
@@ -326,13 +337,12 @@ impl Agent {
     }
 
     /// After a successful renewal: the heartbeat the launchers check, with the `renewTime`
-    /// the Lease got (not the time of this write).
-    fn record_renewal(&self, renewed: Timestamp) {
+    /// and duration the Lease got (not the time of this write).
+    fn record_renewal(&self, renewed: Timestamp, lease_seconds: u32) {
         let hb = ferrovirt_launcher::fence::Heartbeat {
             node: self.opts.node_name.clone(),
             renew_time_ms: renewed.as_millisecond(),
-            lease_duration_seconds: u32::try_from(self.opts.lease_duration.as_secs())
-                .unwrap_or(u32::MAX),
+            lease_duration_seconds: lease_seconds,
         };
         let path = crate::fencing::heartbeat_path(&self.opts.data_dir);
         if let Err(e) = ferrovirt_launcher::fence::write_heartbeat(&path, &hb) {
@@ -922,15 +932,20 @@ fn kube_err(e: kube::Error) -> AgentError {
 /// the heartbeat file. The Node's Ready condition is refreshed by another task.
 async fn heartbeat(agent: Arc<Agent>) {
     tokio::spawn(node_status(agent.clone()));
-    let mut tick = tokio::time::interval(agent.opts.renew_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        match tokio::time::timeout(agent.opts.lease_duration, agent.renew_lease()).await {
-            Ok(Ok(renewed)) => agent.record_renewal(renewed),
+        let started = tokio::time::Instant::now();
+        let secs = agent
+            .lease_seconds
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let lease = Duration::from_secs(u64::from(secs));
+        match tokio::time::timeout(lease, agent.renew_lease(secs)).await {
+            Ok(Ok(renewed)) => agent.record_renewal(renewed, secs),
             Ok(Err(e)) => tracing::warn!("lease renewal failed: {e}"),
             Err(_) => tracing::warn!("lease renewal timed out"),
         }
+        // At least four renewals per lease duration.
+        let every = agent.opts.renew_interval.min(lease / 4);
+        tokio::time::sleep_until(started + every).await;
     }
 }
 

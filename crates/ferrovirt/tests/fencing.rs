@@ -359,10 +359,17 @@ fn hung_agent_fences_movable_vms_keeps_local_ones_and_cleans_up_when_back() -> a
 #[test]
 fn dead_agent_fences_its_vms_before_they_are_replaced() -> anyhow::Result<()> {
     let c = two_nodes()?;
-    claim(&c, "mover", true)?;
+    let volume = claim(&c, "mover", true)?;
     c.apply(&vm("mover", "mover"))?;
     let uid = running_on_node2(&c, "mover")?;
     let pid = qemu_pid(&c, &uid).expect("the mover's QEMU");
+    // The shared disk's storage lease names its holder.
+    let lease = || -> Value {
+        serde_json::from_slice(&std::fs::read(volume.join(".ferrovirt-lease")).unwrap_or_default())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(lease()["node"], "node2");
+    assert_eq!(lease()["vmiUid"], uid.as_str());
     c.kubectl_ok(&["taint", "node", "node1", "hold-"])?;
     let poller = Poller::new(&c)?;
     // kill -9 of the agent alone, never restarted: the launcher and QEMU keep running.
@@ -372,6 +379,9 @@ fn dead_agent_fences_its_vms_before_they_are_replaced() -> anyhow::Result<()> {
     let r = watch_recovery(&c, &poller, "mover", &uid, pid, t0)?;
     let boot = boot_after(&c, &poller, "mover")?;
     report("agent kill -9", &r, boot);
+    // The replacement holds the storage lease now.
+    assert_eq!(lease()["node"], r.node.as_str());
+    assert_ne!(lease()["vmiUid"], uid.as_str());
     assert!(r.running < RECOVERY_GOAL, "recovery took {:?}", r.running);
     let exit = exit_reason(&c, &uid).expect("the fenced launcher's exit report");
     assert_eq!(exit["reason"], "Fenced", "{exit}");

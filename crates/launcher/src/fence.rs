@@ -65,9 +65,9 @@ impl Heartbeat {
 pub struct FenceSpec {
     /// The agent's heartbeat file.
     pub heartbeat: PathBuf,
-    /// The deadline from the agent's last successful renewal when it started this launcher
-    /// (used until a newer heartbeat is read), milliseconds since the Unix epoch.
-    pub initial_deadline_ms: i64,
+    /// The agent's last successful renewal when it started this launcher (used until a
+    /// newer heartbeat is read).
+    pub initial: Heartbeat,
     /// The node, written into storage leases.
     pub node: String,
     /// Storage lease files to hold (one per shared file-backed disk).
@@ -93,12 +93,14 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// The fence deadline: the latest of the initial one and the heartbeat's.
+/// The fence deadline: that of the latest renewal known, the heartbeat file's or the one
+/// the launcher was started with, each with its own duration (a shortened lease applies from
+/// the renewal that wrote it, exactly as the control plane reads it from the Lease).
 pub fn deadline(spec: &FenceSpec, heartbeat: Option<&Heartbeat>) -> i64 {
-    heartbeat
-        .map(Heartbeat::deadline_ms)
-        .unwrap_or(i64::MIN)
-        .max(spec.initial_deadline_ms)
+    match heartbeat {
+        Some(hb) if hb.renew_time_ms >= spec.initial.renew_time_ms => hb.deadline_ms(),
+        _ => spec.initial.deadline_ms(),
+    }
 }
 
 /// Reads the heartbeat (`None`: missing or unreadable; the last good deadline stands).
@@ -312,10 +314,15 @@ pub fn watch(spec: FenceSpec, vmi_uid: String, qemu_pid: u32) -> Watcher {
 mod tests {
     use super::*;
 
+    /// A spec started with a renewal whose deadline is `initial` (1 s lease).
     fn spec(dir: &Path, initial: i64) -> FenceSpec {
         FenceSpec {
             heartbeat: dir.join(HEARTBEAT_FILE),
-            initial_deadline_ms: initial,
+            initial: Heartbeat {
+                node: "n1".into(),
+                renew_time_ms: initial - 1000,
+                lease_duration_seconds: 1,
+            },
             node: "n1".into(),
             storage_leases: vec![dir.join(STORAGE_LEASE)],
         }
@@ -337,6 +344,14 @@ mod tests {
             ..hb.clone()
         };
         assert_eq!(deadline(&s, Some(&old)), 10_000);
+        // A shorter lease written by a newer renewal applies at once, even when the deadline
+        // it gives is earlier than the initial one.
+        let shorter = Heartbeat {
+            renew_time_ms: 9_500,
+            lease_duration_seconds: 0,
+            ..hb.clone()
+        };
+        assert_eq!(deadline(&s, Some(&shorter)), 9_500);
         write_heartbeat(&s.heartbeat, &hb).unwrap();
         assert_eq!(read_heartbeat(&s.heartbeat), Some(hb));
     }

@@ -5,6 +5,7 @@
 //! Unknown or evicts VMIs bound to unresponsive or NoExecute-tainted nodes, with Events.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -14,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
-use ferrovirt_api::fencing::vmi_fencing;
+use ferrovirt_api::fencing::{FenceTiming, vmi_fencing};
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, vmi_condition};
 
 use super::events::{EventRecorder, object_ref};
@@ -41,8 +42,11 @@ pub async fn run(
 ) -> Result<(), ControllerError> {
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
     let mut changes = stores.changes();
+    let configured = Arc::new(std::sync::Mutex::new(None));
+    tokio::spawn(follow_node_failure(client.clone(), configured.clone()));
     stores.ready().await;
     loop {
+        let opts = effective_options(&opts, *configured.lock().unwrap_or_else(|p| p.into_inner()));
         let wait = match pass(&client, &stores, &recorder, &opts).await {
             Ok(wait) => wait,
             Err(e) => {
@@ -52,6 +56,58 @@ pub async fn run(
         };
         // The next lease expiry, or sooner when a Node or Lease changes.
         let _ = tokio::time::timeout(wait, changes.wait_for(&[Kind::Node, Kind::Lease])).await;
+    }
+}
+
+/// The options with the HyperConverged's node failure timing (when one sets it): its margin,
+/// and its lease duration for nodes whose Lease does not say.
+fn effective_options(
+    opts: &NodeLifecycleOptions,
+    configured: Option<FenceTiming>,
+) -> NodeLifecycleOptions {
+    let mut o = opts.clone();
+    if let Some(t) = configured {
+        o.fence_margin = Duration::from_secs(u64::from(t.fence_margin_seconds));
+        o.default_lease_duration = Duration::from_secs(u64::from(t.lease_duration_seconds));
+    }
+    o
+}
+
+/// Follows the HyperConverged objects with a watch (no polling): `spec.nodeFailure` of the
+/// first that sets it, or `None`.
+async fn follow_node_failure(
+    client: kube::Client,
+    configured: Arc<std::sync::Mutex<Option<FenceTiming>>>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("hco.kubevirt.io", "v1beta1", "HyperConverged"),
+        "hyperconvergeds",
+    );
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client, &ar);
+    let writer = reflector::store::Writer::<kube::api::DynamicObject>::new(ar);
+    let store = writer.as_reader();
+    let mut events = std::pin::pin!(
+        reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+    );
+    while let Some(ev) = events.next().await {
+        if let Err(e) = ev {
+            tracing::debug!("watching hyperconvergeds: {e}");
+            continue;
+        }
+        let hcos: Vec<serde_json::Value> = store
+            .state()
+            .iter()
+            .map(|o| serde_json::to_value(&**o).unwrap_or_default())
+            .collect();
+        let set = hcos
+            .iter()
+            .any(|h| h.pointer("/spec/nodeFailure").is_some());
+        let timing = set.then(|| ferrovirt_api::hco::node_failure_timing(&hcos));
+        *configured.lock().unwrap_or_else(|p| p.into_inner()) = timing;
     }
 }
 
@@ -264,4 +320,24 @@ async fn apply_vmi_action(
     }
     recorder.record(&reference, true, reason, message).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hyperconverged_timing_overrides_the_options() {
+        let base = NodeLifecycleOptions::default();
+        let same = effective_options(&base, None);
+        assert_eq!(same.fence_margin, base.fence_margin);
+        let t = FenceTiming {
+            lease_duration_seconds: 20,
+            fence_margin_seconds: 6,
+        };
+        let o = effective_options(&base, Some(t));
+        assert_eq!(o.fence_margin, Duration::from_secs(6));
+        assert_eq!(o.default_lease_duration, Duration::from_secs(20));
+        assert_eq!(o.resync, base.resync);
+    }
 }
