@@ -5,12 +5,15 @@
 //! the old QEMU is gone before any replacement VMI exists (checked every ~50 ms, without
 //! relying on QEMU's image locking), and the VM runs on node1 within 20 s. A VM on a
 //! node-local claim on the hung node keeps running, turns Unknown and is never replaced; the
-//! agent that comes back cleans up the fenced VM and never restarts it.
+//! agent that comes back cleans up the fenced VM and never restarts it. A node cut off from
+//! the API server (its agent in a network namespace of its own, the link set down) fences
+//! the same way.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ferrovirt_testkit::cluster::{pids_matching, signal};
+use ferrovirt_testkit::cutoff::CutOffNode;
 use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::Value;
@@ -20,9 +23,22 @@ const BOOT: Duration = Duration::from_secs(180);
 const RECOVERY_GOAL: Duration = Duration::from_secs(20);
 
 fn two_nodes() -> anyhow::Result<Cluster> {
+    Ok(two_nodes_with_cut_off(false)?.0)
+}
+
+/// Two nodes; `cut_off`: node2's agent runs in a namespace of its own that the test can cut
+/// off from the API server.
+fn two_nodes_with_cut_off(cut_off: bool) -> anyhow::Result<(Cluster, Option<CutOffNode>)> {
     TestGuest::get()?;
     let mut c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
-    c.start_agent("node2")?;
+    let cut = if cut_off {
+        let n = CutOffNode::new(c.port)?;
+        c.start_agent_in("node2", &n.prefix(), &[])?;
+        Some(n)
+    } else {
+        c.start_agent("node2")?;
+        None
+    };
     c.wait_until("two Ready nodes", Duration::from_secs(60), || {
         let v = c.get_json(&["nodes"])?;
         let ready = v["items"]
@@ -41,7 +57,7 @@ fn two_nodes() -> anyhow::Result<Cluster> {
     })?;
     // The VMs start on node2; node1 is opened for the replacements once they run.
     c.kubectl_ok(&["taint", "node", "node1", "hold=yes:NoSchedule"])?;
-    Ok(c)
+    Ok((c, cut))
 }
 
 /// A claim holding the test guest's disk; `shared`: ReadWriteMany (usable from any node).
@@ -385,5 +401,32 @@ fn dead_agent_fences_its_vms_before_they_are_replaced() -> anyhow::Result<()> {
     assert!(r.running < RECOVERY_GOAL, "recovery took {:?}", r.running);
     let exit = exit_reason(&c, &uid).expect("the fenced launcher's exit report");
     assert_eq!(exit["reason"], "Fenced", "{exit}");
+    Ok(())
+}
+
+#[test]
+fn node_cut_off_from_the_api_server_fences_its_vms_before_they_are_replaced() -> anyhow::Result<()>
+{
+    let (c, cut) = two_nodes_with_cut_off(true)?;
+    let cut = cut.expect("a cut-off node");
+    claim(&c, "mover", true)?;
+    c.apply(&vm("mover", "mover"))?;
+    let uid = running_on_node2(&c, "mover")?;
+    let pid = qemu_pid(&c, &uid).expect("the mover's QEMU");
+    c.kubectl_ok(&["taint", "node", "node1", "hold-"])?;
+    let poller = Poller::new(&c)?;
+    // The link drops: agent, launcher and QEMU keep running, the API server is out of reach.
+    cut.cut()?;
+    let t0 = Instant::now();
+    let r = watch_recovery(&c, &poller, "mover", &uid, pid, t0)?;
+    let boot = boot_after(&c, &poller, "mover")?;
+    report("node cut off", &r, boot);
+    assert!(r.running < RECOVERY_GOAL, "recovery took {:?}", r.running);
+    let exit = exit_reason(&c, &uid).expect("the fenced launcher's exit report");
+    assert_eq!(exit["reason"], "Fenced", "{exit}");
+    // The agent is alive and still cut off: it renews nothing, and restarts nothing.
+    let agent = c.agent_pid("node2").expect("node2's agent");
+    assert!(alive(agent), "the cut-off agent died");
+    assert_eq!(qemu_pid(&c, &uid), None);
     Ok(())
 }

@@ -206,8 +206,26 @@ impl Cluster {
 
     /// Starts another node agent named `node` with its own data dir and `extra` arguments.
     pub fn start_agent_with(&mut self, node: &str, extra: &[&str]) -> anyhow::Result<()> {
+        self.start_agent_in(node, &[], extra)
+    }
+
+    /// Like [`start_agent_with`](Self::start_agent_with), run through a command `prefix`
+    /// (e.g. `ip netns exec NS`, which execs, so the agent keeps the child's pid).
+    pub fn start_agent_in(
+        &mut self,
+        node: &str,
+        prefix: &[String],
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
         let data = self.dir.path().join(format!("agent-{node}"));
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&self.binary);
+                c
+            }
+            None => Command::new(&self.binary),
+        };
         cmd.arg("agent")
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
