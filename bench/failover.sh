@@ -6,14 +6,15 @@
 # Each run is one end-to-end test of crates/ferrovirt/tests/fencing.rs (two nodes, real QEMU
 # under TCG, a runStrategy Always VM on a ReadWriteMany claim), which also asserts that no
 # replacement VMI ever exists while the old QEMU runs.
-# Modes: `sigstop` (the agent hangs), `kill` (the agent is killed with -9, not restarted).
-# Usage: bench/failover.sh [--runs 5] [--modes "sigstop kill"]
+# Modes: `sigstop` (the agent hangs), `kill` (the agent is killed with -9, not restarted),
+# `cutoff` (the agent runs in its own network namespace and the link to the API server drops).
+# Usage: bench/failover.sh [--runs 5] [--modes "sigstop kill cutoff"]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 
 RUNS=5
-MODES="sigstop kill"
+MODES="sigstop kill cutoff"
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS=$2; shift 2 ;;
@@ -26,6 +27,7 @@ test_of() {
   case "$1" in
     sigstop) echo hung_agent_fences_movable_vms_keeps_local_ones_and_cleans_up_when_back ;;
     kill) echo dead_agent_fences_its_vms_before_they_are_replaced ;;
+    cutoff) echo node_cut_off_from_the_api_server_fences_its_vms_before_they_are_replaced ;;
     *) echo "unknown mode $1" >&2; exit 2 ;;
   esac
 }
