@@ -329,6 +329,40 @@ fn hung_agent_fences_movable_vms_keeps_local_ones_and_cleans_up_when_back() -> a
         .map(|e| e["message"].as_str().unwrap_or_default().to_string())
         .unwrap_or_default();
     assert!(fenced_event.contains("stopped QEMU by"), "{events}");
+    // The node itself: NodeUnresponsive, with its timeline.
+    let node_events = c.get_json(&[
+        "events",
+        "-A",
+        "--field-selector",
+        "involvedObject.name=node2",
+    ])?;
+    assert!(
+        node_events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["reason"] == "NodeUnresponsive"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("self-fencing"))),
+        "{node_events}"
+    );
+    // The VM says why it replaced the VMI.
+    let vm_events = c.get_json(&[
+        "events",
+        "--field-selector",
+        "involvedObject.kind=VirtualMachine,involvedObject.name=mover",
+    ])?;
+    assert!(
+        vm_events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("reason: NodeUnresponsive"))),
+        "{vm_events}"
+    );
 
     // The node-local VM on the hung node: still running, Unknown, never replaced.
     let unknown = c.wait_until("the local VMI Unknown", Duration::from_secs(30), || {

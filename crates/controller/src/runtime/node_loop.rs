@@ -24,8 +24,8 @@ use super::stores::{Kind, Stores};
 use crate::conditions;
 use crate::error::ControllerError;
 use crate::node_lifecycle::{
-    NODE_LEASE_NAMESPACE, NodeLifecycleOptions, REASON_FENCED, VmiNodeAction, decide_node,
-    decide_vmi,
+    NODE_LEASE_NAMESPACE, NodeLifecycleOptions, REASON_FENCED, REASON_NODE_UNRESPONSIVE,
+    VmiNodeAction, decide_node, decide_vmi,
 };
 use crate::scheduler::is_bound;
 use crate::vm::template::KUBEVIRT_API_VERSION;
@@ -175,6 +175,17 @@ async fn pass(
             recorder
                 .record(&node_ref, cond.status != "True", reason, &msg)
                 .await;
+            if cond.status == "Unknown" {
+                let tl = &decision.timeline;
+                let msg = format!(
+                    "Node {name} stopped renewing its lease (last renewal {}); its self-fencing \
+                     VMs are stopped by {} and replaced from {}; VMs that cannot move stay",
+                    tl.renewed, tl.fence_deadline, tl.replace_at
+                );
+                recorder
+                    .record(&node_ref, true, REASON_NODE_UNRESPONSIVE, &msg)
+                    .await;
+            }
         }
         if let Some(taints) = &decision.taints {
             let patch = json!({
