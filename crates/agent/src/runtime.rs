@@ -1,7 +1,8 @@
 //! The agent's control loop against the API server (kube-rs): registers the Node, renews its
 //! Lease on a task of its own and writes the launchers' heartbeat after each renewal
-//! ([`crate::fencing`]; the launchers fence themselves when it goes stale), and reconciles every VMI bound to this node by
-//! applying [`crate::decide`]'s actions: start launchers, stop them, write status, clean up.
+//! ([`crate::fencing`]; the launchers fence themselves when it goes stale), and reconciles
+//! every VMI bound to this node by applying [`crate::decide`]'s actions: start launchers,
+//! stop them, write status, clean up.
 //! The VMIs come from a reflector cache of a watch on this node's VMIs only
 //! (`status.nodeName=<node>`, see [`vmi_selector`]): a watch event reconciles its VMI, the
 //! periodic resync re-checks the local launchers against the cache; the agent never lists in
