@@ -109,20 +109,14 @@ pub struct Report<'a> {
     pub guest: Option<&'a Value>,
     /// The pod network attachment: (interface name, the VMI's address on the pod network).
     pub pod: Option<(&'a str, &'a str)>,
-    /// The agent stopped this VMI's QEMU because it lost its API lease (self-fencing; the
-    /// runtime leaves [`FENCED_MARKER`] in the VMI directory).
-    pub fenced: bool,
 }
 
-/// File the agent leaves in a VMI's directory when it fences (stops) the VM.
-pub const FENCED_MARKER: &str = "fenced";
+/// VMI `status.reason` of a VM whose launcher fenced itself (killed QEMU when the node's
+/// lease could not be confirmed): it did not finish its work and fails.
+pub const REASON_FENCED: &str = "Fenced";
 
-/// The VMI's final phase and reason once QEMU ended: the launcher's exit reason, except that
-/// a VM stopped by self-fencing did not finish its work and fails (`NodeFenced`).
-pub fn exit_phase_reason(reason: ExitReason, fenced: bool) -> (&'static str, &'static str) {
-    if fenced {
-        return ("Failed", "NodeFenced");
-    }
+/// The VMI's final phase and reason once QEMU ended, from the launcher's exit reason.
+pub fn exit_phase_reason(reason: ExitReason) -> (&'static str, &'static str) {
     let phase = if reason.succeeded() {
         "Succeeded"
     } else {
@@ -134,6 +128,7 @@ pub fn exit_phase_reason(reason: ExitReason, fenced: bool) -> (&'static str, &'s
         ExitReason::Killed => "StoppedAfterGracePeriod",
         ExitReason::Crashed => "QemuCrashed",
         ExitReason::StartFailed => "QemuStartFailed",
+        ExitReason::Fenced => REASON_FENCED,
     };
     (phase, reason)
 }
@@ -292,22 +287,10 @@ pub fn running_status(
     out
 }
 
-/// The final status after QEMU ended (`fenced`: stopped by the agent's self-fencing).
-pub fn exit_status(
-    vmi: &VirtualMachineInstance,
-    rep: &ExitReport,
-    fenced: bool,
-    now: &str,
-) -> Value {
-    let (phase, reason) = exit_phase_reason(rep.reason, fenced);
-    let message = if fenced {
-        format!(
-            "the node's agent lost its API lease and stopped the VM (self-fencing): {}",
-            rep.message
-        )
-    } else {
-        rep.message.clone()
-    };
+/// The final status after QEMU ended.
+pub fn exit_status(vmi: &VirtualMachineInstance, rep: &ExitReport, now: &str) -> Value {
+    let (phase, reason) = exit_phase_reason(rep.reason);
+    let message = rep.message.clone();
     let existing = serde_json::to_value(vmi.status.as_ref().and_then(|s| s.conditions.as_ref()))
         .unwrap_or(Value::Null);
     json!({
@@ -387,12 +370,7 @@ pub fn decide(
             if is_final(&phase) {
                 vec![]
             } else {
-                vec![Action::PatchStatus(exit_status(
-                    vmi,
-                    rep,
-                    report.fenced,
-                    now,
-                ))]
+                vec![Action::PatchStatus(exit_status(vmi, rep, now))]
             }
         }
         (false, Observed::Running(st)) => {
@@ -541,7 +519,6 @@ mod tests {
             Report {
                 guest: Some(&guest),
                 pod: None,
-                fenced: false,
             },
         );
         assert_eq!(s["guestOSInfo"]["id"], "ferrovirt-testguest");
@@ -649,51 +626,52 @@ mod tests {
 
     #[test]
     fn fenced_vms_fail() {
-        // Stopping a VM with grace period 0 (as fencing does) reads as Killed, which on its
-        // own is Succeeded; fenced, the VM did not finish its work.
+        // A launcher that fenced itself: the VM did not finish its work.
+        assert_eq!(exit_phase_reason(ExitReason::Fenced), ("Failed", "Fenced"));
         assert_eq!(
-            exit_phase_reason(ExitReason::Killed, false),
+            exit_phase_reason(ExitReason::Killed),
             ("Succeeded", "StoppedAfterGracePeriod")
         );
-        for r in [
-            ExitReason::Killed,
-            ExitReason::Shutdown,
-            ExitReason::GuestShutdown,
-            ExitReason::Crashed,
-        ] {
-            assert_eq!(exit_phase_reason(r, true), ("Failed", "NodeFenced"));
-        }
         let v = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Running"}}));
         let rep = ExitReport {
-            reason: ExitReason::Killed,
-            message: "stopped".into(),
+            reason: ExitReason::Fenced,
+            message: "self-fencing: the node's lease could not be confirmed by …".into(),
             at: 0,
         };
-        let report = Report {
-            fenced: true,
-            ..Report::default()
-        };
-        let acts = decide(&v, &Observed::Exited(rep.clone()), "n1", NOW, report);
+        let acts = decide(
+            &v,
+            &Observed::Exited(rep.clone()),
+            "n1",
+            NOW,
+            Report::default(),
+        );
         let Action::PatchStatus(p) = &acts[0] else {
             panic!("{acts:?}")
         };
         assert_eq!(
             (&p["phase"], &p["reason"]),
-            (&json!("Failed"), &json!("NodeFenced"))
+            (&json!("Failed"), &json!("Fenced"))
         );
-        assert_eq!(p["conditions"][0]["reason"], "NodeFenced");
+        assert_eq!(p["conditions"][0]["reason"], "Fenced");
         assert!(
             p["conditions"][0]["message"]
                 .as_str()
                 .unwrap()
                 .contains("self-fencing")
         );
-        // Already marked Failed by the node controller (NodeUnresponsive): left alone.
-        let f = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Failed"}}));
-        assert_eq!(
-            decide(&f, &Observed::Exited(rep), "n1", NOW, report),
-            vec![]
+        // Never restarted: a final VMI whose launcher is gone needs nothing.
+        let failed = vmi(json!({"metadata": {"name": "a"}, "status": {"phase": "Failed"}}));
+        assert!(
+            decide(
+                &failed,
+                &Observed::Exited(rep),
+                "n1",
+                NOW,
+                Report::default()
+            )
+            .is_empty()
         );
+        assert!(decide(&failed, &Observed::NoLauncher, "n1", NOW, Report::default()).is_empty());
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod containerdisk;
 pub mod decide;
 pub mod endpoint;
 pub mod error;
+pub mod fencing;
 pub mod hostpath;
 pub mod isolation;
 pub mod launchers;

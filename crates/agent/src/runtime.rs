@@ -1,6 +1,8 @@
 //! The agent's control loop against the API server (kube-rs): registers the Node, renews its
-//! Lease (and fences itself when it cannot), and reconciles every VMI bound to this node by
-//! applying [`crate::decide`]'s actions: start launchers, stop them, write status, clean up.
+//! Lease on a task of its own and writes the launchers' heartbeat after each renewal
+//! ([`crate::fencing`]; the launchers fence themselves when it goes stale), and reconciles
+//! every VMI bound to this node by applying [`crate::decide`]'s actions: start launchers,
+//! stop them, write status, clean up.
 //! The VMIs come from a reflector cache of a watch on this node's VMIs only
 //! (`status.nodeName=<node>`, see [`vmi_selector`]): a watch event reconciles its VMI, the
 //! periodic resync re-checks the local launchers against the cache; the agent never lists in
@@ -81,8 +83,12 @@ impl AgentOptions {
             launcher_binary: std::env::current_exe().unwrap_or_else(|_| "ferrovirt".into()),
             qemu_binary: "qemu-system-x86_64".into(),
             address: "127.0.0.1".into(),
-            lease_duration: Duration::from_secs(15),
-            renew_interval: Duration::from_secs(3),
+            lease_duration: Duration::from_secs(u64::from(
+                ferrovirt_api::fencing::DEFAULT_LEASE_DURATION_SECONDS,
+            )),
+            renew_interval: Duration::from_secs(u64::from(
+                ferrovirt_api::fencing::DEFAULT_RENEW_SECONDS,
+            )),
             resync_interval: Duration::from_secs(2),
             accel: None,
             tcg_tb_size_mib: Some(64),
@@ -117,7 +123,11 @@ struct Agent {
     launchers: Mutex<Launchers>,
     /// VMIs with an operation (start/stop) in flight.
     busy: Mutex<HashSet<String>>,
-    last_renew: Mutex<Instant>,
+    /// The Lease duration in seconds: `opts.lease_duration` unless a HyperConverged object
+    /// sets `spec.nodeFailure.leaseDurationSeconds` ([`crate::fencing::follow_lease_duration`]).
+    lease_seconds: Arc<std::sync::atomic::AtomicU32>,
+    /// The last successful Lease renewal, as written into the heartbeat file.
+    last_renewal: std::sync::Mutex<Option<ferrovirt_launcher::fence::Heartbeat>>,
     /// The Lease as the last renewal wrote it (its resourceVersion guards the next one).
     lease: Mutex<Option<Lease>>,
     /// The endpoint's URL, published as the Node's [`node::ENDPOINT_ANNOTATION`].
@@ -170,7 +180,10 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         cfg,
         launchers: Mutex::new(Launchers::default()),
         busy: Mutex::new(HashSet::new()),
-        last_renew: Mutex::new(Instant::now()),
+        last_renewal: std::sync::Mutex::new(None),
+        lease_seconds: Arc::new(std::sync::atomic::AtomicU32::new(
+            u32::try_from(opts.lease_duration.as_secs()).unwrap_or(u32::MAX),
+        )),
         lease: Mutex::new(None),
         qemu_user: crate::isolation::ensure_qemu_user(),
         wake: tokio::sync::Notify::new(),
@@ -191,6 +204,11 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
             agent.net.run_overlay(client, name).await
         }
     });
+    tokio::spawn(crate::fencing::follow_lease_duration(
+        agent.client.clone(),
+        agent.lease_seconds.clone(),
+        u32::try_from(agent.opts.lease_duration.as_secs()).unwrap_or(u32::MAX),
+    ));
     let hb = tokio::spawn(heartbeat(agent.clone()));
     let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());
     let cache = writer.as_reader();
@@ -282,9 +300,10 @@ impl Agent {
 
     /// Renews the node's Lease: one `PUT` of the Lease the last renewal returned; a `GET`
     /// (or create) only when there is none yet or the write was refused (a conflict).
-    async fn renew_lease(&self) -> Result<(), AgentError> {
+    /// Writes `lease_seconds` as the duration; returns the `renewTime` written.
+    async fn renew_lease(&self, lease_seconds: u32) -> Result<Timestamp, AgentError> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
-        let secs = i32::try_from(self.opts.lease_duration.as_secs()).unwrap_or(15);
+        let secs = i32::try_from(lease_seconds).unwrap_or(i32::MAX);
         let now = now_ts();
         let mut cached = self.lease.lock().await;
         let current = match cached.take() {
@@ -315,7 +334,53 @@ impl Agent {
             }
         };
         *cached = Some(written);
-        Ok(())
+        Ok(now)
+    }
+
+    /// After a successful renewal: the heartbeat the launchers check, with the `renewTime`
+    /// and duration the Lease got (not the time of this write).
+    fn record_renewal(&self, renewed: Timestamp, lease_seconds: u32) {
+        let hb = ferrovirt_launcher::fence::Heartbeat {
+            node: self.opts.node_name.clone(),
+            renew_time_ms: renewed.as_millisecond(),
+            lease_duration_seconds: lease_seconds,
+        };
+        let path = crate::fencing::heartbeat_path(&self.opts.data_dir);
+        if let Err(e) = ferrovirt_launcher::fence::write_heartbeat(&path, &hb) {
+            tracing::warn!("writing the heartbeat {}: {e}", path.display());
+        }
+        *self.last_renewal.lock().unwrap_or_else(|p| p.into_inner()) = Some(hb);
+    }
+
+    /// The launcher's fence spec for `vmi` (`None`: it cannot move and never fences), after
+    /// waiting a moment for a first renewal when the agent has just started.
+    async fn fence_spec(
+        &self,
+        vmi: &VirtualMachineInstance,
+        refs: &ResolvedRefs,
+    ) -> Result<Option<ferrovirt_launcher::fence::FenceSpec>, AgentError> {
+        let run_strategy = crate::fencing::owner_run_strategy(&self.client, vmi).await?;
+        let wait_until = Instant::now() + 2 * self.opts.renew_interval;
+        loop {
+            let last = self
+                .last_renewal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let inputs = crate::fencing::FenceInputs {
+                node: &self.opts.node_name,
+                data_dir: &self.opts.data_dir,
+                run_strategy,
+                last_renewal: last.as_ref(),
+                now_ms: ferrovirt_launcher::fence::now_ms(),
+            };
+            match crate::fencing::fence_spec(vmi, refs, &refs.claim_access_modes, &inputs) {
+                Err(_) if Instant::now() < wait_until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                r => return r,
+            }
+        }
     }
 
     async fn event(&self, vmi: &VirtualMachineInstance, type_: &str, reason: &str, message: &str) {
@@ -370,12 +435,11 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let (ns, name) = ns_name(vmi);
         // VMIs have no /status subresource (as in KubeVirt): status is written on the object.
+        // The uid is a precondition: a decision about an older VMI of the same name (say,
+        // one this agent fenced while it was stopped) never lands on its replacement.
+        let patch = json!({"metadata": {"uid": vmi.metadata.uid}, "status": status});
         self.vmi_api(&ns)
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": status})),
-            )
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kube_err)?;
         Ok(())
@@ -443,6 +507,9 @@ impl Agent {
             if let Some(claim) = claim
                 && let Some(pvc) = pvcs.get_opt(&claim).await.map_err(kube_err)?
             {
+                let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
+                refs.claim_access_modes
+                    .insert(claim.clone(), modes.unwrap_or_default());
                 let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone());
                 if let Some(pv_name) = pv_name
                     && let Some(pv) = pvs.get_opt(&pv_name).await.map_err(kube_err)?
@@ -558,13 +625,24 @@ impl Agent {
         let exec_prefix = attachment.exec_prefix;
         let spec = mapping::launch_spec(vmi, &ctx)?;
         spec.validate()?;
+        let fence = self.fence_spec(vmi, &refs).await?;
         let (ns, name) = ns_name(vmi);
+        // Announced before the launcher exists: the node controller replaces a VMI of a dead
+        // node only when its launcher fences itself (or none was started).
+        let announce = json!({"metadata": {"uid": vmi.metadata.uid, "annotations": {
+            ferrovirt_api::fencing::FENCING_ANNOTATION: crate::fencing::announcement(fence.as_ref())
+        }}});
+        self.vmi_api(&ns)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&announce))
+            .await
+            .map_err(kube_err)?;
         let meta = LaunchMeta {
             vmi_uid: uid,
             namespace: ns,
             name,
             grace_seconds: decide::grace_seconds(vmi),
             qemu_binary: self.opts.qemu_binary.clone(),
+            fence,
         };
         self.launchers
             .lock()
@@ -592,7 +670,6 @@ impl Agent {
         let report = decide::Report {
             guest: guest.as_ref(),
             pod: pod.as_ref().map(|(i, a)| (i.as_str(), a.as_str())),
-            fenced: self.cfg.vmi_dir(&uid).join(decide::FENCED_MARKER).exists(),
         };
         for action in decide::decide(&vmi, &observed, &self.opts.node_name, &now_string(), report) {
             match action {
@@ -663,6 +740,12 @@ impl Agent {
                         .get("phase")
                         .and_then(|p| p.as_str())
                         .map(String::from);
+                    let fenced = (status["reason"] == decide::REASON_FENCED).then(|| {
+                        status["conditions"][0]["message"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string()
+                    });
                     match self.patch_status(&vmi, status).await {
                         Ok(()) => {
                             if let (Some(p), Some(old)) = (
@@ -673,6 +756,10 @@ impl Agent {
                                     .ok()
                                     .and_then(|v| v.as_str().map(String::from))
                                     .unwrap_or_default();
+                                if let Some(msg) = &fenced {
+                                    self.event(&vmi, "Warning", decide::REASON_FENCED, msg)
+                                        .await;
+                                }
                                 if p != old {
                                     let (t, msg) = if p == "Failed" {
                                         ("Warning", format!("VirtualMachineInstance is {p}"))
@@ -688,7 +775,9 @@ impl Agent {
                 }
                 Action::Annotate(annotations) => {
                     let (ns, name) = ns_name(&vmi);
-                    let patch = json!({"metadata": {"annotations": annotations}});
+                    let patch = json!({"metadata": {
+                        "uid": vmi.metadata.uid, "annotations": annotations
+                    }});
                     if let Err(e) = self
                         .vmi_api(&ns)
                         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -823,27 +912,6 @@ impl Agent {
             }
         }
     }
-
-    /// Self-fencing: without a renewed lease for the lease duration, stop every local VM.
-    async fn fence(&self) {
-        for uid in self.cfg.local_uids() {
-            if let Observed::Running(_) = launchers::observe(&self.cfg, &uid).await {
-                tracing::error!(%uid, "lease not renewed: fencing (stopping) the VM");
-                // Read by the next sync: the VMI is reported Failed (NodeFenced).
-                let marker = self.cfg.vmi_dir(&uid).join(decide::FENCED_MARKER);
-                if let Err(e) = std::fs::write(&marker, b"") {
-                    tracing::warn!("writing {}: {e}", marker.display());
-                }
-                let _ = launchers::request(
-                    &self.cfg,
-                    &uid,
-                    &Request::Shutdown { grace_seconds: 0 },
-                    Duration::from_secs(30),
-                )
-                .await;
-            }
-        }
-    }
 }
 
 fn ns_name(vmi: &VirtualMachineInstance) -> (String, String) {
@@ -860,35 +928,44 @@ fn kube_err(e: kube::Error) -> AgentError {
     AgentError::Reference(format!("API: {e}"))
 }
 
+/// Renews the Lease every `renew_interval` on a task of its own (reconciles never delay it;
+/// a renewal that hangs is abandoned after the lease duration) and records each success in
+/// the heartbeat file. The Node's Ready condition is refreshed by another task.
 async fn heartbeat(agent: Arc<Agent>) {
-    let mut tick = tokio::time::interval(agent.opts.renew_interval);
-    let mut node_tick = Instant::now();
+    tokio::spawn(node_status(agent.clone()));
+    loop {
+        let started = tokio::time::Instant::now();
+        let secs = agent
+            .lease_seconds
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let lease = Duration::from_secs(u64::from(secs));
+        match tokio::time::timeout(lease, agent.renew_lease(secs)).await {
+            Ok(Ok(renewed)) => agent.record_renewal(renewed, secs),
+            Ok(Err(e)) => tracing::warn!("lease renewal failed: {e}"),
+            Err(_) => tracing::warn!("lease renewal timed out"),
+        }
+        // At least four renewals per lease duration.
+        let every = agent.opts.renew_interval.min(lease / 4);
+        tokio::time::sleep_until(started + every).await;
+    }
+}
+
+/// Refreshes the Node's Ready condition every 10 s.
+async fn node_status(agent: Arc<Agent>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
     loop {
         tick.tick().await;
-        match agent.renew_lease().await {
-            Ok(()) => *agent.last_renew.lock().await = Instant::now(),
-            Err(e) => {
-                tracing::warn!("lease renewal failed: {e}");
-                let since = agent.last_renew.lock().await.elapsed();
-                if since > agent.opts.lease_duration {
-                    agent.fence().await;
-                }
-            }
-        }
-        if node_tick.elapsed() > Duration::from_secs(10) {
-            node_tick = Instant::now();
-            let nodes: Api<Node> = Api::all(agent.client.clone());
-            let st = json!({"status": {"conditions": [node::ready_condition(now_ts())]}});
-            if let Err(e) = nodes
-                .patch_status(
-                    &agent.opts.node_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&st),
-                )
-                .await
-            {
-                tracing::debug!("node status: {e}");
-            }
+        let nodes: Api<Node> = Api::all(agent.client.clone());
+        let st = json!({"status": {"conditions": [node::ready_condition(now_ts())]}});
+        if let Err(e) = nodes
+            .patch_status(
+                &agent.opts.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&st),
+            )
+            .await
+        {
+            tracing::debug!("node status: {e}");
         }
     }
 }

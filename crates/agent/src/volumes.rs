@@ -41,6 +41,9 @@ pub struct ResolvedRefs {
     /// containerDisk volumes: the cached (read-only) disk and the format recorded when it
     /// was pulled, by volume name ([`crate::containerdisk`]).
     pub container_disks: BTreeMap<String, (PathBuf, DiskFormat)>,
+    /// The claims' `spec.accessModes`, by claim name (whether a disk is usable from another
+    /// node, [`crate::fencing`]).
+    pub claim_access_modes: BTreeMap<String, Vec<String>>,
 }
 
 /// What to do for one volume.

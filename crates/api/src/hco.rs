@@ -37,6 +37,9 @@ kstruct! {
         pub common_templates_namespace: Option<String>,
         /// Import settings (registries spoken to over plain HTTP).
         pub storage_import: Option<StorageImportConfig>,
+        /// ferrovirt extension: node failure handling (docs/fencing.md). Not in KubeVirt's
+        /// HyperConverged; safe defaults apply when absent.
+        pub node_failure: Option<NodeFailureConfig>,
         #[serde(flatten)]
         pub other: Map<String, Value>,
     }
@@ -152,6 +155,38 @@ pub fn insecure_registries(hcos: &[Value], cdis: &[Value]) -> Vec<String> {
         }
     }
     out
+}
+
+kstruct! {
+    /// How long a silent node keeps its VMs (ferrovirt extension). A node's launchers of VMs
+    /// that may run elsewhere kill QEMU `leaseDurationSeconds` after the node's last Lease
+    /// renewal; the control plane replaces them `fenceMarginSeconds` later.
+    pub struct NodeFailureConfig {
+        /// The node Lease's duration: the launchers' fence deadline after its renewTime
+        /// (default 8, at least 4).
+        pub lease_duration_seconds: Option<u32>,
+        /// Extra wait after the fence deadline before a replacement (default 4, at least 2):
+        /// covers clock skew between nodes, the launchers' check interval and the kill.
+        pub fence_margin_seconds: Option<u32>,
+    }
+}
+
+/// The node failure timing from the HyperConverged objects (as JSON): the first one that sets
+/// `spec.nodeFailure`, each field defaulted; the defaults when none does or it is unsafe.
+pub fn node_failure_timing(hcos: &[Value]) -> crate::fencing::FenceTiming {
+    let d = crate::fencing::FenceTiming::default();
+    let Some(cfg) = hcos.iter().find_map(|h| {
+        serde_json::from_value::<NodeFailureConfig>(h.pointer("/spec/nodeFailure")?.clone()).ok()
+    }) else {
+        return d;
+    };
+    let t = crate::fencing::FenceTiming {
+        lease_duration_seconds: cfg
+            .lease_duration_seconds
+            .unwrap_or(d.lease_duration_seconds),
+        fence_margin_seconds: cfg.fence_margin_seconds.unwrap_or(d.fence_margin_seconds),
+    };
+    if t.validate().is_ok() { t } else { d }
 }
 
 /// Whether feature gate `gate` (e.g. `HostDisk`) is on in any HyperConverged object (as JSON):

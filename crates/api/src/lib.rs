@@ -8,6 +8,7 @@ mod macros;
 pub mod admission;
 pub mod cdi;
 pub mod expand;
+pub mod fencing;
 pub mod hco;
 pub mod jsonpath;
 pub mod kubevirt;

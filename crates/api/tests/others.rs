@@ -161,3 +161,33 @@ fn pvc_storage_request_may_grow_but_not_shrink() {
     assert_eq!(e.0[0].field, "spec.resources.requests.storage");
     assert!(e.0[0].message.contains("less than previous value"), "{e:?}");
 }
+
+#[test]
+fn hyperconverged_node_failure_timing_is_validated() {
+    let hco = |nf: Value| {
+        json!({
+            "apiVersion": "hco.kubevirt.io/v1beta1", "kind": "HyperConverged",
+            "metadata": {"name": "kubevirt-hyperconverged", "namespace": "kubevirt-hyperconverged"},
+            "spec": {"nodeFailure": nf}
+        })
+    };
+    admit_new(&mut hco(
+        json!({"leaseDurationSeconds": 10, "fenceMarginSeconds": 5}),
+    ))
+    .unwrap();
+    admit_new(&mut hco(json!({}))).unwrap();
+    assert_eq!(
+        admit_new(&mut hco(json!({"leaseDurationSeconds": 2}))).unwrap_err(),
+        vec!["spec.nodeFailure.leaseDurationSeconds"]
+    );
+    assert_eq!(
+        admit_new(&mut hco(json!({"fenceMarginSeconds": 1}))).unwrap_err(),
+        vec!["spec.nodeFailure.fenceMarginSeconds"]
+    );
+    assert!(admit_new(&mut hco(json!({"leaseDurationSeconds": -3}))).is_err());
+    // What the components use.
+    let t = ferrovirt_api::hco::node_failure_timing(&[hco(json!({"fenceMarginSeconds": 6}))]);
+    assert_eq!((t.lease_duration_seconds, t.fence_margin_seconds), (8, 6));
+    let t = ferrovirt_api::hco::node_failure_timing(&[]);
+    assert_eq!((t.lease_duration_seconds, t.fence_margin_seconds), (8, 4));
+}

@@ -165,3 +165,46 @@ async fn dynamic_custom_resource_with_status() -> Result<()> {
     t.shutdown().await;
     Ok(())
 }
+
+/// A uid in a patch or update body is a precondition, as in Kubernetes: a writer holding a
+/// stale copy (e.g. a node agent that was stopped while its VMI was deleted and recreated
+/// under the same name) cannot write into the new object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_in_the_body_is_a_precondition() -> Result<()> {
+    let t = common::start().await?;
+    let client = client(&t).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let old = cms.create(&PostParams::default(), &cm("same-name")).await?;
+    let old_uid = old.metadata.uid.clone().context("uid")?;
+    cms.delete("same-name", &DeleteParams::default()).await?;
+    let new = cms.create(&PostParams::default(), &cm("same-name")).await?;
+    let new_uid = new.metadata.uid.clone().context("uid")?;
+    assert_ne!(old_uid, new_uid);
+    let stale = json!({"metadata": {"uid": old_uid}, "data": {"k": "stale"}});
+    let err = cms
+        .patch("same-name", &PatchParams::default(), &Patch::Merge(&stale))
+        .await
+        .expect_err("a patch for the old object");
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 409, "{s:?}");
+            assert!(s.message.contains("Precondition failed: UID"), "{s:?}");
+        }
+        e => panic!("{e}"),
+    }
+    let mut replace = old.clone();
+    replace.metadata.resource_version = None;
+    assert!(
+        cms.replace("same-name", &PostParams::default(), &replace)
+            .await
+            .is_err(),
+        "an update for the old object"
+    );
+    assert_eq!(cms.get("same-name").await?.data.unwrap()["k"], "v");
+    // The right uid (or none) writes.
+    let fresh = json!({"metadata": {"uid": new_uid}, "data": {"k": "fresh"}});
+    cms.patch("same-name", &PatchParams::default(), &Patch::Merge(&fresh))
+        .await?;
+    assert_eq!(cms.get("same-name").await?.data.unwrap()["k"], "fresh");
+    Ok(())
+}

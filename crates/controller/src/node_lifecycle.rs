@@ -2,13 +2,17 @@
 //! the node's health (Ready / NotReady / Unknown), the Ready condition and taints to write,
 //! and what happens to the VMIs bound to it.
 //!
-//! Timing (defaults): an agent renews its Lease every few seconds; 15 s (the lease duration)
-//! after the last renewal the node turns Unknown and is tainted unreachable; 20 s later (the
-//! eviction grace) its VMIs are marked Failed with reason `NodeUnresponsive`, so VMs with
-//! `Always`/`RerunOnFailure` are recreated elsewhere: ~35 s from node death to a new VMI,
-//! inside the 60 s recovery target. A VMI whose disks live on that node (PVC/DataVolume that
-//! is not ReadWriteMany, hostDisk) cannot run elsewhere: it is marked `Unknown` instead and
-//! left for the node to come back.
+//! Timeline (docs/fencing.md; defaults from [`ferrovirt_api::fencing`]): an agent renews its
+//! Lease every 2 s with `leaseDurationSeconds` 8. At `renewTime + leaseDuration` (the fence
+//! deadline) the node turns Unknown and is tainted unreachable, and every self-fencing
+//! launcher on it has killed its QEMU (they check the agent's heartbeat, which carries the
+//! same `renewTime`). At the deadline plus the fence margin (4 s: clock skew between nodes,
+//! the launchers' check interval, the kill) the VMIs whose agent announced a self-fencing
+//! launcher (`ferrovirt.io/fencing: enabled`), and those no launcher was started for, are
+//! marked Failed with reason `NodeUnresponsive`, so their VMs are recreated elsewhere: ≤ 14 s
+//! from the last renewal to a new VMI. VMIs that cannot move (node-local disks, hostDisk,
+//! runStrategy Manual, …: `fencing: disabled`) are never replaced: they turn `Unknown` and
+//! wait for their node.
 
 use std::time::Duration;
 
@@ -17,6 +21,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use ferrovirt_api::fencing::{self, VmiFencing};
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
 
 use crate::scheduler::taints::{NO_EXECUTE, NO_SCHEDULE, find_toleration, node_taints};
@@ -26,6 +31,8 @@ use crate::scheduler::{TAINT_NOT_READY, TAINT_UNREACHABLE, TAINT_UNSCHEDULABLE};
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// VMI `status.reason` when its node stopped responding.
 pub const REASON_NODE_UNRESPONSIVE: &str = "NodeUnresponsive";
+/// Event reason on a VMI of a failed node whose launcher fenced (killed) its QEMU.
+pub const REASON_FENCED: &str = "Fenced";
 /// Event reason when a VMI is deleted for an untolerated NoExecute taint.
 pub const REASON_TAINT_EVICTION: &str = "TaintManagerEviction";
 
@@ -34,8 +41,10 @@ pub const REASON_TAINT_EVICTION: &str = "TaintManagerEviction";
 pub struct NodeLifecycleOptions {
     /// Lease duration assumed when a Lease does not say (and for nodes without a Lease).
     pub default_lease_duration: Duration,
-    /// How long after turning Unknown a node's VMIs are failed.
-    pub eviction_grace: Duration,
+    /// How long after the fence deadline (`renewTime + leaseDuration`) a failed node's
+    /// self-fenced VMIs are failed and replaced: covers clock skew between the node and the
+    /// controller, the launchers' check interval and the kill.
+    pub fence_margin: Duration,
     /// How often to look at a node when nothing is about to expire.
     pub resync: Duration,
 }
@@ -43,8 +52,10 @@ pub struct NodeLifecycleOptions {
 impl Default for NodeLifecycleOptions {
     fn default() -> Self {
         Self {
-            default_lease_duration: Duration::from_secs(15),
-            eviction_grace: Duration::from_secs(20),
+            default_lease_duration: Duration::from_secs(u64::from(
+                fencing::DEFAULT_LEASE_DURATION_SECONDS,
+            )),
+            fence_margin: Duration::from_secs(u64::from(fencing::DEFAULT_FENCE_MARGIN_SECONDS)),
             resync: Duration::from_secs(10),
         }
     }
@@ -66,7 +77,10 @@ pub struct NodeDecision {
     pub ready_condition: Option<NodeCondition>,
     /// The full `spec.taints` to write, if they must change.
     pub taints: Option<Vec<Taint>>,
-    /// The node has been unresponsive past the eviction grace: fail (or mark Unknown) its VMIs.
+    /// The node's failure timeline (meaningful once it is Unknown).
+    pub timeline: Timeline,
+    /// The node has been unresponsive past its fence deadline plus the margin: fail (or mark
+    /// Unknown) its VMIs.
     pub fail_vmis: bool,
     /// When to look at this node again.
     pub requeue_after: Duration,
@@ -158,6 +172,49 @@ pub fn desired_taints(node: &Node, health: NodeHealth, now: Timestamp) -> Vec<Ta
     want
 }
 
+/// When a node that stopped renewing its Lease is fenced and may be replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeline {
+    /// The last sign of life ([`last_heartbeat`]), on the node's clock.
+    pub renewed: Timestamp,
+    /// The Lease's duration (its `leaseDurationSeconds`, else the default).
+    pub lease_duration: Duration,
+    /// `renewed + lease_duration`: the lease has expired and every self-fencing launcher on
+    /// the node has killed its QEMU (same clock as `renewed`).
+    pub fence_deadline: Timestamp,
+    /// `fence_deadline + fence_margin`: replacements may be created (controller's clock).
+    pub replace_at: Timestamp,
+}
+
+/// The failure timeline of a node, pure: replacement only after the launchers' fence
+/// deadline plus the margin.
+pub fn timeline(
+    node: &Node,
+    lease: Option<&Lease>,
+    now: Timestamp,
+    opts: &NodeLifecycleOptions,
+) -> Timeline {
+    let lease_duration = lease
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|s| u64::try_from(s).ok())
+        .map(Duration::from_secs)
+        .unwrap_or(opts.default_lease_duration);
+    let renewed = last_heartbeat(node, lease).unwrap_or(now);
+    let fence_deadline = renewed
+        .checked_add(to_signed(lease_duration))
+        .unwrap_or(renewed);
+    let replace_at = fence_deadline
+        .checked_add(to_signed(opts.fence_margin))
+        .unwrap_or(fence_deadline);
+    Timeline {
+        renewed,
+        lease_duration,
+        fence_deadline,
+        replace_at,
+    }
+}
+
 /// Decide a node's health and the writes it needs.
 pub fn decide_node(
     node: &Node,
@@ -165,19 +222,8 @@ pub fn decide_node(
     now: Timestamp,
     opts: &NodeLifecycleOptions,
 ) -> NodeDecision {
-    let duration = lease
-        .and_then(|l| l.spec.as_ref())
-        .and_then(|s| s.lease_duration_seconds)
-        .and_then(|s| u64::try_from(s).ok())
-        .map(Duration::from_secs)
-        .unwrap_or(opts.default_lease_duration);
-    let heartbeat = last_heartbeat(node, lease).unwrap_or(now);
-    let expires = heartbeat
-        .checked_add(to_signed(duration))
-        .unwrap_or(heartbeat);
-    let evict_at = expires
-        .checked_add(to_signed(opts.eviction_grace))
-        .unwrap_or(expires);
+    let tl = timeline(node, lease, now, opts);
+    let (heartbeat, expires, evict_at) = (tl.renewed, tl.fence_deadline, tl.replace_at);
     let current = ready_condition(node);
     let fresh = now <= expires;
     let (health, ready_condition) = if !fresh {
@@ -218,62 +264,30 @@ pub fn decide_node(
         NodeHealth::Unknown => opts.resync,
     }
     .min(opts.resync)
-    .max(Duration::from_millis(500));
+    // Wake at the deadline itself (plus a hair, so that `now >= deadline` holds then).
+    .max(Duration::from_millis(20));
     NodeDecision {
         health,
         ready_condition,
         taints,
+        timeline: tl,
         fail_vmis,
         requeue_after,
     }
 }
 
-/// Access modes that let a volume attach on any node.
-pub fn is_shared_access(access_modes: &[String]) -> bool {
-    access_modes.iter().any(|m| m == "ReadWriteMany")
-}
-
-/// Whether the VMI could run on another node as far as its disks go: every PVC/DataVolume
-/// (incl. ephemeral overlays and memory dumps) must be ReadWriteMany, and hostDisks must be
-/// `shared`. `access_modes(claim)` gives a claim's access modes (`None`: unknown, treated as
-/// node-local).
-pub fn can_run_elsewhere(
-    vmi: &VirtualMachineInstance,
-    access_modes: impl Fn(&str) -> Option<Vec<String>>,
-) -> bool {
-    let volumes = vmi
-        .spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_deref())
-        .unwrap_or_default();
-    volumes.iter().all(|v| {
-        let claim = v
-            .persistent_volume_claim
-            .as_ref()
-            .map(|p| p.claim_name.as_str())
-            .or_else(|| v.data_volume.as_ref().map(|d| d.name.as_str()))
-            .or_else(|| {
-                v.ephemeral
-                    .as_ref()
-                    .and_then(|e| e.persistent_volume_claim.as_ref())
-                    .map(|c| c.claim_name.as_str())
-            })
-            .or_else(|| v.memory_dump.as_ref().map(|p| p.claim_name.as_str()));
-        if let Some(claim) = claim {
-            return access_modes(claim).is_some_and(|m| is_shared_access(&m));
-        }
-        v.host_disk.as_ref().is_none_or(|h| h.shared == Some(true))
-    })
-}
+pub use ferrovirt_api::fencing::{can_run_elsewhere, is_shared_access};
 
 /// What to do with one VMI bound to a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VmiNodeAction {
     None,
     /// Set phase Failed with this reason and message (the VM controller recreates it).
+    /// `fenced`: the message of a `Fenced` event (the launcher killed QEMU by then).
     Fail {
         reason: String,
         message: String,
+        fenced: Option<String>,
     },
     /// Set phase Unknown: the node is gone but the VMI's disks are there.
     MarkUnknown {
@@ -287,13 +301,27 @@ pub enum VmiNodeAction {
     },
 }
 
-/// Decide for one VMI on `node` given the node's decision; `relocatable` is
-/// [`can_run_elsewhere`] for it.
+fn rfc3339(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Whether no launcher can have been started for a VMI in this phase (the agent writes
+/// Running once its launcher answers; a fencing-aware agent announces fencing before it
+/// starts one).
+fn never_started(phase: VmiPhase) -> bool {
+    matches!(
+        phase,
+        VmiPhase::Unset | VmiPhase::Pending | VmiPhase::Scheduling | VmiPhase::Scheduled
+    )
+}
+
+/// Decide for one VMI on `node` given the node's decision; `fencing` is what the node's
+/// agent announced for the VMI's launcher ([`fencing::vmi_fencing`]).
 pub fn decide_vmi(
     vmi: &VirtualMachineInstance,
     node: &Node,
     decision: &NodeDecision,
-    relocatable: bool,
+    fencing: VmiFencing,
     now: Timestamp,
 ) -> VmiNodeAction {
     let status = vmi.status.as_ref();
@@ -305,20 +333,40 @@ pub fn decide_vmi(
     }
     let node_name = node.metadata.name.as_deref().unwrap_or("");
     if decision.fail_vmis {
-        return if relocatable {
-            VmiNodeAction::Fail {
-                reason: REASON_NODE_UNRESPONSIVE.into(),
-                message: format!("node {node_name} is unresponsive"),
-            }
-        } else if phase != VmiPhase::Unknown {
-            VmiNodeAction::MarkUnknown {
+        let tl = &decision.timeline;
+        let renewed = rfc3339(tl.renewed);
+        let deadline = rfc3339(tl.fence_deadline);
+        return match fencing {
+            VmiFencing::Enabled => VmiNodeAction::Fail {
                 reason: REASON_NODE_UNRESPONSIVE.into(),
                 message: format!(
-                    "node {node_name} is unresponsive and the VMI has node-local disks"
+                    "node {node_name} is unresponsive: its lease was last renewed at {renewed}"
                 ),
-            }
-        } else {
-            VmiNodeAction::None
+                fenced: Some(format!(
+                    "the VMI's launcher on node {node_name} stopped QEMU by {deadline}: it \
+                     could not confirm the node's lease (renewed at {renewed}, duration {}s); \
+                     replaced after a margin of {}s",
+                    tl.lease_duration.as_secs(),
+                    tl.replace_at.duration_since(tl.fence_deadline).as_secs()
+                )),
+            },
+            VmiFencing::Unannounced if never_started(phase) => VmiNodeAction::Fail {
+                reason: REASON_NODE_UNRESPONSIVE.into(),
+                message: format!(
+                    "node {node_name} is unresponsive (lease last renewed at {renewed}) and \
+                     had not started the VMI"
+                ),
+                fenced: None,
+            },
+            _ if phase != VmiPhase::Unknown => VmiNodeAction::MarkUnknown {
+                reason: REASON_NODE_UNRESPONSIVE.into(),
+                message: format!(
+                    "node {node_name} is unresponsive (lease last renewed at {renewed}); the \
+                     VMI cannot move (node-local disks or a run strategy that does not \
+                     restart it), so it keeps running there and is not replaced"
+                ),
+            },
+            _ => VmiNodeAction::None,
         };
     }
     let tolerations = vmi

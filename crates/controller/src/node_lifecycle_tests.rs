@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::scheduler::testutil::{node, vmi};
+use ferrovirt_api::fencing::VmiFencing;
 use ferrovirt_api::kubevirt::volumes::{DataVolumeSource, HostDiskSource, PvcVolumeSource, Volume};
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::api::core::v1::Toleration;
@@ -52,12 +53,13 @@ fn stale_lease_turns_unknown_then_fails_vmis() {
     assert_eq!(taints.len(), 2);
     assert!(taints.iter().all(|t| t.key == TAINT_UNREACHABLE));
     assert!(!d.fail_vmis);
-    assert_eq!(
-        d.requeue_after,
-        Duration::from_secs(10).min(Duration::from_secs(19))
-    );
-    // 35 s after the last renewal: fail the VMIs.
-    let d = decide_node(&n, Some(&l), ts(135), &opts());
+    // It wakes exactly at the fence deadline plus the margin: 100 + 15 + 4.
+    assert_eq!(d.requeue_after, Duration::from_secs(3));
+    assert_eq!(d.timeline.fence_deadline, ts(115));
+    assert_eq!(d.timeline.replace_at, ts(119));
+    let d = decide_node(&n, Some(&l), ts(118), &opts());
+    assert!(!d.fail_vmis, "before the margin has passed");
+    let d = decide_node(&n, Some(&l), ts(119), &opts());
     assert!(d.fail_vmis);
     // A node already marked Unknown is not rewritten.
     let unknown = node("n1")
@@ -177,24 +179,88 @@ fn vmis_on_dead_nodes() {
     let d = decide_node(&n, Some(&lease(0, None)), ts(100), &opts());
     assert!(d.fail_vmis);
     let running = vmi("v").bound("n1", VmiPhase::Running).build();
+    // A self-fencing launcher: replaced, with a Fenced event naming the deadline.
+    match decide_vmi(&running, &n, &d, VmiFencing::Enabled, ts(100)) {
+        VmiNodeAction::Fail {
+            reason,
+            fenced: Some(fenced),
+            ..
+        } => {
+            assert_eq!(reason, REASON_NODE_UNRESPONSIVE);
+            assert!(fenced.contains("by 1970-01-01T00:00:08Z"), "{fenced}");
+            assert!(
+                fenced.contains("renewed at 1970-01-01T00:00:00Z"),
+                "{fenced}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A launcher that never fences (node-local disks, Manual): Unknown, never replaced.
     assert!(matches!(
-        decide_vmi(&running, &n, &d, true, ts(100)),
-        VmiNodeAction::Fail { ref reason, .. } if reason == REASON_NODE_UNRESPONSIVE
+        decide_vmi(&running, &n, &d, VmiFencing::Disabled, ts(100)),
+        VmiNodeAction::MarkUnknown { .. }
+    ));
+    // Nothing announced but Running (an agent that predates fencing): never replaced.
+    assert!(matches!(
+        decide_vmi(&running, &n, &d, VmiFencing::Unannounced, ts(100)),
+        VmiNodeAction::MarkUnknown { .. }
+    ));
+    // Nothing announced and never started: nothing can run there, replace it.
+    let scheduled = vmi("v").bound("n1", VmiPhase::Scheduled).build();
+    assert!(matches!(
+        decide_vmi(&scheduled, &n, &d, VmiFencing::Unannounced, ts(100)),
+        VmiNodeAction::Fail { fenced: None, .. }
     ));
     assert!(matches!(
-        decide_vmi(&running, &n, &d, false, ts(100)),
+        decide_vmi(&scheduled, &n, &d, VmiFencing::Disabled, ts(100)),
         VmiNodeAction::MarkUnknown { .. }
     ));
     let unknown = vmi("v").bound("n1", VmiPhase::Unknown).build();
     assert_eq!(
-        decide_vmi(&unknown, &n, &d, false, ts(100)),
+        decide_vmi(&unknown, &n, &d, VmiFencing::Disabled, ts(100)),
         VmiNodeAction::None
     );
     let done = vmi("v").bound("n1", VmiPhase::Succeeded).build();
     assert_eq!(
-        decide_vmi(&done, &n, &d, true, ts(100)),
+        decide_vmi(&done, &n, &d, VmiFencing::Enabled, ts(100)),
         VmiNodeAction::None
     );
+}
+
+#[test]
+fn never_replaced_before_the_fence_deadline_plus_margin() {
+    // Property over a range of lease durations, margins and times: whenever the decision
+    // says fail, the launchers' deadline (renewTime + lease) lies at least the margin behind.
+    let n = node("n1").build();
+    for duration in [4, 8, 15, 40] {
+        for margin in [2u64, 4, 10] {
+            let o = NodeLifecycleOptions {
+                fence_margin: Duration::from_secs(margin),
+                ..opts()
+            };
+            let l = lease(1000, Some(duration));
+            for t in 1000..1100 {
+                let d = decide_node(&n, Some(&l), ts(t), &o);
+                let deadline = 1000 + i64::from(duration);
+                let margin = i64::try_from(margin).unwrap();
+                assert_eq!(
+                    d.fail_vmis,
+                    t >= deadline + margin,
+                    "{duration} {margin} {t}"
+                );
+                let running = vmi("v").bound("n1", VmiPhase::Running).build();
+                let action = decide_vmi(&running, &n, &d, VmiFencing::Enabled, ts(t));
+                assert_eq!(
+                    matches!(action, VmiNodeAction::Fail { .. }),
+                    t >= deadline + margin
+                );
+            }
+        }
+    }
+    // The default timing reaches a replacement 12 s after the last renewal.
+    let d = decide_node(&n, Some(&lease(0, Some(8))), ts(12), &opts());
+    assert!(d.fail_vmis);
+    assert!(!decide_node(&n, Some(&lease(0, Some(8))), ts(11), &opts()).fail_vmis);
 }
 
 #[test]
@@ -204,7 +270,7 @@ fn no_execute_taints_evict() {
     let d = decide_node(&n, Some(&lease(100, None)), ts(101), &opts());
     let plain = vmi("v").bound("n1", VmiPhase::Running).build();
     assert!(matches!(
-        decide_vmi(&plain, &n, &d, true, ts(101)),
+        decide_vmi(&plain, &n, &d, VmiFencing::Enabled, ts(101)),
         VmiNodeAction::Evict { .. }
     ));
     let tol = |secs: Option<i64>| {
@@ -220,22 +286,22 @@ fn no_execute_taints_evict() {
             .build()
     };
     assert_eq!(
-        decide_vmi(&tol(None), &n, &d, true, ts(101)),
+        decide_vmi(&tol(None), &n, &d, VmiFencing::Enabled, ts(101)),
         VmiNodeAction::None
     );
     assert_eq!(
-        decide_vmi(&tol(Some(60)), &n, &d, true, ts(150)),
+        decide_vmi(&tol(Some(60)), &n, &d, VmiFencing::Enabled, ts(150)),
         VmiNodeAction::None
     );
     assert!(matches!(
-        decide_vmi(&tol(Some(60)), &n, &d, true, ts(160)),
+        decide_vmi(&tol(Some(60)), &n, &d, VmiFencing::Enabled, ts(160)),
         VmiNodeAction::Evict { .. }
     ));
     // Health taints do not evict on their own.
     let unreachable = node("n1").taint(TAINT_UNREACHABLE, "", "NoExecute").build();
     let d = decide_node(&unreachable, Some(&lease(100, None)), ts(101), &opts());
     assert_eq!(
-        decide_vmi(&plain, &unreachable, &d, true, ts(101)),
+        decide_vmi(&plain, &unreachable, &d, VmiFencing::Enabled, ts(101)),
         VmiNodeAction::None
     );
 }

@@ -117,7 +117,7 @@ fn fast_options(identity: &str) -> ControllerOptions {
     opts.leader_election.renew_period = Duration::from_secs(1);
     opts.leader_election.lease_duration = Duration::from_secs(3);
     opts.scheduler.resync = Duration::from_secs(1);
-    opts.node_lifecycle.eviction_grace = Duration::from_secs(1);
+    opts.node_lifecycle.fence_margin = Duration::from_secs(1);
     opts
 }
 

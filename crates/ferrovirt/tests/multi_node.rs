@@ -2,7 +2,8 @@
 //! processes (node2, node3) with their own data dirs. The scheduler honours nodeSelector, VMI
 //! anti-affinity and taints, and explains an impossible request in an event; a VM on shared
 //! (RWX) storage runs again on another node within 60 s of its node dying (agent and launchers
-//! killed), never with two QEMUs on its disk; with two servers on one etcd, killing the
+//! killed), never with two QEMUs on its disk; a node cut off from the control plane fences its
+//! self-fencing VMs by the lease deadline (docs/fencing.md); with two servers on one etcd, killing the
 //! controllers' leader hands reconciliation to the other server within the lease time.
 
 use std::time::{Duration, Instant};
@@ -275,6 +276,10 @@ fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
     })?;
     c.kubectl_ok(&["taint", "node", "node1", "controlplane=yes:NoSchedule"])?;
     c.guest_disk_claim("fenced-root")?;
+    let rwx = r#"{"spec":{"accessModes":["ReadWriteMany"]}}"#;
+    c.kubectl_ok(&["patch", "pv", "pv-fenced-root", "--type=merge", "-p", rwx])?;
+    c.kubectl_ok(&["patch", "pvc", "fenced-root", "--type=merge", "-p", rwx])
+        .ok();
     c.apply(&vm("fenced", "fenced-root", "app: f", ""))?;
     let uid = c.wait_until("VMI Running on node2", BOOT, || {
         let v = c.get_json(&["vmi", "fenced"])?;
@@ -308,27 +313,35 @@ fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
         "-p",
         r#"{"spec":{"runStrategy":"Manual"}}"#,
     ])?;
-    // The control plane goes away: node2's agent can no longer renew its lease (15 s).
+    // The control plane goes away: node2's agent can no longer renew its lease (8 s, renewed
+    // every 2 s). The VM was started self-fencing (runStrategy Always on a claim usable from
+    // another node, as announced on the VMI): its launcher kills QEMU by the deadline.
+    assert_eq!(
+        c.get_json(&["vmi", "fenced"])?["metadata"]["annotations"]["ferrovirt.io/fencing"],
+        "enabled"
+    );
     c.kill_server()?;
     let t0 = Instant::now();
     while qemu() > 0 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(100));
     }
     let took = t0.elapsed();
     assert_eq!(
         qemu(),
         0,
-        "the isolated agent did not fence its VM within 60 s"
+        "the isolated node did not fence its VM within 60 s"
     );
     assert!(
-        took >= Duration::from_secs(10),
+        took >= Duration::from_secs(5),
         "fenced after {took:?}, before the lease could have expired"
     );
-    eprintln!("agent fenced its VM {took:?} after losing the API server");
+    assert!(took < Duration::from_secs(12), "fenced only after {took:?}");
+    eprintln!("the launcher fenced its VM {took:?} after the API server went away");
     // The fenced VM did not finish its work: once the control plane is back, the VMI ends
-    // Failed (NodeFenced from the agent, or NodeUnresponsive from the node controller), never
+    // Failed (Fenced from the agent, or NodeUnresponsive from the node controller), never
     // Succeeded.
-    assert!(needle.join("fenced").exists(), "no fence marker");
+    let exit: Value = serde_json::from_slice(&std::fs::read(needle.join("exit.json"))?)?;
+    assert_eq!(exit["reason"], "Fenced", "{exit}");
     c.restart_server()?;
     let st = c.wait_until("the fenced VMI final", Duration::from_secs(60), || {
         let v = c.get_json(&["vmi", "fenced"])?;
@@ -341,7 +354,7 @@ fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
         Ok((phase == "Failed").then(|| v["status"].clone()))
     })?;
     let reason = st["reason"].as_str().unwrap_or_default();
-    assert!(["NodeFenced", "NodeUnresponsive"].contains(&reason), "{st}");
+    assert!(["Fenced", "NodeUnresponsive"].contains(&reason), "{st}");
     eprintln!("fenced VMI: Failed ({reason})");
     Ok(())
 }

@@ -42,6 +42,10 @@ pub struct LaunchMeta {
     /// Path of the QEMU binary.
     #[serde(default = "default_qemu")]
     pub qemu_binary: PathBuf,
+    /// Self-fencing ([`crate::fence`]): kill QEMU when the node's lease cannot be confirmed.
+    /// Absent: the VM keeps running whatever happens to the agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<crate::fence::FenceSpec>,
 }
 
 fn default_qemu() -> PathBuf {
@@ -166,6 +170,9 @@ pub enum ExitReason {
     Crashed,
     /// QEMU could not be started.
     StartFailed,
+    /// The launcher killed QEMU because the node's lease could not be confirmed in time
+    /// (self-fencing, [`crate::fence`]), or did not start it for that reason.
+    Fenced,
 }
 
 impl ExitReason {

@@ -2,6 +2,9 @@
 //! It reads `spec.json` and `meta.json` from its directory, starts QEMU, serves the control
 //! protocol on `control.sock`, follows QMP events and the guest agent, and when QEMU is gone
 //! writes `exit.json` (why) and exits. SIGTERM means "shut the VM down within its grace period".
+//! A launcher with a [`crate::fence::FenceSpec`] in its meta fences itself: it starts QEMU only
+//! before its fence deadline and once its storage leases are free, and a watcher thread kills
+//! QEMU when the deadline passes without a newer heartbeat from the agent.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +19,7 @@ use crate::control::{
     Request, RunPhase, files, write_json_atomic,
 };
 use crate::error::{Error, Result};
+use crate::fence;
 use crate::lifecycle::{ShutdownOutcome, ShutdownPolicy, StartOptions, Vm, VmState};
 use crate::process::QemuOptions;
 use crate::qga::QgaOptions;
@@ -118,12 +122,55 @@ pub async fn run(dir: &Path) -> Result<ExitReport> {
     result
 }
 
+/// Before QEMU starts: a launcher past its fence deadline must not start it, and one whose
+/// shared disks' storage leases are held by another VMI waits (bounded) for them. Returns the
+/// exit report when QEMU must not start.
+async fn fence_gate(meta: &LaunchMeta) -> Option<ExitReport> {
+    let spec = meta.fence.clone()?;
+    let deadline = fence::deadline(&spec, fence::read_heartbeat(&spec.heartbeat).as_ref());
+    if fence::now_ms() > deadline {
+        return Some(ExitReport {
+            reason: ExitReason::Fenced,
+            message: "self-fencing: the node's lease could not be confirmed; QEMU was not \
+                      started"
+                .into(),
+            at: now_secs(),
+        });
+    }
+    let uid = meta.vmi_uid.clone();
+    let waited = tokio::task::spawn_blocking(move || {
+        fence::acquire_storage_leases(&spec, &uid, deadline, STORAGE_LEASE_WAIT)
+    })
+    .await;
+    match waited {
+        Ok(Ok(())) => None,
+        Ok(Err(held)) => Some(ExitReport {
+            reason: ExitReason::StartFailed,
+            message: format!("a shared disk is in use elsewhere: {held}"),
+            at: now_secs(),
+        }),
+        Err(e) => Some(ExitReport {
+            reason: ExitReason::StartFailed,
+            message: format!("storage lease task: {e}"),
+            at: now_secs(),
+        }),
+    }
+}
+
+/// How long a launcher waits for another VMI's storage lease to expire before it gives up.
+const STORAGE_LEASE_WAIT: Duration = Duration::from_secs(30);
+
 async fn start_and_supervise(
     dir: &Path,
     spec: LaunchSpec,
     meta: &LaunchMeta,
     opts: &StartOptions,
 ) -> Result<ExitReport> {
+    if let Some(report) = fence_gate(meta).await {
+        tracing::error!("{}", report.message);
+        write_json_atomic(&dir.join(files::EXIT), &report)?;
+        return Ok(report);
+    }
     let vm = match Vm::start(spec, opts).await {
         Ok(vm) => vm,
         Err(e) => {
@@ -157,7 +204,21 @@ async fn start_and_supervise(
         .map_err(|e| Error::io(sock_path.display().to_string(), e))?;
     let (tx, rx) = mpsc::channel::<(Command, Responder)>(16);
     let server = tokio::spawn(serve(listener, status.clone(), tx));
-    let report = main_loop(vm, meta, status.clone(), rx).await;
+    let watcher = match (&meta.fence, vm.pid()) {
+        (Some(f), Some(pid)) => Some(fence::watch(f.clone(), meta.vmi_uid.clone(), pid)),
+        _ => None,
+    };
+    let mut report = main_loop(vm, meta, status.clone(), rx).await;
+    if let Some(w) = &watcher {
+        w.stop();
+        if let Some(fenced) = w.fenced() {
+            report.reason = ExitReason::Fenced;
+            report.message = fenced.message();
+        }
+    }
+    if let Some(f) = &meta.fence {
+        fence::release_storage_leases(f, &meta.vmi_uid);
+    }
     server.abort();
     let _ = std::fs::remove_file(&sock_path);
     write_json_atomic(&dir.join(files::EXIT), &report)?;
@@ -276,6 +337,7 @@ async fn main_loop(
             "the guest did not power off within its grace period; QEMU was killed".to_string()
         }
         (ExitReason::StartFailed, _) => "QEMU did not start".to_string(),
+        (ExitReason::Fenced, _) => "self-fencing".to_string(),
     };
     ExitReport {
         reason,

@@ -12,6 +12,7 @@ pub mod console;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod fence;
 pub mod lifecycle;
 pub mod process;
 pub mod qga;

@@ -206,8 +206,26 @@ impl Cluster {
 
     /// Starts another node agent named `node` with its own data dir and `extra` arguments.
     pub fn start_agent_with(&mut self, node: &str, extra: &[&str]) -> anyhow::Result<()> {
+        self.start_agent_in(node, &[], extra)
+    }
+
+    /// Like [`start_agent_with`](Self::start_agent_with), run through a command `prefix`
+    /// (e.g. `ip netns exec NS`, which execs, so the agent keeps the child's pid).
+    pub fn start_agent_in(
+        &mut self,
+        node: &str,
+        prefix: &[String],
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
         let data = self.dir.path().join(format!("agent-{node}"));
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&self.binary);
+                c
+            }
+            None => Command::new(&self.binary),
+        };
         cmd.arg("agent")
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -222,6 +240,16 @@ impl Cluster {
         let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
         self.agents.push((node.to_string(), child));
         Ok(())
+    }
+
+    /// The process id of the extra agent `node` (to stop, continue or kill the agent alone;
+    /// its launchers and QEMUs are processes of their own).
+    pub fn agent_pid(&self, node: &str) -> Option<u32> {
+        self.agents
+            .iter()
+            .rev()
+            .find(|(n, _)| n == node)
+            .map(|(_, c)| c.id())
     }
 
     /// The data dir of the extra agent `node` (VMI directories under `vmis/<uid>`).

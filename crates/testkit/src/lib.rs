@@ -6,6 +6,7 @@
 
 pub mod cluster;
 pub mod console;
+pub mod cutoff;
 pub mod etcd;
 pub mod fileserver;
 pub mod guest;

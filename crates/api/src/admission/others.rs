@@ -45,6 +45,7 @@ pub(super) fn validate(
         ));
     }
     match def.kind {
+        "HyperConverged" => validate_node_failure(obj, &mut e),
         "VirtualMachineInstanceMigration"
             if str_at(obj, &["spec", "vmiName"]).unwrap_or("").is_empty() =>
         {
@@ -152,6 +153,30 @@ fn check_vm_ref(obj: &Value, field: &str, e: &mut Vec<FieldError>) {
         e.push(FieldError::required(
             format!("spec.{field}.name"),
             "name is required",
+        ));
+    }
+}
+
+/// `spec.nodeFailure` (docs/fencing.md): timings that cannot be carried out safely are
+/// refused naming the field.
+fn validate_node_failure(obj: &Value, e: &mut Vec<FieldError>) {
+    let Some(cfg) = obj.pointer("/spec/nodeFailure") else {
+        return;
+    };
+    let Ok(cfg) = serde_json::from_value::<crate::hco::NodeFailureConfig>(cfg.clone()) else {
+        return; // the type check reported it
+    };
+    let d = crate::fencing::FenceTiming::default();
+    let t = crate::fencing::FenceTiming {
+        lease_duration_seconds: cfg
+            .lease_duration_seconds
+            .unwrap_or(d.lease_duration_seconds),
+        fence_margin_seconds: cfg.fence_margin_seconds.unwrap_or(d.fence_margin_seconds),
+    };
+    if let Err(err) = t.validate() {
+        e.push(FieldError::invalid(
+            format!("spec.nodeFailure.{}", err.field),
+            err.message,
         ));
     }
 }

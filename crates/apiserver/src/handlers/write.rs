@@ -471,6 +471,24 @@ pub(super) async fn update_object(
         if explicit_rv.is_some_and(|r| r != rev) {
             return Err(ApiError::stale(def, name));
         }
+        // A uid in the body is a precondition (as in Kubernetes): a write meant for an
+        // object that has since been deleted and recreated under the same name is refused.
+        let (want_uid, actual_uid) = (
+            new.pointer("/metadata/uid").and_then(Value::as_str),
+            old.pointer("/metadata/uid").and_then(Value::as_str),
+        );
+        if let (Some(want), Some(actual)) = (want_uid, actual_uid)
+            && !want.is_empty()
+            && want != actual
+        {
+            return Err(ApiError::conflict(
+                def,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {want}, UID in object meta: {actual}"
+                ),
+            ));
+        }
         let warnings = check_unknown_fields(def, &new, opts)?;
         let mut merged = merge_for_update(def, &old, new, status_only);
         check_limits(def, &merged)?;

@@ -5,7 +5,7 @@
 //! Unknown or evicts VMIs bound to unresponsive or NoExecute-tainted nodes, with Events.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -15,6 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
+use ferrovirt_api::fencing::{FenceTiming, vmi_fencing};
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, vmi_condition};
 
 use super::events::{EventRecorder, object_ref};
@@ -23,8 +24,8 @@ use super::stores::{Kind, Stores};
 use crate::conditions;
 use crate::error::ControllerError;
 use crate::node_lifecycle::{
-    NODE_LEASE_NAMESPACE, NodeLifecycleOptions, VmiNodeAction, can_run_elsewhere, decide_node,
-    decide_vmi,
+    NODE_LEASE_NAMESPACE, NodeLifecycleOptions, REASON_FENCED, REASON_NODE_UNRESPONSIVE,
+    VmiNodeAction, decide_node, decide_vmi,
 };
 use crate::scheduler::is_bound;
 use crate::vm::template::KUBEVIRT_API_VERSION;
@@ -41,8 +42,11 @@ pub async fn run(
 ) -> Result<(), ControllerError> {
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
     let mut changes = stores.changes();
+    let configured = Arc::new(std::sync::Mutex::new(None));
+    tokio::spawn(follow_node_failure(client.clone(), configured.clone()));
     stores.ready().await;
     loop {
+        let opts = effective_options(&opts, *configured.lock().unwrap_or_else(|p| p.into_inner()));
         let wait = match pass(&client, &stores, &recorder, &opts).await {
             Ok(wait) => wait,
             Err(e) => {
@@ -52,6 +56,58 @@ pub async fn run(
         };
         // The next lease expiry, or sooner when a Node or Lease changes.
         let _ = tokio::time::timeout(wait, changes.wait_for(&[Kind::Node, Kind::Lease])).await;
+    }
+}
+
+/// The options with the HyperConverged's node failure timing (when one sets it): its margin,
+/// and its lease duration for nodes whose Lease does not say.
+fn effective_options(
+    opts: &NodeLifecycleOptions,
+    configured: Option<FenceTiming>,
+) -> NodeLifecycleOptions {
+    let mut o = opts.clone();
+    if let Some(t) = configured {
+        o.fence_margin = Duration::from_secs(u64::from(t.fence_margin_seconds));
+        o.default_lease_duration = Duration::from_secs(u64::from(t.lease_duration_seconds));
+    }
+    o
+}
+
+/// Follows the HyperConverged objects with a watch (no polling): `spec.nodeFailure` of the
+/// first that sets it, or `None`.
+async fn follow_node_failure(
+    client: kube::Client,
+    configured: Arc<std::sync::Mutex<Option<FenceTiming>>>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("hco.kubevirt.io", "v1beta1", "HyperConverged"),
+        "hyperconvergeds",
+    );
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client, &ar);
+    let writer = reflector::store::Writer::<kube::api::DynamicObject>::new(ar);
+    let store = writer.as_reader();
+    let mut events = std::pin::pin!(
+        reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+    );
+    while let Some(ev) = events.next().await {
+        if let Err(e) = ev {
+            tracing::debug!("watching hyperconvergeds: {e}");
+            continue;
+        }
+        let hcos: Vec<serde_json::Value> = store
+            .state()
+            .iter()
+            .map(|o| serde_json::to_value(&**o).unwrap_or_default())
+            .collect();
+        let set = hcos
+            .iter()
+            .any(|h| h.pointer("/spec/nodeFailure").is_some());
+        let timing = set.then(|| ferrovirt_api::hco::node_failure_timing(&hcos));
+        *configured.lock().unwrap_or_else(|p| p.into_inner()) = timing;
     }
 }
 
@@ -79,7 +135,6 @@ async fn pass(
     let now = Timestamp::now();
     let mut next = opts.resync;
     let mut vmis_cache: Option<Vec<VirtualMachineInstance>> = None;
-    let mut pvc_cache: HashMap<String, Option<Vec<String>>> = HashMap::new();
     for node in &node_list {
         let Some(name) = node.metadata.name.clone() else {
             continue;
@@ -120,6 +175,17 @@ async fn pass(
             recorder
                 .record(&node_ref, cond.status != "True", reason, &msg)
                 .await;
+            if cond.status == "Unknown" {
+                let tl = &decision.timeline;
+                let msg = format!(
+                    "Node {name} stopped renewing its lease (last renewal {}); its self-fencing \
+                     VMs are stopped by {} and replaced from {}; VMs that cannot move stay",
+                    tl.renewed, tl.fence_deadline, tl.replace_at
+                );
+                recorder
+                    .record(&node_ref, true, REASON_NODE_UNRESPONSIVE, &msg)
+                    .await;
+            }
         }
         if let Some(taints) = &decision.taints {
             let patch = json!({
@@ -151,43 +217,34 @@ async fn pass(
             .flatten()
             .filter(|v| is_bound(v) == Some(name.as_str()))
         {
-            let ns = vmi
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into());
-            let mut claims = Vec::new();
-            for v in vmi
-                .spec
-                .as_ref()
-                .and_then(|s| s.volumes.as_ref())
-                .into_iter()
-                .flatten()
-            {
-                let claim = v
-                    .persistent_volume_claim
-                    .as_ref()
-                    .map(|p| p.claim_name.clone())
-                    .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()));
-                claims.extend(claim);
+            let action = decide_vmi(vmi, node, &decision, vmi_fencing(vmi), now);
+            if let VmiNodeAction::Fail { .. } = action {
+                // A replacement is for good: decide again on the VMI as the API has it now
+                // (the cache may not have seen the agent announce a launcher yet).
+                let Some(fresh) = fresh_vmi(client, vmi).await? else {
+                    continue;
+                };
+                let action = decide_vmi(&fresh, node, &decision, vmi_fencing(&fresh), now);
+                apply_vmi_action(client, recorder, &fresh, &action).await?;
+            } else {
+                apply_vmi_action(client, recorder, vmi, &action).await?;
             }
-            for c in claims {
-                if let Entry::Vacant(slot) = pvc_cache.entry(format!("{ns}/{c}")) {
-                    let modes = stores
-                        .pvc(&ns, &c)
-                        .and_then(|p| p.spec.clone())
-                        .and_then(|s| s.access_modes);
-                    slot.insert(modes);
-                }
-            }
-            let relocatable = can_run_elsewhere(vmi, |claim| {
-                pvc_cache.get(&format!("{ns}/{claim}")).cloned().flatten()
-            });
-            let action = decide_vmi(vmi, node, &decision, relocatable, now);
-            apply_vmi_action(client, recorder, vmi, &action).await?;
         }
     }
     Ok(next)
+}
+
+/// The VMI as the API has it now (`None`: gone).
+async fn fresh_vmi(
+    client: &kube::Client,
+    vmi: &VirtualMachineInstance,
+) -> Result<Option<VirtualMachineInstance>, ControllerError> {
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let name = vmi.metadata.name.as_deref().unwrap_or("");
+    let api: Api<Vmi> = Api::namespaced(client.clone(), ns);
+    let fresh = api.get_opt(name).await?.map(|v| v.0);
+    // Another VMI of that name (already replaced) is not the one decided about.
+    Ok(fresh.filter(|f| f.metadata.uid == vmi.metadata.uid))
 }
 
 /// The finalizer node agents keep on the VMIs they run (see `ferrovirt_agent::decide`).
@@ -218,7 +275,9 @@ async fn apply_vmi_action(
             recorder.record(&reference, true, reason, message).await;
             return Ok(());
         }
-        VmiNodeAction::Fail { reason, message } => ("Failed", reason, message),
+        VmiNodeAction::Fail {
+            reason, message, ..
+        } => ("Failed", reason, message),
         VmiNodeAction::MarkUnknown { reason, message } => ("Unknown", reason, message),
     };
     let mut conds = vmi
@@ -231,11 +290,16 @@ async fn apply_vmi_action(
         conditions::condition(vmi_condition::READY, false, Some(reason), Some(message)),
         &Time(Timestamp::now()),
     );
-    let mut patch = json!({"status": {"phase": phase, "reason": reason, "conditions": conds}});
+    // The uid is a precondition: never a write into a newer VMI of the same name.
+    let mut patch = json!({
+        "metadata": {"uid": vmi.metadata.uid},
+        "status": {"phase": phase, "reason": reason, "conditions": conds}
+    });
     if phase == "Failed" {
-        // The dead node's agent can no longer release the VMI: it fenced itself (stopped its
-        // VMs) after its lease duration, which is shorter than the eviction grace that led
-        // here. Drop its finalizer so the VM controller can replace the VMI elsewhere.
+        // The dead node's agent can no longer release the VMI: its launcher fenced itself
+        // (killed QEMU) at the lease's fence deadline, which the margin that led here lies
+        // behind (or no launcher was ever started). Drop the agent's finalizer so the VM
+        // controller can replace the VMI elsewhere.
         let finalizers: Vec<String> = vmi
             .metadata
             .finalizers
@@ -245,7 +309,7 @@ async fn apply_vmi_action(
             .cloned()
             .collect();
         if finalizers.len() != vmi.metadata.finalizers.as_ref().map_or(0, Vec::len) {
-            patch["metadata"] = json!({"finalizers": finalizers});
+            patch["metadata"]["finalizers"] = json!(finalizers);
         }
     }
     match api
@@ -253,9 +317,38 @@ async fn apply_vmi_action(
         .await
     {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 409 => return Ok(()),
         Err(e) => return Err(e.into()),
+    }
+    if let VmiNodeAction::Fail {
+        fenced: Some(fenced),
+        ..
+    } = action
+    {
+        recorder
+            .record(&reference, true, REASON_FENCED, fenced)
+            .await;
     }
     recorder.record(&reference, true, reason, message).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hyperconverged_timing_overrides_the_options() {
+        let base = NodeLifecycleOptions::default();
+        let same = effective_options(&base, None);
+        assert_eq!(same.fence_margin, base.fence_margin);
+        let t = FenceTiming {
+            lease_duration_seconds: 20,
+            fence_margin_seconds: 6,
+        };
+        let o = effective_options(&base, Some(t));
+        assert_eq!(o.fence_margin, Duration::from_secs(6));
+        assert_eq!(o.default_lease_duration, Duration::from_secs(20));
+        assert_eq!(o.resync, base.resync);
+    }
 }

@@ -11,9 +11,14 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use ferrovirt_api::kubevirt::vm::StartFailure;
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
 
-/// VMI `status.reason` values that are the infrastructure's fault, not the guest's.
-pub const INFRASTRUCTURE_REASONS: &[&str] =
-    &["NodeUnresponsive", "Evicted", "TaintManagerEviction"];
+/// VMI `status.reason` values that are the infrastructure's fault, not the guest's
+/// (`Fenced`: the launcher killed QEMU when its node lost its lease, docs/fencing.md).
+pub const INFRASTRUCTURE_REASONS: &[&str] = &[
+    "NodeUnresponsive",
+    "Fenced",
+    "Evicted",
+    "TaintManagerEviction",
+];
 
 /// Back-off tunables.
 #[derive(Debug, Clone)]

@@ -361,13 +361,25 @@ pub fn decide(input: &VmInput<'_>, opts: &VmOptions) -> VmDecision {
                 "Started the virtual machine by creating the new virtual machine instance {vm_name}"
             ),
         )),
-        VmAction::DeleteVmi { uid, .. } => events.push(VmEvent::normal(
-            REASON_SUCCESSFUL_DELETE,
-            format!(
-                "Stopped the virtual machine by deleting the virtual machine instance {}",
-                uid.as_deref().unwrap_or(vm_name)
-            ),
-        )),
+        VmAction::DeleteVmi { uid, .. } => {
+            let uid = uid.as_deref().unwrap_or(vm_name);
+            // A failed VMI is deleted to be replaced: say why it failed (e.g. NodeUnresponsive
+            // after its node's launcher fenced it, docs/fencing.md).
+            let failed = vmi
+                .and_then(|v| v.status.as_ref())
+                .filter(|s| s.phase == Some(VmiPhase::Failed))
+                .and_then(|s| s.reason.clone());
+            let message = match failed {
+                Some(reason) if auto_restart => format!(
+                    "Deleted the failed virtual machine instance {uid} (reason: {reason}) to \
+                     start a new one"
+                ),
+                _ => format!(
+                    "Stopped the virtual machine by deleting the virtual machine instance {uid}"
+                ),
+            };
+            events.push(VmEvent::normal(REASON_SUCCESSFUL_DELETE, message));
+        }
         _ => {}
     }
 

@@ -297,6 +297,18 @@ fn node_failure_restarts_without_backoff() {
     assert!(is_delete(&d));
     assert_eq!(d.status.start_failure, None);
     assert_eq!(printable(&d), PrintableStatus::Starting);
+    // The event says why the VMI is replaced.
+    assert!(
+        d.events.iter().any(|e| e.reason == REASON_SUCCESSFUL_DELETE
+            && e.message.contains("reason: NodeUnresponsive")),
+        "{:?}",
+        d.events
+    );
+    // A launcher that fenced itself is an infrastructure failure too: no back-off.
+    let fenced = vmi_of(&v, "u1", VmiPhase::Failed).reason("Fenced").build();
+    let d = go(&v, Some(&fenced));
+    assert!(is_delete(&d));
+    assert_eq!(d.status.start_failure, None);
 }
 
 #[test]
