@@ -38,6 +38,7 @@ use crate::mapping::{self, MappingContext};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
 use crate::volumes::{self, ClaimInfo, ResolvedRefs};
 
+mod mounts;
 mod sync;
 pub use sync::vmi_selector;
 use sync::{sync_loop, watch_vmis};
@@ -136,6 +137,9 @@ struct Agent {
     container_disks: crate::containerdisk::ContainerDisks,
     /// Per VMI uid: the size last sent in a `ResizeDisk` for each claim disk ([`crate::resize`]).
     disk_sizes: Mutex<HashMap<String, BTreeMap<String, u64>>>,
+    /// The node's shared-mount condition as last found ([`mounts`]); the heartbeat sends it
+    /// with Ready.
+    shared_mounts: Mutex<Option<k8s_openapi::api::core::v1::NodeCondition>>,
 }
 
 /// How often a connected guest agent is asked for OS info and interfaces.
@@ -178,6 +182,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         net,
         container_disks: crate::containerdisk::ContainerDisks::new(&opts.data_dir),
         disk_sizes: Mutex::new(HashMap::new()),
+        shared_mounts: Mutex::new(None),
         opts,
     });
     agent.register_node().await?;
@@ -192,6 +197,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         }
     });
     let hb = tokio::spawn(heartbeat(agent.clone()));
+    let mounts = tokio::spawn(mounts::run(agent.clone()));
     let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());
     let cache = writer.as_reader();
     let (triggers, events) = tokio::sync::mpsc::unbounded_channel();
@@ -203,6 +209,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         r = endpoint.task => r,
         r = watch => r,
         r = overlay => r,
+        r = mounts => r,
     };
     r.map_err(|e| AgentError::Reference(format!("agent task ended: {e}")))
 }
@@ -878,7 +885,7 @@ async fn heartbeat(agent: Arc<Agent>) {
         if node_tick.elapsed() > Duration::from_secs(10) {
             node_tick = Instant::now();
             let nodes: Api<Node> = Api::all(agent.client.clone());
-            let st = json!({"status": {"conditions": [node::ready_condition(now_ts())]}});
+            let st = json!({"status": {"conditions": agent.node_conditions().await}});
             if let Err(e) = nodes
                 .patch_status(
                     &agent.opts.node_name,

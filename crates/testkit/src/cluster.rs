@@ -206,8 +206,26 @@ impl Cluster {
 
     /// Starts another node agent named `node` with its own data dir and `extra` arguments.
     pub fn start_agent_with(&mut self, node: &str, extra: &[&str]) -> anyhow::Result<()> {
+        self.start_agent_wrapped(node, &[], extra)
+    }
+
+    /// [`Cluster::start_agent_with`] run through the command prefix `wrapper` (e.g.
+    /// [`crate::mountns::hide_path_wrapper`]), which must exec the program it is given.
+    pub fn start_agent_wrapped(
+        &mut self,
+        node: &str,
+        wrapper: &[String],
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
         let data = self.dir.path().join(format!("agent-{node}"));
-        let mut cmd = Command::new(&self.binary);
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&self.binary);
+                c
+            }
+            None => Command::new(&self.binary),
+        };
         cmd.arg("agent")
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)

@@ -9,6 +9,7 @@ pub mod console;
 pub mod etcd;
 pub mod fileserver;
 pub mod guest;
+pub mod mountns;
 pub mod netns;
 pub mod qemu;
 pub mod qmp;
