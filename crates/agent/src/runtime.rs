@@ -5,7 +5,8 @@
 //! (`status.nodeName=<node>`, see [`vmi_selector`]): a watch event reconciles its VMI, the
 //! periodic resync re-checks the local launchers against the cache; the agent never lists in
 //! steady state. What a VMI references (claims, volumes, Secrets, ConfigMaps) is read by name
-//! when it starts.
+//! when it starts; configuration objects and, for the duplicate-MAC check, the cluster's VMIs
+//! come from watch-fed caches ([`caches`]), never from a list per start.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -38,6 +39,7 @@ use crate::mapping::{self, MappingContext};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
 use crate::volumes::{self, ClaimInfo, ResolvedRefs};
 
+mod caches;
 mod mounts;
 mod sync;
 pub use sync::vmi_selector;
@@ -140,6 +142,8 @@ struct Agent {
     /// The node's shared-mount condition as last found ([`mounts`]); the heartbeat sends it
     /// with Ready.
     shared_mounts: Mutex<Option<k8s_openapi::api::core::v1::NodeCondition>>,
+    /// HyperConverged/CDI objects and (on demand) every VMI, from watches ([`caches`]).
+    caches: caches::Caches,
 }
 
 /// How often a connected guest agent is asked for OS info and interfaces.
@@ -166,6 +170,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         &cert,
     )
     .await?;
+    let caches = caches::Caches::start(&client);
     let agent = Arc::new(Agent {
         endpoint_url: endpoint.url.clone(),
         endpoint_fingerprint: endpoint.fingerprint.clone(),
@@ -183,6 +188,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         container_disks: crate::containerdisk::ContainerDisks::new(&opts.data_dir),
         disk_sizes: Mutex::new(HashMap::new()),
         shared_mounts: Mutex::new(None),
+        caches,
         opts,
     });
     agent.register_node().await?;
@@ -530,15 +536,20 @@ impl Agent {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         let mut refs = self.resolve_refs(vmi).await?;
+        let (hco, cdi) = self.caches.hco_and_cdi().await;
         let policy = crate::hostpath::HostPathPolicy {
-            host_disk_gate: crate::hostpath::host_disk_gate(&self.client).await,
+            host_disk_gate: ferrovirt_api::hco::feature_gate_on(&hco, "HostDisk"),
             allowed_roots: self.opts.isolation.host_disk_roots.clone(),
             protected: self.protected_dirs(),
         };
         // Refused host paths leave nothing behind, not even the VMI directory.
         crate::hostpath::verify(vmi, &refs, &policy)?;
         std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        refs.container_disks = self.container_disks.prepare(&self.client, vmi).await?;
+        let insecure = ferrovirt_api::hco::insecure_registries(&hco, &cdi);
+        refs.container_disks = self
+            .container_disks
+            .prepare(&self.client, vmi, &insecure)
+            .await?;
         let actions = volumes::plan(vmi, &refs, &dir)?;
         let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
             .await
@@ -559,7 +570,10 @@ impl Agent {
         ctx.cgroup_name = vmi.metadata.uid.clone();
         ctx.pids_max = Some(self.opts.isolation.pids_max);
         ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
-        self.net.check_macs(&self.client, vmi).await?;
+        if crate::network::has_explicit_macs(vmi) {
+            let others = self.caches.all_vmis().await?;
+            crate::network::check_duplicate_macs(vmi, &others)?;
+        }
         let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
         ctx.pod_taps = attachment.taps;
         let exec_prefix = attachment.exec_prefix;
