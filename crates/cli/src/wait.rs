@@ -1,8 +1,8 @@
-//! `delete TYPE NAME… [--wait]` and `wait --for=condition=X[=STATUS]|jsonpath='{…}'[=VALUE]|
-//! delete TYPE/NAME --timeout=D` (jsonpath in ferrovirt-api's kubectl dialect), with a progress line: rewritten in place on a terminal, plain lines (printed
-//! only when they change) otherwise. Waiting is a watch of the one object (kube-runtime's
-//! `await_condition`, a `metadata.name` field-selected watcher), never a poll: the progress
-//! line follows the watch events.
+//! `delete TYPE NAME… [--wait]` and `wait --for=condition=X[=STATUS]|jsonpath='{…}'[=VALUE]| delete
+//! TYPE/NAME --timeout=D` (jsonpath in ferrovirt-api's kubectl dialect), with a progress line:
+//! rewritten in place on a terminal, plain lines (printed only when they change) otherwise. Waiting
+//! is a watch of the one object (kube-runtime's `await_condition`, a `metadata.name` field-selected
+//! watcher), never a poll: the progress line follows the watch events.
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;

@@ -1,10 +1,10 @@
-//! Populating a volume: [`import`] downloads an HTTP(S) source into a scratch directory
-//! (verifying its checksum while it streams), decompresses gzip/xz (their tools) and zstd
-//! (the `zstd` crate, in process), checks the image with `qemu-img info` and `qemu-img check`
-//! under resource limits (no backing or external data files, not corrupt, virtual size within
-//! the claim) and converts it to raw into the volume: into a temporary file renamed over
-//! `disk.img` on success (Filesystem mode), or in place onto the loop device (Block mode; discarded again on failure), so a failed import
-//! leaves the volume as blank as it was. [`blank`] and [`clone_image`] are the other two
+//! Populating a volume: [`import`] downloads an HTTP(S) source into a scratch directory (verifying
+//! its checksum while it streams), decompresses gzip/xz (their tools) and zstd (the `zstd` crate,
+//! in process), checks the image with `qemu-img info` and `qemu-img check` under resource limits
+//! (no backing or external data files, not corrupt, virtual size within the claim) and converts it
+//! to raw into the volume: into a temporary file renamed over `disk.img` on success (Filesystem
+//! mode), or in place onto the loop device (Block mode; discarded again on failure), so a failed
+//! import leaves the volume as blank as it was. [`blank`] and [`clone_image`] are the other two
 //! populators. Progress is reported as a percentage of the whole job through a callback.
 
 use std::io::Write;

@@ -1,7 +1,7 @@
 //! Shared filesystems declared in StorageClasses (docs/storage.md, "Shared filesystems across
 //! machines"): a class of the `ferrovirt.io/shared` provisioner with the parameter
-//! `ferrovirt.io/shared-mount` names a directory where the administrator has mounted the same shared
-//! filesystem (NFS, CephFS, …) on every node. Its volumes live in `<mount>/volumes/<pv>/`.
+//! `ferrovirt.io/shared-mount` names a directory where the administrator has mounted the same
+//! shared filesystem (NFS, CephFS, …) on every node. Its volumes live in `<mount>/volumes/<pv>/`.
 //!
 //! Whether a node sees *the same* filesystem is decided by a marker: the server's provisioner
 //! writes `<mount>/.ferrovirt-class-<class>` holding the class's uid ([`write_marker`]); a node
@@ -89,7 +89,8 @@ pub fn check(class: &str, uid: &str, mount: &Path) -> MountState {
     check_with(class, uid, mount, |p| std::fs::read_to_string(p))
 }
 
-/// The value of the Node annotation `storage.ferrovirt.io/shared-mounts` for these states: the mounted classes, sorted.
+/// The value of the Node annotation `storage.ferrovirt.io/shared-mounts` for these states: the
+/// mounted classes, sorted.
 pub fn mounted_list(states: &[MountState]) -> String {
     let mut names: Vec<&str> = states
         .iter()

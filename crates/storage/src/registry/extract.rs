@@ -1,10 +1,10 @@
 //! The disk of a containerDisk image: the one regular file under `/disk/` once all layers are
 //! applied in order (a later layer replaces a file, `.wh.<name>` whiteouts and opaque
-//! `.wh..wh..opq` markers remove earlier ones). Layers are untrusted: tar, gzip (by magic
-//! bytes) or zstd (the `zstd` crate, window at most 128 MiB); only regular files directly under `disk/` are written,
-//! each to a name this module chooses (entry names never become paths), up to a size bound;
-//! symlinks, hard links, devices, subdirectories and `..` paths are ignored. Files are written
-//! sparsely (zero blocks become holes).
+//! `.wh..wh..opq` markers remove earlier ones). Layers are untrusted: tar, gzip (by magic bytes) or
+//! zstd (the `zstd` crate, window at most 128 MiB); only regular files directly under `disk/` are
+//! written, each to a name this module chooses (entry names never become paths), up to a size
+//! bound; symlinks, hard links, devices, subdirectories and `..` paths are ignored. Files are
+//! written sparsely (zero blocks become holes).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
