@@ -15,7 +15,7 @@ use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 use ferrovirt_storage::registry::cache::{self, CachedDisk, ImageCache};
 use ferrovirt_storage::registry::{ClientOptions, ImageRef, auth, reference};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::Api;
 
 use ferrovirt_launcher::spec::DiskFormat;
 
@@ -82,16 +82,6 @@ pub struct ContainerDisks {
     cache: ImageCache,
 }
 
-fn resource(group: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: group.into(),
-        version: "v1beta1".into(),
-        api_version: format!("{group}/v1beta1"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
 fn pull_err(image: &ImageRef, message: impl Into<String>) -> AgentError {
     AgentError::ImagePull {
         image: image.to_string(),
@@ -110,29 +100,6 @@ impl ContainerDisks {
     /// The cache directory.
     pub fn root(&self) -> &Path {
         self.cache.root()
-    }
-
-    async fn insecure_registries(&self, client: &kube::Client) -> Vec<String> {
-        let mut objects = Vec::new();
-        for r in [
-            resource("hco.kubevirt.io", "HyperConverged", "hyperconvergeds"),
-            resource("cdi.kubevirt.io", "CDI", "cdis"),
-        ] {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &r);
-            let items = match api.list(&ListParams::default()).await {
-                Ok(l) => l
-                    .items
-                    .into_iter()
-                    .map(|o| serde_json::to_value(o).unwrap_or_default())
-                    .collect(),
-                Err(e) => {
-                    tracing::debug!("listing {}: {e}", r.plural);
-                    Vec::new()
-                }
-            };
-            objects.push(items);
-        }
-        ferrovirt_api::hco::insecure_registries(&objects[0], &objects[1])
     }
 
     async fn credentials(
@@ -174,6 +141,7 @@ impl ContainerDisks {
         &self,
         client: &kube::Client,
         vmi: &VirtualMachineInstance,
+        insecure: &[String],
     ) -> Result<BTreeMap<String, (PathBuf, DiskFormat)>, AgentError> {
         let volumes = container_disk_volumes(vmi)?;
         let mut out = BTreeMap::new();
@@ -181,10 +149,9 @@ impl ContainerDisks {
             return Ok(out);
         }
         let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
-        let insecure = self.insecure_registries(client).await;
         for v in volumes {
             let opts = ClientOptions {
-                insecure_registries: insecure.clone(),
+                insecure_registries: insecure.to_vec(),
                 extra_ca_pem: Vec::new(),
                 auth: self.credentials(client, ns, &v).await?,
                 // containerDisk pulls are not under the import address policy yet (the

@@ -214,33 +214,6 @@ pub fn verify(
     Ok(())
 }
 
-/// Whether any HyperConverged object turns the `HostDisk` feature gate on.
-pub async fn host_disk_gate(client: &kube::Client) -> bool {
-    use kube::api::{Api, ApiResource, DynamicObject, ListParams};
-    let r = ApiResource {
-        group: "hco.kubevirt.io".into(),
-        version: "v1beta1".into(),
-        api_version: "hco.kubevirt.io/v1beta1".into(),
-        kind: "HyperConverged".into(),
-        plural: "hyperconvergeds".into(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &r);
-    match api.list(&ListParams::default()).await {
-        Ok(l) => {
-            let items: Vec<serde_json::Value> = l
-                .items
-                .into_iter()
-                .map(|o| serde_json::to_value(o).unwrap_or_default())
-                .collect();
-            ferrovirt_api::hco::feature_gate_on(&items, "HostDisk")
-        }
-        Err(e) => {
-            tracing::debug!("listing hyperconvergeds: {e}");
-            false
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -132,6 +132,11 @@ pub fn secondary_interfaces(
 }
 
 /// The explicit MAC addresses (`macAddress`) of `vmi`'s interfaces, normalized.
+/// Whether `vmi` asks for a MAC address of its own on any interface.
+pub fn has_explicit_macs(vmi: &VirtualMachineInstance) -> bool {
+    !explicit_macs(vmi).is_empty()
+}
+
 fn explicit_macs(vmi: &VirtualMachineInstance) -> Vec<(usize, String)> {
     vmi.spec
         .as_ref()
@@ -609,30 +614,6 @@ impl AgentNet {
         let p = launchers::read_network_plan(&self.cfg.vmi_dir(uid))?;
         let pi = mapping::pod_interface(vmi).ok().flatten()?;
         Some((pi.name, p.address.to_string()))
-    }
-
-    /// Lists the cluster's VMIs and refuses `vmi` when it asks for a MAC another one uses.
-    pub async fn check_macs(
-        &self,
-        client: &Client,
-        vmi: &VirtualMachineInstance,
-    ) -> Result<(), AgentError> {
-        if explicit_macs(vmi).is_empty() {
-            return Ok(());
-        }
-        let res = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
-            "virtualmachineinstances",
-        );
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
-        let list = api.list(&ListParams::default()).await.map_err(kube_err)?;
-        let others: Vec<VirtualMachineInstance> = list
-            .items
-            .into_iter()
-            .filter_map(|o| serde_json::to_value(o).ok())
-            .filter_map(|v| serde_json::from_value(v).ok())
-            .collect();
-        check_duplicate_macs(vmi, &others)
     }
 }
 

@@ -7,7 +7,8 @@
 //! (`status.nodeName=<node>`, see [`vmi_selector`]): a watch event reconciles its VMI, the
 //! periodic resync re-checks the local launchers against the cache; the agent never lists in
 //! steady state. What a VMI references (claims, volumes, Secrets, ConfigMaps) is read by name
-//! when it starts.
+//! when it starts; configuration objects and, for the duplicate-MAC check, the cluster's VMIs
+//! come from watch-fed caches ([`caches`]), never from a list per start.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -40,6 +41,8 @@ use crate::mapping::{self, MappingContext};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
 use crate::volumes::{self, ClaimInfo, ResolvedRefs};
 
+mod caches;
+mod mounts;
 mod sync;
 pub use sync::vmi_selector;
 use sync::{sync_loop, watch_vmis};
@@ -146,6 +149,11 @@ struct Agent {
     container_disks: crate::containerdisk::ContainerDisks,
     /// Per VMI uid: the size last sent in a `ResizeDisk` for each claim disk ([`crate::resize`]).
     disk_sizes: Mutex<HashMap<String, BTreeMap<String, u64>>>,
+    /// The node's shared-mount condition as last found ([`mounts`]); the heartbeat sends it
+    /// with Ready.
+    shared_mounts: Mutex<Option<k8s_openapi::api::core::v1::NodeCondition>>,
+    /// HyperConverged/CDI objects and (on demand) every VMI, from watches ([`caches`]).
+    caches: caches::Caches,
 }
 
 /// How often a connected guest agent is asked for OS info and interfaces.
@@ -172,6 +180,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         &cert,
     )
     .await?;
+    let caches = caches::Caches::start(&client);
     let agent = Arc::new(Agent {
         endpoint_url: endpoint.url.clone(),
         endpoint_fingerprint: endpoint.fingerprint.clone(),
@@ -191,6 +200,8 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         net,
         container_disks: crate::containerdisk::ContainerDisks::new(&opts.data_dir),
         disk_sizes: Mutex::new(HashMap::new()),
+        shared_mounts: Mutex::new(None),
+        caches,
         opts,
     });
     agent.register_node().await?;
@@ -210,6 +221,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         u32::try_from(agent.opts.lease_duration.as_secs()).unwrap_or(u32::MAX),
     ));
     let hb = tokio::spawn(heartbeat(agent.clone()));
+    let mounts = tokio::spawn(mounts::run(agent.clone()));
     let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());
     let cache = writer.as_reader();
     let (triggers, events) = tokio::sync::mpsc::unbounded_channel();
@@ -221,6 +233,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         r = endpoint.task => r,
         r = watch => r,
         r = overlay => r,
+        r = mounts => r,
     };
     r.map_err(|e| AgentError::Reference(format!("agent task ended: {e}")))
 }
@@ -590,15 +603,20 @@ impl Agent {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         let mut refs = self.resolve_refs(vmi).await?;
+        let (hco, cdi) = self.caches.hco_and_cdi().await;
         let policy = crate::hostpath::HostPathPolicy {
-            host_disk_gate: crate::hostpath::host_disk_gate(&self.client).await,
+            host_disk_gate: ferrovirt_api::hco::feature_gate_on(&hco, "HostDisk"),
             allowed_roots: self.opts.isolation.host_disk_roots.clone(),
             protected: self.protected_dirs(),
         };
         // Refused host paths leave nothing behind, not even the VMI directory.
         crate::hostpath::verify(vmi, &refs, &policy)?;
         std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        refs.container_disks = self.container_disks.prepare(&self.client, vmi).await?;
+        let insecure = ferrovirt_api::hco::insecure_registries(&hco, &cdi);
+        refs.container_disks = self
+            .container_disks
+            .prepare(&self.client, vmi, &insecure)
+            .await?;
         let actions = volumes::plan(vmi, &refs, &dir)?;
         let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
             .await
@@ -619,7 +637,10 @@ impl Agent {
         ctx.cgroup_name = vmi.metadata.uid.clone();
         ctx.pids_max = Some(self.opts.isolation.pids_max);
         ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
-        self.net.check_macs(&self.client, vmi).await?;
+        if crate::network::has_explicit_macs(vmi) {
+            let others = self.caches.all_vmis().await?;
+            crate::network::check_duplicate_macs(vmi, &others)?;
+        }
         let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
         ctx.pod_taps = attachment.taps;
         let exec_prefix = attachment.exec_prefix;
@@ -956,7 +977,7 @@ async fn node_status(agent: Arc<Agent>) {
     loop {
         tick.tick().await;
         let nodes: Api<Node> = Api::all(agent.client.clone());
-        let st = json!({"status": {"conditions": [node::ready_condition(now_ts())]}});
+        let st = json!({"status": {"conditions": agent.node_conditions().await}});
         if let Err(e) = nodes
             .patch_status(
                 &agent.opts.node_name,

@@ -17,6 +17,7 @@ pub mod quantity;
 pub mod registry;
 pub mod scale;
 pub mod schema;
+pub mod shared_mount;
 pub mod yaml;
 
 pub use k8s_openapi;

@@ -58,6 +58,39 @@ fn pvc_and_storage_class_defaults() {
 }
 
 #[test]
+fn shared_mount_classes_need_a_usable_path_and_keep_it() {
+    let class = |mount: &str| {
+        json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "vmstore"}, "provisioner": "ferrovirt.io/shared",
+            "parameters": {"ferrovirt.io/shared-mount": mount}
+        })
+    };
+    for bad in ["relative/dir", "/", "/mnt/../etc"] {
+        assert_eq!(
+            admit_new(&mut class(bad)).unwrap_err(),
+            vec!["parameters[ferrovirt.io/shared-mount]"],
+            "{bad}"
+        );
+    }
+    let mut good = class("/mnt/vmstore");
+    admit_new(&mut good).unwrap();
+    // Another provisioner's parameter of that name is not ours to judge.
+    let mut other = class("relative");
+    other["provisioner"] = json!("example.com/nfs");
+    admit_new(&mut other).unwrap();
+    // The mount cannot move under its volumes.
+    let old = good.clone();
+    let mut moved = class("/mnt/elsewhere");
+    let def = find("storage.k8s.io", "storageclasses").unwrap();
+    let err = admit(&def, Operation::Update, &mut moved, Some(&old)).unwrap_err();
+    assert_eq!(err.0[0].field, "parameters");
+    assert_eq!(err.0[0].reason, "FieldValueForbidden");
+    let mut same = good.clone();
+    admit(&def, Operation::Update, &mut same, Some(&old)).unwrap();
+}
+
+#[test]
 fn migration_needs_a_vmi_and_is_immutable() {
     let mut m = json!({
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",

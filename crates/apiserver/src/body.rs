@@ -135,11 +135,11 @@ pub struct Query(HashMap<String, String>);
 
 impl Query {
     pub fn parse(q: Option<&str>) -> Self {
-        let mut map = HashMap::new();
-        for pair in q.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            map.insert(decode_component(k), decode_component(v));
-        }
+        // application/x-www-form-urlencoded (`+` is a space, invalid escapes stay as they
+        // are), by the `form_urlencoded` crate.
+        let map = form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
         Self(map)
     }
 
@@ -159,28 +159,6 @@ impl Query {
             })
             .transpose()
     }
-}
-
-fn decode_component(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len()
-                && b[i + 1].is_ascii_hexdigit()
-                && b[i + 2].is_ascii_hexdigit() =>
-            {
-                let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
-                out.push(hex(b[i + 1]) * 16 + hex(b[i + 2]));
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// What representation the client asked for.
@@ -261,7 +239,9 @@ mod tests {
         assert!(!q.flag("nope"));
         assert_eq!(q.int("limit").unwrap(), Some(5));
         assert_eq!(q.get("x"), None);
-        assert_eq!(decode_component("%zz%4"), "%zz%4");
+        let q = Query::parse(Some("bad=%zz%4&&plus=a+b%2B"));
+        assert_eq!(q.get("bad"), Some("%zz%4"));
+        assert_eq!(q.get("plus"), Some("a b+"));
     }
 
     #[test]

@@ -62,24 +62,12 @@ pub fn parse(path: &str) -> Route {
     }
 }
 
-/// Decodes `%XX` escapes in one path segment (invalid escapes stay as they are).
+/// Decodes `%XX` escapes in one path segment (the `percent-encoding` crate: invalid escapes
+/// stay as they are; invalid UTF-8 becomes U+FFFD).
 fn percent_decode(seg: &str) -> String {
-    let b = seg.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let hex = |c: u8| (c as char).to_digit(16);
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(seg)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 fn resource(group: &str, version: &str, rest: &[&str]) -> Route {

@@ -50,18 +50,15 @@ pub fn resource_path(r: &ResourceInfo, namespace: Option<&str>, name: Option<&st
     p
 }
 
-/// Percent-encodes a query parameter value.
+/// Percent-encodes a query parameter value (everything but RFC 3986's unreserved
+/// characters, by the `percent-encoding` crate).
 pub fn query_escape(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(b as char)
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 impl Session {

@@ -1,11 +1,13 @@
-//! `delete TYPE NAME… [--wait]` and `wait --for=condition=X[=STATUS]|delete TYPE/NAME
-//! --timeout=D`, with a progress line: rewritten in place on a terminal, plain lines (printed
-//! only when they change) otherwise.
+//! `delete TYPE NAME… [--wait]` and `wait --for=condition=X[=STATUS]|jsonpath='{…}'[=VALUE]| delete
+//! TYPE/NAME --timeout=D` (jsonpath in ferrovirt-api's kubectl dialect), with a progress line:
+//! rewritten in place on a terminal, plain lines (printed only when they change) otherwise. Waiting
+//! is a watch of the one object (kube-runtime's `await_condition`, a `metadata.name` field-selected
+//! watcher), never a poll: the progress line follows the watch events.
 
 use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, DynamicObject};
 use serde_json::Value;
 
 use crate::error::CliError;
@@ -21,6 +23,20 @@ pub enum WaitFor {
         status: String,
     },
     Delete,
+    /// `jsonpath={EXPR}[=VALUE]`: a value the expression selects (rendered as `-o jsonpath`
+    /// does) equals VALUE; without VALUE, the expression selects a non-null value.
+    JsonPath {
+        expr: String,
+        value: Option<String>,
+    },
+}
+
+/// The text of a selected value, as `-o jsonpath` prints it.
+fn value_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 impl WaitFor {
@@ -28,9 +44,26 @@ impl WaitFor {
         if s == "delete" {
             return Ok(WaitFor::Delete);
         }
+        if let Some(j) = s.strip_prefix("jsonpath=") {
+            let (expr, value) = match j.rfind("}=") {
+                Some(i) => (&j[..=i], Some(j[i + 2..].to_string())),
+                None => (j, None),
+            };
+            if !(expr.starts_with('{') && expr.ends_with('}')) {
+                return Err(CliError::Usage(format!(
+                    "unrecognized jsonpath wait: \"{s}\" (use jsonpath='{{.path}}'[=VALUE])"
+                )));
+            }
+            ferrovirt_api::jsonpath::JsonPath::parse(expr)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            return Ok(WaitFor::JsonPath {
+                expr: expr.into(),
+                value,
+            });
+        }
         let Some(c) = s.strip_prefix("condition=") else {
             return Err(CliError::Usage(format!(
-                "unrecognized condition: \"{s}\" (use condition=NAME[=VALUE] or delete)"
+                "unrecognized condition: \"{s}\" (use condition=NAME[=VALUE], jsonpath='{{.path}}'[=VALUE] or delete)"
             )));
         };
         let (type_, status) = c.split_once('=').unwrap_or((c, "True"));
@@ -49,7 +82,17 @@ impl WaitFor {
     pub fn met(&self, obj: Option<&Value>) -> bool {
         match (self, obj) {
             (WaitFor::Delete, o) => o.is_none(),
-            (WaitFor::Condition { .. }, None) => false,
+            (WaitFor::Condition { .. } | WaitFor::JsonPath { .. }, None) => false,
+            (WaitFor::JsonPath { expr, value }, Some(o)) => {
+                let Ok(path) = ferrovirt_api::jsonpath::JsonPath::parse(expr) else {
+                    return false;
+                };
+                let found = path.eval(o);
+                match value {
+                    Some(want) => found.iter().any(|v| value_text(v) == *want),
+                    None => found.iter().any(|v| !v.is_null()),
+                }
+            }
             (WaitFor::Condition { type_, status }, Some(o)) => o["status"]["conditions"]
                 .as_array()
                 .into_iter()
@@ -159,6 +202,18 @@ fn condition_summary(obj: Option<&Value>, want: &WaitFor) -> String {
     match (want, obj) {
         (WaitFor::Delete, _) => "still exists".into(),
         (_, None) => "not found yet".into(),
+        (WaitFor::JsonPath { expr, .. }, Some(o)) => {
+            let cur = ferrovirt_api::jsonpath::JsonPath::parse(expr)
+                .map(|p| {
+                    p.eval(o)
+                        .into_iter()
+                        .map(value_text)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default();
+            format!("{expr}={cur}")
+        }
         (WaitFor::Condition { type_, .. }, Some(o)) => {
             let cur = o["status"]["conditions"]
                 .as_array()
@@ -199,7 +254,9 @@ pub fn object_progress(obj: Option<&Value>, tty: bool) -> Option<String> {
     Some(text.trim_start().to_string())
 }
 
-async fn poll_until(
+/// Watches `name` until `want` holds (kube-runtime's `await_condition`), updating `progress`
+/// on every event; gives up after `timeout`.
+async fn watch_until(
     s: &Session,
     r: &ResourceInfo,
     name: &str,
@@ -207,35 +264,50 @@ async fn poll_until(
     timeout: Option<Duration>,
     progress: &mut Progress,
 ) -> Result<(), CliError> {
-    let start = Instant::now();
-    loop {
-        let obj = match s.get_object(r, None, name).await {
-            Ok(o) => Some(o),
-            Err(e) if e.is_not_found() => None,
-            Err(e) => return Err(e),
-        };
-        if want.met(obj.as_ref()) {
-            progress.finish();
-            return Ok(());
-        }
-        if timeout.is_some_and(|t| start.elapsed() >= t) {
-            progress.finish();
-            return Err(CliError::Usage(format!(
-                "timed out waiting for the condition on {}/{name}",
-                r.plural
-            )));
+    let tty = progress.is_tty();
+    let kind = r.kind_group();
+    let shown = std::sync::Mutex::new(&mut *progress);
+    let cond = |obj: Option<&DynamicObject>| -> bool {
+        let v = obj.and_then(|o| serde_json::to_value(o).ok());
+        if want.met(v.as_ref()) {
+            return true;
         }
         let mut line = format!(
-            "waiting for {}/{name}: {}",
-            r.kind_group(),
-            condition_summary(obj.as_ref(), want)
+            "waiting for {kind}/{name}: {}",
+            condition_summary(v.as_ref(), want)
         );
-        if let Some(p) = object_progress(obj.as_ref(), progress.is_tty()) {
+        if let Some(p) = object_progress(v.as_ref(), tty) {
             line.push_str(", ");
             line.push_str(&p);
         }
-        progress.update(&line);
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Ok(mut p) = shown.lock() {
+            p.update(&line);
+        }
+        false
+    };
+    let watched = kube::runtime::wait::await_condition(s.api(r, None), name, cond);
+    let result = match timeout {
+        Some(t) => tokio::time::timeout(t, watched).await.map_err(|_| {
+            CliError::Usage(format!(
+                "timed out waiting for the condition on {}/{name}",
+                r.plural
+            ))
+        }),
+        None => Ok(watched.await),
+    };
+    progress.finish();
+    match result? {
+        Ok(_) => Ok(()),
+        Err(kube::runtime::wait::Error::ProbeFailed(e)) => Err(watch_error(e)),
+    }
+}
+
+/// The error of a failed watch, as the request's own error where there is one.
+fn watch_error(e: kube::runtime::watcher::Error) -> CliError {
+    use kube::runtime::watcher::Error as W;
+    match e {
+        W::InitialListFailed(k) | W::WatchStartFailed(k) | W::WatchFailed(k) => k.into(),
+        other => CliError::Transport(other.to_string()),
     }
 }
 
@@ -250,7 +322,7 @@ pub async fn wait(
     let (t, name) = split_type_name(first, second);
     let name = name.ok_or_else(|| CliError::Usage("wait needs TYPE/NAME".into()))?;
     let r = s.resolve(&t)?;
-    poll_until(s, &r, &name, want, Some(timeout), &mut Progress::new()).await?;
+    watch_until(s, &r, &name, want, Some(timeout), &mut Progress::new()).await?;
     Ok(format!("{}/{name} condition met", r.kind_group()))
 }
 
@@ -290,7 +362,7 @@ pub async fn delete(
     if wait {
         let mut progress = Progress::new();
         for (r, n) in &targets {
-            poll_until(s, r, n, &WaitFor::Delete, timeout, &mut progress).await?;
+            watch_until(s, r, n, &WaitFor::Delete, timeout, &mut progress).await?;
         }
     }
     Ok(())
@@ -313,6 +385,28 @@ mod tests {
             }
         );
         assert!(WaitFor::parse("jsonpath=x").is_err());
+        assert!(WaitFor::parse("jsonpath={.status[}=x").is_err());
+        let phase = WaitFor::parse("jsonpath={.status.phase}=Running").unwrap();
+        assert_eq!(
+            phase,
+            WaitFor::JsonPath {
+                expr: "{.status.phase}".into(),
+                value: Some("Running".into())
+            }
+        );
+        let running = json!({"status": {"phase": "Running", "ready": true}});
+        assert!(phase.met(Some(&running)));
+        assert!(!phase.met(Some(&json!({"status": {"phase": "Pending"}}))));
+        assert!(!phase.met(None));
+        assert_eq!(
+            condition_summary(Some(&json!({"status": {"phase": "Pending"}})), &phase),
+            "{.status.phase}=Pending"
+        );
+        let ready = WaitFor::parse("jsonpath={.status.ready}=true").unwrap();
+        assert!(ready.met(Some(&running)));
+        let exists = WaitFor::parse("jsonpath={.status.phase}").unwrap();
+        assert!(exists.met(Some(&running)));
+        assert!(!exists.met(Some(&json!({"status": {}}))));
         let obj = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         assert!(c.met(Some(&obj)));
         assert!(!c.met(None));

@@ -138,7 +138,8 @@ pub enum VerbCommand {
         type_: String,
         name: Option<String>,
     },
-    /// Wait for a condition (`--for=condition=Ready`) or deletion (`--for=delete`).
+    /// Wait for a condition (`--for=condition=Ready`), a field (`--for=jsonpath={.status.phase}=Running`)
+    /// or deletion (`--for=delete`), by watching the object.
     Wait {
         #[arg(required = true, num_args = 1..=2)]
         args: Vec<String>,

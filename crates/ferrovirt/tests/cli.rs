@@ -392,6 +392,21 @@ fn apply_get_describe_and_errors() -> anyhow::Result<()> {
         )?,
         "virtualmachine.kubevirt.io/vm2 condition met\n"
     );
+    assert_eq!(
+        fv_ok(
+            &c,
+            &[
+                "wait",
+                "--for=jsonpath={.metadata.namespace}=other",
+                "vm/vm2",
+                "-n",
+                "other",
+                "--timeout=30s"
+            ]
+        )?,
+        "virtualmachine.kubevirt.io/vm2 condition met\n"
+    );
+    let before = cli_vm_requests(&c)?;
     let late = fv(
         &c,
         &[
@@ -404,6 +419,14 @@ fn apply_get_describe_and_errors() -> anyhow::Result<()> {
             "--timeout=1s",
         ],
     )?;
+    // The wait watched the VM (kube-runtime's await_condition) instead of polling it.
+    let after = cli_vm_requests(&c)?;
+    let delta = |verb: &str| after.get(verb).unwrap_or(&0) - before.get(verb).unwrap_or(&0);
+    assert_eq!(delta("GET"), 0, "wait polled: {before:?} → {after:?}");
+    assert!(
+        delta("WATCH") >= 1,
+        "wait did not watch: {before:?} → {after:?}"
+    );
     assert_eq!(late.code, 1);
     assert!(
         late.stderr
@@ -435,6 +458,30 @@ fn apply_get_describe_and_errors() -> anyhow::Result<()> {
         "virtualmachine.kubevirt.io/vm1 condition met\n"
     );
     Ok(())
+}
+
+/// Requests on virtualmachines by verb from clients other than kubectl and ferrovirt's own
+/// components (i.e. the `ferrovirt` CLI), from the server's `/metrics`.
+fn cli_vm_requests(c: &Cluster) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    let text = c.kubectl_ok(&["get", "--raw", "/metrics"])?;
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{verb=\"") else {
+            continue;
+        };
+        let Some((verb, rest)) = rest.split_once('"') else {
+            continue;
+        };
+        if !rest.contains("resource=\"virtualmachines.kubevirt.io\"")
+            || rest.contains("user_agent=\"kubectl")
+            || rest.contains("user_agent=\"ferrovirt-")
+        {
+            continue;
+        }
+        let n: u64 = line.rsplit(' ').next().unwrap_or("0").parse().unwrap_or(0);
+        *out.entry(verb.to_string()).or_default() += n;
+    }
+    Ok(out)
 }
 
 /// Runs `ferrovirt ARGS` with `KUBECONFIG` (no `--kubeconfig`).

@@ -3,7 +3,10 @@
 //! alone, and the API server's request counters (`/metrics`, by verb, resource and user agent)
 //! show over a quiet window (`FERROVIRT_QUIET_SECS`, default 10 s) no LIST from an agent or the
 //! controllers. The requests per second of each component are printed
-//! (`FERROVIRT_STEADY_BINARY` measures another `ferrovirt` build the same way).
+//! (`FERROVIRT_STEADY_BINARY` measures another `ferrovirt` build the same way). Starting a
+//! VM lists nothing either: a third VM with an explicit MAC address (duplicate-MAC check)
+//! started on node1 afterwards adds no LIST request of node1's agent (the HyperConverged
+//! feature gates and the cluster's VMIs come from watch-fed caches).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -53,8 +56,18 @@ fn metrics(c: &Cluster) -> anyhow::Result<Counts> {
     })
 }
 
-fn vm(c: &Cluster, name: &str, node: &str) -> anyhow::Result<String> {
+/// A VM booting the test guest on `node`; `mac` gives its pod interface that MAC address.
+fn vm(c: &Cluster, name: &str, node: &str, mac: Option<&str>) -> anyhow::Result<String> {
     c.guest_disk_claim(&format!("{name}-root"))?;
+    let (interfaces, networks) = match mac {
+        Some(m) => (
+            format!(
+                "\n          interfaces: [{{name: default, masquerade: {{}}, macAddress: \"{m}\"}}]"
+            ),
+            "\n      networks: [{name: default, pod: {}}]".to_string(),
+        ),
+        None => (String::new(), String::new()),
+    };
     Ok(format!(
         r#"
 apiVersion: kubevirt.io/v1
@@ -73,7 +86,7 @@ spec:
         devices:
           disks:
           - name: root
-            disk: {{bus: virtio}}
+            disk: {{bus: virtio}}{interfaces}{networks}
       volumes:
       - name: root
         persistentVolumeClaim: {{claimName: {name}-root}}
@@ -92,13 +105,16 @@ fn agents_and_controllers_make_no_list_requests_in_steady_state() -> anyhow::Res
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferrovirt").to_string());
     let mut c = Cluster::start(&ClusterOptions::new(binary))?;
     c.start_agent("node2")?;
-    c.apply(&vm(&c, "quiet-a", "node1")?)?;
-    c.apply(&vm(&c, "quiet-b", "node2")?)?;
-    for name in ["quiet-a", "quiet-b"] {
+    c.apply(&vm(&c, "quiet-a", "node1", Some("02:00:00:00:00:0a"))?)?;
+    c.apply(&vm(&c, "quiet-b", "node2", None)?)?;
+    let running = |name: &str| {
         c.wait_until(&format!("VMI {name} Running"), BOOT, || {
             let v = c.get_json(&["vmi", name])?;
             Ok((v["status"]["phase"] == "Running").then_some(()))
-        })?;
+        })
+    };
+    for name in ["quiet-a", "quiet-b"] {
+        running(name)?;
     }
     // Let start-up work settle (conditions, events).
     std::thread::sleep(Duration::from_secs(10));
@@ -153,5 +169,24 @@ fn agents_and_controllers_make_no_list_requests_in_steady_state() -> anyhow::Res
         );
     }
     assert!(lists.is_empty(), "LIST requests in steady state: {lists:?}");
+
+    // A VM start (explicit MAC: the duplicate-MAC check) lists nothing on its node's agent.
+    let start_vm = vm(&c, "start-c", "node1", Some("02:00:00:00:00:0c"))?;
+    let before = metrics(&c)?;
+    c.apply(&start_vm)?;
+    running("start-c")?;
+    let after = metrics(&c)?;
+    let started_lists: Vec<String> = after
+        .iter()
+        .filter(|((verb, _, agent), _)| verb == "LIST" && agent == "ferrovirt-agent/node1")
+        .filter_map(|(key, n)| {
+            let d = n - before.get(key).copied().unwrap_or(0);
+            (d > 0).then(|| format!("{} {d}×", key.1))
+        })
+        .collect();
+    assert!(
+        started_lists.is_empty(),
+        "node1's agent listed while starting a VMI: {started_lists:?}"
+    );
     Ok(())
 }

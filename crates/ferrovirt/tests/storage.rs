@@ -133,7 +133,19 @@ fn pv_of(c: &Cluster, claim: &str) -> anyhow::Result<Value> {
 fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
     let c = cluster()?;
-    let base = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])?;
+    // The template's import is zstd-compressed (decoded in process by the importer).
+    let zst = c.dir.path().join("disk.qcow2.zst");
+    let packed = std::process::Command::new("zstd")
+        .args(["-q", "-f"])
+        .arg(&guest.disk_qcow2)
+        .arg("-o")
+        .arg(&zst)
+        .status()?;
+    anyhow::ensure!(packed.success(), "zstd failed");
+    let base = serve_files(vec![
+        ("disk.qcow2".into(), guest.disk_qcow2.clone()),
+        ("disk.qcow2.zst".into(), zst),
+    ])?;
     let url = format!("{base}/disk.qcow2");
     let sum = format!("sha256:{}", sha256(&guest.disk_qcow2)?);
 
@@ -178,9 +190,10 @@ fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
     c.wait_booted("from-clone", BOOT)?;
     delete_vm(&c, "from-clone")?;
 
-    // dataVolumeTemplates: the VM creates (and owns) its DataVolume in the default class.
+    // dataVolumeTemplates: the VM creates (and owns) its DataVolume in the default class,
+    // importing the zstd-compressed image.
     let templates = format!(
-        "  dataVolumeTemplates:\n  - metadata: {{name: templated-root}}\n    spec:\n      source:\n        http: {{url: \"{url}\"}}\n      storage:\n        resources: {{requests: {{storage: 64Mi}}}}\n"
+        "  dataVolumeTemplates:\n  - metadata: {{name: templated-root}}\n    spec:\n      source:\n        http: {{url: \"{url}.zst\"}}\n      storage:\n        resources: {{requests: {{storage: 64Mi}}}}\n"
     );
     c.apply(&vm_manifest("templated", "templated-root", &templates))?;
     c.wait_booted("templated", BOOT)?;
@@ -202,7 +215,19 @@ fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
 fn classes_claims_failures_blank_and_reclaim() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
     let c = cluster()?;
-    let base = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])?;
+    // The template's import is zstd-compressed (decoded in process by the importer).
+    let zst = c.dir.path().join("disk.qcow2.zst");
+    let packed = std::process::Command::new("zstd")
+        .args(["-q", "-f"])
+        .arg(&guest.disk_qcow2)
+        .arg("-o")
+        .arg(&zst)
+        .status()?;
+    anyhow::ensure!(packed.success(), "zstd failed");
+    let base = serve_files(vec![
+        ("disk.qcow2".into(), guest.disk_qcow2.clone()),
+        ("disk.qcow2.zst".into(), zst),
+    ])?;
     let url = format!("{base}/disk.qcow2");
 
     // Built-in classes and their profiles.
@@ -396,7 +421,19 @@ fn claim_capacity(c: &Cluster, claim: &str) -> anyhow::Result<String> {
 fn datasource_clones_and_block_volumes_boot() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
     let c = cluster()?;
-    let base = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])?;
+    // The template's import is zstd-compressed (decoded in process by the importer).
+    let zst = c.dir.path().join("disk.qcow2.zst");
+    let packed = std::process::Command::new("zstd")
+        .args(["-q", "-f"])
+        .arg(&guest.disk_qcow2)
+        .arg("-o")
+        .arg(&zst)
+        .status()?;
+    anyhow::ensure!(packed.success(), "zstd failed");
+    let base = serve_files(vec![
+        ("disk.qcow2".into(), guest.disk_qcow2.clone()),
+        ("disk.qcow2.zst".into(), zst),
+    ])?;
     let url = format!("{base}/disk.qcow2");
 
     // A DataVolume whose DataSource does not exist yet waits with a clear condition.

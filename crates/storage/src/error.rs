@@ -12,7 +12,8 @@ pub enum StorageError {
         #[source]
         source: std::io::Error,
     },
-    /// An external tool (qemu-img, gzip, xz, zstd) failed or could not be started.
+    /// An external tool (qemu-img, gzip, xz) or the zstd decoder failed or could not be
+    /// started.
     #[error("{tool} failed: {message}")]
     Tool { tool: String, message: String },
     /// The HTTP transfer failed.

@@ -1,10 +1,10 @@
-//! Populating a volume: [`import`] downloads an HTTP(S) source into a scratch directory
-//! (verifying its checksum while it streams), decompresses gzip/xz/zstd, checks the image
-//! with `qemu-img info` and `qemu-img check` under resource limits (no backing or external
-//! data files, not corrupt, virtual size within the claim) and converts it to raw into the
-//! volume: into a temporary file renamed over `disk.img` on success (Filesystem mode), or in
-//! place onto the loop device (Block mode; discarded again on failure), so a failed import
-//! leaves the volume as blank as it was. [`blank`] and [`clone_image`] are the other two
+//! Populating a volume: [`import`] downloads an HTTP(S) source into a scratch directory (verifying
+//! its checksum while it streams), decompresses gzip/xz (their tools) and zstd (the `zstd` crate,
+//! in process), checks the image with `qemu-img info` and `qemu-img check` under resource limits
+//! (no backing or external data files, not corrupt, virtual size within the claim) and converts it
+//! to raw into the volume: into a temporary file renamed over `disk.img` on success (Filesystem
+//! mode), or in place onto the loop device (Block mode; discarded again on failure), so a failed
+//! import leaves the volume as blank as it was. [`blank`] and [`clone_image`] are the other two
 //! populators. Progress is reported as a percentage of the whole job through a callback.
 
 use std::io::Write;
@@ -30,8 +30,13 @@ pub enum Compression {
     Zstd,
 }
 
+/// The largest zstd window accepted (2^27 = 128 MiB, libzstd's own default limit): a frame
+/// declaring a larger one is refused instead of making the decoder allocate it.
+pub const ZSTD_MAX_WINDOW_LOG: u32 = 27;
+
 impl Compression {
-    /// The decompressing tool (reads the file, writes to stdout).
+    /// The decompressing tool (reads the file, writes to stdout); zstd is decoded in process
+    /// with the `zstd` crate, and this is the name its errors carry.
     pub fn tool(self) -> &'static str {
         match self {
             Compression::Gzip => "gzip",
@@ -205,6 +210,14 @@ pub async fn decompress_if_needed(
         tool: c.tool().into(),
         message: m,
     };
+    if c == Compression::Zstd {
+        let (src, dst) = (path.to_path_buf(), out.to_path_buf());
+        tokio::task::spawn_blocking(move || decompress_zstd(&src, &dst, limit))
+            .await
+            .map_err(|e| tool_err(e.to_string()))??;
+        let _ = std::fs::remove_file(path);
+        return Ok(out.to_path_buf());
+    }
     let mut child = tokio::process::Command::new(c.tool())
         .arg("-dc")
         .arg(path)
@@ -239,11 +252,7 @@ pub async fn decompress_if_needed(
             let _ = child.kill().await;
             drop(dst);
             let _ = std::fs::remove_file(out);
-            return Err(StorageError::Refused(format!(
-                "the {} stream decompresses to more than {limit} bytes, more than a claim of \
-                 this size accepts",
-                c.tool()
-            )));
+            return Err(too_large(c, limit));
         }
         dst.write_all(&buf[..n])
             .await
@@ -257,6 +266,52 @@ pub async fn decompress_if_needed(
     }
     let _ = std::fs::remove_file(path);
     Ok(out.to_path_buf())
+}
+
+/// The refusal of a stream that decompresses past `limit`.
+fn too_large(c: Compression, limit: u64) -> StorageError {
+    StorageError::Refused(format!(
+        "the {} stream decompresses to more than {limit} bytes, more than a claim of this size \
+         accepts",
+        c.tool()
+    ))
+}
+
+/// Streams the zstd file `src` into `dst` with the `zstd` crate (window at most
+/// [`ZSTD_MAX_WINDOW_LOG`]), stopping with a refusal once more than `limit` bytes came out
+/// (the partial output is removed).
+pub fn decompress_zstd(src: &Path, dst: &Path, limit: u64) -> Result<(), StorageError> {
+    use std::io::{Read, Write};
+    let bad = |e: std::io::Error| StorageError::Tool {
+        tool: Compression::Zstd.tool().into(),
+        message: e.to_string(),
+    };
+    let file = std::fs::File::open(src).map_err(|e| StorageError::io(src, e))?;
+    let mut decoder = zstd::stream::read::Decoder::new(file).map_err(bad)?;
+    decoder.window_log_max(ZSTD_MAX_WINDOW_LOG).map_err(bad)?;
+    let mut out = std::fs::File::create(dst).map_err(|e| StorageError::io(dst, e))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    let result = loop {
+        let n = match decoder.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => break Err(bad(e)),
+        };
+        total += n as u64;
+        if total > limit {
+            break Err(too_large(Compression::Zstd, limit));
+        }
+        if let Err(e) = out.write_all(&buf[..n]) {
+            break Err(StorageError::io(dst, e));
+        }
+    };
+    if result.is_err() {
+        drop(out);
+        let _ = std::fs::remove_file(dst);
+    }
+    result
 }
 
 /// Convert `src` (of `format`) to a raw file next to `target`, grow it sparsely to
@@ -417,6 +472,58 @@ mod tests {
             assert_eq!(img, out);
             assert!(std::fs::read(&img).unwrap() == vec![3u8; 1 << 16], "{tool}");
         }
+    }
+
+    #[tokio::test]
+    async fn zstd_is_decoded_in_process_and_capped() {
+        let d = tempfile::tempdir().unwrap();
+        // A small bomb: 64 MiB of zeros compress to a few KiB.
+        let packed = d.path().join("bomb.zst");
+        let data = zstd::stream::encode_all(&vec![0u8; 64 << 20][..], 19).unwrap();
+        assert!(data.len() < 64 << 10, "{}", data.len());
+        std::fs::write(&packed, &data).unwrap();
+        let out = d.path().join("out");
+        let e = decompress_if_needed(&packed, &out, 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("zstd stream decompresses to more than"),
+            "{e}"
+        );
+        assert!(!out.exists(), "the partial output is removed");
+        assert!(packed.exists(), "the download stays until it is decoded");
+        // Exactly at the limit is fine.
+        let img = decompress_if_needed(&packed, &out, 64 << 20).await.unwrap();
+        assert_eq!(std::fs::metadata(&img).unwrap().len(), 64 << 20);
+        // Garbage after the magic bytes is an error naming zstd, not a panic.
+        let junk = d.path().join("junk.zst");
+        std::fs::write(
+            &junk,
+            [0x28, 0xb5, 0x2f, 0xfd, 0xff, 0xff, 0xff, 0xff, 1, 2, 3],
+        )
+        .unwrap();
+        let e = decompress_if_needed(&junk, &d.path().join("o2"), 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().starts_with("zstd failed"), "{e}");
+        assert!(!d.path().join("o2").exists());
+    }
+
+    #[test]
+    fn zstd_windows_beyond_the_limit_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        // A frame made with a 2^28 window (long-distance mode) needs more than the decoder
+        // accepts: refused before it allocates the window.
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        enc.long_distance_matching(true).unwrap();
+        enc.window_log(ZSTD_MAX_WINDOW_LOG + 1).unwrap();
+        enc.include_contentsize(false).unwrap();
+        std::io::Write::write_all(&mut enc, &vec![7u8; 1 << 20]).unwrap();
+        let packed = d.path().join("wide.zst");
+        std::fs::write(&packed, enc.finish().unwrap()).unwrap();
+        let e = decompress_zstd(&packed, &d.path().join("o"), 1 << 30).unwrap_err();
+        assert!(e.to_string().contains("zstd failed"), "{e}");
     }
 
     #[tokio::test]

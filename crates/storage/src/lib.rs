@@ -13,6 +13,8 @@
 //! - [`importer`]: download → checksum → decompress → validate → convert to raw;
 //! - [`registry`]: disk images from OCI registries (containerDisk layout): the distribution
 //!   API client, layer extraction, the DataVolume `registry` import and the node's image cache.
+//! - [`shared_mount`]: shared filesystems declared in StorageClasses (mount parameter, the
+//!   marker every node must see, the Node condition and annotation they feed).
 //!
 //! The format choices are documented in `docs/storage.md`.
 
@@ -26,6 +28,7 @@ pub mod netpolicy;
 pub mod provisioner;
 pub mod qemu_img;
 pub mod registry;
+pub mod shared_mount;
 pub mod tls;
 
 pub use error::StorageError;

@@ -1,5 +1,7 @@
 //! Validation of the smaller kinds: migrations, snapshots and restores (whose specs are
-//! immutable), instancetypes, preferences, migration policies and network attachments.
+//! immutable), instancetypes, preferences, migration policies, network attachments and
+//! StorageClasses (`provisioner` and `parameters` immutable, as in Kubernetes; a declared
+//! shared mount must be a usable path: `crate::shared_mount`).
 
 use serde_json::Value;
 
@@ -46,6 +48,7 @@ pub(super) fn validate(
     }
     match def.kind {
         "HyperConverged" => validate_node_failure(obj, &mut e),
+        "StorageClass" => validate_storage_class(op, obj, old, &mut e),
         "VirtualMachineInstanceMigration"
             if str_at(obj, &["spec", "vmiName"]).unwrap_or("").is_empty() =>
         {
@@ -226,5 +229,38 @@ fn validate_preference(spec: &PreferenceSpec, e: &mut Vec<FieldError>) {
                 ),
             ));
         }
+    }
+}
+
+/// StorageClass: `provisioner` and `parameters` cannot change (Kubernetes' rule; here it also
+/// keeps a shared mount from moving under its volumes), and a declared shared mount must be a
+/// usable path.
+fn validate_storage_class(
+    op: Operation,
+    obj: &Value,
+    old: Option<&Value>,
+    e: &mut Vec<FieldError>,
+) {
+    if op == Operation::Update
+        && let Some(old) = old
+    {
+        for field in ["provisioner", "parameters"] {
+            if old.get(field) != obj.get(field) {
+                e.push(FieldError::forbidden(
+                    field,
+                    format!("updates to {field} are forbidden."),
+                ));
+            }
+        }
+    }
+    let provisioner = str_at(obj, &["provisioner"]).unwrap_or("");
+    let parameters = obj
+        .get("parameters")
+        .and_then(|p| serde_json::from_value(p.clone()).ok());
+    if let Some(Err(msg)) = crate::shared_mount::declared(provisioner, parameters.as_ref()) {
+        e.push(FieldError::invalid(
+            format!("parameters[{}]", crate::shared_mount::MOUNT_PARAMETER),
+            msg,
+        ));
     }
 }

@@ -111,13 +111,14 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
                 .collect();
             pending.sort_by_key(|&i| (all[i].metadata.creation_timestamp.clone(), key(&all[i])));
             for i in pending {
-                let affinity = volume_affinity(&client, &all[i]).await;
+                let (affinity, shared_mounts) = volume_constraints(&client, &all[i]).await;
                 let decision = schedule(
                     &ScheduleRequest {
                         vmi: &all[i],
                         nodes: &node_list,
                         vmis: &all,
                         volume_affinity: &affinity,
+                        shared_mounts: &shared_mounts,
                     },
                     &opts.scheduler,
                 );
@@ -158,13 +159,18 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
     }
 }
 
-/// The node affinity of the PVs the VMI's claims are bound to (looked up now; lookup errors
-/// add no constraint and the agent reports a volume it cannot find).
-async fn volume_affinity(
+/// The node affinity of the PVs the VMI's claims are bound to and the claims whose class
+/// keeps volumes on a declared shared filesystem (looked up now; lookup errors add no
+/// constraint and the agent reports a volume it cannot find).
+async fn volume_constraints(
     client: &kube::Client,
     vmi: &VirtualMachineInstance,
-) -> Vec<k8s_openapi::api::core::v1::NodeSelector> {
+) -> (
+    Vec<k8s_openapi::api::core::v1::NodeSelector>,
+    Vec<crate::scheduler::volumes::SharedMountNeed>,
+) {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::StorageClass;
     let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let pvs_api: Api<PersistentVolume> = Api::all(client.clone());
@@ -180,7 +186,42 @@ async fn volume_affinity(
         }
         claims.push(claim);
     }
-    crate::scheduler::volumes::required_selectors(&claims, &pvs)
+    // The classes named by the claims or their PVs, read by name; a claim naming none uses
+    // the default class, which only a list finds.
+    let class_api: Api<StorageClass> = Api::all(client.clone());
+    let mut names: Vec<Option<String>> = claims
+        .iter()
+        .map(|c| {
+            let pv_class = pvs
+                .iter()
+                .find(|pv| {
+                    pv.metadata.name.is_some()
+                        && pv.metadata.name == c.spec.as_ref().and_then(|s| s.volume_name.clone())
+                })
+                .and_then(|pv| pv.spec.as_ref()?.storage_class_name.clone());
+            pv_class.or_else(|| c.spec.as_ref()?.storage_class_name.clone())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut classes = Vec::new();
+    if names.iter().any(Option::is_none) {
+        classes = class_api
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+    } else {
+        for name in names.into_iter().flatten() {
+            if let Ok(Some(c)) = class_api.get_opt(&name).await {
+                classes.push(c);
+            }
+        }
+    }
+    (
+        crate::scheduler::volumes::required_selectors(&claims, &pvs),
+        crate::scheduler::volumes::shared_mount_needs(&claims, &pvs, &classes),
+    )
 }
 
 fn vmi_api(client: &kube::Client, vmi: &VirtualMachineInstance) -> Api<Vmi> {

@@ -68,6 +68,9 @@ pub struct ScheduleRequest<'a> {
     /// Required node selectors of the PVs the VMI's claims are bound to
     /// ([`volumes::required_selectors`]).
     pub volume_affinity: &'a [NodeSelector],
+    /// Claims whose class keeps volumes on a declared shared filesystem
+    /// ([`volumes::shared_mount_needs`]).
+    pub shared_mounts: &'a [volumes::SharedMountNeed],
 }
 
 /// The scheduler's answer.
@@ -172,6 +175,7 @@ struct NodeState<'a> {
 struct Ctx<'a> {
     vmi: &'a VirtualMachineInstance,
     volume_affinity: &'a [NodeSelector],
+    shared_mounts: &'a [volumes::SharedMountNeed],
     want: Resources,
     needs_kvm: bool,
     placed: Vec<Placed<'a>>,
@@ -251,6 +255,10 @@ fn filter_node(ctx: &Ctx<'_>, state: &NodeState<'_>) -> Result<(), Vec<String>> 
     // VolumeBinding: bound volumes with node affinity (local volumes).
     if !volumes::fits(ctx.volume_affinity, node) {
         return Err(vec![volumes::REASON_VOLUME_AFFINITY.to_string()]);
+    }
+    // Shared filesystems the node must have mounted.
+    if let Some(reason) = volumes::unmounted_reason(ctx.shared_mounts, node) {
+        return Err(vec![reason]);
     }
     // InterPodAffinity among VMIs.
     interpod::filter(ctx.vmi, node, &ctx.placed).map_err(|r| vec![r])
@@ -378,6 +386,7 @@ pub fn schedule(req: &ScheduleRequest<'_>, opts: &SchedulerOptions) -> Decision 
     let ctx = Ctx {
         vmi: req.vmi,
         volume_affinity: req.volume_affinity,
+        shared_mounts: req.shared_mounts,
         want,
         needs_kvm: resources::vmi_needs_kvm(req.vmi),
         placed,
@@ -440,6 +449,7 @@ mod tests {
                 nodes,
                 vmis,
                 volume_affinity: &[],
+                shared_mounts: &[],
             },
             &SchedulerOptions::default(),
         )
@@ -570,6 +580,7 @@ mod tests {
                     nodes: &nodes,
                     vmis: &[],
                     volume_affinity: aff,
+                    shared_mounts: &[],
                 },
                 &SchedulerOptions::default(),
             )
@@ -578,6 +589,43 @@ mod tests {
         assert_eq!(
             message(sched(&[pin("a"), pin("b")])),
             "0/2 nodes are available: 2 node(s) had volume node affinity conflict."
+        );
+    }
+
+    #[test]
+    fn shared_mounts_restrict_nodes_and_name_claim_and_class() {
+        let mut with_mount = node("a").alloc("4", "8Gi").build();
+        with_mount.metadata.annotations = Some(
+            [(
+                ferrovirt_api::shared_mount::MOUNTED_ANNOTATION.to_string(),
+                "vmstore".to_string(),
+            )]
+            .into(),
+        );
+        let without = node("b").alloc("8", "16Gi").build();
+        let v = vmi("v").guest("1Gi").build();
+        let needs = [volumes::SharedMountNeed {
+            claim: "disk".into(),
+            class: "vmstore".into(),
+        }];
+        let sched = |nodes: &[Node]| {
+            schedule(
+                &ScheduleRequest {
+                    vmi: &v,
+                    nodes,
+                    vmis: &[],
+                    volume_affinity: &[],
+                    shared_mounts: &needs,
+                },
+                &SchedulerOptions::default(),
+            )
+        };
+        // b has more room (it would win on score) but lacks the mount.
+        assert_eq!(bound(sched(&[with_mount.clone(), without.clone()])), "a");
+        assert_eq!(
+            message(sched(&[without])),
+            "0/1 nodes are available: 1 node(s) did not have the shared filesystem of \
+             StorageClass \"vmstore\" (claim \"disk\") mounted."
         );
     }
 
@@ -595,6 +643,7 @@ mod tests {
                 nodes: &nodes,
                 vmis: &[],
                 volume_affinity: &[],
+                shared_mounts: &[],
             },
             &SchedulerOptions {
                 memory_overhead_bytes: 0,

@@ -3,8 +3,18 @@
 //! class's volumes live on one node) may only run on nodes matching every such affinity.
 //! Unbound WaitForFirstConsumer claims add no constraint: they are provisioned on the node
 //! the VMI is scheduled to.
+//!
+//! Shared filesystems: a claim whose StorageClass declares a shared mount
+//! (`ferrovirt.io/shared-mount`, docs/storage.md) can only be used on a node whose agent found
+//! that mount ([`ferrovirt_storage::shared_mount::MOUNTED_ANNOTATION`] lists the class); other
+//! nodes are refused with a reason naming the claim and the class.
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+
+use ferrovirt_api::shared_mount;
+
+use crate::storage::classes;
 
 use super::selectors;
 
@@ -32,6 +42,63 @@ pub fn fits(selectors_: &[NodeSelector], node: &Node) -> bool {
     selectors_
         .iter()
         .all(|s| selectors::matches_node_selector(s, node))
+}
+
+/// A claim of the VMI whose class keeps its volumes on a declared shared filesystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedMountNeed {
+    pub claim: String,
+    pub class: String,
+}
+
+/// The claims (already looked up) whose class declares a shared mount: the class is the bound
+/// PV's, else the claim's `storageClassName`, else the default class.
+pub fn shared_mount_needs(
+    claims: &[PersistentVolumeClaim],
+    pvs: &[PersistentVolume],
+    all_classes: &[StorageClass],
+) -> Vec<SharedMountNeed> {
+    claims
+        .iter()
+        .filter_map(|c| {
+            let spec = c.spec.as_ref();
+            let pv_class = spec
+                .and_then(|s| s.volume_name.as_deref())
+                .and_then(|n| pvs.iter().find(|pv| pv.metadata.name.as_deref() == Some(n)))
+                .and_then(|pv| pv.spec.as_ref()?.storage_class_name.clone());
+            let class_name = pv_class
+                .or_else(|| spec.and_then(|s| s.storage_class_name.clone()))
+                .or_else(|| classes::default_class(all_classes)?.metadata.name.clone())?;
+            let class = all_classes
+                .iter()
+                .find(|k| k.metadata.name.as_deref() == Some(class_name.as_str()))?;
+            classes::shared_mount(class)?.ok()?;
+            Some(SharedMountNeed {
+                claim: c.metadata.name.clone().unwrap_or_default(),
+                class: class_name,
+            })
+        })
+        .collect()
+}
+
+/// Why `node` cannot take these claims: the first whose class's mount the node does not
+/// report.
+pub fn unmounted_reason(needs: &[SharedMountNeed], node: &Node) -> Option<String> {
+    let listed = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(shared_mount::MOUNTED_ANNOTATION))
+        .map(String::as_str);
+    needs
+        .iter()
+        .find(|n| !shared_mount::lists(listed, &n.class))
+        .map(|n| {
+            format!(
+                "node(s) did not have the shared filesystem of StorageClass {:?} (claim {:?}) mounted",
+                n.class, n.claim
+            )
+        })
 }
 
 #[cfg(test)]
@@ -62,6 +129,67 @@ mod tests {
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn shared_mount_classes_need_nodes_that_report_the_mount() {
+        let class = |name: &str, mount: Option<&str>| -> StorageClass {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "provisioner": crate::storage::classes::PROVISIONER_SHARED,
+                "parameters": mount.map(|m| json!({shared_mount::MOUNT_PARAMETER: m})),
+            }))
+            .unwrap()
+        };
+        let all = [
+            class("vmstore", Some("/mnt/vmstore")),
+            class("shared", None),
+        ];
+        let with_class = |name: &str, c: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({
+                "metadata": {"name": name}, "spec": {"storageClassName": c}
+            }))
+            .unwrap()
+        };
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pv-b"}, "spec": {"storageClassName": "vmstore"}
+        }))
+        .unwrap();
+        let claims = [
+            with_class("disk", "vmstore"),
+            with_class("plain", "shared"),
+            claim("bound", Some("pv-b")),
+            claim("no-class", None),
+        ];
+        let needs = shared_mount_needs(&claims, std::slice::from_ref(&pv), &all);
+        assert_eq!(
+            needs,
+            [
+                SharedMountNeed {
+                    claim: "disk".into(),
+                    class: "vmstore".into()
+                },
+                SharedMountNeed {
+                    claim: "bound".into(),
+                    class: "vmstore".into()
+                },
+            ]
+        );
+        let mut n1 = node("node1");
+        n1.metadata.annotations = Some(
+            [(
+                shared_mount::MOUNTED_ANNOTATION.to_string(),
+                "other,vmstore".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(unmounted_reason(&needs, &n1), None);
+        let reason = unmounted_reason(&needs, &node("node2")).unwrap();
+        assert_eq!(
+            reason,
+            "node(s) did not have the shared filesystem of StorageClass \"vmstore\" (claim \"disk\") mounted"
+        );
+        assert_eq!(unmounted_reason(&[], &node("node2")), None);
     }
 
     #[test]

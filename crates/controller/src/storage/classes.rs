@@ -2,9 +2,13 @@
 //! node-local directories, ReadWriteOnce, WaitForFirstConsumer) and `shared` (a directory on
 //! the server's machine, ReadWriteMany, Immediate) are created at startup when absent; every
 //! StorageClass gets a StorageProfile of the same name whose status says which access and
-//! volume modes the class supports and how it clones (`copy`).
+//! volume modes the class supports and how it clones (`copy`). A class of the shared
+//! provisioner with the `ferrovirt.io/shared-mount` parameter keeps its volumes on a shared
+//! filesystem the administrator mounted on every node ([`shared_mount`],
+//! `ferrovirt_storage::shared_mount`).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -22,7 +26,7 @@ pub const SHARED: &str = "shared";
 /// Provisioner of [`LOCAL`].
 pub const PROVISIONER_LOCAL: &str = "ferrovirt.io/local";
 /// Provisioner of [`SHARED`].
-pub const PROVISIONER_SHARED: &str = "ferrovirt.io/shared";
+pub const PROVISIONER_SHARED: &str = ferrovirt_api::shared_mount::PROVISIONER;
 /// Marks the default StorageClass.
 pub const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
 /// `volumeBindingMode` that delays provisioning until a consumer is scheduled.
@@ -46,6 +50,36 @@ impl Builtin {
             _ => None,
         }
     }
+}
+
+/// The shared-filesystem mount a class declares: `None` for a class without
+/// [`ferrovirt_api::shared_mount::MOUNT_PARAMETER`] (or not of the shared provisioner),
+/// `Some(Err)` naming the parameter when its value is not a usable path.
+pub fn shared_mount(class: &StorageClass) -> Option<Result<PathBuf, String>> {
+    ferrovirt_api::shared_mount::declared(&class.provisioner, class.parameters.as_ref())
+}
+
+/// A declared shared mount: class name, class uid, mount path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredMount {
+    pub class: String,
+    pub uid: String,
+    pub mount: PathBuf,
+}
+
+/// Every valid shared mount the classes declare.
+pub fn declared_mounts(classes: &[StorageClass]) -> Vec<DeclaredMount> {
+    classes
+        .iter()
+        .filter_map(|c| {
+            let mount = shared_mount(c)?.ok()?;
+            Some(DeclaredMount {
+                class: c.metadata.name.clone()?,
+                uid: c.metadata.uid.clone().unwrap_or_default(),
+                mount,
+            })
+        })
+        .collect()
 }
 
 /// The two built-in classes.
@@ -245,6 +279,41 @@ mod tests {
         assert!(!waits_for_consumer(&cs[1]));
         assert_eq!(Builtin::of(&cs[1].provisioner), Some(Builtin::Shared));
         assert_eq!(Builtin::of("kubernetes.io/no-provisioner"), None);
+    }
+
+    #[test]
+    fn shared_mounts_come_from_the_parameter() {
+        let class = |provisioner: &str, mount: Option<&str>| -> StorageClass {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "vmstore", "uid": "u1"},
+                "provisioner": provisioner,
+                "parameters": mount.map(|m| {
+                    serde_json::json!({ferrovirt_api::shared_mount::MOUNT_PARAMETER: m})
+                }),
+            }))
+            .unwrap()
+        };
+        let good = class(PROVISIONER_SHARED, Some("/mnt/vmstore"));
+        assert_eq!(shared_mount(&good), Some(Ok(PathBuf::from("/mnt/vmstore"))));
+        assert_eq!(shared_mount(&class(PROVISIONER_SHARED, None)), None);
+        assert_eq!(shared_mount(&builtin_classes()[1]), None);
+        assert_eq!(shared_mount(&class(PROVISIONER_LOCAL, Some("/m"))), None);
+        let bad = class(PROVISIONER_SHARED, Some("relative"));
+        assert!(
+            shared_mount(&bad)
+                .unwrap()
+                .unwrap_err()
+                .contains("ferrovirt.io/shared-mount")
+        );
+        let declared = declared_mounts(&[good, bad, builtin_classes()[1].clone()]);
+        assert_eq!(
+            declared,
+            [DeclaredMount {
+                class: "vmstore".into(),
+                uid: "u1".into(),
+                mount: "/mnt/vmstore".into()
+            }]
+        );
     }
 
     #[test]

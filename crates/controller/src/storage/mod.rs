@@ -87,6 +87,9 @@ pub struct Dirs {
     pub shared: PathBuf,
     /// Import scratch space; one subdirectory per transfer.
     pub scratch: PathBuf,
+    /// Volume roots of the shared-filesystem classes (`<mount>/volumes`), see
+    /// [`Dirs::with_classes`].
+    pub mounts: Vec<PathBuf>,
 }
 
 impl Dirs {
@@ -95,11 +98,22 @@ impl Dirs {
         Dirs {
             shared: data_dir.join("volumes"),
             scratch: data_dir.join("import-scratch"),
+            mounts: Vec::new(),
         }
     }
 
-    /// Whether `path` lies strictly inside the shared volume root (never remove anything
-    /// else; node-local volumes are removed by their node's agent).
+    /// These roots plus the volume roots of the shared mounts `classes` declare.
+    pub fn with_classes(&self, classes: &[k8s_openapi::api::storage::v1::StorageClass]) -> Dirs {
+        let mut d = self.clone();
+        d.mounts = classes::declared_mounts(classes)
+            .into_iter()
+            .map(|m| ferrovirt_storage::shared_mount::volume_root(&m.mount))
+            .collect();
+        d
+    }
+
+    /// Whether `path` lies strictly inside the shared volume root or a declared mount's
+    /// (never remove anything else; node-local volumes are removed by their node's agent).
     pub fn owns(&self, path: &Path) -> bool {
         let inside = |root: &Path| path.starts_with(root) && path != root;
         let plain = path.components().all(|c| {
@@ -108,7 +122,7 @@ impl Dirs {
                 std::path::Component::Normal(_) | std::path::Component::RootDir
             )
         });
-        plain && inside(&self.shared)
+        plain && (inside(&self.shared) || self.mounts.iter().any(|m| inside(m)))
     }
 }
 
@@ -215,5 +229,16 @@ mod tests {
         assert!(!d.owns(Path::new("/data/volumes")));
         assert!(!d.owns(Path::new("/data/volumes/../token")));
         assert!(!d.owns(Path::new("/etc")));
+        assert!(!d.owns(Path::new("/mnt/vmstore/volumes/pvc-1")));
+        let class: k8s_openapi::api::storage::v1::StorageClass =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "vmstore"}, "provisioner": classes::PROVISIONER_SHARED,
+                "parameters": {ferrovirt_api::shared_mount::MOUNT_PARAMETER: "/mnt/vmstore"}
+            }))
+            .unwrap();
+        let d = d.with_classes(&[class]);
+        assert!(d.owns(Path::new("/mnt/vmstore/volumes/pvc-1")));
+        assert!(!d.owns(Path::new("/mnt/vmstore/volumes")));
+        assert!(!d.owns(Path::new("/mnt/vmstore/.ferrovirt-class-vmstore")));
     }
 }

@@ -39,7 +39,7 @@ pub enum PvcDecision {
     /// Bind the claim and the PV `pv` to each other.
     Bind { pv: String },
     /// Provision a volume for the claim, then bind it.
-    Provision(ProvisionPlan),
+    Provision(Box<ProvisionPlan>),
     /// The class binds at first consumer and none is scheduled yet.
     WaitForFirstConsumer,
     /// Cannot bind now; `message` says why.
@@ -55,6 +55,9 @@ pub struct ProvisionPlan {
     pub class: String,
     /// The node of a local volume.
     pub node: Option<String>,
+    /// The shared filesystem of a class that declares one: the volume goes to
+    /// `<mount>/volumes/<pv>`, after the mount's marker is written.
+    pub shared_mount: Option<classes::DeclaredMount>,
     pub size: Quantity,
     pub bytes: u64,
     pub access_modes: Vec<String>,
@@ -246,7 +249,21 @@ pub fn decide(
     if builtin == Builtin::Shared && classes::waits_for_consumer(class) && node.is_none() {
         return PvcDecision::WaitForFirstConsumer;
     }
-    PvcDecision::Provision(ProvisionPlan {
+    let shared_mount = match classes::shared_mount(class) {
+        None => None,
+        Some(Err(e)) => {
+            return pending(
+                "ProvisioningFailed",
+                format!("StorageClass {class_name:?}: {e}"),
+            );
+        }
+        Some(Ok(mount)) => Some(classes::DeclaredMount {
+            class: class_name.into(),
+            uid: class.metadata.uid.clone().unwrap_or_default(),
+            mount,
+        }),
+    };
+    PvcDecision::Provision(Box::new(ProvisionPlan {
         pv_name: format!("pvc-{}", pvc.metadata.uid.as_deref().unwrap_or("unknown")),
         builtin,
         class: class_name.into(),
@@ -255,6 +272,7 @@ pub fn decide(
         } else {
             None
         },
+        shared_mount,
         size: size.clone(),
         bytes,
         access_modes: spec
@@ -270,7 +288,7 @@ pub fn decide(
             .reclaim_policy
             .clone()
             .unwrap_or_else(|| "Delete".into()),
-    })
+    }))
 }
 
 /// The claimRef of a PV bound to `pvc`.

@@ -174,6 +174,20 @@ async fn reconcile(
             Ok(Action::requeue(Duration::from_millis(500)))
         }
         PvcDecision::Provision(plan) => {
+            if let Some(m) = plan.shared_mount.clone() {
+                let written = tokio::task::spawn_blocking(move || {
+                    ferrovirt_storage::shared_mount::write_marker(&m.mount, &m.class, &m.uid)
+                })
+                .await
+                .map_err(|e| ControllerError::TaskStopped {
+                    name: COMPONENT,
+                    reason: e.to_string(),
+                })?;
+                if let Err(e) = written {
+                    report(&ctx, pvc, true, "ProvisioningFailed", &e).await;
+                    return Ok(Action::requeue(Duration::from_secs(10)));
+                }
+            }
             let dir = match plan.builtin {
                 Builtin::Shared => provision_shared(&ctx, &plan).await?,
                 Builtin::Local => provision_on_node(&ctx, &plan).await,
@@ -226,7 +240,10 @@ async fn provision_shared(
     ctx: &Ctx,
     plan: &ProvisionPlan,
 ) -> Result<Result<PathBuf, String>, ControllerError> {
-    let root = ctx.dirs.shared.clone();
+    let root = match &plan.shared_mount {
+        Some(m) => ferrovirt_storage::shared_mount::volume_root(&m.mount),
+        None => ctx.dirs.shared.clone(),
+    };
     let (pv_name, bytes) = (plan.pv_name.clone(), plan.bytes);
     let dir = tokio::task::spawn_blocking(move || VolumeRoot::new(root).create(&pv_name, bytes))
         .await
@@ -363,7 +380,16 @@ pub async fn reclaim_loop(
     stores.ready().await;
     let mut last_profiles = std::time::Instant::now();
     loop {
-        if let Err(e) = reclaim_once(&client, &stores, &dirs, agent_token.as_deref()).await {
+        let classes = stores.class_list();
+        write_markers(&classes).await;
+        if let Err(e) = reclaim_once(
+            &client,
+            &stores,
+            &dirs.with_classes(&classes),
+            agent_token.as_deref(),
+        )
+        .await
+        {
             tracing::warn!(error = %e, "reclaiming volumes failed");
         }
         let woken = tokio::time::timeout(
@@ -383,6 +409,43 @@ pub async fn reclaim_loop(
         }
         if class_changed || last_profiles.elapsed() >= period * 10 {
             last_profiles = std::time::Instant::now();
+        }
+    }
+}
+
+/// Writes the marker of every declared shared mount that exists on this machine (the nodes
+/// compare it with the class's uid: `ferrovirt_storage::shared_mount`); a mount missing here
+/// is logged once per class and path.
+async fn write_markers(classes: &[StorageClass]) {
+    static LOGGED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let declared = classes::declared_mounts(classes);
+    if declared.is_empty() {
+        return;
+    }
+    let results = tokio::task::spawn_blocking(move || {
+        declared
+            .into_iter()
+            .map(|m| {
+                let r = ferrovirt_storage::shared_mount::write_marker(&m.mount, &m.class, &m.uid);
+                (m, r)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    for (m, r) in results {
+        match r {
+            Ok(true) => {
+                tracing::info!(class = %m.class, mount = %m.mount.display(), "wrote the shared mount's marker")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let key = format!("{}\0{}", m.class, m.mount.display());
+                let mut logged = LOGGED.lock().expect("lock");
+                if logged.get_or_insert_default().insert(key) {
+                    tracing::warn!(class = %m.class, "{e}");
+                }
+            }
         }
     }
 }
@@ -542,7 +605,7 @@ async fn resize_if_needed(
     let class = classes
         .iter()
         .find(|c| c.metadata.name.as_deref() == class_name);
-    match expansion::decide(pvc, pv, class, &ctx.dirs) {
+    match expansion::decide(pvc, pv, class, &ctx.dirs.with_classes(classes)) {
         Expansion::Nothing => {}
         Expansion::SyncStatus { size } => {
             expansion::set_claim_capacity(&ctx.client, pvc, &size).await?;

@@ -80,14 +80,21 @@ pub struct ImageCache {
 
 /// The file name of a reference in `refs/` (reversible, no `/`).
 pub fn ref_file_name(image: &ImageRef) -> String {
-    image
-        .to_string()
-        .bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'0'..=b'9' | b'.' | b'-' | b'_' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    // Lower-case letters, digits and `.-_` stay; everything else, upper-case letters
+    // included (case-insensitive filesystems), is escaped.
+    const KEPT: &percent_encoding::AsciiSet = &{
+        let mut set = percent_encoding::NON_ALPHANUMERIC
+            .remove(b'.')
+            .remove(b'-')
+            .remove(b'_');
+        let mut c = b'A';
+        while c <= b'Z' {
+            set = set.add(c);
+            c += 1;
+        }
+        set
+    };
+    percent_encoding::utf8_percent_encode(&image.to_string(), KEPT).to_string()
 }
 
 fn write_atomic(path: &Path, data: &[u8]) -> Result<(), StorageError> {
@@ -286,6 +293,11 @@ mod tests {
         let cache = ImageCache::new(d.path(), 1 << 30);
         let image = img("127.0.0.1:5000/fv/guest:v1");
         assert_eq!(ref_file_name(&image), "127.0.0.1%3A5000%2Ffv%2Fguest%3Av1");
+        // Upper case is escaped too: tags differing in case never share a file.
+        assert_eq!(
+            ref_file_name(&img("127.0.0.1:5000/fv/guest:V1")),
+            "127.0.0.1%3A5000%2Ffv%2Fguest%3A%561"
+        );
         assert!(cache.lookup(&image).is_none());
         let digest = format!("sha256:{}", "ab".repeat(32));
         cache.remember(&image, &digest).unwrap();

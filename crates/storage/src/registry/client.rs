@@ -83,16 +83,14 @@ pub fn tls_config(extra: &[u8]) -> Result<rustls::ClientConfig, StorageError> {
     }
 }
 
-/// Percent-encodes a query value.
+/// Percent-encodes a query value: everything but RFC 3986's unreserved characters.
 fn encode_query(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 /// The short message of a registry error body (`{"errors":[{"code":…,"message":…}]}`).

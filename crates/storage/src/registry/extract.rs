@@ -1,15 +1,14 @@
 //! The disk of a containerDisk image: the one regular file under `/disk/` once all layers are
 //! applied in order (a later layer replaces a file, `.wh.<name>` whiteouts and opaque
-//! `.wh..wh..opq` markers remove earlier ones). Layers are untrusted: tar, gzip (by magic
-//! bytes) or zstd (the `zstd` tool); only regular files directly under `disk/` are written,
-//! each to a name this module chooses (entry names never become paths), up to a size bound;
-//! symlinks, hard links, devices, subdirectories and `..` paths are ignored. Files are written
-//! sparsely (zero blocks become holes).
+//! `.wh..wh..opq` markers remove earlier ones). Layers are untrusted: tar, gzip (by magic bytes) or
+//! zstd (the `zstd` crate, window at most 128 MiB); only regular files directly under `disk/` are
+//! written, each to a name this module chooses (entry names never become paths), up to a size
+//! bound; symlinks, hard links, devices, subdirectories and `..` paths are ignored. Files are
+//! written sparsely (zero blocks become holes).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use crate::error::StorageError;
 
@@ -92,31 +91,16 @@ impl DiskFiles {
         };
         let head = &head[..n];
         if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-            let mut child = Command::new("zstd")
-                .args(["-dc", "--"])
-                .arg(layer)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| StorageError::Tool {
-                    tool: "zstd".into(),
-                    message: e.to_string(),
-                })?;
-            let stdout = child.stdout.take().expect("piped stdout");
-            let result = self.apply_tar(stdout, layer, max_bytes);
-            let out = child.wait_with_output().map_err(|e| StorageError::Tool {
+            let file = std::fs::File::open(layer).map_err(|e| StorageError::io(layer, e))?;
+            let zstd_err = |e: std::io::Error| StorageError::Tool {
                 tool: "zstd".into(),
                 message: e.to_string(),
-            })?;
-            result?;
-            if !out.status.success() {
-                return Err(StorageError::Tool {
-                    tool: "zstd".into(),
-                    message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-                });
-            }
-            return Ok(());
+            };
+            let mut decoder = zstd::stream::read::Decoder::new(file).map_err(zstd_err)?;
+            decoder
+                .window_log_max(crate::importer::ZSTD_MAX_WINDOW_LOG)
+                .map_err(zstd_err)?;
+            return self.apply_tar(decoder, layer, max_bytes);
         }
         let file = std::fs::File::open(layer).map_err(|e| StorageError::io(layer, e))?;
         let reader = std::io::BufReader::new(file);
@@ -366,14 +350,21 @@ mod tests {
         let mut data = vec![0u8; 256 << 10];
         data[200_000] = 5;
         let plain = layer(d.path(), "z", &[("disk/d.raw", &data, Regular)], false);
-        let st = Command::new("zstd")
-            .args(["-q", "-f"])
-            .arg(&plain)
-            .arg("-o")
-            .arg(d.path().join("z.zst"))
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let packed = zstd::stream::encode_all(&std::fs::read(&plain).unwrap()[..], 3).unwrap();
+        std::fs::write(d.path().join("z.zst"), packed).unwrap();
+        // The size cap holds inside a zstd layer too (a zero-filled file is a small bomb).
+        let mut f = DiskFiles::new(&d.path().join("s0")).unwrap();
+        let e = f
+            .apply_layer(&d.path().join("z.zst"), 100_000)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than the 100000 bytes"), "{e}");
+        // Corrupt zstd data is an error, not a panic.
+        let mut junk = vec![0x28, 0xb5, 0x2f, 0xfd];
+        junk.extend([0xffu8; 64]);
+        std::fs::write(d.path().join("junk.zst"), junk).unwrap();
+        let mut f = DiskFiles::new(&d.path().join("s1")).unwrap();
+        assert!(f.apply_layer(&d.path().join("junk.zst"), 1 << 20).is_err());
         let mut f = DiskFiles::new(&d.path().join("s")).unwrap();
         f.apply_layer(&d.path().join("z.zst"), 1 << 20).unwrap();
         let (_, p) = f.into_disk().unwrap();
