@@ -2,8 +2,14 @@
 """VMI create -> Running through ferrovirt vs the same QEMU started by hand, and memory per VM
 outside QEMU (launcher RSS plus the agent's share of the server process).
 
-Usage: bench/vmi-start.py [--runs N] [--binary target/release/ferrovirt]
+Usage: bench/vmi-start.py [--runs N] [--start-path-runs N] [--binary target/release/ferrovirt]
 Prints medians of both start times and their ratio, then MiB per VM outside QEMU.
+
+First, the start path (issue #15, goal <= 50 ms median): API create -> QEMU exec for VMIs that
+go through the scheduler (no status in the request), one at a time. The create is stamped with
+CLOCK_BOOTTIME just before the POST is sent; QEMU's exec with its process start time from
+/proc/PID/stat (field 22, boot-relative clock ticks: 10 ms resolution), found through the
+VMI's `ferrovirt.io/qemu-pid` annotation. Each VMI is deleted (and its QEMU gone) before the next.
 Everything runs on 127.0.0.1; the guest is the project's test guest (target/test-guest).
 Both series start their VMs one after another with the earlier ones still running; ferrovirt's
 VMs are stopped before the baseline starts. Needs `cargo build --release -p ferrovirt` first.
@@ -101,6 +107,46 @@ def stop_everything(srv, data):
     kill_pids(pids)
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_start_boottime(pid):
+    """Seconds since boot at which `pid` started (its fork; exec follows within the same
+    process), from /proc/PID/stat field 22."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[19]) / CLK_TCK
+
+
+def start_path(api, base, runs):
+    """API create -> QEMU exec, through the scheduler, one VMI at a time."""
+    out = []
+    for i in range(runs):
+        vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+               "metadata": {"name": f"sp{i}"},
+               "spec": {"terminationGracePeriodSeconds": 0,
+                        "domain": {"memory": {"guest": "128Mi"}, "devices": {
+                   "disks": [{"name": "root", "disk": {"bus": "virtio"}}]}},
+                   "volumes": [{"name": "root", "ephemeral": {"persistentVolumeClaim": {"claimName": "root"}}}]}}
+        t0 = time.clock_gettime(time.CLOCK_BOOTTIME)
+        code, obj = api.req("POST", base, vmi)
+        assert code == 201, obj
+        pid = None
+        while pid is None:
+            code, obj = api.req("GET", f"{base}/sp{i}")
+            pid = obj.get("metadata", {}).get("annotations", {}).get("ferrovirt.io/qemu-pid")
+            if time.clock_gettime(time.CLOCK_BOOTTIME) - t0 > 60:
+                raise SystemExit(f"no QEMU pid after 60 s: {json.dumps(obj.get('status'))[:600]}")
+            if pid is None:
+                time.sleep(0.02)
+        out.append(proc_start_boottime(int(pid)) - t0)
+        api.req("DELETE", f"{base}/sp{i}")
+        deadline = time.monotonic() + 60
+        while api.req("GET", f"{base}/sp{i}")[0] != 404 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return out
+
+
 def qmp_wait_running(path, deadline):
     while time.monotonic() < deadline:
         try:
@@ -125,6 +171,7 @@ def qmp_wait_running(path, deadline):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--start-path-runs", type=int, default=7)
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/ferrovirt"))
     a = ap.parse_args()
     guest = os.path.join(ROOT, "target/test-guest")
@@ -133,7 +180,10 @@ def main():
     data = os.path.join(tmp, "data"); port = free_port()
     log = open(os.path.join(tmp, "server.log"), "w")
     srv = subprocess.Popen([a.binary, "server", "--data-dir", data, "--listen", f"127.0.0.1:{port}",
-                            "--node-name", "bench"], stdout=log, stderr=log)
+                            "--node-name", "bench",
+                            # The guest disk is a hostPath PV under tmp: foreign host paths
+                            # are refused unless they lie under --host-disk-root.
+                            "--host-disk-root", tmp], stdout=log, stderr=log)
     try:
         for _ in range(300):
             if os.path.exists(os.path.join(data, "token")):
@@ -155,9 +205,16 @@ def main():
             "kind": "PersistentVolumeClaim", "metadata": {"name": "root"}, "spec": {
             "accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}},
             "volumeName": "pv"}})
+        base = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances"
+        if a.start_path_runs > 0:
+            sp = start_path(api, base, a.start_path_runs)
+            print(f"start path, API create -> QEMU exec: median {statistics.median(sp)*1000:.0f} ms "
+                  f"over {len(sp)} runs [{', '.join(f'{t*1000:.0f}' for t in sp)}] (goal <= 50 ms; "
+                  f"10 ms resolution)", flush=True)
+            if a.runs == 0:
+                return
         idle_kib = rss_kib(srv.pid)
         fv_times, argvs, uids = [], [], []
-        base = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances"
         for i in range(a.runs):
             vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                    "metadata": {"name": f"b{i}"},

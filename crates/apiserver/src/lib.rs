@@ -51,6 +51,7 @@ mod table;
 mod timefmt;
 mod tls;
 mod watch;
+mod watch_decode;
 
 pub use error::{ApiError, ServerError};
 pub use events::{EventRecord, record_event};

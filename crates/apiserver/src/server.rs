@@ -104,6 +104,8 @@ pub(crate) struct Shared {
     pub shutdown: watch::Receiver<bool>,
     /// Resource requests by verb, resource and user agent (`/metrics`).
     pub requests: crate::metrics::RequestCounter,
+    /// Store events decoded once for all watches ([`crate::watch_decode`]).
+    pub decoded: crate::watch_decode::DecodeCache,
     openapi: std::sync::OnceLock<crate::openapi::Documents>,
 }
 
@@ -251,6 +253,7 @@ impl Server {
             gc_kick: Notify::new(),
             shutdown,
             requests: Default::default(),
+            decoded: Default::default(),
             openapi: Default::default(),
         });
         gc::ensure_system_namespaces(&shared)

@@ -21,6 +21,7 @@ use crate::error::ApiError;
 use crate::handlers::{Ctx, from_storage};
 use crate::objects::decode;
 use crate::selectors::{FieldRequirement, FieldSelector, LabelSelector};
+use crate::watch_decode::DecodeCache;
 use crate::{resources, table};
 
 /// Longest a watch stays open without `timeoutSeconds`.
@@ -71,26 +72,48 @@ fn line(type_: &str, object: Value) -> Bytes {
     Bytes::from(v)
 }
 
-/// Maps one store event to a watch event for this watcher, if it should see it.
-fn translate(plan: &Plan, ev: &WatchEvent) -> Result<Option<(&'static str, Value)>, ApiError> {
+/// The watch event type for a store event, from whether the object matches this watch's
+/// selectors now and whether it did before (`None`: no previous state known).
+fn event_type(kind: EventKind, now: bool, before: Option<bool>) -> Option<&'static str> {
+    match kind {
+        EventKind::Created => now.then_some("ADDED"),
+        EventKind::Deleted => (now || before == Some(true)).then_some("DELETED"),
+        EventKind::Modified => match (before, now) {
+            (Some(true), true) | (None, true) => Some("MODIFIED"),
+            (Some(false), true) => Some("ADDED"),
+            (Some(true), false) => Some("DELETED"),
+            _ => None,
+        },
+    }
+}
+
+/// Maps one store event to a watch event for this watcher, if it should see it. The object is
+/// matched against the copy every watch shares ([`DecodeCache`]) and cloned only when sent,
+/// where the stored form is already the served one (the same apiVersion, not events.k8s.io);
+/// otherwise it is decoded and converted here.
+fn translate(
+    plan: &Plan,
+    ev: &WatchEvent,
+    cache: &DecodeCache,
+) -> Result<Option<(&'static str, Value)>, ApiError> {
+    let want = plan.def.api_version();
+    let served_as_stored = |v: &Value| v.get("apiVersion").and_then(Value::as_str) == Some(&want);
+    if !resources::is_events_v1(&plan.def)
+        && let Some(d) = cache.get(ev)
+        && served_as_stored(&d.cur)
+        && d.prev.as_ref().is_none_or(served_as_stored)
+    {
+        let before = d.prev.as_ref().map(|p| plan.matches(p));
+        return Ok(event_type(ev.kind, plan.matches(&d.cur), before).map(|t| (t, d.cur.clone())));
+    }
     let cur = from_storage(&plan.def, decode(&ev.kv)?);
     let prev = ev
         .prev
         .as_ref()
         .map(|p| decode(p).map(|o| from_storage(&plan.def, o)))
         .transpose()?;
-    let now = plan.matches(&cur);
     let before = prev.as_ref().map(|p| plan.matches(p));
-    Ok(match ev.kind {
-        EventKind::Created => now.then_some(("ADDED", cur)),
-        EventKind::Deleted => (now || before == Some(true)).then_some(("DELETED", cur)),
-        EventKind::Modified => match (before, now) {
-            (Some(true), true) | (None, true) => Some(("MODIFIED", cur)),
-            (Some(false), true) => Some(("ADDED", cur)),
-            (Some(true), false) => Some(("DELETED", cur)),
-            _ => None,
-        },
-    })
+    Ok(event_type(ev.kind, plan.matches(&cur), before).map(|t| (t, cur)))
 }
 
 /// Serves a watch request on a collection (or one object, when `name` is set).
@@ -184,6 +207,7 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
         store.watch(&prefix, from).await
     };
     let mut shutdown = ctx.sh.shutdown.clone();
+    let shared = ctx.sh.clone();
     let bookmark_every = ctx.sh.bookmark_interval;
     tokio::spawn(async move {
         for b in pre {
@@ -212,7 +236,7 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
                         None => break,
                         Some(Ok(ev)) => {
                             last = last.max(ev.revision);
-                            match translate(&plan, &ev) {
+                            match translate(&plan, &ev, &shared.decoded) {
                                 Ok(Some((t, obj))) => line(t, plan.render(obj)),
                                 Ok(None) => continue,
                                 Err(e) => line("ERROR", e.status()),

@@ -26,6 +26,9 @@ use crate::{
     WatchStream,
 };
 
+/// The largest etcd answer read (a whole list of a big collection). etcd is trusted; the bound
+/// only keeps a corrupt length from allocating without limit.
+const MAX_RESPONSE_BYTES: usize = 1 << 30;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -91,8 +94,12 @@ impl EtcdStore {
         Ok(store)
     }
 
+    /// The KV client, taking answers up to [`MAX_RESPONSE_BYTES`] (gRPC's default of 4 MiB
+    /// refused a whole list of 10,000 VMIs).
     fn kv(&self) -> KvClient {
-        self.client.kv_client()
+        self.client
+            .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
     fn full_key(&self, key: &str) -> Vec<u8> {

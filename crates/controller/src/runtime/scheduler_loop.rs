@@ -5,6 +5,10 @@
 //! PodScheduled=False reason Unschedulable with Kubernetes' message, and a FailedScheduling
 //! Event (only when the message changes). Bindings not yet seen in the cache are "assumed"
 //! so a VMI is never bound twice and its resources count at once.
+//!
+//! A pass decides every pending VMI in creation order over one [`Snapshot`] of the cluster
+//! (built once: a decision costs a pass over the nodes, not over every VMI), then writes the
+//! binds concurrently ([`WRITE_CONCURRENCY`] in flight) with their `Scheduled` Events.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,13 +29,15 @@ use super::events::{EventRecorder, object_ref};
 use super::resources::Vmi;
 use crate::conditions;
 use crate::error::ControllerError;
-use crate::scheduler::{Decision, ScheduleRequest, SchedulerOptions, needs_scheduling, schedule};
+use crate::scheduler::{Decision, SchedulerOptions, Snapshot, needs_scheduling};
 use crate::vm::template::{KUBEVIRT_API_VERSION, LABEL_NODE_NAME};
 
 /// Component name on Events (Kubernetes' scheduler reports as `default-scheduler`).
 pub const COMPONENT: &str = "default-scheduler";
 /// How long a binding may stay unseen in the cache before it is forgotten.
 const ASSUME_TTL: Duration = Duration::from_secs(30);
+/// Binds (and unschedulable marks) of one pass in flight at once.
+const WRITE_CONCURRENCY: usize = 32;
 
 /// Tunables of the scheduler loop.
 #[derive(Debug, Clone)]
@@ -92,70 +98,119 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
         let mut assumed: HashMap<String, (String, Instant)> = HashMap::new();
         loop {
             let node_list: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
-            let mut all: Vec<VirtualMachineInstance> =
-                vmis.state().iter().map(|v| v.0.clone()).collect();
-            // Apply assumed bindings the cache has not caught up with; forget old ones.
-            assumed.retain(|_, (_, at)| at.elapsed() < ASSUME_TTL);
-            for v in &mut all {
-                let k = key(v);
-                if !needs_scheduling(v) {
-                    assumed.remove(&k);
-                } else if let Some((node, _)) = assumed.get(&k) {
-                    let st = v.status.get_or_insert_default();
-                    st.node_name = Some(node.clone());
-                    st.phase = Some(VmiPhase::Scheduled);
+            let cached = vmis.state();
+            // Bindings the cache has not caught up with count as made; old ones, and those the
+            // cache now shows, are forgotten (looked up by key: no pass over every VMI).
+            assumed.retain(|k, (_, at)| {
+                at.elapsed() < ASSUME_TTL
+                    && k.split_once('/').is_some_and(|(ns, name)| {
+                        let r = reflector::ObjectRef::<Vmi>::new(name).within(ns);
+                        vmis.get(&r).is_some_and(|v| needs_scheduling(&v.0))
+                    })
+            });
+            let mut pending: Vec<&VirtualMachineInstance> = Vec::new();
+            let mut assumed_here: Vec<(&VirtualMachineInstance, String)> = Vec::new();
+            for v in cached.iter().map(|v| &v.0).filter(|v| needs_scheduling(v)) {
+                match assumed.get(&key(v)) {
+                    Some((node, _)) => assumed_here.push((v, node.clone())),
+                    None => pending.push(v),
                 }
             }
-            let mut pending: Vec<usize> = (0..all.len())
-                .filter(|&i| needs_scheduling(&all[i]))
-                .collect();
-            pending.sort_by_key(|&i| (all[i].metadata.creation_timestamp.clone(), key(&all[i])));
-            for i in pending {
-                let (affinity, shared_mounts) = volume_constraints(&client, &all[i]).await;
-                let decision = schedule(
-                    &ScheduleRequest {
-                        vmi: &all[i],
-                        nodes: &node_list,
-                        vmis: &all,
-                        volume_affinity: &affinity,
-                        shared_mounts: &shared_mounts,
-                    },
-                    &opts.scheduler,
-                );
-                match decision {
-                    Decision::Bind { node } => match bind(&client, &all[i], &node).await {
-                        Ok(()) => {
-                            tracing::info!(vmi = %key(&all[i]), %node, "bound");
-                            assumed.insert(key(&all[i]), (node.clone(), Instant::now()));
-                            let st = all[i].status.get_or_insert_default();
-                            st.node_name = Some(node.clone());
-                            st.phase = Some(VmiPhase::Scheduled);
-                            let reference = object_ref(
-                                KUBEVIRT_API_VERSION,
-                                "VirtualMachineInstance",
-                                &all[i].metadata,
-                            );
-                            let msg = format!("Successfully assigned {} to {node}", key(&all[i]));
-                            recorder.record(&reference, false, "Scheduled", &msg).await;
-                        }
-                        Err(e) => tracing::warn!(vmi = %key(&all[i]), error = %e, "binding failed"),
-                    },
-                    Decision::Unschedulable(fit) => {
-                        let message = fit.to_string();
-                        if let Err(e) =
-                            mark_unschedulable(&client, &recorder, &all[i], &message).await
-                        {
-                            tracing::warn!(vmi = %key(&all[i]), error = %e, "recording unschedulable failed");
-                        }
+            if pending.is_empty() {
+                // Nothing to place: no snapshot (a pass over every VMI) on this wake-up.
+                let _ = tokio::time::timeout(opts.resync, wake.notified()).await;
+                continue;
+            }
+            // One snapshot for the whole pass: every decision counts the ones before it.
+            let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &opts.scheduler);
+            for (v, node) in &assumed_here {
+                snap.assume(v, node);
+            }
+            pending.sort_by_key(|v| (v.metadata.creation_timestamp.clone(), key(v)));
+            let mut binds = Vec::new();
+            let mut unschedulable = Vec::new();
+            for v in pending {
+                let (affinity, shared_mounts) = volume_constraints(&client, v).await;
+                match snap.schedule(v, &affinity, &shared_mounts) {
+                    Decision::Bind { node } => {
+                        snap.assume(v, &node);
+                        assumed.insert(key(v), (node.clone(), Instant::now()));
+                        binds.push((v, node));
                     }
+                    Decision::Unschedulable(fit) => unschedulable.push((v, fit.to_string())),
                 }
             }
+            // The writes of the pass, WRITE_CONCURRENCY at a time: decisions are made in
+            // order above, only the API round trips overlap. A failed bind forgets its
+            // assumption, so the next pass decides that VMI again from the cache.
+            let mut failed = Vec::new();
+            let mut inflight = futures::stream::FuturesUnordered::new();
+            for (v, node) in binds {
+                inflight.push(bind_and_record(&client, &recorder, v, node));
+                if inflight.len() >= WRITE_CONCURRENCY
+                    && let Some(Some(k)) = inflight.next().await
+                {
+                    failed.push(k);
+                }
+            }
+            while let Some(r) = inflight.next().await {
+                failed.extend(r);
+            }
+            for k in failed {
+                assumed.remove(&k);
+            }
+            let mut inflight = futures::stream::FuturesUnordered::new();
+            for (v, message) in unschedulable {
+                inflight.push(mark_unschedulable_logged(&client, &recorder, v, message));
+                if inflight.len() >= WRITE_CONCURRENCY {
+                    inflight.next().await;
+                }
+            }
+            while inflight.next().await.is_some() {}
             let _ = tokio::time::timeout(opts.resync, wake.notified()).await;
         }
     };
     tokio::select! {
         _ = pump => Err(ControllerError::TaskStopped { name: "scheduler", reason: "watch streams ended".into() }),
         _ = work => Ok(()),
+    }
+}
+
+/// Binds `vmi` to `node` and records the `Scheduled` Event; the VMI's key when the bind failed.
+async fn bind_and_record(
+    client: &kube::Client,
+    recorder: &EventRecorder,
+    vmi: &VirtualMachineInstance,
+    node: String,
+) -> Option<String> {
+    match bind(client, vmi, &node).await {
+        Ok(()) => {
+            tracing::info!(vmi = %key(vmi), %node, "bound");
+            let reference = object_ref(
+                KUBEVIRT_API_VERSION,
+                "VirtualMachineInstance",
+                &vmi.metadata,
+            );
+            let msg = format!("Successfully assigned {} to {node}", key(vmi));
+            recorder.record(&reference, false, "Scheduled", &msg).await;
+            None
+        }
+        Err(e) => {
+            tracing::warn!(vmi = %key(vmi), error = %e, "binding failed");
+            Some(key(vmi))
+        }
+    }
+}
+
+/// [`mark_unschedulable`], a failure logged.
+async fn mark_unschedulable_logged(
+    client: &kube::Client,
+    recorder: &EventRecorder,
+    vmi: &VirtualMachineInstance,
+    message: String,
+) {
+    if let Err(e) = mark_unschedulable(client, recorder, vmi, &message).await {
+        tracing::warn!(vmi = %key(vmi), error = %e, "recording unschedulable failed");
     }
 }
 

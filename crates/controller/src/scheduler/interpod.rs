@@ -90,8 +90,26 @@ pub fn filter(
     node: &Node,
     placed: &[Placed<'_>],
 ) -> Result<(), String> {
+    filter_with(vmi, node, placed, placed)
+}
+
+/// Whether `vmi` declares required anti-affinity: only such placed VMIs can keep others off a
+/// node, so the scheduler hands [`filter_with`] just those.
+pub fn has_required_anti_affinity(vmi: &VirtualMachineInstance) -> bool {
+    !required_anti_affinity(vmi).is_empty()
+}
+
+/// [`filter`] with the placed VMIs that declare required anti-affinity given apart
+/// (`holders`, any superset of them among `placed`): a VMI without affinity terms of its own is
+/// then checked against those few instead of every placed VMI on every node.
+pub fn filter_with(
+    vmi: &VirtualMachineInstance,
+    node: &Node,
+    placed: &[Placed<'_>],
+    holders: &[Placed<'_>],
+) -> Result<(), String> {
     // Existing VMIs' required anti-affinity towards the incoming VMI.
-    for p in placed {
+    for p in holders {
         for term in required_anti_affinity(p.vmi) {
             if term_selects(term, ns(p.vmi), vmi) && same_domain(p.node, node, &term.topology_key) {
                 return Err(REASON_EXISTING_ANTI_AFFINITY.to_string());

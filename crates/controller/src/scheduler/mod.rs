@@ -178,7 +178,9 @@ struct Ctx<'a> {
     shared_mounts: &'a [volumes::SharedMountNeed],
     want: Resources,
     needs_kvm: bool,
-    placed: Vec<Placed<'a>>,
+    placed: &'a [Placed<'a>],
+    /// The placed VMIs that declare required anti-affinity (a subset of `placed`).
+    holders: &'a [Placed<'a>],
 }
 
 fn implicit_taint(key: &str) -> Taint {
@@ -261,7 +263,7 @@ fn filter_node(ctx: &Ctx<'_>, state: &NodeState<'_>) -> Result<(), Vec<String>> 
         return Err(vec![reason]);
     }
     // InterPodAffinity among VMIs.
-    interpod::filter(ctx.vmi, node, &ctx.placed).map_err(|r| vec![r])
+    interpod::filter_with(ctx.vmi, node, ctx.placed, ctx.holders).map_err(|r| vec![r])
 }
 
 /// Raw preferred node affinity score: the sum of weights of matching preferred terms.
@@ -346,7 +348,7 @@ fn score_nodes(ctx: &Ctx<'_>, feasible: &[&NodeState<'_>]) -> Vec<i64> {
     let interpod = normalize_min_max(
         &feasible
             .iter()
-            .map(|s| interpod::preferred_score(ctx.vmi, s.node, &ctx.placed))
+            .map(|s| interpod::preferred_score(ctx.vmi, s.node, ctx.placed))
             .collect::<Vec<_>>(),
     );
     (0..feasible.len())
@@ -360,75 +362,130 @@ fn score_nodes(ctx: &Ctx<'_>, feasible: &[&NodeState<'_>]) -> Vec<i64> {
 }
 
 /// Choose a node for `req.vmi`: the highest score among nodes passing every filter, ties to
-/// the lexicographically first node name; or a [`FitError`].
+/// the lexicographically first node name; or a [`FitError`]. One decision over a fresh
+/// [`Snapshot`]; a loop placing many VMIs builds the snapshot once instead.
 pub fn schedule(req: &ScheduleRequest<'_>, opts: &SchedulerOptions) -> Decision {
-    let mut want = resources::vmi_requests(req.vmi);
-    want.memory_bytes = want.memory_bytes.saturating_add(opts.memory_overhead_bytes);
-    let by_name: BTreeMap<&str, &Node> = req
-        .nodes
-        .iter()
-        .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, n)))
-        .collect();
-    let mut used: BTreeMap<&str, Resources> = BTreeMap::new();
-    let mut placed = Vec::new();
-    for other in req.vmis.iter().filter(|o| !same_object(o, req.vmi)) {
-        let Some(node_name) = is_bound(other) else {
-            continue;
+    let others = req.vmis.iter().filter(|o| !same_object(o, req.vmi));
+    Snapshot::new(req.nodes, others, opts).schedule(req.vmi, req.volume_affinity, req.shared_mounts)
+}
+
+/// The cluster as the scheduler sees it at one moment, prepared once for many decisions:
+/// nodes by name, the resources the bound VMIs hold on each, and the placed VMIs (those that
+/// declare required anti-affinity also apart). Building it is one pass over the VMIs; each
+/// decision is then one pass over the nodes, plus the placed VMIs only where affinity terms ask
+/// for them. [`Snapshot::assume`] adds a binding just decided, so that the next decision of the
+/// same pass counts it.
+#[derive(Debug)]
+pub struct Snapshot<'a> {
+    by_name: BTreeMap<&'a str, &'a Node>,
+    used: BTreeMap<&'a str, Resources>,
+    placed: Vec<Placed<'a>>,
+    holders: Vec<Placed<'a>>,
+    memory_overhead_bytes: u64,
+}
+
+impl<'a> Snapshot<'a> {
+    /// The snapshot of `nodes` with `vmis` (the bound, unfinished ones count; see [`is_bound`]).
+    pub fn new(
+        nodes: &'a [Node],
+        vmis: impl IntoIterator<Item = &'a VirtualMachineInstance>,
+        opts: &SchedulerOptions,
+    ) -> Snapshot<'a> {
+        let by_name: BTreeMap<&'a str, &'a Node> = nodes
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref().map(|name| (name, n)))
+            .collect();
+        let mut snap = Snapshot {
+            by_name,
+            used: BTreeMap::new(),
+            placed: Vec::new(),
+            holders: Vec::new(),
+            memory_overhead_bytes: opts.memory_overhead_bytes,
         };
-        let Some(node) = by_name.get(node_name) else {
-            continue;
-        };
-        let mut r = resources::vmi_requests(other);
-        r.memory_bytes = r.memory_bytes.saturating_add(opts.memory_overhead_bytes);
-        *used.entry(node_name).or_default() += r;
-        placed.push(Placed { vmi: other, node });
-    }
-    let ctx = Ctx {
-        vmi: req.vmi,
-        volume_affinity: req.volume_affinity,
-        shared_mounts: req.shared_mounts,
-        want,
-        needs_kvm: resources::vmi_needs_kvm(req.vmi),
-        placed,
-    };
-    let states: Vec<NodeState<'_>> = by_name
-        .iter()
-        .map(|(name, node)| NodeState {
-            node,
-            used: used.get(name).copied().unwrap_or_default(),
-        })
-        .collect();
-    let mut fit = FitError {
-        num_nodes: states.len(),
-        node_reasons: BTreeMap::new(),
-    };
-    let mut feasible = Vec::new();
-    for s in &states {
-        match filter_node(&ctx, s) {
-            Ok(()) => feasible.push(s),
-            Err(reasons) => {
-                let name = s.node.metadata.name.clone().unwrap_or_default();
-                fit.node_reasons.insert(name, reasons);
+        for vmi in vmis {
+            if let Some(node) = is_bound(vmi) {
+                snap.assume(vmi, node);
             }
         }
+        snap
     }
-    let scores = score_nodes(&ctx, &feasible);
-    let best =
-        feasible
+
+    /// Counts `vmi` as placed on `node` (a node the snapshot does not know is ignored, as a
+    /// VMI bound to a deleted node holds nothing).
+    pub fn assume(&mut self, vmi: &'a VirtualMachineInstance, node: &str) {
+        let Some((&name, &n)) = self.by_name.get_key_value(node) else {
+            return;
+        };
+        let mut r = resources::vmi_requests(vmi);
+        r.memory_bytes = r.memory_bytes.saturating_add(self.memory_overhead_bytes);
+        *self.used.entry(name).or_default() += r;
+        let p = Placed { vmi, node: n };
+        if interpod::has_required_anti_affinity(vmi) {
+            self.holders.push(p);
+        }
+        self.placed.push(p);
+    }
+
+    /// Choose a node for `vmi` (which must not be counted in the snapshot itself): the highest
+    /// score among nodes passing every filter, ties to the lexicographically first node name;
+    /// or a [`FitError`]. `volume_affinity`: see [`ScheduleRequest::volume_affinity`].
+    pub fn schedule(
+        &self,
+        vmi: &VirtualMachineInstance,
+        volume_affinity: &[NodeSelector],
+        shared_mounts: &[volumes::SharedMountNeed],
+    ) -> Decision {
+        let mut want = resources::vmi_requests(vmi);
+        want.memory_bytes = want.memory_bytes.saturating_add(self.memory_overhead_bytes);
+        let ctx = Ctx {
+            vmi,
+            volume_affinity,
+            shared_mounts,
+            want,
+            needs_kvm: resources::vmi_needs_kvm(vmi),
+            placed: &self.placed,
+            holders: &self.holders,
+        };
+        let states: Vec<NodeState<'_>> = self
+            .by_name
             .iter()
-            .zip(scores)
-            .fold(
-                None::<(&NodeState<'_>, i64)>,
-                |best, (s, score)| match best {
-                    Some((_, b)) if b >= score => best,
-                    _ => Some((s, score)),
-                },
-            );
-    match best {
-        Some((s, _)) => Decision::Bind {
-            node: s.node.metadata.name.clone().unwrap_or_default(),
-        },
-        None => Decision::Unschedulable(fit),
+            .map(|(name, node)| NodeState {
+                node,
+                used: self.used.get(name).copied().unwrap_or_default(),
+            })
+            .collect();
+        let mut fit = FitError {
+            num_nodes: states.len(),
+            node_reasons: BTreeMap::new(),
+        };
+        let mut feasible = Vec::new();
+        for s in &states {
+            match filter_node(&ctx, s) {
+                Ok(()) => feasible.push(s),
+                Err(reasons) => {
+                    let name = s.node.metadata.name.clone().unwrap_or_default();
+                    fit.node_reasons.insert(name, reasons);
+                }
+            }
+        }
+        let scores = score_nodes(&ctx, &feasible);
+        let best =
+            feasible
+                .iter()
+                .zip(scores)
+                .fold(
+                    None::<(&NodeState<'_>, i64)>,
+                    |best, (s, score)| match best {
+                        Some((_, b)) if b >= score => best,
+                        _ => Some((s, score)),
+                    },
+                );
+        match best {
+            Some((s, _)) => Decision::Bind {
+                node: s.node.metadata.name.clone().unwrap_or_default(),
+            },
+            None => Decision::Unschedulable(fit),
+        }
     }
 }
 
@@ -744,6 +801,47 @@ mod tests {
             message(run(&v, &nodes[..1], &[])),
             "0/1 nodes are available: 1 Insufficient devices.kubevirt.io/kvm."
         );
+    }
+
+    #[test]
+    fn a_snapshot_counts_the_bindings_it_assumes() {
+        // Two nodes with room for two VMIs each: a batch of four over one snapshot fills both
+        // (each decision sees the ones before it), a fifth fits nowhere.
+        let nodes = [
+            node("a").alloc("2", "8Gi").build(),
+            node("b").alloc("2", "8Gi").build(),
+        ];
+        let vmis: Vec<_> = (0..5)
+            .map(|i| vmi(&format!("v{i}")).requests("1", "256Mi").build())
+            .collect();
+        let opts = SchedulerOptions::default();
+        let mut snap = Snapshot::new(&nodes, [], &opts);
+        let mut placed = Vec::new();
+        for v in &vmis[..4] {
+            let n = bound(snap.schedule(v, &[], &[]));
+            snap.assume(v, &n);
+            placed.push(n);
+        }
+        placed.sort();
+        assert_eq!(placed, ["a", "a", "b", "b"]);
+        assert_eq!(
+            message(snap.schedule(&vmis[4], &[], &[])),
+            "0/2 nodes are available: 2 Insufficient cpu."
+        );
+        // Required anti-affinity of an assumed VMI keeps its peers off its node.
+        let db0 = vmi("db-0")
+            .label("app", "db")
+            .anti_affinity("app", "db", HOSTNAME)
+            .build();
+        let db1 = vmi("db-1").label("app", "db").build();
+        let mut snap = Snapshot::new(&nodes, [], &opts);
+        snap.assume(&db0, "a");
+        assert_eq!(bound(snap.schedule(&db1, &[], &[])), "b");
+        // A binding to a node the snapshot does not know holds nothing: the tie between the
+        // two empty nodes still goes to the first name.
+        let mut snap = Snapshot::new(&nodes, [], &opts);
+        snap.assume(&vmis[0], "gone");
+        assert_eq!(bound(snap.schedule(&vmis[1], &[], &[])), "a");
     }
 
     #[test]

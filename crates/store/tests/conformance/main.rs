@@ -45,6 +45,7 @@ macro_rules! all_conformance_tests {
             crud,
             conflicts,
             list_prefix_and_limit,
+            large_list,
             pagination_at_fixed_revision,
             list_at_old_revision,
             watch_replay_then_live,

@@ -219,6 +219,21 @@ pub async fn conflicts<B: Backend>() -> Result<()> {
     Ok(())
 }
 
+/// A list larger than gRPC's default 4 MiB message limit (10,000 VMIs are ~14 MiB): whole.
+pub async fn large_list<B: Backend>() -> Result<()> {
+    let backend = B::start().await?;
+    let s = backend.store();
+    let value = vec![b'x'; 1 << 20];
+    for i in 0..6 {
+        s.create(&format!("/big/{i}"), value.clone()).await?;
+    }
+    let all = s.list("/big/", ListOptions::default()).await?;
+    assert_eq!(all.items.len(), 6);
+    assert!(all.items.iter().all(|kv| kv.value.len() == 1 << 20));
+    assert!(!all.more);
+    Ok(())
+}
+
 pub async fn list_prefix_and_limit<B: Backend>() -> Result<()> {
     let backend = B::start().await?;
     let s = backend.store();

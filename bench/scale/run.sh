@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Scale benchmark (issue #15): N VMIs over M simulated nodes against a release-build
+# `ferrovirt server --disable-agent`, on SQLite and on etcd (Debian's etcd on 127.0.0.1).
+# The nodes are `ferrovirt-simnodes` (crates/simnodes), a BENCHMARK HARNESS that runs no QEMU:
+# each simulated node registers its Node, renews its Lease, watches its own VMIs with the
+# agent's field selector and reports them Running through the agent's own decision code.
+# Prints, per backend: time to create and bind all, scheduler VMIs/s, server RSS and CPU,
+# watch delivery p50/p99 with every node watching, list latency of all VMIs whole and in pages
+# beside the raw store's list of the same keys (ratio), idle server (and etcd) CPU.
+# Usage: bench/scale/run.sh [--vmis 10000] [--nodes 100] [--backend sqlite|etcd|both]
+#                           [--concurrency 32] [--idle 30] [--probes 1000] [--smoke]
+#                           [--binary target/release/ferrovirt] [--no-build]
+# --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes (a quick check that it all works).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+
+VMIS=10000 NODES=100 BACKEND=both CONC=32 IDLE=30 PROBES=1000 BUILD=1 BIN=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --vmis) VMIS=$2; shift 2 ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --backend) BACKEND=$2; shift 2 ;;
+    --concurrency) CONC=$2; shift 2 ;;
+    --idle) IDLE=$2; shift 2 ;;
+    --probes) PROBES=$2; shift 2 ;;
+    --no-build) BUILD=0; shift ;;
+    --binary) BIN=$2; shift 2 ;;
+    --smoke) VMIS=200 NODES=10 IDLE=5 PROBES=100; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+if [ "$BUILD" = 1 ]; then
+  cargo build --release -q -p ferrovirt -p ferrovirt-simnodes
+fi
+BIN=${BIN:-$ROOT/target/release/ferrovirt}
+SIM="$ROOT/target/release/ferrovirt-simnodes"
+ETCD_BIN=${FERROVIRT_ETCD_BIN:-/usr/bin/etcd}
+
+WORK=$(mktemp -d /var/tmp/fv-scale-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+echo "# $(date -u +%FT%TZ) on $(nproc) cores, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# run_one BACKEND: start etcd (if asked) and the server, run the harness, stop them.
+run_one() {
+  local backend=$1 data="$WORK/$1" port endpoint="" store_args=() store_pid_args=()
+  mkdir -p "$data"
+  if [ "$backend" = etcd ]; then
+    [ -x "$ETCD_BIN" ] || { echo "etcd not found at $ETCD_BIN (scripts/install-deps.sh)" >&2; exit 1; }
+    local cport pport
+    cport=$(free_port); pport=$(free_port)
+    "$ETCD_BIN" --name bench --data-dir "$data/etcd" \
+      --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
+      --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+      --initial-cluster "bench=http://127.0.0.1:$pport" --quota-backend-bytes 8589934592 \
+      >"$data/etcd.log" 2>&1 &
+    local etcd_pid=$!
+    PIDS+=("$etcd_pid")
+    endpoint="http://127.0.0.1:$cport"
+    for _ in $(seq 100); do curl -sf "$endpoint/health" | grep -q true && break; sleep 0.1; done
+    store_args=(--etcd "$endpoint")
+    store_pid_args=(--store-pid "$etcd_pid")
+  else
+    store_args=(--sqlite "$data/server/state.db")
+  fi
+  port=$(free_port)
+  local server_args=(server --data-dir "$data/server" --listen "127.0.0.1:$port" --disable-agent)
+  [ -n "$endpoint" ] && server_args+=(--datastore-endpoint "$endpoint")
+  RUST_LOG=warn "$BIN" "${server_args[@]}" >"$data/server.log" 2>&1 &
+  local server_pid=$!
+  PIDS+=("$server_pid")
+  local kc="$data/server/kubeconfig.yaml"
+  for _ in $(seq 300); do
+    [ -f "$kc" ] && kubectl --kubeconfig "$kc" get --raw /readyz >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  "$SIM" --kubeconfig "$kc" --nodes "$NODES" --vmis "$VMIS" --concurrency "$CONC" \
+    --idle-secs "$IDLE" --probes "$PROBES" --server-pid "$server_pid" \
+    "${store_args[@]}" "${store_pid_args[@]}"
+  echo "# API requests by verb/resource (from /metrics, top 12):"
+  kubectl --kubeconfig "$kc" get --raw /metrics 2>/dev/null \
+    | awk '/^apiserver_request_total/ {print $NF, $1}' | sort -rn | head -12 | sed 's/^/#   /' || true
+  kill "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  if [ "$backend" = etcd ]; then kill "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; fi
+}
+
+case "$BACKEND" in
+  sqlite|etcd) run_one "$BACKEND" ;;
+  both) run_one sqlite; run_one etcd ;;
+  *) echo "--backend sqlite|etcd|both" >&2; exit 2 ;;
+esac

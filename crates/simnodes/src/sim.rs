@@ -1,0 +1,542 @@
+//! A simulated node agent (benchmark harness only, see the crate doc): the real agent's API
+//! traffic for a node whose VMIs all start at once, without launchers or QEMU.
+//!
+//! What is the agent's own code: the Node and Lease objects ([`ferrovirt_agent::node`]), the
+//! watch's field selector ([`ferrovirt_agent::runtime::vmi_selector`]) and every per-VMI decision
+//! and status ([`ferrovirt_agent::decide::decide`]). What is the harness's: a pretend launcher
+//! that is Running the moment it is started ([`pretend_launcher`]) and stops the moment it is
+//! asked, and the loop below that applies the decisions in the order the agent's runtime does
+//! (finalizer and `Started` Event; on the next watch event the Running status, its phase Event
+//! and the pid annotations; on deletion the finalizer comes off).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferrovirt_agent::decide::{self, Action, FINALIZER, Observed, Report};
+use ferrovirt_agent::node::{self, HostFacts, LEASE_NAMESPACE};
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_launcher::control::{LauncherStatus, RunPhase};
+use ferrovirt_launcher::spec::Accel;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+
+/// Errors of the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("store: {0}")]
+    Store(#[from] ferrovirt_store::StoreError),
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The annotation the benchmark writes to measure watch delivery: nanoseconds since the
+/// harness process's [`Probes::epoch`] at the moment the write was sent.
+pub const PROBE_ANNOTATION: &str = "bench.ferrovirt.io/probe-sent-ns";
+
+/// VMIs per simulated node the Node advertises room for (`pods` capacity).
+pub const SIM_PODS: u32 = 1000;
+
+/// Write-to-event latencies seen by the simulated nodes' watches.
+#[derive(Debug)]
+pub struct Probes {
+    pub epoch: Instant,
+    seen: Mutex<HashSet<(String, String)>>,
+    latencies: Mutex<Vec<Duration>>,
+}
+
+impl Default for Probes {
+    fn default() -> Self {
+        Probes {
+            epoch: Instant::now(),
+            seen: Mutex::new(HashSet::new()),
+            latencies: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Probes {
+    /// The probe value to write now.
+    pub fn stamp(&self) -> String {
+        self.epoch.elapsed().as_nanos().to_string()
+    }
+
+    /// Records the latency of a probe seen on a VMI (once per uid and value).
+    pub fn observe(
+        &self,
+        uid: &str,
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+    ) {
+        let Some(v) = annotations.and_then(|a| a.get(PROBE_ANNOTATION)) else {
+            return;
+        };
+        let now = self.epoch.elapsed();
+        if let Some(lat) = probe_latency(v, now)
+            && lock(&self.seen).insert((uid.to_string(), v.clone()))
+        {
+            lock(&self.latencies).push(lat);
+        }
+    }
+
+    /// Every latency recorded so far.
+    pub fn latencies(&self) -> Vec<Duration> {
+        lock(&self.latencies).clone()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The latency of a probe written at `sent` (nanoseconds since the epoch) and seen at `now`;
+/// `None` for a value that is not a number or lies in the future.
+pub fn probe_latency(sent: &str, now: Duration) -> Option<Duration> {
+    let ns: u64 = sent.parse().ok()?;
+    now.checked_sub(Duration::from_nanos(ns))
+}
+
+/// The host facts a simulated node reports: a large TCG host, so that 100 VMIs of the benchmark
+/// fit on every node with room to spare.
+pub fn sim_facts(name: &str) -> HostFacts {
+    HostFacts {
+        hostname: name.to_string(),
+        cpus: 64,
+        memory_bytes: 512 << 30,
+        cpu_model: "simulated".into(),
+        cpu_flags: vec![],
+        accel: Accel::Tcg,
+        kernel_version: "simulated".into(),
+        os_image: "ferrovirt-simnodes (benchmark harness)".into(),
+        address: "127.0.0.1".into(),
+    }
+}
+
+/// The Node a simulated node registers: the agent's [`node::node_object`] with room for
+/// [`SIM_PODS`] VMIs and a `ferrovirt.io/simulated` label saying what it is.
+pub fn sim_node(name: &str, now: Timestamp) -> Node {
+    let mut n = node::node_object(name, &sim_facts(name), "", "", now);
+    n.metadata
+        .labels
+        .get_or_insert_default()
+        .insert("ferrovirt.io/simulated".into(), "true".into());
+    let status = n.status.get_or_insert_default();
+    for list in [&mut status.capacity, &mut status.allocatable] {
+        list.get_or_insert_default()
+            .insert("pods".into(), Quantity(SIM_PODS.to_string()));
+    }
+    n
+}
+
+/// What the pretend launcher of a started VMI reports: Running, no guest agent.
+pub fn pretend_launcher(uid: &str, pid: u32) -> LauncherStatus {
+    LauncherStatus {
+        version: 1,
+        launcher_pid: pid,
+        qemu_pid: Some(pid + 1),
+        vmi_uid: uid.to_string(),
+        phase: RunPhase::Running,
+        guest_agent_connected: false,
+        started_at: 0,
+    }
+}
+
+fn vmi_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
+        "virtualmachineinstances",
+    )
+}
+
+fn now_string() -> String {
+    Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// How a simulated node runs.
+#[derive(Debug, Clone)]
+pub struct SimNodeOptions {
+    pub name: String,
+    pub lease_duration: Duration,
+    pub renew_interval: Duration,
+    pub node_status_interval: Duration,
+}
+
+impl SimNodeOptions {
+    /// The real agent's defaults (15 s lease renewed every 3 s, Node status every 10 s).
+    pub fn new(name: impl Into<String>) -> Self {
+        SimNodeOptions {
+            name: name.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(3),
+            node_status_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One simulated node.
+pub struct SimNode {
+    client: kube::Client,
+    opts: SimNodeOptions,
+    probes: Arc<Probes>,
+    /// VMIs whose pretend launcher runs (by uid), with its pretend pid (stable, as a real
+    /// launcher's: the pid annotations are written once).
+    started: Mutex<HashMap<String, u32>>,
+    /// The next pretend pid, so annotations differ per VMI.
+    next_pid: std::sync::atomic::AtomicU32,
+}
+
+impl SimNode {
+    pub fn new(client: kube::Client, opts: SimNodeOptions, probes: Arc<Probes>) -> Arc<SimNode> {
+        Arc::new(SimNode {
+            client,
+            opts,
+            probes,
+            started: Mutex::new(HashMap::new()),
+            next_pid: std::sync::atomic::AtomicU32::new(1000),
+        })
+    }
+
+    /// Registers the Node (create, then its status) and the lease namespace, as the agent does.
+    pub async fn register(&self) -> Result<(), SimError> {
+        let desired = sim_node(&self.opts.name, Timestamp::now());
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        match nodes.create(&PostParams::default(), &desired).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        nodes
+            .patch_status(
+                &self.opts.name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": desired.status})),
+            )
+            .await?;
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        if namespaces.get_opt(LEASE_NAMESPACE).await?.is_none() {
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(LEASE_NAMESPACE.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let _ = namespaces.create(&PostParams::default(), &ns).await;
+        }
+        Ok(())
+    }
+
+    /// Renews the Lease every `renew_interval` (one PUT of the last written Lease, a GET or
+    /// create only when there is none or a write was refused) and patches the Node's Ready
+    /// condition every `node_status_interval`, like the agent's heartbeat. Runs forever.
+    pub async fn heartbeat(self: Arc<Self>) {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let secs = i32::try_from(self.opts.lease_duration.as_secs()).unwrap_or(15);
+        let mut cached: Option<Lease> = None;
+        let mut tick = tokio::time::interval(self.opts.renew_interval);
+        let mut node_tick = Instant::now();
+        loop {
+            tick.tick().await;
+            let name = &self.opts.name;
+            let written = match cached.take() {
+                Some(mut l) => {
+                    let spec = l.spec.get_or_insert_with(Default::default);
+                    spec.renew_time = Some(MicroTime(Timestamp::now()));
+                    leases.replace(name, &PostParams::default(), &l).await
+                }
+                None => match leases.get_opt(name).await {
+                    Ok(Some(mut l)) => {
+                        let spec = l.spec.get_or_insert_with(Default::default);
+                        spec.renew_time = Some(MicroTime(Timestamp::now()));
+                        spec.holder_identity = Some(name.clone());
+                        spec.lease_duration_seconds = Some(secs);
+                        leases.replace(name, &PostParams::default(), &l).await
+                    }
+                    Ok(None) => {
+                        let l = node::lease_object(name, secs, Timestamp::now());
+                        leases.create(&PostParams::default(), &l).await
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            match written {
+                Ok(l) => cached = Some(l),
+                Err(e) => tracing::warn!(node = %name, "lease renewal failed: {e}"),
+            }
+            if node_tick.elapsed() >= self.opts.node_status_interval {
+                node_tick = Instant::now();
+                let st =
+                    json!({"status": {"conditions": [node::ready_condition(Timestamp::now())]}});
+                if let Err(e) = nodes
+                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&st))
+                    .await
+                {
+                    tracing::warn!(node = %name, "node status: {e}");
+                }
+            }
+        }
+    }
+
+    /// Watches this node's VMIs (the agent's field selector, through a reflector) and
+    /// reconciles each one its watch event names, one at a time. `ready` is told once the
+    /// first list is done. Runs until the watch ends.
+    pub async fn watch(self: Arc<Self>, ready: tokio::sync::mpsc::Sender<String>) {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &vmi_resource());
+        let cfg = watcher::Config::default()
+            .fields(&ferrovirt_agent::runtime::vmi_selector(&self.opts.name));
+        let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());
+        let mut events = reflector(writer, watcher(api, cfg).default_backoff()).boxed();
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+                    self.probes.observe(
+                        obj.metadata.uid.as_deref().unwrap_or(""),
+                        obj.metadata.annotations.as_ref(),
+                    );
+                    self.reconcile(&obj).await;
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let _ = ready.try_send(self.opts.name.clone());
+                }
+                Ok(watcher::Event::Delete(_) | watcher::Event::Init) => {}
+                Err(e) => tracing::warn!(node = %self.opts.name, "watching VMIs: {e}"),
+            }
+        }
+    }
+
+    fn observed(&self, uid: &str) -> Observed {
+        match lock(&self.started).get(uid) {
+            Some(&pid) => Observed::Running(pretend_launcher(uid, pid)),
+            None => Observed::NoLauncher,
+        }
+    }
+
+    /// One VMI through the agent's decision with the pretend launcher, actions applied as the
+    /// agent's runtime applies them.
+    async fn reconcile(&self, obj: &DynamicObject) {
+        let Ok(vmi) =
+            serde_json::to_value(obj).and_then(serde_json::from_value::<VirtualMachineInstance>)
+        else {
+            return;
+        };
+        if vmi.status.as_ref().and_then(|s| s.node_name.as_deref()) != Some(&self.opts.name) {
+            return;
+        }
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        // A stopped VMI is decided again at once (the pretend launcher is gone immediately):
+        // two rounds cover stop → cleanup.
+        for _ in 0..2 {
+            let observed = self.observed(&uid);
+            let actions = decide::decide(
+                &vmi,
+                &observed,
+                &self.opts.name,
+                &now_string(),
+                Report::default(),
+            );
+            let mut again = false;
+            for action in actions {
+                match action {
+                    Action::Start => {
+                        self.set_finalizer(&vmi, true).await;
+                        let pid = self
+                            .next_pid
+                            .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+                        lock(&self.started).insert(uid.clone(), pid);
+                        self.event(&vmi, "Normal", "Started", "VirtualMachineInstance started")
+                            .await;
+                        // Running is reported from the next watch event (the finalizer's),
+                        // as the agent reports it once the launcher answers.
+                    }
+                    Action::Stop { .. } => {
+                        lock(&self.started).remove(&uid);
+                        again = true;
+                    }
+                    Action::PatchStatus(status) => self.patch_status(&vmi, status).await,
+                    Action::Annotate(a) => {
+                        let patch = json!({"metadata": {"annotations": a}});
+                        self.merge_patch(&vmi, &patch).await;
+                    }
+                    Action::Cleanup => {
+                        lock(&self.started).remove(&uid);
+                        self.set_finalizer(&vmi, false).await;
+                    }
+                }
+            }
+            if !again {
+                break;
+            }
+        }
+    }
+
+    async fn merge_patch(&self, vmi: &VirtualMachineInstance, patch: &Value) {
+        let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+        let name = vmi.metadata.name.as_deref().unwrap_or("");
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &vmi_resource());
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => tracing::warn!(node = %self.opts.name, vmi = name, "patch: {e}"),
+        }
+    }
+
+    async fn set_finalizer(&self, vmi: &VirtualMachineInstance, present: bool) {
+        let mut fins = vmi.metadata.finalizers.clone().unwrap_or_default();
+        if fins.iter().any(|f| f == FINALIZER) == present {
+            return;
+        }
+        if present {
+            fins.push(FINALIZER.into());
+        } else {
+            fins.retain(|f| f != FINALIZER);
+        }
+        let patch = json!({"metadata": {"finalizers": fins, "resourceVersion": vmi.metadata.resource_version}});
+        self.merge_patch(vmi, &patch).await;
+    }
+
+    async fn patch_status(&self, vmi: &VirtualMachineInstance, status: Value) {
+        let new_phase = status
+            .get("phase")
+            .and_then(|p| p.as_str())
+            .map(String::from);
+        self.merge_patch(vmi, &json!({"status": status})).await;
+        let old = vmi
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_ref())
+            .and_then(|p| serde_json::to_value(p).ok())
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        if let Some(p) = new_phase
+            && p != old
+        {
+            let t = if p == "Failed" { "Warning" } else { "Normal" };
+            self.event(vmi, t, &p, &format!("VirtualMachineInstance is {p}"))
+                .await;
+        }
+    }
+
+    async fn event(&self, vmi: &VirtualMachineInstance, type_: &str, reason: &str, message: &str) {
+        let ns = vmi
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let name = vmi.metadata.name.clone().unwrap_or_default();
+        let now = Timestamp::now();
+        let ev = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{name}.")),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("kubevirt.io/v1".into()),
+                kind: Some("VirtualMachineInstance".into()),
+                name: Some(name),
+                namespace: Some(ns.clone()),
+                uid: vmi.metadata.uid.clone(),
+                ..Default::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            type_: Some(type_.into()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            reporting_component: Some("ferrovirt-agent".into()),
+            reporting_instance: Some(self.opts.name.clone()),
+            ..Default::default()
+        };
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        if let Err(e) = events.create(&PostParams::default(), &ev).await {
+            tracing::warn!(node = %self.opts.name, "recording event {reason}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bound(node: &str, phase: &str) -> VirtualMachineInstance {
+        serde_json::from_value(json!({
+            "metadata": {"name": "v", "namespace": "default", "uid": "u1"},
+            "spec": {"domain": {"devices": {}}},
+            "status": {"phase": phase, "nodeName": node},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn sim_node_has_room_and_says_it_is_simulated() {
+        let n = sim_node("sim-001", Timestamp::now());
+        let labels = n.metadata.labels.unwrap();
+        assert_eq!(labels["ferrovirt.io/simulated"], "true");
+        assert_eq!(labels["kubevirt.io/schedulable"], "true");
+        let st = n.status.unwrap();
+        assert_eq!(st.allocatable.unwrap()["pods"].0, SIM_PODS.to_string());
+        assert_eq!(st.capacity.unwrap()["cpu"].0, "64");
+    }
+
+    #[test]
+    fn the_agents_decision_with_a_pretend_launcher_reports_running() {
+        let v = bound("sim-001", "Scheduled");
+        let none = Report::default();
+        let first = decide::decide(&v, &Observed::NoLauncher, "sim-001", "t", none);
+        assert_eq!(first, vec![Action::Start]);
+        let running = Observed::Running(pretend_launcher("u1", 1000));
+        let next = decide::decide(&v, &running, "sim-001", "t", none);
+        let Action::PatchStatus(st) = &next[0] else {
+            panic!("expected a status patch first: {next:?}");
+        };
+        assert_eq!(st["phase"], "Running");
+        assert_eq!(st["nodeName"], "sim-001");
+        let ready = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap();
+        assert_eq!(ready["status"], "True");
+        assert!(matches!(next[1], Action::Annotate(_)));
+    }
+
+    #[test]
+    fn probe_latencies_once_per_value() {
+        let p = Probes::default();
+        std::thread::sleep(Duration::from_millis(2));
+        let mut a = std::collections::BTreeMap::new();
+        a.insert(PROBE_ANNOTATION.to_string(), "0".to_string());
+        p.observe("u1", Some(&a));
+        p.observe("u1", Some(&a));
+        p.observe("u2", None);
+        let l = p.latencies();
+        assert_eq!(l.len(), 1);
+        assert!(l[0] >= Duration::from_millis(2));
+        assert_eq!(probe_latency("x", Duration::from_secs(1)), None);
+        assert_eq!(probe_latency("2000000000", Duration::from_secs(1)), None);
+        assert_eq!(
+            probe_latency("500000000", Duration::from_secs(1)),
+            Some(Duration::from_millis(500))
+        );
+    }
+}
