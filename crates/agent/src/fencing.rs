@@ -135,44 +135,18 @@ pub fn configured_lease_seconds(hcos: &[Value]) -> Option<u32> {
         .then(|| ferrovirt_api::hco::node_failure_timing(hcos).lease_duration_seconds)
 }
 
-/// Follows the HyperConverged objects with a watch (no polling) and stores the configured
-/// lease duration in `lease_seconds` (`default` when none sets it). Runs until dropped.
-pub async fn follow_lease_duration(
-    client: Client,
-    lease_seconds: std::sync::Arc<std::sync::atomic::AtomicU32>,
+/// Stores the lease duration the HyperConverged objects `hcos` ask for in `lease_seconds`
+/// (`default` when none sets it). The agent's HyperConverged cache calls it after each change
+/// its watch reports (no polling, no watch of its own).
+pub fn follow_lease_duration(
+    hcos: &[Value],
+    lease_seconds: &std::sync::atomic::AtomicU32,
     default: u32,
 ) {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, reflector, watcher};
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("hco.kubevirt.io", "v1beta1", "HyperConverged"),
-        "hyperconvergeds",
-    );
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
-    let writer = reflector::store::Writer::<DynamicObject>::new(ar);
-    let store = writer.as_reader();
-    let mut events = std::pin::pin!(
-        reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects()
-    );
-    let apply = |store: &reflector::Store<DynamicObject>| {
-        let hcos: Vec<Value> = store
-            .state()
-            .iter()
-            .map(|o| serde_json::to_value(&**o).unwrap_or(Value::Null))
-            .collect();
-        let secs = configured_lease_seconds(&hcos).unwrap_or(default);
-        let old = lease_seconds.swap(secs, std::sync::atomic::Ordering::SeqCst);
-        if old != secs {
-            tracing::info!("node lease duration now {secs} s (HyperConverged spec.nodeFailure)");
-        }
-    };
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(_) => apply(&store),
-            Err(e) => tracing::debug!("watching hyperconvergeds: {e}"),
-        }
+    let secs = configured_lease_seconds(hcos).unwrap_or(default);
+    let old = lease_seconds.swap(secs, std::sync::atomic::Ordering::SeqCst);
+    if old != secs {
+        tracing::info!("node lease duration now {secs} s (HyperConverged spec.nodeFailure)");
     }
 }
 

@@ -127,7 +127,8 @@ struct Agent {
     /// VMIs with an operation (start/stop) in flight.
     busy: Mutex<HashSet<String>>,
     /// The Lease duration in seconds: `opts.lease_duration` unless a HyperConverged object
-    /// sets `spec.nodeFailure.leaseDurationSeconds` ([`crate::fencing::follow_lease_duration`]).
+    /// sets `spec.nodeFailure.leaseDurationSeconds` (followed from the HyperConverged cache
+    /// by [`crate::fencing::follow_lease_duration`]).
     lease_seconds: Arc<std::sync::atomic::AtomicU32>,
     /// The last successful Lease renewal, as written into the heartbeat file.
     last_renewal: std::sync::Mutex<Option<ferrovirt_launcher::fence::Heartbeat>>,
@@ -180,7 +181,14 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         &cert,
     )
     .await?;
-    let caches = caches::Caches::start(&client);
+    let default_lease = u32::try_from(opts.lease_duration.as_secs()).unwrap_or(u32::MAX);
+    let lease_seconds = Arc::new(std::sync::atomic::AtomicU32::new(default_lease));
+    let caches = caches::Caches::start(&client, {
+        let lease_seconds = lease_seconds.clone();
+        Box::new(move |hcos| {
+            crate::fencing::follow_lease_duration(hcos, &lease_seconds, default_lease)
+        })
+    });
     let agent = Arc::new(Agent {
         endpoint_url: endpoint.url.clone(),
         endpoint_fingerprint: endpoint.fingerprint.clone(),
@@ -190,9 +198,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         launchers: Mutex::new(Launchers::default()),
         busy: Mutex::new(HashSet::new()),
         last_renewal: std::sync::Mutex::new(None),
-        lease_seconds: Arc::new(std::sync::atomic::AtomicU32::new(
-            u32::try_from(opts.lease_duration.as_secs()).unwrap_or(u32::MAX),
-        )),
+        lease_seconds,
         lease: Mutex::new(None),
         qemu_user: crate::isolation::ensure_qemu_user(),
         wake: tokio::sync::Notify::new(),
@@ -215,11 +221,6 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
             agent.net.run_overlay(client, name).await
         }
     });
-    tokio::spawn(crate::fencing::follow_lease_duration(
-        agent.client.clone(),
-        agent.lease_seconds.clone(),
-        u32::try_from(agent.opts.lease_duration.as_secs()).unwrap_or(u32::MAX),
-    ));
     let hb = tokio::spawn(heartbeat(agent.clone()));
     let mounts = tokio::spawn(mounts::run(agent.clone()));
     let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());

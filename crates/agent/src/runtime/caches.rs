@@ -26,6 +26,9 @@ use crate::error::AgentError;
 /// How long a start waits for a cache's first list.
 const READY_WAIT: Duration = Duration::from_secs(10);
 
+/// Called with a cache's objects (as JSON) after each change its watch reports.
+pub(super) type OnChange = Box<dyn Fn(&[Value]) + Send + Sync>;
+
 /// One reflector cache of a resource, kept by a task of its own.
 struct Cache {
     store: Store<DynamicObject>,
@@ -33,9 +36,10 @@ struct Cache {
 }
 
 impl Cache {
-    fn spawn(client: Client, resource: ApiResource) -> Cache {
+    fn spawn(client: Client, resource: ApiResource, on_change: Option<OnChange>) -> Cache {
         let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
         let store = writer.as_reader();
+        let reader = store.clone();
         let (set_ready, ready) = watch::channel(false);
         let api: Api<DynamicObject> = Api::all_with(client, &resource);
         tokio::spawn(async move {
@@ -44,10 +48,16 @@ impl Cache {
                 .boxed();
             while let Some(ev) = events.next().await {
                 match ev {
-                    Ok(watcher::Event::InitDone) => {
-                        let _ = set_ready.send(true);
+                    // The store changes at the end of a (re)list and with each later event.
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                    Ok(ev) => {
+                        if matches!(ev, watcher::Event::InitDone) {
+                            let _ = set_ready.send(true);
+                        }
+                        if let Some(f) = &on_change {
+                            f(&values_of(&reader));
+                        }
                     }
-                    Ok(_) => {}
                     Err(e) => tracing::warn!("watching {}: {e}", resource.plural),
                 }
             }
@@ -64,12 +74,16 @@ impl Cache {
     }
 
     fn values(&self) -> Vec<Value> {
-        self.store
-            .state()
-            .iter()
-            .filter_map(|o| serde_json::to_value(&**o).ok())
-            .collect()
+        values_of(&self.store)
     }
+}
+
+fn values_of(store: &Store<DynamicObject>) -> Vec<Value> {
+    store
+        .state()
+        .iter()
+        .filter_map(|o| serde_json::to_value(&**o).ok())
+        .collect()
 }
 
 fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -85,8 +99,9 @@ pub(super) struct Caches {
 }
 
 impl Caches {
-    /// Starts the HyperConverged and CDI watches.
-    pub(super) fn start(client: &Client) -> Caches {
+    /// Starts the HyperConverged and CDI watches; `on_hco_change` sees the HyperConverged
+    /// objects after each change.
+    pub(super) fn start(client: &Client, on_hco_change: OnChange) -> Caches {
         Caches {
             client: client.clone(),
             hco: Cache::spawn(
@@ -97,10 +112,12 @@ impl Caches {
                     "HyperConverged",
                     "hyperconvergeds",
                 ),
+                Some(on_hco_change),
             ),
             cdi: Cache::spawn(
                 client.clone(),
                 resource("cdi.kubevirt.io", "v1beta1", "CDI", "cdis"),
+                None,
             ),
             all_vmis: OnceCell::new(),
         }
@@ -130,6 +147,7 @@ impl Caches {
                         "VirtualMachineInstance",
                         "virtualmachineinstances",
                     ),
+                    None,
                 ))
             })
             .await;
