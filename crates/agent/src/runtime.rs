@@ -114,6 +114,52 @@ fn now_ts() -> Timestamp {
     Timestamp::now()
 }
 
+/// The core/v1 Event the agent of `node` records about `vmi` at `now` (pure; the simulation
+/// harness of `bench/scale` records the same).
+pub fn vmi_event(
+    vmi: &VirtualMachineInstance,
+    node: &str,
+    now: Timestamp,
+    type_: &str,
+    reason: &str,
+    message: &str,
+) -> Event {
+    let ns = vmi
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = vmi.metadata.name.clone().unwrap_or_default();
+    Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{name}.")),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("kubevirt.io/v1".into()),
+            kind: Some("VirtualMachineInstance".into()),
+            name: Some(name),
+            namespace: Some(ns),
+            uid: vmi.metadata.uid.clone(),
+            ..Default::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        type_: Some(type_.into()),
+        count: Some(1),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        reporting_component: Some("ferrovirt-agent".into()),
+        reporting_instance: Some(node.to_string()),
+        source: Some(k8s_openapi::api::core::v1::EventSource {
+            component: Some("ferrovirt-agent".into()),
+            host: Some(node.to_string()),
+        }),
+        ..Default::default()
+    }
+}
+
 fn now_string() -> String {
     now_ts().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
@@ -398,40 +444,8 @@ impl Agent {
     }
 
     async fn event(&self, vmi: &VirtualMachineInstance, type_: &str, reason: &str, message: &str) {
-        let ns = vmi
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let name = vmi.metadata.name.clone().unwrap_or_default();
-        let ev = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{name}.")),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("kubevirt.io/v1".into()),
-                kind: Some("VirtualMachineInstance".into()),
-                name: Some(name),
-                namespace: Some(ns.clone()),
-                uid: vmi.metadata.uid.clone(),
-                ..Default::default()
-            },
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            type_: Some(type_.into()),
-            count: Some(1),
-            first_timestamp: Some(Time(now_ts())),
-            last_timestamp: Some(Time(now_ts())),
-            reporting_component: Some("ferrovirt-agent".into()),
-            reporting_instance: Some(self.opts.node_name.clone()),
-            source: Some(k8s_openapi::api::core::v1::EventSource {
-                component: Some("ferrovirt-agent".into()),
-                host: Some(self.opts.node_name.clone()),
-            }),
-            ..Default::default()
-        };
+        let ev = vmi_event(vmi, &self.opts.node_name, now_ts(), type_, reason, message);
+        let ns = ev.metadata.namespace.clone().unwrap_or_default();
         let events: Api<Event> = Api::namespaced(self.client.clone(), &ns);
         if let Err(e) = events.create(&PostParams::default(), &ev).await {
             tracing::warn!("recording event {reason}: {e}");

@@ -20,9 +20,9 @@ use ferrovirt_launcher::control::{LauncherStatus, RunPhase};
 use ferrovirt_launcher::spec::Accel;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -435,37 +435,10 @@ impl SimNode {
     }
 
     async fn event(&self, vmi: &VirtualMachineInstance, type_: &str, reason: &str, message: &str) {
-        let ns = vmi
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let name = vmi.metadata.name.clone().unwrap_or_default();
         let now = Timestamp::now();
-        let ev = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{name}.")),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("kubevirt.io/v1".into()),
-                kind: Some("VirtualMachineInstance".into()),
-                name: Some(name),
-                namespace: Some(ns.clone()),
-                uid: vmi.metadata.uid.clone(),
-                ..Default::default()
-            },
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            type_: Some(type_.into()),
-            count: Some(1),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            reporting_component: Some("ferrovirt-agent".into()),
-            reporting_instance: Some(self.opts.name.clone()),
-            ..Default::default()
-        };
+        let ev =
+            ferrovirt_agent::runtime::vmi_event(vmi, &self.opts.name, now, type_, reason, message);
+        let ns = ev.metadata.namespace.clone().unwrap_or_default();
         let events: Api<Event> = Api::namespaced(self.client.clone(), &ns);
         if let Err(e) = events.create(&PostParams::default(), &ev).await {
             tracing::warn!(node = %self.opts.name, "recording event {reason}: {e}");
