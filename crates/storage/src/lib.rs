@@ -13,6 +13,7 @@
 //! - [`importer`]: download → checksum → decompress → validate → convert to raw;
 //! - [`registry`]: disk images from OCI registries (containerDisk layout): the distribution
 //!   API client, layer extraction, the DataVolume `registry` import and the node's image cache.
+//! - [`snapshot`]: copy-on-write volume snapshots (a recorded qcow2 layer chain per volume).
 //! - [`shared_mount`]: shared filesystems declared in StorageClasses (mount parameter, the
 //!   marker every node must see, the Node condition and annotation they feed).
 //!
@@ -29,6 +30,7 @@ pub mod provisioner;
 pub mod qemu_img;
 pub mod registry;
 pub mod shared_mount;
+pub mod snapshot;
 pub mod tls;
 
 pub use error::StorageError;
