@@ -209,8 +209,12 @@ pub fn own_volumes<'a>(
 ) -> std::io::Result<()> {
     for path in volumes {
         own_image(path, uid)?;
-        if path.file_name().is_some_and(|n| n == "disk.img")
-            && let Some(dir) = path.parent()
+        let claim_image = |dir: &Path| {
+            path.file_name().is_some_and(|n| n == "disk.img")
+                || dir.join(ferrovirt_storage::snapshot::CHAIN_FILE).exists()
+        };
+        if let Some(dir) = path.parent()
+            && claim_image(dir)
         {
             restrict_dir(dir)?;
         }

@@ -374,6 +374,37 @@ fn resolve_image(path: &Path) -> Result<(PathBuf, DiskSource), AgentError> {
     }
 }
 
+/// A claim's volume directory that has snapshots (`chain.json`, docs/snapshots.md) is its
+/// qcow2 top layer over the recorded chain; `None` for a plain raw volume (or no directory).
+fn snapshot_chain(path: &Path) -> Result<Option<PreparedVolume>, AgentError> {
+    use ferrovirt_storage::snapshot::{self, LayerFormat};
+    if !path.is_dir() || !path.join(snapshot::CHAIN_FILE).exists() {
+        return Ok(None);
+    }
+    let chain = snapshot::disk_chain(path).map_err(|e| AgentError::Reference(e.to_string()))?;
+    let format = |f: LayerFormat| match f {
+        LayerFormat::Raw => DiskFormat::Raw,
+        LayerFormat::Qcow2 => DiskFormat::Qcow2,
+    };
+    let mut layers = chain.into_iter();
+    let Some((top, top_format)) = layers.next() else {
+        return Ok(None);
+    };
+    Ok(Some(PreparedVolume {
+        path: top,
+        format: format(top_format),
+        source: DiskSource::File,
+        readonly: false,
+        backing: layers
+            .map(|(p, f)| BackingImage {
+                path: p,
+                format: format(f),
+                source: DiskSource::File,
+            })
+            .collect(),
+    }))
+}
+
 fn qemu_img(args: &[&str]) -> Result<(), AgentError> {
     let out = Command::new("qemu-img")
         .args(args)
@@ -398,12 +429,18 @@ pub fn execute(actions: &[VolumeAction]) -> Result<BTreeMap<String, PreparedVolu
         let prepared = match a {
             VolumeAction::UseExisting { path, readonly, .. } => {
                 let (img, source) = resolve_image(path)?;
-                PreparedVolume {
-                    path: img,
-                    format: DiskFormat::Raw,
-                    source,
-                    readonly: *readonly,
-                    backing: Vec::new(),
+                match snapshot_chain(path)? {
+                    Some(prepared) => PreparedVolume {
+                        readonly: *readonly,
+                        ..prepared
+                    },
+                    None => PreparedVolume {
+                        path: img,
+                        format: DiskFormat::Raw,
+                        source,
+                        readonly: *readonly,
+                        backing: Vec::new(),
+                    },
                 }
             }
             VolumeAction::CreateRawIfMissing { path, size, .. } => {

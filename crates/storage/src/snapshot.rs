@@ -346,14 +346,33 @@ pub fn revert(dir: &Path, handle: &str) -> Result<(), StorageError> {
     write_chain(dir, &plan.chain)
 }
 
-/// Write snapshot `handle` of the volume in `src_dir` as a raw image at `dest` (restoring into
-/// a new volume). Holes stay holes (`-S`), so a sparse disk stays sparse.
-pub fn export_raw(src_dir: &Path, handle: &str, dest: &Path) -> Result<(), StorageError> {
+/// Write snapshot `handle` of the volume in `src_dir` (its live chain when `None`: a clone of
+/// a volume with snapshots) as a raw image at `dest` (restoring into a new volume). An
+/// existing `dest` (a provisioned claim's thin `disk.img`) is written in place and keeps its
+/// size, which must be at least the snapshot's. Holes stay holes, so a sparse disk stays
+/// sparse.
+pub fn export_raw(src_dir: &Path, handle: Option<&str>, dest: &Path) -> Result<(), StorageError> {
     let chain = read_chain(src_dir)?;
-    let layers = prefix_to(&chain, handle)?;
+    let layers = match handle {
+        Some(h) => prefix_to(&chain, h)?,
+        None => &chain.layers[..],
+    };
     let spec = format!("json:{}", blockdev_json(src_dir, layers));
     let d = dest.display().to_string();
-    qemu_img(&["convert", "-q", "-W", "-m", "4", "-O", "raw", &spec, &d])
+    if let Ok(meta) = std::fs::metadata(dest) {
+        let size = volume_size(src_dir, &chain)?;
+        if meta.len() < size {
+            return Err(StorageError::Refused(format!(
+                "the snapshot holds {size} bytes, more than the target's {}",
+                meta.len()
+            )));
+        }
+        qemu_img(&[
+            "convert", "-q", "-n", "-W", "-m", "4", "-O", "raw", &spec, &d,
+        ])
+    } else {
+        qemu_img(&["convert", "-q", "-W", "-m", "4", "-O", "raw", &spec, &d])
+    }
 }
 
 #[cfg(test)]
@@ -472,14 +491,14 @@ mod tests {
         );
         // The snapshot still reads "first"; the live chain reads the new bytes.
         let out = tmp.path().join("restored.img");
-        export_raw(&dir, &h1, &out).unwrap();
+        export_raw(&dir, Some(&h1), &out).unwrap();
         assert_eq!(read_at(&out, 0, 5), b"first");
         assert_eq!(std::fs::metadata(&out).unwrap().len(), 4 << 20);
         // A second snapshot, then revert to the first.
         let h2 = take(&dir).unwrap();
         assert_eq!(h2, "layer-000001.qcow2");
         let out2 = tmp.path().join("second.img");
-        export_raw(&dir, &h2, &out2).unwrap();
+        export_raw(&dir, Some(&h2), &out2).unwrap();
         assert_eq!(read_at(&out2, 0, 5), [0x42; 5]);
         revert(&dir, &h1).unwrap();
         let chain = read_chain(&dir).unwrap();
@@ -497,6 +516,6 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(read_at(&out3, 0, 5), b"first");
-        assert!(export_raw(&dir, "layer-000003.qcow2", &out3).is_err());
+        assert!(export_raw(&dir, Some("layer-000003.qcow2"), &out3).is_err());
     }
 }

@@ -219,6 +219,24 @@ impl NodeStorage {
             .map(drop)
     }
 
+    /// Takes a snapshot of volume `name` (docs/snapshots.md); returns its handle.
+    pub async fn snapshot(&self, name: &str) -> Result<super::TakenSnapshot, NodeStoreError> {
+        let body = self
+            .call::<()>(Method::POST, &volume_path(name, "/snapshots"), None)
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| self.unreachable(format!("bad answer: {e}")))
+    }
+
+    /// Points volume `name` back at its snapshot `handle`.
+    pub async fn revert(&self, name: &str, handle: &str) -> Result<(), NodeStoreError> {
+        let req = super::RevertVolume {
+            handle: handle.to_string(),
+        };
+        self.call(Method::POST, &volume_path(name, "/revert"), Some(&req))
+            .await
+            .map(drop)
+    }
+
     /// Populates volume `name`, calling `progress` with the agent's reports, until the agent
     /// says it is done or failed. Dropping the future stops the job on the node.
     pub async fn populate(

@@ -19,6 +19,7 @@
 mod attack_tests;
 pub mod client;
 pub mod server;
+pub mod snapshots;
 
 use std::path::{Component, Path, PathBuf};
 
@@ -82,6 +83,24 @@ pub enum Source {
     /// A copy of a `shared`-class volume's image: shared storage is mounted at the same path
     /// on every node.
     SharedImage { path: String },
+    /// The bytes of snapshot `handle` of another volume on this node (restoring a
+    /// VolumeSnapshot into a new claim; docs/snapshots.md).
+    Snapshot { volume: String, handle: String },
+}
+
+/// `POST /storage/volumes/{name}/snapshots`: the answer, the new snapshot's handle (the
+/// frozen layer; a VolumeSnapshotContent's `snapshotHandle` is `<pv>/<handle>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakenSnapshot {
+    pub handle: String,
+    /// Bytes the volume holds on the node (`restoreSize`).
+    pub size: u64,
+}
+
+/// `POST /storage/volumes/{name}/revert`: point the volume back at snapshot `handle` of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevertVolume {
+    pub handle: String,
 }
 
 /// `POST /storage/volumes/{name}/populate`: fill the volume of `capacity` bytes.

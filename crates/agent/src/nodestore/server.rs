@@ -15,6 +15,8 @@
 //!   answered like a population (409 when the body was interrupted or empty, 413 when it
 //!   exceeds the limit).
 //!
+//! - the snapshot routes of [`super::snapshots`].
+//!
 //! Every name is a PV name resolved inside [`volume_root`]; bad names and refused sources are
 //! answered 400 (the controller fails the DataVolume at once), I/O trouble 500.
 
@@ -78,7 +80,8 @@ pub fn router(data_dir: PathBuf) -> Router {
         .route("/storage/volumes/{name}/resize", post(resize_volume))
         .route("/storage/volumes/{name}/populate", post(populate))
         .route("/storage/volumes/{name}/upload", post(upload))
-        .with_state(st)
+        .with_state(st.clone())
+        .merge(super::snapshots::router(st.data_dir.clone()))
 }
 
 fn error(code: StatusCode, message: impl Into<String>) -> Response {
@@ -205,6 +208,12 @@ async fn resize_volume(
         );
     }
     let done = blocking(move || {
+        if !ferrovirt_storage::snapshot::read_chain(&dir)?.is_plain() {
+            return Err(StorageError::invalid(
+                "resize",
+                "volumes with snapshots cannot grow yet (docs/snapshots.md)",
+            ));
+        }
         if block::is_block_volume(&dir) {
             block::grow(&dir, req.bytes).map(drop)
         } else {
@@ -224,6 +233,11 @@ enum Work {
     Registry(Box<RegistryImportRequest>),
     Blank,
     Clone(PathBuf),
+    /// A volume's chain (up to a snapshot's layer, or its live top) converted to raw.
+    Export {
+        dir: PathBuf,
+        handle: Option<String>,
+    },
 }
 
 /// Resolves a request into work on `target` (pure apart from existence checks of sources).
@@ -258,12 +272,29 @@ fn plan(
                     format!("clone source volume {src} does not exist on this node"),
                 ));
             }
-            let src_target = if block::is_block_volume(&dir) {
-                block::device_of(&dir).map_err(|e| refusal(&e))?
+            if block::is_block_volume(&dir) {
+                Work::Clone(block::device_of(&dir).map_err(|e| refusal(&e))?)
+            } else if dir.join(ferrovirt_storage::snapshot::CHAIN_FILE).exists() {
+                // A volume with snapshots is its whole chain, not its bottom `disk.img`.
+                Work::Export { dir, handle: None }
             } else {
-                image_of(&dir)
-            };
-            Work::Clone(src_target)
+                Work::Clone(image_of(&dir))
+            }
+        }
+        Source::Snapshot { volume, handle } => {
+            let dir = st.root().dir(&volume).map_err(|e| refusal(&e))?;
+            if !dir.is_dir() {
+                return Err(Refusal(
+                    StatusCode::BAD_REQUEST,
+                    format!("snapshot source volume {volume} does not exist on this node"),
+                ));
+            }
+            let chain = ferrovirt_storage::snapshot::read_chain(&dir).map_err(|e| refusal(&e))?;
+            ferrovirt_storage::snapshot::prefix_to(&chain, &handle).map_err(|e| refusal(&e))?;
+            Work::Export {
+                dir,
+                handle: Some(handle),
+            }
         }
         Source::SharedImage { path } => {
             let p = PathBuf::from(&path);
@@ -291,6 +322,11 @@ async fn run(
             Ok(())
         }
         Work::Clone(source) => importer::clone_image(&source, &target, capacity, report).await,
+        Work::Export { dir, handle } => {
+            blocking(move || super::snapshots::export(&dir, handle.as_deref(), &target)).await?;
+            report(100.0);
+            Ok(())
+        }
     }
 }
 
