@@ -169,6 +169,9 @@ pub fn admit(
                 }
             });
         }
+        ("snapshot.storage.k8s.io", _) => {
+            errors.extend(crate::volumesnapshot::admit(def.kind, obj));
+        }
         _ => {
             let before = errors.len();
             typecheck_only(def, obj, &mut errors);

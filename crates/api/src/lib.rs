@@ -18,6 +18,7 @@ pub mod registry;
 pub mod scale;
 pub mod schema;
 pub mod shared_mount;
+pub mod volumesnapshot;
 pub mod yaml;
 
 pub use k8s_openapi;

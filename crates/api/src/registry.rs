@@ -160,6 +160,7 @@ pub fn resources() -> Vec<ResourceDef> {
     let mut v = core_resources();
     v.extend(kubevirt_resources());
     v.extend(cdi_and_other_resources());
+    v.extend(volume_snapshot_resources());
     let legacy = legacy_versions(&v);
     v.extend(legacy);
     v
@@ -215,7 +216,10 @@ pub fn deprecation_warning(def: &ResourceDef) -> Option<String> {
 /// Whether a group is one of Kubernetes' built-in API groups (core, `apps`, `*.k8s.io`)
 /// rather than one that a real cluster gets from CustomResourceDefinitions.
 pub fn is_builtin_group(group: &str) -> bool {
-    group.is_empty() || group == "apps" || group.ends_with(".k8s.io")
+    // The CSI snapshot kinds are CRDs (the external-snapshotter's) despite their group.
+    group.is_empty()
+        || group == "apps"
+        || (group.ends_with(".k8s.io") && group != "snapshot.storage.k8s.io")
 }
 
 /// Look a served resource up by group and plural (e.g. `("kubevirt.io", "virtualmachines")`).
@@ -720,6 +724,93 @@ fn kubevirt_resources() -> Vec<ResourceDef> {
         )
         .cluster()
         .status(),
+    ]
+    .into_iter()
+    .map(|d| d.0)
+    .collect()
+}
+
+/// snapshot.storage.k8s.io/v1 (`crate::volumesnapshot`), columns as the external-snapshotter's
+/// CRDs print them.
+fn volume_snapshot_resources() -> Vec<ResourceDef> {
+    let vs = |kind, list, plural, singular| {
+        Def::new(
+            "snapshot.storage.k8s.io",
+            "v1",
+            kind,
+            list,
+            plural,
+            singular,
+        )
+    };
+    vec![
+        vs(
+            "VolumeSnapshot",
+            "VolumeSnapshotList",
+            "volumesnapshots",
+            "volumesnapshot",
+        )
+        .short(&["vs"])
+        .status()
+        .cols(vec![
+            col("ReadyToUse", "boolean", ".status.readyToUse"),
+            col(
+                "SourcePVC",
+                "string",
+                ".spec.source.persistentVolumeClaimName",
+            ),
+            col(
+                "SourceSnapshotContent",
+                "string",
+                ".spec.source.volumeSnapshotContentName",
+            ),
+            col("RestoreSize", "string", ".status.restoreSize"),
+            col("SnapshotClass", "string", ".spec.volumeSnapshotClassName"),
+            col(
+                "SnapshotContent",
+                "string",
+                ".status.boundVolumeSnapshotContentName",
+            ),
+            col("CreationTime", "date", ".status.creationTime"),
+        ]),
+        vs(
+            "VolumeSnapshotContent",
+            "VolumeSnapshotContentList",
+            "volumesnapshotcontents",
+            "volumesnapshotcontent",
+        )
+        .cluster()
+        .short(&["vsc", "vscs"])
+        .status()
+        .cols(vec![
+            col("ReadyToUse", "boolean", ".status.readyToUse"),
+            col("RestoreSize", "integer", ".status.restoreSize"),
+            col("DeletionPolicy", "string", ".spec.deletionPolicy"),
+            col("Driver", "string", ".spec.driver"),
+            col(
+                "VolumeSnapshotClass",
+                "string",
+                ".spec.volumeSnapshotClassName",
+            ),
+            col("VolumeSnapshot", "string", ".spec.volumeSnapshotRef.name"),
+            col(
+                "VolumeSnapshotNamespace",
+                "string",
+                ".spec.volumeSnapshotRef.namespace",
+            ),
+        ]),
+        vs(
+            "VolumeSnapshotClass",
+            "VolumeSnapshotClassList",
+            "volumesnapshotclasses",
+            "volumesnapshotclass",
+        )
+        .cluster()
+        .short(&["vsclass", "vsclasses"])
+        .cols(vec![
+            col("Driver", "string", ".driver"),
+            col("DeletionPolicy", "string", ".deletionPolicy"),
+        ]),
     ]
     .into_iter()
     .map(|d| d.0)

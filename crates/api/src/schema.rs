@@ -145,6 +145,15 @@ fn generate(def: &ResourceDef) -> Value {
         }
         (_, "VirtualMachineRestore") => schema_of::<snapshot::VirtualMachineRestore>(),
         (_, "MigrationPolicy") => schema_of::<misc::MigrationPolicy>(),
+        ("snapshot.storage.k8s.io", "VolumeSnapshot") => {
+            schema_of::<crate::volumesnapshot::VolumeSnapshot>()
+        }
+        ("snapshot.storage.k8s.io", "VolumeSnapshotContent") => {
+            schema_of::<crate::volumesnapshot::VolumeSnapshotContent>()
+        }
+        ("snapshot.storage.k8s.io", "VolumeSnapshotClass") => {
+            schema_of::<crate::volumesnapshot::VolumeSnapshotClass>()
+        }
         (_, "DataVolume") => schema_of::<cdi::DataVolume>(),
         (_, "DataSource") => schema_of::<cdi::DataSource>(),
         (_, "StorageProfile") => schema_of::<cdi::StorageProfile>(),
