@@ -56,9 +56,11 @@ pub(super) fn validate(
         }
         "VirtualMachineSnapshot" => {
             check_vm_ref(obj, "source", &mut e);
+            e.extend(crate::kubevirt::snapshot::validate(def.kind, obj));
         }
         "VirtualMachineRestore" => {
             check_vm_ref(obj, "target", &mut e);
+            e.extend(crate::kubevirt::snapshot::validate(def.kind, obj));
             if str_at(obj, &["spec", "virtualMachineSnapshotName"])
                 .unwrap_or("")
                 .is_empty()

@@ -35,7 +35,29 @@ kstruct! {
         pub ready_to_use: Option<bool>,
         pub error: Option<SnapshotError>,
         pub conditions: Option<Vec<Condition>>,
+        /// `Online`, `GuestAgent`/`NoGuestAgent`, `Paused`, `QuiesceTimeout` (deprecated list; see
+        /// `sourceIndications`).
         pub indications: Option<Vec<String>>,
+        /// The indications with what each one means.
+        pub source_indications: Option<Vec<SourceIndication>>,
+        /// Which volumes of the VM the snapshot holds and which it left out.
+        pub snapshot_volumes: Option<SnapshotVolumesLists>,
+    }
+}
+
+kstruct! {
+    /// One indication about how the snapshot was taken.
+    pub struct SourceIndication {
+        pub indication: String,
+        pub message: Option<String>,
+    }
+}
+
+kstruct! {
+    /// The VM's volumes in and out of a snapshot.
+    pub struct SnapshotVolumesLists {
+        pub included_volumes: Option<Vec<String>>,
+        pub excluded_volumes: Option<Vec<String>>,
     }
 }
 
@@ -133,7 +155,7 @@ kstruct! {
         pub patches: Option<Vec<String>>,
         /// When to restore into a running target: `StopTarget`, `WaitGracePeriod`, `WaitEventually`, `FailImmediate`.
         pub target_readiness_policy: Option<String>,
-        /// How restored volumes are named: `RandomizeNames` or `InPlace`.
+        /// How restored volumes are named: `RandomizeNames`, `InPlace` or `PrefixTargetName`.
         pub volume_restore_policy: Option<String>,
         /// Who owns the restored volumes: `Vm` or `None`.
         pub volume_ownership_policy: Option<String>,
@@ -169,5 +191,160 @@ kstruct! {
         pub persistent_volume_claim: String,
         pub volume_snapshot_name: String,
         pub data_volume_name: Option<String>,
+    }
+}
+
+/// The default `failureDeadline` of a VirtualMachineSnapshot (KubeVirt's: 5 minutes).
+pub const DEFAULT_FAILURE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Parse a Go duration (`5m`, `1h30m`, `90s`, `1.5s`, `250ms`, `0s`), as KubeVirt's
+/// `metav1.Duration` fields are written.
+pub fn parse_go_duration(s: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{s:?} is not a duration (e.g. \"5m\", \"1h30m\", \"90s\")");
+    if s == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let mut rest = s;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        if num_len == 0 {
+            return Err(bad());
+        }
+        let n: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return Err(bad()),
+        };
+        total += n * scale;
+        rest = &rest[unit_len..];
+    }
+    if !total.is_finite() || total > 1e12 {
+        return Err(bad());
+    }
+    Ok(std::time::Duration::from_secs_f64(total))
+}
+
+/// The `failureDeadline` of a snapshot spec (default 5m; `0s` means none).
+pub fn failure_deadline(spec: &SnapshotSpec) -> Result<std::time::Duration, String> {
+    match spec.failure_deadline.as_deref() {
+        None => Ok(DEFAULT_FAILURE_DEADLINE),
+        Some(s) => parse_go_duration(s),
+    }
+}
+
+/// Admission of the snapshot.kubevirt.io kinds a user writes, beyond the source/target reference
+/// (`admission::others`): what the controllers cannot carry out is refused naming the field.
+pub fn validate(kind: &str, obj: &serde_json::Value) -> Vec<crate::admission::FieldError> {
+    use crate::admission::FieldError;
+    let mut errs = Vec::new();
+    let spec = &obj["spec"];
+    match kind {
+        "VirtualMachineSnapshot" => {
+            if let Some(p) = spec["deletionPolicy"].as_str()
+                && !matches!(p, "Delete" | "Retain")
+            {
+                errs.push(FieldError::not_supported(
+                    "spec.deletionPolicy",
+                    format!("{p:?}: supported values: \"Delete\", \"Retain\""),
+                ));
+            }
+            if let Some(d) = spec["failureDeadline"].as_str()
+                && let Err(e) = parse_go_duration(d)
+            {
+                errs.push(FieldError::invalid("spec.failureDeadline", e));
+            }
+        }
+        "VirtualMachineRestore" => {
+            let one_of = |field: &str, allowed: &[&str], errs: &mut Vec<FieldError>| {
+                let v = &spec[field];
+                if let Some(p) = v.as_str()
+                    && !allowed.contains(&p)
+                {
+                    errs.push(FieldError::not_supported(
+                        format!("spec.{field}"),
+                        format!("{p:?}: supported values: {allowed:?}"),
+                    ));
+                }
+            };
+            one_of(
+                "volumeRestorePolicy",
+                &["RandomizeNames", "InPlace", "PrefixTargetName"],
+                &mut errs,
+            );
+            one_of("volumeOwnershipPolicy", &["Vm", "None"], &mut errs);
+            // StopTarget (the restore stopping a running VM) is not carried out yet.
+            one_of(
+                "targetReadinessPolicy",
+                &["WaitGracePeriod", "WaitEventually", "FailImmediate"],
+                &mut errs,
+            );
+            if spec.get("patches").is_some_and(|p| !p.is_null()) {
+                errs.push(FieldError::not_supported(
+                    "spec.patches",
+                    "patches of the restored VM are not supported yet",
+                ));
+            }
+        }
+        _ => {}
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        let d = |s| parse_go_duration(s).unwrap().as_secs_f64();
+        assert_eq!(d("5m"), 300.0);
+        assert_eq!(d("1h30m"), 5400.0);
+        assert_eq!(d("1.5s"), 1.5);
+        assert_eq!(d("250ms"), 0.25);
+        assert_eq!(d("0s"), 0.0);
+        for bad in ["", "5", "m", "5x", "-1s", "1e9h9"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            failure_deadline(&SnapshotSpec::default()).unwrap(),
+            DEFAULT_FAILURE_DEADLINE
+        );
+    }
+
+    #[test]
+    fn admission_refuses_what_is_not_carried_out() {
+        let snap = serde_json::json!({"spec": {"source": {"kind": "Pod", "name": "x"},
+            "failureDeadline": "soon", "deletionPolicy": "Keep"}});
+        let fields: Vec<_> = validate("VirtualMachineSnapshot", &snap)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(fields, ["spec.deletionPolicy", "spec.failureDeadline"]);
+        let ok = serde_json::json!({"spec": {"source": {"apiGroup": "kubevirt.io",
+            "kind": "VirtualMachine", "name": "vm"}}});
+        assert!(validate("VirtualMachineSnapshot", &ok).is_empty());
+        let restore = serde_json::json!({"spec": {"target": {"kind": "VirtualMachine",
+            "name": "vm"}, "virtualMachineSnapshotName": "s",
+            "targetReadinessPolicy": "StopTarget", "patches": ["{}"]}});
+        let fields: Vec<_> = validate("VirtualMachineRestore", &restore)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(fields, ["spec.targetReadinessPolicy", "spec.patches"]);
     }
 }

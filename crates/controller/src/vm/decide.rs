@@ -329,6 +329,15 @@ pub fn decide(input: &VmInput<'_>, opts: &VmOptions) -> VmDecision {
                         None if *input.volumes != VolumeReadiness::Ready => VmAction::Wait {
                             requeue_after: RECHECK_AFTER,
                         },
+                        // A snapshot or restore holds the VM stopped (KubeVirt's
+                        // `status.snapshotInProgress` / `restoreInProgress`).
+                        None if prev.snapshot_in_progress.is_some()
+                            || prev.restore_in_progress.is_some() =>
+                        {
+                            VmAction::Wait {
+                                requeue_after: RECHECK_AFTER,
+                            }
+                        }
                         None if backoff_left.is_some() => VmAction::Wait {
                             requeue_after: backoff_left.unwrap_or_default(),
                         },

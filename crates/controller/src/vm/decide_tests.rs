@@ -452,3 +452,19 @@ fn held_back_first_start_is_not_forgotten() {
     v2.status = Some(d.status);
     assert!(is_create(&go(&v2, None)));
 }
+
+#[test]
+fn a_snapshot_or_restore_in_progress_holds_the_vm_stopped() {
+    for mark in ["snapshot", "restore"] {
+        let mut v = vm("vm1").strategy(Always).build();
+        let st = v.status.get_or_insert_with(Default::default);
+        if mark == "snapshot" {
+            st.snapshot_in_progress = Some("snap1".into());
+        } else {
+            st.restore_in_progress = Some("restore1".into());
+        }
+        assert!(!is_create(&go(&v, None)), "{mark} in progress");
+        v.status = None;
+        assert!(is_create(&go(&v, None)));
+    }
+}
