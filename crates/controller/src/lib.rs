@@ -2,7 +2,8 @@
 //! [`vm`], [`node_lifecycle`]) of (object, observed state) → desired changes, unit-tested
 //! without a server, and the I/O that applies it against the API server ([`runtime`]).
 //! [`node_ipam`] gives Nodes their pod subnets (`spec.podCIDR`).
-//! [`storage`] holds the StorageClass/PVC/DataVolume controllers.
+//! [`storage`] holds the StorageClass/PVC/DataVolume controllers, [`snapshot`] the
+//! VolumeSnapshot, VirtualMachineSnapshot and VirtualMachineRestore controllers.
 //!
 //! Start everything with [`run`]`(client, ControllerOptions::default())`.
 
@@ -13,6 +14,7 @@ pub mod node_lifecycle;
 pub mod pool;
 pub mod runtime;
 pub mod scheduler;
+pub mod snapshot;
 pub mod storage;
 pub mod vm;
 

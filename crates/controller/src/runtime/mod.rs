@@ -89,6 +89,14 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
             let (c, o, s) = (client.clone(), opts.storage.clone(), stores.clone());
             async move { ("storage", crate::storage::run(c, o, s).await) }
         });
+        tasks.spawn({
+            let (c, s, t) = (
+                client.clone(),
+                stores.clone(),
+                opts.storage.agent_token.clone(),
+            );
+            async move { ("snapshot", crate::snapshot::run(c, s, t).await) }
+        });
         // Step down before others may take over: renewals failing for 2/3 of the duration.
         let deadline = le.lease_duration.mul_f64(2.0 / 3.0).max(le.renew_period);
         let mut last_renew = Instant::now();

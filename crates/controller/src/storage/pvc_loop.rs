@@ -199,6 +199,18 @@ async fn reconcile(
                     return Ok(Action::requeue(Duration::from_secs(5)));
                 }
             };
+            // A claim restored from a VolumeSnapshot is filled before it is bound.
+            let from_snapshot = crate::snapshot::populate::PopulateCtx {
+                client: &ctx.client,
+                stores: &ctx.stores,
+                agent_token: ctx.agent_token.as_deref(),
+            };
+            if let Err(message) =
+                crate::snapshot::populate::populate_claim(&from_snapshot, pvc, &plan, &dir).await
+            {
+                report(&ctx, pvc, true, "ProvisioningFailed", &message).await;
+                return Ok(Action::requeue(Duration::from_secs(3)));
+            }
             let pv = pvc::build_pv(&plan, &dir, pvc);
             let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
             let created = match api.create(&PostParams::default(), &pv).await {

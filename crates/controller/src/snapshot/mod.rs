@@ -1,0 +1,22 @@
+//! Snapshots and restores (docs/snapshots.md): KubeVirt's VirtualMachineSnapshot /
+//! VirtualMachineSnapshotContent / VirtualMachineRestore (snapshot.kubevirt.io/v1beta1) on top
+//! of Kubernetes' VolumeSnapshot / VolumeSnapshotContent / VolumeSnapshotClass
+//! (snapshot.storage.k8s.io/v1), which ferrovirt's provisioners implement with
+//! copy-on-write layer chains (`ferrovirt_storage::snapshot`).
+//!
+//! - [`vm_snapshot`]: the VirtualMachineSnapshot step (pure);
+//! - [`volume`]: the VolumeSnapshot decision (pure) and the restore of a claim whose
+//!   `dataSource` is a VolumeSnapshot;
+//! - [`populate`]: a claim provisioned from a VolumeSnapshot filled from its layers;
+//! - [`restore`]: the VirtualMachineRestore step (pure);
+//! - [`loops`]: the controllers that apply them;
+//! - [`resources`]: `kube::Resource` wrappers of the kinds.
+
+pub mod loops;
+pub mod populate;
+pub mod resources;
+pub mod restore;
+pub mod vm_snapshot;
+pub mod volume;
+
+pub use loops::run;
