@@ -604,6 +604,10 @@ async fn reconcile_restore(obj: Arc<VmRestore>, ctx: Arc<Ctx>) -> Result<Action,
     {
         let mut vm = Vm(t.clone());
         vm.0.spec = Some(*spec);
+        vm.0.metadata.annotations.get_or_insert_default().insert(
+            restore::LAST_RESTORE_ANNOTATION.into(),
+            restore::restore_id(r),
+        );
         vm.0.status = None;
         match vms
             .replace(&spec_name(t), &PostParams::default(), &vm)

@@ -40,6 +40,19 @@ pub const GRACE_PERIOD: Duration = Duration::from_secs(300);
 /// The label naming the restore on restored claims.
 pub const RESTORE_NAME_LABEL: &str = "restore.kubevirt.io/source-vm-name";
 
+/// The annotation a restored VM carries: `<restore name>-<restore uid>` of the last restore
+/// that wrote its spec.
+pub const LAST_RESTORE_ANNOTATION: &str = "restore.kubevirt.io/lastRestoreUID";
+
+/// The value of [`LAST_RESTORE_ANNOTATION`] for `r`.
+pub fn restore_id(r: &VirtualMachineRestore) -> String {
+    format!(
+        "{}-{}",
+        r.metadata.name.as_deref().unwrap_or(""),
+        r.metadata.uid.as_deref().unwrap_or("")
+    )
+}
+
 /// What a restore sees.
 pub struct RestoreInput<'a> {
     pub restore: &'a VirtualMachineRestore,
@@ -81,7 +94,7 @@ pub struct RestoreStep {
     pub mark: Option<RestoreMark>,
     pub create_claims: Vec<PersistentVolumeClaim>,
     pub reverts: Vec<Revert>,
-    /// The target VM's new spec.
+    /// The target VM's new spec (written with [`LAST_RESTORE_ANNOTATION`]).
     pub update_vm_spec: Option<Box<VirtualMachineSpec>>,
     pub status: RestoreStatus,
     pub requeue: Option<Duration>,
@@ -315,10 +328,6 @@ pub fn step(input: &RestoreInput<'_>) -> RestoreStep {
             .and_then(|v| v.metadata.clone())
             .unwrap_or_default();
         let mut annotations = BTreeMap::new();
-        annotations.insert(
-            "restore.kubevirt.io/lastRestoreUID".to_string(),
-            format!("{name}-{}", r.metadata.uid.as_deref().unwrap_or("")),
-        );
         if let Some(rs) = run_strategy {
             annotations.insert(
                 "restore.ferrovirt.io/run-strategy".to_string(),
@@ -534,7 +543,16 @@ pub fn step(input: &RestoreInput<'_>) -> RestoreStep {
         want.run_strategy = rs.or(Some(ferrovirt_api::kubevirt::vm::RunStrategy::Halted));
         want.running = None;
     }
-    if target.spec.as_ref() != Some(&want) {
+    // Admission defaults the written spec (a new VM's firmware UUID, …), so "done" is the
+    // annotation written with it, as KubeVirt records it.
+    let restore_id = restore_id(r);
+    let done = target
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LAST_RESTORE_ANNOTATION))
+        == Some(&restore_id);
+    if !done {
         out.update_vm_spec = Some(Box::new(want));
         out.status = progress(status, conditions, "updating the VirtualMachine");
         out.requeue = Some(Duration::from_millis(200));

@@ -1,0 +1,389 @@
+//! VM snapshots and restores end to end (docs/snapshots.md), against the real binary, kubectl
+//! and TCG guests: a VM with an imported root disk and a blank data disk (both `local`
+//! claims on the embedded agent) writes a marker on its data disk, is stopped and
+//! snapshotted (VirtualMachineSnapshot → one VolumeSnapshot per claim → a frozen layer and a
+//! new qcow2 top in each volume directory), writes a second marker, and is restored into
+//! itself (the first marker is back, the second gone) and into a new VM that boots beside it
+//! with its own MAC and firmware UUID. A second test covers what fails and why: an online
+//! snapshot (not supported yet) and a snapshot whose source never appears (failureDeadline).
+
+use std::time::{Duration, Instant};
+
+use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest, serve_files};
+
+const BOOT: Duration = Duration::from_secs(120);
+const STEP: Duration = Duration::from_secs(60);
+const FIRST: &str = "SNAPSHOT-FIRST";
+const SECOND: &str = "SNAPSHOT-SECOND";
+
+fn vm_yaml(url: &str) -> String {
+    format!(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {{name: snap-root, namespace: default}}
+spec:
+  source: {{http: {{url: "{url}"}}}}
+  storage: {{resources: {{requests: {{storage: 64Mi}}}}}}
+---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {{name: snap-data, namespace: default}}
+spec:
+  source: {{blank: {{}}}}
+  storage: {{resources: {{requests: {{storage: 16Mi}}}}}}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: snapvm, namespace: default}}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {{bus: virtio}}
+          - name: data
+            disk: {{bus: virtio}}
+          interfaces:
+          - name: default
+            masquerade: {{}}
+      networks:
+      - name: default
+        pod: {{}}
+      volumes:
+      - name: root
+        dataVolume: {{name: snap-root}}
+      - name: data
+        dataVolume: {{name: snap-data}}
+"#
+    )
+}
+
+/// Boots VM `name`'s VMI to the guest's shell; the VMI uid and a console on it.
+fn boot(c: &Cluster, name: &str) -> anyhow::Result<(String, SerialConsole)> {
+    let uid = c.wait_booted(name, BOOT)?;
+    let dir = c.agent_dir().join("vmis").join(&uid);
+    c.wait_until(&format!("{name}: guest shell ready"), BOOT, || {
+        let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
+    Ok((uid, console))
+}
+
+/// Writes `marker` at `sector` of the guest's data disk (`/dev/vdb`), flushed to the host.
+fn write_marker(console: &SerialConsole, marker: &str, sector: u32) -> anyhow::Result<()> {
+    let (out, rc) = console.exec(
+        &format!("echo {marker} | dd of=/dev/vdb bs=512 seek={sector} conv=fsync && sync"),
+        Duration::from_secs(30),
+    )?;
+    anyhow::ensure!(rc == 0, "writing {marker}: {out}");
+    Ok(())
+}
+
+/// The first bytes at `sector` of the guest's data disk.
+fn read_marker(console: &SerialConsole, sector: u32, len: usize) -> anyhow::Result<String> {
+    let (out, _) = console.exec(
+        &format!("dd if=/dev/vdb bs=512 skip={sector} count=1 2>/dev/null | head -c {len}; echo"),
+        Duration::from_secs(30),
+    )?;
+    Ok(out.replace('\0', "").trim().to_string())
+}
+
+fn set_run_strategy(c: &Cluster, vm: &str, strategy: &str) -> anyhow::Result<()> {
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        vm,
+        "-n",
+        "default",
+        "--type",
+        "merge",
+        "-p",
+        &format!(r#"{{"spec":{{"runStrategy":"{strategy}"}}}}"#),
+    ])?;
+    Ok(())
+}
+
+fn stop(c: &Cluster, vm: &str) -> anyhow::Result<()> {
+    set_run_strategy(c, vm, "Halted")?;
+    c.wait_until(&format!("VMI {vm} gone"), STEP, || {
+        let out = c.kubectl(&["get", "vmi", vm, "-n", "default"])?;
+        Ok((!out.status.success()).then_some(()))
+    })
+}
+
+/// Waits until `kind/name` reports `field` true (`status.readyToUse` / `status.complete`),
+/// failing at once on a Failure.
+fn wait_done(
+    c: &Cluster,
+    kind: &str,
+    name: &str,
+    field: &str,
+) -> anyhow::Result<serde_json::Value> {
+    c.wait_until(&format!("{kind} {name} {field}"), STEP, || {
+        let v = c.get_json(&[kind, name, "-n", "default"])?;
+        anyhow::ensure!(
+            v["status"]["phase"] != "Failed",
+            "{kind} {name} failed: {v}"
+        );
+        let failed = v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Failure" && c["status"] == "True");
+        anyhow::ensure!(!failed, "{kind} {name} failed: {v}");
+        Ok((v["status"][field] == true).then_some(v))
+    })
+}
+
+/// The firmware UUID the guest printed at boot (`FERROVIRT-BOOT serial=… uuid=…`).
+fn boot_uuid(c: &Cluster, uid: &str) -> String {
+    let log =
+        std::fs::read(c.agent_dir().join("vmis").join(uid).join("serial.log")).unwrap_or_default();
+    let log = String::from_utf8_lossy(&log);
+    log.lines()
+        .find(|l| l.contains("FERROVIRT-BOOT"))
+        .and_then(|l| l.split("uuid=").nth(1))
+        .map(|s| s.split_whitespace().next().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+fn vmi_mac(c: &Cluster, name: &str) -> anyhow::Result<String> {
+    let v = c.get_json(&["vmi", name, "-n", "default"])?;
+    Ok(v["status"]["interfaces"][0]["mac"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+#[test]
+fn offline_snapshot_restores_into_the_vm_and_into_a_new_one() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let guest = TestGuest::get()?;
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
+    c.apply(&vm_yaml(&url))?;
+    let (_, console) = boot(&c, "snapvm")?;
+    write_marker(&console, FIRST, 0)?;
+    drop(console);
+    stop(&c, "snapvm")?;
+
+    // The snapshot of the stopped VM.
+    let t = Instant::now();
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: snap1, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapvm}
+"#,
+    )?;
+    let snap = wait_done(&c, "vmsnapshot", "snap1", "readyToUse")?;
+    eprintln!("snapshot ready after {:?}", t.elapsed());
+    assert_eq!(snap["status"]["phase"], "Succeeded", "{snap}");
+    assert_eq!(
+        snap["status"]["snapshotVolumes"]["includedVolumes"],
+        serde_json::json!(["root", "data"]),
+        "{snap}"
+    );
+    assert_eq!(
+        snap["status"]["indications"],
+        serde_json::json!([]),
+        "{snap}"
+    );
+    let content_name = snap["status"]["virtualMachineSnapshotContentName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let content = c.get_json(&["vmsnapshotcontent", &content_name, "-n", "default"])?;
+    assert_eq!(content["status"]["readyToUse"], true, "{content}");
+    assert_eq!(
+        content["spec"]["source"]["virtualMachine"]["metadata"]["name"],
+        "snapvm"
+    );
+    // The Kubernetes side: ready VolumeSnapshots bound to contents with our handles, and the
+    // volume directory now a chain (frozen disk.img under a new qcow2 top).
+    let vss = c.get_json(&["volumesnapshot", "-n", "default"])?;
+    let items = vss["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 2, "{vss}");
+    for vs in &items {
+        assert_eq!(vs["status"]["readyToUse"], true, "{vs}");
+        let bound = vs["status"]["boundVolumeSnapshotContentName"]
+            .as_str()
+            .unwrap();
+        let vsc = c.get_json(&["volumesnapshotcontent", bound])?;
+        let handle = vsc["status"]["snapshotHandle"].as_str().unwrap_or_default();
+        let (pv, layer) = handle.split_once('/').unwrap();
+        assert_eq!(layer, "disk.img", "{vsc}");
+        let dir = c.agent_dir().join("volumes").join(pv);
+        assert!(dir.join("chain.json").exists(), "{}", dir.display());
+        assert!(dir.join("layer-000001.qcow2").exists());
+    }
+    let table = c.kubectl_ok(&["get", "volumesnapshot", "-n", "default"])?;
+    assert!(
+        table.contains("READYTOUSE") && table.contains("SOURCEPVC"),
+        "{table}"
+    );
+
+    // A second marker after the snapshot.
+    set_run_strategy(&c, "snapvm", "Always")?;
+    let (_, console) = boot(&c, "snapvm")?;
+    assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
+    write_marker(&console, SECOND, 2048)?;
+    assert_eq!(read_marker(&console, 2048, SECOND.len())?, SECOND);
+    drop(console);
+    stop(&c, "snapvm")?;
+
+    // Restore into the same VM: the first marker is there, the second is not.
+    let t = Instant::now();
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineRestore
+metadata: {name: restore-same, namespace: default}
+spec:
+  target: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapvm}
+  virtualMachineSnapshotName: snap1
+"#,
+    )?;
+    let r = wait_done(&c, "vmrestore", "restore-same", "complete")?;
+    eprintln!("restore complete after {:?}", t.elapsed());
+    let restores = r["status"]["restores"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(restores.len(), 2, "{r}");
+    for v in &restores {
+        let claim = v["persistentVolumeClaim"].as_str().unwrap();
+        assert!(claim.starts_with("restore-"), "{r}");
+        let pvc = c.get_json(&["pvc", claim, "-n", "default"])?;
+        assert_eq!(pvc["status"]["phase"], "Bound", "{pvc}");
+    }
+    let vm = c.get_json(&["vm", "snapvm", "-n", "default"])?;
+    assert!(vm["status"]["restoreInProgress"].is_null(), "{vm}");
+    set_run_strategy(&c, "snapvm", "Always")?;
+    let (uid1, console) = boot(&c, "snapvm")?;
+    assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
+    let second = read_marker(&console, 2048, SECOND.len())?;
+    assert!(
+        second.is_empty(),
+        "the second marker survived the restore: {second:?}"
+    );
+
+    // Restore into a new VM: it boots beside the original with its own MAC and UUID.
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineRestore
+metadata: {name: restore-new, namespace: default}
+spec:
+  target: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapvm-copy}
+  virtualMachineSnapshotName: snap1
+"#,
+    )?;
+    wait_done(&c, "vmrestore", "restore-new", "complete")?;
+    set_run_strategy(&c, "snapvm-copy", "Always")?;
+    let (uid2, copy_console) = boot(&c, "snapvm-copy")?;
+    assert_eq!(read_marker(&copy_console, 0, FIRST.len())?, FIRST);
+    let (mac1, mac2) = (vmi_mac(&c, "snapvm")?, vmi_mac(&c, "snapvm-copy")?);
+    assert!(!mac1.is_empty() && mac1 != mac2, "{mac1} vs {mac2}");
+    let (u1, u2) = (boot_uuid(&c, &uid1), boot_uuid(&c, &uid2));
+    assert!(!u1.is_empty() && u1 != u2, "{u1} vs {u2}");
+    drop(console);
+    eprintln!("test took {:?}", started.elapsed());
+    Ok(())
+}
+
+#[test]
+fn refused_and_failed_snapshots_say_why() -> anyhow::Result<()> {
+    TestGuest::get()?;
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    // A source that never appears: Failed at the deadline, with the reason.
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: never, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: nosuchvm}
+  failureDeadline: 3s
+"#,
+    )?;
+    let failed = c.wait_until("snapshot never Failed", STEP, || {
+        let v = c.get_json(&["vmsnapshot", "never", "-n", "default"])?;
+        Ok((v["status"]["phase"] == "Failed").then_some(v))
+    })?;
+    let msg = failed["status"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        msg.contains("failureDeadline") && msg.contains("nosuchvm does not exist"),
+        "{failed}"
+    );
+    // Bad fields are refused naming them.
+    let bad = c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: bad, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: x}
+  failureDeadline: soon
+"#,
+    );
+    let err = format!("{:?}", bad.expect_err("a bad failureDeadline is refused"));
+    assert!(err.contains("spec.failureDeadline"), "{err}");
+
+    // A running VM: an online snapshot is refused for now, with the Online indication.
+    c.guest_disk_claim("runner-root")?;
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: runner, namespace: default}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        devices: {disks: [{name: root, disk: {bus: virtio}}]}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {claimName: runner-root}
+"#,
+    )?;
+    c.wait_until("VMI runner Running", BOOT, || {
+        let v = c.get_json(&["vmi", "runner", "-n", "default"]);
+        Ok(v.ok().filter(|v| v["status"]["phase"] == "Running"))
+    })?;
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: online, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: runner}
+"#,
+    )?;
+    let v = c.wait_until("snapshot online Failed", STEP, || {
+        let v = c.get_json(&["vmsnapshot", "online", "-n", "default"])?;
+        Ok((v["status"]["phase"] == "Failed").then_some(v))
+    })?;
+    assert_eq!(
+        v["status"]["indications"],
+        serde_json::json!(["Online"]),
+        "{v}"
+    );
+    let vm = c.get_json(&["vm", "runner", "-n", "default"])?;
+    assert!(vm["status"]["snapshotInProgress"].is_null(), "{vm}");
+    Ok(())
+}
