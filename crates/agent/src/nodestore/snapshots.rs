@@ -49,14 +49,17 @@ fn answer(e: &StorageError) -> Response {
     (code, axum::Json(body)).into_response()
 }
 
-fn volume_dir(st: &SnapState, name: &str) -> Result<PathBuf, Response> {
+/// The directory of volume `name`, or the answer refusing it (boxed: responses are large).
+fn volume_dir(st: &SnapState, name: &str) -> Result<PathBuf, Box<Response>> {
     let dir = VolumeRoot::new(volume_root(&st.data_dir))
         .dir(name)
-        .map_err(|e| answer(&e))?;
+        .map_err(|e| Box::new(answer(&e)))?;
     if !dir.is_dir() {
         let body =
             json!({"code": 404, "message": format!("volume {name} does not exist on this node")});
-        return Err((StatusCode::NOT_FOUND, axum::Json(body)).into_response());
+        return Err(Box::new(
+            (StatusCode::NOT_FOUND, axum::Json(body)).into_response(),
+        ));
     }
     Ok(dir)
 }
@@ -75,7 +78,7 @@ async fn blocking<T: Send + 'static>(
 async fn take(State(st): State<Arc<SnapState>>, UrlPath(name): UrlPath<String>) -> Response {
     let dir = match volume_dir(&st, &name) {
         Ok(d) => d,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let done = blocking(move || {
         let handle = snapshot::take(&dir)?;
@@ -104,7 +107,7 @@ async fn revert(
     };
     let dir = match volume_dir(&st, &name) {
         Ok(d) => d,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match blocking(move || snapshot::revert(&dir, &req.handle)).await {
         Ok(()) => axum::Json(json!({})).into_response(),

@@ -163,7 +163,14 @@ pub fn profile_status(
         data_import_cron_source_format: spec
             .and_then(|s| s.data_import_cron_source_format.clone())
             .or_else(|| Some("pvc".into())),
-        snapshot_class: spec.and_then(|s| s.snapshot_class.clone()),
+        // The VolumeSnapshotClass of the class's driver (docs/snapshots.md).
+        snapshot_class: spec.and_then(|s| s.snapshot_class.clone()).or_else(|| {
+            match Builtin::of(&class.provisioner) {
+                Some(Builtin::Local) => Some(crate::snapshot::volume::LOCAL_CLASS.into()),
+                Some(Builtin::Shared) => Some(crate::snapshot::volume::SHARED_CLASS.into()),
+                None => None,
+            }
+        }),
     }
 }
 

@@ -1,0 +1,76 @@
+//! `bench/snapshot.sh`'s measurement: snapshot creation time of fully written volumes of
+//! several sizes (goal: the largest within 1.5× the smallest) and the time to restore one
+//! into a new raw image, with `ferrovirt_storage::snapshot`, the code the node agents run.
+//!
+//! `cargo run --example snapshot_bench -p ferrovirt-storage -- DIR SIZE_GIB... [--runs N]`
+//! writes each volume in DIR (deleted afterwards) and prints one line per size.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ferrovirt_storage::provisioner::{DISK_IMAGE, VolumeRoot};
+use ferrovirt_storage::snapshot;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Fill `img` with non-zero data (every block written, nothing sparse).
+fn fill(img: &Path, bytes: u64) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).open(img)?;
+    let block = vec![0xa5u8; 4 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut runs = 5;
+    if let Some(i) = args.iter().position(|a| a == "--runs") {
+        runs = args.get(i + 1).ok_or("--runs N")?.parse()?;
+        args.drain(i..=i + 1);
+    }
+    let dir = args
+        .first()
+        .ok_or("usage: snapshot_bench DIR SIZE_GIB...")?
+        .clone();
+    let root = VolumeRoot::new(&dir);
+    for size in &args[1..] {
+        let gib: u64 = size.parse()?;
+        let bytes = gib << 30;
+        let name = format!("bench-{gib}g");
+        let vol = root.create(&name, bytes)?;
+        let t = Instant::now();
+        fill(&vol.join(DISK_IMAGE), bytes)?;
+        let write = t.elapsed();
+        let mut takes = Vec::new();
+        let mut handles = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            handles.push(snapshot::take(&vol)?);
+            takes.push(t.elapsed());
+        }
+        // Restore the first snapshot (the full written disk) into a new image, once.
+        let out = Path::new(&dir).join(format!("restored-{gib}g.img"));
+        let t = Instant::now();
+        snapshot::export_raw(&vol, Some(&handles[0]), &out)?;
+        let restore = t.elapsed();
+        std::fs::remove_file(&out)?;
+        root.delete(&name)?;
+        println!(
+            "size={gib}GiB written_in={:.1}s snapshot_median={:.1}ms snapshot_max={:.1}ms runs={runs} restore_to_new_volume={:.1}s",
+            write.as_secs_f64(),
+            median(takes.clone()).as_secs_f64() * 1e3,
+            takes.iter().max().unwrap().as_secs_f64() * 1e3,
+            restore.as_secs_f64()
+        );
+    }
+    Ok(())
+}
