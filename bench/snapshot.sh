@@ -3,18 +3,19 @@
 # volume (goal: ratio <= 1.5, i.e. a bigger disk costs no more) and the time to restore the
 # snapshot into a new volume, with ferrovirt_storage::snapshot (the code the node agents run
 # for VolumeSnapshots). Medians of --runs snapshots per size.
-# Needs about 2x the largest size free in --dir (the volume and the restored copy); both are
-# deleted after each size.
-# Usage: bench/snapshot.sh [--dir /var/tmp] [--sizes "1 8"] [--runs 5]
+# Needs the largest size free in --dir (twice that for sizes restored: --restore-max-gib,
+# default 4); everything is deleted after each size.
+# Usage: bench/snapshot.sh [--dir /var/tmp] [--sizes "1 8"] [--runs 5] [--restore-max-gib 4]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-DIR=/var/tmp SIZES="1 8" RUNS=5
+DIR=/var/tmp SIZES="1 8" RUNS=5 RESTORE_MAX=4
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;
     --sizes) SIZES=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
+    --restore-max-gib) RESTORE_MAX=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -23,6 +24,7 @@ trap 'rm -rf "$WORK"' EXIT
 export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2}
 # shellcheck disable=SC2086
 cargo run -q --example snapshot_bench -p ferrovirt-storage -- "$WORK" $SIZES --runs "$RUNS" \
+  --restore-max-gib "$RESTORE_MAX" \
   | tee "$WORK/out.txt"
 first=$(head -1 "$WORK/out.txt" | sed -n 's/.*snapshot_median=\([0-9.]*\)ms.*/\1/p')
 last=$(tail -1 "$WORK/out.txt" | sed -n 's/.*snapshot_median=\([0-9.]*\)ms.*/\1/p')
