@@ -185,7 +185,15 @@ async fn reconcile_vs(obj: Arc<VolSnap>, ctx: Arc<Ctx>) -> Result<Action, Contro
         }
         None => None,
     };
+    let classes: Vec<VolumeSnapshotClass> = Api::<VolSnapClass>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|c| c.0)
+        .collect();
     let decision = volume::decide(&VsInput {
+        classes: &classes,
         vs,
         content: content.as_ref(),
         pvc: pvc.as_ref(),

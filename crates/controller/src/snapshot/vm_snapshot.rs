@@ -365,7 +365,9 @@ pub fn step(input: &SnapshotInput<'_>) -> SnapshotStep {
             metadata: ObjectMeta {
                 name: Some(cname),
                 namespace: snap.metadata.namespace.clone(),
-                owner_references: Some(vec![owner(snap)]),
+                // `Retain`: the content outlives the snapshot.
+                owner_references: (spec.deletion_policy.as_deref() != Some("Retain"))
+                    .then(|| vec![owner(snap)]),
                 ..Default::default()
             },
             spec: Some(SnapshotContentSpec {

@@ -265,3 +265,13 @@ fn missing_claims_wait() {
             .contains("vm1-data")
     );
 }
+
+#[test]
+fn retained_contents_are_not_owned_by_their_snapshot() {
+    let mut w = World::new();
+    let owned = w.step().create_content.unwrap();
+    assert_eq!(owned.metadata.owner_references.unwrap()[0].name, "snap1");
+    w.snap.spec.as_mut().unwrap().deletion_policy = Some("Retain".into());
+    let kept = w.step().create_content.unwrap();
+    assert!(kept.metadata.owner_references.is_none());
+}

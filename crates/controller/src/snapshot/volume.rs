@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVo
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use ferrovirt_api::volumesnapshot::{
-    API_VERSION, DRIVER, SHARED_DRIVER, VolumeSnapshot, VolumeSnapshotContent,
+    API_VERSION, DRIVER, SHARED_DRIVER, VolumeSnapshot, VolumeSnapshotClass, VolumeSnapshotContent,
     VolumeSnapshotContentSource, VolumeSnapshotContentSpec, VolumeSnapshotStatus,
 };
 
@@ -59,6 +59,40 @@ pub struct VsInput<'a> {
     pub pv: Option<&'a PersistentVolume>,
     /// The claim is in use by a VMI that has not finished: its QEMU writes the top layer.
     pub in_use_by: Option<String>,
+    /// The VolumeSnapshotClasses.
+    pub classes: &'a [VolumeSnapshotClass],
+}
+
+/// The class a snapshot of `driver` uses: the one named, else the driver's default (or only)
+/// class; `Err` says why none fits.
+pub fn class_for<'a>(
+    named: Option<&str>,
+    driver: &str,
+    classes: &'a [VolumeSnapshotClass],
+) -> Result<Option<&'a VolumeSnapshotClass>, String> {
+    if let Some(n) = named {
+        let c = classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(n))
+            .ok_or_else(|| format!("VolumeSnapshotClass {n} does not exist"))?;
+        if c.driver != driver {
+            return Err(format!(
+                "VolumeSnapshotClass {n} is of driver {}, the volume's is {driver}",
+                c.driver
+            ));
+        }
+        return Ok(Some(c));
+    }
+    let of_driver: Vec<&VolumeSnapshotClass> =
+        classes.iter().filter(|c| c.driver == driver).collect();
+    let default = of_driver.iter().find(|c| {
+        c.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ferrovirt_api::volumesnapshot::DEFAULT_CLASS_ANNOTATION))
+            .is_some_and(|v| v == "true")
+    });
+    Ok(default.copied().or(of_driver.first().copied()))
 }
 
 fn driver_of(pv: &PersistentVolume) -> Option<&'static str> {
@@ -147,8 +181,20 @@ pub fn decide(input: &VsInput<'_>) -> VsDecision {
     if at == Placement::Unknown {
         return VsDecision::Error(format!("the volume of claim {claim} has no known location"));
     }
+    let class = match class_for(
+        spec.volume_snapshot_class_name.as_deref(),
+        driver,
+        input.classes,
+    ) {
+        Ok(c) => c,
+        Err(e) => return VsDecision::Error(e),
+    };
     let Some(content) = input.content else {
-        let delete = true;
+        // The class's deletion policy (Delete when there is no class).
+        let policy = class
+            .map(|c| c.deletion_policy.clone())
+            .unwrap_or_else(|| "Delete".into());
+        let delete = policy != "Retain";
         return VsDecision::CreateContent(Box::new(VolumeSnapshotContent {
             api_version: Some(API_VERSION.into()),
             kind: Some("VolumeSnapshotContent".into()),
@@ -175,17 +221,9 @@ pub fn decide(input: &VsInput<'_>) -> VsDecision {
                     uid: vs.metadata.uid.clone(),
                     ..Default::default()
                 },
-                deletion_policy: "Delete".into(),
+                deletion_policy: policy,
                 driver: driver.into(),
-                volume_snapshot_class_name: Some(
-                    spec.volume_snapshot_class_name.clone().unwrap_or_else(|| {
-                        if driver == DRIVER {
-                            LOCAL_CLASS.into()
-                        } else {
-                            SHARED_CLASS.into()
-                        }
-                    }),
-                ),
+                volume_snapshot_class_name: class.and_then(|c| c.metadata.name.clone()),
                 source: VolumeSnapshotContentSource {
                     volume_handle: pv.metadata.name.clone(),
                     snapshot_handle: None,

@@ -38,6 +38,7 @@ fn a_claim_snapshot_creates_content_then_takes_then_binds() {
         pvc: Some(&c),
         pv: Some(&p),
         in_use_by: None,
+        classes: &classes(),
     };
     let VsDecision::CreateContent(content) = decide(&input) else {
         panic!("{:?}", decide(&input))
@@ -93,12 +94,14 @@ fn what_cannot_be_snapshotted_is_said() {
         VsDecision::Error(e) => e,
         d => panic!("{d:?}"),
     };
+    let cls = classes();
     let base = || VsInput {
         vs: &v,
         content: None,
         pvc: Some(&c),
         pv: Some(&p),
         in_use_by: None,
+        classes: &cls,
     };
     assert!(
         err(VsInput {
@@ -150,4 +153,50 @@ fn claims_name_their_snapshot_source() {
     assert_eq!(split_handle("pvc-1/disk.img"), Some(("pvc-1", "disk.img")));
     assert_eq!(split_handle("pvc-1/../x/y"), None);
     assert_eq!(split_handle("/x"), None);
+}
+
+fn classes() -> Vec<VolumeSnapshotClass> {
+    let class = |name: &str, driver: &str, policy: &str, default: bool| {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": if default {
+                json!({ferrovirt_api::volumesnapshot::DEFAULT_CLASS_ANNOTATION: "true"})
+            } else { json!({}) }},
+            "driver": driver, "deletionPolicy": policy
+        }))
+        .unwrap()
+    };
+    vec![
+        class("other-local", DRIVER, "Retain", false),
+        class(LOCAL_CLASS, DRIVER, "Delete", true),
+        class(SHARED_CLASS, SHARED_DRIVER, "Delete", false),
+    ]
+}
+
+#[test]
+fn classes_choose_the_deletion_policy_and_must_fit_the_driver() {
+    let cls = classes();
+    let (c, p) = (pvc(true), pv(PROVISIONER_LOCAL));
+    let mut v = vs(json!({"persistentVolumeClaimName": "disk"}));
+    let content = |v: &VolumeSnapshot| match decide(&VsInput {
+        vs: v,
+        content: None,
+        pvc: Some(&c),
+        pv: Some(&p),
+        in_use_by: None,
+        classes: &cls,
+    }) {
+        VsDecision::CreateContent(c) => Ok(*c),
+        VsDecision::Error(e) => Err(e),
+        d => panic!("{d:?}"),
+    };
+    let retained = {
+        v.spec.as_mut().unwrap().volume_snapshot_class_name = Some("other-local".into());
+        content(&v).unwrap()
+    };
+    assert_eq!(retained.spec.as_ref().unwrap().deletion_policy, "Retain");
+    assert!(retained.metadata.owner_references.is_none());
+    v.spec.as_mut().unwrap().volume_snapshot_class_name = Some(SHARED_CLASS.into());
+    assert!(content(&v).unwrap_err().contains("driver"));
+    v.spec.as_mut().unwrap().volume_snapshot_class_name = Some("nope".into());
+    assert!(content(&v).unwrap_err().contains("does not exist"));
 }
