@@ -6,6 +6,7 @@
 //! itself (the first marker is back, the second gone) and into a new VM that boots beside it
 //! with its own MAC and firmware UUID. A second test covers what fails and why: an online
 //! snapshot (not supported yet) and a snapshot whose source never appears (failureDeadline).
+//! A third takes and restores VolumeSnapshots of bare claims of both built-in classes.
 
 use std::time::{Duration, Instant};
 
@@ -385,5 +386,144 @@ spec:
     );
     let vm = c.get_json(&["vm", "runner", "-n", "default"])?;
     assert!(vm["status"]["snapshotInProgress"].is_null(), "{vm}");
+    Ok(())
+}
+
+/// The directory of claim `claim`'s volume (`local.path` or `hostPath.path` of its PV).
+fn volume_dir(c: &Cluster, claim: &str) -> anyhow::Result<std::path::PathBuf> {
+    let pvc = c.get_json(&["pvc", claim, "-n", "default"])?;
+    let pv = c.get_json(&["pv", pvc["spec"]["volumeName"].as_str().unwrap_or_default()])?;
+    let path = pv["spec"]["local"]["path"]
+        .as_str()
+        .or(pv["spec"]["hostPath"]["path"].as_str())
+        .unwrap_or_default();
+    Ok(path.into())
+}
+
+fn write_at(path: &std::path::Path, data: &[u8]) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .write_all_at(data, 0)?;
+    Ok(())
+}
+
+fn read_at(path: &std::path::Path, len: usize) -> anyhow::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0; len];
+    std::fs::File::open(path)?.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
+}
+
+/// The Kubernetes way, without a VM: a VolumeSnapshot of a claim of each built-in class, then
+/// a claim with `dataSourceRef` naming it holds the bytes of the snapshot, not the later ones.
+#[test]
+fn volume_snapshots_restore_claims_the_kubernetes_way() -> anyhow::Result<()> {
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    for class in ["local", "shared"] {
+        let node = if class == "local" {
+            "annotations: {volume.kubernetes.io/selected-node: node1}"
+        } else {
+            "annotations: {}"
+        };
+        c.apply(&format!(
+            r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: src-{class}, namespace: default, {node}}}
+spec:
+  storageClassName: {class}
+  accessModes: [{mode}]
+  resources: {{requests: {{storage: 8Mi}}}}
+"#,
+            mode = if class == "local" {
+                "ReadWriteOnce"
+            } else {
+                "ReadWriteMany"
+            }
+        ))?;
+        c.wait_until(&format!("src-{class} Bound"), STEP, || {
+            let v = c.get_json(&["pvc", &format!("src-{class}"), "-n", "default"])?;
+            Ok((v["status"]["phase"] == "Bound").then_some(()))
+        })?;
+        let img = volume_dir(&c, &format!("src-{class}"))?.join("disk.img");
+        write_at(&img, FIRST.as_bytes())?;
+        c.apply(&format!(
+            r#"
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {{name: vs-{class}, namespace: default}}
+spec:
+  source: {{persistentVolumeClaimName: src-{class}}}
+"#
+        ))?;
+        let vs = c.wait_until(&format!("vs-{class} ready"), STEP, || {
+            let v = c.get_json(&["volumesnapshot", &format!("vs-{class}"), "-n", "default"])?;
+            Ok((v["status"]["readyToUse"] == true).then_some(v))
+        })?;
+        assert_eq!(vs["status"]["restoreSize"], "8388608", "{vs}");
+        let content = vs["status"]["boundVolumeSnapshotContentName"]
+            .as_str()
+            .unwrap();
+        let vsc = c.get_json(&["volumesnapshotcontent", content])?;
+        assert_eq!(
+            vsc["spec"]["volumeSnapshotClassName"],
+            format!("ferrovirt-{class}"),
+            "{vsc}"
+        );
+        // Later writes go to the new top layer (written here with qemu-io, as QEMU would);
+        // the frozen disk.img keeps the snapshot.
+        let dir = volume_dir(&c, &format!("src-{class}"))?;
+        let top = dir.join("layer-000001.qcow2");
+        assert!(top.exists(), "{}", top.display());
+        let out = std::process::Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", "write -P 66 0 4096"])
+            .arg(&top)
+            .output()?;
+        anyhow::ensure!(out.status.success(), "qemu-io: {out:?}");
+        assert_eq!(read_at(&img, FIRST.len())?, FIRST.as_bytes());
+        c.apply(&format!(
+            r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: copy-{class}, namespace: default, {node}}}
+spec:
+  storageClassName: {class}
+  accessModes: [{mode}]
+  resources: {{requests: {{storage: 8Mi}}}}
+  dataSourceRef: {{apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: vs-{class}}}
+"#,
+            mode = if class == "local" {
+                "ReadWriteOnce"
+            } else {
+                "ReadWriteMany"
+            }
+        ))?;
+        c.wait_until(&format!("copy-{class} Bound"), STEP, || {
+            let v = c.get_json(&["pvc", &format!("copy-{class}"), "-n", "default"])?;
+            Ok((v["status"]["phase"] == "Bound").then_some(()))
+        })?;
+        let copy = volume_dir(&c, &format!("copy-{class}"))?.join("disk.img");
+        assert_eq!(read_at(&copy, FIRST.len())?, FIRST.as_bytes());
+        assert_eq!(std::fs::metadata(&copy)?.len(), 8 << 20);
+    }
+    // A snapshot of a claim that does not exist says so.
+    c.apply(
+        r#"
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: vs-none, namespace: default}
+spec:
+  source: {persistentVolumeClaimName: nosuchclaim}
+"#,
+    )?;
+    c.wait_until("vs-none error", STEP, || {
+        let v = c.get_json(&["volumesnapshot", "vs-none", "-n", "default"])?;
+        Ok(v["status"]["error"]["message"]
+            .as_str()
+            .filter(|m| m.contains("nosuchclaim does not exist"))
+            .map(drop))
+    })?;
     Ok(())
 }
