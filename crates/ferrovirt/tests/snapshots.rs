@@ -343,6 +343,43 @@ spec:
     let err = format!("{:?}", bad.expect_err("a bad failureDeadline is refused"));
     assert!(err.contains("spec.failureDeadline"), "{err}");
 
+    // A snapshot deleted while in progress (waiting for a claim that never appears) does not
+    // leave its VM held stopped.
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: holder, namespace: default}
+spec:
+  runStrategy: Halted
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        devices: {disks: [{name: root, disk: {bus: virtio}}]}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {claimName: missing-claim}
+---
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: held, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: holder}
+"#,
+    )?;
+    c.wait_until("holder marked", STEP, || {
+        let vm = c.get_json(&["vm", "holder", "-n", "default"])?;
+        Ok((vm["status"]["snapshotInProgress"] == "held").then_some(()))
+    })?;
+    let snap = c.get_json(&["vmsnapshot", "held", "-n", "default"])?;
+    assert_eq!(snap["status"]["phase"], "InProgress", "{snap}");
+    c.kubectl_ok(&["delete", "vmsnapshot", "held", "-n", "default"])?;
+    c.wait_until("holder unmarked", STEP, || {
+        let vm = c.get_json(&["vm", "holder", "-n", "default"])?;
+        Ok(vm["status"]["snapshotInProgress"].is_null().then_some(()))
+    })?;
+
     // A running VM: an online snapshot is refused for now, with the Online indication.
     c.guest_disk_claim("runner-root")?;
     c.apply(

@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
@@ -79,14 +80,42 @@ pub async fn run(
             Api::<VmRestore>::all(client.clone()),
             watcher::Config::default(),
         )
-        .run(reconcile_restore, error_policy, ctx),
+        .run(reconcile_restore, error_policy, ctx.clone()),
         COMPONENT,
         "VirtualMachineRestore",
+    );
+    // A snapshot or restore deleted while in progress must not leave its VM held stopped:
+    // VMs are re-checked when they change and when a snapshot or restore naming them changes
+    // or goes away.
+    let marks = crate::runtime::drive(
+        Controller::new(Api::<Vm>::all(client.clone()), watcher::Config::default())
+            .watches(
+                Api::<VmSnapshot>::all(client.clone()),
+                watcher::Config::default(),
+                |s: VmSnapshot| {
+                    let ns = s.0.metadata.namespace.clone()?;
+                    let vm = s.0.spec.as_ref()?.source.name.clone();
+                    Some(ObjectRef::<Vm>::new(&vm).within(&ns))
+                },
+            )
+            .watches(
+                Api::<VmRestore>::all(client.clone()),
+                watcher::Config::default(),
+                |r: VmRestore| {
+                    let ns = r.0.metadata.namespace.clone()?;
+                    let vm = r.0.spec.as_ref()?.target.name.clone();
+                    Some(ObjectRef::<Vm>::new(&vm).within(&ns))
+                },
+            )
+            .run(reconcile_marks, error_policy, ctx),
+        COMPONENT,
+        "VirtualMachine snapshot/restore marks",
     );
     tokio::select! {
         r = vs => r,
         r = snaps => r,
         r = restores => r,
+        r = marks => r,
     }
 }
 
@@ -648,4 +677,45 @@ async fn reconcile_restore(obj: Arc<VmRestore>, ctx: Arc<Ctx>) -> Result<Action,
 
 fn spec_name(vm: &ferrovirt_api::kubevirt::vm::VirtualMachine) -> String {
     vm.metadata.name.clone().unwrap_or_default()
+}
+
+/// Clears a VM's `status.snapshotInProgress` / `restoreInProgress` when the snapshot or restore
+/// it names is gone, being deleted, or finished (its own controller clears it otherwise).
+async fn reconcile_marks(obj: Arc<Vm>, ctx: Arc<Ctx>) -> Result<Action, ControllerError> {
+    let vm = &obj.0;
+    let (ns, name) = ns_of(&vm.metadata);
+    let status = vm.status.clone().unwrap_or_default();
+    if let Some(s) = status.snapshot_in_progress {
+        let snap = Api::<VmSnapshot>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&s)
+            .await?;
+        let live = snap.is_some_and(|s| {
+            s.0.metadata.deletion_timestamp.is_none()
+                && !matches!(
+                    s.0.status.as_ref().and_then(|st| st.phase.as_deref()),
+                    Some(vm_snapshot::SUCCEEDED | vm_snapshot::FAILED)
+                )
+        });
+        if !live {
+            mark_vm(&ctx.client, &ns, &name, "snapshotInProgress", None).await?;
+        }
+    }
+    if let Some(r) = status.restore_in_progress {
+        let restore = Api::<VmRestore>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&r)
+            .await?;
+        let live = restore.is_some_and(|r| {
+            let st = r.0.status.clone().unwrap_or_default();
+            let failed = st
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Failure" && c.status == "True");
+            r.0.metadata.deletion_timestamp.is_none() && st.complete != Some(true) && !failed
+        });
+        if !live {
+            mark_vm(&ctx.client, &ns, &name, "restoreInProgress", None).await?;
+        }
+    }
+    Ok(Action::await_change())
 }
