@@ -517,6 +517,43 @@ pub fn execute(actions: &[VolumeAction]) -> Result<BTreeMap<String, PreparedVolu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_with_snapshots_starts_from_its_recorded_chain() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = ferrovirt_storage::provisioner::VolumeRoot::new(tmp.path());
+        let dir = root.create("pvc-1", 1 << 20).unwrap();
+        let use_it = || {
+            execute(&[VolumeAction::UseExisting {
+                name: "d".into(),
+                path: dir.clone(),
+                readonly: false,
+            }])
+            .unwrap()
+            .remove("d")
+            .unwrap()
+        };
+        let plain = use_it();
+        assert_eq!((plain.format, plain.backing.len()), (DiskFormat::Raw, 0));
+        ferrovirt_storage::snapshot::take(&dir).unwrap();
+        ferrovirt_storage::snapshot::take(&dir).unwrap();
+        let chained = use_it();
+        assert_eq!(chained.path, dir.join("layer-000002.qcow2"));
+        assert_eq!(chained.format, DiskFormat::Qcow2);
+        let backing: Vec<_> = chained
+            .backing
+            .iter()
+            .map(|b| (b.path.clone(), b.format))
+            .collect();
+        assert_eq!(
+            backing,
+            [
+                (dir.join("layer-000001.qcow2"), DiskFormat::Qcow2),
+                (dir.join("disk.img"), DiskFormat::Raw)
+            ],
+            "nearest backing first, formats as recorded"
+        );
+    }
     use serde_json::json;
 
     fn vmi(volumes: serde_json::Value) -> VirtualMachineInstance {
