@@ -202,6 +202,41 @@ pub async fn relay_outgoing(listener: UnixListener, target: SocketAddr) {
     }
 }
 
+/// The settings recorded on the VMI's migration state (defaults when none).
+pub fn configuration(
+    vmi: &VirtualMachineInstance,
+) -> ferrovirt_api::kubevirt::misc::MigrationConfiguration {
+    state(vmi)
+        .and_then(|s| s.migration_configuration.clone())
+        .unwrap_or_else(ferrovirt_api::migration_policy::defaults)
+}
+
+/// Progress of a running migration, from successive `query-migrate` answers: when the
+/// remaining memory last shrank (to a new low).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    lowest_remaining: Option<u64>,
+    last_progress: std::time::Duration,
+}
+
+impl Progress {
+    /// Takes one `query-migrate` answer seen `at` (since the start).
+    pub fn observe(&mut self, query_migrate: &Value, at: std::time::Duration) {
+        let Some(remaining) = query_migrate["ram"]["remaining"].as_u64() else {
+            return;
+        };
+        if self.lowest_remaining.is_none_or(|l| remaining < l) {
+            self.lowest_remaining = Some(remaining);
+            self.last_progress = at;
+        }
+    }
+
+    /// How long the remaining memory has not shrunk, `now` since the start.
+    pub fn stalled_for(&self, now: std::time::Duration) -> std::time::Duration {
+        now.saturating_sub(self.last_progress)
+    }
+}
+
 /// The file in a VMI directory with the VMI's live-migratability, decided when its launcher
 /// started (the claims' access modes are known then).
 pub const MIGRATABLE_FILE: &str = "migratable.json";
@@ -350,6 +385,22 @@ mod tests {
         drop(source);
         drop(q);
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), relay).await;
+    }
+
+    #[test]
+    fn progress_is_a_new_low_of_remaining_memory() {
+        use std::time::Duration;
+        let mut p = Progress::default();
+        let q = |r: u64| json!({"ram": {"remaining": r}});
+        p.observe(&q(100), Duration::from_secs(1));
+        p.observe(&q(50), Duration::from_secs(2));
+        p.observe(&q(80), Duration::from_secs(5));
+        assert_eq!(
+            p.stalled_for(Duration::from_secs(6)),
+            Duration::from_secs(4)
+        );
+        p.observe(&q(10), Duration::from_secs(7));
+        assert_eq!(p.stalled_for(Duration::from_secs(7)), Duration::ZERO);
     }
 
     #[test]

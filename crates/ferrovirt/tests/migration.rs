@@ -66,6 +66,8 @@ metadata: {{name: {name}, namespace: default}}
 spec:
   runStrategy: Always
   template:
+    metadata:
+      labels: {{speed: slow}}
     spec:
       terminationGracePeriodSeconds: 5
       domain:
@@ -123,9 +125,14 @@ fn running(c: &Cluster, name: &str) -> anyhow::Result<(String, String)> {
     })
 }
 
-/// The guest's uptime in seconds, read on its serial console at `dir`.
+/// The guest's uptime in seconds, read on a new connection to its serial console at `dir`.
 fn uptime(dir: &std::path::Path) -> anyhow::Result<f64> {
     let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
+    uptime_on(&console)
+}
+
+/// The guest's uptime in seconds, read on `console`.
+fn uptime_on(console: &SerialConsole) -> anyhow::Result<f64> {
     let (out, rc) = console.exec("cat /proc/uptime", Duration::from_secs(20))?;
     anyhow::ensure!(rc == 0, "cat /proc/uptime: {out}");
     let first = out
@@ -258,6 +265,9 @@ fn live_migrates_a_vm_on_shared_storage_and_back() -> anyhow::Result<()> {
     // Events explain it.
     let events = c.kubectl_ok(&["get", "events", "-n", "default"])?;
     assert!(events.contains("Migrated"), "{events}");
+    for l in events.lines().filter(|l| l.contains("downtime")) {
+        eprintln!("{l}");
+    }
     eprintln!("migration {first} → {second}: {took:?} (uptime {before:.1} s → {mid:.1} s)");
 
     // `ferrovirt migrate` brings it back.
@@ -337,4 +347,140 @@ fn a_vm_on_a_node_local_disk_is_not_live_migratable_and_its_migration_fails_at_o
     let events = c.kubectl_ok(&["get", "events", "-n", "default"])?;
     assert!(events.contains("FailedMigration"), "{events}");
     Ok(())
+}
+
+/// The pid in `dir`'s `launcher.pid`.
+fn launcher_pid(dir: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("launcher.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Waits until migration `name` is Running and sending; returns the VMI's migration state.
+fn sending(c: &Cluster, name: &str) -> anyhow::Result<Value> {
+    c.wait_until(&format!("migration {name} Running"), MIGRATE, || {
+        let m = c.get_json(&["vmim", name])?;
+        anyhow::ensure!(
+            m["status"]["phase"] != "Failed" && m["status"]["phase"] != "Succeeded",
+            "{name} ended early: {}",
+            m["status"]
+        );
+        if m["status"]["phase"] != "Running" {
+            return Ok(None);
+        }
+        Ok(Some(
+            c.get_json(&["vmi", "mig"])?["status"]["migrationState"].clone(),
+        ))
+    })
+}
+
+#[test]
+fn a_cancelled_migration_and_a_killed_target_leave_the_source_running() -> anyhow::Result<()> {
+    let c = two_nodes()?;
+    claim(&c, "mig-disk", true)?;
+    // A policy for these VMIs caps the bandwidth: the migration takes long enough to interrupt.
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  bandwidthPerMigration: 1Mi
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    c.apply(&vm("mig", "mig-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    let src = node_dir(&c, &node).join("vmis").join(&uid);
+    let dst = node_dir(&c, other(&node)).join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let qemu = qemu_in(&src).expect("the source QEMU");
+    // One console connection for the whole test (the source QEMU never changes).
+    let console = SerialConsole::connect(&src.join("serial.sock"), Duration::from_secs(10))?;
+    let mut up = uptime_on(&console)?;
+
+    // Cancel mid-way with `ferrovirt migrate-cancel`.
+    c.apply(&migration("mig-cancel", "mig"))?;
+    let st = sending(&c, "mig-cancel")?;
+    assert_eq!(st["migrationPolicyName"], "slow", "{st}");
+    assert_eq!(
+        st["migrationConfiguration"]["bandwidthPerMigration"], "1Mi",
+        "{st}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+        .args(["migrate-cancel", "mig", "--kubeconfig"])
+        .arg(&c.kubeconfig)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = c.wait_until("the migration aborted", MIGRATE, || {
+        let st = c.get_json(&["vmi", "mig"])?["status"]["migrationState"].clone();
+        Ok((st["failed"] == true).then_some(st))
+    })?;
+    assert_eq!(st["abortRequested"], true, "{st}");
+    assert_eq!(st["abortStatus"], "Succeeded", "{st}");
+    assert_ne!(st["completed"], true);
+    up = still_on_source(&c, &node, qemu, &console, &src, &dst, up)?;
+
+    // Kill the target's launcher and QEMU mid-way.
+    c.apply(&migration("mig-kill", "mig"))?;
+    sending(&c, "mig-kill")?;
+    let target_qemu = qemu_in(&dst).expect("the target QEMU");
+    let target_launcher = launcher_pid(&dst).expect("the target launcher");
+    ferrovirt_testkit::cluster::signal(target_launcher, "KILL");
+    ferrovirt_testkit::cluster::signal(target_qemu, "KILL");
+    let m = finished(&c, "mig-kill", MIGRATE)?;
+    assert_eq!(m["status"]["phase"], "Failed", "{}", m["status"]);
+    let reason = m["status"]["migrationState"]["failureReason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!reason.is_empty(), "a reason: {}", m["status"]);
+    eprintln!("killed target: {reason}");
+    still_on_source(&c, &node, qemu, &console, &src, &dst, up)?;
+    Ok(())
+}
+
+/// After an interrupted migration: the VMI on `node`, Running, the same QEMU, the target's
+/// launcher directory gone, the guest's uptime past `before`; returns the new uptime.
+fn still_on_source(
+    c: &Cluster,
+    node: &str,
+    qemu: u32,
+    console: &SerialConsole,
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    before: f64,
+) -> anyhow::Result<f64> {
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["nodeName"], node);
+    assert_eq!(qemu_in(src), Some(qemu), "the same source QEMU runs on");
+    c.wait_until("the target cleaned up", Duration::from_secs(30), || {
+        Ok((!dst.exists() && qemu_in(dst).is_none()).then_some(()))
+    })?;
+    c.wait_until("the VMI Running", Duration::from_secs(10), || {
+        let v = c.get_json(&["vmi", "mig"])?;
+        Ok((v["status"]["phase"] == "Running"
+            && v["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        .then_some(()))
+    })?;
+    let after = uptime_on(console)?;
+    assert!(after > before, "the guest ran on: {before} s → {after} s");
+    Ok(after)
 }

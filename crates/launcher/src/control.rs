@@ -91,13 +91,16 @@ pub enum Request {
     },
     /// Live migration, source side: sends the VM's state to `uri` (QMP `migrate`; `unix:PATH`,
     /// the agent's relay to the target node), at most `maxBandwidth` bytes per second when
-    /// given. Replies as soon as the migration started; follow it with
+    /// given, throttling the guest's vCPUs when it does not converge if `autoConverge`.
+    /// Replies as soon as the migration started; follow it with
     /// [`Request::MigrationStatus`].
     #[serde(rename_all = "camelCase")]
     Migrate {
         uri: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_bandwidth: Option<u64>,
+        #[serde(default)]
+        auto_converge: bool,
     },
     /// QMP `query-migrate`, raw: `{"status": "active"|"completed"|"failed"|…, "ram": …,
     /// "downtime": ms, "total-time": ms, "error-desc": …}`.
@@ -343,10 +346,11 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Request::Migrate {
                 uri: "unix:/x".into(),
-                max_bandwidth: Some(1024)
+                max_bandwidth: Some(1024),
+                auto_converge: false,
             })
             .unwrap(),
-            r#"{"op":"migrate","uri":"unix:/x","maxBandwidth":1024}"#
+            r#"{"op":"migrate","uri":"unix:/x","maxBandwidth":1024,"autoConverge":false}"#
         );
         assert_eq!(
             serde_json::to_string(&Request::MigratedAway).unwrap(),

@@ -56,6 +56,7 @@ enum Command {
     Migrate {
         uri: String,
         max_bandwidth: Option<u64>,
+        auto_converge: bool,
     },
     MigrationStatus,
     MigrateCancel,
@@ -314,8 +315,8 @@ async fn main_loop(
                         .resize_disk(&disk, bytes)
                         .await
                         .map(|r| serde_json::json!(r)),
-                    Command::Migrate { uri, max_bandwidth } => {
-                        start_migration(&vm, &uri, max_bandwidth).await
+                    Command::Migrate { uri, max_bandwidth, auto_converge } => {
+                        start_migration(&vm, &uri, max_bandwidth, auto_converge).await
                     }
                     Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
                     Command::MigrateCancel => {
@@ -453,8 +454,12 @@ async fn start_migration(
     vm: &Vm,
     uri: &str,
     max_bandwidth: Option<u64>,
+    auto_converge: bool,
 ) -> Result<serde_json::Value> {
-    let caps = serde_json::json!({"capabilities": [{"capability": "events", "state": true}]});
+    let caps = serde_json::json!({"capabilities": [
+        {"capability": "events", "state": true},
+        {"capability": "auto-converge", "state": auto_converge},
+    ]});
     vm.qmp()
         .execute("migrate-set-capabilities", Some(caps))
         .await?;
@@ -544,9 +549,15 @@ async fn connection(
                     Request::OpenPort { port } => Command::OpenPort { port },
                     Request::ClosePort { host_port } => Command::ClosePort { host_port },
                     Request::ResizeDisk { disk, bytes } => Command::ResizeDisk { disk, bytes },
-                    Request::Migrate { uri, max_bandwidth } => {
-                        Command::Migrate { uri, max_bandwidth }
-                    }
+                    Request::Migrate {
+                        uri,
+                        max_bandwidth,
+                        auto_converge,
+                    } => Command::Migrate {
+                        uri,
+                        max_bandwidth,
+                        auto_converge,
+                    },
                     Request::MigrationStatus => Command::MigrationStatus,
                     Request::MigrateCancel => Command::MigrateCancel,
                     Request::MigratedAway => Command::MigratedAway,

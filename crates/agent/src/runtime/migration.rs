@@ -257,10 +257,11 @@ impl Agent {
             if let Err(reason) = outcome {
                 tracing::warn!(uid = %uid, "migration failed: {reason}");
                 me.event(&vmi, "Warning", "FailedMigration", &reason).await;
-                if let Err(e) = me
-                    .patch_status(&vmi, mig::failed_patch(&reason, &now_string()))
-                    .await
-                {
+                let mut patch = mig::failed_patch(&reason, &now_string());
+                if me.abort_requested(&vmi).await {
+                    patch["migrationState"]["abortStatus"] = json!("Succeeded");
+                }
+                if let Err(e) = me.patch_status(&vmi, patch).await {
                     tracing::warn!("recording the failed migration: {e}");
                 }
             }
@@ -301,13 +302,19 @@ impl Agent {
             ),
         )
         .await;
+        let config = mig::configuration(vmi);
         let req = Request::Migrate {
             uri: format!("unix:{}", sock.display()),
-            max_bandwidth: None,
+            max_bandwidth: ferrovirt_api::migration_policy::bandwidth_bytes(&config),
+            auto_converge: config.allow_auto_converge == Some(true),
         };
         launchers::request(&self.cfg, &uid, &req, Duration::from_secs(10))
             .await
             .map_err(|e| format!("starting the migration: {e}"))?;
+        let started = Instant::now();
+        let mut progress = mig::Progress::default();
+        let mut last_check = Instant::now();
+        let mut abort: Option<String> = None;
         let info = loop {
             tokio::time::sleep(POLL).await;
             let v = launchers::request(
@@ -321,13 +328,44 @@ impl Agent {
             match v["status"].as_str() {
                 Some("completed") => break v,
                 Some("failed") | Some("cancelled") => {
-                    return Err(format!(
-                        "QEMU: migration {}: {}",
-                        v["status"].as_str().unwrap_or_default(),
-                        v["error-desc"].as_str().unwrap_or("no reason given")
-                    ));
+                    return Err(abort.unwrap_or_else(|| {
+                        format!(
+                            "QEMU: migration {}: {}",
+                            v["status"].as_str().unwrap_or_default(),
+                            v["error-desc"].as_str().unwrap_or("no reason given")
+                        )
+                    }));
                 }
                 _ => {}
+            }
+            if abort.is_some() {
+                continue;
+            }
+            progress.observe(&v, started.elapsed());
+            let timeout = ferrovirt_api::migration_policy::timed_out(
+                &config,
+                v["ram"]["total"].as_u64().unwrap_or(0),
+                started.elapsed().as_secs(),
+                progress.stalled_for(started.elapsed()).as_secs(),
+            );
+            // A cancel (the VMIM deleted) shows as abortRequested on the VMI.
+            let cancelled = if last_check.elapsed() >= Duration::from_millis(500) {
+                last_check = Instant::now();
+                self.abort_requested(vmi).await
+            } else {
+                false
+            };
+            let why = timeout.or_else(|| cancelled.then(|| "the migration was cancelled".into()));
+            if let Some(why) = why {
+                tracing::info!(uid = %uid, "aborting the migration: {why}");
+                let _ = launchers::request(
+                    &self.cfg,
+                    &uid,
+                    &Request::MigrateCancel,
+                    Duration::from_secs(10),
+                )
+                .await;
+                abort = Some(why);
             }
         };
         // Switch-over: the VMI belongs to the target from this write on. The source QEMU is
@@ -387,6 +425,24 @@ impl Agent {
         self.net.detach(&uid).await;
         launchers::remove_dir(&dir);
         Ok(())
+    }
+
+    /// Whether the VMI (read now) asks for its migration to be aborted.
+    async fn abort_requested(&self, vmi: &VirtualMachineInstance) -> bool {
+        let (ns, name) = ns_name(vmi);
+        match self.vmi_api(&ns).get_opt(&name).await {
+            Ok(Some(o)) => {
+                let st = &o.data["status"]["migrationState"];
+                st["abortRequested"] == true
+                    && st["migrationUid"].as_str()
+                        == vmi
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.migration_state.as_ref())
+                            .and_then(|m| m.migration_uid.as_deref())
+            }
+            _ => false,
+        }
     }
 
     /// Whether the cached VMI is the stale copy of one this agent moved away (its watch has

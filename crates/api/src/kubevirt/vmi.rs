@@ -299,6 +299,10 @@ kstruct! {
         pub failure_reason: Option<String>,
         pub migration_uid: Option<String>,
         pub mode: Option<String>,
+        /// The settings this migration runs with (cluster config and policy merged).
+        pub migration_configuration: Option<super::misc::MigrationConfiguration>,
+        /// The MigrationPolicy that applied, if any.
+        pub migration_policy_name: Option<String>,
     }
 }
 

@@ -63,6 +63,39 @@ pub mod reasons {
     pub const FAILED: &str = "FailedMigration";
 }
 
+/// What target selection found: the node and the settings the migration runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chosen {
+    pub node: String,
+    /// `migrationState.migrationConfiguration` (cluster config with the policy over it).
+    pub configuration: Value,
+    /// `migrationState.migrationPolicyName`.
+    pub policy: Option<String>,
+}
+
+/// Whether one more migration may start: fewer than `parallelMigrationsPerCluster` run in
+/// the cluster and fewer than `parallelOutboundMigrationsPerNode` leave the VMI's node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub active_in_cluster: usize,
+    pub active_from_node: usize,
+    pub per_cluster: u32,
+    pub per_node: u32,
+}
+
+impl Limits {
+    /// No limit reached.
+    pub fn room(&self) -> bool {
+        self.active_in_cluster < self.per_cluster as usize
+            && self.active_from_node < self.per_node as usize
+    }
+}
+
+/// Whether a VMIM in this phase counts against the parallel limits.
+pub fn is_active(p: MigrationPhase) -> bool {
+    (rank(MigrationPhase::Scheduling)..rank(MigrationPhase::Succeeded)).contains(&rank(p))
+}
+
 /// What the controller knows besides the two objects.
 #[derive(Debug, Clone, Copy)]
 pub struct Now<'a> {
@@ -194,11 +227,12 @@ pub fn not_migratable(vmi: &VirtualMachineInstance) -> Option<(String, String)> 
 }
 
 /// The next step for `vmim` given its VMI (`None`: not found). `pick` chooses the target
-/// node (called only when one is needed).
+/// node and the settings (called only when one is needed); `limits`: the parallel limits.
 pub fn decide(
     vmim: &VirtualMachineInstanceMigration,
     vmi: Option<&VirtualMachineInstance>,
-    pick: impl FnOnce(&VirtualMachineInstance) -> Result<String, String>,
+    pick: impl FnOnce(&VirtualMachineInstance) -> Result<Chosen, String>,
+    limits: Limits,
     now: Now<'_>,
 ) -> Step {
     use MigrationPhase::*;
@@ -342,8 +376,8 @@ pub fn decide(
             migration_status: Some(enter(vmim, Pending, None, now.rfc3339)),
             ..Step::default()
         },
-        // Another migration of this VMI still runs: wait for it.
-        Pending if busy => Step::default(),
+        // Another migration of this VMI still runs, or the parallel limits are reached: wait.
+        Pending if busy || !limits.room() => Step::default(),
         Pending => Step {
             migration_status: Some(enter(vmim, Scheduling, None, now.rfc3339)),
             ..Step::default()
@@ -355,7 +389,8 @@ pub fn decide(
                 format!("no node can take the VM: {why}"),
                 now.rfc3339,
             ),
-            Ok(target) => {
+            Ok(chosen) => {
+                let target = chosen.node;
                 let source = vmi.status.as_ref().and_then(|s| s.node_name.clone());
                 // Every field of an older migration's state is cleared.
                 let state = json!({
@@ -368,6 +403,8 @@ pub fn decide(
                     "targetNodeDomainReadyTimestamp": null, "targetPod": null,
                     "completed": null, "failed": null, "failureReason": null,
                     "abortRequested": null, "abortStatus": null,
+                    "migrationConfiguration": chosen.configuration,
+                    "migrationPolicyName": chosen.policy,
                 });
                 Step {
                     migration_status: None,
@@ -380,6 +417,29 @@ pub fn decide(
             }
         },
     }
+}
+
+/// The abort of a migration whose VMIM was deleted (cancel): `None` when the VMI's migration
+/// state is finished or belongs to an existing migration (`migration_exists`). Before the
+/// source started sending, it fails at once; after, the source is asked to abort.
+pub fn cancel_patch(
+    vmi: &VirtualMachineInstance,
+    migration_exists: impl Fn(&str) -> bool,
+    now: &str,
+) -> Option<Value> {
+    let st = vmi.status.as_ref()?.migration_state.as_ref()?;
+    let uid = st.migration_uid.as_deref()?;
+    if mig::finished(st) || migration_exists(uid) || st.abort_requested == Some(true) {
+        return None;
+    }
+    Some(if st.start_timestamp.is_none() {
+        json!({"migrationState": {
+            "abortRequested": true, "abortStatus": "Succeeded", "failed": true,
+            "failureReason": "the migration was cancelled", "endTimestamp": now,
+        }})
+    } else {
+        json!({"migrationState": {"abortRequested": true, "abortStatus": "Aborting"}})
+    })
 }
 
 /// What target selection needs besides the VMI.

@@ -27,9 +27,24 @@ fn vmi(state: serde_json::Value) -> VirtualMachineInstance {
     .unwrap()
 }
 
-fn no_pick(_: &VirtualMachineInstance) -> Result<String, String> {
+fn no_pick(_: &VirtualMachineInstance) -> Result<Chosen, String> {
     panic!("no target is needed in this step")
 }
+
+fn to(node: &str) -> Result<Chosen, String> {
+    Ok(Chosen {
+        node: node.into(),
+        configuration: json!({"bandwidthPerMigration": "1Mi"}),
+        policy: Some("slow".into()),
+    })
+}
+
+const ROOM: Limits = Limits {
+    active_in_cluster: 0,
+    active_from_node: 0,
+    per_cluster: 5,
+    per_node: 2,
+};
 
 fn phase_of(step: &Step) -> Option<String> {
     step.migration_status.as_ref()?["phase"]
@@ -40,9 +55,9 @@ fn phase_of(step: &Step) -> Option<String> {
 #[test]
 fn a_new_migration_walks_pending_scheduling_then_chooses_a_target() {
     let v = vmi(serde_json::Value::Null);
-    let s = decide(&vmim(None), Some(&v), no_pick, NOW);
+    let s = decide(&vmim(None), Some(&v), no_pick, ROOM, NOW);
     assert_eq!(phase_of(&s).as_deref(), Some("Pending"));
-    let s = decide(&vmim(Some("Pending")), Some(&v), no_pick, NOW);
+    let s = decide(&vmim(Some("Pending")), Some(&v), no_pick, ROOM, NOW);
     assert_eq!(phase_of(&s).as_deref(), Some("Scheduling"));
     let ts = &s.migration_status.as_ref().unwrap()["phaseTransitionTimestamps"];
     assert_eq!(
@@ -53,7 +68,8 @@ fn a_new_migration_walks_pending_scheduling_then_chooses_a_target() {
     let s = decide(
         &vmim(Some("Scheduling")),
         Some(&v),
-        |_| Ok("node2".into()),
+        |_| to("node2"),
+        ROOM,
         NOW,
     );
     let st = &s.vmi_status.as_ref().unwrap()["migrationState"];
@@ -108,7 +124,7 @@ fn the_migration_follows_the_vmis_migration_state() {
     ];
     for (cur, extra, want) in cases {
         let v = with(extra.clone());
-        let s = decide(&vmim(cur), Some(&v), no_pick, NOW);
+        let s = decide(&vmim(cur), Some(&v), no_pick, ROOM, NOW);
         assert_eq!(phase_of(&s).as_deref(), want, "{cur:?} + {extra}");
     }
     let failed = decide(
@@ -117,6 +133,7 @@ fn the_migration_follows_the_vmis_migration_state() {
             json!({"failed": true, "failureReason": "target gone"}),
         )),
         no_pick,
+        ROOM,
         NOW,
     );
     assert!(
@@ -127,7 +144,7 @@ fn the_migration_follows_the_vmis_migration_state() {
     );
     // Finished migrations are left alone.
     assert_eq!(
-        decide(&vmim(Some("Succeeded")), None, no_pick, NOW),
+        decide(&vmim(Some("Succeeded")), None, no_pick, ROOM, NOW),
         Step::default()
     );
 }
@@ -140,7 +157,7 @@ fn a_vmi_that_cannot_migrate_fails_the_migration_at_once_with_the_reason() {
             "type": "LiveMigratable", "status": "False", "reason": "DisksNotLiveMigratable",
             "message": "PVC d is not shared"}]}}))
     .unwrap();
-    let s = decide(&vmim(None), Some(&v), no_pick, NOW);
+    let s = decide(&vmim(None), Some(&v), no_pick, ROOM, NOW);
     assert_eq!(phase_of(&s).as_deref(), Some("Failed"));
     let msg = &s.events[0].message;
     assert!(
@@ -151,11 +168,11 @@ fn a_vmi_that_cannot_migrate_fails_the_migration_at_once_with_the_reason() {
     let mut stopped = vmi(serde_json::Value::Null);
     stopped.status.as_mut().unwrap().phase = Some(VmiPhase::Succeeded);
     assert_eq!(
-        phase_of(&decide(&vmim(None), Some(&stopped), no_pick, NOW)).as_deref(),
+        phase_of(&decide(&vmim(None), Some(&stopped), no_pick, ROOM, NOW)).as_deref(),
         Some("Failed")
     );
     assert_eq!(
-        phase_of(&decide(&vmim(None), None, no_pick, NOW)).as_deref(),
+        phase_of(&decide(&vmim(None), None, no_pick, ROOM, NOW)).as_deref(),
         Some("Failed")
     );
     // No node to go to.
@@ -163,6 +180,7 @@ fn a_vmi_that_cannot_migrate_fails_the_migration_at_once_with_the_reason() {
         &vmim(Some("Scheduling")),
         Some(&vmi(serde_json::Value::Null)),
         |_| Err("0/1 nodes are available".into()),
+        ROOM,
         NOW,
     );
     assert_eq!(phase_of(&s).as_deref(), Some("Failed"));
@@ -173,14 +191,20 @@ fn a_target_that_never_gets_ready_fails_the_migration() {
     let v = vmi(json!({"migrationUid": "mig-1", "sourceNode": "node1", "targetNode": "node2"}));
     // Entered PreparingTarget 30 s ago: still waiting.
     assert_eq!(
-        decide(&vmim(Some("PreparingTarget")), Some(&v), no_pick, NOW),
+        decide(&vmim(Some("PreparingTarget")), Some(&v), no_pick, ROOM, NOW),
         Step::default()
     );
     let late = Now {
         rfc3339: "2026-01-01T00:05:00Z",
         epoch_secs: NOW.epoch_secs + 240,
     };
-    let s = decide(&vmim(Some("PreparingTarget")), Some(&v), no_pick, late);
+    let s = decide(
+        &vmim(Some("PreparingTarget")),
+        Some(&v),
+        no_pick,
+        ROOM,
+        late,
+    );
     let st = &s.vmi_status.unwrap()["migrationState"];
     assert_eq!(st["failed"], true);
     assert!(st["failureReason"].as_str().unwrap().contains("node2"));
@@ -190,7 +214,7 @@ fn a_target_that_never_gets_ready_fails_the_migration() {
 fn a_second_migration_waits_for_the_first() {
     let v = vmi(json!({"migrationUid": "other", "targetNode": "node2"}));
     assert_eq!(
-        decide(&vmim(Some("Pending")), Some(&v), no_pick, NOW),
+        decide(&vmim(Some("Pending")), Some(&v), no_pick, ROOM, NOW),
         Step::default()
     );
 }
@@ -219,4 +243,51 @@ fn the_target_is_never_the_current_node_and_honours_added_selectors() {
     let only = vec![node("node1").build()];
     inputs.nodes = &only;
     assert!(pick_target(&v, &inputs).is_err());
+}
+
+#[test]
+fn parallel_limits_keep_a_migration_pending() {
+    let v = vmi(serde_json::Value::Null);
+    let full = Limits {
+        active_from_node: 2,
+        ..ROOM
+    };
+    assert!(!full.room());
+    assert_eq!(
+        decide(&vmim(Some("Pending")), Some(&v), no_pick, full, NOW),
+        Step::default()
+    );
+    let cluster_full = Limits {
+        active_in_cluster: 5,
+        ..ROOM
+    };
+    assert!(!cluster_full.room());
+    assert!(is_active(MigrationPhase::Running));
+    assert!(is_active(MigrationPhase::Scheduling));
+    assert!(!is_active(MigrationPhase::Pending));
+    assert!(!is_active(MigrationPhase::Succeeded));
+}
+
+#[test]
+fn deleting_a_migration_cancels_it() {
+    let before = vmi(json!({"migrationUid": "gone", "targetNode": "node2"}));
+    let p = cancel_patch(&before, |_| false, "t").unwrap();
+    assert_eq!(
+        p["migrationState"]["failed"], true,
+        "not started: fails at once"
+    );
+    let sending = vmi(json!({"migrationUid": "gone", "targetNode": "node2",
+        "startTimestamp": "2026-01-01T00:00:00Z"}));
+    let p = cancel_patch(&sending, |_| false, "t").unwrap();
+    assert_eq!(p["migrationState"]["abortRequested"], true);
+    assert!(
+        p["migrationState"].get("failed").is_none(),
+        "the source aborts it"
+    );
+    assert!(
+        cancel_patch(&sending, |u| u == "gone", "t").is_none(),
+        "still exists"
+    );
+    let done = vmi(json!({"migrationUid": "gone", "completed": true}));
+    assert!(cancel_patch(&done, |_| false, "t").is_none());
 }
