@@ -19,6 +19,10 @@ pub const INCOMING_SOCKET: &str = "migration-in.sock";
 /// The source relay's socket in the VMI directory (QEMU `migrate` connects to it).
 pub const OUTGOING_SOCKET: &str = "migration-out.sock";
 
+/// Copy buffer of each relay direction: the stream is bulk data, large reads keep the relay's
+/// share of the CPU small.
+const RELAY_BUFFER: usize = 256 * 1024;
+
 /// The incoming socket of a VMI directory.
 pub fn incoming_socket(dir: &Path) -> PathBuf {
     dir.join(INCOMING_SOCKET)
@@ -174,7 +178,14 @@ pub async fn relay_incoming(listener: TcpListener, source: IpAddr, qemu: PathBuf
         let _ = tcp.set_nodelay(true);
         match UnixStream::connect(&qemu).await {
             Ok(mut unix) => {
-                if let Err(e) = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await {
+                if let Err(e) = tokio::io::copy_bidirectional_with_sizes(
+                    &mut tcp,
+                    &mut unix,
+                    RELAY_BUFFER,
+                    RELAY_BUFFER,
+                )
+                .await
+                {
                     tracing::info!("migration relay (incoming) ended: {e}");
                 }
             }
@@ -194,7 +205,14 @@ pub async fn relay_outgoing(listener: UnixListener, target: SocketAddr) {
     match TcpStream::connect(target).await {
         Ok(mut tcp) => {
             let _ = tcp.set_nodelay(true);
-            if let Err(e) = tokio::io::copy_bidirectional(&mut unix, &mut tcp).await {
+            if let Err(e) = tokio::io::copy_bidirectional_with_sizes(
+                &mut unix,
+                &mut tcp,
+                RELAY_BUFFER,
+                RELAY_BUFFER,
+            )
+            .await
+            {
                 tracing::info!("migration relay (outgoing) ended: {e}");
             }
         }

@@ -30,7 +30,8 @@ impl std::fmt::Display for NotMigratable {
 }
 
 /// Whether `vmi` can be live-migrated; `access_modes(claim)` gives a claim's access modes
-/// (`None`: unknown, treated as node-local). Node-local disks are not migrated yet.
+/// (`None`: unknown, treated as node-local). Node-local disks and node-local writable copies
+/// (containerDisk, ephemeral, emptyDisk) are not migrated yet.
 pub fn live_migratable(
     vmi: &VirtualMachineInstance,
     access_modes: impl Fn(&str) -> Option<Vec<String>>,
@@ -39,17 +40,33 @@ pub fn live_migratable(
         return Ok(());
     };
     for v in spec.volumes.iter().flatten() {
+        // A writable copy kept on the node (containerDisk and ephemeral overlays, emptyDisk)
+        // would need a block migration, which is not done yet: the target would start from
+        // a fresh copy and the guest would see its disk change under it.
+        let local_copy = if v.container_disk.is_some() {
+            Some("containerDisk")
+        } else if v.ephemeral.is_some() {
+            Some("ephemeral")
+        } else if v.empty_disk.is_some() {
+            Some("emptyDisk")
+        } else {
+            None
+        };
+        if let Some(kind) = local_copy {
+            return Err(NotMigratable {
+                reason: reason::DISKS_NOT_LIVE_MIGRATABLE,
+                message: format!(
+                    "cannot migrate VMI: volume {} ({kind}) is a writable copy on the node and \
+                     block migration is not supported yet",
+                    v.name
+                ),
+            });
+        }
         let claim = v
             .persistent_volume_claim
             .as_ref()
             .map(|p| p.claim_name.as_str())
-            .or_else(|| v.data_volume.as_ref().map(|d| d.name.as_str()))
-            .or_else(|| {
-                v.ephemeral
-                    .as_ref()
-                    .and_then(|e| e.persistent_volume_claim.as_ref())
-                    .map(|c| c.claim_name.as_str())
-            });
+            .or_else(|| v.data_volume.as_ref().map(|d| d.name.as_str()));
         if let Some(claim) = claim
             && !access_modes(claim).is_some_and(|m| crate::fencing::is_shared_access(&m))
         {
@@ -152,13 +169,22 @@ mod tests {
     }
 
     #[test]
-    fn shared_claims_container_disks_and_cloud_init_migrate() {
+    fn shared_claims_and_cloud_init_migrate_node_local_copies_do_not() {
         let v = vmi(json!({"domain": {}, "volumes": [
             {"name": "r", "persistentVolumeClaim": {"claimName": "c"}},
             {"name": "d", "dataVolume": {"name": "dv"}},
-            {"name": "cd", "containerDisk": {"image": "x"}},
             {"name": "ci", "cloudInitNoCloud": {"userData": "#!/bin/sh"}}]}));
         assert_eq!(live_migratable(&v, rwx), Ok(()));
+        for local in [
+            json!({"name": "cd", "containerDisk": {"image": "x"}}),
+            json!({"name": "e", "emptyDisk": {"capacity": "1Gi"}}),
+            json!({"name": "eph", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}),
+        ] {
+            let v = vmi(json!({"domain": {}, "volumes": [local]}));
+            let e = live_migratable(&v, rwx).unwrap_err();
+            assert_eq!(e.reason, reason::DISKS_NOT_LIVE_MIGRATABLE);
+            assert!(e.message.contains("block migration"), "{e}");
+        }
     }
 
     #[test]
