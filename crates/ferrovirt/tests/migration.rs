@@ -3,7 +3,10 @@
 //! node; a VirtualMachineInstanceMigration applied with kubectl moves it to the other while
 //! the guest keeps running (its uptime keeps growing, read on the serial console before and
 //! after), then `ferrovirt migrate` brings it back. A VM on a node-local (ReadWriteOnce) claim
-//! is LiveMigratable=False and its migration fails at once naming the reason.
+//! is LiveMigratable=False and its migration fails at once naming the reason. While the VM
+//! moves, a probe asks both launchers every few ms whether their QEMU runs the guest: never
+//! both at once (one writer per disk). A migration slowed by a MigrationPolicy is cancelled
+//! mid-way, then one has its target launcher and QEMU killed mid-way: the source runs on.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -227,11 +230,25 @@ fn live_migrates_a_vm_on_shared_storage_and_back() -> anyhow::Result<()> {
     })?;
     let before = uptime(&src_dir)?;
 
-    // kubectl apply of a VirtualMachineInstanceMigration.
+    // kubectl apply of a VirtualMachineInstanceMigration, while a probe asks both launchers
+    // what their QEMU does: never both running.
+    let dst_dir = node_dir(&c, other(first)).join("vmis").join(&uid);
+    let probe = Probe::start(src_dir.clone(), dst_dir);
     let t0 = Instant::now();
     c.apply(&migration("mig-1", "mig"))?;
     let m = finished(&c, "mig-1", MIGRATE)?;
     let took = t0.elapsed();
+    let seen = probe.stop();
+    eprintln!("probe: {seen:?}");
+    assert!(
+        seen.overlaps == 0,
+        "two running QEMUs on one disk seen {} times",
+        seen.overlaps
+    );
+    assert!(
+        seen.source_running > 0 && seen.target_running > 0,
+        "the probe saw both sides run: {seen:?}"
+    );
     assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
     let phases: Vec<&str> = m["status"]["phaseTransitionTimestamps"]
         .as_array()
@@ -483,4 +500,58 @@ fn still_on_source(
     let after = uptime_on(console)?;
     assert!(after > before, "the guest ran on: {before} s → {after} s");
     Ok(after)
+}
+
+/// What [`Probe`] saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    source_running: usize,
+    target_running: usize,
+    /// Samples with the target's guest running and, read after it, the source's too.
+    overlaps: usize,
+}
+
+/// Asks both launchers of a migrating VMI (target first, then source) every few ms whether
+/// their QEMU runs the guest.
+struct Probe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Seen>,
+}
+
+impl Probe {
+    fn start(src: PathBuf, dst: PathBuf) -> Probe {
+        use ferrovirt_launcher::control::{LauncherClient, RunPhase};
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let running = |dir: &PathBuf| {
+                rt.block_on(async {
+                    match LauncherClient::connect(dir, Duration::from_millis(500)).await {
+                        Ok(mut c) => c.status().await.is_ok_and(|s| s.phase == RunPhase::Running),
+                        Err(_) => false,
+                    }
+                })
+            };
+            let mut seen = Seen::default();
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                let target = running(&dst);
+                let source = running(&src);
+                seen.target_running += usize::from(target);
+                seen.source_running += usize::from(source);
+                seen.overlaps += usize::from(target && source);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            seen
+        });
+        Probe { stop, thread }
+    }
+
+    fn stop(self) -> Seen {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("probe thread")
+    }
 }
