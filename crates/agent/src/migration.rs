@@ -5,7 +5,8 @@
 //! both sides speaks to a unix socket in its VMI directory (so a VM in a network namespace of
 //! its own migrates the same way), the target agent listens on its node address and accepts
 //! exactly one connection, from the source node's address, and the source agent connects to it.
-//! The stream is not encrypted yet (docs/migration.md, "Not done yet").
+//! Between the nodes the stream is mutual TLS with the agents' endpoint certificates, each
+//! side pinning the other node's published fingerprint, unless the settings say `disableTLS`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -163,61 +164,105 @@ pub fn accept_peer(peer: IpAddr, source: IpAddr) -> bool {
     peer == source
 }
 
-/// The target's relay: accepts one connection from `source` on `listener` and joins it to
+/// Copies both ways until both sides are done.
+async fn pipe<A, B>(a: &mut A, b: &mut B, what: &str)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Err(e) = tokio::io::copy_bidirectional_with_sizes(a, b, RELAY_BUFFER, RELAY_BUFFER).await
+    {
+        tracing::info!("migration relay ({what}) ended: {e}");
+    }
+}
+
+/// The target's relay: accepts one connection from `source` on `listener` (with `tls`: a
+/// mutual-TLS session whose client is the source node's pinned certificate) and joins it to
 /// the waiting QEMU's incoming socket. Connections from other addresses are closed.
-pub async fn relay_incoming(listener: TcpListener, source: IpAddr, qemu: PathBuf) {
-    loop {
-        let Ok((mut tcp, peer)) = listener.accept().await else {
+pub async fn relay_incoming(
+    listener: TcpListener,
+    source: IpAddr,
+    qemu: PathBuf,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+) {
+    let tcp = loop {
+        let Ok((tcp, peer)) = listener.accept().await else {
             return;
         };
-        if !accept_peer(peer.ip(), source) {
-            tracing::warn!(%peer, "migration relay: refused a connection not from the source node");
-            continue;
+        if accept_peer(peer.ip(), source) {
+            break tcp;
         }
-        drop(listener);
-        let _ = tcp.set_nodelay(true);
-        match UnixStream::connect(&qemu).await {
-            Ok(mut unix) => {
-                if let Err(e) = tokio::io::copy_bidirectional_with_sizes(
-                    &mut tcp,
-                    &mut unix,
-                    RELAY_BUFFER,
-                    RELAY_BUFFER,
-                )
-                .await
-                {
-                    tracing::info!("migration relay (incoming) ended: {e}");
+        tracing::warn!(%peer, "migration relay: refused a connection not from the source node");
+    };
+    drop(listener);
+    let _ = tcp.set_nodelay(true);
+    // The handshake first: QEMU's incoming socket is connected only for the authenticated
+    // source (a connection that closes at once would fail the waiting QEMU).
+    let connect = || async {
+        UnixStream::connect(&qemu)
+            .await
+            .map_err(|e| tracing::warn!("migration relay: {}: {e}", qemu.display()))
+            .ok()
+    };
+    match tls {
+        None => {
+            let mut tcp = tcp;
+            if let Some(mut unix) = connect().await {
+                pipe(&mut tcp, &mut unix, "incoming").await;
+            }
+        }
+        Some(cfg) => match tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await {
+            Ok(mut s) => {
+                if let Some(mut unix) = connect().await {
+                    pipe(&mut s, &mut unix, "incoming, TLS").await;
                 }
             }
-            Err(e) => tracing::warn!("migration relay: {}: {e}", qemu.display()),
-        }
-        return;
+            Err(e) => tracing::warn!("migration relay: TLS handshake with the source: {e}"),
+        },
     }
 }
 
 /// The source's relay: accepts QEMU's one connection on `listener` and joins it to the
-/// target node's relay at `target`.
-pub async fn relay_outgoing(listener: UnixListener, target: SocketAddr) {
+/// target node's relay at `target` (with `tls`: the target's pinned certificate, ours as
+/// the client's).
+pub async fn relay_outgoing(
+    listener: UnixListener,
+    target: SocketAddr,
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+) {
     let Ok((mut unix, _)) = listener.accept().await else {
         return;
     };
     drop(listener);
-    match TcpStream::connect(target).await {
-        Ok(mut tcp) => {
-            let _ = tcp.set_nodelay(true);
-            if let Err(e) = tokio::io::copy_bidirectional_with_sizes(
-                &mut unix,
-                &mut tcp,
-                RELAY_BUFFER,
-                RELAY_BUFFER,
-            )
-            .await
+    let tcp = match TcpStream::connect(target).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("migration relay: connecting to {target}: {e}");
+            return;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    match tls {
+        None => {
+            let mut tcp = tcp;
+            pipe(&mut unix, &mut tcp, "outgoing").await;
+        }
+        Some(cfg) => {
+            let name = rustls::pki_types::ServerName::IpAddress(target.ip().into());
+            match tokio_rustls::TlsConnector::from(cfg)
+                .connect(name, tcp)
+                .await
             {
-                tracing::info!("migration relay (outgoing) ended: {e}");
+                Ok(mut s) => pipe(&mut unix, &mut s, "outgoing, TLS").await,
+                Err(e) => tracing::warn!("migration relay: TLS handshake with {target}: {e}"),
             }
         }
-        Err(e) => tracing::warn!("migration relay: connecting to {target}: {e}"),
     }
+}
+
+/// Whether the migration's settings turn TLS off (KubeVirt's `disableTLS`).
+pub fn tls_disabled(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
+    c.other.get("disableTLS").and_then(Value::as_bool) == Some(true)
 }
 
 /// The settings recorded on the VMI's migration state (defaults when none).
@@ -382,6 +427,7 @@ mod tests {
             listener,
             "127.0.0.2".parse().unwrap(),
             sock.clone(),
+            None,
         ));
         let mut attacker = TcpStream::connect(addr).await.unwrap();
         let _ = attacker.write_all(b"QEVM forged stream").await;
@@ -419,6 +465,74 @@ mod tests {
         );
         p.observe(&q(10), Duration::from_secs(7));
         assert_eq!(p.stalled_for(Duration::from_secs(7)), Duration::ZERO);
+    }
+
+    /// A target relay serving `target`'s certificate and pinned to `source`'s, fed by an
+    /// outgoing relay presenting `client` and pinning `expected`: whether bytes reach the
+    /// waiting QEMU.
+    async fn tls_relay_carries(
+        target: &crate::tls::AgentCert,
+        source: &crate::tls::AgentCert,
+        client: &crate::tls::AgentCert,
+        expected: crate::tls::Fingerprint,
+    ) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let qemu_sock = dir.path().join(INCOMING_SOCKET);
+        let qemu = UnixListener::bind(&qemu_sock).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = crate::tls::migration_server_config(target, source.fingerprint()).unwrap();
+        tokio::spawn(relay_incoming(
+            listener,
+            "127.0.0.1".parse().unwrap(),
+            qemu_sock,
+            Some(server),
+        ));
+        let out_sock = dir.path().join(OUTGOING_SOCKET);
+        let out = UnixListener::bind(&out_sock).unwrap();
+        let cfg = crate::tls::migration_client_config(client, expected).unwrap();
+        tokio::spawn(relay_outgoing(out, addr, Some(cfg)));
+        let mut src = UnixStream::connect(&out_sock).await.unwrap();
+        let _ = src.write_all(b"QEVM").await;
+        // `false` only when nothing even connected to QEMU's socket.
+        let got = tokio::time::timeout(std::time::Duration::from_millis(1500), async {
+            let (mut q, _) = qemu.accept().await.ok()?;
+            let mut buf = [0u8; 4];
+            q.read_exact(&mut buf).await.ok()?;
+            Some(buf)
+        })
+        .await;
+        match got {
+            Ok(Some(b)) => &b == b"QEVM",
+            Ok(None) => panic!("QEMU's socket was connected but got no stream"),
+            Err(_) => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_stream_between_nodes_is_mutual_tls_pinned_to_both_nodes() {
+        let target = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
+        let source = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
+        let attacker = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
+        let pin = target.fingerprint();
+        assert!(tls_relay_carries(&target, &source, &source, pin).await);
+        assert!(
+            !tls_relay_carries(&target, &source, &attacker, pin).await,
+            "a client without the source node's certificate reaches nothing"
+        );
+        assert!(
+            !tls_relay_carries(&attacker, &source, &source, pin).await,
+            "the source sends nothing to a relay without the target node's certificate"
+        );
+    }
+
+    #[test]
+    fn disable_tls_is_read_from_the_settings() {
+        let on: ferrovirt_api::kubevirt::misc::MigrationConfiguration =
+            serde_json::from_value(json!({"disableTLS": true})).unwrap();
+        assert!(tls_disabled(&on));
+        assert!(!tls_disabled(&ferrovirt_api::migration_policy::defaults()));
     }
 
     #[test]

@@ -185,6 +185,8 @@ struct Agent {
     endpoint_url: String,
     /// Its certificate's SHA-256, published as [`node::FINGERPRINT_ANNOTATION`].
     endpoint_fingerprint: String,
+    /// The endpoint's certificate, also this node's identity on live-migration streams.
+    cert: crate::tls::AgentCert,
     /// Unprivileged user for QEMU (when the agent runs as root).
     qemu_user: Option<String>,
     /// Wakes the sync loop early (VMI watch events, a launcher that came up).
@@ -249,6 +251,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     let agent = Arc::new(Agent {
         endpoint_url: endpoint.url.clone(),
         endpoint_fingerprint: endpoint.fingerprint.clone(),
+        cert: cert.clone(),
         client,
         accel,
         cfg,

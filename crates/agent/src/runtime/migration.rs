@@ -175,7 +175,19 @@ impl Agent {
             .unwrap_or_else(|| self.opts.address.clone())
             .parse()
             .map_err(|e| AgentError::Reference(format!("the node address: {e}")))?;
-        let source = self.source_address(vmi).await?;
+        let (source, source_pin) = self.node_identity(&source_node(vmi)).await?;
+        let tls = if mig::tls_disabled(&mig::configuration(vmi)) {
+            None
+        } else {
+            let pin = source_pin.ok_or_else(|| {
+                AgentError::Reference(
+                    "the source node publishes no certificate: the migration stream cannot be \
+                     encrypted (set disableTLS in the migration configuration to allow it)"
+                        .into(),
+                )
+            })?;
+            Some(crate::tls::migration_server_config(&self.cert, pin)?)
+        };
         let listener = tokio::net::TcpListener::bind((ip, 0))
             .await
             .map_err(|e| AgentError::Reference(format!("migration listener on {ip}: {e}")))?;
@@ -183,7 +195,7 @@ impl Agent {
             .local_addr()
             .map_err(|e| AgentError::Reference(e.to_string()))?
             .port();
-        let relay = tokio::spawn(mig::relay_incoming(listener, source, incoming));
+        let relay = tokio::spawn(mig::relay_incoming(listener, source, incoming, tls));
         self.relays
             .lock()
             .await
@@ -194,22 +206,28 @@ impl Agent {
         Ok(())
     }
 
-    /// The InternalIP of the VMI's current (source) node.
-    async fn source_address(&self, vmi: &VirtualMachineInstance) -> Result<IpAddr, AgentError> {
-        let source = vmi
-            .status
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
+    /// A node's InternalIP and published certificate fingerprint (if any).
+    async fn node_identity(
+        &self,
+        name: &str,
+    ) -> Result<(IpAddr, Option<crate::tls::Fingerprint>), AgentError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = nodes.get(&source).await.map_err(kube_err)?;
-        node.status
+        let node = nodes.get(name).await.map_err(kube_err)?;
+        let pin = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::node::FINGERPRINT_ANNOTATION))
+            .and_then(|f| crate::tls::parse_fingerprint(f).ok());
+        let ip = node
+            .status
             .and_then(|s| s.addresses)
             .into_iter()
             .flatten()
             .find(|a| a.type_ == "InternalIP")
             .and_then(|a| a.address.parse().ok())
-            .ok_or_else(|| AgentError::Reference(format!("node {source} has no InternalIP")))
+            .ok_or_else(|| AgentError::Reference(format!("node {name} has no InternalIP")))?;
+        Ok((ip, pin))
     }
 
     /// Stops and removes a target launcher that will not receive its VM.
@@ -286,7 +304,23 @@ impl Agent {
         let listener = tokio::net::UnixListener::bind(&sock)
             .map_err(|e| format!("migration socket {}: {e}", sock.display()))?;
         // The launcher connects to it and hands the connection to QEMU.
-        let relay = tokio::spawn(mig::relay_outgoing(listener, target));
+        let config = mig::configuration(vmi);
+        let tls = if mig::tls_disabled(&config) {
+            None
+        } else {
+            let (_, pin) = self
+                .node_identity(target_node)
+                .await
+                .map_err(|e| e.to_string())?;
+            let pin = pin.ok_or_else(|| {
+                format!(
+                    "node {target_node} publishes no certificate: the migration stream cannot be \
+                     encrypted (set disableTLS in the migration configuration to allow it)"
+                )
+            })?;
+            Some(crate::tls::migration_client_config(&self.cert, pin).map_err(|e| e.to_string())?)
+        };
+        let relay = tokio::spawn(mig::relay_outgoing(listener, target, tls));
         let _abort = AbortOnDrop(relay.abort_handle());
         let start = json!({"migrationState": {"startTimestamp": now_string()}});
         self.patch_status(vmi, start)
@@ -302,7 +336,6 @@ impl Agent {
             ),
         )
         .await;
-        let config = mig::configuration(vmi);
         let req = Request::Migrate {
             uri: format!("unix:{}", sock.display()),
             max_bandwidth: ferrovirt_api::migration_policy::bandwidth_bytes(&config),
@@ -315,6 +348,7 @@ impl Agent {
         let mut progress = mig::Progress::default();
         let mut last_check = Instant::now();
         let mut abort: Option<String> = None;
+        let mut final_tries = 0;
         let info = loop {
             tokio::time::sleep(POLL).await;
             let v = launchers::request(
@@ -326,7 +360,14 @@ impl Agent {
             .await
             .map_err(|e| format!("following the migration: {e}"))?;
             match v["status"].as_str() {
-                Some("completed") => break v,
+                // QEMU sets the figures a moment after the state: ask again until they are in.
+                Some("completed") if mig::figures(&v).0.unwrap_or(0) > 0 || final_tries >= 10 => {
+                    break v;
+                }
+                Some("completed") => {
+                    final_tries += 1;
+                    continue;
+                }
                 Some("failed") | Some("cancelled") => {
                     return Err(abort.unwrap_or_else(|| {
                         format!(
@@ -460,6 +501,14 @@ impl Agent {
             .get(uid)
             .is_some_and(|m| Some(m.as_str()) == current)
     }
+}
+
+/// The VMI's current (source) node.
+fn source_node(vmi: &VirtualMachineInstance) -> String {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
 }
 
 struct AbortOnDrop(tokio::task::AbortHandle);
