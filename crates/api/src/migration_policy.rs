@@ -68,6 +68,10 @@ pub fn cluster_configuration(
             allow_post_copy,
             allow_workload_disruption
         );
+        // Fields not modelled (KubeVirt's `disableTLS`, `unsafeMigrationOverride`, …).
+        for (k, v) in &k.other {
+            c.other.insert(k.clone(), v.clone());
+        }
     }
     c
 }
@@ -205,10 +209,12 @@ mod tests {
         )
         .unwrap();
         let kv: MigrationConfiguration =
-            serde_json::from_value(json!({"bandwidthPerMigration": "32Mi"})).unwrap();
+            serde_json::from_value(json!({"bandwidthPerMigration": "32Mi", "disableTLS": true}))
+                .unwrap();
         let c = cluster_configuration(Some(&hco), Some(&kv));
         assert_eq!(bandwidth_bytes(&c), Some(32 << 20));
         assert_eq!(c.progress_timeout, Some(100));
+        assert_eq!(c.other.get("disableTLS"), Some(&json!(true)));
         assert_eq!(
             c.completion_timeout_per_gib,
             Some(DEFAULT_COMPLETION_TIMEOUT_PER_GIB)
