@@ -454,21 +454,66 @@ pub struct TargetInputs<'a> {
     pub opts: &'a SchedulerOptions,
 }
 
+/// The CPU feature labels (`cpu-feature.node.kubevirt.io/<flag>`) of `source` that `target`
+/// lacks: a running guest may use any feature its node offered, so it can only move to a node
+/// offering them all.
+pub fn missing_cpu_features(source: &Node, target: &Node) -> Vec<String> {
+    const PREFIX: &str = "cpu-feature.node.kubevirt.io/";
+    let empty = BTreeMap::new();
+    let has = target.metadata.labels.as_ref().unwrap_or(&empty);
+    source
+        .metadata
+        .labels
+        .as_ref()
+        .unwrap_or(&empty)
+        .iter()
+        .filter(|(k, v)| k.starts_with(PREFIX) && v.as_str() == "true")
+        .filter(|(k, _)| has.get(*k).map(String::as_str) != Some("true"))
+        .map(|(k, _)| k.trim_start_matches(PREFIX).to_string())
+        .collect()
+}
+
 /// The migration target: the scheduler's filters and scores over every node except the
-/// VMI's current one, with the VMIM's `addedNodeSelector` added to the VMI's nodeSelector.
+/// VMI's current one that offers the current node's CPU features ([`missing_cpu_features`]),
+/// with the VMIM's `addedNodeSelector` added to the VMI's nodeSelector.
 pub fn pick_target(
     vmi: &VirtualMachineInstance,
     inputs: &TargetInputs<'_>,
 ) -> Result<String, String> {
     let current = vmi.status.as_ref().and_then(|s| s.node_name.as_deref());
-    let nodes: Vec<Node> = inputs
+    let source = inputs
+        .nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == current);
+    let others: Vec<&Node> = inputs
         .nodes
         .iter()
         .filter(|n| n.metadata.name.as_deref() != current)
+        .collect();
+    if others.is_empty() {
+        return Err("there is no other node".into());
+    }
+    let mut missing = Vec::new();
+    let nodes: Vec<Node> = others
+        .into_iter()
+        .filter(|n| match source.map(|s| missing_cpu_features(s, n)) {
+            Some(m) if !m.is_empty() => {
+                missing.push(format!(
+                    "{} lacks {}",
+                    n.metadata.name.as_deref().unwrap_or("?"),
+                    m.join(", ")
+                ));
+                false
+            }
+            _ => true,
+        })
         .cloned()
         .collect();
     if nodes.is_empty() {
-        return Err("there is no other node".into());
+        return Err(format!(
+            "no other node offers the CPU features the guest may use: {}",
+            missing.join("; ")
+        ));
     }
     let mut want = vmi.clone();
     if let (Some(added), Some(spec)) = (inputs.added_node_selector, want.spec.as_mut()) {

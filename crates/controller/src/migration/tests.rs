@@ -291,3 +291,39 @@ fn deleting_a_migration_cancels_it() {
     let done = vmi(json!({"migrationUid": "gone", "completed": true}));
     assert!(cancel_patch(&done, |_| false, "t").is_none());
 }
+
+#[test]
+fn the_target_must_offer_the_source_nodes_cpu_features() {
+    let f = "cpu-feature.node.kubevirt.io/avx2";
+    let nodes = vec![
+        node("node1").label(f, "true").build(),
+        node("node2").build(),
+        node("node3").label(f, "true").build(),
+    ];
+    let v = vmi(serde_json::Value::Null);
+    let opts = SchedulerOptions::default();
+    let inputs = TargetInputs {
+        nodes: &nodes,
+        vmis: &[],
+        added_node_selector: None,
+        volume_affinity: &[],
+        shared_mounts: &[],
+        opts: &opts,
+    };
+    assert_eq!(pick_target(&v, &inputs).unwrap(), "node3");
+    assert_eq!(
+        missing_cpu_features(&nodes[0], &nodes[1]),
+        vec!["avx2".to_string()]
+    );
+    assert!(
+        missing_cpu_features(&nodes[1], &nodes[0]).is_empty(),
+        "more is fine"
+    );
+    let two = vec![nodes[0].clone(), nodes[1].clone()];
+    let inputs = TargetInputs {
+        nodes: &two,
+        ..inputs
+    };
+    let e = pick_target(&v, &inputs).unwrap_err();
+    assert!(e.contains("node2 lacks avx2"), "{e}");
+}
