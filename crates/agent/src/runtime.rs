@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,10 +20,7 @@ use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 use ferrovirt_launcher::control::{LaunchMeta, Request};
 use ferrovirt_launcher::spec::Accel;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Event, Namespace, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    Secret,
-};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -39,11 +36,12 @@ use crate::error::AgentError;
 use crate::launchers::{self, LauncherConfig, Launchers};
 use crate::mapping::{self, MappingContext};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
-use crate::volumes::{self, ClaimInfo, ResolvedRefs};
+use crate::volumes::{self, ResolvedRefs};
 
 mod caches;
 mod migration;
 mod mounts;
+mod refs;
 mod sync;
 pub use sync::vmi_selector;
 use sync::{sync_loop, watch_vmis};
@@ -528,110 +526,6 @@ impl Agent {
         let mut dirs = self.opts.isolation.protected_dirs.clone();
         dirs.push(self.opts.data_dir.clone());
         dirs
-    }
-
-    /// Looks up what the VMI's volumes reference.
-    async fn resolve_refs(&self, vmi: &VirtualMachineInstance) -> Result<ResolvedRefs, AgentError> {
-        let (ns, _) = ns_name(vmi);
-        let mut refs = ResolvedRefs::default();
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
-        let Some(spec) = &vmi.spec else {
-            return Ok(refs);
-        };
-        for v in spec.volumes.iter().flatten() {
-            let claim = v
-                .persistent_volume_claim
-                .as_ref()
-                .map(|c| c.claim_name.clone())
-                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
-                .or_else(|| {
-                    v.ephemeral
-                        .as_ref()
-                        .and_then(|e| e.persistent_volume_claim.as_ref())
-                        .map(|c| c.claim_name.clone())
-                });
-            if let Some(claim) = claim
-                && let Some(pvc) = pvcs.get_opt(&claim).await.map_err(kube_err)?
-            {
-                let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
-                refs.claim_access_modes
-                    .insert(claim.clone(), modes.unwrap_or_default());
-                let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone());
-                if let Some(pv_name) = pv_name
-                    && let Some(pv) = pvs.get_opt(&pv_name).await.map_err(kube_err)?
-                {
-                    let spec = pv.spec.unwrap_or_default();
-                    let path = spec
-                        .host_path
-                        .map(|h| h.path)
-                        .or_else(|| spec.local.map(|l| l.path));
-                    if let Some(path) = path {
-                        let ours = crate::hostpath::made_by_us(
-                            Path::new(&path),
-                            pv.metadata
-                                .annotations
-                                .as_ref()
-                                .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
-                                .map(String::as_str),
-                        );
-                        let ro = spec
-                            .access_modes
-                            .unwrap_or_default()
-                            .iter()
-                            .all(|m| m == "ReadOnlyMany");
-                        refs.claims.insert(
-                            claim,
-                            ClaimInfo {
-                                path: path.into(),
-                                read_only: ro,
-                                ours,
-                            },
-                        );
-                    }
-                }
-            }
-            let mut secret_names = Vec::new();
-            for ci in [&v.cloud_init_no_cloud, &v.cloud_init_config_drive]
-                .into_iter()
-                .flatten()
-            {
-                secret_names.extend(ci.secret_ref.as_ref().map(|r| r.name.clone()));
-                secret_names.extend(ci.network_data_secret_ref.as_ref().map(|r| r.name.clone()));
-            }
-            secret_names.extend(v.secret.as_ref().and_then(|s| s.secret_name.clone()));
-            for s in secret_names {
-                if let Some(sec) = secrets.get_opt(&s).await.map_err(kube_err)? {
-                    let mut data: BTreeMap<String, Vec<u8>> = sec
-                        .data
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(k, v)| (k, v.0))
-                        .collect();
-                    for (k, v) in sec.string_data.unwrap_or_default() {
-                        data.insert(k, v.into_bytes());
-                    }
-                    refs.secrets.insert(s, data);
-                }
-            }
-            if let Some(cm_name) = v.config_map.as_ref().and_then(|c| c.name.clone())
-                && let Some(cm) = cms.get_opt(&cm_name).await.map_err(kube_err)?
-            {
-                let mut data: BTreeMap<String, Vec<u8>> = cm
-                    .data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into_bytes()))
-                    .collect();
-                for (k, v) in cm.binary_data.unwrap_or_default() {
-                    data.insert(k, v.0);
-                }
-                refs.config_maps.insert(cm_name, data);
-            }
-        }
-        Ok(refs)
     }
 
     /// Prepares volumes and starts the launcher of `vmi`.
