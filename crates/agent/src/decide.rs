@@ -109,6 +109,9 @@ pub struct Report<'a> {
     pub guest: Option<&'a Value>,
     /// The pod network attachment: (interface name, the VMI's address on the pod network).
     pub pod: Option<(&'a str, &'a str)>,
+    /// Whether the VMI can be live-migrated (`Err((reason, message))`: not); `None`: not
+    /// known (no `LiveMigratable` condition is reported).
+    pub migratable: Option<Result<(), (&'a str, &'a str)>>,
 }
 
 /// VMI `status.reason` of a VM whose launcher fenced itself (killed QEMU when the node's
@@ -129,6 +132,7 @@ pub fn exit_phase_reason(reason: ExitReason) -> (&'static str, &'static str) {
         ExitReason::Crashed => "QemuCrashed",
         ExitReason::StartFailed => "QemuStartFailed",
         ExitReason::Fenced => REASON_FENCED,
+        ExitReason::Migrated => "Migrated",
     };
     (phase, reason)
 }
@@ -272,6 +276,14 @@ pub fn running_status(
             "",
         ),
     ];
+    let mut wanted = wanted;
+    match report.migratable {
+        Some(Ok(())) => wanted.push(condition("LiveMigratable", true, "", "")),
+        Some(Err((reason, message))) => {
+            wanted.push(condition("LiveMigratable", false, reason, message));
+        }
+        None => {}
+    }
     let existing = serde_json::to_value(vmi.status.as_ref().and_then(|s| s.conditions.as_ref()))
         .unwrap_or(Value::Null);
     let mut out = json!({
@@ -519,8 +531,17 @@ mod tests {
             Report {
                 guest: Some(&guest),
                 pod: None,
+                migratable: Some(Err(("DisksNotLiveMigratable", "PVC d is not shared"))),
             },
         );
+        let lm = s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "LiveMigratable")
+            .unwrap();
+        assert_eq!(lm["status"], "False");
+        assert_eq!(lm["reason"], "DisksNotLiveMigratable");
         assert_eq!(s["guestOSInfo"]["id"], "ferrovirt-testguest");
         assert_eq!(s["guestOSInfo"]["prettyName"], "T 1");
         assert_eq!(s["interfaces"][0]["name"], "default");

@@ -28,6 +28,7 @@ pub mod hostpath;
 pub mod isolation;
 pub mod launchers;
 pub mod mapping;
+pub mod migration;
 pub mod network;
 pub mod node;
 pub mod nodestore;

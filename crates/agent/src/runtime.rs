@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,10 +20,7 @@ use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 use ferrovirt_launcher::control::{LaunchMeta, Request};
 use ferrovirt_launcher::spec::Accel;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Event, Namespace, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    Secret,
-};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -39,10 +36,12 @@ use crate::error::AgentError;
 use crate::launchers::{self, LauncherConfig, Launchers};
 use crate::mapping::{self, MappingContext};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
-use crate::volumes::{self, ClaimInfo, ResolvedRefs};
+use crate::volumes::{self, ResolvedRefs};
 
 mod caches;
+mod migration;
 mod mounts;
+mod refs;
 mod sync;
 pub use sync::vmi_selector;
 use sync::{sync_loop, watch_vmis};
@@ -184,6 +183,8 @@ struct Agent {
     endpoint_url: String,
     /// Its certificate's SHA-256, published as [`node::FINGERPRINT_ANNOTATION`].
     endpoint_fingerprint: String,
+    /// The endpoint's certificate, also this node's identity on live-migration streams.
+    cert: crate::tls::AgentCert,
     /// Unprivileged user for QEMU (when the agent runs as root).
     qemu_user: Option<String>,
     /// Wakes the sync loop early (VMI watch events, a launcher that came up).
@@ -201,6 +202,16 @@ struct Agent {
     shared_mounts: Mutex<Option<k8s_openapi::api::core::v1::NodeCondition>>,
     /// HyperConverged/CDI objects and (on demand) every VMI, from watches ([`caches`]).
     caches: caches::Caches,
+    /// Live migration ([`migration`]): VMIs whose target launcher is being prepared here.
+    preparing: Mutex<HashSet<String>>,
+    /// The incoming relays of the migration targets here, by VMI uid.
+    relays: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// VMI uid → migration uid of the VMIs this node migrated away (until the watch shows it).
+    moved: std::sync::Mutex<HashMap<String, String>>,
+    /// VMIs migrating to this node (their launchers are no orphans).
+    targets: std::sync::Mutex<HashSet<String>>,
+    /// VMIs bound to this node as the sync loop last saw them.
+    bound_uids: std::sync::Mutex<HashSet<String>>,
 }
 
 /// How often a connected guest agent is asked for OS info and interfaces.
@@ -238,6 +249,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     let agent = Arc::new(Agent {
         endpoint_url: endpoint.url.clone(),
         endpoint_fingerprint: endpoint.fingerprint.clone(),
+        cert: cert.clone(),
         client,
         accel,
         cfg,
@@ -254,6 +266,11 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         disk_sizes: Mutex::new(HashMap::new()),
         shared_mounts: Mutex::new(None),
         caches,
+        preparing: Mutex::new(HashSet::new()),
+        relays: Mutex::new(HashMap::new()),
+        moved: std::sync::Mutex::new(HashMap::new()),
+        targets: std::sync::Mutex::new(HashSet::new()),
+        bound_uids: std::sync::Mutex::new(HashSet::new()),
         opts,
     });
     agent.register_node().await?;
@@ -274,7 +291,9 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     let (triggers, events) = tokio::sync::mpsc::unbounded_channel();
     let watch = tokio::spawn(watch_vmis(agent.clone(), writer, triggers));
     let sync = tokio::spawn(sync_loop(agent.clone(), cache, events));
+    let incoming = tokio::spawn(migration::target_loop(agent.clone()));
     let r = tokio::select! {
+        r = incoming => r,
         r = hb => r,
         r = sync => r,
         r = endpoint.task => r,
@@ -509,112 +528,18 @@ impl Agent {
         dirs
     }
 
-    /// Looks up what the VMI's volumes reference.
-    async fn resolve_refs(&self, vmi: &VirtualMachineInstance) -> Result<ResolvedRefs, AgentError> {
-        let (ns, _) = ns_name(vmi);
-        let mut refs = ResolvedRefs::default();
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
-        let Some(spec) = &vmi.spec else {
-            return Ok(refs);
-        };
-        for v in spec.volumes.iter().flatten() {
-            let claim = v
-                .persistent_volume_claim
-                .as_ref()
-                .map(|c| c.claim_name.clone())
-                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
-                .or_else(|| {
-                    v.ephemeral
-                        .as_ref()
-                        .and_then(|e| e.persistent_volume_claim.as_ref())
-                        .map(|c| c.claim_name.clone())
-                });
-            if let Some(claim) = claim
-                && let Some(pvc) = pvcs.get_opt(&claim).await.map_err(kube_err)?
-            {
-                let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
-                refs.claim_access_modes
-                    .insert(claim.clone(), modes.unwrap_or_default());
-                let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone());
-                if let Some(pv_name) = pv_name
-                    && let Some(pv) = pvs.get_opt(&pv_name).await.map_err(kube_err)?
-                {
-                    let spec = pv.spec.unwrap_or_default();
-                    let path = spec
-                        .host_path
-                        .map(|h| h.path)
-                        .or_else(|| spec.local.map(|l| l.path));
-                    if let Some(path) = path {
-                        let ours = crate::hostpath::made_by_us(
-                            Path::new(&path),
-                            pv.metadata
-                                .annotations
-                                .as_ref()
-                                .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
-                                .map(String::as_str),
-                        );
-                        let ro = spec
-                            .access_modes
-                            .unwrap_or_default()
-                            .iter()
-                            .all(|m| m == "ReadOnlyMany");
-                        refs.claims.insert(
-                            claim,
-                            ClaimInfo {
-                                path: path.into(),
-                                read_only: ro,
-                                ours,
-                            },
-                        );
-                    }
-                }
-            }
-            let mut secret_names = Vec::new();
-            for ci in [&v.cloud_init_no_cloud, &v.cloud_init_config_drive]
-                .into_iter()
-                .flatten()
-            {
-                secret_names.extend(ci.secret_ref.as_ref().map(|r| r.name.clone()));
-                secret_names.extend(ci.network_data_secret_ref.as_ref().map(|r| r.name.clone()));
-            }
-            secret_names.extend(v.secret.as_ref().and_then(|s| s.secret_name.clone()));
-            for s in secret_names {
-                if let Some(sec) = secrets.get_opt(&s).await.map_err(kube_err)? {
-                    let mut data: BTreeMap<String, Vec<u8>> = sec
-                        .data
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(k, v)| (k, v.0))
-                        .collect();
-                    for (k, v) in sec.string_data.unwrap_or_default() {
-                        data.insert(k, v.into_bytes());
-                    }
-                    refs.secrets.insert(s, data);
-                }
-            }
-            if let Some(cm_name) = v.config_map.as_ref().and_then(|c| c.name.clone())
-                && let Some(cm) = cms.get_opt(&cm_name).await.map_err(kube_err)?
-            {
-                let mut data: BTreeMap<String, Vec<u8>> = cm
-                    .data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into_bytes()))
-                    .collect();
-                for (k, v) in cm.binary_data.unwrap_or_default() {
-                    data.insert(k, v.0);
-                }
-                refs.config_maps.insert(cm_name, data);
-            }
-        }
-        Ok(refs)
-    }
-
     /// Prepares volumes and starts the launcher of `vmi`.
     async fn start(&self, vmi: &VirtualMachineInstance) -> Result<(), AgentError> {
+        self.start_with(vmi, None).await
+    }
+
+    /// [`Agent::start`]; with `incoming`, the launcher of a live-migration target whose QEMU
+    /// waits for the stream on that socket.
+    async fn start_with(
+        &self,
+        vmi: &VirtualMachineInstance,
+        incoming: Option<PathBuf>,
+    ) -> Result<(), AgentError> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         let mut refs = self.resolve_refs(vmi).await?;
@@ -649,7 +574,12 @@ impl Agent {
         ctx.volumes = prepared;
         ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
         ctx.sandbox = true;
-        ctx.cgroup_name = vmi.metadata.uid.clone();
+        // A migration target has a cgroup of its own: on one host (tests) the source's
+        // holds the source QEMU until the switch-over.
+        ctx.cgroup_name = match &incoming {
+            Some(_) => vmi.metadata.uid.as_ref().map(|u| format!("{u}.in")),
+            None => vmi.metadata.uid.clone(),
+        };
         ctx.pids_max = Some(self.opts.isolation.pids_max);
         ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
         if crate::network::has_explicit_macs(vmi) {
@@ -659,19 +589,29 @@ impl Agent {
         let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
         ctx.pod_taps = attachment.taps;
         let exec_prefix = attachment.exec_prefix;
-        let spec = mapping::launch_spec(vmi, &ctx)?;
+        let mut spec = mapping::launch_spec(vmi, &ctx)?;
+        spec.incoming = incoming.clone();
         spec.validate()?;
+        // LiveMigratable, decided now that the claims' access modes are known; the running
+        // status reports it (`decide::Report::migratable`).
+        let migratable = ferrovirt_api::migration::live_migratable(vmi, |c| {
+            refs.claim_access_modes.get(c).cloned()
+        });
+        crate::migration::write_migratable(&dir, &migratable)?;
         let fence = self.fence_spec(vmi, &refs).await?;
         let (ns, name) = ns_name(vmi);
         // Announced before the launcher exists: the node controller replaces a VMI of a dead
-        // node only when its launcher fences itself (or none was started).
-        let announce = json!({"metadata": {"uid": vmi.metadata.uid, "annotations": {
-            ferrovirt_api::fencing::FENCING_ANNOTATION: crate::fencing::announcement(fence.as_ref())
-        }}});
-        self.vmi_api(&ns)
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&announce))
-            .await
-            .map_err(kube_err)?;
+        // node only when its launcher fences itself (or none was started). A migration
+        // target's VMI keeps the source's announcement until it moves.
+        if incoming.is_none() {
+            let announce = json!({"metadata": {"uid": vmi.metadata.uid, "annotations": {
+                ferrovirt_api::fencing::FENCING_ANNOTATION: crate::fencing::announcement(fence.as_ref())
+            }}});
+            self.vmi_api(&ns)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&announce))
+                .await
+                .map_err(kube_err)?;
+        }
         let meta = LaunchMeta {
             vmi_uid: uid,
             namespace: ns,
@@ -689,10 +629,21 @@ impl Agent {
 
     async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance) {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        if uid.is_empty() || self.busy.lock().await.contains(&uid) {
+        if uid.is_empty() || self.busy.lock().await.contains(&uid) || self.moved_away(&vmi) {
+            return;
+        }
+        if self.reconcile_source(&vmi).await {
             return;
         }
         let observed = launchers::observe(&self.cfg, &uid).await;
+        if let Observed::Exited(rep) = &observed
+            && rep.reason == ferrovirt_launcher::control::ExitReason::Migrated
+        {
+            // What a migration left behind here; the VMI runs elsewhere.
+            self.net.detach(&uid).await;
+            launchers::remove_dir(&self.cfg.vmi_dir(&uid));
+            return;
+        }
         // A launcher this agent just started may not listen yet: don't start a second one.
         if observed == Observed::NoLauncher && self.launchers.lock().await.is_child_alive(&uid) {
             return;
@@ -703,9 +654,14 @@ impl Agent {
         }
         let guest = self.guest_info_for(&uid, &observed).await;
         let pod = self.net.pod_report(&vmi, &uid);
+        let migratable = crate::migration::read_migratable(&self.cfg.vmi_dir(&uid));
         let report = decide::Report {
             guest: guest.as_ref(),
             pod: pod.as_ref().map(|(i, a)| (i.as_str(), a.as_str())),
+            migratable: migratable.as_ref().map(|m| match m {
+                Ok(()) => Ok(()),
+                Err((r, msg)) => Err((r.as_str(), msg.as_str())),
+            }),
         };
         for action in decide::decide(&vmi, &observed, &self.opts.node_name, &now_string(), report) {
             match action {
@@ -928,7 +884,15 @@ impl Agent {
     /// Launchers whose VMI no longer exists (deleted while the agent was away): stop and remove.
     async fn collect_orphans(self: &Arc<Self>, known: &HashSet<String>) {
         for uid in self.cfg.local_uids() {
-            if known.contains(&uid) || self.busy.lock().await.contains(&uid) {
+            if known.contains(&uid)
+                || self.busy.lock().await.contains(&uid)
+                || self.preparing.lock().await.contains(&uid)
+                || self
+                    .targets
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&uid)
+            {
                 continue;
             }
             match launchers::observe(&self.cfg, &uid).await {

@@ -6,7 +6,10 @@
 //!   ([`crate::node::FINGERPRINT_ANNOTATION`]) with its authenticated API credentials;
 //! - the API server side ([`crate::proxy`]): which transport a Node's endpoint URL and
 //!   fingerprint call for ([`transport`], pure), and a rustls client that accepts exactly the
-//!   pinned certificate ([`client_config`]), so no CA has to be distributed to agents.
+//!   pinned certificate ([`client_config`]), so no CA has to be distributed to agents;
+//! - the live-migration stream between two agents ([`migration_server_config`],
+//!   [`migration_client_config`]): mutual TLS with the same certificates, each side accepting
+//!   only the other node's published fingerprint.
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -525,4 +528,108 @@ mod tests {
         let err = connect(tcp, "127.0.0.1", [0u8; 32]).await.unwrap_err();
         assert!(is_pin_mismatch(&err), "{err}");
     }
+}
+
+/// Accepts exactly the client certificate whose SHA-256 is pinned (the migration source
+/// node's published fingerprint); handshake signatures are verified against it.
+#[derive(Debug)]
+struct PinnedClient {
+    pin: Fingerprint,
+    provider: Arc<CryptoProvider>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for PinnedClient {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        if constant_time_eq(&fingerprint(end_entity), &self.pin) {
+            Ok(rustls::server::danger::ClientCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The migration target's TLS: serves `cert`, requires the client certificate pinned by
+/// `source` (the source node's published fingerprint).
+pub fn migration_server_config(
+    cert: &AgentCert,
+    source: Fingerprint,
+) -> Result<Arc<rustls::ServerConfig>, AgentError> {
+    let provider = provider();
+    let verifier = Arc::new(PinnedClient {
+        pin: source,
+        provider: provider.clone(),
+    });
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(tls_err)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![cert.cert.clone()], cert.key.clone_key())
+        .map_err(tls_err)?;
+    Ok(Arc::new(cfg))
+}
+
+/// The migration source's TLS: accepts only the server certificate pinned by `target` (the
+/// target node's published fingerprint) and presents `cert` as its client certificate.
+pub fn migration_client_config(
+    cert: &AgentCert,
+    target: Fingerprint,
+) -> Result<Arc<rustls::ClientConfig>, AgentError> {
+    let provider = provider();
+    let verifier = Arc::new(PinnedCert {
+        pin: target,
+        provider: provider.clone(),
+    });
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(tls_err)?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_auth_cert(vec![cert.cert.clone()], cert.key.clone_key())
+        .map_err(tls_err)?;
+    Ok(Arc::new(cfg))
 }

@@ -12,6 +12,8 @@ pub mod fencing;
 pub mod hco;
 pub mod jsonpath;
 pub mod kubevirt;
+pub mod migration;
+pub mod migration_policy;
 pub mod network;
 pub mod quantity;
 pub mod registry;

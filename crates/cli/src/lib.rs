@@ -19,6 +19,7 @@ pub mod describe;
 pub mod error;
 pub mod expand;
 pub mod get;
+pub mod migrate;
 pub mod portforward;
 pub mod printer;
 pub mod progress;

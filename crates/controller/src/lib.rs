@@ -9,6 +9,7 @@
 
 pub mod conditions;
 pub mod error;
+pub mod migration;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod pool;

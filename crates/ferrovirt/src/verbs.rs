@@ -198,6 +198,10 @@ pub enum VerbCommand {
     },
     /// Restart a VirtualMachine (its VMI is replaced).
     Restart { name: String },
+    /// Live-migrate a VM's VMI to another node (creates a VirtualMachineInstanceMigration).
+    Migrate { name: String },
+    /// Cancel a VM's unfinished live migration (the VM runs on where it was).
+    MigrateCancel { name: String },
     /// Pause a VM's or VMI's guest.
     Pause(KindName),
     /// Unpause a VM's or VMI's guest.
@@ -441,6 +445,14 @@ async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), CliError> {
                 return ferrovirt_cli::portforward::stdio(&target, &fwd, p.remote).await;
             }
             return ferrovirt_cli::portforward::run(&target, &fwd, &ports, a.address).await;
+        }
+        VerbCommand::Migrate { name } => {
+            println!("{}", ferrovirt_cli::migrate::migrate(&target, &name).await?);
+            return Ok(());
+        }
+        VerbCommand::MigrateCancel { name } => {
+            println!("{}", ferrovirt_cli::migrate::cancel(&target, &name).await?);
+            return Ok(());
         }
         VerbCommand::Start { name } => (Verb::Start, name, None),
         VerbCommand::Stop { name, grace_period } => (Verb::Stop, name, grace_period),

@@ -561,3 +561,15 @@ fn detect_accel_runs_on_this_host() {
     // Only checks that detection does not panic; the answer depends on the machine.
     let _ = detect_accel();
 }
+
+#[test]
+fn migration_target_waits_for_the_incoming_stream() {
+    let mut s = spec();
+    assert!(!qemu_command(&s).iter().any(|a| a == "-incoming"));
+    s.incoming = Some("/run/vmi/migration-in.sock".into());
+    let argv = qemu_command(&s);
+    let i = argv.iter().position(|a| a == "-incoming").unwrap();
+    assert_eq!(argv[i + 1], "unix:/run/vmi/migration-in.sock");
+    // The target never boots on its own: no -S needed, the guest runs when the stream ends.
+    assert!(!argv.iter().any(|a| a == "-S"));
+}

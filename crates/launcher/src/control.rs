@@ -89,6 +89,28 @@ pub enum Request {
         disk: String,
         bytes: u64,
     },
+    /// Live migration, source side: sends the VM's state to `uri` (QMP `migrate`; `unix:PATH`,
+    /// the agent's relay to the target node), at most `maxBandwidth` bytes per second when
+    /// given, throttling the guest's vCPUs when it does not converge if `autoConverge`.
+    /// Replies as soon as the migration started; follow it with
+    /// [`Request::MigrationStatus`].
+    #[serde(rename_all = "camelCase")]
+    Migrate {
+        uri: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bandwidth: Option<u64>,
+        #[serde(default)]
+        auto_converge: bool,
+    },
+    /// QMP `query-migrate`, raw: `{"status": "active"|"completed"|"failed"|…, "ram": …,
+    /// "downtime": ms, "total-time": ms, "error-desc": …}`.
+    MigrationStatus,
+    /// QMP `migrate_cancel`: the source runs on.
+    MigrateCancel,
+    /// The VM now runs on the migration target and the VMI was moved there: this launcher
+    /// stops holding the disks (no more storage-lease renewals, none released) and quits
+    /// QEMU; its exit report says [`ExitReason::Migrated`].
+    MigratedAway,
 }
 
 /// The reply to [`Request::ResizeDisk`]: the disk's size after the request.
@@ -173,6 +195,8 @@ pub enum ExitReason {
     /// The launcher killed QEMU because the node's lease could not be confirmed in time
     /// (self-fencing, [`crate::fence`]), or did not start it for that reason.
     Fenced,
+    /// The VM was live-migrated to another node and runs there; this QEMU quit.
+    Migrated,
 }
 
 impl ExitReason {
@@ -180,7 +204,10 @@ impl ExitReason {
     pub fn succeeded(self) -> bool {
         matches!(
             self,
-            ExitReason::GuestShutdown | ExitReason::Shutdown | ExitReason::Killed
+            ExitReason::GuestShutdown
+                | ExitReason::Shutdown
+                | ExitReason::Killed
+                | ExitReason::Migrated
         )
     }
 }
@@ -315,6 +342,19 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Request::SoftReboot).unwrap(),
             r#"{"op":"softReboot"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::Migrate {
+                uri: "unix:/x".into(),
+                max_bandwidth: Some(1024),
+                auto_converge: false,
+            })
+            .unwrap(),
+            r#"{"op":"migrate","uri":"unix:/x","maxBandwidth":1024,"autoConverge":false}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::MigratedAway).unwrap(),
+            r#"{"op":"migratedAway"}"#
         );
         assert_eq!(
             serde_json::to_string(&Reply::err("x")).unwrap(),

@@ -39,11 +39,28 @@ enum Command {
     Unpause,
     Reset,
     SoftReboot,
-    Shutdown { grace: Duration },
+    Shutdown {
+        grace: Duration,
+    },
     GuestInfo,
-    OpenPort { port: u16 },
-    ClosePort { host_port: u16 },
-    ResizeDisk { disk: String, bytes: u64 },
+    OpenPort {
+        port: u16,
+    },
+    ClosePort {
+        host_port: u16,
+    },
+    ResizeDisk {
+        disk: String,
+        bytes: u64,
+    },
+    Migrate {
+        uri: String,
+        max_bandwidth: Option<u64>,
+        auto_converge: bool,
+    },
+    MigrationStatus,
+    MigrateCancel,
+    MigratedAway,
 }
 
 type Responder = oneshot::Sender<Reply>;
@@ -124,8 +141,9 @@ pub async fn run(dir: &Path) -> Result<ExitReport> {
 
 /// Before QEMU starts: a launcher past its fence deadline must not start it, and one whose
 /// shared disks' storage leases are held by another VMI waits (bounded) for them. Returns the
-/// exit report when QEMU must not start.
-async fn fence_gate(meta: &LaunchMeta) -> Option<ExitReport> {
+/// exit report when QEMU must not start. A live-migration target (`incoming`) takes no
+/// storage lease here: it holds the disks only once its guest runs (docs/migration.md).
+async fn fence_gate(meta: &LaunchMeta, incoming: bool) -> Option<ExitReport> {
     let spec = meta.fence.clone()?;
     let deadline = fence::deadline(&spec, fence::read_heartbeat(&spec.heartbeat).as_ref());
     if fence::now_ms() > deadline {
@@ -136,6 +154,9 @@ async fn fence_gate(meta: &LaunchMeta) -> Option<ExitReport> {
                 .into(),
             at: now_secs(),
         });
+    }
+    if incoming {
+        return None;
     }
     let uid = meta.vmi_uid.clone();
     let waited = tokio::task::spawn_blocking(move || {
@@ -166,7 +187,8 @@ async fn start_and_supervise(
     meta: &LaunchMeta,
     opts: &StartOptions,
 ) -> Result<ExitReport> {
-    if let Some(report) = fence_gate(meta).await {
+    let incoming = spec.incoming.is_some();
+    if let Some(report) = fence_gate(meta, incoming).await {
         tracing::error!("{}", report.message);
         write_json_atomic(&dir.join(files::EXIT), &report)?;
         return Ok(report);
@@ -204,11 +226,19 @@ async fn start_and_supervise(
         .map_err(|e| Error::io(sock_path.display().to_string(), e))?;
     let (tx, rx) = mpsc::channel::<(Command, Responder)>(16);
     let server = tokio::spawn(serve(listener, status.clone(), tx));
+    // Whether this launcher's QEMU may write the disks: a migration target only once its
+    // guest runs, a migration source no longer once its state was sent.
+    let holding = Arc::new(std::sync::atomic::AtomicBool::new(!incoming));
     let watcher = match (&meta.fence, vm.pid()) {
-        (Some(f), Some(pid)) => Some(fence::watch(f.clone(), meta.vmi_uid.clone(), pid)),
+        (Some(f), Some(pid)) => Some(fence::watch_holding(
+            f.clone(),
+            meta.vmi_uid.clone(),
+            pid,
+            holding.clone(),
+        )),
         _ => None,
     };
-    let mut report = main_loop(vm, meta, status.clone(), rx).await;
+    let mut report = main_loop(vm, meta, status.clone(), rx, holding.clone()).await;
     if let Some(w) = &watcher {
         w.stop();
         if let Some(fenced) = w.fenced() {
@@ -216,7 +246,9 @@ async fn start_and_supervise(
             report.message = fenced.message();
         }
     }
-    if let Some(f) = &meta.fence {
+    if let Some(f) = &meta.fence
+        && holding.load(std::sync::atomic::Ordering::SeqCst)
+    {
         fence::release_storage_leases(f, &meta.vmi_uid);
     }
     server.abort();
@@ -230,7 +262,11 @@ async fn main_loop(
     meta: &LaunchMeta,
     status: Arc<Mutex<LauncherStatus>>,
     mut rx: mpsc::Receiver<(Command, Responder)>,
+    holding: Arc<std::sync::atomic::AtomicBool>,
 ) -> ExitReport {
+    use std::sync::atomic::Ordering;
+    let incoming = vm.spec().incoming.is_some();
+    let mut migrated_away = false;
     let mut events = vm.qmp().subscribe();
     let mut state = run_phase_state(&status).await;
     let mut guest_shutdown = false;
@@ -247,7 +283,16 @@ async fn main_loop(
                     if kind == EventKind::Shutdown && ev.guest_initiated() == Some(true) {
                         guest_shutdown = true;
                     }
+                    if migration_completed(&ev) && !incoming {
+                        // The source's state is on the target: it never writes the disks again.
+                        holding.store(false, Ordering::SeqCst);
+                    }
                     state = state.apply(&kind);
+                    if incoming && state == VmState::Running {
+                        // The incoming stream is complete and the guest runs here: this QEMU
+                        // holds the disks now (the watcher renews the storage leases).
+                        holding.store(true, Ordering::SeqCst);
+                    }
                     status.lock().await.phase = run_phase(state);
                 }
             }
@@ -270,6 +315,23 @@ async fn main_loop(
                         .resize_disk(&disk, bytes)
                         .await
                         .map(|r| serde_json::json!(r)),
+                    Command::Migrate { uri, max_bandwidth, auto_converge } => {
+                        start_migration(&vm, &uri, max_bandwidth, auto_converge).await
+                    }
+                    Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
+                    Command::MigrateCancel => {
+                        vm.qmp().execute("migrate_cancel", None).await.map(|_| serde_json::Value::Null)
+                    }
+                    Command::MigratedAway => {
+                        holding.store(false, Ordering::SeqCst);
+                        migrated_away = true;
+                        let _ = respond.send(Reply::ok(serde_json::Value::Null));
+                        if let Err(e) = vm.qmp().quit().await {
+                            tracing::warn!("quitting the migrated-away QEMU: {e}; killing it");
+                            let _ = vm.kill().await;
+                        }
+                        continue;
+                    }
                     Command::Shutdown { grace } => {
                         status.lock().await.phase = RunPhase::ShuttingDown;
                         let _ = respond.send(Reply::ok(serde_json::Value::Null));
@@ -324,7 +386,11 @@ async fn main_loop(
     }
     status.lock().await.phase = RunPhase::Exited;
     let success = exit_status.is_some_and(|s| s.success());
-    let reason = exit_reason(shutdown_outcome, guest_shutdown, success);
+    let reason = if migrated_away {
+        ExitReason::Migrated
+    } else {
+        exit_reason(shutdown_outcome, guest_shutdown, success)
+    };
     let message = match (reason, exit_status) {
         (ExitReason::Crashed, Some(s)) => format!(
             "QEMU exited unexpectedly ({s}): {}",
@@ -338,6 +404,7 @@ async fn main_loop(
         }
         (ExitReason::StartFailed, _) => "QEMU did not start".to_string(),
         (ExitReason::Fenced, _) => "self-fencing".to_string(),
+        (ExitReason::Migrated, _) => "live-migrated to another node".to_string(),
     };
     ExitReport {
         reason,
@@ -369,6 +436,62 @@ async fn shutdown(vm: &mut Vm, grace: Duration) -> ShutdownOutcome {
             ShutdownOutcome::Killed
         }
     }
+}
+
+/// The name QEMU knows the outgoing migration connection by (`getfd`).
+const MIGRATION_FD: &str = "migration";
+
+/// Whether a QMP event is the `MIGRATION` event of a completed migration.
+pub fn migration_completed(ev: &crate::qmp::QmpEvent) -> bool {
+    ev.event == "MIGRATION" && ev.data.get("status").and_then(|s| s.as_str()) == Some("completed")
+}
+
+/// Starts an outgoing migration to `uri`: MIGRATION events on (so the launcher sees the
+/// completion itself), the bandwidth cap when given, then `migrate`. A `unix:PATH` URI is
+/// connected here and the connection handed to QEMU (`getfd`, `migrate fd:`): QEMU runs under
+/// its own uid and cannot reach the VMI directory after it dropped root.
+async fn start_migration(
+    vm: &Vm,
+    uri: &str,
+    max_bandwidth: Option<u64>,
+    auto_converge: bool,
+) -> Result<serde_json::Value> {
+    let caps = serde_json::json!({"capabilities": [
+        {"capability": "events", "state": true},
+        {"capability": "auto-converge", "state": auto_converge},
+    ]});
+    vm.qmp()
+        .execute("migrate-set-capabilities", Some(caps))
+        .await?;
+    if let Some(bw) = max_bandwidth {
+        vm.qmp()
+            .execute(
+                "migrate-set-parameters",
+                Some(serde_json::json!({"max-bandwidth": bw})),
+            )
+            .await?;
+    }
+    let uri = match uri.strip_prefix("unix:") {
+        Some(path) => {
+            use std::os::fd::AsFd;
+            let conn = std::os::unix::net::UnixStream::connect(path)
+                .map_err(|e| Error::io(format!("connecting to {path}"), e))?;
+            vm.qmp()
+                .execute_with_fd(
+                    "getfd",
+                    Some(serde_json::json!({"fdname": MIGRATION_FD})),
+                    conn.as_fd(),
+                )
+                .await?;
+            // QEMU holds its own copy now; ours closes when `conn` drops.
+            format!("fd:{MIGRATION_FD}")
+        }
+        None => uri.to_string(),
+    };
+    vm.qmp()
+        .execute("migrate", Some(serde_json::json!({"uri": uri})))
+        .await?;
+    Ok(serde_json::Value::Null)
 }
 
 async fn guest_info(vm: &Vm) -> Result<serde_json::Value> {
@@ -426,6 +549,18 @@ async fn connection(
                     Request::OpenPort { port } => Command::OpenPort { port },
                     Request::ClosePort { host_port } => Command::ClosePort { host_port },
                     Request::ResizeDisk { disk, bytes } => Command::ResizeDisk { disk, bytes },
+                    Request::Migrate {
+                        uri,
+                        max_bandwidth,
+                        auto_converge,
+                    } => Command::Migrate {
+                        uri,
+                        max_bandwidth,
+                        auto_converge,
+                    },
+                    Request::MigrationStatus => Command::MigrationStatus,
+                    Request::MigrateCancel => Command::MigrateCancel,
+                    Request::MigratedAway => Command::MigratedAway,
                     Request::Hello { .. } | Request::Status => continue,
                 };
                 let (rtx, rrx) = oneshot::channel();

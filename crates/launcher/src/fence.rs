@@ -181,10 +181,11 @@ pub fn renew_storage_leases(spec: &FenceSpec, vmi_uid: &str, deadline: i64) {
     }
 }
 
-/// Removes our storage leases (QEMU is gone).
+/// Removes our storage leases (QEMU is gone). Only a lease this node holds for `vmi_uid`:
+/// after a live migration the same VMI's lease belongs to the target node.
 pub fn release_storage_leases(spec: &FenceSpec, vmi_uid: &str) {
     for path in &spec.storage_leases {
-        if read_storage_lease(path).is_some_and(|l| l.vmi_uid == vmi_uid) {
+        if read_storage_lease(path).is_some_and(|l| l.vmi_uid == vmi_uid && l.node == spec.node) {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -272,6 +273,18 @@ fn kill_qemu(pidfd: Option<&OwnedFd>, pid: u32) {
 
 /// Starts the watcher for QEMU `qemu_pid` (an unreaped child of this process).
 pub fn watch(spec: FenceSpec, vmi_uid: String, qemu_pid: u32) -> Watcher {
+    watch_holding(spec, vmi_uid, qemu_pid, Arc::new(AtomicBool::new(true)))
+}
+
+/// [`watch`], renewing the storage leases only while `holding` is set: a live-migration
+/// target holds its disks from the moment its guest runs, a migration source stops holding
+/// them once its state was sent (docs/migration.md). The fence itself is always armed.
+pub fn watch_holding(
+    spec: FenceSpec,
+    vmi_uid: String,
+    qemu_pid: u32,
+    holding: Arc<AtomicBool>,
+) -> Watcher {
     let w = Watcher {
         stop: Arc::new(AtomicBool::new(false)),
         fenced: Arc::new(Mutex::new(None)),
@@ -299,7 +312,9 @@ pub fn watch(spec: FenceSpec, vmi_uid: String, qemu_pid: u32) -> Watcher {
                     *w.fenced.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
                     break;
                 }
-                renew_storage_leases(&spec, &vmi_uid, deadline);
+                if holding.load(Ordering::SeqCst) {
+                    renew_storage_leases(&spec, &vmi_uid, deadline);
+                }
                 std::thread::sleep(CHECK_INTERVAL);
             }
         });
@@ -397,6 +412,13 @@ mod tests {
         );
         release_storage_leases(&s, "other");
         assert!(s.storage_leases[0].exists(), "only the holder releases");
+        let mut elsewhere = s.clone();
+        elsewhere.node = "node-b".into();
+        release_storage_leases(&elsewhere, "new");
+        assert!(
+            s.storage_leases[0].exists(),
+            "the same VMI on another node (a migration's other side) does not release it"
+        );
         release_storage_leases(&s, "new");
         assert!(!s.storage_leases[0].exists());
     }

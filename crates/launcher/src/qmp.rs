@@ -169,6 +169,41 @@ impl Drop for QmpClient {
     }
 }
 
+/// Writes `line` on the QMP socket with `fd` attached to its first byte (SCM_RIGHTS).
+async fn send_with_fd(
+    w: &tokio::net::unix::OwnedWriteHalf,
+    line: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let stream: &UnixStream = w.as_ref();
+    let fds = [fd];
+    let mut sent = 0;
+    while sent < line.len() {
+        stream.writable().await?;
+        let r = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            if sent == 0 {
+                control.push(SendAncillaryMessage::ScmRights(&fds));
+            }
+            sendmsg(
+                stream,
+                &[std::io::IoSlice::new(&line[sent..])],
+                &mut control,
+                SendFlags::empty(),
+            )
+            .map_err(std::io::Error::from)
+        });
+        match r {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Connects to a unix socket, retrying while it does not exist or refuses, until `deadline`.
 pub(crate) async fn connect_unix_retry(
     path: &Path,
@@ -281,6 +316,28 @@ impl QmpClient {
         arguments: Option<Value>,
         deadline: Duration,
     ) -> Result<Value> {
+        self.send(command, arguments, deadline, None).await
+    }
+
+    /// Executes a command with a file descriptor attached (SCM_RIGHTS), as `getfd` and
+    /// `add-fd` want: QEMU keeps its own copy of `fd`.
+    pub async fn execute_with_fd(
+        &self,
+        command: &str,
+        arguments: Option<Value>,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Value> {
+        self.send(command, arguments, self.command_timeout, Some(fd))
+            .await
+    }
+
+    async fn send(
+        &self,
+        command: &str,
+        arguments: Option<Value>,
+        deadline: Duration,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Value> {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         match &mut *lock(&self.shared.pending) {
@@ -298,7 +355,10 @@ impl QmpClient {
         line.push(b'\n');
         let written = {
             let mut w = self.shared.writer.lock().await;
-            w.write_all(&line).await
+            match fd {
+                None => w.write_all(&line).await,
+                Some(fd) => send_with_fd(&w, &line, fd).await,
+            }
         };
         if let Err(e) = written {
             self.forget(id);

@@ -69,6 +69,11 @@ pub struct LaunchSpec {
     /// rotated to `<name>.1` (replacing an older one). Unset: [`DEFAULT_SERIAL_LOG_MAX`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial_log_max_bytes: Option<u64>,
+    /// Live-migration target: QEMU waits for the incoming migration stream on this unix
+    /// socket (`-incoming unix:PATH`) instead of booting the guest; the guest runs once the
+    /// stream is complete. The agent relays the source node's TCP connection to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<PathBuf>,
     /// Extra arguments appended verbatim at the end (tests, debugging).
     #[serde(default)]
     pub extra_args: Vec<String>,
@@ -505,6 +510,7 @@ impl LaunchSpec {
             run_as: None,
             cgroup: None,
             serial_log_max_bytes: None,
+            incoming: None,
             extra_args: Vec::new(),
         }
     }

@@ -61,11 +61,16 @@ pub(super) async fn sync_loop(
         if all {
             let cached = vmis.state();
             let mut known = HashSet::new();
+            let mut bound = HashSet::new();
             for obj in &cached {
                 if let Some(uid) = &obj.metadata.uid {
                     known.insert(uid.clone());
+                    if obj.data["status"]["nodeName"] == agent.opts.node_name.as_str() {
+                        bound.insert(uid.clone());
+                    }
                 }
             }
+            *agent.bound_uids.lock().unwrap_or_else(|p| p.into_inner()) = bound;
             for obj in cached {
                 agent.reconcile_cached(&obj).await;
             }
@@ -104,6 +109,12 @@ impl Agent {
         let bound_here = vmi.status.as_ref().and_then(|s| s.node_name.as_deref())
             == Some(self.opts.node_name.as_str());
         if bound_here {
+            if let Some(uid) = &vmi.metadata.uid {
+                self.bound_uids
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(uid.clone());
+            }
             self.reconcile(vmi).await;
         }
     }

@@ -286,6 +286,11 @@ kstruct! {
         pub target_node: Option<String>,
         pub target_node_address: Option<String>,
         pub target_pod: Option<String>,
+        /// Ports on `targetNodeAddress` the source connects to (port → 0, as KubeVirt).
+        pub target_direct_migration_node_ports: Option<BTreeMap<String, i32>>,
+        /// The target's QEMU was seen waiting for the incoming stream.
+        pub target_node_domain_detected: Option<bool>,
+        pub target_node_domain_ready_timestamp: Option<Time>,
         pub source_node: Option<String>,
         pub completed: Option<bool>,
         pub failed: Option<bool>,
@@ -294,6 +299,10 @@ kstruct! {
         pub failure_reason: Option<String>,
         pub migration_uid: Option<String>,
         pub mode: Option<String>,
+        /// The settings this migration runs with (cluster config and policy merged).
+        pub migration_configuration: Option<super::misc::MigrationConfiguration>,
+        /// The MigrationPolicy that applied, if any.
+        pub migration_policy_name: Option<String>,
     }
 }
 

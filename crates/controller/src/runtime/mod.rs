@@ -1,5 +1,5 @@
 //! The controllers wired to an API server with kube-rs: the VM controller, the pool
-//! controller, the scheduler loop and the node lifecycle loop, run only while this instance holds the leader Lease.
+//! controller, the scheduler loop, the migration loop and the node lifecycle loop, run only while this instance holds the leader Lease.
 //!
 //! ```no_run
 //! # async fn start(client: kube::Client) -> Result<(), ferrovirt_controller::ControllerError> {
@@ -10,6 +10,7 @@
 
 pub mod events;
 pub mod leader;
+pub mod migration_loop;
 pub mod node_loop;
 pub mod pool_controller;
 pub mod resources;
@@ -80,6 +81,14 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
         tasks.spawn({
             let (c, o, s) = (client.clone(), opts.node_lifecycle.clone(), stores.clone());
             async move { ("node-lifecycle", node_loop::run(c, o, s).await) }
+        });
+        tasks.spawn({
+            let (c, o, s) = (
+                client.clone(),
+                opts.scheduler.scheduler.clone(),
+                stores.clone(),
+            );
+            async move { ("migration", migration_loop::run(c, o, s).await) }
         });
         tasks.spawn({
             let (c, o, s) = (client.clone(), opts.node_ipam.clone(), stores.clone());

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+use ferrovirt_api::kubevirt::misc::VirtualMachineInstanceMigration;
 use ferrovirt_api::kubevirt::pool::VirtualMachinePool;
 use ferrovirt_api::kubevirt::vm::VirtualMachine;
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
@@ -58,6 +59,10 @@ kube_kind!(
 kube_kind!(
     /// A VirtualMachineInstance usable with `kube::Api`.
     Vmi(VirtualMachineInstance), "kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances"
+);
+kube_kind!(
+    /// A VirtualMachineInstanceMigration usable with `kube::Api`.
+    Vmim(VirtualMachineInstanceMigration), "kubevirt.io", "v1", "VirtualMachineInstanceMigration", "virtualmachineinstancemigrations"
 );
 kube_kind!(
     /// A VirtualMachinePool usable with `kube::Api`.

@@ -217,7 +217,7 @@ async fn mark_unschedulable_logged(
 /// The node affinity of the PVs the VMI's claims are bound to and the claims whose class
 /// keeps volumes on a declared shared filesystem (looked up now; lookup errors add no
 /// constraint and the agent reports a volume it cannot find).
-async fn volume_constraints(
+pub(crate) async fn volume_constraints(
     client: &kube::Client,
     vmi: &VirtualMachineInstance,
 ) -> (

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Live migration through ferrovirt vs a raw QEMU-to-QEMU migration of the same guest.
+
+Usage: bench/migration.py [--runs N] [--binary target/debug/ferrovirt] [--memory-mib 128]
+
+ferrovirt: a server (node1) and an agent (node2) on 127.0.0.1, one VM on a ReadWriteMany claim
+holding the test guest's disk (target/test-guest), migrated back and forth N times with
+VirtualMachineInstanceMigrations. For each run: QEMU's `total-time` and `downtime` (from the
+source's final `query-migrate`, which the agent puts into its `Migrated` Event) and the
+VMIM's create -> Succeeded wall time.
+Raw: two QEMUs started by hand from the same disk and memory size (TCG), the target with
+`-incoming unix:`, `migrate` over QMP, `query-migrate` polled every 50 ms until completed.
+Prints medians and the ratios (goal: total <= 1.1x raw, downtime <= raw + 50 ms).
+Both run on 2 cores shared with the rest of the machine: compare within one run only.
+"""
+import argparse, json, os, re, shutil, socket, statistics, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GUEST = os.path.join(ROOT, "target", "test-guest")
+
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+
+def wait(what, timeout, check, every=0.2):
+    deadline = time.time() + timeout
+    while True:
+        v = check()
+        if v:
+            return v
+        if time.time() > deadline:
+            sys.exit(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def pids_under(path):
+    """Pids of processes whose command line names `path` (this run's directory)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                if path.encode() in open(f"/proc/{d}/cmdline", "rb").read():
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+class Qmp:
+    def __init__(self, path):
+        self.s = socket.socket(socket.AF_UNIX)
+        wait("QMP " + path, 30, lambda: self._try(path))
+        self.f = self.s.makefile("rw")
+        self.f.readline()
+        self.cmd("qmp_capabilities")
+
+    def _try(self, path):
+        try:
+            self.s.connect(path)
+            return True
+        except OSError:
+            return False
+
+    def cmd(self, name, **args):
+        self.f.write(json.dumps({"execute": name, "arguments": args}) + "\n"); self.f.flush()
+        while True:
+            m = json.loads(self.f.readline())
+            if "return" in m or "error" in m:
+                return m
+
+
+def raw_run(tmp, memory_mib):
+    """One raw QEMU-to-QEMU migration; (total ms, downtime ms)."""
+    disk = os.path.join(tmp, "raw-disk.img")
+    if not os.path.exists(disk):
+        shutil.copy(os.path.join(GUEST, "disk.raw"), disk)
+    base = ["qemu-system-x86_64", "-accel", "tcg,tb-size=64", "-cpu", "max", "-machine", "q35",
+            "-m", f"{memory_mib}M", "-nodefaults", "-display", "none", "-serial", "null",
+            "-blockdev", f"driver=file,filename={disk},node-name=f,cache.direct=off",
+            "-blockdev", "driver=raw,file=f,node-name=d",
+            "-device", "virtio-blk-pci,drive=d", "-netdev", "user,id=n,restrict=on",
+            "-device", "virtio-net-pci,netdev=n"]
+    src_qmp, dst_qmp = os.path.join(tmp, "src.qmp"), os.path.join(tmp, "dst.qmp")
+    incoming = os.path.join(tmp, "in.sock")
+    for p in (src_qmp, dst_qmp, incoming):
+        if os.path.exists(p):
+            os.unlink(p)
+    src = subprocess.Popen(base + ["-qmp", f"unix:{src_qmp},server=on,wait=off"])
+    dst = subprocess.Popen(base + ["-qmp", f"unix:{dst_qmp},server=on,wait=off",
+                                   "-incoming", f"unix:{incoming}"])
+    try:
+        q = Qmp(src_qmp)
+        Qmp(dst_qmp)
+        time.sleep(8)  # the guest boots (as far as ferrovirt's VM has when it migrates)
+        q.cmd("migrate", uri=f"unix:{incoming}")
+        info = wait("raw migration", 120,
+                    lambda: (lambda r: r if r.get("status") in ("completed", "failed") else None)(
+                        q.cmd("query-migrate")["return"]), every=0.05)
+        if info["status"] != "completed":
+            sys.exit(f"raw migration failed: {info}")
+        return info["total-time"], info["downtime"]
+    finally:
+        for p in (src, dst):
+            p.kill(); p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "debug", "ferrovirt"))
+    ap.add_argument("--memory-mib", type=int, default=128)
+    ap.add_argument("--no-tls", action="store_true",
+                    help="a KubeVirt CR with configuration.migrations.disableTLS: true")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="fv-bench-migration-")
+    procs = []
+    try:
+        data = os.path.join(tmp, "data")
+        port = free_port()
+        log = open(os.path.join(tmp, "server.log"), "w")
+        procs.append(subprocess.Popen(
+            [a.binary, "server", "--data-dir", data, "--listen", f"127.0.0.1:{port}",
+             "--node-name", "node1", "--network-mode", "user", "--host-disk-root", tmp],
+            stdout=log, stderr=log))
+        kubeconfig = os.path.join(data, "kubeconfig.yaml")
+
+        def kubectl(*args, check=True):
+            r = subprocess.run(["kubectl", "--kubeconfig", kubeconfig, *args],
+                               capture_output=True, text=True)
+            if check and r.returncode != 0:
+                sys.exit(f"kubectl {args}: {r.stderr}")
+            return r.stdout
+
+        wait("the server", 60, lambda: os.path.exists(kubeconfig) and subprocess.run(
+            ["kubectl", "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"],
+            capture_output=True).returncode == 0)
+        alog = open(os.path.join(tmp, "agent.log"), "w")
+        procs.append(subprocess.Popen(
+            [a.binary, "agent", "--kubeconfig", kubeconfig, "--node-name", "node2", "--data-dir",
+             os.path.join(tmp, "agent-node2"), "--host-disk-root", tmp, "--network-mode", "user"],
+            stdout=alog, stderr=alog))
+        wait("two nodes", 60, lambda: kubectl("get", "nodes").count(" Ready") == 2)
+        pv = os.path.join(tmp, "pv")
+        os.makedirs(pv)
+        shutil.copy(os.path.join(GUEST, "disk.raw"), os.path.join(pv, "disk.img"))
+        manifest = f"""
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: pv-bench}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteMany]
+  hostPath: {{path: {pv}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: bench, namespace: default}}
+spec:
+  accessModes: [ReadWriteMany]
+  resources: {{requests: {{storage: 1Gi}}}}
+  volumeName: pv-bench
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: bench, namespace: default}}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {{guest: {a.memory_mib}Mi}}
+        devices:
+          disks: [{{name: root, disk: {{bus: virtio}}}}]
+      volumes: [{{name: root, persistentVolumeClaim: {{claimName: bench}}}}]
+"""
+        if a.no_tls:
+            manifest += """---
+apiVersion: kubevirt.io/v1
+kind: KubeVirt
+metadata: {name: kubevirt, namespace: default}
+spec:
+  configuration:
+    migrations: {disableTLS: true}
+"""
+        subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-"],
+                       input=manifest, text=True, check=True, capture_output=True)
+        wait("the VM running", 120, lambda: "Running" in kubectl(
+            "get", "vmi", "bench", "-o", "jsonpath={.status.phase}", check=False))
+        time.sleep(8)  # the guest boots
+        ours, wall, seen = [], [], set()
+        for i in range(a.runs):
+            name = f"bench-{i}"
+            t0 = time.time()
+            subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-"], input=(
+                "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\n"
+                f"metadata: {{name: {name}, namespace: default}}\nspec: {{vmiName: bench}}\n"),
+                text=True, check=True, capture_output=True)
+            phase = wait(f"migration {name}", 120, lambda: (lambda p: p if p in (
+                "Succeeded", "Failed") else None)(kubectl(
+                    "get", "vmim", name, "-o", "jsonpath={.status.phase}", check=False)), 0.05)
+            wall.append((time.time() - t0) * 1000)
+            if phase != "Succeeded":
+                sys.exit(f"{name} failed: {kubectl('get', 'vmim', name, '-o', 'json')}")
+            # The agent's Event of this move: the one not seen before.
+            evs = json.loads(kubectl("get", "events", "-o", "json"))["items"]
+            new = [e for e in evs if e["metadata"]["uid"] not in seen]
+            seen.update(e["metadata"]["uid"] for e in evs)
+            found = [m for e in new for m in re.findall(
+                r"Migrated to \S+ \(total (\d+) ms, downtime (\d+) ms\)", e.get("message", ""))]
+            if len(found) != 1:
+                sys.exit(f"expected one Migrated event, found {found}")
+            ours.append(tuple(map(int, found[0])))
+            time.sleep(3)  # the target reports Running before the next move
+        raw = [raw_run(tmp, a.memory_mib) for _ in range(a.runs)]
+    finally:
+        for p in procs:
+            p.terminate()
+        time.sleep(2)
+        # The launchers and QEMUs are detached from the server: every process started from
+        # this run's directory, by pid.
+        for pid in pids_under(tmp):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = lambda xs: statistics.median(xs)
+    o_total, o_down = med([t for t, _ in ours]), med([d for _, d in ours])
+    r_total, r_down = med([t for t, _ in raw]), med([d for _, d in raw])
+    print(f"runs: {a.runs}, guest memory {a.memory_mib} MiB, TCG, "
+          f"migration stream {'plain' if a.no_tls else 'mutual TLS'}")
+    print(f"ferrovirt: total {o_total} ms, downtime {o_down} ms (VMIM create -> Succeeded {med(wall):.0f} ms)")
+    print(f"raw QEMU : total {r_total} ms, downtime {r_down} ms")
+    print(f"ratio total {o_total / r_total:.2f}x (goal <= 1.1x), downtime {o_down - r_down:+} ms (goal <= +50 ms)")
+    print(f"all ferrovirt (total, downtime): {ours}")
+    print(f"all raw (total, downtime): {raw}")
+
+
+if __name__ == "__main__":
+    main()

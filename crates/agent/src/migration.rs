@@ -1,0 +1,546 @@
+//! Live migration on the node (docs/migration.md): the pure per-VMI decisions of the target
+//! side ([`target_step`]: start a launcher that waits for the incoming stream, or abandon it)
+//! and of the source side ([`source_step`]: send the VM once the target is ready), the
+//! status patches they write, and the relays that carry the stream between nodes: QEMU on
+//! both sides speaks to a unix socket in its VMI directory (so a VM in a network namespace of
+//! its own migrates the same way), the target agent listens on its node address and accepts
+//! exactly one connection, from the source node's address, and the source agent connects to it.
+//! Between the nodes the stream is mutual TLS with the agents' endpoint certificates, each
+//! side pinning the other node's published fingerprint, unless the settings say `disableTLS`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use ferrovirt_api::kubevirt::vmi::{MigrationState, VirtualMachineInstance};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+/// The target QEMU's incoming socket in its VMI directory.
+pub const INCOMING_SOCKET: &str = "migration-in.sock";
+/// The source relay's socket in the VMI directory (QEMU `migrate` connects to it).
+pub const OUTGOING_SOCKET: &str = "migration-out.sock";
+
+/// Copy buffer of each relay direction: the stream is bulk data, large reads keep the relay's
+/// share of the CPU small.
+const RELAY_BUFFER: usize = 256 * 1024;
+
+/// The incoming socket of a VMI directory.
+pub fn incoming_socket(dir: &Path) -> PathBuf {
+    dir.join(INCOMING_SOCKET)
+}
+
+fn state(vmi: &VirtualMachineInstance) -> Option<&MigrationState> {
+    vmi.status.as_ref()?.migration_state.as_ref()
+}
+
+fn bound_to(vmi: &VirtualMachineInstance) -> Option<&str> {
+    vmi.status.as_ref()?.node_name.as_deref()
+}
+
+/// What the target node does about a VMI whose migration state names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetStep {
+    /// Start a launcher waiting for the incoming stream, then report its address.
+    Prepare,
+    /// The migration failed (or moved elsewhere): stop the waiting launcher, remove it.
+    Abandon,
+    Nothing,
+}
+
+/// The target side's decision for `vmi` on `node`; `launcher`: this node has a launcher
+/// directory for the VMI; `preparing`: a preparation is in flight.
+pub fn target_step(
+    vmi: &VirtualMachineInstance,
+    node: &str,
+    launcher: bool,
+    preparing: bool,
+) -> TargetStep {
+    if bound_to(vmi) == Some(node) {
+        // The VMI runs here (migrated in, or never left): the ordinary reconcile owns it.
+        return TargetStep::Nothing;
+    }
+    let Some(st) = state(vmi) else {
+        return if launcher {
+            TargetStep::Abandon
+        } else {
+            TargetStep::Nothing
+        };
+    };
+    let ours = st.target_node.as_deref() == Some(node);
+    let failed = st.failed == Some(true);
+    let completed = st.completed == Some(true);
+    if !ours || failed || completed || vmi.metadata.deletion_timestamp.is_some() {
+        return if launcher && !preparing {
+            TargetStep::Abandon
+        } else {
+            TargetStep::Nothing
+        };
+    }
+    if !launcher && !preparing && st.target_node_address.is_none() {
+        TargetStep::Prepare
+    } else {
+        TargetStep::Nothing
+    }
+}
+
+/// Where the source connects: `targetNodeAddress` and the port in
+/// `targetDirectMigrationNodePorts`.
+pub fn target_endpoint(st: &MigrationState) -> Option<SocketAddr> {
+    let ip: IpAddr = st.target_node_address.as_deref()?.parse().ok()?;
+    let port: u16 = st
+        .target_direct_migration_node_ports
+        .as_ref()?
+        .keys()
+        .find_map(|p| p.parse().ok())?;
+    Some(SocketAddr::new(ip, port))
+}
+
+/// What the source node does about a VMI bound to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceStep {
+    /// Send the VM to the target's relay.
+    Migrate {
+        target: SocketAddr,
+        target_node: String,
+        migration_uid: String,
+    },
+    Nothing,
+}
+
+/// The source side's decision for `vmi` bound to `node`; `driving`: this agent already runs
+/// the migration.
+pub fn source_step(vmi: &VirtualMachineInstance, node: &str, driving: bool) -> SourceStep {
+    let Some(st) = state(vmi) else {
+        return SourceStep::Nothing;
+    };
+    if driving
+        || bound_to(vmi) != Some(node)
+        || st.source_node.as_deref() != Some(node)
+        || ferrovirt_api::migration::finished(st)
+        || st.start_timestamp.is_some()
+        || vmi.metadata.deletion_timestamp.is_some()
+    {
+        return SourceStep::Nothing;
+    }
+    match (target_endpoint(st), st.target_node.clone()) {
+        (Some(target), Some(target_node)) if target_node != node => SourceStep::Migrate {
+            target,
+            target_node,
+            migration_uid: st.migration_uid.clone().unwrap_or_default(),
+        },
+        _ => SourceStep::Nothing,
+    }
+}
+
+/// The target's report once its QEMU waits for the stream.
+pub fn target_ready_patch(address: IpAddr, port: u16, now: &str) -> Value {
+    json!({"migrationState": {
+        "targetNodeAddress": address.to_string(),
+        "targetDirectMigrationNodePorts": {port.to_string(): 0},
+        "targetNodeDomainDetected": true,
+        "targetNodeDomainReadyTimestamp": now,
+    }})
+}
+
+/// A failed migration (the source runs on).
+pub fn failed_patch(reason: &str, now: &str) -> Value {
+    json!({"migrationState": {"failed": true, "failureReason": reason, "endTimestamp": now}})
+}
+
+/// The switch-over: the VMI moves to the target in one write (node, label, state).
+pub fn switch_over_patch(uid: Option<&str>, target_node: &str, now: &str) -> Value {
+    json!({
+        "metadata": {"uid": uid, "labels": {"kubevirt.io/nodeName": target_node}},
+        "status": {
+            "nodeName": target_node,
+            "migrationState": {"completed": true, "endTimestamp": now},
+        },
+    })
+}
+
+/// Whether the target's relay accepts a connection from `peer`: only the source node's
+/// address may feed the waiting QEMU a migration stream.
+pub fn accept_peer(peer: IpAddr, source: IpAddr) -> bool {
+    peer == source
+}
+
+/// Copies both ways until both sides are done.
+async fn pipe<A, B>(a: &mut A, b: &mut B, what: &str)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Err(e) = tokio::io::copy_bidirectional_with_sizes(a, b, RELAY_BUFFER, RELAY_BUFFER).await
+    {
+        tracing::info!("migration relay ({what}) ended: {e}");
+    }
+}
+
+/// The target's relay: accepts one connection from `source` on `listener` (with `tls`: a
+/// mutual-TLS session whose client is the source node's pinned certificate) and joins it to
+/// the waiting QEMU's incoming socket. Connections from other addresses are closed.
+pub async fn relay_incoming(
+    listener: TcpListener,
+    source: IpAddr,
+    qemu: PathBuf,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+) {
+    let tcp = loop {
+        let Ok((tcp, peer)) = listener.accept().await else {
+            return;
+        };
+        if accept_peer(peer.ip(), source) {
+            break tcp;
+        }
+        tracing::warn!(%peer, "migration relay: refused a connection not from the source node");
+    };
+    drop(listener);
+    let _ = tcp.set_nodelay(true);
+    // The handshake first: QEMU's incoming socket is connected only for the authenticated
+    // source (a connection that closes at once would fail the waiting QEMU).
+    let connect = || async {
+        UnixStream::connect(&qemu)
+            .await
+            .map_err(|e| tracing::warn!("migration relay: {}: {e}", qemu.display()))
+            .ok()
+    };
+    match tls {
+        None => {
+            let mut tcp = tcp;
+            if let Some(mut unix) = connect().await {
+                pipe(&mut tcp, &mut unix, "incoming").await;
+            }
+        }
+        Some(cfg) => match tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await {
+            Ok(mut s) => {
+                if let Some(mut unix) = connect().await {
+                    pipe(&mut s, &mut unix, "incoming, TLS").await;
+                }
+            }
+            Err(e) => tracing::warn!("migration relay: TLS handshake with the source: {e}"),
+        },
+    }
+}
+
+/// The source's relay: accepts QEMU's one connection on `listener` and joins it to the
+/// target node's relay at `target` (with `tls`: the target's pinned certificate, ours as
+/// the client's).
+pub async fn relay_outgoing(
+    listener: UnixListener,
+    target: SocketAddr,
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+) {
+    let Ok((mut unix, _)) = listener.accept().await else {
+        return;
+    };
+    drop(listener);
+    let tcp = match TcpStream::connect(target).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("migration relay: connecting to {target}: {e}");
+            return;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    match tls {
+        None => {
+            let mut tcp = tcp;
+            pipe(&mut unix, &mut tcp, "outgoing").await;
+        }
+        Some(cfg) => {
+            let name = rustls::pki_types::ServerName::IpAddress(target.ip().into());
+            match tokio_rustls::TlsConnector::from(cfg)
+                .connect(name, tcp)
+                .await
+            {
+                Ok(mut s) => pipe(&mut unix, &mut s, "outgoing, TLS").await,
+                Err(e) => tracing::warn!("migration relay: TLS handshake with {target}: {e}"),
+            }
+        }
+    }
+}
+
+/// Whether the migration's settings turn TLS off (KubeVirt's `disableTLS`).
+pub fn tls_disabled(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
+    c.other.get("disableTLS").and_then(Value::as_bool) == Some(true)
+}
+
+/// The settings recorded on the VMI's migration state (defaults when none).
+pub fn configuration(
+    vmi: &VirtualMachineInstance,
+) -> ferrovirt_api::kubevirt::misc::MigrationConfiguration {
+    state(vmi)
+        .and_then(|s| s.migration_configuration.clone())
+        .unwrap_or_else(ferrovirt_api::migration_policy::defaults)
+}
+
+/// Progress of a running migration, from successive `query-migrate` answers: when the
+/// remaining memory last shrank (to a new low).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    lowest_remaining: Option<u64>,
+    last_progress: std::time::Duration,
+}
+
+impl Progress {
+    /// Takes one `query-migrate` answer seen `at` (since the start).
+    pub fn observe(&mut self, query_migrate: &Value, at: std::time::Duration) {
+        let Some(remaining) = query_migrate["ram"]["remaining"].as_u64() else {
+            return;
+        };
+        if self.lowest_remaining.is_none_or(|l| remaining < l) {
+            self.lowest_remaining = Some(remaining);
+            self.last_progress = at;
+        }
+    }
+
+    /// How long the remaining memory has not shrunk, `now` since the start.
+    pub fn stalled_for(&self, now: std::time::Duration) -> std::time::Duration {
+        now.saturating_sub(self.last_progress)
+    }
+}
+
+/// The file in a VMI directory with the VMI's live-migratability, decided when its launcher
+/// started (the claims' access modes are known then).
+pub const MIGRATABLE_FILE: &str = "migratable.json";
+
+/// Records the live-migratability of the VMI in its directory.
+pub fn write_migratable(
+    dir: &Path,
+    m: &Result<(), ferrovirt_api::migration::NotMigratable>,
+) -> Result<(), crate::error::AgentError> {
+    let v = match m {
+        Ok(()) => json!({"migratable": true}),
+        Err(e) => json!({"migratable": false, "reason": e.reason, "message": e.message}),
+    };
+    ferrovirt_launcher::control::write_json_atomic(&dir.join(MIGRATABLE_FILE), &v)?;
+    Ok(())
+}
+
+/// The recorded live-migratability: `Err((reason, message))` when not; `None`: unknown.
+pub fn read_migratable(dir: &Path) -> Option<Result<(), (String, String)>> {
+    let v: Value = serde_json::from_slice(&std::fs::read(dir.join(MIGRATABLE_FILE)).ok()?).ok()?;
+    if v["migratable"] == true {
+        Some(Ok(()))
+    } else {
+        Some(Err((
+            v["reason"].as_str().unwrap_or_default().to_string(),
+            v["message"].as_str().unwrap_or_default().to_string(),
+        )))
+    }
+}
+
+/// The figures of a finished `query-migrate` answer: (total ms, downtime ms).
+pub fn figures(query_migrate: &Value) -> (Option<u64>, Option<u64>) {
+    (
+        query_migrate["total-time"].as_u64(),
+        query_migrate["downtime"].as_u64(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vmi(node: &str, st: Value) -> VirtualMachineInstance {
+        serde_json::from_value(json!({"metadata": {"name": "v", "uid": "u"},
+            "status": {"phase": "Running", "nodeName": node, "migrationState": st}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_target_prepares_once_and_abandons_a_failed_migration() {
+        let v = vmi("n1", json!({"targetNode": "n2", "sourceNode": "n1"}));
+        assert_eq!(target_step(&v, "n2", false, false), TargetStep::Prepare);
+        assert_eq!(target_step(&v, "n2", false, true), TargetStep::Nothing);
+        assert_eq!(target_step(&v, "n2", true, false), TargetStep::Nothing);
+        assert_eq!(target_step(&v, "n3", false, false), TargetStep::Nothing);
+        let failed = vmi("n1", json!({"targetNode": "n2", "failed": true}));
+        assert_eq!(target_step(&failed, "n2", true, false), TargetStep::Abandon);
+        assert_eq!(
+            target_step(&failed, "n2", false, false),
+            TargetStep::Nothing
+        );
+        // Switched over: the VMI is ours now, the ordinary reconcile takes it.
+        let done = vmi("n2", json!({"targetNode": "n2", "completed": true}));
+        assert_eq!(target_step(&done, "n2", true, false), TargetStep::Nothing);
+    }
+
+    #[test]
+    fn the_source_migrates_once_the_target_reported_its_address() {
+        let waiting = vmi("n1", json!({"targetNode": "n2", "sourceNode": "n1"}));
+        assert_eq!(source_step(&waiting, "n1", false), SourceStep::Nothing);
+        let ready = vmi(
+            "n1",
+            json!({"targetNode": "n2", "sourceNode": "n1", "migrationUid": "m",
+                "targetNodeAddress": "10.1.2.3", "targetDirectMigrationNodePorts": {"4444": 0}}),
+        );
+        assert_eq!(
+            source_step(&ready, "n1", false),
+            SourceStep::Migrate {
+                target: "10.1.2.3:4444".parse().unwrap(),
+                target_node: "n2".into(),
+                migration_uid: "m".into()
+            }
+        );
+        assert_eq!(source_step(&ready, "n1", true), SourceStep::Nothing);
+        assert_eq!(source_step(&ready, "n2", false), SourceStep::Nothing);
+        let mut started = ready.clone();
+        started
+            .status
+            .as_mut()
+            .unwrap()
+            .migration_state
+            .as_mut()
+            .unwrap()
+            .start_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert_eq!(source_step(&started, "n1", false), SourceStep::Nothing);
+    }
+
+    #[test]
+    fn the_target_patch_round_trips_to_the_endpoint() {
+        let p = target_ready_patch("127.0.0.1".parse().unwrap(), 4321, "t");
+        let st: MigrationState = serde_json::from_value(p["migrationState"].clone())
+            .unwrap_or_else(|_| {
+                let mut v = p["migrationState"].clone();
+                v["targetNodeDomainReadyTimestamp"] = json!("2026-01-01T00:00:00Z");
+                serde_json::from_value(v).unwrap()
+            });
+        assert_eq!(
+            target_endpoint(&st),
+            Some("127.0.0.1:4321".parse().unwrap())
+        );
+    }
+
+    #[tokio::test]
+    async fn the_incoming_relay_refuses_other_addresses_and_carries_the_source() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join(INCOMING_SOCKET);
+        let qemu = UnixListener::bind(&sock).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The "source" is 127.0.0.2: a connection from 127.0.0.1 is an attacker's.
+        let relay = tokio::spawn(relay_incoming(
+            listener,
+            "127.0.0.2".parse().unwrap(),
+            sock.clone(),
+            None,
+        ));
+        let mut attacker = TcpStream::connect(addr).await.unwrap();
+        let _ = attacker.write_all(b"QEVM forged stream").await;
+        let mut buf = [0u8; 8];
+        let n = attacker.read(&mut buf).await.unwrap_or(0);
+        assert_eq!(n, 0, "the attacker's connection is closed");
+        let accepted =
+            tokio::time::timeout(std::time::Duration::from_millis(300), qemu.accept()).await;
+        assert!(accepted.is_err(), "nothing reached QEMU's incoming socket");
+        // The real source (bound to 127.0.0.2) gets through.
+        let sock2 = tokio::net::TcpSocket::new_v4().unwrap();
+        sock2.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut source = sock2.connect(addr).await.unwrap();
+        source.write_all(b"QEVM").await.unwrap();
+        let (mut q, _) = qemu.accept().await.unwrap();
+        let mut got = [0u8; 4];
+        q.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"QEVM");
+        drop(source);
+        drop(q);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), relay).await;
+    }
+
+    #[test]
+    fn progress_is_a_new_low_of_remaining_memory() {
+        use std::time::Duration;
+        let mut p = Progress::default();
+        let q = |r: u64| json!({"ram": {"remaining": r}});
+        p.observe(&q(100), Duration::from_secs(1));
+        p.observe(&q(50), Duration::from_secs(2));
+        p.observe(&q(80), Duration::from_secs(5));
+        assert_eq!(
+            p.stalled_for(Duration::from_secs(6)),
+            Duration::from_secs(4)
+        );
+        p.observe(&q(10), Duration::from_secs(7));
+        assert_eq!(p.stalled_for(Duration::from_secs(7)), Duration::ZERO);
+    }
+
+    /// A target relay serving `target`'s certificate and pinned to `source`'s, fed by an
+    /// outgoing relay presenting `client` and pinning `expected`: whether bytes reach the
+    /// waiting QEMU.
+    async fn tls_relay_carries(
+        target: &crate::tls::AgentCert,
+        source: &crate::tls::AgentCert,
+        client: &crate::tls::AgentCert,
+        expected: crate::tls::Fingerprint,
+    ) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let qemu_sock = dir.path().join(INCOMING_SOCKET);
+        let qemu = UnixListener::bind(&qemu_sock).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = crate::tls::migration_server_config(target, source.fingerprint()).unwrap();
+        tokio::spawn(relay_incoming(
+            listener,
+            "127.0.0.1".parse().unwrap(),
+            qemu_sock,
+            Some(server),
+        ));
+        let out_sock = dir.path().join(OUTGOING_SOCKET);
+        let out = UnixListener::bind(&out_sock).unwrap();
+        let cfg = crate::tls::migration_client_config(client, expected).unwrap();
+        tokio::spawn(relay_outgoing(out, addr, Some(cfg)));
+        let mut src = UnixStream::connect(&out_sock).await.unwrap();
+        let _ = src.write_all(b"QEVM").await;
+        // `false` only when nothing even connected to QEMU's socket.
+        let got = tokio::time::timeout(std::time::Duration::from_millis(1500), async {
+            let (mut q, _) = qemu.accept().await.ok()?;
+            let mut buf = [0u8; 4];
+            q.read_exact(&mut buf).await.ok()?;
+            Some(buf)
+        })
+        .await;
+        match got {
+            Ok(Some(b)) => &b == b"QEVM",
+            Ok(None) => panic!("QEMU's socket was connected but got no stream"),
+            Err(_) => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_stream_between_nodes_is_mutual_tls_pinned_to_both_nodes() {
+        let target = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
+        let source = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
+        let attacker = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
+        let pin = target.fingerprint();
+        assert!(tls_relay_carries(&target, &source, &source, pin).await);
+        assert!(
+            !tls_relay_carries(&target, &source, &attacker, pin).await,
+            "a client without the source node's certificate reaches nothing"
+        );
+        assert!(
+            !tls_relay_carries(&attacker, &source, &source, pin).await,
+            "the source sends nothing to a relay without the target node's certificate"
+        );
+    }
+
+    #[test]
+    fn disable_tls_is_read_from_the_settings() {
+        let on: ferrovirt_api::kubevirt::misc::MigrationConfiguration =
+            serde_json::from_value(json!({"disableTLS": true})).unwrap();
+        assert!(tls_disabled(&on));
+        assert!(!tls_disabled(&ferrovirt_api::migration_policy::defaults()));
+    }
+
+    #[test]
+    fn switch_over_moves_node_label_and_state_in_one_patch() {
+        let p = switch_over_patch(Some("u"), "n2", "t");
+        assert_eq!(p["status"]["nodeName"], "n2");
+        assert_eq!(p["metadata"]["labels"]["kubevirt.io/nodeName"], "n2");
+        assert_eq!(p["status"]["migrationState"]["completed"], true);
+        assert_eq!(p["metadata"]["uid"], "u");
+    }
+}

@@ -1,0 +1,520 @@
+//! Live migration, the node's side at run time (docs/migration.md; the decisions are
+//! [`crate::migration`]'s): a second VMI watch, on `status.migrationState.targetNode=<node>`,
+//! finds the migrations this node receives; the target prepares a launcher whose QEMU waits
+//! for the stream and reports where to send it; the source, seeing that address on its VMI,
+//! sends the VM through the relays, moves the VMI to the target in one write once QEMU reports
+//! the migration completed, and lets its launcher go without the VMI ever looking failed.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_launcher::control::Request;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::watcher::{self, watcher};
+use serde_json::json;
+
+use super::{Agent, kube_err, now_string, ns_name, vmi_resource};
+use crate::decide::Observed;
+use crate::error::AgentError;
+use crate::launchers;
+use crate::migration::{self as mig, SourceStep, TargetStep};
+
+/// How often the source asks its launcher how the migration goes.
+const POLL: Duration = Duration::from_millis(50);
+/// How long the target's QEMU may take to come up waiting for the stream.
+const TARGET_START: Duration = Duration::from_secs(30);
+
+/// The field selector of the VMIs migrating to `node`.
+pub fn target_selector(node: &str) -> String {
+    format!("status.migrationState.targetNode={node}")
+}
+
+/// Watches the VMIs migrating to this node and acts on each change (and every resync).
+pub(super) async fn target_loop(agent: Arc<Agent>) {
+    let api: Api<DynamicObject> = Api::all_with(agent.client.clone(), &vmi_resource());
+    let cfg = watcher::Config::default().fields(&target_selector(&agent.opts.node_name));
+    let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());
+    let store = writer.as_reader();
+    let mut events = reflector(writer, watcher(api, cfg).default_backoff())
+        .touched_objects()
+        .boxed();
+    let mut resync = tokio::time::interval(agent.opts.resync_interval);
+    loop {
+        tokio::select! {
+            ev = events.next() => match ev {
+                Some(Err(e)) => { tracing::warn!("watching incoming migrations: {e}"); continue }
+                Some(Ok(_)) => {}
+                None => return,
+            },
+            _ = resync.tick() => {}
+        }
+        let vmis: Vec<VirtualMachineInstance> = store
+            .state()
+            .iter()
+            .filter_map(|o| {
+                serde_json::to_value(&**o)
+                    .ok()
+                    .and_then(|v| serde_json::from_value(v).ok())
+            })
+            .collect();
+        let uids: HashSet<String> = vmis.iter().filter_map(|v| v.metadata.uid.clone()).collect();
+        let gone: Vec<String> = {
+            let mut targets = agent.targets.lock().unwrap_or_else(|p| p.into_inner());
+            let gone = targets.difference(&uids).cloned().collect();
+            targets.extend(uids.iter().cloned());
+            gone
+        };
+        for vmi in vmis {
+            agent.reconcile_target(&vmi).await;
+        }
+        // A VMI that left the selection (deleted, or its migration replaced by another):
+        // a launcher still waiting for it is abandoned unless the VMI now runs here.
+        for uid in gone {
+            agent
+                .targets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&uid);
+            let preparing = agent.preparing.lock().await.contains(&uid);
+            if !preparing && !agent.runs_here(&uid) {
+                agent.abandon_target(&uid).await;
+            }
+        }
+    }
+}
+
+impl Agent {
+    /// Whether the VMI with `uid` is bound to this node (its reflector says so).
+    fn runs_here(&self, uid: &str) -> bool {
+        self.bound_uids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(uid)
+    }
+
+    async fn reconcile_target(self: &Arc<Self>, vmi: &VirtualMachineInstance) {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let launcher = self.cfg.vmi_dir(&uid).exists();
+        let preparing = self.preparing.lock().await.contains(&uid);
+        match mig::target_step(vmi, &self.opts.node_name, launcher, preparing) {
+            TargetStep::Nothing => {}
+            TargetStep::Abandon => {
+                if !self.runs_here(&uid) {
+                    self.abandon_target(&uid).await;
+                }
+            }
+            TargetStep::Prepare => {
+                self.preparing.lock().await.insert(uid.clone());
+                let me = self.clone();
+                let vmi = vmi.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = me.prepare_target(&vmi).await {
+                        let msg = format!(
+                            "preparing the migration target on {}: {e}",
+                            me.opts.node_name
+                        );
+                        tracing::warn!(uid = %uid, "{msg}");
+                        me.event(&vmi, "Warning", "FailedMigration", &msg).await;
+                        let _ = me
+                            .patch_status(&vmi, mig::failed_patch(&msg, &now_string()))
+                            .await;
+                        me.abandon_target(&uid).await;
+                    }
+                    me.preparing.lock().await.remove(&uid);
+                });
+            }
+        }
+    }
+
+    /// Starts the launcher waiting for the incoming stream, the relay in front of it, and
+    /// reports the address on the VMI.
+    async fn prepare_target(&self, vmi: &VirtualMachineInstance) -> Result<(), AgentError> {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let dir = self.cfg.vmi_dir(&uid);
+        self.event(
+            vmi,
+            "Normal",
+            "PreparingTarget",
+            &format!(
+                "Starting a launcher on {} for the incoming VM",
+                self.opts.node_name
+            ),
+        )
+        .await;
+        let incoming = mig::incoming_socket(&dir);
+        self.start_with(vmi, Some(incoming.clone())).await?;
+        // QEMU is up once the launcher answers; its incoming socket exists then.
+        let deadline = Instant::now() + TARGET_START;
+        loop {
+            match launchers::observe(&self.cfg, &uid).await {
+                Observed::Running(_) if incoming.exists() => break,
+                Observed::Exited(rep) => {
+                    return Err(AgentError::Reference(format!(
+                        "the target launcher exited: {}",
+                        rep.message
+                    )));
+                }
+                _ if Instant::now() > deadline => {
+                    return Err(AgentError::Reference(format!(
+                        "the target QEMU did not come up within {TARGET_START:?}"
+                    )));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        let ip: IpAddr = self
+            .net
+            .internal_ip()
+            .unwrap_or_else(|| self.opts.address.clone())
+            .parse()
+            .map_err(|e| AgentError::Reference(format!("the node address: {e}")))?;
+        let (source, source_pin) = self.node_identity(&source_node(vmi)).await?;
+        let tls = if mig::tls_disabled(&mig::configuration(vmi)) {
+            None
+        } else {
+            let pin = source_pin.ok_or_else(|| {
+                AgentError::Reference(
+                    "the source node publishes no certificate: the migration stream cannot be \
+                     encrypted (set disableTLS in the migration configuration to allow it)"
+                        .into(),
+                )
+            })?;
+            Some(crate::tls::migration_server_config(&self.cert, pin)?)
+        };
+        let listener = tokio::net::TcpListener::bind((ip, 0))
+            .await
+            .map_err(|e| AgentError::Reference(format!("migration listener on {ip}: {e}")))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| AgentError::Reference(e.to_string()))?
+            .port();
+        let relay = tokio::spawn(mig::relay_incoming(listener, source, incoming, tls));
+        self.relays
+            .lock()
+            .await
+            .insert(uid.clone(), relay.abort_handle());
+        self.patch_status(vmi, mig::target_ready_patch(ip, port, &now_string()))
+            .await?;
+        tracing::info!(uid = %uid, "migration target ready on {ip}:{port}");
+        Ok(())
+    }
+
+    /// A node's InternalIP and published certificate fingerprint (if any).
+    async fn node_identity(
+        &self,
+        name: &str,
+    ) -> Result<(IpAddr, Option<crate::tls::Fingerprint>), AgentError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = nodes.get(name).await.map_err(kube_err)?;
+        let pin = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::node::FINGERPRINT_ANNOTATION))
+            .and_then(|f| crate::tls::parse_fingerprint(f).ok());
+        let ip = node
+            .status
+            .and_then(|s| s.addresses)
+            .into_iter()
+            .flatten()
+            .find(|a| a.type_ == "InternalIP")
+            .and_then(|a| a.address.parse().ok())
+            .ok_or_else(|| AgentError::Reference(format!("node {name} has no InternalIP")))?;
+        Ok((ip, pin))
+    }
+
+    /// Stops and removes a target launcher that will not receive its VM.
+    async fn abandon_target(&self, uid: &str) {
+        if let Some(r) = self.relays.lock().await.remove(uid) {
+            r.abort();
+        }
+        let dir = self.cfg.vmi_dir(uid);
+        if !dir.exists() {
+            return;
+        }
+        tracing::info!(uid, "abandoning a migration target");
+        if let Observed::Running(_) = launchers::observe(&self.cfg, uid).await {
+            let _ = launchers::request(
+                &self.cfg,
+                uid,
+                &Request::Shutdown { grace_seconds: 0 },
+                Duration::from_secs(30),
+            )
+            .await;
+        }
+        self.net.detach(uid).await;
+        launchers::remove_dir(&dir);
+    }
+
+    /// The source's part, called from the ordinary reconcile of a VMI bound here.
+    pub(super) async fn reconcile_source(self: &Arc<Self>, vmi: &VirtualMachineInstance) -> bool {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let driving = self.busy.lock().await.contains(&uid);
+        let SourceStep::Migrate {
+            target,
+            target_node,
+            migration_uid,
+        } = mig::source_step(vmi, &self.opts.node_name, driving)
+        else {
+            return false;
+        };
+        self.busy.lock().await.insert(uid.clone());
+        let me = self.clone();
+        let vmi = vmi.clone();
+        tokio::spawn(async move {
+            let outcome = me
+                .migrate_out(&vmi, target, &target_node, &migration_uid)
+                .await;
+            if let Err(reason) = outcome {
+                tracing::warn!(uid = %uid, "migration failed: {reason}");
+                me.event(&vmi, "Warning", "FailedMigration", &reason).await;
+                let mut patch = mig::failed_patch(&reason, &now_string());
+                if me.abort_requested(&vmi).await {
+                    patch["migrationState"]["abortStatus"] = json!("Succeeded");
+                }
+                if let Err(e) = me.patch_status(&vmi, patch).await {
+                    tracing::warn!("recording the failed migration: {e}");
+                }
+            }
+            me.busy.lock().await.remove(&uid);
+        });
+        true
+    }
+
+    /// Sends the VM to `target`, switches over, lets the source launcher go. `Err`: why it
+    /// failed (the source runs on).
+    async fn migrate_out(
+        &self,
+        vmi: &VirtualMachineInstance,
+        target: std::net::SocketAddr,
+        target_node: &str,
+        migration_uid: &str,
+    ) -> Result<(), String> {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let dir = self.cfg.vmi_dir(&uid);
+        let sock = dir.join(mig::OUTGOING_SOCKET);
+        let _ = std::fs::remove_file(&sock);
+        let listener = tokio::net::UnixListener::bind(&sock)
+            .map_err(|e| format!("migration socket {}: {e}", sock.display()))?;
+        // The launcher connects to it and hands the connection to QEMU.
+        let config = mig::configuration(vmi);
+        let tls = if mig::tls_disabled(&config) {
+            None
+        } else {
+            let (_, pin) = self
+                .node_identity(target_node)
+                .await
+                .map_err(|e| e.to_string())?;
+            let pin = pin.ok_or_else(|| {
+                format!(
+                    "node {target_node} publishes no certificate: the migration stream cannot be \
+                     encrypted (set disableTLS in the migration configuration to allow it)"
+                )
+            })?;
+            Some(crate::tls::migration_client_config(&self.cert, pin).map_err(|e| e.to_string())?)
+        };
+        let relay = tokio::spawn(mig::relay_outgoing(listener, target, tls));
+        let _abort = AbortOnDrop(relay.abort_handle());
+        let start = json!({"migrationState": {"startTimestamp": now_string()}});
+        self.patch_status(vmi, start)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.event(
+            vmi,
+            "Normal",
+            "Migrating",
+            &format!(
+                "Sending the VM from {} to {target_node} ({target})",
+                self.opts.node_name
+            ),
+        )
+        .await;
+        let req = Request::Migrate {
+            uri: format!("unix:{}", sock.display()),
+            max_bandwidth: ferrovirt_api::migration_policy::bandwidth_bytes(&config),
+            auto_converge: config.allow_auto_converge == Some(true),
+        };
+        launchers::request(&self.cfg, &uid, &req, Duration::from_secs(10))
+            .await
+            .map_err(|e| format!("starting the migration: {e}"))?;
+        let started = Instant::now();
+        let mut progress = mig::Progress::default();
+        let mut last_check = Instant::now();
+        let mut abort: Option<String> = None;
+        let mut final_tries = 0;
+        let info = loop {
+            tokio::time::sleep(POLL).await;
+            let v = launchers::request(
+                &self.cfg,
+                &uid,
+                &Request::MigrationStatus,
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|e| format!("following the migration: {e}"))?;
+            match v["status"].as_str() {
+                // QEMU sets the figures a moment after the state: ask again until they are in.
+                Some("completed") if mig::figures(&v).0.unwrap_or(0) > 0 || final_tries >= 10 => {
+                    break v;
+                }
+                Some("completed") => {
+                    final_tries += 1;
+                    continue;
+                }
+                Some("failed") | Some("cancelled") => {
+                    return Err(abort.unwrap_or_else(|| {
+                        format!(
+                            "QEMU: migration {}: {}",
+                            v["status"].as_str().unwrap_or_default(),
+                            v["error-desc"].as_str().unwrap_or("no reason given")
+                        )
+                    }));
+                }
+                _ => {}
+            }
+            if abort.is_some() {
+                continue;
+            }
+            progress.observe(&v, started.elapsed());
+            let timeout = ferrovirt_api::migration_policy::timed_out(
+                &config,
+                v["ram"]["total"].as_u64().unwrap_or(0),
+                started.elapsed().as_secs(),
+                progress.stalled_for(started.elapsed()).as_secs(),
+            );
+            // A cancel (the VMIM deleted) shows as abortRequested on the VMI.
+            let cancelled = if last_check.elapsed() >= Duration::from_millis(500) {
+                last_check = Instant::now();
+                self.abort_requested(vmi).await
+            } else {
+                false
+            };
+            let why = timeout.or_else(|| cancelled.then(|| "the migration was cancelled".into()));
+            if let Some(why) = why {
+                tracing::info!(uid = %uid, "aborting the migration: {why}");
+                let _ = launchers::request(
+                    &self.cfg,
+                    &uid,
+                    &Request::MigrateCancel,
+                    Duration::from_secs(10),
+                )
+                .await;
+                abort = Some(why);
+            }
+        };
+        // Switch-over: the VMI belongs to the target from this write on. The source QEMU is
+        // paused (post-migrate) and never runs again.
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.clone(), migration_uid.to_string());
+        let (ns, name) = ns_name(vmi);
+        let patch = mig::switch_over_patch(vmi.metadata.uid.as_deref(), target_node, &now_string());
+        let mut tries = 0;
+        loop {
+            match self
+                .vmi_api(&ns)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if tries < 20 => {
+                    tries += 1;
+                    tracing::warn!("switch-over write failed ({e}); retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => {
+                    // The target runs the guest: the source must not come back. Leave the
+                    // source QEMU paused for an operator; say so loudly.
+                    tracing::error!("switch-over write failed for good: {e}");
+                    return Ok(());
+                }
+            }
+        }
+        let (total, downtime) = mig::figures(&info);
+        let msg = format!(
+            "Migrated to {target_node} (total {} ms, downtime {} ms)",
+            total.map_or("?".into(), |t| t.to_string()),
+            downtime.map_or("?".into(), |t| t.to_string())
+        );
+        tracing::info!(uid = %uid, "{msg}");
+        self.event(vmi, "Normal", "Migrated", &msg).await;
+        let _ = launchers::request(
+            &self.cfg,
+            &uid,
+            &Request::MigratedAway,
+            Duration::from_secs(10),
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(
+            launchers::observe(&self.cfg, &uid).await,
+            Observed::Running(_)
+        ) && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.guest_info.lock().await.remove(&uid);
+        self.disk_sizes.lock().await.remove(&uid);
+        self.net.detach(&uid).await;
+        launchers::remove_dir(&dir);
+        Ok(())
+    }
+
+    /// Whether the VMI (read now) asks for its migration to be aborted.
+    async fn abort_requested(&self, vmi: &VirtualMachineInstance) -> bool {
+        let (ns, name) = ns_name(vmi);
+        match self.vmi_api(&ns).get_opt(&name).await {
+            Ok(Some(o)) => {
+                let st = &o.data["status"]["migrationState"];
+                st["abortRequested"] == true
+                    && st["migrationUid"].as_str()
+                        == vmi
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.migration_state.as_ref())
+                            .and_then(|m| m.migration_uid.as_deref())
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the cached VMI is the stale copy of one this agent moved away (its watch has
+    /// not delivered the switch-over yet): nothing may be done about it here.
+    pub(super) fn moved_away(&self, vmi: &VirtualMachineInstance) -> bool {
+        let uid = vmi.metadata.uid.as_deref().unwrap_or_default();
+        let current = vmi
+            .status
+            .as_ref()
+            .and_then(|s| s.migration_state.as_ref())
+            .and_then(|m| m.migration_uid.as_deref());
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(uid)
+            .is_some_and(|m| Some(m.as_str()) == current)
+    }
+}
+
+/// The VMI's current (source) node.
+fn source_node(vmi: &VirtualMachineInstance) -> String {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,329 @@
+//! Unit tests of the migration controller's decisions.
+
+use serde_json::json;
+
+use super::*;
+use crate::scheduler::testutil::node;
+
+const NOW: Now<'static> = Now {
+    rfc3339: "2026-01-01T00:01:00Z",
+    epoch_secs: 1_767_225_660,
+};
+
+fn vmim(phase: Option<&str>) -> VirtualMachineInstanceMigration {
+    let mut v = json!({"metadata": {"name": "m", "namespace": "default", "uid": "mig-1"},
+        "spec": {"vmiName": "vm"}});
+    if let Some(p) = phase {
+        v["status"] = json!({"phase": p, "phaseTransitionTimestamps": [
+            {"phase": p, "phaseTransitionTimestamp": "2026-01-01T00:00:30Z"}]});
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn vmi(state: serde_json::Value) -> VirtualMachineInstance {
+    serde_json::from_value(json!({"metadata": {"name": "vm", "namespace": "default"},
+        "spec": {"domain": {}},
+        "status": {"phase": "Running", "nodeName": "node1", "migrationState": state}}))
+    .unwrap()
+}
+
+fn no_pick(_: &VirtualMachineInstance) -> Result<Chosen, String> {
+    panic!("no target is needed in this step")
+}
+
+fn to(node: &str) -> Result<Chosen, String> {
+    Ok(Chosen {
+        node: node.into(),
+        configuration: json!({"bandwidthPerMigration": "1Mi"}),
+        policy: Some("slow".into()),
+    })
+}
+
+const ROOM: Limits = Limits {
+    active_in_cluster: 0,
+    active_from_node: 0,
+    per_cluster: 5,
+    per_node: 2,
+};
+
+fn phase_of(step: &Step) -> Option<String> {
+    step.migration_status.as_ref()?["phase"]
+        .as_str()
+        .map(String::from)
+}
+
+#[test]
+fn a_new_migration_walks_pending_scheduling_then_chooses_a_target() {
+    let v = vmi(serde_json::Value::Null);
+    let s = decide(&vmim(None), Some(&v), no_pick, ROOM, NOW);
+    assert_eq!(phase_of(&s).as_deref(), Some("Pending"));
+    let s = decide(&vmim(Some("Pending")), Some(&v), no_pick, ROOM, NOW);
+    assert_eq!(phase_of(&s).as_deref(), Some("Scheduling"));
+    let ts = &s.migration_status.as_ref().unwrap()["phaseTransitionTimestamps"];
+    assert_eq!(
+        ts.as_array().unwrap().len(),
+        2,
+        "Pending kept, Scheduling added"
+    );
+    let s = decide(
+        &vmim(Some("Scheduling")),
+        Some(&v),
+        |_| to("node2"),
+        ROOM,
+        NOW,
+    );
+    let st = &s.vmi_status.as_ref().unwrap()["migrationState"];
+    assert_eq!(st["targetNode"], "node2");
+    assert_eq!(st["sourceNode"], "node1");
+    assert_eq!(st["migrationUid"], "mig-1");
+    assert_eq!(
+        st["completed"],
+        serde_json::Value::Null,
+        "old state cleared"
+    );
+    assert!(
+        s.migration_status.is_none(),
+        "the VMIM follows the VMI next pass"
+    );
+}
+
+#[test]
+fn the_migration_follows_the_vmis_migration_state() {
+    let base = json!({"migrationUid": "mig-1", "sourceNode": "node1", "targetNode": "node2"});
+    let with = |extra: serde_json::Value| {
+        let mut s = base.clone();
+        s.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        vmi(s)
+    };
+    let cases = [
+        (Some("Scheduling"), json!({}), Some("Scheduled")),
+        (Some("Scheduled"), json!({}), Some("PreparingTarget")),
+        (Some("PreparingTarget"), json!({}), None),
+        (
+            Some("PreparingTarget"),
+            json!({"targetNodeAddress": "10.0.0.2"}),
+            Some("TargetReady"),
+        ),
+        (
+            Some("TargetReady"),
+            json!({"targetNodeAddress": "10.0.0.2", "startTimestamp": "2026-01-01T00:00:59Z"}),
+            Some("Running"),
+        ),
+        (
+            Some("Running"),
+            json!({"startTimestamp": "2026-01-01T00:00:59Z", "completed": true}),
+            Some("Succeeded"),
+        ),
+        (
+            Some("Running"),
+            json!({"failed": true, "failureReason": "target gone"}),
+            Some("Failed"),
+        ),
+    ];
+    for (cur, extra, want) in cases {
+        let v = with(extra.clone());
+        let s = decide(&vmim(cur), Some(&v), no_pick, ROOM, NOW);
+        assert_eq!(phase_of(&s).as_deref(), want, "{cur:?} + {extra}");
+    }
+    let failed = decide(
+        &vmim(Some("Running")),
+        Some(&with(
+            json!({"failed": true, "failureReason": "target gone"}),
+        )),
+        no_pick,
+        ROOM,
+        NOW,
+    );
+    assert!(
+        failed
+            .events
+            .iter()
+            .any(|e| e.on == On::Vmi && e.warning && e.message == "target gone")
+    );
+    // Finished migrations are left alone.
+    assert_eq!(
+        decide(&vmim(Some("Succeeded")), None, no_pick, ROOM, NOW),
+        Step::default()
+    );
+}
+
+#[test]
+fn a_vmi_that_cannot_migrate_fails_the_migration_at_once_with_the_reason() {
+    let v: VirtualMachineInstance = serde_json::from_value(json!({
+        "metadata": {"name": "vm"}, "spec": {"domain": {}},
+        "status": {"phase": "Running", "nodeName": "node1", "conditions": [{
+            "type": "LiveMigratable", "status": "False", "reason": "DisksNotLiveMigratable",
+            "message": "PVC d is not shared"}]}}))
+    .unwrap();
+    let s = decide(&vmim(None), Some(&v), no_pick, ROOM, NOW);
+    assert_eq!(phase_of(&s).as_deref(), Some("Failed"));
+    let msg = &s.events[0].message;
+    assert!(
+        msg.contains("DisksNotLiveMigratable") && msg.contains("PVC d"),
+        "{msg}"
+    );
+    // A VMI that does not run, or does not exist, fails it too.
+    let mut stopped = vmi(serde_json::Value::Null);
+    stopped.status.as_mut().unwrap().phase = Some(VmiPhase::Succeeded);
+    assert_eq!(
+        phase_of(&decide(&vmim(None), Some(&stopped), no_pick, ROOM, NOW)).as_deref(),
+        Some("Failed")
+    );
+    assert_eq!(
+        phase_of(&decide(&vmim(None), None, no_pick, ROOM, NOW)).as_deref(),
+        Some("Failed")
+    );
+    // No node to go to.
+    let s = decide(
+        &vmim(Some("Scheduling")),
+        Some(&vmi(serde_json::Value::Null)),
+        |_| Err("0/1 nodes are available".into()),
+        ROOM,
+        NOW,
+    );
+    assert_eq!(phase_of(&s).as_deref(), Some("Failed"));
+}
+
+#[test]
+fn a_target_that_never_gets_ready_fails_the_migration() {
+    let v = vmi(json!({"migrationUid": "mig-1", "sourceNode": "node1", "targetNode": "node2"}));
+    // Entered PreparingTarget 30 s ago: still waiting.
+    assert_eq!(
+        decide(&vmim(Some("PreparingTarget")), Some(&v), no_pick, ROOM, NOW),
+        Step::default()
+    );
+    let late = Now {
+        rfc3339: "2026-01-01T00:05:00Z",
+        epoch_secs: NOW.epoch_secs + 240,
+    };
+    let s = decide(
+        &vmim(Some("PreparingTarget")),
+        Some(&v),
+        no_pick,
+        ROOM,
+        late,
+    );
+    let st = &s.vmi_status.unwrap()["migrationState"];
+    assert_eq!(st["failed"], true);
+    assert!(st["failureReason"].as_str().unwrap().contains("node2"));
+}
+
+#[test]
+fn a_second_migration_waits_for_the_first() {
+    let v = vmi(json!({"migrationUid": "other", "targetNode": "node2"}));
+    assert_eq!(
+        decide(&vmim(Some("Pending")), Some(&v), no_pick, ROOM, NOW),
+        Step::default()
+    );
+}
+
+#[test]
+fn the_target_is_never_the_current_node_and_honours_added_selectors() {
+    let nodes = vec![
+        node("node1").build(),
+        node("node2").build(),
+        node("node3").label("zone", "b").build(),
+    ];
+    let v = vmi(serde_json::Value::Null);
+    let opts = SchedulerOptions::default();
+    let mut inputs = TargetInputs {
+        nodes: &nodes,
+        vmis: &[],
+        added_node_selector: None,
+        volume_affinity: &[],
+        shared_mounts: &[],
+        opts: &opts,
+    };
+    assert_ne!(pick_target(&v, &inputs).unwrap(), "node1");
+    let zone_b: BTreeMap<String, String> = [("zone".to_string(), "b".to_string())].into();
+    inputs.added_node_selector = Some(&zone_b);
+    assert_eq!(pick_target(&v, &inputs).unwrap(), "node3");
+    let only = vec![node("node1").build()];
+    inputs.nodes = &only;
+    assert!(pick_target(&v, &inputs).is_err());
+}
+
+#[test]
+fn parallel_limits_keep_a_migration_pending() {
+    let v = vmi(serde_json::Value::Null);
+    let full = Limits {
+        active_from_node: 2,
+        ..ROOM
+    };
+    assert!(!full.room());
+    assert_eq!(
+        decide(&vmim(Some("Pending")), Some(&v), no_pick, full, NOW),
+        Step::default()
+    );
+    let cluster_full = Limits {
+        active_in_cluster: 5,
+        ..ROOM
+    };
+    assert!(!cluster_full.room());
+    assert!(is_active(MigrationPhase::Running));
+    assert!(is_active(MigrationPhase::Scheduling));
+    assert!(!is_active(MigrationPhase::Pending));
+    assert!(!is_active(MigrationPhase::Succeeded));
+}
+
+#[test]
+fn deleting_a_migration_cancels_it() {
+    let before = vmi(json!({"migrationUid": "gone", "targetNode": "node2"}));
+    let p = cancel_patch(&before, |_| false, "t").unwrap();
+    assert_eq!(
+        p["migrationState"]["failed"], true,
+        "not started: fails at once"
+    );
+    let sending = vmi(json!({"migrationUid": "gone", "targetNode": "node2",
+        "startTimestamp": "2026-01-01T00:00:00Z"}));
+    let p = cancel_patch(&sending, |_| false, "t").unwrap();
+    assert_eq!(p["migrationState"]["abortRequested"], true);
+    assert!(
+        p["migrationState"].get("failed").is_none(),
+        "the source aborts it"
+    );
+    assert!(
+        cancel_patch(&sending, |u| u == "gone", "t").is_none(),
+        "still exists"
+    );
+    let done = vmi(json!({"migrationUid": "gone", "completed": true}));
+    assert!(cancel_patch(&done, |_| false, "t").is_none());
+}
+
+#[test]
+fn the_target_must_offer_the_source_nodes_cpu_features() {
+    let f = "cpu-feature.node.kubevirt.io/avx2";
+    let nodes = vec![
+        node("node1").label(f, "true").build(),
+        node("node2").build(),
+        node("node3").label(f, "true").build(),
+    ];
+    let v = vmi(serde_json::Value::Null);
+    let opts = SchedulerOptions::default();
+    let inputs = TargetInputs {
+        nodes: &nodes,
+        vmis: &[],
+        added_node_selector: None,
+        volume_affinity: &[],
+        shared_mounts: &[],
+        opts: &opts,
+    };
+    assert_eq!(pick_target(&v, &inputs).unwrap(), "node3");
+    assert_eq!(
+        missing_cpu_features(&nodes[0], &nodes[1]),
+        vec!["avx2".to_string()]
+    );
+    assert!(
+        missing_cpu_features(&nodes[1], &nodes[0]).is_empty(),
+        "more is fine"
+    );
+    let two = vec![nodes[0].clone(), nodes[1].clone()];
+    let inputs = TargetInputs {
+        nodes: &two,
+        ..inputs
+    };
+    let e = pick_target(&v, &inputs).unwrap_err();
+    assert!(e.contains("node2 lacks avx2"), "{e}");
+}

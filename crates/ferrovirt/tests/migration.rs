@@ -1,0 +1,557 @@
+//! Live migration end to end (docs/migration.md). Two nodes: the server's embedded node1 and an
+//! agent process node2, each with its own data dir. A VM on a ReadWriteMany claim boots on one
+//! node; a VirtualMachineInstanceMigration applied with kubectl moves it to the other while
+//! the guest keeps running (its uptime keeps growing, read on the serial console before and
+//! after), then `ferrovirt migrate` brings it back. A VM on a node-local (ReadWriteOnce) claim
+//! is LiveMigratable=False and its migration fails at once naming the reason. While the VM
+//! moves, a probe asks both launchers every few ms whether their QEMU runs the guest: never
+//! both at once (one writer per disk). A migration slowed by a MigrationPolicy is cancelled
+//! mid-way, then one has its target launcher and QEMU killed mid-way: the source runs on.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ferrovirt_testkit::console::SerialConsole;
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
+use serde_json::Value;
+
+const BOOT: Duration = Duration::from_secs(120);
+const MIGRATE: Duration = Duration::from_secs(60);
+
+fn two_nodes() -> anyhow::Result<Cluster> {
+    TestGuest::get()?;
+    let mut c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    c.start_agent("node2")?;
+    c.wait_until("two Ready nodes", Duration::from_secs(60), || {
+        let v = c.get_json(&["nodes"])?;
+        let ready = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| {
+                n["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .count();
+        Ok((ready == 2).then_some(()))
+    })?;
+    Ok(c)
+}
+
+/// A claim holding the test guest's disk; `shared`: ReadWriteMany.
+fn claim(c: &Cluster, name: &str, shared: bool) -> anyhow::Result<PathBuf> {
+    let dir = c.guest_disk_claim(name)?;
+    if shared {
+        let rwx = r#"{"spec":{"accessModes":["ReadWriteMany"]}}"#;
+        c.kubectl_ok(&[
+            "patch",
+            "pv",
+            &format!("pv-{name}"),
+            "--type=merge",
+            "-p",
+            rwx,
+        ])?;
+        c.kubectl_ok(&["patch", "pvc", name, "--type=merge", "-p", rwx])
+            .ok();
+    }
+    Ok(dir)
+}
+
+fn vm(name: &str, claim: &str) -> String {
+    format!(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: {name}, namespace: default}}
+spec:
+  runStrategy: Always
+  template:
+    metadata:
+      labels: {{speed: slow}}
+    spec:
+      terminationGracePeriodSeconds: 5
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {{bus: virtio}}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {{claimName: {claim}}}
+"#
+    )
+}
+
+fn migration(name: &str, vmi: &str) -> String {
+    format!(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstanceMigration
+metadata: {{name: {name}, namespace: default}}
+spec: {{vmiName: {vmi}}}
+"#
+    )
+}
+
+/// The agent data dir of `node`.
+fn node_dir(c: &Cluster, node: &str) -> PathBuf {
+    if node == "node1" {
+        c.agent_dir()
+    } else {
+        c.extra_agent_dir(node)
+    }
+}
+
+/// The VMI once Running; (uid, node).
+fn running(c: &Cluster, name: &str) -> anyhow::Result<(String, String)> {
+    c.wait_until(&format!("{name} Running"), BOOT, || {
+        let v = c.get_json(&["vmi", name])?;
+        if v["status"]["phase"] == "Failed" {
+            anyhow::bail!("{name} failed: {}", v["status"]);
+        }
+        Ok((v["status"]["phase"] == "Running").then(|| {
+            (
+                v["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                v["status"]["nodeName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        }))
+    })
+}
+
+/// The guest's uptime in seconds, read on a new connection to its serial console at `dir`.
+fn uptime(dir: &std::path::Path) -> anyhow::Result<f64> {
+    let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
+    uptime_on(&console)
+}
+
+/// The guest's uptime in seconds, read on `console`.
+fn uptime_on(console: &SerialConsole) -> anyhow::Result<f64> {
+    let (out, rc) = console.exec("cat /proc/uptime", Duration::from_secs(20))?;
+    anyhow::ensure!(rc == 0, "cat /proc/uptime: {out}");
+    let first = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .next_back();
+    first.ok_or_else(|| anyhow::anyhow!("no uptime in {out:?}"))
+}
+
+/// The pid of the QEMU running from `dir`, if any.
+fn qemu_in(dir: &std::path::Path) -> Option<u32> {
+    let needle = dir.display().to_string();
+    ferrovirt_testkit::cluster::pids_matching(&needle)
+        .into_iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).starts_with("qemu-system"))
+                .unwrap_or(false)
+        })
+}
+
+/// Waits until migration `name` is final; returns it.
+fn finished(c: &Cluster, name: &str, timeout: Duration) -> anyhow::Result<Value> {
+    c.wait_until(&format!("migration {name} finished"), timeout, || {
+        let v = c.get_json(&["vmim", name])?;
+        let phase = v["status"]["phase"].as_str().unwrap_or_default();
+        Ok(matches!(phase, "Succeeded" | "Failed").then_some(v))
+    })
+}
+
+fn other(node: &str) -> &'static str {
+    if node == "node1" { "node2" } else { "node1" }
+}
+
+/// Checks the VMI runs on `to` after a migration from `from`: node, label, state, the QEMU
+/// on `to` only, the guest's uptime past `before`; returns the uptime read.
+fn check_moved(c: &Cluster, uid: &str, from: &str, to: &str, before: f64) -> anyhow::Result<f64> {
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["metadata"]["uid"], uid, "the same VMI, not a replacement");
+    assert_eq!(v["status"]["nodeName"], to);
+    assert_eq!(v["metadata"]["labels"]["kubevirt.io/nodeName"], to);
+    let st = &v["status"]["migrationState"];
+    assert_eq!(st["completed"], true, "{st}");
+    assert_eq!(st["sourceNode"], from);
+    assert_eq!(st["targetNode"], to);
+    assert_eq!(v["status"]["migrationMethod"], "LiveMigration");
+    let src = node_dir(c, from).join("vmis").join(uid);
+    let dst = node_dir(c, to).join("vmis").join(uid);
+    c.wait_until("the source QEMU gone", Duration::from_secs(20), || {
+        Ok(qemu_in(&src).is_none().then_some(()))
+    })?;
+    assert!(qemu_in(&dst).is_some(), "the QEMU runs on {to}");
+    // The ordinary reconcile on the target reports it Running there.
+    c.wait_until(
+        "the VMI Running on the target",
+        Duration::from_secs(20),
+        || {
+            let v = c.get_json(&["vmi", "mig"])?;
+            Ok((v["status"]["phase"] == "Running" && v["status"]["nodeName"] == to).then_some(()))
+        },
+    )?;
+    let after = uptime(&dst)?;
+    assert!(
+        after > before,
+        "the guest did not reboot: uptime {before} s before, {after} s after"
+    );
+    Ok(after)
+}
+
+#[test]
+fn live_migrates_a_vm_on_shared_storage_and_back() -> anyhow::Result<()> {
+    let c = two_nodes()?;
+    let disk = claim(&c, "mig-disk", true)?;
+    c.apply(&vm("mig", "mig-disk"))?;
+    let (uid, first) = running(&c, "mig")?;
+    let first = first.as_str();
+    let src_dir = node_dir(&c, first).join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src_dir.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    c.wait_until("LiveMigratable=True", Duration::from_secs(20), || {
+        let v = c.get_json(&["vmi", "mig"])?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "LiveMigratable" && c["status"] == "True")
+            .then_some(()))
+    })?;
+    let before = uptime(&src_dir)?;
+
+    // kubectl apply of a VirtualMachineInstanceMigration, while a probe asks both launchers
+    // what their QEMU does: never both running.
+    let dst_dir = node_dir(&c, other(first)).join("vmis").join(&uid);
+    let probe = Probe::start(src_dir.clone(), dst_dir);
+    let t0 = Instant::now();
+    c.apply(&migration("mig-1", "mig"))?;
+    let m = finished(&c, "mig-1", MIGRATE)?;
+    let took = t0.elapsed();
+    let seen = probe.stop();
+    eprintln!("probe: {seen:?}");
+    assert!(
+        seen.overlaps == 0,
+        "two running QEMUs on one disk seen {} times",
+        seen.overlaps
+    );
+    assert!(
+        seen.source_running > 0 && seen.target_running > 0,
+        "the probe saw both sides run: {seen:?}"
+    );
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let phases: Vec<&str> = m["status"]["phaseTransitionTimestamps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["phase"].as_str())
+        .collect();
+    for p in [
+        "Pending",
+        "Scheduling",
+        "Scheduled",
+        "TargetReady",
+        "Running",
+        "Succeeded",
+    ] {
+        assert!(phases.contains(&p), "phase {p} recorded: {phases:?}");
+    }
+    let second = other(first);
+    let mid = check_moved(&c, &uid, first, second, before)?;
+    // The shared disk's storage lease went with the VM.
+    let lease: Value = serde_json::from_slice(&std::fs::read(disk.join(".ferrovirt-lease"))?)?;
+    c.wait_until(
+        "the storage lease held by the target",
+        Duration::from_secs(10),
+        || {
+            let l: Value = serde_json::from_slice(&std::fs::read(disk.join(".ferrovirt-lease"))?)?;
+            Ok((l["node"] == second).then_some(()))
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e}; lease was {lease}"))?;
+    // Events explain it.
+    let events = c.kubectl_ok(&["get", "events", "-n", "default"])?;
+    assert!(events.contains("Migrated"), "{events}");
+    for l in events.lines().filter(|l| l.contains("downtime")) {
+        eprintln!("{l}");
+    }
+    eprintln!("migration {first} → {second}: {took:?} (uptime {before:.1} s → {mid:.1} s)");
+
+    // `ferrovirt migrate` brings it back.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+        .args(["migrate", "mig", "--kubeconfig"])
+        .arg(&c.kubeconfig)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("was scheduled to migrate"));
+    let name = c.wait_until("the CLI's migration", Duration::from_secs(10), || {
+        let v = c.get_json(&["vmim"])?;
+        Ok(v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["metadata"]["name"].as_str())
+            .find(|n| n.starts_with("kubevirt-migrate-vm-"))
+            .map(String::from))
+    })?;
+    let m = finished(&c, &name, MIGRATE)?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    check_moved(&c, &uid, second, first, mid)?;
+    let table = c.kubectl_ok(&["get", "vmim"])?;
+    assert!(
+        table.contains("Succeeded") && table.contains("mig"),
+        "{table}"
+    );
+    c.kubectl_ok(&["delete", "vm", "mig", "--timeout=120s"])?;
+    Ok(())
+}
+
+#[test]
+fn a_vm_on_a_node_local_disk_is_not_live_migratable_and_its_migration_fails_at_once()
+-> anyhow::Result<()> {
+    let c = two_nodes()?;
+    claim(&c, "local-disk", false)?;
+    c.apply(&vm("mig", "local-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    let cond = c.wait_until("LiveMigratable=False", Duration::from_secs(20), || {
+        let v = c.get_json(&["vmi", "mig"])?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "LiveMigratable" && c["status"] == "False")
+            .cloned())
+    })?;
+    assert_eq!(cond["reason"], "DisksNotLiveMigratable", "{cond}");
+    assert!(
+        cond["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("local-disk")
+    );
+    let t0 = Instant::now();
+    c.apply(&migration("mig-local", "mig"))?;
+    let m = finished(&c, "mig-local", Duration::from_secs(15))?;
+    assert_eq!(m["status"]["phase"], "Failed");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "fails fast: {:?}",
+        t0.elapsed()
+    );
+    let msg = m["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(msg.contains("DisksNotLiveMigratable"), "{msg}");
+    // Nothing moved, nothing started elsewhere.
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["nodeName"], node.as_str());
+    assert_eq!(v["metadata"]["uid"], uid.as_str());
+    assert!(!node_dir(&c, other(&node)).join("vmis").join(&uid).exists());
+    let events = c.kubectl_ok(&["get", "events", "-n", "default"])?;
+    assert!(events.contains("FailedMigration"), "{events}");
+    Ok(())
+}
+
+/// The pid in `dir`'s `launcher.pid`.
+fn launcher_pid(dir: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("launcher.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Waits until migration `name` is Running and sending; returns the VMI's migration state.
+fn sending(c: &Cluster, name: &str) -> anyhow::Result<Value> {
+    c.wait_until(&format!("migration {name} Running"), MIGRATE, || {
+        let m = c.get_json(&["vmim", name])?;
+        anyhow::ensure!(
+            m["status"]["phase"] != "Failed" && m["status"]["phase"] != "Succeeded",
+            "{name} ended early: {}",
+            m["status"]
+        );
+        if m["status"]["phase"] != "Running" {
+            return Ok(None);
+        }
+        Ok(Some(
+            c.get_json(&["vmi", "mig"])?["status"]["migrationState"].clone(),
+        ))
+    })
+}
+
+#[test]
+fn a_cancelled_migration_and_a_killed_target_leave_the_source_running() -> anyhow::Result<()> {
+    let c = two_nodes()?;
+    claim(&c, "mig-disk", true)?;
+    // A policy for these VMIs caps the bandwidth: the migration takes long enough to interrupt.
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  bandwidthPerMigration: 1Mi
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    c.apply(&vm("mig", "mig-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    let src = node_dir(&c, &node).join("vmis").join(&uid);
+    let dst = node_dir(&c, other(&node)).join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let qemu = qemu_in(&src).expect("the source QEMU");
+    // One console connection for the whole test (the source QEMU never changes).
+    let console = SerialConsole::connect(&src.join("serial.sock"), Duration::from_secs(10))?;
+    let mut up = uptime_on(&console)?;
+
+    // Cancel mid-way with `ferrovirt migrate-cancel`.
+    c.apply(&migration("mig-cancel", "mig"))?;
+    let st = sending(&c, "mig-cancel")?;
+    assert_eq!(st["migrationPolicyName"], "slow", "{st}");
+    assert_eq!(
+        st["migrationConfiguration"]["bandwidthPerMigration"], "1Mi",
+        "{st}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+        .args(["migrate-cancel", "mig", "--kubeconfig"])
+        .arg(&c.kubeconfig)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = c.wait_until("the migration aborted", MIGRATE, || {
+        let st = c.get_json(&["vmi", "mig"])?["status"]["migrationState"].clone();
+        Ok((st["failed"] == true).then_some(st))
+    })?;
+    assert_eq!(st["abortRequested"], true, "{st}");
+    assert_eq!(st["abortStatus"], "Succeeded", "{st}");
+    assert_ne!(st["completed"], true);
+    up = still_on_source(&c, &node, qemu, &console, &src, &dst, up)?;
+
+    // Kill the target's launcher and QEMU mid-way.
+    c.apply(&migration("mig-kill", "mig"))?;
+    sending(&c, "mig-kill")?;
+    let target_qemu = qemu_in(&dst).expect("the target QEMU");
+    let target_launcher = launcher_pid(&dst).expect("the target launcher");
+    ferrovirt_testkit::cluster::signal(target_launcher, "KILL");
+    ferrovirt_testkit::cluster::signal(target_qemu, "KILL");
+    let m = finished(&c, "mig-kill", MIGRATE)?;
+    assert_eq!(m["status"]["phase"], "Failed", "{}", m["status"]);
+    let reason = m["status"]["migrationState"]["failureReason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!reason.is_empty(), "a reason: {}", m["status"]);
+    eprintln!("killed target: {reason}");
+    still_on_source(&c, &node, qemu, &console, &src, &dst, up)?;
+    Ok(())
+}
+
+/// After an interrupted migration: the VMI on `node`, Running, the same QEMU, the target's
+/// launcher directory gone, the guest's uptime past `before`; returns the new uptime.
+fn still_on_source(
+    c: &Cluster,
+    node: &str,
+    qemu: u32,
+    console: &SerialConsole,
+    src: &std::path::Path,
+    dst: &std::path::Path,
+    before: f64,
+) -> anyhow::Result<f64> {
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["nodeName"], node);
+    assert_eq!(qemu_in(src), Some(qemu), "the same source QEMU runs on");
+    c.wait_until("the target cleaned up", Duration::from_secs(30), || {
+        Ok((!dst.exists() && qemu_in(dst).is_none()).then_some(()))
+    })?;
+    c.wait_until("the VMI Running", Duration::from_secs(10), || {
+        let v = c.get_json(&["vmi", "mig"])?;
+        Ok((v["status"]["phase"] == "Running"
+            && v["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        .then_some(()))
+    })?;
+    let after = uptime_on(console)?;
+    assert!(after > before, "the guest ran on: {before} s → {after} s");
+    Ok(after)
+}
+
+/// What [`Probe`] saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    source_running: usize,
+    target_running: usize,
+    /// Samples with the target's guest running and, read after it, the source's too.
+    overlaps: usize,
+}
+
+/// Asks both launchers of a migrating VMI (target first, then source) every few ms whether
+/// their QEMU runs the guest.
+struct Probe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Seen>,
+}
+
+impl Probe {
+    fn start(src: PathBuf, dst: PathBuf) -> Probe {
+        use ferrovirt_launcher::control::{LauncherClient, RunPhase};
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let running = |dir: &PathBuf| {
+                rt.block_on(async {
+                    match LauncherClient::connect(dir, Duration::from_millis(500)).await {
+                        Ok(mut c) => c.status().await.is_ok_and(|s| s.phase == RunPhase::Running),
+                        Err(_) => false,
+                    }
+                })
+            };
+            let mut seen = Seen::default();
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                let target = running(&dst);
+                let source = running(&src);
+                seen.target_running += usize::from(target);
+                seen.source_running += usize::from(source);
+                seen.overlaps += usize::from(target && source);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            seen
+        });
+        Probe { stop, thread }
+    }
+
+    fn stop(self) -> Seen {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("probe thread")
+    }
+}
