@@ -5,12 +5,14 @@
 //! writer at a time anyway) and commits them in groups: all writes queued while the previous
 //! group was being synced go into one transaction with one fsync, each in its own savepoint,
 //! and each caller is answered only after that commit ([`writer`]). After each commit the
-//! writer publishes the group's events on an in-process broadcast channel, in revision order.
+//! writer publishes the group's events in revision order on in-process broadcast channels, one
+//! per resource, so that a write wakes only the watch streams of its resource ([`hub`]).
 //! Reads run on tokio's blocking pool over a small pool of separate connections, each read in
 //! its own transaction so that it sees one consistent snapshot. An advisory lock on
 //! `PATH.lock` keeps a second process from opening the same database (its watchers would miss
 //! our events). The schema and queries live in [`log`]; watch streams in [`watch`].
 
+mod hub;
 mod log;
 #[cfg(test)]
 mod tests;
@@ -25,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
-use tokio::sync::broadcast;
 
 use crate::{
     EventKind, KeyValue, ListOptions, ListResult, Revision, Store, StoreError, WatchEvent,
@@ -64,7 +65,7 @@ struct Inner {
     // checkpoints the WAL into the database, which read-only connections cannot do.
     readers: Mutex<Vec<Connection>>,
     writer: writer::Writer,
-    events: broadcast::Sender<Arc<WatchEvent>>,
+    events: Arc<hub::Hub>,
     /// Held for the store's lifetime: the advisory lock against other processes.
     _lock: File,
 }
@@ -173,8 +174,8 @@ impl SqliteStore {
         }
         writer.pragma_update(None, "synchronous", "FULL")?;
         log::init_schema(&writer)?;
-        let (events, _) = broadcast::channel(capacity);
-        let writer = writer::Writer::start(writer, events.clone())?;
+        let events = Arc::new(hub::Hub::new(capacity));
+        let writer = writer::Writer::start(writer, Arc::clone(&events))?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
@@ -415,7 +416,7 @@ impl Store for SqliteStore {
         let after = after.max(0);
         // Subscribe before looking at the log: every event committed from here on is in `rx`,
         // everything before is in the table, and the stream drops the overlap by revision.
-        let rx = self.inner.events.subscribe();
+        let rx = self.inner.events.subscribe(prefix);
         let compacted = self.compacted_revision().await?;
         if after < compacted {
             return Err(StoreError::Compacted {

@@ -410,3 +410,40 @@ async fn a_failed_write_in_a_batch_fails_alone() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn routed_watches_see_their_resource_in_order_and_catch_up() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    // A small channel, so that the routed watcher also lags and catches up from the log.
+    let store = SqliteStore::open_with_capacity(&dir.path().join("s.db"), 4).await?;
+    let mut vmis = store.watch("/registry/g/vmis/ns/", 0).await?;
+    let mut all = store.watch("/registry/", 0).await?;
+    let mut want = Vec::new();
+    for i in 0..20 {
+        store
+            .create(&format!("/registry/g/leases/ns/l{i}"), vec![])
+            .await?;
+        let kv = store
+            .create(&format!("/registry/g/vmis/ns/v{i}"), vec![])
+            .await?;
+        store
+            .create(&format!("/registry/g/vmis/other/v{i}"), vec![])
+            .await?;
+        want.push((kv.mod_revision, kv.key));
+    }
+    let mut got = Vec::new();
+    while got.len() < want.len() {
+        let ev = tokio::time::timeout(Duration::from_secs(5), vmis.next())
+            .await?
+            .expect("event")?;
+        got.push((ev.revision, ev.kv.key));
+    }
+    assert_eq!(got, want);
+    for rev in 1..=60 {
+        let ev = tokio::time::timeout(Duration::from_secs(5), all.next())
+            .await?
+            .expect("event")?;
+        assert_eq!(ev.revision, rev);
+    }
+    Ok(())
+}

@@ -23,10 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use rusqlite::Connection;
-use tokio::sync::broadcast;
-
+use super::hub::Hub;
 use crate::{StoreError, WatchEvent};
+use rusqlite::Connection;
 
 /// Most writes applied in one transaction.
 pub(super) const MAX_BATCH: usize = 256;
@@ -67,10 +66,7 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Starts the thread that owns `conn` and publishes committed events on `events`.
-    pub fn start(
-        conn: Connection,
-        events: broadcast::Sender<Arc<WatchEvent>>,
-    ) -> Result<Writer, StoreError> {
+    pub fn start(conn: Connection, events: Arc<Hub>) -> Result<Writer, StoreError> {
         let (queue, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
         let thread_stats = Arc::clone(&stats);
@@ -108,12 +104,7 @@ impl Drop for Writer {
     }
 }
 
-fn run(
-    mut conn: Connection,
-    rx: mpsc::Receiver<Job>,
-    events: broadcast::Sender<Arc<WatchEvent>>,
-    stats: &Stats,
-) {
+fn run(mut conn: Connection, rx: mpsc::Receiver<Job>, events: Arc<Hub>, stats: &Stats) {
     let mut next: Option<Job> = None;
     loop {
         let first = match next.take() {
@@ -151,7 +142,7 @@ fn run(
 fn commit_batch(
     conn: &Connection,
     batch: Vec<Box<dyn FnOnce(&Connection) -> Applied + Send>>,
-    events: &broadcast::Sender<Arc<WatchEvent>>,
+    events: &Hub,
     stats: &Stats,
 ) {
     let mut applied = Vec::with_capacity(batch.len());
@@ -188,8 +179,7 @@ fn commit_batch(
                 .into_iter()
                 .map(|a| {
                     if let Some(event) = a.event {
-                        // No receivers is fine: nobody is watching.
-                        let _ = events.send(Arc::new(event));
+                        events.publish(event);
                     }
                     a.answer
                 })
