@@ -86,7 +86,6 @@ pub async fn run(
     let vmis = &stores.vmis;
     let mut assumed: HashMap<String, (String, Instant)> = HashMap::new();
     loop {
-        let node_list = stores.node_list();
         let cached = vmis.state();
         // Bindings the cache has not caught up with count as made; old ones, and those the
         // cache now shows, are forgotten (looked up by key: no pass over every VMI).
@@ -112,6 +111,9 @@ pub async fn run(
             }
             continue;
         }
+        // Copied only when there is something to place (a wake-up per Node status patch
+        // otherwise copies every Node for nothing).
+        let node_list = stores.node_list();
         // One snapshot for the whole pass: every decision counts the ones before it.
         let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &opts.scheduler);
         for (v, node) in &assumed_here {
