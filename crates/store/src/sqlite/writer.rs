@@ -30,18 +30,23 @@ use rusqlite::Connection;
 /// Most writes applied in one transaction.
 pub(super) const MAX_BATCH: usize = 256;
 
+/// Answers a write's caller, given its batch's commit outcome.
+pub(super) type Answer = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
+/// A queued write: runs inside its savepoint and says what it did.
+pub(super) type WriteFn = Box<dyn FnOnce(&Connection) -> Applied + Send>;
+
 /// What a write tells the writer once it ran inside its savepoint: the event to publish (`None`
 /// when the write failed and was rolled back) and how to answer its caller once the batch's
 /// fate is known (`Ok` = committed and durable).
 pub(super) struct Applied {
     pub event: Option<WatchEvent>,
-    pub answer: Box<dyn FnOnce(Result<(), &StoreError>) + Send>,
+    pub answer: Answer,
 }
 
 /// One queued unit of work.
 pub(super) enum Job {
     /// A write, run inside its own savepoint within the batch transaction.
-    Write(Box<dyn FnOnce(&Connection) -> Applied + Send>),
+    Write(WriteFn),
     /// Runs alone with the connection (it manages its own transactions).
     Exclusive(Box<dyn FnOnce(&mut Connection) + Send>),
 }
@@ -139,12 +144,7 @@ fn run(mut conn: Connection, rx: mpsc::Receiver<Job>, events: Arc<Hub>, stats: &
 
 /// Applies `batch` in one transaction, one savepoint per write; publishes the events and
 /// answers every caller after the commit.
-fn commit_batch(
-    conn: &Connection,
-    batch: Vec<Box<dyn FnOnce(&Connection) -> Applied + Send>>,
-    events: &Hub,
-    stats: &Stats,
-) {
+fn commit_batch(conn: &Connection, batch: Vec<WriteFn>, events: &Hub, stats: &Stats) {
     let mut applied = Vec::with_capacity(batch.len());
     let outcome = (|| -> Result<(), StoreError> {
         conn.execute_batch("BEGIN IMMEDIATE")?;
