@@ -1,18 +1,23 @@
 //! The embedded SQLite backend ([`SqliteStore`]): one database file in WAL mode with
 //! `synchronous=FULL`, so a write is acknowledged only after its commit reached the disk.
 //!
-//! All SQLite calls run on tokio's blocking pool. Writes go through one writer connection behind
-//! a mutex (SQLite allows one writer at a time anyway); reads use a small pool of separate
-//! connections, each read in its own transaction so that it sees one consistent snapshot. After
-//! each commit, still holding the writer lock, the writer publishes the event on an in-process
-//! broadcast channel, so live events leave in revision order. An advisory lock on `PATH.lock`
-//! keeps a second process from opening the same database (its watchers would miss our events).
-//! The schema and queries live in [`log`]; watch streams in [`watch`].
+//! Writes are queued to one writer thread that owns the writer connection (SQLite allows one
+//! writer at a time anyway) and commits them in groups: all writes queued while the previous
+//! group was being synced go into one transaction with one fsync, each in its own savepoint,
+//! and each caller is answered only after that commit ([`writer`]). After each commit the
+//! writer publishes the group's events in revision order on in-process broadcast channels, one
+//! per resource, so that a write wakes only the watch streams of its resource ([`hub`]).
+//! Reads run on tokio's blocking pool over a small pool of separate connections, each read in
+//! its own transaction so that it sees one consistent snapshot. An advisory lock on
+//! `PATH.lock` keeps a second process from opening the same database (its watchers would miss
+//! our events). The schema and queries live in [`log`]; watch streams in [`watch`].
 
+mod hub;
 mod log;
 #[cfg(test)]
 mod tests;
 mod watch;
+mod writer;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -22,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
-use tokio::sync::broadcast;
 
 use crate::{
     EventKind, KeyValue, ListOptions, ListResult, Revision, Store, StoreError, WatchEvent,
@@ -60,8 +64,8 @@ struct Inner {
     // Readers are declared (so dropped) before the writer: the last connection to close
     // checkpoints the WAL into the database, which read-only connections cannot do.
     readers: Mutex<Vec<Connection>>,
-    writer: Mutex<Connection>,
-    events: broadcast::Sender<Arc<WatchEvent>>,
+    writer: writer::Writer,
+    events: Arc<hub::Hub>,
     /// Held for the store's lifetime: the advisory lock against other processes.
     _lock: File,
 }
@@ -70,6 +74,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave a half-done transaction behind (it rolls back
     // on drop), so a poisoned mutex is still safe to use.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn writer_gone() -> StoreError {
+    StoreError::Backend("sqlite: the writer thread failed".into())
+}
+
+/// The commit error of a batch, for each of its callers.
+fn copy_error(e: &StoreError) -> StoreError {
+    StoreError::Backend(format!("sqlite: commit failed: {e}"))
 }
 
 fn join_error(e: tokio::task::JoinError) -> StoreError {
@@ -161,12 +174,13 @@ impl SqliteStore {
         }
         writer.pragma_update(None, "synchronous", "FULL")?;
         log::init_schema(&writer)?;
-        let (events, _) = broadcast::channel(capacity);
+        let events = Arc::new(hub::Hub::new(capacity));
+        let writer = writer::Writer::start(writer, Arc::clone(&events))?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
                 readers: Mutex::new(Vec::new()),
-                writer: Mutex::new(writer),
+                writer,
                 events,
                 _lock: lock_file,
             }),
@@ -178,24 +192,49 @@ impl SqliteStore {
         &self.inner.path
     }
 
-    /// Runs `f` in one write transaction; commits, then publishes the event it returned.
+    /// Runs `f` inside the next group-commit transaction (in its own savepoint: an error rolls
+    /// back only `f`'s changes); answers once that transaction is committed, and the event `f`
+    /// returned is published in revision order.
     async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<(T, WatchEvent), StoreError> + Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
-            let mut conn = lock(&inner.writer);
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let (out, event) = f(&tx)?;
-            tx.commit()?;
-            // No receivers is fine: nobody is watching.
-            let _ = inner.events.send(Arc::new(event));
-            Ok(out)
-        })
-        .await
-        .map_err(join_error)?
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = writer::Job::Write(Box::new(move |conn: &Connection| match f(conn) {
+            Ok((out, event)) => writer::Applied {
+                event: Some(event),
+                answer: Box::new(move |committed: Result<(), &StoreError>| {
+                    let _ = tx.send(committed.map(|()| out).map_err(copy_error));
+                }),
+            },
+            Err(e) => writer::Applied {
+                event: None,
+                answer: Box::new(move |committed: Result<(), &StoreError>| {
+                    let _ = tx.send(Err(committed.err().map_or(e, copy_error)));
+                }),
+            },
+        }));
+        if !self.inner.writer.send(job) {
+            return Err(writer_gone());
+        }
+        rx.await.map_err(|_| writer_gone())?
+    }
+
+    /// Runs `f` on the writer connection alone, between group commits.
+    async fn exclusive<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = writer::Job::Exclusive(Box::new(move |conn: &mut Connection| {
+            let _ = tx.send(f(conn));
+        }));
+        if !self.inner.writer.send(job) {
+            return Err(writer_gone());
+        }
+        rx.await.map_err(|_| writer_gone())?
     }
 
     /// Runs `f` in one read transaction on a pooled reader connection.
@@ -377,7 +416,7 @@ impl Store for SqliteStore {
         let after = after.max(0);
         // Subscribe before looking at the log: every event committed from here on is in `rx`,
         // everything before is in the table, and the stream drops the overlap by revision.
-        let rx = self.inner.events.subscribe();
+        let rx = self.inner.events.subscribe(prefix);
         let compacted = self.compacted_revision().await?;
         if after < compacted {
             return Err(StoreError::Compacted {
@@ -389,34 +428,35 @@ impl Store for SqliteStore {
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
-            // First move the marker, so that no reader relies on rows about to go.
-            let start = {
-                let mut conn = lock(&inner.writer);
+        // First move the marker, so that no reader relies on rows about to go.
+        let start = self
+            .exclusive(move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let old = log::set_compact_marker(&tx, revision)?;
                 let first = log::first_id(&tx)?;
                 tx.commit()?;
-                match (old, first) {
-                    (Some(_), Some(first)) => first,
-                    _ => return Ok(()),
-                }
-            };
-            let mut lo = start;
-            while lo <= revision {
-                let hi = (lo + COMPACT_CHUNK).min(revision + 1);
-                let mut conn = lock(&inner.writer);
+                Ok(match (old, first) {
+                    (Some(_), Some(first)) => Some(first),
+                    _ => None,
+                })
+            })
+            .await?;
+        let Some(mut lo) = start else {
+            return Ok(());
+        };
+        // Then delete in chunks, each its own job, so that writes go on in between.
+        while lo <= revision {
+            let hi = (lo + COMPACT_CHUNK).min(revision + 1);
+            self.exclusive(move |conn| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 log::compact_range(&tx, revision, lo, hi)?;
                 tx.commit()?;
-                drop(conn);
-                lo = hi;
-            }
-            Ok(())
-        })
-        .await
-        .map_err(join_error)?
+                Ok(())
+            })
+            .await?;
+            lo = hi;
+        }
+        Ok(())
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {

@@ -295,7 +295,7 @@ async fn reconcile(
     // Target selection needs the VMI's volume constraints and every node and VMI.
     let picking = migration::current_phase(vmim) == MigrationPhase::Scheduling;
     let (affinity, shared) = match (picking, vmi) {
-        (true, Some(v)) => super::scheduler_loop::volume_constraints(client, v).await,
+        (true, Some(v)) => super::scheduler_loop::volume_constraints(client, stores, v).await,
         _ => (Vec::new(), Vec::new()),
     };
     let (configuration, policy_name) = match (picking, vmi) {

@@ -1,4 +1,5 @@
-//! The scheduler loop: keeps reflector caches of Nodes and VMIs, and on every change (and
+//! The scheduler loop: reads the controllers' shared reflector caches ([`Stores`]: Nodes, VMIs,
+//! claims, PVs, StorageClasses; no cache of its own) and on every change of those kinds (and
 //! periodically) places each unbound VMI with [`crate::scheduler::schedule`]. Binding writes
 //! `status.nodeName`, phase `Scheduled`, condition PodScheduled=True and the
 //! `kubevirt.io/nodeName` label in one patch guarded by resourceVersion; a VMI that fits nowhere gets phase Pending, condition
@@ -11,22 +12,20 @@
 //! binds concurrently ([`WRITE_CONCURRENCY`] in flight) with their `Scheduled` Events.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::reflector;
 use serde_json::json;
-use tokio::sync::Notify;
 
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase, vmi_condition};
 
 use super::events::{EventRecorder, object_ref};
 use super::resources::Vmi;
+use super::stores::{Kind, Stores};
 use crate::conditions;
 use crate::error::ControllerError;
 use crate::scheduler::{Decision, SchedulerOptions, Snapshot, needs_scheduling};
@@ -64,115 +63,115 @@ fn key(vmi: &VirtualMachineInstance) -> String {
     )
 }
 
-/// Run the scheduler loop until a watch fails for good or the future is dropped.
-pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(), ControllerError> {
-    let wake = Arc::new(Notify::new());
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let (vmis, vmi_writer) = reflector::store::<Vmi>();
-    let node_stream = reflector(
-        node_writer,
-        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff(),
-    )
-    .touched_objects()
-    .map_ok(|_| ());
-    let vmi_stream = reflector(
-        vmi_writer,
-        watcher(Api::<Vmi>::all(client.clone()), watcher::Config::default()).default_backoff(),
-    )
-    .touched_objects()
-    .map_ok(|_| ());
-    let w = wake.clone();
-    let mut watches = Box::pin(futures::stream::select(node_stream, vmi_stream));
-    let pump = async move {
-        while let Some(item) = watches.next().await {
-            if let Err(e) = item {
-                tracing::warn!(error = %e, "scheduler watch error");
-            }
-            w.notify_one();
-        }
-    };
+/// The cache changes that can change a decision.
+const WAKE_ON: &[Kind] = &[
+    Kind::Vmi,
+    Kind::Node,
+    Kind::PersistentVolumeClaim,
+    Kind::PersistentVolume,
+    Kind::StorageClass,
+];
+
+/// Run the scheduler loop over the shared caches `stores` (whose task the caller drives) until
+/// the caches are gone or the future is dropped.
+pub async fn run(
+    client: kube::Client,
+    opts: SchedulerLoopOptions,
+    stores: Stores,
+) -> Result<(), ControllerError> {
+    // Subscribed before the first pass: a change during a pass wakes the next one.
+    let mut changes = stores.changes();
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
-    let work = async {
-        let _ = nodes.wait_until_ready().await;
-        let _ = vmis.wait_until_ready().await;
-        let mut assumed: HashMap<String, (String, Instant)> = HashMap::new();
-        loop {
-            let node_list: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
-            let cached = vmis.state();
-            // Bindings the cache has not caught up with count as made; old ones, and those the
-            // cache now shows, are forgotten (looked up by key: no pass over every VMI).
-            assumed.retain(|k, (_, at)| {
-                at.elapsed() < ASSUME_TTL
-                    && k.split_once('/').is_some_and(|(ns, name)| {
-                        let r = reflector::ObjectRef::<Vmi>::new(name).within(ns);
-                        vmis.get(&r).is_some_and(|v| needs_scheduling(&v.0))
-                    })
-            });
-            let mut pending: Vec<&VirtualMachineInstance> = Vec::new();
-            let mut assumed_here: Vec<(&VirtualMachineInstance, String)> = Vec::new();
-            for v in cached.iter().map(|v| &v.0).filter(|v| needs_scheduling(v)) {
-                match assumed.get(&key(v)) {
-                    Some((node, _)) => assumed_here.push((v, node.clone())),
-                    None => pending.push(v),
-                }
+    stores.ready().await;
+    let vmis = &stores.vmis;
+    let mut assumed: HashMap<String, (String, Instant)> = HashMap::new();
+    loop {
+        let cached = vmis.state();
+        // Bindings the cache has not caught up with count as made; old ones, and those the
+        // cache now shows, are forgotten (looked up by key: no pass over every VMI).
+        assumed.retain(|k, (_, at)| {
+            at.elapsed() < ASSUME_TTL
+                && k.split_once('/').is_some_and(|(ns, name)| {
+                    let r = reflector::ObjectRef::<Vmi>::new(name).within(ns);
+                    vmis.get(&r).is_some_and(|v| needs_scheduling(&v.0))
+                })
+        });
+        let mut pending: Vec<&VirtualMachineInstance> = Vec::new();
+        let mut assumed_here: Vec<(&VirtualMachineInstance, String)> = Vec::new();
+        for v in cached.iter().map(|v| &v.0).filter(|v| needs_scheduling(v)) {
+            match assumed.get(&key(v)) {
+                Some((node, _)) => assumed_here.push((v, node.clone())),
+                None => pending.push(v),
             }
-            if pending.is_empty() {
-                // Nothing to place: no snapshot (a pass over every VMI) on this wake-up.
-                let _ = tokio::time::timeout(opts.resync, wake.notified()).await;
-                continue;
-            }
-            // One snapshot for the whole pass: every decision counts the ones before it.
-            let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &opts.scheduler);
-            for (v, node) in &assumed_here {
-                snap.assume(v, node);
-            }
-            pending.sort_by_key(|v| (v.metadata.creation_timestamp.clone(), key(v)));
-            let mut binds = Vec::new();
-            let mut unschedulable = Vec::new();
-            for v in pending {
-                let (affinity, shared_mounts) = volume_constraints(&client, v).await;
-                match snap.schedule(v, &affinity, &shared_mounts) {
-                    Decision::Bind { node } => {
-                        snap.assume(v, &node);
-                        assumed.insert(key(v), (node.clone(), Instant::now()));
-                        binds.push((v, node));
-                    }
-                    Decision::Unschedulable(fit) => unschedulable.push((v, fit.to_string())),
-                }
-            }
-            // The writes of the pass, WRITE_CONCURRENCY at a time: decisions are made in
-            // order above, only the API round trips overlap. A failed bind forgets its
-            // assumption, so the next pass decides that VMI again from the cache.
-            let mut failed = Vec::new();
-            let mut inflight = futures::stream::FuturesUnordered::new();
-            for (v, node) in binds {
-                inflight.push(bind_and_record(&client, &recorder, v, node));
-                if inflight.len() >= WRITE_CONCURRENCY
-                    && let Some(Some(k)) = inflight.next().await
-                {
-                    failed.push(k);
-                }
-            }
-            while let Some(r) = inflight.next().await {
-                failed.extend(r);
-            }
-            for k in failed {
-                assumed.remove(&k);
-            }
-            let mut inflight = futures::stream::FuturesUnordered::new();
-            for (v, message) in unschedulable {
-                inflight.push(mark_unschedulable_logged(&client, &recorder, v, message));
-                if inflight.len() >= WRITE_CONCURRENCY {
-                    inflight.next().await;
-                }
-            }
-            while inflight.next().await.is_some() {}
-            let _ = tokio::time::timeout(opts.resync, wake.notified()).await;
         }
-    };
-    tokio::select! {
-        _ = pump => Err(ControllerError::TaskStopped { name: "scheduler", reason: "watch streams ended".into() }),
-        _ = work => Ok(()),
+        if pending.is_empty() {
+            // Nothing to place: no snapshot (a pass over every VMI) on this wake-up.
+            if !wait(&mut changes, opts.resync).await {
+                return Ok(());
+            }
+            continue;
+        }
+        // Copied only when there is something to place (a wake-up per Node status patch
+        // otherwise copies every Node for nothing).
+        let node_list = stores.node_list();
+        // One snapshot for the whole pass: every decision counts the ones before it.
+        let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &opts.scheduler);
+        for (v, node) in &assumed_here {
+            snap.assume(v, node);
+        }
+        pending.sort_by_key(|v| (v.metadata.creation_timestamp.clone(), key(v)));
+        let mut binds = Vec::new();
+        let mut unschedulable = Vec::new();
+        for v in pending {
+            let (affinity, shared_mounts) = volume_constraints(&client, &stores, v).await;
+            match snap.schedule(v, &affinity, &shared_mounts) {
+                Decision::Bind { node } => {
+                    snap.assume(v, &node);
+                    assumed.insert(key(v), (node.clone(), Instant::now()));
+                    binds.push((v, node));
+                }
+                Decision::Unschedulable(fit) => unschedulable.push((v, fit.to_string())),
+            }
+        }
+        // The writes of the pass, WRITE_CONCURRENCY at a time: decisions are made in
+        // order above, only the API round trips overlap. A failed bind forgets its
+        // assumption, so the next pass decides that VMI again from the cache.
+        let mut failed = Vec::new();
+        let mut inflight = futures::stream::FuturesUnordered::new();
+        for (v, node) in binds {
+            inflight.push(bind_and_record(&client, &recorder, v, node));
+            if inflight.len() >= WRITE_CONCURRENCY
+                && let Some(Some(k)) = inflight.next().await
+            {
+                failed.push(k);
+            }
+        }
+        while let Some(r) = inflight.next().await {
+            failed.extend(r);
+        }
+        for k in failed {
+            assumed.remove(&k);
+        }
+        let mut inflight = futures::stream::FuturesUnordered::new();
+        for (v, message) in unschedulable {
+            inflight.push(mark_unschedulable_logged(&client, &recorder, v, message));
+            if inflight.len() >= WRITE_CONCURRENCY {
+                inflight.next().await;
+            }
+        }
+        while inflight.next().await.is_some() {}
+        if !wait(&mut changes, opts.resync).await {
+            return Ok(());
+        }
+    }
+}
+
+/// Waits for a change of a kind in [`WAKE_ON`] or `resync`, then takes every change already
+/// queued (one pass covers them all). False once the caches are gone.
+async fn wait(changes: &mut super::stores::Changes, resync: Duration) -> bool {
+    match tokio::time::timeout(resync, changes.wait_for(WAKE_ON)).await {
+        Ok(None) => false,
+        Ok(Some(_)) | Err(_) => changes.drain(),
     }
 }
 
@@ -215,10 +214,13 @@ async fn mark_unschedulable_logged(
 }
 
 /// The node affinity of the PVs the VMI's claims are bound to and the claims whose class
-/// keeps volumes on a declared shared filesystem (looked up now; lookup errors add no
-/// constraint and the agent reports a volume it cannot find).
+/// keeps volumes on a declared shared filesystem, read from the shared caches. A claim, PV or
+/// class the cache does not hold (yet), and a claim it shows unbound, is read from the API
+/// instead, so that a cache lagging behind a just-created or just-bound claim cannot drop a
+/// constraint. Lookup errors add no constraint (the agent reports a volume it cannot find).
 pub(crate) async fn volume_constraints(
     client: &kube::Client,
+    stores: &Stores,
     vmi: &VirtualMachineInstance,
 ) -> (
     Vec<k8s_openapi::api::core::v1::NodeSelector>,
@@ -226,51 +228,58 @@ pub(crate) async fn volume_constraints(
 ) {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
     use k8s_openapi::api::storage::v1::StorageClass;
+    let claim_names = crate::storage::pvc_loop::claims_of(vmi);
+    if claim_names.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
     let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let pvs_api: Api<PersistentVolume> = Api::all(client.clone());
+    let bound_to = |c: &PersistentVolumeClaim| c.spec.as_ref().and_then(|s| s.volume_name.clone());
     let (mut claims, mut pvs) = (Vec::new(), Vec::new());
-    for name in crate::storage::pvc_loop::claims_of(vmi) {
-        let Ok(Some(claim)) = claims_api.get_opt(&name).await else {
-            continue;
+    for name in claim_names {
+        let claim = match stores.pvc(ns, &name) {
+            Some(c) if bound_to(&c).is_some() => (*c).clone(),
+            _ => match claims_api.get_opt(&name).await {
+                Ok(Some(c)) => c,
+                _ => continue,
+            },
         };
-        if let Some(v) = claim.spec.as_ref().and_then(|s| s.volume_name.clone())
-            && let Ok(Some(pv)) = pvs_api.get_opt(&v).await
-        {
-            pvs.push(pv);
+        if let Some(v) = bound_to(&claim) {
+            let cached = stores.pvs.get(&reflector::ObjectRef::new(&v));
+            match cached {
+                Some(pv) => pvs.push((*pv).clone()),
+                None => {
+                    if let Ok(Some(pv)) = pvs_api.get_opt(&v).await {
+                        pvs.push(pv);
+                    }
+                }
+            }
         }
         claims.push(claim);
     }
-    // The classes named by the claims or their PVs, read by name; a claim naming none uses
-    // the default class, which only a list finds.
-    let class_api: Api<StorageClass> = Api::all(client.clone());
+    // The classes named by the claims or their PVs; a claim naming none uses the default class.
     let mut names: Vec<Option<String>> = claims
         .iter()
         .map(|c| {
             let pv_class = pvs
                 .iter()
-                .find(|pv| {
-                    pv.metadata.name.is_some()
-                        && pv.metadata.name == c.spec.as_ref().and_then(|s| s.volume_name.clone())
-                })
+                .find(|pv| pv.metadata.name.is_some() && pv.metadata.name == bound_to(c))
                 .and_then(|pv| pv.spec.as_ref()?.storage_class_name.clone());
             pv_class.or_else(|| c.spec.as_ref()?.storage_class_name.clone())
         })
         .collect();
     names.sort();
     names.dedup();
-    let mut classes = Vec::new();
-    if names.iter().any(Option::is_none) {
-        classes = class_api
-            .list(&Default::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-    } else {
-        for name in names.into_iter().flatten() {
-            if let Ok(Some(c)) = class_api.get_opt(&name).await {
-                classes.push(c);
-            }
+    let mut classes = stores.class_list();
+    let class_api: Api<StorageClass> = Api::all(client.clone());
+    for name in names.into_iter().flatten() {
+        if !classes
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(&name))
+            && let Ok(Some(c)) = class_api.get_opt(&name).await
+        {
+            classes.push(c);
         }
     }
     (

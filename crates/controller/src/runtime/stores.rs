@@ -83,6 +83,19 @@ impl Changes {
     }
 }
 
+impl Changes {
+    /// Takes every change already queued without waiting; false once the caches are gone.
+    pub fn drain(&mut self) -> bool {
+        loop {
+            match self.0.try_recv() {
+                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                Err(broadcast::error::TryRecvError::Empty) => return true,
+                Err(broadcast::error::TryRecvError::Closed) => return false,
+            }
+        }
+    }
+}
+
 /// Drives one reflector, announcing every event as `kind`.
 async fn drive<K>(
     api: Api<K>,
@@ -254,7 +267,21 @@ mod tests {
             changes.wait_for(&[Kind::PersistentVolume]).await,
             Some(Kind::PersistentVolume)
         );
+        // Drain takes whatever is queued without waiting.
+        tx.send(Kind::Vmi).unwrap();
+        tx.send(Kind::Node).unwrap();
+        assert!(changes.drain());
+        assert!(
+            tokio::time::timeout(
+                std::time::Duration::from_millis(20),
+                changes.wait_for(&[Kind::Vmi, Kind::Node])
+            )
+            .await
+            .is_err(),
+            "nothing left after drain"
+        );
         drop(tx);
+        assert!(!changes.drain());
         assert_eq!(changes.wait_for(&[Kind::Node]).await, None);
     }
 }

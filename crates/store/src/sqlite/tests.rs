@@ -4,11 +4,15 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
 
+use rusqlite::Connection;
+
 use super::SqliteStore;
+use super::writer::Job;
 use crate::{EventKind, Store, StoreError};
 
 /// Set in the environment of the child process of `survives_a_killed_writer`.
@@ -18,9 +22,12 @@ const CRASH_CHILD_DB: &str = "FERROVIRT_STORE_CRASH_CHILD_DB";
 async fn database_is_wal_with_full_sync() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let store = SqliteStore::open(dir.path().join("s.db")).await?;
-    let conn = super::lock(&store.inner.writer);
-    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
-    let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+    let (mode, sync) = on_writer(&store, |conn| {
+        let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+        Ok((mode, sync))
+    })
+    .await?;
     assert_eq!(mode, "wal");
     assert_eq!(sync, 2, "synchronous=FULL");
     Ok(())
@@ -140,20 +147,25 @@ async fn compaction_removes_superseded_rows_and_tombstones() -> anyhow::Result<(
     store.create("/b", b"b".to_vec()).await?;
     store.delete("/b", None).await?;
     let c = store.create("/c", b"c".to_vec()).await?;
-    let rows = |store: &SqliteStore| -> anyhow::Result<i64> {
-        let conn = super::lock(&store.inner.writer);
-        Ok(conn.query_row("SELECT COUNT(*) FROM kv_log", [], |r| r.get(0))?)
+    let rows = |store: &SqliteStore| {
+        let store = store.clone();
+        async move {
+            on_writer(&store, |conn| {
+                Ok(conn.query_row("SELECT COUNT(*) FROM kv_log", [], |r| r.get::<_, i64>(0))?)
+            })
+            .await
+        }
     };
-    assert_eq!(rows(&store)?, 23);
+    assert_eq!(rows(&store).await?, 23);
     store.compact(c.mod_revision).await?;
     // Left: the last row of /a (below the mark) and /c (at the mark).
-    assert_eq!(rows(&store)?, 2);
+    assert_eq!(rows(&store).await?, 2);
     assert_eq!(store.get("/a").await?, Some(a));
     assert_eq!(store.current_revision().await?, 23);
     // The revision survives the loss of its newest row, and the marker survives a reopen.
     store.delete("/c", None).await?;
     store.compact(24).await?;
-    assert_eq!(rows(&store)?, 1);
+    assert_eq!(rows(&store).await?, 1);
     drop(store);
     let store = SqliteStore::open(dir.path().join("s.db")).await?;
     assert_eq!(store.current_revision().await?, 24);
@@ -162,8 +174,8 @@ async fn compaction_removes_superseded_rows_and_tombstones() -> anyhow::Result<(
     Ok(())
 }
 
-/// Runs in a child process of `survives_a_killed_writer`: writes until killed, printing one
-/// line per acknowledged write.
+/// Runs in a child process of `survives_a_killed_writer`: 8 concurrent writers (so that their
+/// writes share group commits) write until killed, printing one line per acknowledged write.
 #[tokio::test]
 #[ignore = "helper process for survives_a_killed_writer"]
 async fn crash_child() -> anyhow::Result<()> {
@@ -171,11 +183,21 @@ async fn crash_child() -> anyhow::Result<()> {
         return Ok(());
     };
     let store = SqliteStore::open(path).await?;
-    for i in 0..100_000 {
-        let kv = store
-            .create(&format!("/crash/{i:06}"), vec![7; 100])
-            .await?;
-        println!("ACK {} {}", kv.key, kv.mod_revision);
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..100_000 {
+                let kv = store
+                    .create(&format!("/crash/{t}-{i:06}"), vec![7; 100])
+                    .await?;
+                println!("ACK {} {}", kv.key, kv.mod_revision);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
     }
     Ok(())
 }
@@ -221,5 +243,207 @@ async fn survives_a_killed_writer() -> anyhow::Result<()> {
         assert_eq!(kv.map(|kv| kv.mod_revision), Some(*rev), "{key} survived");
     }
     assert!(store.current_revision().await? >= 150);
+    Ok(())
+}
+
+/// Runs `f` on the writer thread's connection, between group commits.
+async fn on_writer<T: Send + 'static>(
+    store: &SqliteStore,
+    f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    store.exclusive(f).await
+}
+
+/// Holds the writer thread until the returned sender is dropped, so that writes queue up.
+fn hold_writer(store: &SqliteStore) -> std::sync::mpsc::Sender<()> {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let job = Job::Exclusive(Box::new(move |_| {
+        let _ = held.recv();
+    }));
+    assert!(store.inner.writer.send(job), "writer thread is running");
+    release
+}
+
+fn queued(store: &SqliteStore) -> u64 {
+    store.inner.writer.stats.queued.load(Ordering::Relaxed)
+}
+
+fn batches(store: &SqliteStore) -> u64 {
+    store.inner.writer.stats.batches.load(Ordering::Relaxed)
+}
+
+/// Spawns `write` and returns once it has queued its job, so that jobs queue in call order.
+async fn queue<T: Send + 'static>(
+    store: &SqliteStore,
+    write: impl Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    let before = queued(store);
+    let task = tokio::spawn(write);
+    while queued(store) == before {
+        tokio::task::yield_now().await;
+    }
+    task
+}
+
+#[tokio::test]
+async fn concurrent_writes_share_one_commit() -> anyhow::Result<()> {
+    const WRITES: usize = 40;
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open(dir.path().join("s.db")).await?;
+    let mut w = store.watch("/g/", 0).await?;
+    let release = hold_writer(&store);
+    let before = batches(&store);
+    let mut tasks = Vec::new();
+    for i in 0..WRITES {
+        let s = store.clone();
+        tasks.push(
+            queue(&store, async move {
+                s.create(&format!("/g/{i:02}"), vec![1]).await
+            })
+            .await,
+        );
+    }
+    drop(release);
+    let mut revisions = Vec::new();
+    for t in tasks {
+        revisions.push(t.await??.mod_revision);
+    }
+    assert_eq!(
+        batches(&store) - before,
+        1,
+        "{WRITES} queued writes, one commit"
+    );
+    // Queue order is revision order, with no gaps.
+    assert_eq!(revisions, (1..=WRITES as i64).collect::<Vec<_>>());
+    for (i, want) in revisions.iter().enumerate() {
+        let ev = w.next().await.expect("event")?;
+        assert_eq!(ev.revision, *want);
+        assert_eq!(ev.kv.key, format!("/g/{i:02}"));
+    }
+    // Every acknowledged write of the batch is on disk in a fresh process' view.
+    drop(w);
+    drop(store);
+    let store = SqliteStore::open(dir.path().join("s.db")).await?;
+    let listed = store.list("/g/", Default::default()).await?;
+    assert_eq!(listed.items.len(), WRITES);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_write_in_a_batch_fails_alone() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open(dir.path().join("s.db")).await?;
+    let a = store.create("/a", b"0".to_vec()).await?;
+    let mut w = store.watch("/", a.mod_revision).await?;
+    let release = hold_writer(&store);
+    let before = batches(&store);
+    let s = store.clone();
+    let update_a = queue(
+        &store,
+        async move { s.update("/a", b"1".to_vec(), 1).await },
+    )
+    .await;
+    // Same precondition: the first update of the batch moved /a on, so this one conflicts.
+    let s = store.clone();
+    let stale_a = queue(
+        &store,
+        async move { s.update("/a", b"2".to_vec(), 1).await },
+    )
+    .await;
+    let s = store.clone();
+    let create_b = queue(&store, async move { s.create("/b", b"b".to_vec()).await }).await;
+    let s = store.clone();
+    let create_b_again = queue(&store, async move { s.create("/b", b"x".to_vec()).await }).await;
+    let s = store.clone();
+    let delete_missing = queue(&store, async move { s.delete("/missing", None).await }).await;
+    let s = store.clone();
+    let update_b = queue(
+        &store,
+        async move { s.update("/b", b"b2".to_vec(), 3).await },
+    )
+    .await;
+    drop(release);
+
+    assert_eq!(update_a.await??.mod_revision, 2);
+    match stale_a.await? {
+        Err(StoreError::Conflict {
+            expected: 1,
+            current: Some(current),
+            ..
+        }) => assert_eq!((current.mod_revision, current.value), (2, b"1".to_vec())),
+        other => anyhow::bail!("stale update: {other:?}"),
+    }
+    assert_eq!(create_b.await??.mod_revision, 3);
+    assert!(matches!(
+        create_b_again.await?,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        delete_missing.await?,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(update_b.await??.mod_revision, 4);
+    assert_eq!(batches(&store) - before, 1, "one commit for the six writes");
+
+    // The failed writes left no row and no revision behind; the others are all there.
+    assert_eq!(store.current_revision().await?, 4);
+    assert_eq!(
+        store.get("/a").await?.map(|kv| kv.value),
+        Some(b"1".to_vec())
+    );
+    assert_eq!(
+        store.get("/b").await?.map(|kv| kv.value),
+        Some(b"b2".to_vec())
+    );
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let ev = w.next().await.expect("event")?;
+        seen.push((ev.revision, ev.kind, ev.kv.key));
+    }
+    assert_eq!(
+        seen,
+        [
+            (2, EventKind::Modified, "/a".to_owned()),
+            (3, EventKind::Created, "/b".to_owned()),
+            (4, EventKind::Modified, "/b".to_owned()),
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn routed_watches_see_their_resource_in_order_and_catch_up() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    // A small channel, so that the routed watcher also lags and catches up from the log.
+    let store = SqliteStore::open_with_capacity(&dir.path().join("s.db"), 4).await?;
+    let mut vmis = store.watch("/registry/g/vmis/ns/", 0).await?;
+    let mut all = store.watch("/registry/", 0).await?;
+    let mut want = Vec::new();
+    for i in 0..20 {
+        store
+            .create(&format!("/registry/g/leases/ns/l{i}"), vec![])
+            .await?;
+        let kv = store
+            .create(&format!("/registry/g/vmis/ns/v{i}"), vec![])
+            .await?;
+        store
+            .create(&format!("/registry/g/vmis/other/v{i}"), vec![])
+            .await?;
+        want.push((kv.mod_revision, kv.key));
+    }
+    let mut got = Vec::new();
+    while got.len() < want.len() {
+        let ev = tokio::time::timeout(Duration::from_secs(5), vmis.next())
+            .await?
+            .expect("event")?;
+        got.push((ev.revision, ev.kv.key));
+    }
+    assert_eq!(got, want);
+    for rev in 1..=60 {
+        let ev = tokio::time::timeout(Duration::from_secs(5), all.next())
+            .await?
+            .expect("event")?;
+        assert_eq!(ev.revision, rev);
+    }
     Ok(())
 }
