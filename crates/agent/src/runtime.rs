@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 use ferrovirt_launcher::control::{LaunchMeta, Request};
 use ferrovirt_launcher::spec::Accel;
+use ferrovirt_launcher::timing::{Timeline, boottime_us};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Event, Namespace, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
@@ -613,11 +614,19 @@ impl Agent {
         Ok(refs)
     }
 
-    /// Prepares volumes and starts the launcher of `vmi`.
-    async fn start(&self, vmi: &VirtualMachineInstance) -> Result<(), AgentError> {
+    /// Prepares volumes and starts the launcher of `vmi`; each step goes into `timing`,
+    /// which is logged and written into the VMI directory once the launcher is spawned.
+    async fn start(
+        &self,
+        vmi: &VirtualMachineInstance,
+        timing: &mut Timeline,
+    ) -> Result<(), AgentError> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
+        let t = boottime_us();
         let mut refs = self.resolve_refs(vmi).await?;
+        timing.span("refs", t);
+        let t = boottime_us();
         let (hco, cdi) = self.caches.hco_and_cdi().await;
         let policy = crate::hostpath::HostPathPolicy {
             host_disk_gate: ferrovirt_api::hco::feature_gate_on(&hco, "HostDisk"),
@@ -636,6 +645,7 @@ impl Agent {
         let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
             .await
             .map_err(|e| AgentError::Reference(format!("volume preparation task: {e}")))??;
+        timing.span("volumes", t);
         let mut ctx = MappingContext::new(&dir, self.accel);
         if self.qemu_user.is_some() {
             // Root agent: this VM's QEMU gets a uid of its own, and its images are its.
@@ -656,13 +666,18 @@ impl Agent {
             let others = self.caches.all_vmis().await?;
             crate::network::check_duplicate_macs(vmi, &others)?;
         }
+        let t = boottime_us();
         let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
+        timing.span("network", t);
         ctx.pod_taps = attachment.taps;
         let exec_prefix = attachment.exec_prefix;
         let spec = mapping::launch_spec(vmi, &ctx)?;
         spec.validate()?;
+        let t = boottime_us();
         let fence = self.fence_spec(vmi, &refs).await?;
+        timing.span("fence_spec", t);
         let (ns, name) = ns_name(vmi);
+        let t = boottime_us();
         // Announced before the launcher exists: the node controller replaces a VMI of a dead
         // node only when its launcher fences itself (or none was started).
         let announce = json!({"metadata": {"uid": vmi.metadata.uid, "annotations": {
@@ -672,6 +687,7 @@ impl Agent {
             .patch(&name, &PatchParams::default(), &Patch::Merge(&announce))
             .await
             .map_err(kube_err)?;
+        timing.span("announce", t);
         let meta = LaunchMeta {
             vmi_uid: uid,
             namespace: ns,
@@ -680,14 +696,18 @@ impl Agent {
             qemu_binary: self.opts.qemu_binary.clone(),
             fence,
         };
+        let t = boottime_us();
         self.launchers
             .lock()
             .await
             .start_in(&self.cfg, &spec, &meta, &exec_prefix)?;
+        timing.span("launcher_spawn", t);
+        tracing::info!(vmi = %meta.name, "start timing: {}", timing.summary());
+        let _ = timing.write(&dir.join(ferrovirt_launcher::timing::AGENT_FILE));
         Ok(())
     }
 
-    async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance) {
+    async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance, seen_us: u64) {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         if uid.is_empty() || self.busy.lock().await.contains(&uid) {
             return;
@@ -715,10 +735,14 @@ impl Agent {
                     let vmi = vmi.clone();
                     let uid = uid.clone();
                     tokio::spawn(async move {
+                        let mut timing = Timeline::default();
+                        timing.push("watch", seen_us, seen_us);
+                        let t = boottime_us();
                         if let Err(e) = me.set_finalizer(&vmi, true).await {
                             tracing::warn!("adding finalizer: {e}");
                         }
-                        match me.start(&vmi).await {
+                        timing.span("finalizer", t);
+                        match me.start(&vmi, &mut timing).await {
                             Ok(()) => {
                                 // The launcher child is tracked now: no second start can
                                 // happen, so the VMI may be reconciled again.

@@ -116,6 +116,7 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
                     None => pending.push(v),
                 }
             }
+            let pass_us = boottime_us();
             if pending.is_empty() {
                 // Nothing to place: no snapshot (a pass over every VMI) on this wake-up.
                 let _ = tokio::time::timeout(opts.resync, wake.notified()).await;
@@ -146,7 +147,7 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
             let mut failed = Vec::new();
             let mut inflight = futures::stream::FuturesUnordered::new();
             for (v, node) in binds {
-                inflight.push(bind_and_record(&client, &recorder, v, node));
+                inflight.push(bind_and_record(&client, &recorder, v, node, pass_us));
                 if inflight.len() >= WRITE_CONCURRENCY
                     && let Some(Some(k)) = inflight.next().await
                 {
@@ -176,16 +177,26 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
     }
 }
 
+/// Microseconds since boot (CLOCK_BOOTTIME), the clock of the start-path timing
+/// (docs/scale.md "Start path"): the "bound" log line carries when the pass began
+/// (`pass_us`) and when the bind was written (`bound_us`).
+fn boottime_us() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1000
+}
+
 /// Binds `vmi` to `node` and records the `Scheduled` Event; the VMI's key when the bind failed.
 async fn bind_and_record(
     client: &kube::Client,
     recorder: &EventRecorder,
     vmi: &VirtualMachineInstance,
     node: String,
+    pass_us: u64,
 ) -> Option<String> {
     match bind(client, vmi, &node).await {
         Ok(()) => {
-            tracing::info!(vmi = %key(vmi), %node, "bound");
+            let bound_us = boottime_us();
+            tracing::info!(vmi = %key(vmi), %node, pass_us, bound_us, "bound");
             let reference = object_ref(
                 KUBEVIRT_API_VERSION,
                 "VirtualMachineInstance",
