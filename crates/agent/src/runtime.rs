@@ -12,19 +12,16 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
-use ferrovirt_launcher::control::{LaunchMeta, Request};
+use ferrovirt_launcher::control::Request;
 use ferrovirt_launcher::spec::Accel;
-use ferrovirt_launcher::timing::{Timeline, boottime_us};
+use ferrovirt_launcher::timing::Timeline;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Event, Namespace, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    Secret,
-};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -38,12 +35,12 @@ use tokio::sync::Mutex;
 use crate::decide::{self, Action, FINALIZER, Observed};
 use crate::error::AgentError;
 use crate::launchers::{self, LauncherConfig, Launchers};
-use crate::mapping::{self, MappingContext};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
-use crate::volumes::{self, ClaimInfo, ResolvedRefs};
+use crate::volumes::ResolvedRefs;
 
 mod caches;
 mod mounts;
+mod start;
 mod sync;
 pub use sync::vmi_selector;
 use sync::{sync_loop, watch_vmis};
@@ -502,211 +499,6 @@ impl Agent {
         }
     }
 
-    /// ferrovirt's own directories no foreign host path may reach: the configured ones and the
-    /// agent's data dir.
-    fn protected_dirs(&self) -> Vec<PathBuf> {
-        let mut dirs = self.opts.isolation.protected_dirs.clone();
-        dirs.push(self.opts.data_dir.clone());
-        dirs
-    }
-
-    /// Looks up what the VMI's volumes reference.
-    async fn resolve_refs(&self, vmi: &VirtualMachineInstance) -> Result<ResolvedRefs, AgentError> {
-        let (ns, _) = ns_name(vmi);
-        let mut refs = ResolvedRefs::default();
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
-        let Some(spec) = &vmi.spec else {
-            return Ok(refs);
-        };
-        for v in spec.volumes.iter().flatten() {
-            let claim = v
-                .persistent_volume_claim
-                .as_ref()
-                .map(|c| c.claim_name.clone())
-                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
-                .or_else(|| {
-                    v.ephemeral
-                        .as_ref()
-                        .and_then(|e| e.persistent_volume_claim.as_ref())
-                        .map(|c| c.claim_name.clone())
-                });
-            if let Some(claim) = claim
-                && let Some(pvc) = pvcs.get_opt(&claim).await.map_err(kube_err)?
-            {
-                let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
-                refs.claim_access_modes
-                    .insert(claim.clone(), modes.unwrap_or_default());
-                let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone());
-                if let Some(pv_name) = pv_name
-                    && let Some(pv) = pvs.get_opt(&pv_name).await.map_err(kube_err)?
-                {
-                    let spec = pv.spec.unwrap_or_default();
-                    let path = spec
-                        .host_path
-                        .map(|h| h.path)
-                        .or_else(|| spec.local.map(|l| l.path));
-                    if let Some(path) = path {
-                        let ours = crate::hostpath::made_by_us(
-                            Path::new(&path),
-                            pv.metadata
-                                .annotations
-                                .as_ref()
-                                .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
-                                .map(String::as_str),
-                        );
-                        let ro = spec
-                            .access_modes
-                            .unwrap_or_default()
-                            .iter()
-                            .all(|m| m == "ReadOnlyMany");
-                        refs.claims.insert(
-                            claim,
-                            ClaimInfo {
-                                path: path.into(),
-                                read_only: ro,
-                                ours,
-                            },
-                        );
-                    }
-                }
-            }
-            let mut secret_names = Vec::new();
-            for ci in [&v.cloud_init_no_cloud, &v.cloud_init_config_drive]
-                .into_iter()
-                .flatten()
-            {
-                secret_names.extend(ci.secret_ref.as_ref().map(|r| r.name.clone()));
-                secret_names.extend(ci.network_data_secret_ref.as_ref().map(|r| r.name.clone()));
-            }
-            secret_names.extend(v.secret.as_ref().and_then(|s| s.secret_name.clone()));
-            for s in secret_names {
-                if let Some(sec) = secrets.get_opt(&s).await.map_err(kube_err)? {
-                    let mut data: BTreeMap<String, Vec<u8>> = sec
-                        .data
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(k, v)| (k, v.0))
-                        .collect();
-                    for (k, v) in sec.string_data.unwrap_or_default() {
-                        data.insert(k, v.into_bytes());
-                    }
-                    refs.secrets.insert(s, data);
-                }
-            }
-            if let Some(cm_name) = v.config_map.as_ref().and_then(|c| c.name.clone())
-                && let Some(cm) = cms.get_opt(&cm_name).await.map_err(kube_err)?
-            {
-                let mut data: BTreeMap<String, Vec<u8>> = cm
-                    .data
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into_bytes()))
-                    .collect();
-                for (k, v) in cm.binary_data.unwrap_or_default() {
-                    data.insert(k, v.0);
-                }
-                refs.config_maps.insert(cm_name, data);
-            }
-        }
-        Ok(refs)
-    }
-
-    /// Prepares volumes and starts the launcher of `vmi`; each step goes into `timing`,
-    /// which is logged and written into the VMI directory once the launcher is spawned.
-    async fn start(
-        &self,
-        vmi: &VirtualMachineInstance,
-        timing: &mut Timeline,
-    ) -> Result<(), AgentError> {
-        let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let dir = self.cfg.vmi_dir(&uid);
-        let t = boottime_us();
-        let mut refs = self.resolve_refs(vmi).await?;
-        timing.span("refs", t);
-        let t = boottime_us();
-        let (hco, cdi) = self.caches.hco_and_cdi().await;
-        let policy = crate::hostpath::HostPathPolicy {
-            host_disk_gate: ferrovirt_api::hco::feature_gate_on(&hco, "HostDisk"),
-            allowed_roots: self.opts.isolation.host_disk_roots.clone(),
-            protected: self.protected_dirs(),
-        };
-        // Refused host paths leave nothing behind, not even the VMI directory.
-        crate::hostpath::verify(vmi, &refs, &policy)?;
-        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        let insecure = ferrovirt_api::hco::insecure_registries(&hco, &cdi);
-        refs.container_disks = self
-            .container_disks
-            .prepare(&self.client, vmi, &insecure)
-            .await?;
-        let actions = volumes::plan(vmi, &refs, &dir)?;
-        let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
-            .await
-            .map_err(|e| AgentError::Reference(format!("volume preparation task: {e}")))??;
-        timing.span("volumes", t);
-        let mut ctx = MappingContext::new(&dir, self.accel);
-        if self.qemu_user.is_some() {
-            // Root agent: this VM's QEMU gets a uid of its own, and its images are its.
-            let range = self.opts.isolation.qemu_uids;
-            let qemu_uid = crate::isolation::allocate_uid(&self.opts.data_dir, &dir, &uid, range)
-                .map_err(|e| AgentError::io(&dir, e))?;
-            crate::isolation::own_volumes(prepared.values().map(|v| &v.path), qemu_uid)
-                .map_err(|e| AgentError::io(&dir, e))?;
-            ctx.run_as = Some(crate::isolation::run_as(qemu_uid));
-        }
-        ctx.volumes = prepared;
-        ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
-        ctx.sandbox = true;
-        ctx.cgroup_name = vmi.metadata.uid.clone();
-        ctx.pids_max = Some(self.opts.isolation.pids_max);
-        ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
-        if crate::network::has_explicit_macs(vmi) {
-            let others = self.caches.all_vmis().await?;
-            crate::network::check_duplicate_macs(vmi, &others)?;
-        }
-        let t = boottime_us();
-        let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
-        timing.span("network", t);
-        ctx.pod_taps = attachment.taps;
-        let exec_prefix = attachment.exec_prefix;
-        let spec = mapping::launch_spec(vmi, &ctx)?;
-        spec.validate()?;
-        let t = boottime_us();
-        let fence = self.fence_spec(vmi, &refs).await?;
-        timing.span("fence_spec", t);
-        let (ns, name) = ns_name(vmi);
-        let t = boottime_us();
-        // Announced before the launcher exists: the node controller replaces a VMI of a dead
-        // node only when its launcher fences itself (or none was started).
-        let announce = json!({"metadata": {"uid": vmi.metadata.uid, "annotations": {
-            ferrovirt_api::fencing::FENCING_ANNOTATION: crate::fencing::announcement(fence.as_ref())
-        }}});
-        self.vmi_api(&ns)
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&announce))
-            .await
-            .map_err(kube_err)?;
-        timing.span("announce", t);
-        let meta = LaunchMeta {
-            vmi_uid: uid,
-            namespace: ns,
-            name,
-            grace_seconds: decide::grace_seconds(vmi),
-            qemu_binary: self.opts.qemu_binary.clone(),
-            fence,
-        };
-        let t = boottime_us();
-        self.launchers
-            .lock()
-            .await
-            .start_in(&self.cfg, &spec, &meta, &exec_prefix)?;
-        timing.span("launcher_spawn", t);
-        tracing::info!(vmi = %meta.name, "start timing: {}", timing.summary());
-        let _ = timing.write(&dir.join(ferrovirt_launcher::timing::AGENT_FILE));
-        Ok(())
-    }
-
     async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance, seen_us: u64) {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         if uid.is_empty() || self.busy.lock().await.contains(&uid) {
@@ -737,11 +529,6 @@ impl Agent {
                     tokio::spawn(async move {
                         let mut timing = Timeline::default();
                         timing.push("watch", seen_us, seen_us);
-                        let t = boottime_us();
-                        if let Err(e) = me.set_finalizer(&vmi, true).await {
-                            tracing::warn!("adding finalizer: {e}");
-                        }
-                        timing.span("finalizer", t);
                         match me.start(&vmi, &mut timing).await {
                             Ok(()) => {
                                 // The launcher child is tracked now: no second start can

@@ -1,0 +1,291 @@
+//! The agent's start path (issue #15: API create → QEMU exec): what a VMI references is read
+//! by name ([`Agent::resolve_refs`]), then its volumes, its network and the API writes run
+//! concurrently — the finalizer patch alongside the claim lookups; then, each on its own
+//! branch, the fencing announcement (after the finalizer: the finalizer patch carries a
+//! resourceVersion, the announcement does not, so they never conflict), the volumes
+//! (containerDisks, `qemu-img` overlays, cloud-init images) and the pod network attachment.
+//! The launcher is spawned only after all of them are done, so QEMU never execs before the
+//! finalizer and the announcement are written. Every step is timed on CLOCK_BOOTTIME
+//! ([`ferrovirt_launcher::timing`]; docs/scale.md "Start path").
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_launcher::control::LaunchMeta;
+use ferrovirt_launcher::timing::{Timeline, boottime_us};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::{Agent, kube_err, ns_name};
+use crate::decide;
+use crate::error::AgentError;
+use crate::mapping::{self, MappingContext};
+use crate::volumes::{self, ClaimInfo, ResolvedRefs};
+
+impl Agent {
+    /// ferrovirt's own directories no foreign host path may reach: the configured ones and the
+    /// agent's data dir.
+    fn protected_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = self.opts.isolation.protected_dirs.clone();
+        dirs.push(self.opts.data_dir.clone());
+        dirs
+    }
+
+    /// Looks up what the VMI's volumes reference.
+    async fn resolve_refs(&self, vmi: &VirtualMachineInstance) -> Result<ResolvedRefs, AgentError> {
+        let (ns, _) = ns_name(vmi);
+        let mut refs = ResolvedRefs::default();
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &ns);
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
+        let Some(spec) = &vmi.spec else {
+            return Ok(refs);
+        };
+        for v in spec.volumes.iter().flatten() {
+            let claim = v
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.clone())
+                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
+                .or_else(|| {
+                    v.ephemeral
+                        .as_ref()
+                        .and_then(|e| e.persistent_volume_claim.as_ref())
+                        .map(|c| c.claim_name.clone())
+                });
+            if let Some(claim) = claim
+                && let Some(pvc) = pvcs.get_opt(&claim).await.map_err(kube_err)?
+            {
+                let modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
+                refs.claim_access_modes
+                    .insert(claim.clone(), modes.unwrap_or_default());
+                let pv_name = pvc.spec.as_ref().and_then(|s| s.volume_name.clone());
+                if let Some(pv_name) = pv_name
+                    && let Some(pv) = pvs.get_opt(&pv_name).await.map_err(kube_err)?
+                {
+                    let spec = pv.spec.unwrap_or_default();
+                    let path = spec
+                        .host_path
+                        .map(|h| h.path)
+                        .or_else(|| spec.local.map(|l| l.path));
+                    if let Some(path) = path {
+                        let ours = crate::hostpath::made_by_us(
+                            Path::new(&path),
+                            pv.metadata
+                                .annotations
+                                .as_ref()
+                                .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+                                .map(String::as_str),
+                        );
+                        let ro = spec
+                            .access_modes
+                            .unwrap_or_default()
+                            .iter()
+                            .all(|m| m == "ReadOnlyMany");
+                        refs.claims.insert(
+                            claim,
+                            ClaimInfo {
+                                path: path.into(),
+                                read_only: ro,
+                                ours,
+                            },
+                        );
+                    }
+                }
+            }
+            let mut secret_names = Vec::new();
+            for ci in [&v.cloud_init_no_cloud, &v.cloud_init_config_drive]
+                .into_iter()
+                .flatten()
+            {
+                secret_names.extend(ci.secret_ref.as_ref().map(|r| r.name.clone()));
+                secret_names.extend(ci.network_data_secret_ref.as_ref().map(|r| r.name.clone()));
+            }
+            secret_names.extend(v.secret.as_ref().and_then(|s| s.secret_name.clone()));
+            for s in secret_names {
+                if let Some(sec) = secrets.get_opt(&s).await.map_err(kube_err)? {
+                    let mut data: BTreeMap<String, Vec<u8>> = sec
+                        .data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0))
+                        .collect();
+                    for (k, v) in sec.string_data.unwrap_or_default() {
+                        data.insert(k, v.into_bytes());
+                    }
+                    refs.secrets.insert(s, data);
+                }
+            }
+            if let Some(cm_name) = v.config_map.as_ref().and_then(|c| c.name.clone())
+                && let Some(cm) = cms.get_opt(&cm_name).await.map_err(kube_err)?
+            {
+                let mut data: BTreeMap<String, Vec<u8>> = cm
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_bytes()))
+                    .collect();
+                for (k, v) in cm.binary_data.unwrap_or_default() {
+                    data.insert(k, v.0);
+                }
+                refs.config_maps.insert(cm_name, data);
+            }
+        }
+        Ok(refs)
+    }
+
+    /// Starts `vmi`: adds the finalizer, prepares its volumes and network and spawns its
+    /// launcher. Independent steps run concurrently (see the module doc); each goes into
+    /// `timing`, which is logged and written into the VMI directory once the launcher is
+    /// spawned.
+    pub(super) async fn start(
+        &self,
+        vmi: &VirtualMachineInstance,
+        timing: &mut Timeline,
+    ) -> Result<(), AgentError> {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let dir = self.cfg.vmi_dir(&uid);
+        let steps = Steps(std::sync::Mutex::new(std::mem::take(timing)));
+        let finalizer = async {
+            let t = boottime_us();
+            if let Err(e) = self.set_finalizer(vmi, true).await {
+                tracing::warn!("adding finalizer: {e}");
+            }
+            steps.span("finalizer", t);
+        };
+        let refs = async {
+            let t = boottime_us();
+            let refs = self.resolve_refs(vmi).await;
+            steps.span("refs", t);
+            refs
+        };
+        let ((), refs) = tokio::join!(finalizer, refs);
+        let refs = refs?;
+        let (hco, cdi) = self.caches.hco_and_cdi().await;
+        let policy = crate::hostpath::HostPathPolicy {
+            host_disk_gate: ferrovirt_api::hco::feature_gate_on(&hco, "HostDisk"),
+            allowed_roots: self.opts.isolation.host_disk_roots.clone(),
+            protected: self.protected_dirs(),
+        };
+        // Refused host paths leave nothing behind, not even the VMI directory.
+        crate::hostpath::verify(vmi, &refs, &policy)?;
+        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
+        // The finalizer is on (its patch came back): the announcement may follow (a patch
+        // without a resourceVersion, so the two never conflict). Meanwhile the volumes and
+        // the network are prepared.
+        let announce = async {
+            let t = boottime_us();
+            let fence = self.fence_spec(vmi, &refs).await?;
+            steps.span("fence_spec", t);
+            let t = boottime_us();
+            // Announced before the launcher exists: the node controller replaces a VMI of a
+            // dead node only when its launcher fences itself (or none was started).
+            let announce = json!({"metadata": {"uid": vmi.metadata.uid, "annotations": {
+                ferrovirt_api::fencing::FENCING_ANNOTATION: crate::fencing::announcement(fence.as_ref())
+            }}});
+            let (ns, name) = ns_name(vmi);
+            self.vmi_api(&ns)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&announce))
+                .await
+                .map_err(kube_err)?;
+            steps.span("announce", t);
+            Ok::<_, AgentError>(fence)
+        };
+        let insecure = ferrovirt_api::hco::insecure_registries(&hco, &cdi);
+        let volumes = async {
+            let t = boottime_us();
+            let container_disks = self
+                .container_disks
+                .prepare(&self.client, vmi, &insecure)
+                .await?;
+            let mut refs = refs.clone();
+            refs.container_disks = container_disks;
+            let actions = volumes::plan(vmi, &refs, &dir)?;
+            let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
+                .await
+                .map_err(|e| AgentError::Reference(format!("volume preparation task: {e}")))??;
+            steps.span("volumes", t);
+            Ok::<_, AgentError>(prepared)
+        };
+        let network = async {
+            if crate::network::has_explicit_macs(vmi) {
+                let others = self.caches.all_vmis().await?;
+                crate::network::check_duplicate_macs(vmi, &others)?;
+            }
+            let t = boottime_us();
+            let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
+            steps.span("network", t);
+            Ok::<_, AgentError>(attachment)
+        };
+        // Each branch runs to its end (none is cancelled half-way); a network attached for
+        // a start that failed elsewhere is detached again.
+        let (fence, prepared, attachment) = tokio::join!(announce, volumes, network);
+        let (fence, prepared, attachment) = match (fence, prepared, attachment) {
+            (Ok(f), Ok(p), Ok(a)) => (f, p, a),
+            (f, p, a) => {
+                if a.is_ok() {
+                    self.net.detach(&uid).await;
+                }
+                return Err(f
+                    .err()
+                    .or(p.err())
+                    .or(a.err())
+                    .unwrap_or_else(|| AgentError::Reference("start step failed".into())));
+            }
+        };
+        let mut ctx = MappingContext::new(&dir, self.accel);
+        if self.qemu_user.is_some() {
+            // Root agent: this VM's QEMU gets a uid of its own, and its images are its.
+            let range = self.opts.isolation.qemu_uids;
+            let qemu_uid = crate::isolation::allocate_uid(&self.opts.data_dir, &dir, &uid, range)
+                .map_err(|e| AgentError::io(&dir, e))?;
+            crate::isolation::own_volumes(prepared.values().map(|v| &v.path), qemu_uid)
+                .map_err(|e| AgentError::io(&dir, e))?;
+            ctx.run_as = Some(crate::isolation::run_as(qemu_uid));
+        }
+        ctx.volumes = prepared;
+        ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
+        ctx.sandbox = true;
+        ctx.cgroup_name = vmi.metadata.uid.clone();
+        ctx.pids_max = Some(self.opts.isolation.pids_max);
+        ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
+        ctx.pod_taps = attachment.taps;
+        let exec_prefix = attachment.exec_prefix;
+        let spec = mapping::launch_spec(vmi, &ctx)?;
+        spec.validate()?;
+        let (ns, name) = ns_name(vmi);
+        let meta = LaunchMeta {
+            vmi_uid: uid,
+            namespace: ns,
+            name,
+            grace_seconds: decide::grace_seconds(vmi),
+            qemu_binary: self.opts.qemu_binary.clone(),
+            fence,
+        };
+        let t = boottime_us();
+        self.launchers
+            .lock()
+            .await
+            .start_in(&self.cfg, &spec, &meta, &exec_prefix)?;
+        steps.span("launcher_spawn", t);
+        *timing = steps.0.into_inner().unwrap_or_else(|p| p.into_inner());
+        tracing::info!(vmi = %meta.name, "start timing: {}", timing.summary());
+        let _ = timing.write(&dir.join(ferrovirt_launcher::timing::AGENT_FILE));
+        Ok(())
+    }
+}
+
+/// The start's [`Timeline`], shared by its concurrent branches.
+struct Steps(std::sync::Mutex<Timeline>);
+
+impl Steps {
+    fn span(&self, name: &str, start_us: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .span(name, start_us);
+    }
+}
