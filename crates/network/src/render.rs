@@ -319,13 +319,28 @@ pub fn node_teardown_actions(node: &NodeNetwork) -> Vec<Action> {
     ]
 }
 
-/// Steps that set up one VMI's namespace, veth, bridge, tap, addresses and NAT, ordered so
-/// that [`crate::apply::apply_all`] runs them with few processes: the namespace, then its
-/// forwarding sysctl and its whole nft ruleset in one `nft -f -` (the rules name interfaces,
-/// so they can exist before the links; nothing in the namespace is up before its filters
-/// are), then the node side of the veth (one `ip` batch), then everything inside the
-/// namespace (one `ip -n NS` batch), the bridge brought up last.
+/// The steps of [`pod_actions`] in the phases [`crate::setup_links`] runs: the namespace;
+/// then, concurrently, its forwarding sysctl and whole nft ruleset (one `nft -f -`: the rules
+/// name interfaces, so they can exist before the links, and nothing in the namespace is up
+/// before its filters are) and the node side of the veth (one `ip` batch); then everything
+/// inside the namespace (one `ip -n NS` batch), the bridge brought up last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodPhases {
+    pub netns: Vec<Action>,
+    pub filters: Vec<Action>,
+    pub node_side: Vec<Action>,
+    pub inside: Vec<Action>,
+}
+
+/// Steps that set up one VMI's namespace, veth, bridge, tap, addresses and NAT: the phases of
+/// [`pod_phases`] in order (a valid sequential order too).
 pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
+    let p = pod_phases(plan);
+    [p.netns, p.filters, p.node_side, p.inside].concat()
+}
+
+/// [`pod_actions`] by phase.
+pub fn pod_phases(plan: &PodPlan) -> PodPhases {
     let node_ns = &plan.node.netns;
     let pod = Some(plan.netns.clone());
     let mtu = plan.node.mtu.to_string();
@@ -336,9 +351,10 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
         plan.tap.as_str(),
     );
     let br_addr = format!("{}/{}", plan.pod_bridge_addr.0, plan.pod_bridge_addr.1);
-    let mut a = vec![Action::AddNetns(plan.netns.clone())];
+    let netns = vec![Action::AddNetns(plan.netns.clone())];
+    let mut filters = Vec::new();
     match &plan.binding {
-        Binding::Masquerade { ports } => a.extend([
+        Binding::Masquerade { ports } => filters.extend([
             Action::Sysctl {
                 netns: pod.clone(),
                 key: "net/ipv4/ip_forward".into(),
@@ -352,13 +368,13 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
         Binding::Bridge => {
             let mut script = bridge_nft_script(plan);
             script.push_str(&bridge_guest_input_script(plan));
-            a.push(Action::Nft {
+            filters.push(Action::Nft {
                 netns: pod.clone(),
                 script,
             });
         }
     }
-    a.extend([
+    let node_side = vec![
         add_veth_pair(node_ns, hveth, veth, &plan.netns, &mtu),
         ip(
             node_ns,
@@ -373,6 +389,8 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
                 "up",
             ],
         ),
+    ];
+    let mut a = vec![
         ip(&pod, &["link", "set", "lo", "up"]),
         Action::AddLink {
             netns: pod.clone(),
@@ -386,7 +404,7 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
         },
         ip(&pod, &["link", "set", tap, "master", br, "mtu", &mtu, "up"]),
         ip(&pod, &["addr", "replace", &br_addr, "dev", br]),
-    ]);
+    ];
     match &plan.binding {
         Binding::Masquerade { .. } => {
             let vmi = format!("{}/{}", plan.address, plan.node.node_subnet.prefix());
@@ -415,7 +433,12 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
         }
     }
     a.push(ip(&pod, &["link", "set", br, "mtu", &mtu, "up"]));
-    a
+    PodPhases {
+        netns,
+        filters,
+        node_side,
+        inside: a,
+    }
 }
 
 /// Steps that remove one VMI's network: the node-side veth (its peer goes with it) and the
@@ -585,6 +608,17 @@ mod tests {
         assert_eq!(&a[3..3 + expect.len()], &expect);
         assert!(a.last().unwrap().ends_with("link set k6t-eth0 mtu 1500 up"));
         assert_eq!(a.len(), 3 + expect.len() + 1);
+        // The phases run concurrently only where independent: the filters touch only the
+        // namespace's nft tables, the node side only links in the node's namespace.
+        let ph = pod_phases(&p);
+        assert!(ph.filters.iter().all(|x| matches!(
+            x,
+            Action::Nft { netns, .. } | Action::Sysctl { netns, .. } if netns.as_deref() == Some("fv-uid-1")
+        )));
+        assert!(ph.node_side.iter().all(|x| matches!(
+            x,
+            Action::Ip { netns: None, .. } | Action::AddLink { netns: None, .. }
+        )));
     }
 
     #[test]

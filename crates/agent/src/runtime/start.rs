@@ -207,8 +207,19 @@ impl Agent {
             let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
                 .await
                 .map_err(|e| AgentError::Reference(format!("volume preparation task: {e}")))??;
+            let mut run_as = None;
+            if self.qemu_user.is_some() {
+                // Root agent: this VM's QEMU gets a uid of its own, and its images are its.
+                let range = self.opts.isolation.qemu_uids;
+                let qemu_uid =
+                    crate::isolation::allocate_uid(&self.opts.data_dir, &dir, &uid, range)
+                        .map_err(|e| AgentError::io(&dir, e))?;
+                crate::isolation::own_volumes(prepared.values().map(|v| &v.path), qemu_uid)
+                    .map_err(|e| AgentError::io(&dir, e))?;
+                run_as = Some(crate::isolation::run_as(qemu_uid));
+            }
             steps.span("volumes", t);
-            Ok::<_, AgentError>(prepared)
+            Ok::<_, AgentError>((prepared, run_as))
         };
         let network = async {
             if crate::network::has_explicit_macs(vmi) {
@@ -236,16 +247,9 @@ impl Agent {
                     .unwrap_or_else(|| AgentError::Reference("start step failed".into())));
             }
         };
+        let (prepared, run_as) = prepared;
         let mut ctx = MappingContext::new(&dir, self.accel);
-        if self.qemu_user.is_some() {
-            // Root agent: this VM's QEMU gets a uid of its own, and its images are its.
-            let range = self.opts.isolation.qemu_uids;
-            let qemu_uid = crate::isolation::allocate_uid(&self.opts.data_dir, &dir, &uid, range)
-                .map_err(|e| AgentError::io(&dir, e))?;
-            crate::isolation::own_volumes(prepared.values().map(|v| &v.path), qemu_uid)
-                .map_err(|e| AgentError::io(&dir, e))?;
-            ctx.run_as = Some(crate::isolation::run_as(qemu_uid));
-        }
+        ctx.run_as = run_as;
         ctx.volumes = prepared;
         ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
         ctx.sandbox = true;
