@@ -74,8 +74,8 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
             async move { ("vmpool", pool_controller::run(c).await) }
         });
         tasks.spawn({
-            let (c, o) = (client.clone(), opts.scheduler.clone());
-            async move { ("scheduler", scheduler_loop::run(c, o).await) }
+            let (c, o, s) = (client.clone(), opts.scheduler.clone(), stores.clone());
+            async move { ("scheduler", scheduler_loop::run(c, o, s).await) }
         });
         tasks.spawn({
             let (c, o, s) = (client.clone(), opts.node_lifecycle.clone(), stores.clone());

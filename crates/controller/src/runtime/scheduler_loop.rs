@@ -64,8 +64,13 @@ fn key(vmi: &VirtualMachineInstance) -> String {
     )
 }
 
-/// Run the scheduler loop until a watch fails for good or the future is dropped.
-pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(), ControllerError> {
+/// Run the scheduler loop until a watch fails for good or the future is dropped. `stores`:
+/// the shared caches the volume constraints are read from ([`volume_constraints`]).
+pub async fn run(
+    client: kube::Client,
+    opts: SchedulerLoopOptions,
+    stores: super::stores::Stores,
+) -> Result<(), ControllerError> {
     let wake = Arc::new(Notify::new());
     let (nodes, node_writer) = reflector::store::<Node>();
     let (vmis, vmi_writer) = reflector::store::<Vmi>();
@@ -131,7 +136,7 @@ pub async fn run(client: kube::Client, opts: SchedulerLoopOptions) -> Result<(),
             let mut binds = Vec::new();
             let mut unschedulable = Vec::new();
             for v in pending {
-                let (affinity, shared_mounts) = volume_constraints(&client, v).await;
+                let (affinity, shared_mounts) = volume_constraints(&client, &stores, v).await;
                 match snap.schedule(v, &affinity, &shared_mounts) {
                     Decision::Bind { node } => {
                         snap.assume(v, &node);
@@ -226,10 +231,15 @@ async fn mark_unschedulable_logged(
 }
 
 /// The node affinity of the PVs the VMI's claims are bound to and the claims whose class
-/// keeps volumes on a declared shared filesystem (looked up now; lookup errors add no
-/// constraint and the agent reports a volume it cannot find).
+/// keeps volumes on a declared shared filesystem (lookup errors add no constraint and the
+/// agent reports a volume it cannot find). Read from the shared caches where a cached copy
+/// cannot be out of date in a way that matters: a claim already bound (its `volumeName`
+/// never changes again), its PV and the classes by name; a claim the cache does not hold or
+/// holds unbound (it may have been bound since), a PV or class it does not hold, and every
+/// lookup before the caches are ready are read from the API, as before.
 async fn volume_constraints(
     client: &kube::Client,
+    stores: &super::stores::Stores,
     vmi: &VirtualMachineInstance,
 ) -> (
     Vec<k8s_openapi::api::core::v1::NodeSelector>,
@@ -241,14 +251,32 @@ async fn volume_constraints(
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let pvs_api: Api<PersistentVolume> = Api::all(client.clone());
     let (mut claims, mut pvs) = (Vec::new(), Vec::new());
+    let cached = stores.is_ready();
+    let bound = |c: &PersistentVolumeClaim| c.spec.as_ref().and_then(|s| s.volume_name.clone());
     for name in crate::storage::pvc_loop::claims_of(vmi) {
-        let Ok(Some(claim)) = claims_api.get_opt(&name).await else {
-            continue;
-        };
-        if let Some(v) = claim.spec.as_ref().and_then(|s| s.volume_name.clone())
-            && let Ok(Some(pv)) = pvs_api.get_opt(&v).await
+        let claim = match stores
+            .pvc(ns, &name)
+            .filter(|c| cached_claim_will_do(cached, c))
         {
-            pvs.push(pv);
+            Some(c) => (*c).clone(),
+            None => match claims_api.get_opt(&name).await {
+                Ok(Some(c)) => c,
+                _ => continue,
+            },
+        };
+        if let Some(v) = bound(&claim) {
+            let from_cache = stores
+                .pvs
+                .get(&reflector::ObjectRef::new(&v))
+                .filter(|_| cached);
+            match from_cache {
+                Some(pv) => pvs.push((*pv).clone()),
+                None => {
+                    if let Ok(Some(pv)) = pvs_api.get_opt(&v).await {
+                        pvs.push(pv);
+                    }
+                }
+            }
         }
         claims.push(claim);
     }
@@ -272,15 +300,28 @@ async fn volume_constraints(
     names.dedup();
     let mut classes = Vec::new();
     if names.iter().any(Option::is_none) {
-        classes = class_api
-            .list(&Default::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
+        classes = if cached {
+            stores.class_list()
+        } else {
+            class_api
+                .list(&Default::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+        };
     } else {
         for name in names.into_iter().flatten() {
-            if let Ok(Some(c)) = class_api.get_opt(&name).await {
-                classes.push(c);
+            let from_cache = stores
+                .classes
+                .get(&reflector::ObjectRef::new(&name))
+                .filter(|_| cached);
+            match from_cache {
+                Some(c) => classes.push((*c).clone()),
+                None => {
+                    if let Ok(Some(c)) = class_api.get_opt(&name).await {
+                        classes.push(c);
+                    }
+                }
             }
         }
     }
@@ -288,6 +329,21 @@ async fn volume_constraints(
         crate::scheduler::volumes::required_selectors(&claims, &pvs),
         crate::scheduler::volumes::shared_mount_needs(&claims, &pvs, &classes),
     )
+}
+
+/// Whether the scheduler may use the cached copy of a claim (pure): only once the caches are
+/// ready and only when the claim is bound — a bound claim's `volumeName` never changes again,
+/// an unbound one may have been bound since the cache saw it.
+fn cached_claim_will_do(
+    caches_ready: bool,
+    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+) -> bool {
+    caches_ready
+        && claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .is_some_and(|v| !v.is_empty())
 }
 
 fn vmi_api(client: &kube::Client, vmi: &VirtualMachineInstance) -> Api<Vmi> {
@@ -376,4 +432,31 @@ async fn mark_unschedulable(
         .record(&reference, true, "FailedScheduling", message)
         .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
+
+    fn claim(volume: Option<&str>) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            spec: Some(PersistentVolumeClaimSpec {
+                volume_name: volume.map(String::from),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_bound_claim_from_ready_caches_is_used_from_the_cache() {
+        assert!(super::cached_claim_will_do(true, &claim(Some("pv-1"))));
+        assert!(!super::cached_claim_will_do(false, &claim(Some("pv-1"))));
+        assert!(!super::cached_claim_will_do(true, &claim(None)));
+        assert!(!super::cached_claim_will_do(true, &claim(Some(""))));
+        assert!(!super::cached_claim_will_do(
+            true,
+            &PersistentVolumeClaim::default()
+        ));
+    }
 }
