@@ -3,6 +3,7 @@
 outside QEMU (launcher RSS plus the agent's share of the server process).
 
 Usage: bench/vmi-start.py [--runs N] [--start-path-runs N] [--binary target/release/ferrovirt]
+                          [--network-mode auto|user] [--disk ephemeral|pvc|none]
 Prints medians of both start times and their ratio, then MiB per VM outside QEMU.
 
 First, the start path (issue #15, goal <= 50 ms median): API create -> QEMU exec for VMIs that
@@ -10,12 +11,18 @@ go through the scheduler (no status in the request), one at a time. The create i
 CLOCK_BOOTTIME just before the POST is sent; QEMU's exec with its process start time from
 /proc/PID/stat (field 22, boot-relative clock ticks: 10 ms resolution), found through the
 VMI's `ferrovirt.io/qemu-pid` annotation. Each VMI is deleted (and its QEMU gone) before the next.
+Then the per-step table: the scheduler's "bound" log line (pass start, bind written) and the
+agent's and launcher's timing records (`agent-timing.json`, `launcher-timing.json` in the VMI
+directory), all on CLOCK_BOOTTIME, as medians over the runs: each step's own duration and
+when it ended, counted from the POST. `--network-mode` is the server's (`auto`: the pod network
+when run as root); `--disk`: the root disk as an ephemeral overlay on a hostPath PV (a
+`qemu-img create` per start), the PV's raw disk itself (`pvc`), or no disk at all (`none`).
 Everything runs on 127.0.0.1; the guest is the project's test guest (target/test-guest).
 Both series start their VMs one after another with the earlier ones still running; ferrovirt's
 VMs are stopped before the baseline starts. Needs `cargo build --release -p ferrovirt` first.
 """
 import argparse, base64, json, os, shutil, signal, socket, ssl, statistics, subprocess, sys
-import tempfile, time, urllib.request
+import re, tempfile, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,18 +125,92 @@ def proc_start_boottime(pid):
     return int(fields[19]) / CLK_TCK
 
 
-def start_path(api, base, runs):
-    """API create -> QEMU exec, through the scheduler, one VMI at a time."""
-    out = []
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def bound_line(log_path, name):
+    """(pass_us, bound_us) from the scheduler's "bound" log line of default/NAME."""
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            line = ANSI.sub("", line)
+            if " bound " in line + " " and f"vmi=default/{name} " in line:
+                m = re.search(r"pass_us=(\d+) bound_us=(\d+)", line)
+                if m:
+                    return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def read_timing(vdir, name, deadline):
+    path = os.path.join(vdir, name)
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                return json.load(f)["spans"]
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.01)
+    return []
+
+
+def step_rows(t0_us, ack_us, bound, agent, launcher, qemu_us):
+    """One run's steps in order: (name, duration ms, end ms after the POST)."""
+    ms = lambda us: us / 1000.0
+    rows = [("API create acknowledged", ms(ack_us - t0_us), ms(ack_us - t0_us))]
+    if bound:
+        rows.append(("scheduler pass starts", ms(bound[0] - ack_us), ms(bound[0] - t0_us)))
+        rows.append(("scheduler decides + bind written", ms(bound[1] - bound[0]), ms(bound[1] - t0_us)))
+    for prefix, spans in (("agent", agent), ("launcher", launcher)):
+        for s in spans:
+            rows.append((f"{prefix}: {s['name']}", ms(s["end_us"] - s["start_us"]),
+                         ms(s["end_us"] - t0_us)))
+    if agent:
+        first = agent[0]["end_us"]
+        if bound:
+            rows.insert(3, ("bind -> agent's watch delivers", ms(first - bound[1]), ms(first - t0_us)))
+    if agent and launcher:
+        gap = launcher[0]["start_us"] - agent[-1]["end_us"]
+        rows.append(("(launcher exec -> its main, in the gap)", ms(gap), ms(launcher[0]["start_us"] - t0_us)))
+    rows.append(("QEMU process start (/proc, 10 ms ticks)", 0.0, ms(qemu_us - t0_us)))
+    return rows
+
+
+def print_step_table(all_rows):
+    names = []
+    for rows in all_rows:
+        for n, _, _ in rows:
+            if n not in names:
+                names.append(n)
+    ends = {n: [] for n in names}
+    durs = {n: [] for n in names}
+    for rows in all_rows:
+        for n, d, e in rows:
+            durs[n].append(d); ends[n].append(e)
+    order = sorted(names, key=lambda n: statistics.median(ends[n]))
+    print(f"{'step':48} {'own ms':>8} {'ends at ms':>11}   (medians over {len(all_rows)} runs)")
+    for n in order:
+        print(f"{n:48} {statistics.median(durs[n]):8.2f} {statistics.median(ends[n]):11.2f}")
+
+
+def vmi_spec(name, disk):
+    spec = {"terminationGracePeriodSeconds": 0, "domain": {"memory": {"guest": "128Mi"},
+                                                          "devices": {"disks": []}}, "volumes": []}
+    if disk != "none":
+        spec["domain"]["devices"]["disks"].append({"name": "root", "disk": {"bus": "virtio"}})
+        vol = ({"ephemeral": {"persistentVolumeClaim": {"claimName": "root"}}}
+               if disk == "ephemeral" else {"persistentVolumeClaim": {"claimName": "rootrw"}})
+        spec["volumes"].append({"name": "root", **vol})
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def start_path(api, base, runs, data, log_path, disk):
+    """API create -> QEMU exec, through the scheduler, one VMI at a time. Returns the totals
+    and each run's step rows."""
+    out, all_rows = [], []
     for i in range(runs):
-        vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-               "metadata": {"name": f"sp{i}"},
-               "spec": {"terminationGracePeriodSeconds": 0,
-                        "domain": {"memory": {"guest": "128Mi"}, "devices": {
-                   "disks": [{"name": "root", "disk": {"bus": "virtio"}}]}},
-                   "volumes": [{"name": "root", "ephemeral": {"persistentVolumeClaim": {"claimName": "root"}}}]}}
+        vmi = vmi_spec(f"sp{i}", disk)
         t0 = time.clock_gettime(time.CLOCK_BOOTTIME)
         code, obj = api.req("POST", base, vmi)
+        ack = time.clock_gettime(time.CLOCK_BOOTTIME)
         assert code == 201, obj
         pid = None
         while pid is None:
@@ -139,12 +220,20 @@ def start_path(api, base, runs):
                 raise SystemExit(f"no QEMU pid after 60 s: {json.dumps(obj.get('status'))[:600]}")
             if pid is None:
                 time.sleep(0.02)
-        out.append(proc_start_boottime(int(pid)) - t0)
+        qemu = proc_start_boottime(int(pid))
+        out.append(qemu - t0)
+        vdir = os.path.join(data, "agent", "vmis", obj["metadata"]["uid"])
+        deadline = time.monotonic() + 5
+        agent = read_timing(vdir, "agent-timing.json", deadline)
+        launcher = read_timing(vdir, "launcher-timing.json", deadline)
+        us = lambda t: int(t * 1e6)
+        all_rows.append(step_rows(us(t0), us(ack), bound_line(log_path, f"sp{i}"), agent,
+                                  launcher, us(qemu)))
         api.req("DELETE", f"{base}/sp{i}")
         deadline = time.monotonic() + 60
         while api.req("GET", f"{base}/sp{i}")[0] != 404 and time.monotonic() < deadline:
             time.sleep(0.1)
-    return out
+    return out, all_rows
 
 
 def qmp_wait_running(path, deadline):
@@ -173,6 +262,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--start-path-runs", type=int, default=7)
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/ferrovirt"))
+    ap.add_argument("--network-mode", default="auto", choices=["auto", "user"])
+    ap.add_argument("--disk", default="ephemeral", choices=["ephemeral", "pvc", "none"])
     a = ap.parse_args()
     guest = os.path.join(ROOT, "target/test-guest")
     subprocess.run([os.path.join(ROOT, "scripts/build-test-guest.sh")], check=True)
@@ -180,7 +271,7 @@ def main():
     data = os.path.join(tmp, "data"); port = free_port()
     log = open(os.path.join(tmp, "server.log"), "w")
     srv = subprocess.Popen([a.binary, "server", "--data-dir", data, "--listen", f"127.0.0.1:{port}",
-                            "--node-name", "bench",
+                            "--node-name", "bench", "--network-mode", a.network_mode,
                             # The guest disk is a hostPath PV under tmp: foreign host paths
                             # are refused unless they lie under --host-disk-root.
                             "--host-disk-root", tmp], stdout=log, stderr=log)
@@ -205,12 +296,31 @@ def main():
             "kind": "PersistentVolumeClaim", "metadata": {"name": "root"}, "spec": {
             "accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}},
             "volumeName": "pv"}})
+        # A writable raw disk for `--disk pvc` (used in place: no overlay).
+        rwdir = os.path.join(tmp, "pvrw"); os.makedirs(rwdir)
+        shutil.copy(os.path.join(guest, "disk.raw"), os.path.join(rwdir, "disk.img"))
+        api.req("POST", "/api/v1/persistentvolumes", {"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pvrw"}, "spec": {"capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"], "hostPath": {"path": rwdir}}})
+        api.req("POST", "/api/v1/namespaces/default/persistentvolumeclaims", {"apiVersion": "v1",
+            "kind": "PersistentVolumeClaim", "metadata": {"name": "rootrw"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+            "volumeName": "pvrw"}})
         base = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances"
         if a.start_path_runs > 0:
-            sp = start_path(api, base, a.start_path_runs)
-            print(f"start path, API create -> QEMU exec: median {statistics.median(sp)*1000:.0f} ms "
-                  f"over {len(sp)} runs [{', '.join(f'{t*1000:.0f}' for t in sp)}] (goal <= 50 ms; "
+            sp, rows = start_path(api, base, a.start_path_runs, data,
+                                  os.path.join(tmp, "server.log"), a.disk)
+            print(f"start path (network {a.network_mode}, disk {a.disk}; load average "
+                  f"{os.getloadavg()[0]:.2f}), API create -> QEMU exec: median "
+                  f"{statistics.median(sp)*1000:.0f} ms over {len(sp)} runs "
+                  f"[{', '.join(f'{t*1000:.0f}' for t in sp)}] (goal <= 50 ms; "
                   f"10 ms resolution)", flush=True)
+            exact = [e for r in rows for n, _, e in r if n == "launcher: qemu_spawn"]
+            if exact:
+                print(f"  QEMU exec as the launcher saw it (its spawn returned; microsecond clock): "
+                      f"median {statistics.median(exact):.1f} ms "
+                      f"[{', '.join(f'{t:.0f}' for t in exact)}]")
+            print_step_table(rows)
             if a.runs == 0:
                 return
         idle_kib = rss_kib(srv.pid)

@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
-use ferrovirt_launcher::control::{LaunchMeta, Request};
+use ferrovirt_launcher::control::Request;
 use ferrovirt_launcher::spec::Accel;
+use ferrovirt_launcher::timing::Timeline;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -34,14 +35,14 @@ use tokio::sync::Mutex;
 use crate::decide::{self, Action, FINALIZER, Observed};
 use crate::error::AgentError;
 use crate::launchers::{self, LauncherConfig, Launchers};
-use crate::mapping::{self, MappingContext};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
-use crate::volumes::{self, ResolvedRefs};
+use crate::volumes::ResolvedRefs;
 
 mod caches;
 mod migration;
 mod mounts;
 mod refs;
+mod start;
 mod sync;
 pub use sync::vmi_selector;
 use sync::{sync_loop, watch_vmis};
@@ -520,114 +521,7 @@ impl Agent {
         }
     }
 
-    /// ferrovirt's own directories no foreign host path may reach: the configured ones and the
-    /// agent's data dir.
-    fn protected_dirs(&self) -> Vec<PathBuf> {
-        let mut dirs = self.opts.isolation.protected_dirs.clone();
-        dirs.push(self.opts.data_dir.clone());
-        dirs
-    }
-
-    /// Prepares volumes and starts the launcher of `vmi`.
-    async fn start(&self, vmi: &VirtualMachineInstance) -> Result<(), AgentError> {
-        self.start_with(vmi, None).await
-    }
-
-    /// [`Agent::start`]; with `incoming`, the launcher of a live-migration target whose QEMU
-    /// waits for the stream on that socket.
-    async fn start_with(
-        &self,
-        vmi: &VirtualMachineInstance,
-        incoming: Option<PathBuf>,
-    ) -> Result<(), AgentError> {
-        let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let dir = self.cfg.vmi_dir(&uid);
-        let mut refs = self.resolve_refs(vmi).await?;
-        let (hco, cdi) = self.caches.hco_and_cdi().await;
-        let policy = crate::hostpath::HostPathPolicy {
-            host_disk_gate: ferrovirt_api::hco::feature_gate_on(&hco, "HostDisk"),
-            allowed_roots: self.opts.isolation.host_disk_roots.clone(),
-            protected: self.protected_dirs(),
-        };
-        // Refused host paths leave nothing behind, not even the VMI directory.
-        crate::hostpath::verify(vmi, &refs, &policy)?;
-        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        let insecure = ferrovirt_api::hco::insecure_registries(&hco, &cdi);
-        refs.container_disks = self
-            .container_disks
-            .prepare(&self.client, vmi, &insecure)
-            .await?;
-        let actions = volumes::plan(vmi, &refs, &dir)?;
-        let prepared = tokio::task::spawn_blocking(move || volumes::execute(&actions))
-            .await
-            .map_err(|e| AgentError::Reference(format!("volume preparation task: {e}")))??;
-        let mut ctx = MappingContext::new(&dir, self.accel);
-        if self.qemu_user.is_some() {
-            // Root agent: this VM's QEMU gets a uid of its own, and its images are its.
-            let range = self.opts.isolation.qemu_uids;
-            let qemu_uid = crate::isolation::allocate_uid(&self.opts.data_dir, &dir, &uid, range)
-                .map_err(|e| AgentError::io(&dir, e))?;
-            crate::isolation::own_volumes(prepared.values().map(|v| &v.path), qemu_uid)
-                .map_err(|e| AgentError::io(&dir, e))?;
-            ctx.run_as = Some(crate::isolation::run_as(qemu_uid));
-        }
-        ctx.volumes = prepared;
-        ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
-        ctx.sandbox = true;
-        // A migration target has a cgroup of its own: on one host (tests) the source's
-        // holds the source QEMU until the switch-over.
-        ctx.cgroup_name = match &incoming {
-            Some(_) => vmi.metadata.uid.as_ref().map(|u| format!("{u}.in")),
-            None => vmi.metadata.uid.clone(),
-        };
-        ctx.pids_max = Some(self.opts.isolation.pids_max);
-        ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
-        if crate::network::has_explicit_macs(vmi) {
-            let others = self.caches.all_vmis().await?;
-            crate::network::check_duplicate_macs(vmi, &others)?;
-        }
-        let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
-        ctx.pod_taps = attachment.taps;
-        let exec_prefix = attachment.exec_prefix;
-        let mut spec = mapping::launch_spec(vmi, &ctx)?;
-        spec.incoming = incoming.clone();
-        spec.validate()?;
-        // LiveMigratable, decided now that the claims' access modes are known; the running
-        // status reports it (`decide::Report::migratable`).
-        let migratable = ferrovirt_api::migration::live_migratable(vmi, |c| {
-            refs.claim_access_modes.get(c).cloned()
-        });
-        crate::migration::write_migratable(&dir, &migratable)?;
-        let fence = self.fence_spec(vmi, &refs).await?;
-        let (ns, name) = ns_name(vmi);
-        // Announced before the launcher exists: the node controller replaces a VMI of a dead
-        // node only when its launcher fences itself (or none was started). A migration
-        // target's VMI keeps the source's announcement until it moves.
-        if incoming.is_none() {
-            let announce = json!({"metadata": {"uid": vmi.metadata.uid, "annotations": {
-                ferrovirt_api::fencing::FENCING_ANNOTATION: crate::fencing::announcement(fence.as_ref())
-            }}});
-            self.vmi_api(&ns)
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&announce))
-                .await
-                .map_err(kube_err)?;
-        }
-        let meta = LaunchMeta {
-            vmi_uid: uid,
-            namespace: ns,
-            name,
-            grace_seconds: decide::grace_seconds(vmi),
-            qemu_binary: self.opts.qemu_binary.clone(),
-            fence,
-        };
-        self.launchers
-            .lock()
-            .await
-            .start_in(&self.cfg, &spec, &meta, &exec_prefix)?;
-        Ok(())
-    }
-
-    async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance) {
+    async fn reconcile(self: &Arc<Self>, vmi: VirtualMachineInstance, seen_us: u64) {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         if uid.is_empty() || self.busy.lock().await.contains(&uid) || self.moved_away(&vmi) {
             return;
@@ -671,10 +565,9 @@ impl Agent {
                     let vmi = vmi.clone();
                     let uid = uid.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = me.set_finalizer(&vmi, true).await {
-                            tracing::warn!("adding finalizer: {e}");
-                        }
-                        match me.start(&vmi).await {
+                        let mut timing = Timeline::default();
+                        timing.push("watch", seen_us, seen_us);
+                        match me.start(&vmi, &mut timing).await {
                             Ok(()) => {
                                 // The launcher child is tracked now: no second start can
                                 // happen, so the VMI may be reconciled again.

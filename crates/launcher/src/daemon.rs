@@ -92,6 +92,8 @@ pub fn exit_reason(
 
 /// Runs the launcher in `dir` until QEMU is gone. Returns the exit report it wrote.
 pub async fn run(dir: &Path) -> Result<ExitReport> {
+    let mut timing = crate::timing::Timeline::default();
+    timing.instant("launcher_main");
     let read = |name: &str| -> Result<String> {
         let p = dir.join(name);
         std::fs::read_to_string(&p).map_err(|e| Error::io(p.display().to_string(), e))
@@ -114,7 +116,9 @@ pub async fn run(dir: &Path) -> Result<ExitReport> {
         },
         ..Default::default()
     };
+    timing.span("read_spec", timing.spans[0].end_us);
     // The launcher joins the VM's memory cgroup first, so QEMU starts inside it.
+    let cgroups_start = crate::timing::boottime_us();
     let cgroup = spec.cgroup.clone().and_then(|cg| {
         let h = crate::cgroup::detect(Path::new("/sys/fs/cgroup"))?;
         match crate::cgroup::join(&h, &cg, std::process::id()) {
@@ -132,7 +136,8 @@ pub async fn run(dir: &Path) -> Result<ExitReport> {
             }
         }
     });
-    let result = start_and_supervise(dir, spec, &meta, &opts).await;
+    timing.span("cgroups", cgroups_start);
+    let result = start_and_supervise(dir, spec, &meta, &opts, timing).await;
     if let Some((h, name)) = cgroup {
         crate::cgroup::leave(&h, &name, std::process::id());
     }
@@ -186,9 +191,13 @@ async fn start_and_supervise(
     spec: LaunchSpec,
     meta: &LaunchMeta,
     opts: &StartOptions,
+    mut timing: crate::timing::Timeline,
 ) -> Result<ExitReport> {
     let incoming = spec.incoming.is_some();
-    if let Some(report) = fence_gate(meta, incoming).await {
+    let gate_start = crate::timing::boottime_us();
+    let gate = fence_gate(meta, incoming).await;
+    timing.span("fence_gate", gate_start);
+    if let Some(report) = gate {
         tracing::error!("{}", report.message);
         write_json_atomic(&dir.join(files::EXIT), &report)?;
         return Ok(report);
@@ -205,6 +214,11 @@ async fn start_and_supervise(
             return Ok(report);
         }
     };
+    let (spawn_start, spawned) = vm.process().spawn_us();
+    timing.push("qemu_spawn", spawn_start, spawned);
+    timing.span("qmp_connect", spawned);
+    tracing::info!("start timing: {}", timing.summary());
+    let _ = timing.write(&dir.join(crate::timing::LAUNCHER_FILE));
     // The exact command line, for debugging and for benchmarks that replay it.
     let _ = write_json_atomic(&dir.join(files::QEMU_ARGV), &vm.process().argv());
     let status = Arc::new(Mutex::new(LauncherStatus {

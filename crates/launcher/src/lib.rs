@@ -19,6 +19,7 @@ pub mod qga;
 pub mod qmp;
 pub mod seriallog;
 pub mod spec;
+pub mod timing;
 
 pub use cmdline::{detect_accel, qemu_command};
 pub use error::{Error, Result};

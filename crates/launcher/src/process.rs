@@ -50,6 +50,9 @@ pub struct QemuProcess {
     exit: Option<ExitStatus>,
     /// The task copying the serial log FIFO into the bounded log.
     serial_log: Option<tokio::task::JoinHandle<()>>,
+    /// When the spawn began and when it returned (the exec had happened), on CLOCK_BOOTTIME
+    /// ([`crate::timing`]).
+    spawn_us: (u64, u64),
 }
 
 impl Drop for QemuProcess {
@@ -107,6 +110,7 @@ impl QemuProcess {
                 Output::Memory(Arc::new(Mutex::new(Vec::new())))
             }
         };
+        let spawn_start = crate::timing::boottime_us();
         let mut child = cmd
             .spawn()
             .map_err(|e| Error::io(format!("starting {}", opts.binary.display()), e))?;
@@ -127,6 +131,7 @@ impl QemuProcess {
                 }
             });
         }
+        let spawn_us = (spawn_start, crate::timing::boottime_us());
         let pid = child.id();
         tracing::info!(pid, name = %spec.name, "started QEMU: {}", argv.join(" "));
         Ok(QemuProcess {
@@ -136,7 +141,14 @@ impl QemuProcess {
             output,
             exit: None,
             serial_log,
+            spawn_us,
         })
+    }
+
+    /// When the spawn began and when it returned (QEMU's exec had happened: std's spawn
+    /// waits for it), microseconds on CLOCK_BOOTTIME.
+    pub fn spawn_us(&self) -> (u64, u64) {
+        self.spawn_us
     }
 
     /// The OS process id (None once reaped).

@@ -49,8 +49,17 @@ pub async fn teardown_node(node: &NodeNetwork) -> Result<()> {
 /// safe while QEMU runs: existing links (the tap QEMU holds) are kept, addresses and routes
 /// are replaced with the same values, and the nft table is swapped atomically (conntrack
 /// entries, hence open connections, survive).
+///
+/// Runs [`render::pod_phases`]: the namespace, then its filters and the node side of the veth
+/// concurrently (independent: one touches only the namespace's nft tables, the other only
+/// node-side links), then the links inside the namespace.
 pub async fn setup_links(plan: &PodPlan) -> Result<()> {
-    apply_all(&render::pod_actions(plan)).await
+    let p = render::pod_phases(plan);
+    apply_all(&p.netns).await?;
+    let (filters, node_side) = tokio::join!(apply_all(&p.filters), apply_all(&p.node_side));
+    filters?;
+    node_side?;
+    apply_all(&p.inside).await
 }
 
 /// Starts the DHCP server of `plan` on the VMI namespace's bridge.

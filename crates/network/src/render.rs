@@ -319,8 +319,28 @@ pub fn node_teardown_actions(node: &NodeNetwork) -> Vec<Action> {
     ]
 }
 
-/// Steps that set up one VMI's namespace, veth, bridge, tap, addresses and NAT.
+/// The steps of [`pod_actions`] in the phases [`crate::setup_links`] runs: the namespace;
+/// then, concurrently, its forwarding sysctl and whole nft ruleset (one `nft -f -`: the rules
+/// name interfaces, so they can exist before the links, and nothing in the namespace is up
+/// before its filters are) and the node side of the veth (one `ip` batch); then everything
+/// inside the namespace (one `ip -n NS` batch), the bridge brought up last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodPhases {
+    pub netns: Vec<Action>,
+    pub filters: Vec<Action>,
+    pub node_side: Vec<Action>,
+    pub inside: Vec<Action>,
+}
+
+/// Steps that set up one VMI's namespace, veth, bridge, tap, addresses and NAT: the phases of
+/// [`pod_phases`] in order (a valid sequential order too).
 pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
+    let p = pod_phases(plan);
+    [p.netns, p.filters, p.node_side, p.inside].concat()
+}
+
+/// [`pod_actions`] by phase.
+pub fn pod_phases(plan: &PodPlan) -> PodPhases {
     let node_ns = &plan.node.netns;
     let pod = Some(plan.netns.clone());
     let mtu = plan.node.mtu.to_string();
@@ -331,9 +351,30 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
         plan.tap.as_str(),
     );
     let br_addr = format!("{}/{}", plan.pod_bridge_addr.0, plan.pod_bridge_addr.1);
-    let mut a = vec![
-        Action::AddNetns(plan.netns.clone()),
-        ip(&pod, &["link", "set", "lo", "up"]),
+    let netns = vec![Action::AddNetns(plan.netns.clone())];
+    let mut filters = Vec::new();
+    match &plan.binding {
+        Binding::Masquerade { ports } => filters.extend([
+            Action::Sysctl {
+                netns: pod.clone(),
+                key: "net/ipv4/ip_forward".into(),
+                value: "1".into(),
+            },
+            Action::Nft {
+                netns: pod.clone(),
+                script: masquerade_nft_script(plan, ports),
+            },
+        ]),
+        Binding::Bridge => {
+            let mut script = bridge_nft_script(plan);
+            script.push_str(&bridge_guest_input_script(plan));
+            filters.push(Action::Nft {
+                netns: pod.clone(),
+                script,
+            });
+        }
+    }
+    let node_side = vec![
         add_veth_pair(node_ns, hveth, veth, &plan.netns, &mtu),
         ip(
             node_ns,
@@ -348,6 +389,9 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
                 "up",
             ],
         ),
+    ];
+    let mut a = vec![
+        ip(&pod, &["link", "set", "lo", "up"]),
         Action::AddLink {
             netns: pod.clone(),
             name: br.into(),
@@ -362,7 +406,7 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
         ip(&pod, &["addr", "replace", &br_addr, "dev", br]),
     ];
     match &plan.binding {
-        Binding::Masquerade { ports } => {
+        Binding::Masquerade { .. } => {
             let vmi = format!("{}/{}", plan.address, plan.node.node_subnet.prefix());
             a.extend([
                 ip(&pod, &["link", "set", veth, "mtu", &mtu, "up"]),
@@ -379,36 +423,22 @@ pub fn pod_actions(plan: &PodPlan) -> Vec<Action> {
                         veth,
                     ],
                 ),
-                Action::Sysctl {
-                    netns: pod.clone(),
-                    key: "net/ipv4/ip_forward".into(),
-                    value: "1".into(),
-                },
-                Action::Nft {
-                    netns: pod.clone(),
-                    script: masquerade_nft_script(plan, ports),
-                },
             ]);
         }
         Binding::Bridge => {
-            a.extend([
-                ip(
-                    &pod,
-                    &["link", "set", veth, "master", br, "mtu", &mtu, "up"],
-                ),
-                Action::Nft {
-                    netns: pod.clone(),
-                    script: bridge_nft_script(plan),
-                },
-                Action::Nft {
-                    netns: pod.clone(),
-                    script: bridge_guest_input_script(plan),
-                },
-            ]);
+            a.push(ip(
+                &pod,
+                &["link", "set", veth, "master", br, "mtu", &mtu, "up"],
+            ));
         }
     }
     a.push(ip(&pod, &["link", "set", br, "mtu", &mtu, "up"]));
-    a
+    PodPhases {
+        netns,
+        filters,
+        node_side,
+        inside: a,
+    }
 }
 
 /// Steps that remove one VMI's network: the node-side veth (its peer goes with it) and the
@@ -559,11 +589,14 @@ mod tests {
         let p = plan(Binding::Masquerade { ports: vec![] });
         let a: Vec<String> = pod_actions(&p).iter().map(Action::command_line).collect();
         let hv = &p.host_veth;
+        assert_eq!(a[0], "AddNetns(\"fv-uid-1\")");
+        assert!(a[1].starts_with("Sysctl"), "{}", a[1]);
+        // The NAT and filters exist before any link does.
+        assert!(a[2].starts_with("Nft"), "{}", a[2]);
         let expect = [
-            "AddNetns(\"fv-uid-1\")".to_string(),
-            "ip -n fv-uid-1 link set lo up".into(),
             format!("ip link add {hv} mtu 1500 type veth peer name eth0 netns fv-uid-1"),
             format!("ip link set {hv} master fv-br0 mtu 1500 up"),
+            "ip -n fv-uid-1 link set lo up".into(),
             "ip -n fv-uid-1 link add k6t-eth0 type bridge".into(),
             "ip -n fv-uid-1 tuntap add dev tap0 mode tap".into(),
             "ip -n fv-uid-1 link set tap0 master k6t-eth0 mtu 1500 up".into(),
@@ -572,8 +605,20 @@ mod tests {
             "ip -n fv-uid-1 addr replace 10.244.1.20/24 dev eth0".into(),
             "ip -n fv-uid-1 route replace default via 10.244.1.1 dev eth0".into(),
         ];
-        assert_eq!(&a[..expect.len()], &expect);
+        assert_eq!(&a[3..3 + expect.len()], &expect);
         assert!(a.last().unwrap().ends_with("link set k6t-eth0 mtu 1500 up"));
+        assert_eq!(a.len(), 3 + expect.len() + 1);
+        // The phases run concurrently only where independent: the filters touch only the
+        // namespace's nft tables, the node side only links in the node's namespace.
+        let ph = pod_phases(&p);
+        assert!(ph.filters.iter().all(|x| matches!(
+            x,
+            Action::Nft { netns, .. } | Action::Sysctl { netns, .. } if netns.as_deref() == Some("fv-uid-1")
+        )));
+        assert!(ph.node_side.iter().all(|x| matches!(
+            x,
+            Action::Ip { netns: None, .. } | Action::AddLink { netns: None, .. }
+        )));
     }
 
     #[test]
@@ -590,6 +635,19 @@ mod tests {
             !a.iter().any(|c| c.contains("10.244.1.20")),
             "no VMI address in the netns"
         );
+        // One nft transaction with the DHCP filter and the guest input filters, first.
+        let scripts: Vec<String> = pod_actions(&p)
+            .into_iter()
+            .filter_map(|x| match x {
+                Action::Nft { script, .. } => Some(script),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(scripts.len(), 1);
+        let script = &scripts[0];
+        assert!(script.starts_with(&bridge_nft_script(&p)));
+        assert!(script.ends_with(&bridge_guest_input_script(&p)));
+        assert!(a[1].starts_with("Nft"), "{}", a[1]);
         let s = bridge_nft_script(&p);
         assert!(s.starts_with("table bridge ferrovirt-t1\n"));
         assert!(s.contains("iifname \"tap0\" oifname \"eth0\" udp dport 67 drop"));

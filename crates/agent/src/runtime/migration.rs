@@ -149,7 +149,12 @@ impl Agent {
         )
         .await;
         let incoming = mig::incoming_socket(&dir);
-        self.start_with(vmi, Some(incoming.clone())).await?;
+        self.start_with(
+            vmi,
+            &mut ferrovirt_launcher::timing::Timeline::default(),
+            Some(incoming.clone()),
+        )
+        .await?;
         // QEMU is up once the launcher answers; its incoming socket exists then.
         let deadline = Instant::now() + TARGET_START;
         loop {

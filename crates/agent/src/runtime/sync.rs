@@ -15,8 +15,9 @@ use super::{Agent, vmi_resource};
 
 /// Why the sync loop runs a pass.
 pub(super) enum Trigger {
-    /// A watch event for this VMI (added, changed or deleted).
-    Vmi(Box<ObjectRef<DynamicObject>>),
+    /// A watch event for this VMI (added, changed or deleted), and when the watch delivered it
+    /// (CLOCK_BOOTTIME µs, [`ferrovirt_launcher::timing`]).
+    Vmi(Box<ObjectRef<DynamicObject>>, u64),
     /// Every VMI bound here, from the cache: the periodic requeue, a relist, a launcher that
     /// came up.
     All,
@@ -39,11 +40,11 @@ pub(super) async fn sync_loop(
     let mut resync = tokio::time::interval(agent.opts.resync_interval);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut dirty: Vec<ObjectRef<DynamicObject>> = Vec::new();
+        let mut dirty: Vec<(ObjectRef<DynamicObject>, u64)> = Vec::new();
         let mut all = false;
         tokio::select! {
             ev = events.recv() => match ev {
-                Some(Trigger::Vmi(r)) => dirty.push(*r),
+                Some(Trigger::Vmi(r, seen)) => dirty.push((*r, seen)),
                 Some(Trigger::All) => all = true,
                 None => return,
             },
@@ -53,7 +54,7 @@ pub(super) async fn sync_loop(
         // Coalesce whatever else is queued.
         while let Ok(ev) = events.try_recv() {
             match ev {
-                Trigger::Vmi(r) => dirty.push(*r),
+                Trigger::Vmi(r, seen) => dirty.push((*r, seen)),
                 Trigger::All => all = true,
             }
         }
@@ -71,17 +72,21 @@ pub(super) async fn sync_loop(
                 }
             }
             *agent.bound_uids.lock().unwrap_or_else(|p| p.into_inner()) = bound;
+            let now = ferrovirt_launcher::timing::boottime_us();
             for obj in cached {
-                agent.reconcile_cached(&obj).await;
+                agent.reconcile_cached(&obj, now).await;
             }
             agent.collect_orphans(&known).await;
         } else {
-            dirty.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-            dirty.dedup();
+            // Per VMI, once, with its earliest event's time.
+            dirty.sort_by(|(a, ta), (b, tb)| {
+                (&a.namespace, &a.name, ta).cmp(&(&b.namespace, &b.name, tb))
+            });
+            dirty.dedup_by(|(a, _), (b, _)| a == b);
             let mut gone = false;
-            for r in dirty {
+            for (r, seen) in dirty {
                 match vmis.get(&r) {
-                    Some(obj) => agent.reconcile_cached(&obj).await,
+                    Some(obj) => agent.reconcile_cached(&obj, seen).await,
                     None => gone = true,
                 }
             }
@@ -99,8 +104,9 @@ pub(super) async fn sync_loop(
 }
 
 impl Agent {
-    /// Reconciles one cached VMI, if it is (still) bound to this node.
-    async fn reconcile_cached(self: &Arc<Self>, obj: &DynamicObject) {
+    /// Reconciles one cached VMI, if it is (still) bound to this node; `seen_us`: when its
+    /// watch event arrived (the start path's first agent step).
+    async fn reconcile_cached(self: &Arc<Self>, obj: &DynamicObject, seen_us: u64) {
         let Ok(vmi) =
             serde_json::to_value(obj).and_then(serde_json::from_value::<VirtualMachineInstance>)
         else {
@@ -115,7 +121,7 @@ impl Agent {
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(uid.clone());
             }
-            self.reconcile(vmi).await;
+            self.reconcile(vmi, seen_us).await;
         }
     }
 }
@@ -142,9 +148,10 @@ pub(super) async fn watch_vmis(
     let mut events = reflector(writer, watcher(api, cfg).default_backoff()).boxed();
     while let Some(ev) = events.next().await {
         let trigger = match ev {
-            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => {
-                Trigger::Vmi(Box::new(ObjectRef::from_obj_with(&obj, resource.clone())))
-            }
+            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => Trigger::Vmi(
+                Box::new(ObjectRef::from_obj_with(&obj, resource.clone())),
+                ferrovirt_launcher::timing::boottime_us(),
+            ),
             Ok(watcher::Event::InitDone) => Trigger::All,
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
             Err(e) => {

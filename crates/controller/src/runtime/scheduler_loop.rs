@@ -104,6 +104,7 @@ pub async fn run(
                 None => pending.push(v),
             }
         }
+        let pass_us = boottime_us();
         if pending.is_empty() {
             // Nothing to place: no snapshot (a pass over every VMI) on this wake-up.
             if !wait(&mut changes, opts.resync).await {
@@ -139,7 +140,7 @@ pub async fn run(
         let mut failed = Vec::new();
         let mut inflight = futures::stream::FuturesUnordered::new();
         for (v, node) in binds {
-            inflight.push(bind_and_record(&client, &recorder, v, node));
+            inflight.push(bind_and_record(&client, &recorder, v, node, pass_us));
             if inflight.len() >= WRITE_CONCURRENCY
                 && let Some(Some(k)) = inflight.next().await
             {
@@ -175,16 +176,26 @@ async fn wait(changes: &mut super::stores::Changes, resync: Duration) -> bool {
     }
 }
 
+/// Microseconds since boot (CLOCK_BOOTTIME), the clock of the start-path timing
+/// (docs/scale.md "Start path"): the "bound" log line carries when the pass began
+/// (`pass_us`) and when the bind was written (`bound_us`).
+fn boottime_us() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1000
+}
+
 /// Binds `vmi` to `node` and records the `Scheduled` Event; the VMI's key when the bind failed.
 async fn bind_and_record(
     client: &kube::Client,
     recorder: &EventRecorder,
     vmi: &VirtualMachineInstance,
     node: String,
+    pass_us: u64,
 ) -> Option<String> {
     match bind(client, vmi, &node).await {
         Ok(()) => {
-            tracing::info!(vmi = %key(vmi), %node, "bound");
+            let bound_us = boottime_us();
+            tracing::info!(vmi = %key(vmi), %node, pass_us, bound_us, "bound");
             let reference = object_ref(
                 KUBEVIRT_API_VERSION,
                 "VirtualMachineInstance",
@@ -214,10 +225,12 @@ async fn mark_unschedulable_logged(
 }
 
 /// The node affinity of the PVs the VMI's claims are bound to and the claims whose class
-/// keeps volumes on a declared shared filesystem, read from the shared caches. A claim, PV or
-/// class the cache does not hold (yet), and a claim it shows unbound, is read from the API
-/// instead, so that a cache lagging behind a just-created or just-bound claim cannot drop a
-/// constraint. Lookup errors add no constraint (the agent reports a volume it cannot find).
+/// keeps volumes on a declared shared filesystem (lookup errors add no constraint and the
+/// agent reports a volume it cannot find). Read from the shared caches where a cached copy
+/// cannot be out of date in a way that matters: a claim already bound (its `volumeName`
+/// never changes again), its PV and the classes by name; a claim the cache does not hold or
+/// holds unbound (it may have been bound since), a PV or class it does not hold, and every
+/// lookup before the caches are ready are read from the API, as before.
 pub(crate) async fn volume_constraints(
     client: &kube::Client,
     stores: &Stores,
@@ -237,17 +250,24 @@ pub(crate) async fn volume_constraints(
     let pvs_api: Api<PersistentVolume> = Api::all(client.clone());
     let bound_to = |c: &PersistentVolumeClaim| c.spec.as_ref().and_then(|s| s.volume_name.clone());
     let (mut claims, mut pvs) = (Vec::new(), Vec::new());
+    let cached = stores.is_ready();
     for name in claim_names {
-        let claim = match stores.pvc(ns, &name) {
-            Some(c) if bound_to(&c).is_some() => (*c).clone(),
-            _ => match claims_api.get_opt(&name).await {
+        let claim = match stores
+            .pvc(ns, &name)
+            .filter(|c| cached_claim_will_do(cached, c))
+        {
+            Some(c) => (*c).clone(),
+            None => match claims_api.get_opt(&name).await {
                 Ok(Some(c)) => c,
                 _ => continue,
             },
         };
         if let Some(v) = bound_to(&claim) {
-            let cached = stores.pvs.get(&reflector::ObjectRef::new(&v));
-            match cached {
+            let from_cache = stores
+                .pvs
+                .get(&reflector::ObjectRef::new(&v))
+                .filter(|_| cached);
+            match from_cache {
                 Some(pv) => pvs.push((*pv).clone()),
                 None => {
                     if let Ok(Some(pv)) = pvs_api.get_opt(&v).await {
@@ -271,21 +291,53 @@ pub(crate) async fn volume_constraints(
         .collect();
     names.sort();
     names.dedup();
-    let mut classes = stores.class_list();
     let class_api: Api<StorageClass> = Api::all(client.clone());
-    for name in names.into_iter().flatten() {
-        if !classes
-            .iter()
-            .any(|c| c.metadata.name.as_deref() == Some(&name))
-            && let Ok(Some(c)) = class_api.get_opt(&name).await
-        {
-            classes.push(c);
+    let mut classes = Vec::new();
+    if names.iter().any(Option::is_none) {
+        classes = if cached {
+            stores.class_list()
+        } else {
+            class_api
+                .list(&Default::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+        };
+    } else {
+        for name in names.into_iter().flatten() {
+            let from_cache = stores
+                .classes
+                .get(&reflector::ObjectRef::new(&name))
+                .filter(|_| cached);
+            match from_cache {
+                Some(c) => classes.push((*c).clone()),
+                None => {
+                    if let Ok(Some(c)) = class_api.get_opt(&name).await {
+                        classes.push(c);
+                    }
+                }
+            }
         }
     }
     (
         crate::scheduler::volumes::required_selectors(&claims, &pvs),
         crate::scheduler::volumes::shared_mount_needs(&claims, &pvs, &classes),
     )
+}
+
+/// Whether the scheduler may use the cached copy of a claim (pure): only once the caches are
+/// ready and only when the claim is bound — a bound claim's `volumeName` never changes again,
+/// an unbound one may have been bound since the cache saw it.
+fn cached_claim_will_do(
+    caches_ready: bool,
+    claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+) -> bool {
+    caches_ready
+        && claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.as_deref())
+            .is_some_and(|v| !v.is_empty())
 }
 
 fn vmi_api(client: &kube::Client, vmi: &VirtualMachineInstance) -> Api<Vmi> {
@@ -374,4 +426,31 @@ async fn mark_unschedulable(
         .record(&reference, true, "FailedScheduling", message)
         .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
+
+    fn claim(volume: Option<&str>) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            spec: Some(PersistentVolumeClaimSpec {
+                volume_name: volume.map(String::from),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_bound_claim_from_ready_caches_is_used_from_the_cache() {
+        assert!(super::cached_claim_will_do(true, &claim(Some("pv-1"))));
+        assert!(!super::cached_claim_will_do(false, &claim(Some("pv-1"))));
+        assert!(!super::cached_claim_will_do(true, &claim(None)));
+        assert!(!super::cached_claim_will_do(true, &claim(Some(""))));
+        assert!(!super::cached_claim_will_do(
+            true,
+            &PersistentVolumeClaim::default()
+        ));
+    }
 }

@@ -224,6 +224,11 @@ impl Stores {
         let _ = ready.wait_for(|r| *r).await;
     }
 
+    /// Whether every cache holds its first complete list (never waits).
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
     /// The cached claim `ns/name`.
     pub fn pvc(&self, ns: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
         self.pvcs.get(&reflector::ObjectRef::new(name).within(ns))
