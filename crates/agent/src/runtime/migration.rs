@@ -491,6 +491,16 @@ impl Agent {
         }
     }
 
+    /// Forgets the VMIs moved away that the VMI cache no longer holds (`known`: the uids it
+    /// holds): only a cached stale copy needs the entry, and a VMI that comes back carries
+    /// another migration uid. Keeps the map as small as the migrations still in view.
+    pub(super) fn forget_moved(&self, known: &std::collections::HashSet<String>) {
+        self.moved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|uid, _| known.contains(uid));
+    }
+
     /// Whether the cached VMI is the stale copy of one this agent moved away (its watch has
     /// not delivered the switch-over yet): nothing may be done about it here.
     pub(super) fn moved_away(&self, vmi: &VirtualMachineInstance) -> bool {

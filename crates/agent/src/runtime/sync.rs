@@ -77,6 +77,7 @@ pub(super) async fn sync_loop(
                 agent.reconcile_cached(&obj, now).await;
             }
             agent.collect_orphans(&known).await;
+            agent.forget_moved(&known);
         } else {
             // Per VMI, once, with its earliest event's time.
             dirty.sort_by(|(a, ta), (b, tb)| {
@@ -98,6 +99,7 @@ pub(super) async fn sync_loop(
                     .filter_map(|o| o.metadata.uid.clone())
                     .collect();
                 agent.collect_orphans(&known).await;
+                agent.forget_moved(&known);
             }
         }
     }
