@@ -20,3 +20,28 @@ pub mod vm_snapshot;
 pub mod volume;
 
 pub use loops::run;
+
+use ferrovirt_api::kubevirt::vmi::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::conditions::{condition, set};
+
+/// The conditions of a finished snapshot or restore: Progressing False and Ready True, both
+/// with reason `Succeeded`.
+fn set_succeeded(conditions: &mut Vec<Condition>, now: &Time) {
+    set(
+        conditions,
+        condition(
+            "Progressing",
+            false,
+            Some("Succeeded"),
+            Some("Operation complete"),
+        ),
+        now,
+    );
+    set(
+        conditions,
+        condition("Ready", true, Some("Succeeded"), Some("Operation complete")),
+        now,
+    );
+}

@@ -562,21 +562,7 @@ pub fn step(input: &RestoreInput<'_>) -> RestoreStep {
     // 4. Done.
     status.complete = Some(true);
     status.restore_time = Some(now.clone());
-    set(
-        &mut conditions,
-        condition(
-            "Progressing",
-            false,
-            Some("Succeeded"),
-            Some("Operation complete"),
-        ),
-        &now,
-    );
-    set(
-        &mut conditions,
-        condition("Ready", true, Some("Succeeded"), Some("Operation complete")),
-        &now,
-    );
+    super::set_succeeded(&mut conditions, &now);
     status.conditions = Some(conditions);
     out.status = status;
     out.mark = Some(RestoreMark::Clear(name));

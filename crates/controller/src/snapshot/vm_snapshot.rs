@@ -488,21 +488,7 @@ pub fn step(input: &SnapshotInput<'_>) -> SnapshotStep {
     status.ready_to_use = Some(true);
     status.creation_time = content_status.creation_time;
     status.error = None;
-    set(
-        &mut conditions,
-        condition(
-            "Progressing",
-            false,
-            Some("Succeeded"),
-            Some("Operation complete"),
-        ),
-        &now,
-    );
-    set(
-        &mut conditions,
-        condition("Ready", true, Some("Succeeded"), Some("Operation complete")),
-        &now,
-    );
+    super::set_succeeded(&mut conditions, &now);
     status.conditions = Some(conditions);
     out.status = status;
     out.vm_mark = VmMark::Clear(name);
