@@ -286,6 +286,19 @@ pub struct PinnedCert {
     provider: Arc<CryptoProvider>,
 }
 
+impl PinnedCert {
+    /// Ok when `end_entity` is the pinned certificate.
+    fn check(&self, end_entity: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+        if constant_time_eq(&fingerprint(end_entity), &self.pin) {
+            Ok(())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+}
+
 impl ServerCertVerifier for PinnedCert {
     fn verify_server_cert(
         &self,
@@ -295,13 +308,8 @@ impl ServerCertVerifier for PinnedCert {
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        if constant_time_eq(&fingerprint(end_entity), &self.pin) {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
-        }
+        self.check(end_entity)?;
+        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -533,10 +541,7 @@ mod tests {
 /// Accepts exactly the client certificate whose SHA-256 is pinned (the migration source
 /// node's published fingerprint); handshake signatures are verified against it.
 #[derive(Debug)]
-struct PinnedClient {
-    pin: Fingerprint,
-    provider: Arc<CryptoProvider>,
-}
+struct PinnedClient(PinnedCert);
 
 impl rustls::server::danger::ClientCertVerifier for PinnedClient {
     fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
@@ -549,13 +554,8 @@ impl rustls::server::danger::ClientCertVerifier for PinnedClient {
         _intermediates: &[CertificateDer<'_>],
         _now: UnixTime,
     ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        if constant_time_eq(&fingerprint(end_entity), &self.pin) {
-            Ok(rustls::server::danger::ClientCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
-        }
+        self.0.check(end_entity)?;
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -564,12 +564,7 @@ impl rustls::server::danger::ClientCertVerifier for PinnedClient {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.0.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -578,18 +573,11 @@ impl rustls::server::danger::ClientCertVerifier for PinnedClient {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.0.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.0.supported_verify_schemes()
     }
 }
 
@@ -600,10 +588,10 @@ pub fn migration_server_config(
     source: Fingerprint,
 ) -> Result<Arc<rustls::ServerConfig>, AgentError> {
     let provider = provider();
-    let verifier = Arc::new(PinnedClient {
+    let verifier = Arc::new(PinnedClient(PinnedCert {
         pin: source,
         provider: provider.clone(),
-    });
+    }));
     let cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(tls_err)?
