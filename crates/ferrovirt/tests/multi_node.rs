@@ -340,7 +340,13 @@ fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
     // The fenced VM did not finish its work: once the control plane is back, the VMI ends
     // Failed (Fenced from the agent, or NodeUnresponsive from the node controller), never
     // Succeeded.
-    let exit: Value = serde_json::from_slice(&std::fs::read(needle.join("exit.json"))?)?;
+    // The launcher writes its exit report just after QEMU is gone: give it a moment.
+    let exit_file = needle.join("exit.json");
+    let t1 = Instant::now();
+    while !exit_file.exists() && t1.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let exit: Value = serde_json::from_slice(&std::fs::read(&exit_file)?)?;
     assert_eq!(exit["reason"], "Fenced", "{exit}");
     c.restart_server()?;
     let st = c.wait_until("the fenced VMI final", Duration::from_secs(60), || {
