@@ -7,11 +7,13 @@ mod macros;
 
 pub mod admission;
 pub mod cdi;
+pub mod eviction;
 pub mod expand;
 pub mod fencing;
 pub mod hco;
 pub mod jsonpath;
 pub mod kubevirt;
+pub mod launcher_pod;
 pub mod migration;
 pub mod migration_policy;
 pub mod network;
