@@ -61,6 +61,17 @@ fn api_resource(def: &ResourceDef) -> Vec<Value> {
             "verbs": status_verbs(def),
         }));
     }
+    if crate::handlers::is_pod(def) {
+        out.push(json!({
+            "name": "pods/eviction",
+            "singularName": "",
+            "namespaced": true,
+            "group": "policy",
+            "version": "v1",
+            "kind": "Eviction",
+            "verbs": ["create"],
+        }));
+    }
     if scale_subresource(def).is_some() {
         out.push(json!({
             "name": format!("{}/scale", def.plural),
@@ -126,6 +137,13 @@ fn aggregated_resource(def: &ResourceDef) -> Value {
             "subresource": "status",
             "responseKind": kind,
             "verbs": status_verbs(def),
+        }));
+    }
+    if crate::handlers::is_pod(def) {
+        subresources.push(json!({
+            "subresource": "eviction",
+            "responseKind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "verbs": ["create"],
         }));
     }
     if scale_subresource(def).is_some() {

@@ -143,6 +143,26 @@ const BINDING: &[F] = &[
     F(3, "roleRef", Ty::Msg(ROLE_REF), false),
 ];
 
+/// metav1.DeleteOptions.
+const DELETE_OPTIONS: &[F] = &[
+    F(1, "gracePeriodSeconds", Ty::Int, false),
+    F(
+        2,
+        "preconditions",
+        Ty::Msg(&[
+            F(1, "uid", Ty::Str, false),
+            F(2, "resourceVersion", Ty::Str, false),
+        ]),
+        false,
+    ),
+    F(3, "orphanDependents", Ty::Bool, false),
+    F(4, "propagationPolicy", Ty::Str, false),
+    F(5, "dryRun", Ty::Str, true),
+];
+
+/// policy/v1 (and v1beta1) Eviction, the body of `pods/{name}/eviction` (`kubectl drain`).
+const EVICTION: &[F] = &[META, F(2, "deleteOptions", Ty::Msg(DELETE_OPTIONS), false)];
+
 fn schema_for(api_version: &str, kind: &str) -> Option<&'static [F]> {
     Some(match (api_version, kind) {
         ("v1", "ConfigMap") => CONFIG_MAP,
@@ -151,6 +171,7 @@ fn schema_for(api_version: &str, kind: &str) -> Option<&'static [F]> {
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
         ("rbac.authorization.k8s.io/v1", "Role" | "ClusterRole") => ROLE,
         ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => BINDING,
+        ("policy/v1" | "policy/v1beta1", "Eviction") => EVICTION,
         _ => return None,
     })
 }
@@ -411,5 +432,34 @@ mod tests {
             decode(&body[..body.len() - 3]),
             Err(ProtoError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn decodes_an_eviction() {
+        let mut meta = Vec::new();
+        field(1, b"virt-launcher-vm1-abcde", &mut meta);
+        field(3, b"default", &mut meta);
+        let mut pre = Vec::new();
+        field(1, b"u-1", &mut pre);
+        let mut opts = Vec::new();
+        opts.extend_from_slice(&[1 << 3, 30]); // gracePeriodSeconds = 30
+        field(2, &pre, &mut opts);
+        let mut ev = Vec::new();
+        field(1, &meta, &mut ev);
+        field(2, &opts, &mut ev);
+        let mut tm = Vec::new();
+        field(1, b"policy/v1", &mut tm);
+        field(2, b"Eviction", &mut tm);
+        let mut body = b"k8s\0".to_vec();
+        field(1, &tm, &mut body);
+        field(2, &ev, &mut body);
+        assert_eq!(
+            decode(&body).unwrap(),
+            json!({
+                "metadata": {"name": "virt-launcher-vm1-abcde", "namespace": "default"},
+                "deleteOptions": {"gracePeriodSeconds": 30, "preconditions": {"uid": "u-1"}},
+                "apiVersion": "policy/v1", "kind": "Eviction"
+            })
+        );
     }
 }

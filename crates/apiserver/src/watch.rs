@@ -9,6 +9,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
+use ferrovirt_api::launcher_pod;
 use ferrovirt_api::registry::ResourceDef;
 use ferrovirt_store::{EventKind, StoreError, WatchEvent};
 use futures::channel::mpsc;
@@ -35,6 +36,8 @@ struct Plan {
     repr: Representation,
     bookmarks: bool,
     timeout: Duration,
+    /// Launcher Pod views: the events are computed from VMI events.
+    view: bool,
 }
 
 impl Plan {
@@ -95,7 +98,10 @@ fn translate(
     plan: &Plan,
     ev: &WatchEvent,
     cache: &DecodeCache,
-) -> Result<Option<(&'static str, Value)>, ApiError> {
+) -> Result<Vec<(&'static str, Value)>, ApiError> {
+    if plan.view {
+        return translate_view(plan, ev);
+    }
     let want = plan.def.api_version();
     let served_as_stored = |v: &Value| v.get("apiVersion").and_then(Value::as_str) == Some(&want);
     if !resources::is_events_v1(&plan.def)
@@ -104,7 +110,10 @@ fn translate(
         && d.prev.as_ref().is_none_or(served_as_stored)
     {
         let before = d.prev.as_ref().map(|p| plan.matches(p));
-        return Ok(event_type(ev.kind, plan.matches(&d.cur), before).map(|t| (t, d.cur.clone())));
+        return Ok(event_type(ev.kind, plan.matches(&d.cur), before)
+            .map(|t| (t, d.cur.clone()))
+            .into_iter()
+            .collect());
     }
     let cur = from_storage(&plan.def, decode(&ev.kv)?);
     let prev = ev
@@ -113,7 +122,41 @@ fn translate(
         .map(|p| decode(p).map(|o| from_storage(&plan.def, o)))
         .transpose()?;
     let before = prev.as_ref().map(|p| plan.matches(p));
-    Ok(event_type(ev.kind, plan.matches(&cur), before).map(|t| (t, cur)))
+    Ok(event_type(ev.kind, plan.matches(&cur), before)
+        .map(|t| (t, cur))
+        .into_iter()
+        .collect())
+}
+
+/// The launcher Pod view events for one VMI store event, after this watch's selectors.
+fn translate_view(plan: &Plan, ev: &WatchEvent) -> Result<Vec<(&'static str, Value)>, ApiError> {
+    let cur = decode(&ev.kv)?;
+    let prev = ev.prev.as_ref().map(decode).transpose()?;
+    let changes = match ev.kind {
+        // The deleted state carries the deletion's revision.
+        EventKind::Deleted => launcher_pod::view_changes(Some(&cur), None),
+        _ => launcher_pod::view_changes(prev.as_ref(), Some(&cur)),
+    };
+    let prev_pod = prev.as_ref().and_then(launcher_pod::pod_for);
+    let mut out = Vec::new();
+    for (t, pod) in changes {
+        let kind = match t {
+            "ADDED" if ev.kind == EventKind::Modified && ev.prev.is_none() => EventKind::Modified,
+            "ADDED" => EventKind::Created,
+            "DELETED" => EventKind::Deleted,
+            _ => EventKind::Modified,
+        };
+        let before = match kind {
+            EventKind::Modified => prev_pod.as_ref().map(|p| plan.matches(p)),
+            EventKind::Deleted => Some(plan.matches(&pod)),
+            EventKind::Created => None,
+        };
+        let now = kind != EventKind::Deleted && plan.matches(&pod);
+        if let Some(t) = event_type(kind, now, before) {
+            out.push((t, pod));
+        }
+    }
+    Ok(out)
 }
 
 /// Serves a watch request on a collection (or one object, when `name` is set).
@@ -153,9 +196,12 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
         repr: representation(&ctx.headers),
         bookmarks: ctx.q.flag("allowWatchBookmarks"),
         timeout,
+        view: crate::handlers::is_pod(&ctx.def),
     };
     let store = ctx.sh.store.clone();
     let prefix = match (&name, ctx.ns()) {
+        // Views: every VMI of the namespace (the name is matched on the computed Pod).
+        _ if plan.view => resources::list_prefix(&crate::handlers::vmi_def(&ctx.sh)?, ctx.ns()),
         (Some(n), ns) if !plan.def.namespaced || ns.is_some() => {
             resources::object_key(&plan.def, ns, n)
         }
@@ -185,7 +231,14 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
             .map_err(ApiError::from_store)?;
         from = listed.revision;
         for kv in &listed.items {
-            let obj = from_storage(&plan.def, decode(kv)?);
+            let obj = if plan.view {
+                match launcher_pod::pod_for(&decode(kv)?) {
+                    Some(p) => p,
+                    None => continue,
+                }
+            } else {
+                from_storage(&plan.def, decode(kv)?)
+            };
             if plan.matches(&obj) {
                 pre.push(line("ADDED", plan.render(obj)));
             }
@@ -237,8 +290,14 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
                         Some(Ok(ev)) => {
                             last = last.max(ev.revision);
                             match translate(&plan, &ev, &shared.decoded) {
-                                Ok(Some((t, obj))) => line(t, plan.render(obj)),
-                                Ok(None) => continue,
+                                Ok(evs) if evs.is_empty() => continue,
+                                Ok(evs) => {
+                                    let mut out = Vec::new();
+                                    for (t, obj) in evs {
+                                        out.extend_from_slice(&line(t, plan.render(obj)));
+                                    }
+                                    Bytes::from(out)
+                                }
                                 Err(e) => line("ERROR", e.status()),
                             }
                         }

@@ -2,6 +2,7 @@
 //! (get, list, watch, create, update, patch, delete, deletecollection) and renders responses.
 
 mod delete;
+mod pods;
 mod presets;
 mod read;
 mod scale;
@@ -18,6 +19,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::Value;
 
 pub(crate) use delete::{DeleteOpts, delete_one};
+pub(crate) use pods::{is_pod, vmi_def};
 pub(crate) use read::selectors as selectors_of;
 pub(crate) use write::{WriteOpts, create, store_update};
 
@@ -149,17 +151,6 @@ async fn resource(
     if def.namespaced && p.namespace.is_none() && (p.name.is_some() || method == Method::POST) {
         return Err(ApiError::path_not_found());
     }
-    let scale = match p.subresource.as_deref() {
-        Some("scale") => ferrovirt_api::registry::scale_subresource(&def),
-        _ => None,
-    };
-    let status_only = match p.subresource.as_deref() {
-        None => false,
-        Some("scale") if scale.is_some() => false,
-        Some("status") if def.has_status => true,
-        Some("finalize") if def.kind == "Namespace" && def.group.is_empty() => false,
-        Some(_) => return Err(ApiError::path_not_found()),
-    };
     let watching = p.watch || q.flag("watch");
     let deprecated = ferrovirt_api::registry::deprecation_warning(&def);
     let user_agent = headers
@@ -172,6 +163,28 @@ async fn resource(
         def.plural,
         user_agent,
     );
+    if pods::is_pod(&def) {
+        let ctx = Ctx {
+            sh,
+            def,
+            namespace: p.namespace,
+            q,
+            headers,
+        };
+        let sub = p.subresource.as_deref();
+        return pods::serve(ctx, method, p.name, sub, body, watching).await;
+    }
+    let scale = match p.subresource.as_deref() {
+        Some("scale") => ferrovirt_api::registry::scale_subresource(&def),
+        _ => None,
+    };
+    let status_only = match p.subresource.as_deref() {
+        None => false,
+        Some("scale") if scale.is_some() => false,
+        Some("status") if def.has_status => true,
+        Some("finalize") if def.kind == "Namespace" && def.group.is_empty() => false,
+        Some(_) => return Err(ApiError::path_not_found()),
+    };
     let ctx = Ctx {
         sh,
         def,

@@ -171,11 +171,19 @@ pub(super) async fn list(ctx: &Ctx) -> Result<Response, ApiError> {
     if let Some(c) = listed.cont {
         meta["continue"] = Value::String(c);
     }
+    Ok(json_response(
+        StatusCode::OK,
+        &list_body(ctx, listed.items, meta),
+    ))
+}
+
+/// A list response body in the representation the client asked for.
+pub(crate) fn list_body(ctx: &Ctx, items: Vec<Value>, meta: Value) -> Value {
     let def = &ctx.def;
-    let body = match representation(&ctx.headers) {
+    match representation(&ctx.headers) {
         Representation::Table { beta } => table::table(&table::TableRequest {
             def,
-            objects: &listed.items,
+            objects: &items,
             list_meta: meta,
             include: table::include_object(ctx.q.get("includeObject")),
             beta,
@@ -184,16 +192,15 @@ pub(super) async fn list(ctx: &Ctx) -> Result<Response, ApiError> {
             "kind": "PartialObjectMetadataList",
             "apiVersion": if beta { "meta.k8s.io/v1beta1" } else { "meta.k8s.io/v1" },
             "metadata": meta,
-            "items": listed.items.iter().map(|o| table::partial(o, beta)).collect::<Vec<_>>(),
+            "items": items.iter().map(|o| table::partial(o, beta)).collect::<Vec<_>>(),
         }),
         Representation::Object => json!({
             "kind": def.list_kind,
             "apiVersion": def.api_version(),
             "metadata": meta,
-            "items": listed.items,
+            "items": items,
         }),
-    };
-    Ok(json_response(StatusCode::OK, &body))
+    }
 }
 
 /// Renders one object in the requested representation.
