@@ -9,6 +9,7 @@
 
 pub mod conditions;
 pub mod error;
+pub mod evacuation;
 pub mod migration;
 pub mod node_ipam;
 pub mod node_lifecycle;

@@ -327,3 +327,40 @@ fn the_target_must_offer_the_source_nodes_cpu_features() {
     let e = pick_target(&v, &inputs).unwrap_err();
     assert!(e.contains("node2 lacks avx2"), "{e}");
 }
+
+#[test]
+fn a_cordoned_or_drain_tainted_node_is_never_a_target() {
+    let nodes = vec![
+        node("node1").build(),
+        node("node2").unschedulable().build(),
+        node("node3").build(),
+    ];
+    let v = vmi(serde_json::Value::Null);
+    let opts = SchedulerOptions::default();
+    let mut inputs = TargetInputs {
+        nodes: &nodes,
+        vmis: &[],
+        added_node_selector: None,
+        volume_affinity: &[],
+        shared_mounts: &[],
+        opts: &opts,
+    };
+    for _ in 0..5 {
+        assert_eq!(pick_target(&v, &inputs).unwrap(), "node3");
+    }
+    let mut drained = node("node3").build();
+    drained.spec.get_or_insert_default().taints = Some(vec![
+        serde_json::from_value(
+            json!({"key": ferrovirt_api::eviction::DRAIN_TAINT, "effect": "NoSchedule"}),
+        )
+        .unwrap(),
+    ]);
+    let only_bad = vec![
+        node("node1").build(),
+        node("node2").unschedulable().build(),
+        drained,
+    ];
+    inputs.nodes = &only_bad;
+    let why = pick_target(&v, &inputs).unwrap_err();
+    assert!(why.contains("unschedulable"), "{why}");
+}
