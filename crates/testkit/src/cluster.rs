@@ -193,6 +193,32 @@ impl Cluster {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
+    /// A server with its embedded agent (node1) plus agents node2..node`n`, once all `n`
+    /// Nodes are Ready.
+    pub fn with_nodes(opts: &ClusterOptions, n: usize) -> anyhow::Result<Cluster> {
+        let mut c = Cluster::start(opts)?;
+        for i in 2..=n {
+            c.start_agent(&format!("node{i}"))?;
+        }
+        c.wait_until(&format!("{n} Ready nodes"), Duration::from_secs(60), || {
+            let v = c.get_json(&["nodes"])?;
+            let ready = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|n| {
+                    n["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+                .count();
+            Ok((ready == n).then_some(()))
+        })?;
+        Ok(c)
+    }
+
     /// Starts another node agent named `node` with its own data dir.
     pub fn start_agent(&mut self, node: &str) -> anyhow::Result<()> {
         self.start_agent_with(node, &[])
@@ -442,6 +468,45 @@ spec:
             dir = dir.display()
         ))?;
         Ok(dir)
+    }
+
+    /// Like [`guest_disk_claim`](Self::guest_disk_claim), with the PV and the claim
+    /// ReadWriteMany (shared storage: the VM on it is live-migratable).
+    pub fn shared_guest_disk_claim(&self, claim: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.guest_disk_claim(claim)?;
+        let rwx = r#"{"spec":{"accessModes":["ReadWriteMany"]}}"#;
+        let pv = format!("pv-{claim}");
+        self.kubectl_ok(&["patch", "pv", &pv, "--type=merge", "-p", rwx])?;
+        self.kubectl_ok(&["patch", "pvc", claim, "--type=merge", "-p", rwx])
+            .ok();
+        Ok(dir)
+    }
+
+    /// The cluster's own temporary directory (for files a test hands to kubectl).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The agent data dir of `node` (node1: the embedded agent's).
+    pub fn node_dir(&self, node: &str) -> PathBuf {
+        if node == "node1" {
+            self.agent_dir()
+        } else {
+            self.extra_agent_dir(node)
+        }
+    }
+
+    /// The uptime (seconds) of the guest of the VMI with `uid` on `node`, read on its serial
+    /// console.
+    pub fn guest_uptime(&self, node: &str, uid: &str) -> anyhow::Result<f64> {
+        let sock = self.node_dir(node).join("vmis").join(uid).join("serial.sock");
+        let console = crate::console::SerialConsole::connect(&sock, Duration::from_secs(10))?;
+        let (out, rc) = console.exec("cat /proc/uptime", Duration::from_secs(20))?;
+        anyhow::ensure!(rc == 0, "cat /proc/uptime: {out}");
+        out.lines()
+            .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+            .next_back()
+            .ok_or_else(|| anyhow::anyhow!("no uptime in {out:?}"))
     }
 
     /// Kills the server process with SIGKILL (agents and launchers keep running).

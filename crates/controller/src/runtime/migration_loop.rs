@@ -174,7 +174,7 @@ async fn list_all<T: serde::de::DeserializeOwned>(
 }
 
 /// The cluster's migration configuration: defaults ← HyperConverged ← KubeVirt CR.
-async fn cluster_configuration(client: &kube::Client) -> MigrationConfiguration {
+pub(crate) async fn cluster_configuration(client: &kube::Client) -> MigrationConfiguration {
     let hcos: Vec<ferrovirt_api::hco::HyperConverged> = list_all(
         client,
         &dynamic(

@@ -8,6 +8,7 @@
 //! # }
 //! ```
 
+pub mod evacuation_loop;
 pub mod events;
 pub mod leader;
 pub mod migration_loop;
@@ -89,6 +90,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
                 stores.clone(),
             );
             async move { ("migration", migration_loop::run(c, o, s).await) }
+        });
+        tasks.spawn({
+            let (c, s) = (client.clone(), stores.clone());
+            async move { ("evacuation", evacuation_loop::run(c, s).await) }
         });
         tasks.spawn({
             let (c, o, s) = (client.clone(), opts.node_ipam.clone(), stores.clone());

@@ -1,0 +1,212 @@
+//! The evacuation loop: on every change of VMIs, Nodes or VirtualMachineInstanceMigrations (and
+//! every two seconds, for backoffs) applies [`crate::evacuation::plan`] when a VMI is marked
+//! for evacuation or a node has the `kubevirt.io/drain` taint: marks and clears
+//! `status.evacuationNodeName` (guarded by the VMI's resourceVersion) and creates the
+//! evacuation migrations, with Events on the VMI. The cluster's `evictionStrategy` and
+//! migration limits are read only when there is such work.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use ferrovirt_api::eviction::EVACUATION_ANNOTATION;
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_api::migration_policy as policy;
+
+use super::events::{EventRecorder, object_ref};
+use super::resources::{Vmi, Vmim};
+use super::stores::{Kind, Stores};
+use crate::error::ControllerError;
+use crate::evacuation::{self, Action, Inputs, reasons};
+use crate::vm::template::KUBEVIRT_API_VERSION;
+
+/// Component name on Events (KubeVirt's evacuation controller runs in virt-controller).
+pub const COMPONENT: &str = "evacuation-controller";
+const RESYNC: Duration = Duration::from_secs(2);
+
+/// Runs the evacuation loop until its watch ends.
+pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerError> {
+    let wake = Arc::new(Notify::new());
+    let (vmims, writer) = reflector::store::<Vmim>();
+    let stream = reflector(
+        writer,
+        watcher(Api::<Vmim>::all(client.clone()), watcher::Config::default()).default_backoff(),
+    )
+    .touched_objects();
+    let w = wake.clone();
+    let pump = async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                tracing::warn!(error = %e, "evacuation: migration watch error");
+            }
+            w.notify_one();
+        }
+    };
+    let w = wake.clone();
+    let mut changes = stores.changes();
+    let follow = async move {
+        while changes.wait_for(&[Kind::Vmi, Kind::Node]).await.is_some() {
+            w.notify_one();
+        }
+    };
+    let recorder = EventRecorder::new(client.clone(), COMPONENT);
+    let work = async {
+        let _ = vmims.wait_until_ready().await;
+        stores.ready().await;
+        loop {
+            let vmis: Vec<VirtualMachineInstance> =
+                stores.vmis.state().iter().map(|v| v.0.clone()).collect();
+            let nodes = stores.node_list();
+            if evacuation::has_work(&vmis, &nodes) {
+                let migrations: Vec<_> = vmims.state().iter().map(|m| m.0.clone()).collect();
+                let (kv, hco, limits) = cluster_settings(&client).await;
+                let actions = evacuation::plan(&Inputs {
+                    vmis: &vmis,
+                    nodes: &nodes,
+                    migrations: &migrations,
+                    cluster_strategy: (kv.as_deref(), hco.as_deref()),
+                    per_cluster: limits.0,
+                    per_node: limits.1,
+                    now: Timestamp::now().as_second(),
+                });
+                for a in actions {
+                    if let Err(e) = apply(&client, &recorder, &vmis, &a).await {
+                        tracing::warn!(error = %e, action = ?a, "evacuation step failed");
+                    }
+                }
+            }
+            let _ = tokio::time::timeout(RESYNC, wake.notified()).await;
+        }
+    };
+    tokio::select! {
+        _ = pump => Err(ControllerError::TaskStopped { name: "evacuation", reason: "watch stream ended".into() }),
+        _ = follow => Err(ControllerError::TaskStopped { name: "evacuation", reason: "caches ended".into() }),
+        _ = work => Ok(()),
+    }
+}
+
+/// The first value at `ptr` among all objects of a cluster kind.
+async fn first_value(client: &kube::Client, gvk: (&str, &str, &str, &str), ptr: &str) -> Option<String> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(gvk.0, gvk.1, gvk.2), gvk.3);
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let list = api.list(&ListParams::default()).await.ok()?;
+    list.items.into_iter().find_map(|o| {
+        serde_json::to_value(o)
+            .ok()?
+            .pointer(ptr)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    })
+}
+
+/// (KubeVirt CR strategy, HyperConverged strategy, (per cluster, per node) limits).
+async fn cluster_settings(client: &kube::Client) -> (Option<String>, Option<String>, (u32, u32)) {
+    let kv = first_value(
+        client,
+        ("kubevirt.io", "v1", "KubeVirt", "kubevirts"),
+        "/spec/configuration/evictionStrategy",
+    )
+    .await;
+    let hco = first_value(
+        client,
+        ("hco.kubevirt.io", "v1beta1", "HyperConverged", "hyperconvergeds"),
+        "/spec/evictionStrategy",
+    )
+    .await;
+    let c = super::migration_loop::cluster_configuration(client).await;
+    let limits = (
+        c.parallel_migrations_per_cluster
+            .unwrap_or(policy::DEFAULT_PARALLEL_PER_CLUSTER),
+        c.parallel_outbound_migrations_per_node
+            .unwrap_or(policy::DEFAULT_PARALLEL_OUTBOUND_PER_NODE),
+    );
+    (kv, hco, limits)
+}
+
+async fn apply(
+    client: &kube::Client,
+    recorder: &EventRecorder,
+    vmis: &[VirtualMachineInstance],
+    a: &Action,
+) -> Result<(), kube::Error> {
+    let (ns, name) = match a {
+        Action::Mark {
+            namespace, name, ..
+        }
+        | Action::Clear {
+            namespace, name, ..
+        }
+        | Action::Migrate {
+            namespace, name, ..
+        } => (namespace.as_str(), name.as_str()),
+    };
+    let Some(vmi) = vmis.iter().find(|v| {
+        v.metadata.name.as_deref() == Some(name)
+            && v.metadata.namespace.as_deref().unwrap_or("default") == ns
+    }) else {
+        return Ok(());
+    };
+    let reference = object_ref(KUBEVIRT_API_VERSION, "VirtualMachineInstance", &vmi.metadata);
+    let vmi_api: Api<Vmi> = Api::namespaced(client.clone(), ns);
+    let set = |value: Value| {
+        json!({
+            "metadata": {"resourceVersion": vmi.metadata.resource_version},
+            "status": {"evacuationNodeName": value},
+        })
+    };
+    match a {
+        Action::Mark { node, message, .. } => {
+            vmi_api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&set(json!(node))))
+                .await?;
+            recorder
+                .record(&reference, false, reasons::DRAIN_TAINT, message)
+                .await;
+        }
+        Action::Clear { node, .. } => {
+            vmi_api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&set(Value::Null)))
+                .await?;
+            let now = vmi.status.as_ref().and_then(|s| s.node_name.clone());
+            let message = match now {
+                Some(n) if n != *node => format!("The VMI left node {node}: it runs on node {n}"),
+                _ => format!("The VMI ended; its evacuation from node {node} is over"),
+            };
+            recorder
+                .record(&reference, false, reasons::EVACUATED, &message)
+                .await;
+        }
+        Action::Migrate { node, .. } => {
+            let body: Vmim = serde_json::from_value(json!({
+                "apiVersion": KUBEVIRT_API_VERSION,
+                "kind": "VirtualMachineInstanceMigration",
+                "metadata": {
+                    "generateName": "kubevirt-evacuation-",
+                    "namespace": ns,
+                    "annotations": {EVACUATION_ANNOTATION: node},
+                    "labels": {"kubevirt.io/vmi-name": name},
+                },
+                "spec": {"vmiName": name},
+            }))
+            .map_err(kube::Error::SerdeError)?;
+            let api: Api<Vmim> = Api::namespaced(client.clone(), ns);
+            let created = api.create(&PostParams::default(), &body).await?;
+            let message = format!(
+                "Migration {} created to move the VMI off node {node}",
+                created.metadata.name.as_deref().unwrap_or("?")
+            );
+            recorder
+                .record(&reference, false, reasons::MIGRATION_CREATED, &message)
+                .await;
+        }
+    }
+    Ok(())
+}
