@@ -226,10 +226,7 @@ mod tests {
         );
         // Marked for another node (an older drain): marked again for this one.
         again.evacuation_node = Some("node0");
-        assert!(matches!(
-            decide(&again),
-            Answer::Refuse { mark: true, .. }
-        ));
+        assert!(matches!(decide(&again), Answer::Refuse { mark: true, .. }));
     }
 
     #[test]
@@ -247,10 +244,7 @@ mod tests {
         // Not running: no migration possible either.
         let mut s = subject(Strategy::LiveMigrate);
         s.running = false;
-        assert!(matches!(
-            decide(&s),
-            Answer::Refuse { mark: false, .. }
-        ));
+        assert!(matches!(decide(&s), Answer::Refuse { mark: false, .. }));
         s.strategy = Strategy::LiveMigrateIfPossible;
         assert!(matches!(decide(&s), Answer::Stop { .. }));
     }

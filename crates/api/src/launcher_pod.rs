@@ -26,7 +26,9 @@ const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 const UID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x5d0c_9a51_4b7e_4f0e_9a3c_6f1e_2b8d_7c40);
 
 fn s<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
-    v.pointer(ptr).and_then(Value::as_str).filter(|s| !s.is_empty())
+    v.pointer(ptr)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
 }
 
 /// What identifies one placement of a VMI: its uid, its node and, when it came there by a
@@ -120,7 +122,10 @@ pub fn pod_for(vmi: &Value) -> Option<Value> {
             "uid": vmi_uid, "controller": true, "blockOwnerDeletion": true,
         }],
     });
-    if let Some(t) = vmi.pointer("/metadata/deletionTimestamp").filter(|t| t.is_string()) {
+    if let Some(t) = vmi
+        .pointer("/metadata/deletionTimestamp")
+        .filter(|t| t.is_string())
+    {
         metadata["deletionTimestamp"] = t.clone();
     }
     let grace = vmi
@@ -188,7 +193,10 @@ pub fn view_changes(prev: Option<&Value>, cur: Option<&Value>) -> Vec<(&'static 
         (Some(o), None) => {
             let mut o = o;
             // The DELETED object carries the revision of the write that removed it.
-            if let Some(rv) = cur.or(prev).and_then(|v| v.pointer("/metadata/resourceVersion")) {
+            if let Some(rv) = cur
+                .or(prev)
+                .and_then(|v| v.pointer("/metadata/resourceVersion"))
+            {
                 o["metadata"]["resourceVersion"] = rv.clone();
             }
             vec![("DELETED", o)]

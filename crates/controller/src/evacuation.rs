@@ -81,9 +81,12 @@ pub fn has_drain_taint(node: &Node) -> bool {
 
 /// Whether the plan has anything to look at (a marked VMI or a drain-tainted node), so the
 /// cluster settings are read only then.
-pub fn has_work(vmis: &[VirtualMachineInstance], nodes: &[Node]) -> bool {
+pub fn has_work<'a>(
+    vmis: impl IntoIterator<Item = &'a VirtualMachineInstance>,
+    nodes: &[Node],
+) -> bool {
     nodes.iter().any(has_drain_taint)
-        || vmis.iter().any(|v| {
+        || vmis.into_iter().any(|v| {
             v.status
                 .as_ref()
                 .is_some_and(|s| s.evacuation_node_name.is_some())
@@ -245,7 +248,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn vmi(name: &str, node: &str, strategy: Option<&str>, marked: Option<&str>) -> VirtualMachineInstance {
+    fn vmi(
+        name: &str,
+        node: &str,
+        strategy: Option<&str>,
+        marked: Option<&str>,
+    ) -> VirtualMachineInstance {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "default", "uid": format!("u-{name}")},
             "spec": {"domain": {}, "evictionStrategy": strategy},
@@ -343,7 +351,10 @@ mod tests {
     fn the_cluster_default_applies_without_a_vmi_strategy() {
         let vmis = [vmi("a", "n1", None, None)];
         let nodes = [node("n1", true)];
-        assert!(plan(&inputs(&vmis, &nodes, &[])).is_empty(), "KubeVirt's default is None");
+        assert!(
+            plan(&inputs(&vmis, &nodes, &[])).is_empty(),
+            "KubeVirt's default is None"
+        );
         let mut i = inputs(&vmis, &nodes, &[]);
         i.cluster_strategy = (None, Some("LiveMigrate"));
         assert_eq!(names(&plan(&i)), ["mark a", "migrate a"]);

@@ -499,7 +499,11 @@ spec:
     /// The uptime (seconds) of the guest of the VMI with `uid` on `node`, read on its serial
     /// console.
     pub fn guest_uptime(&self, node: &str, uid: &str) -> anyhow::Result<f64> {
-        let sock = self.node_dir(node).join("vmis").join(uid).join("serial.sock");
+        let sock = self
+            .node_dir(node)
+            .join("vmis")
+            .join(uid)
+            .join("serial.sock");
         let console = crate::console::SerialConsole::connect(&sock, Duration::from_secs(10))?;
         let (out, rc) = console.exec("cat /proc/uptime", Duration::from_secs(20))?;
         anyhow::ensure!(rc == 0, "cat /proc/uptime: {out}");

@@ -61,10 +61,11 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
         let _ = vmims.wait_until_ready().await;
         stores.ready().await;
         loop {
-            let vmis: Vec<VirtualMachineInstance> =
-                stores.vmis.state().iter().map(|v| v.0.clone()).collect();
+            let state = stores.vmis.state();
             let nodes = stores.node_list();
-            if evacuation::has_work(&vmis, &nodes) {
+            // Cloned only when there is work (the loop wakes on every VMI change).
+            if evacuation::has_work(state.iter().map(|v| &v.0), &nodes) {
+                let vmis: Vec<VirtualMachineInstance> = state.iter().map(|v| v.0.clone()).collect();
                 let migrations: Vec<_> = vmims.state().iter().map(|m| m.0.clone()).collect();
                 let (kv, hco, limits) = cluster_settings(&client).await;
                 let actions = evacuation::plan(&Inputs {
@@ -93,7 +94,11 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
 }
 
 /// The first value at `ptr` among all objects of a cluster kind.
-async fn first_value(client: &kube::Client, gvk: (&str, &str, &str, &str), ptr: &str) -> Option<String> {
+async fn first_value(
+    client: &kube::Client,
+    gvk: (&str, &str, &str, &str),
+    ptr: &str,
+) -> Option<String> {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(gvk.0, gvk.1, gvk.2), gvk.3);
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
@@ -117,7 +122,12 @@ async fn cluster_settings(client: &kube::Client) -> (Option<String>, Option<Stri
     .await;
     let hco = first_value(
         client,
-        ("hco.kubevirt.io", "v1beta1", "HyperConverged", "hyperconvergeds"),
+        (
+            "hco.kubevirt.io",
+            "v1beta1",
+            "HyperConverged",
+            "hyperconvergeds",
+        ),
         "/spec/evictionStrategy",
     )
     .await;
@@ -154,7 +164,11 @@ async fn apply(
     }) else {
         return Ok(());
     };
-    let reference = object_ref(KUBEVIRT_API_VERSION, "VirtualMachineInstance", &vmi.metadata);
+    let reference = object_ref(
+        KUBEVIRT_API_VERSION,
+        "VirtualMachineInstance",
+        &vmi.metadata,
+    );
     let vmi_api: Api<Vmi> = Api::namespaced(client.clone(), ns);
     let set = |value: Value| {
         json!({
@@ -165,7 +179,11 @@ async fn apply(
     match a {
         Action::Mark { node, message, .. } => {
             vmi_api
-                .patch(name, &PatchParams::default(), &Patch::Merge(&set(json!(node))))
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&set(json!(node))),
+                )
                 .await?;
             recorder
                 .record(&reference, false, reasons::DRAIN_TAINT, message)
@@ -173,7 +191,11 @@ async fn apply(
         }
         Action::Clear { node, .. } => {
             vmi_api
-                .patch(name, &PatchParams::default(), &Patch::Merge(&set(Value::Null)))
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&set(Value::Null)),
+                )
                 .await?;
             let now = vmi.status.as_ref().and_then(|s| s.node_name.clone());
             let message = match now {
