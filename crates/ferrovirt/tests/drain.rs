@@ -184,7 +184,10 @@ fn kubectl_drain_live_migrates_two_vms_away_and_refuses_one_that_cannot_move() -
     // Pods are gone (404).
     assert!(text.contains("node/node2 drained"), "{text}");
     for p in &old_pods {
-        assert!(text.contains(&format!("evicting pod default/{p}")), "{text}");
+        assert!(
+            text.contains(&format!("evicting pod default/{p}")),
+            "{text}"
+        );
     }
     assert!(
         text.contains("Eviction triggered evacuation of VMI default/d1"),
