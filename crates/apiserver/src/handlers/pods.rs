@@ -201,7 +201,10 @@ async fn evict(ctx: &Ctx, name: &str, body: Body) -> Result<Response, ApiError> 
     let ev = parse_object(&bytes, &content_type(&ctx.headers))?;
     let api_version = ev.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let kind = ev.get("kind").and_then(Value::as_str).unwrap_or("");
-    if !matches!(api_version, "policy/v1" | "policy/v1beta1") || kind != "Eviction" {
+    // Clients may leave the type out (kube-rs does); the URL names it then.
+    if !matches!(api_version, "policy/v1" | "policy/v1beta1" | "")
+        || !matches!(kind, "Eviction" | "")
+    {
         return Err(ApiError::bad_request(format!(
             "the body must be a policy/v1 (or policy/v1beta1) Eviction, not {api_version}, Kind={kind}"
         )));
