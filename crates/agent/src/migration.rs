@@ -176,6 +176,13 @@ pub fn failed_patch(reason: &str, now: &str) -> Value {
     json!({"migrationState": {"failed": true, "failureReason": reason, "endTimestamp": now}})
 }
 
+/// The wait before retry `tries` of the switch-over write: 250 ms doubling, at most 5 s (it
+/// is retried until it is written: the target runs the guest).
+pub fn switch_over_backoff(tries: u32) -> std::time::Duration {
+    let ms = 250u64.saturating_mul(1 << tries.saturating_sub(1).min(5));
+    std::time::Duration::from_millis(ms.min(5000))
+}
+
 /// The switch-over: the VMI moves to the target in one write (node, label, state).
 pub fn switch_over_patch(uid: Option<&str>, target_node: &str, now: &str) -> Value {
     json!({
@@ -438,6 +445,14 @@ mod tests {
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
         assert_eq!(source_step(&started, "n1", false), SourceStep::Nothing);
+    }
+
+    #[test]
+    fn the_switch_over_write_backs_off_to_five_seconds() {
+        assert_eq!(switch_over_backoff(1).as_millis(), 250);
+        assert_eq!(switch_over_backoff(2).as_millis(), 500);
+        assert_eq!(switch_over_backoff(5).as_millis(), 4000);
+        assert_eq!(switch_over_backoff(50).as_millis(), 5000);
     }
 
     #[test]

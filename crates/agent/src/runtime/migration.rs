@@ -487,7 +487,10 @@ impl Agent {
             .insert(uid.clone(), migration_uid.to_string());
         let (ns, name) = ns_name(vmi);
         let patch = mig::switch_over_patch(vmi.metadata.uid.as_deref(), target_node, &now_string());
-        let mut tries = 0;
+        // The target runs the guest from here on: the source must never resume, so the
+        // write is retried until the API server takes it (backing off to 5 s), with an
+        // error logged and a Warning recorded once it has failed for a while.
+        let mut tries = 0u32;
         loop {
             match self
                 .vmi_api(&ns)
@@ -495,16 +498,25 @@ impl Agent {
                 .await
             {
                 Ok(_) => break,
-                Err(e) if tries < 20 => {
+                Err(e) => {
                     tries += 1;
                     tracing::warn!("switch-over write failed ({e}); retrying");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => {
-                    // The target runs the guest: the source must not come back. Leave the
-                    // source QEMU paused for an operator; say so loudly.
-                    tracing::error!("switch-over write failed for good: {e}");
-                    return Ok(());
+                    if tries == 20 {
+                        tracing::error!(
+                            uid = %uid,
+                            "switch-over write still failing after 20 tries ({e}): the source \
+                             QEMU stays paused until it is written"
+                        );
+                        self.event(
+                            vmi,
+                            "Warning",
+                            "SwitchOverPending",
+                            &format!("The VM runs on {target_node}; moving the VMI there keeps failing: {e}"),
+                        )
+                        .await;
+                    }
+                    let wait = mig::switch_over_backoff(tries);
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
