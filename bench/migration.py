@@ -67,8 +67,8 @@ class Qmp:
         except OSError:
             return False
 
-    def cmd(self, name, **args):
-        self.f.write(json.dumps({"execute": name, "arguments": args}) + "\n"); self.f.flush()
+    def cmd(self, _command, **args):
+        self.f.write(json.dumps({"execute": _command, "arguments": args}) + "\n"); self.f.flush()
         while True:
             m = json.loads(self.f.readline())
             if "return" in m or "error" in m:

@@ -297,6 +297,12 @@ pub async fn relay_outgoing(
 }
 
 /// Whether the migration's settings turn TLS off (KubeVirt's `disableTLS`).
+/// Whether the migration must be refused because its settings allow post-copy
+/// ([`POST_COPY_REFUSED`]): refused, never silently run as pre-copy.
+pub fn post_copy_refused(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
+    c.allow_post_copy == Some(true)
+}
+
 pub fn tls_disabled(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
     c.other.get("disableTLS").and_then(Value::as_bool) == Some(true)
 }
@@ -445,6 +451,17 @@ mod tests {
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
         assert_eq!(source_step(&started, "n1", false), SourceStep::Nothing);
+    }
+
+    #[test]
+    fn post_copy_is_refused_when_allowed_and_pre_copy_runs_otherwise() {
+        let mut c = ferrovirt_api::kubevirt::misc::MigrationConfiguration::default();
+        assert!(!post_copy_refused(&c));
+        c.allow_post_copy = Some(false);
+        assert!(!post_copy_refused(&c));
+        c.allow_post_copy = Some(true);
+        assert!(post_copy_refused(&c));
+        assert!(POST_COPY_REFUSED.starts_with("allowPostCopy"));
     }
 
     #[test]

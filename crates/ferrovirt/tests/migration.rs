@@ -456,6 +456,52 @@ fn a_vm_on_a_node_local_disk_is_block_migrated_with_its_disk() -> anyhow::Result
 }
 
 #[test]
+fn a_vm_on_a_hand_made_node_local_disk_is_not_live_migratable_and_its_migration_fails_at_once()
+-> anyhow::Result<()> {
+    let c = two_nodes()?;
+    claim(&c, "local-disk", false)?;
+    c.apply(&vm("mig", "local-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    let cond = c.wait_until("LiveMigratable=False", Duration::from_secs(20), || {
+        let v = c.get_json(&["vmi", "mig"])?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "LiveMigratable" && c["status"] == "False")
+            .cloned())
+    })?;
+    assert_eq!(cond["reason"], "DisksNotLiveMigratable", "{cond}");
+    // A hostPath PV of its own (not a `local` volume made by ferrovirt) cannot be copied.
+    let message = cond["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("local-disk") && message.contains("cannot be block-migrated"),
+        "{message}"
+    );
+    let t0 = Instant::now();
+    c.apply(&migration("mig-local", "mig"))?;
+    let m = finished(&c, "mig-local", Duration::from_secs(15))?;
+    assert_eq!(m["status"]["phase"], "Failed");
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "fails fast: {:?}",
+        t0.elapsed()
+    );
+    let msg = m["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(msg.contains("DisksNotLiveMigratable"), "{msg}");
+    // Nothing moved, nothing started elsewhere.
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["nodeName"], node.as_str());
+    assert_eq!(v["metadata"]["uid"], uid.as_str());
+    assert!(!node_dir(&c, other(&node)).join("vmis").join(&uid).exists());
+    let events = c.kubectl_ok(&["get", "events", "-n", "default"])?;
+    assert!(events.contains("FailedMigration"), "{events}");
+    Ok(())
+}
+
+#[test]
 fn a_migration_allowing_post_copy_is_refused_naming_the_field() -> anyhow::Result<()> {
     let c = two_nodes()?;
     claim(&c, "mig-disk", true)?;

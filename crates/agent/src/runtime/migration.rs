@@ -329,7 +329,7 @@ impl Agent {
             .map_err(|e| format!("migration socket {}: {e}", sock.display()))?;
         // The launcher connects to it and hands the connection to QEMU.
         let config = mig::configuration(vmi);
-        if config.allow_post_copy == Some(true) {
+        if mig::post_copy_refused(&config) {
             return Err(mig::POST_COPY_REFUSED.into());
         }
         let block = mig::read_block_volumes(&dir);
