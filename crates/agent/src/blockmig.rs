@@ -227,8 +227,8 @@ mod tests {
         let p = pv_move_patch(Path::new("/d/volumes/pv-a"), "node2");
         assert_eq!(p["spec"]["local"]["path"], "/d/volumes/pv-a");
         assert_eq!(
-            p["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
-                ["values"][0],
+            p["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+                [0],
             "node2"
         );
         let own = Path::new("/n1/volumes/pv-a");

@@ -428,7 +428,10 @@ fn a_vm_on_a_node_local_disk_is_block_migrated_with_its_disk() -> anyhow::Result
         Duration::from_secs(30),
     )?;
     assert_eq!(rc, 0, "{out}");
-    assert!(out.contains(MARKER), "the guest reads its data on node2: {out:?}");
+    assert!(
+        out.contains(MARKER),
+        "the guest reads its data on node2: {out:?}"
+    );
     // The copy on node2 holds it; the PV names it and node2; node1's copy is gone.
     let dst_vol = node_dir(&c, "node2").join("volumes").join("pv-local-disk");
     let img = std::fs::read(dst_vol.join("disk.img"))?;
@@ -444,8 +447,8 @@ fn a_vm_on_a_node_local_disk_is_block_migrated_with_its_disk() -> anyhow::Result
         Ok((pv["spec"]["local"]["path"] == dst_vol.display().to_string()).then_some(pv))
     })?;
     assert_eq!(
-        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
-            ["values"][0],
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+            [0],
         "node2"
     );
     c.wait_until("node1's copy deleted", Duration::from_secs(60), || {

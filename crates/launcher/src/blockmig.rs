@@ -206,7 +206,9 @@ async fn switch_over(vm: &Vm) -> Result<Value> {
             }
             Ok(Err(_)) | Err(_) => {
                 cancel(vm).await;
-                return Err(Error::BlockMigration("the mirrors did not complete in time".into()));
+                return Err(Error::BlockMigration(
+                    "the mirrors did not complete in time".into(),
+                ));
             }
         }
     }
@@ -226,7 +228,10 @@ async fn cancel(vm: &Vm) {
     for j in jobs(vm).await {
         if let Err(e) = vm
             .qmp()
-            .execute("block-job-cancel", Some(json!({"device": j, "force": true})))
+            .execute(
+                "block-job-cancel",
+                Some(json!({"device": j, "force": true})),
+            )
             .await
         {
             tracing::warn!("cancelling the mirror {j}: {e}");

@@ -108,7 +108,9 @@ pub enum Request {
     },
     /// A step of a block migration (node-local disks mirrored over NBD,
     /// [`crate::blockmig`]).
-    Block { step: BlockOp },
+    Block {
+        step: BlockOp,
+    },
     /// QMP `query-migrate`, raw: `{"status": "active"|"completed"|"failed"|…, "ram": …,
     /// "downtime": ms, "total-time": ms, "error-desc": …}`.
     MigrationStatus,

@@ -373,7 +373,10 @@ impl Agent {
                 vmi,
                 "Normal",
                 "Migrating",
-                &format!("Copying {} node-local disk(s) to {target_node}", block.len()),
+                &format!(
+                    "Copying {} node-local disk(s) to {target_node}",
+                    block.len()
+                ),
             )
             .await;
             self.mirror_out(vmi, &block, target.ip(), tls).await?
