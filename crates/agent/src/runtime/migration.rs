@@ -366,6 +366,7 @@ impl Agent {
         )
         .await;
         // Node-local disks first: every mirror in sync before the memory moves.
+        let copy_started = Instant::now();
         let _nbd_relays = if block.is_empty() {
             Vec::new()
         } else {
@@ -524,11 +525,18 @@ impl Agent {
             }
         }
         let (total, downtime) = mig::figures(&info);
-        let msg = format!(
+        let mut msg = format!(
             "Migrated to {target_node} (total {} ms, downtime {} ms)",
             total.map_or("?".into(), |t| t.to_string()),
             downtime.map_or("?".into(), |t| t.to_string())
         );
+        if !block.is_empty() {
+            msg.push_str(&format!(
+                "; {} disk(s) mirrored, disks and memory {} ms",
+                block.len(),
+                copy_started.elapsed().as_millis()
+            ));
+        }
         tracing::info!(uid = %uid, "{msg}");
         self.event(vmi, "Normal", "Migrated", &msg).await;
         let _ = launchers::request(
