@@ -24,6 +24,9 @@ pub mod files {
     pub const CONTROL: &str = "control.sock";
     pub const EXIT: &str = "exit.json";
     pub const PID: &str = "launcher.pid";
+    /// QEMU's pid, written when it started (the agent kills a QEMU whose launcher died
+    /// without a report).
+    pub const QEMU_PID: &str = "qemu.pid";
     pub const LOG: &str = "launcher.log";
     pub const QEMU_LOG: &str = "qemu.log";
     /// QEMU's argv (JSON array, without the binary).

@@ -216,6 +216,9 @@ async fn start_and_supervise(
             return Ok(report);
         }
     };
+    if let Some(pid) = vm.pid() {
+        let _ = std::fs::write(dir.join(files::QEMU_PID), pid.to_string());
+    }
     let (spawn_start, spawned) = vm.process().spawn_us();
     timing.push("qemu_spawn", spawn_start, spawned);
     timing.span("qmp_connect", spawned);
