@@ -724,3 +724,25 @@ impl Probe {
         self.thread.join().expect("probe thread")
     }
 }
+
+/// A launcher killed on its own (SIGKILL, no exit report) must not leave its QEMU running
+/// unsupervised and unfenced on the VM's disks: the agent kills it when it sees the launcher
+/// gone, before anything else starts for the VM.
+#[test]
+fn a_killed_launcher_does_not_leave_its_qemu_running() -> anyhow::Result<()> {
+    TestGuest::get()?;
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    claim(&c, "orphan-disk", true)?;
+    c.apply(&vm("mig", "orphan-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    let dir = node_dir(&c, &node).join("vmis").join(&uid);
+    let qemu = c.wait_until("the QEMU", Duration::from_secs(20), || Ok(qemu_in(&dir)))?;
+    let launcher = launcher_pid(&dir).expect("the launcher");
+    ferrovirt_testkit::cluster::signal(launcher, "KILL");
+    c.wait_until("the orphaned QEMU killed", Duration::from_secs(60), || {
+        Ok((!std::path::Path::new(&format!("/proc/{qemu}")).exists()
+            || qemu_in(&dir) != Some(qemu))
+        .then_some(()))
+    })?;
+    Ok(())
+}
