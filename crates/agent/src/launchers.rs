@@ -76,6 +76,8 @@ impl Launchers {
         let dir = cfg.vmi_dir(&meta.vmi_uid);
         std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
         crate::isolation::restrict_dir(&dir).map_err(|e| AgentError::io(&dir, e))?;
+        // Never a second QEMU beside one a killed launcher left behind.
+        reap_orphan_qemu(&dir);
         let _ = std::fs::remove_file(dir.join(files::EXIT));
         write_json_atomic(&dir.join(files::SPEC), spec)?;
         write_json_atomic(&dir.join(files::META), meta)?;
@@ -136,7 +138,10 @@ pub async fn observe(cfg: &LauncherConfig, uid: &str) -> Observed {
     }
     match read_exit_report(&dir) {
         Some(rep) => Observed::Exited(rep),
-        None => Observed::NoLauncher,
+        None => {
+            reap_orphan_qemu(&dir);
+            Observed::NoLauncher
+        }
     }
 }
 
@@ -169,10 +174,100 @@ pub fn read_network_plan(dir: &Path) -> Option<ferrovirt_network::PodPlan> {
 
 /// Removes a VMI directory, releasing its QEMU uid.
 pub fn remove_dir(dir: &Path) {
+    reap_orphan_qemu(dir);
     crate::isolation::release_uid(dir);
     if dir.exists()
         && let Err(e) = std::fs::remove_dir_all(dir)
     {
         tracing::warn!("removing {}: {e}", dir.display());
+    }
+}
+
+/// Whether process `pid` runs with a command line naming `dir` (and, given, starting with
+/// `prefix`).
+fn process_of(pid: u32, dir: &Path, prefix: Option<&str>) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&cmdline);
+    text.contains(&*dir.to_string_lossy()) && prefix.is_none_or(|p| text.starts_with(p))
+}
+
+/// Whether the pid file `name` in `dir` names a live process of that directory.
+fn live_pid(dir: &Path, name: &str, prefix: Option<&str>) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(dir.join(name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    process_of(pid, dir, prefix).then_some(pid)
+}
+
+/// Kills the QEMU of a launcher that died without it (a launcher killed on its own: its
+/// QEMU would run on unsupervised and unfenced on the VM's disks). Only when `qemu.pid`
+/// names a live `qemu-system…` process of this directory and no launcher of it lives.
+/// Returns the pid killed.
+pub fn reap_orphan_qemu(dir: &Path) -> Option<u32> {
+    if live_pid(dir, files::PID, None).is_some() {
+        return None;
+    }
+    let pid = live_pid(dir, files::QEMU_PID, Some("qemu-system"))?;
+    tracing::warn!(
+        "killing QEMU {pid} of {}: its launcher is gone",
+        dir.display()
+    );
+    let p = rustix::process::Pid::from_raw(pid as i32)?;
+    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+    for _ in 0..100 {
+        if !process_of(pid, dir, Some("qemu-system")) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Some(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process whose command line starts with `name` and names `dir`.
+    fn fake(name: &str, dir: &Path) -> std::process::Child {
+        let f = dir.join("f");
+        std::fs::write(&f, "").unwrap();
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("exec -a {name} tail -f {}", f.display()))
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_qemu_left_by_a_dead_launcher_is_killed_a_supervised_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut qemu = fake("qemu-system-x86_64", dir.path());
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::write(dir.path().join(files::QEMU_PID), qemu.id().to_string()).unwrap();
+        // The launcher lives: nothing is touched.
+        let mut launcher = fake("ferrovirt-launcher", dir.path());
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::write(dir.path().join(files::PID), launcher.id().to_string()).unwrap();
+        assert_eq!(reap_orphan_qemu(dir.path()), None);
+        assert!(qemu.try_wait().unwrap().is_none(), "QEMU runs on");
+        // The launcher killed on its own: its QEMU goes too.
+        launcher.kill().unwrap();
+        launcher.wait().unwrap();
+        assert_eq!(reap_orphan_qemu(dir.path()), Some(qemu.id()));
+        let status = qemu.wait().unwrap();
+        assert!(!status.success());
+        // A pid file naming a process of another directory is never acted on.
+        let other = tempfile::tempdir().unwrap();
+        let mut stranger = fake("qemu-system-x86_64", other.path());
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::write(dir.path().join(files::QEMU_PID), stranger.id().to_string()).unwrap();
+        assert_eq!(reap_orphan_qemu(dir.path()), None);
+        assert!(stranger.try_wait().unwrap().is_none());
+        stranger.kill().unwrap();
+        stranger.wait().unwrap();
     }
 }

@@ -16,8 +16,11 @@
 //! - [`proxy`]: the API server side of KubeVirt's `subresources.kubevirt.io` API.
 //! - [`nodestore`]: node-local volumes created, populated, grown and deleted on the node for
 //!   the controllers (server routes and the controllers' client).
+//! - [`blockmig`]: node-local disks in a block migration (what can be copied, the target's
+//!   fresh copies, the PV's move).
 //! - [`resize`]: online growth of running VMIs' claim disks after their volumes grew.
 
+pub mod blockmig;
 pub mod cloudinit;
 pub mod containerdisk;
 pub mod decide;

@@ -90,9 +90,33 @@ pub fn target_endpoint(st: &MigrationState) -> Option<SocketAddr> {
     let port: u16 = st
         .target_direct_migration_node_ports
         .as_ref()?
-        .keys()
-        .find_map(|p| p.parse().ok())?;
+        .iter()
+        .filter(|(_, v)| **v == 0)
+        .find_map(|(p, _)| p.parse().ok())?;
     Some(SocketAddr::new(ip, port))
+}
+
+/// Why a migration allowed to switch to post-copy is refused: the target's QEMU would need
+/// userfaultfd for kernel faults, which an unprivileged QEMU does not get
+/// (`vm.unprivileged_userfaultfd=0`), and a failure after the switch loses the guest.
+pub const POST_COPY_REFUSED: &str = "allowPostCopy: post-copy migration is not supported \
+     (the migration policy allows it; set allowPostCopy to false to migrate with pre-copy)";
+
+/// The value marking a block-migration (NBD) port in `targetDirectMigrationNodePorts`
+/// (KubeVirt's libvirt block-migration port; the migration stream's port maps to 0).
+pub const NBD_PORT_MARK: i32 = 49153;
+
+/// The target's NBD relay ports (one per disk copied), in order.
+pub fn block_ports(st: &MigrationState) -> Vec<u16> {
+    let mut ports: Vec<u16> = st
+        .target_direct_migration_node_ports
+        .iter()
+        .flatten()
+        .filter(|(_, v)| **v == NBD_PORT_MARK)
+        .filter_map(|(p, _)| p.parse().ok())
+        .collect();
+    ports.sort_unstable();
+    ports
 }
 
 /// What the source node does about a VMI bound to it.
@@ -133,10 +157,15 @@ pub fn source_step(vmi: &VirtualMachineInstance, node: &str, driving: bool) -> S
 }
 
 /// The target's report once its QEMU waits for the stream.
-pub fn target_ready_patch(address: IpAddr, port: u16, now: &str) -> Value {
+pub fn target_ready_patch(address: IpAddr, port: u16, nbd_ports: &[u16], now: &str) -> Value {
+    let mut ports = serde_json::Map::new();
+    ports.insert(port.to_string(), json!(0));
+    for p in nbd_ports {
+        ports.insert(p.to_string(), json!(NBD_PORT_MARK));
+    }
     json!({"migrationState": {
         "targetNodeAddress": address.to_string(),
-        "targetDirectMigrationNodePorts": {port.to_string(): 0},
+        "targetDirectMigrationNodePorts": ports,
         "targetNodeDomainDetected": true,
         "targetNodeDomainReadyTimestamp": now,
     }})
@@ -145,6 +174,13 @@ pub fn target_ready_patch(address: IpAddr, port: u16, now: &str) -> Value {
 /// A failed migration (the source runs on).
 pub fn failed_patch(reason: &str, now: &str) -> Value {
     json!({"migrationState": {"failed": true, "failureReason": reason, "endTimestamp": now}})
+}
+
+/// The wait before retry `tries` of the switch-over write: 250 ms doubling, at most 5 s (it
+/// is retried until it is written: the target runs the guest).
+pub fn switch_over_backoff(tries: u32) -> std::time::Duration {
+    let ms = 250u64.saturating_mul(1 << tries.saturating_sub(1).min(5));
+    std::time::Duration::from_millis(ms.min(5000))
 }
 
 /// The switch-over: the VMI moves to the target in one write (node, label, state).
@@ -261,6 +297,12 @@ pub async fn relay_outgoing(
 }
 
 /// Whether the migration's settings turn TLS off (KubeVirt's `disableTLS`).
+/// Whether the migration must be refused because its settings allow post-copy
+/// ([`POST_COPY_REFUSED`]): refused, never silently run as pre-copy.
+pub fn post_copy_refused(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
+    c.allow_post_copy == Some(true)
+}
+
 pub fn tls_disabled(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
     c.other.get("disableTLS").and_then(Value::as_bool) == Some(true)
 }
@@ -307,10 +349,13 @@ pub const MIGRATABLE_FILE: &str = "migratable.json";
 /// Records the live-migratability of the VMI in its directory.
 pub fn write_migratable(
     dir: &Path,
-    m: &Result<(), ferrovirt_api::migration::NotMigratable>,
+    m: &Result<ferrovirt_api::migration::Method, ferrovirt_api::migration::NotMigratable>,
 ) -> Result<(), crate::error::AgentError> {
     let v = match m {
-        Ok(()) => json!({"migratable": true}),
+        Ok(ferrovirt_api::migration::Method::Live) => json!({"migratable": true}),
+        Ok(ferrovirt_api::migration::Method::Block(vols)) => {
+            json!({"migratable": true, "block": vols})
+        }
         Err(e) => json!({"migratable": false, "reason": e.reason, "message": e.message}),
     };
     ferrovirt_launcher::control::write_json_atomic(&dir.join(MIGRATABLE_FILE), &v)?;
@@ -328,6 +373,15 @@ pub fn read_migratable(dir: &Path) -> Option<Result<(), (String, String)>> {
             v["message"].as_str().unwrap_or_default().to_string(),
         )))
     }
+}
+
+/// The volumes a block migration of the VMI in `dir` copies (empty: a live migration).
+pub fn read_block_volumes(dir: &Path) -> Vec<ferrovirt_api::migration::BlockVolume> {
+    std::fs::read(dir.join(MIGRATABLE_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| serde_json::from_value(v["block"].clone()).ok())
+        .unwrap_or_default()
 }
 
 /// The figures of a finished `query-migrate` answer: (total ms, downtime ms).
@@ -400,8 +454,27 @@ mod tests {
     }
 
     #[test]
+    fn post_copy_is_refused_when_allowed_and_pre_copy_runs_otherwise() {
+        let mut c = ferrovirt_api::kubevirt::misc::MigrationConfiguration::default();
+        assert!(!post_copy_refused(&c));
+        c.allow_post_copy = Some(false);
+        assert!(!post_copy_refused(&c));
+        c.allow_post_copy = Some(true);
+        assert!(post_copy_refused(&c));
+        assert!(POST_COPY_REFUSED.starts_with("allowPostCopy"));
+    }
+
+    #[test]
+    fn the_switch_over_write_backs_off_to_five_seconds() {
+        assert_eq!(switch_over_backoff(1).as_millis(), 250);
+        assert_eq!(switch_over_backoff(2).as_millis(), 500);
+        assert_eq!(switch_over_backoff(5).as_millis(), 4000);
+        assert_eq!(switch_over_backoff(50).as_millis(), 5000);
+    }
+
+    #[test]
     fn the_target_patch_round_trips_to_the_endpoint() {
-        let p = target_ready_patch("127.0.0.1".parse().unwrap(), 4321, "t");
+        let p = target_ready_patch("127.0.0.1".parse().unwrap(), 4321, &[5002, 5001], "t");
         let st: MigrationState = serde_json::from_value(p["migrationState"].clone())
             .unwrap_or_else(|_| {
                 let mut v = p["migrationState"].clone();
@@ -412,6 +485,8 @@ mod tests {
             target_endpoint(&st),
             Some("127.0.0.1:4321".parse().unwrap())
         );
+        // The NBD relays' ports are told apart from the stream's.
+        assert_eq!(block_ports(&st), vec![5001, 5002]);
     }
 
     #[tokio::test]

@@ -38,6 +38,7 @@ use crate::launchers::{self, LauncherConfig, Launchers};
 use crate::node::{self, HostFacts, LEASE_NAMESPACE};
 use crate::volumes::ResolvedRefs;
 
+mod blockmig;
 mod caches;
 mod migration;
 mod mounts;

@@ -96,7 +96,7 @@ impl VolumeAction {
     }
 }
 
-fn quantity_bytes(field: &str, q: &str) -> Result<u64, AgentError> {
+pub(crate) fn quantity_bytes(field: &str, q: &str) -> Result<u64, AgentError> {
     let v =
         ferrovirt_api::quantity::bytes(q).map_err(|e| AgentError::invalid(field, e.to_string()))?;
     if !(1..=1u64 << 50).contains(&v) {

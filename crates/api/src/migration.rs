@@ -29,53 +29,104 @@ impl std::fmt::Display for NotMigratable {
     }
 }
 
-/// Whether `vmi` can be live-migrated; `access_modes(claim)` gives a claim's access modes
-/// (`None`: unknown, treated as node-local). Node-local disks and node-local writable copies
-/// (containerDisk, ephemeral, emptyDisk) are not migrated yet.
+/// How a live-migratable VMI moves (`status.migrationMethod`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Method {
+    /// Every disk is shared (or read-only and regenerated on the target): memory only.
+    Live,
+    /// These volumes are node-local and writable: the target prepares an empty copy of the
+    /// same size and the source mirrors them over NBD before the memory
+    /// ([`METHOD_BLOCK`], docs/migration.md "Node-local disks").
+    Block(Vec<BlockVolume>),
+}
+
+impl Method {
+    /// The `status.migrationMethod` value.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Method::Live => METHOD_LIVE,
+            Method::Block(_) => METHOD_BLOCK,
+        }
+    }
+}
+
+/// A volume copied by a block migration.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockVolume {
+    /// The volume's name in the VMI spec (the disk's id in QEMU).
+    pub volume: String,
+    /// The claim, for a node-local claim (`None`: an emptyDisk, recreated on the target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+}
+
+/// Whether `vmi` can be live-migrated, and how. `access_modes(claim)` gives a claim's access
+/// modes (`None`: unknown, treated as node-local); `block_ok(claim)` says whether a claim that
+/// is not shared can be copied by a block migration (`Err(why)`: it cannot, e.g. a
+/// hand-made PV or a volume with snapshots).
 pub fn live_migratable(
     vmi: &VirtualMachineInstance,
     access_modes: impl Fn(&str) -> Option<Vec<String>>,
-) -> Result<(), NotMigratable> {
+    block_ok: impl Fn(&str) -> Result<(), String>,
+) -> Result<Method, NotMigratable> {
     let Some(spec) = vmi.spec.as_ref() else {
-        return Ok(());
+        return Ok(Method::Live);
     };
+    let mut block = Vec::new();
     for v in spec.volumes.iter().flatten() {
-        // A writable copy kept on the node (containerDisk and ephemeral overlays, emptyDisk)
-        // would need a block migration, which is not done yet: the target would start from
-        // a fresh copy and the guest would see its disk change under it.
-        let local_copy = if v.container_disk.is_some() {
+        // containerDisk and ephemeral overlays sit on a base image cached on the node: the
+        // target would need the same base under a copy of the overlay, which is not done.
+        let overlay = if v.container_disk.is_some() {
             Some("containerDisk")
         } else if v.ephemeral.is_some() {
             Some("ephemeral")
-        } else if v.empty_disk.is_some() {
-            Some("emptyDisk")
         } else {
             None
         };
-        if let Some(kind) = local_copy {
+        if let Some(kind) = overlay {
             return Err(NotMigratable {
                 reason: reason::DISKS_NOT_LIVE_MIGRATABLE,
                 message: format!(
-                    "cannot migrate VMI: volume {} ({kind}) is a writable copy on the node and \
-                     block migration is not supported yet",
+                    "cannot migrate VMI: volume {} ({kind}) is a writable overlay on an image                      cached on the node; block migration of overlays is not supported",
                     v.name
                 ),
             });
         }
+        if v.empty_disk.is_some() {
+            block.push(BlockVolume {
+                volume: v.name.clone(),
+                claim: None,
+            });
+            continue;
+        }
         let claim = v
             .persistent_volume_claim
             .as_ref()
-            .map(|p| p.claim_name.as_str())
-            .or_else(|| v.data_volume.as_ref().map(|d| d.name.as_str()));
-        if let Some(claim) = claim
+            .map(|p| (p.claim_name.as_str(), p.read_only == Some(true)))
+            .or_else(|| v.data_volume.as_ref().map(|d| (d.name.as_str(), false)));
+        if let Some((claim, read_only)) = claim
             && !access_modes(claim).is_some_and(|m| crate::fencing::is_shared_access(&m))
         {
-            return Err(NotMigratable {
-                reason: reason::DISKS_NOT_LIVE_MIGRATABLE,
-                message: format!(
-                    "cannot migrate VMI: PVC {claim} is not shared, live migration requires \
-                     that all PVCs must be shared (using ReadWriteMany access mode)"
-                ),
+            if read_only {
+                return Err(NotMigratable {
+                    reason: reason::DISKS_NOT_LIVE_MIGRATABLE,
+                    message: format!(
+                        "cannot migrate VMI: PVC {claim} is read-only and not shared: it                          cannot be copied to another node"
+                    ),
+                });
+            }
+            if let Err(why) = block_ok(claim) {
+                return Err(NotMigratable {
+                    reason: reason::DISKS_NOT_LIVE_MIGRATABLE,
+                    message: format!(
+                        "cannot migrate VMI: PVC {claim} is not shared (ReadWriteMany) and                          cannot be block-migrated: {why}"
+                    ),
+                });
+            }
+            block.push(BlockVolume {
+                volume: v.name.clone(),
+                claim: Some(claim.to_string()),
             });
         }
         if let Some(h) = &v.host_disk
@@ -125,7 +176,11 @@ pub fn live_migratable(
             message: "cannot migrate VMI with host devices or GPUs".into(),
         });
     }
-    Ok(())
+    Ok(if block.is_empty() {
+        Method::Live
+    } else {
+        Method::Block(block)
+    })
 }
 
 /// Whether a migration state is finished (completed or failed).
@@ -145,10 +200,11 @@ pub fn state_of<'a>(
         .filter(|m| m.migration_uid.as_deref() == Some(migration_uid))
 }
 
-/// `status.migrationMethod` when every disk is shared (node-local disks would need a block
-/// migration, not done yet).
+/// `status.migrationMethod` when every disk is shared.
 pub const METHOD_LIVE: &str = "LiveMigration";
-/// `migrationState.mode`: pre-copy (post-copy is not offered yet).
+/// `status.migrationMethod` when node-local disks are copied too (a block mirror over NBD).
+pub const METHOD_BLOCK: &str = "BlockMigration";
+/// `migrationState.mode`: pre-copy (post-copy is refused, docs/migration.md).
 pub const MODE_PRE_COPY: &str = "PreCopy";
 
 #[cfg(test)]
@@ -168,38 +224,68 @@ mod tests {
         Some(vec!["ReadWriteOnce".into()])
     }
 
+    fn block_ok(_: &str) -> Result<(), String> {
+        Ok(())
+    }
+
     #[test]
-    fn shared_claims_and_cloud_init_migrate_node_local_copies_do_not() {
+    fn shared_claims_and_cloud_init_migrate_live_overlays_do_not() {
         let v = vmi(json!({"domain": {}, "volumes": [
             {"name": "r", "persistentVolumeClaim": {"claimName": "c"}},
             {"name": "d", "dataVolume": {"name": "dv"}},
             {"name": "ci", "cloudInitNoCloud": {"userData": "#!/bin/sh"}}]}));
-        assert_eq!(live_migratable(&v, rwx), Ok(()));
+        assert_eq!(live_migratable(&v, rwx, block_ok), Ok(Method::Live));
         for local in [
             json!({"name": "cd", "containerDisk": {"image": "x"}}),
-            json!({"name": "e", "emptyDisk": {"capacity": "1Gi"}}),
             json!({"name": "eph", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}),
         ] {
             let v = vmi(json!({"domain": {}, "volumes": [local]}));
-            let e = live_migratable(&v, rwx).unwrap_err();
+            let e = live_migratable(&v, rwx, block_ok).unwrap_err();
             assert_eq!(e.reason, reason::DISKS_NOT_LIVE_MIGRATABLE);
-            assert!(e.message.contains("block migration"), "{e}");
+            assert!(e.message.contains("overlay"), "{e}");
         }
     }
 
     #[test]
-    fn node_local_claims_are_refused_naming_the_claim() {
+    fn node_local_claims_and_empty_disks_are_block_migrated() {
         let v = vmi(json!({"domain": {}, "volumes": [
-            {"name": "r", "persistentVolumeClaim": {"claimName": "local-disk"}}]}));
-        let e = live_migratable(&v, rwo).unwrap_err();
+            {"name": "r", "persistentVolumeClaim": {"claimName": "local-disk"}},
+            {"name": "e", "emptyDisk": {"capacity": "1Gi"}},
+            {"name": "ci", "cloudInitNoCloud": {"userData": "#!/bin/sh"}}]}));
+        let m = live_migratable(&v, rwo, block_ok).unwrap();
+        assert_eq!(m.as_str(), METHOD_BLOCK);
+        assert_eq!(
+            m,
+            Method::Block(vec![
+                BlockVolume {
+                    volume: "r".into(),
+                    claim: Some("local-disk".into())
+                },
+                BlockVolume {
+                    volume: "e".into(),
+                    claim: None
+                },
+            ])
+        );
+        // A claim that cannot be copied (a hand-made PV, snapshots) is refused with why.
+        let e = live_migratable(&v, rwo, |_| Err("it has snapshots".into())).unwrap_err();
         assert_eq!(e.reason, reason::DISKS_NOT_LIVE_MIGRATABLE);
-        assert!(e.message.contains("local-disk"), "{e}");
+        assert!(
+            e.message.contains("local-disk") && e.message.contains("it has snapshots"),
+            "{e}"
+        );
         // An unknown claim counts as node-local.
-        assert!(live_migratable(&v, |_| None).is_err());
+        assert!(matches!(
+            live_migratable(&v, |_| None, block_ok),
+            Ok(Method::Block(_))
+        ));
+        let ro = vmi(json!({"domain": {}, "volumes": [
+            {"name": "r", "persistentVolumeClaim": {"claimName": "c", "readOnly": true}}]}));
+        assert!(live_migratable(&ro, rwo, block_ok).is_err());
         let h = vmi(json!({"domain": {}, "volumes": [
             {"name": "h", "hostDisk": {"path": "/x", "type": "Disk"}}]}));
         assert_eq!(
-            live_migratable(&h, rwx).unwrap_err().reason,
+            live_migratable(&h, rwx, block_ok).unwrap_err().reason,
             reason::DISKS_NOT_LIVE_MIGRATABLE
         );
     }
@@ -210,17 +296,17 @@ mod tests {
             {"name": "default", "bridge": {}}]}},
             "networks": [{"name": "default", "pod": {}}]}));
         assert_eq!(
-            live_migratable(&bridge, rwx).unwrap_err().reason,
+            live_migratable(&bridge, rwx, block_ok).unwrap_err().reason,
             reason::INTERFACE_NOT_LIVE_MIGRATABLE
         );
         let masq = vmi(json!({"domain": {"devices": {"interfaces": [
             {"name": "default", "masquerade": {}}]}},
             "networks": [{"name": "default", "pod": {}}]}));
-        assert_eq!(live_migratable(&masq, rwx), Ok(()));
+        assert_eq!(live_migratable(&masq, rwx, block_ok), Ok(Method::Live));
         let gpu = vmi(json!({"domain": {"devices": {"gpus": [
             {"name": "g", "deviceName": "nvidia.com/x"}]}}}));
         assert_eq!(
-            live_migratable(&gpu, rwx).unwrap_err().reason,
+            live_migratable(&gpu, rwx, block_ok).unwrap_err().reason,
             reason::HOST_DEVICE_NOT_LIVE_MIGRATABLE
         );
     }

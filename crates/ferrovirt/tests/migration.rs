@@ -2,8 +2,10 @@
 //! agent process node2, each with its own data dir. A VM on a ReadWriteMany claim boots on one
 //! node; a VirtualMachineInstanceMigration applied with kubectl moves it to the other while
 //! the guest keeps running (its uptime keeps growing, read on the serial console before and
-//! after), then `ferrovirt migrate` brings it back. A VM on a node-local (ReadWriteOnce) claim
-//! is LiveMigratable=False and its migration fails at once naming the reason. While the VM
+//! after), then `ferrovirt migrate` brings it back. A VM on a node-local (`local` class) claim
+//! is block-migrated: its disk is mirrored to a fresh copy on the other node, the guest reads
+//! what it wrote there, the PV follows and the source's copy is deleted. A migration whose
+//! policy allows post-copy is refused naming `allowPostCopy`. While the VM
 //! moves, a probe asks both launchers every few ms whether their QEMU runs the guest: never
 //! both at once (one writer per disk). A migration slowed by a MigrationPolicy is cancelled
 //! mid-way, then one has its target launcher and QEMU killed mid-way: the source runs on.
@@ -320,8 +322,144 @@ fn live_migrates_a_vm_on_shared_storage_and_back() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `local` class volume on `node` as its agent's provisioner leaves it (`volumes/<pv>/`
+/// in the agent's data dir, the PV's `local.path` and node affinity, the provisioner's
+/// annotation) holding a copy of the test guest's disk grown to 1 GiB, and a claim bound to
+/// it. Returns the volume directory.
+fn local_claim(c: &Cluster, name: &str, node: &str) -> anyhow::Result<PathBuf> {
+    let g = TestGuest::get()?;
+    let pv = format!("pv-{name}");
+    let dir = node_dir(c, node).join("volumes").join(&pv);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("disk.img"))?
+        .set_len(1 << 30)?;
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: {pv}
+  annotations: {{pv.kubernetes.io/provisioned-by: ferrovirt.io/local}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: local
+  local: {{path: {dir}}}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - {{key: kubernetes.io/hostname, operator: In, values: [{node}]}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: local
+  resources: {{requests: {{storage: 1Gi}}}}
+  volumeName: {pv}
+"#,
+        dir = dir.display()
+    ))?;
+    Ok(dir)
+}
+
+/// The marker the guest writes at 900 MiB into its disk, past the boot image.
+const MARKER: &str = "FERROVIRT-BLOCK-MIGRATED-DATA";
+
 #[test]
-fn a_vm_on_a_node_local_disk_is_not_live_migratable_and_its_migration_fails_at_once()
+fn a_vm_on_a_node_local_disk_is_block_migrated_with_its_disk() -> anyhow::Result<()> {
+    let c = two_nodes()?;
+    let src_vol = local_claim(&c, "local-disk", "node1")?;
+    c.apply(&vm("mig", "local-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    assert_eq!(node, "node1", "the VM runs where its volume is");
+    let src = node_dir(&c, &node).join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    c.wait_until("LiveMigratable=True", Duration::from_secs(20), || {
+        let v = c.get_json(&["vmi", "mig"])?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "LiveMigratable" && c["status"] == "True")
+            .then_some(()))
+    })?;
+    // The guest writes a marker onto its disk and flushes it.
+    let console = SerialConsole::connect(&src.join("serial.sock"), Duration::from_secs(10))?;
+    let (out, rc) = console.exec(
+        &format!("echo {MARKER} | dd of=/dev/vda bs=1M seek=900 conv=fsync 2>&1; sync"),
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(rc, 0, "{out}");
+    let before = uptime_on(&console)?;
+    drop(console);
+
+    let t0 = Instant::now();
+    c.apply(&migration("mig-local", "mig"))?;
+    let m = finished(&c, "mig-local", Duration::from_secs(300))?;
+    eprintln!("block migration took {:?}", t0.elapsed());
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["migrationMethod"], "BlockMigration");
+    assert_eq!(v["status"]["nodeName"], "node2");
+    assert_eq!(v["metadata"]["uid"], uid.as_str());
+    let dst = node_dir(&c, "node2").join("vmis").join(&uid);
+    c.wait_until("the source QEMU gone", Duration::from_secs(20), || {
+        Ok(qemu_in(&src).is_none().then_some(()))
+    })?;
+    // The guest did not reboot, and reads its marker back from the disk on node2 (its page
+    // cache dropped first, so the read goes to the copied disk).
+    let console = SerialConsole::connect(&dst.join("serial.sock"), Duration::from_secs(10))?;
+    let after = uptime_on(&console)?;
+    assert!(after > before, "no reboot: uptime {before} s → {after} s");
+    let (out, rc) = console.exec(
+        "echo 3 > /proc/sys/vm/drop_caches; dd if=/dev/vda bs=1M skip=900 count=1 2>/dev/null | head -c 64",
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(rc, 0, "{out}");
+    assert!(
+        out.contains(MARKER),
+        "the guest reads its data on node2: {out:?}"
+    );
+    // The copy on node2 holds it; the PV names it and node2; node1's copy is gone.
+    let dst_vol = node_dir(&c, "node2").join("volumes").join("pv-local-disk");
+    let img = std::fs::read(dst_vol.join("disk.img"))?;
+    let at = 900 << 20;
+    assert_eq!(
+        &img[at..at + MARKER.len()],
+        MARKER.as_bytes(),
+        "the marker in node2's copy"
+    );
+    drop(img);
+    let pv = c.wait_until("the PV on node2", Duration::from_secs(30), || {
+        let pv = c.get_json(&["pv", "pv-local-disk"])?;
+        Ok((pv["spec"]["local"]["path"] == dst_vol.display().to_string()).then_some(pv))
+    })?;
+    assert_eq!(
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+            [0],
+        "node2"
+    );
+    c.wait_until("node1's copy deleted", Duration::from_secs(60), || {
+        Ok((!src_vol.exists()).then_some(()))
+    })?;
+    assert!(!dst_vol.join(".ferrovirt-migrating-in").exists());
+    Ok(())
+}
+
+#[test]
+fn a_vm_on_a_hand_made_node_local_disk_is_not_live_migratable_and_its_migration_fails_at_once()
 -> anyhow::Result<()> {
     let c = two_nodes()?;
     claim(&c, "local-disk", false)?;
@@ -337,11 +475,11 @@ fn a_vm_on_a_node_local_disk_is_not_live_migratable_and_its_migration_fails_at_o
             .cloned())
     })?;
     assert_eq!(cond["reason"], "DisksNotLiveMigratable", "{cond}");
+    // A hostPath PV of its own (not a `local` volume made by ferrovirt) cannot be copied.
+    let message = cond["message"].as_str().unwrap_or_default();
     assert!(
-        cond["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("local-disk")
+        message.contains("local-disk") && message.contains("cannot be block-migrated"),
+        "{message}"
     );
     let t0 = Instant::now();
     c.apply(&migration("mig-local", "mig"))?;
@@ -363,6 +501,37 @@ fn a_vm_on_a_node_local_disk_is_not_live_migratable_and_its_migration_fails_at_o
     assert!(!node_dir(&c, other(&node)).join("vmis").join(&uid).exists());
     let events = c.kubectl_ok(&["get", "events", "-n", "default"])?;
     assert!(events.contains("FailedMigration"), "{events}");
+    Ok(())
+}
+
+#[test]
+fn a_migration_allowing_post_copy_is_refused_naming_the_field() -> anyhow::Result<()> {
+    let c = two_nodes()?;
+    claim(&c, "mig-disk", true)?;
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: postcopy}
+spec:
+  allowPostCopy: true
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    c.apply(&vm("mig", "mig-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    c.apply(&migration("mig-pc", "mig"))?;
+    let m = finished(&c, "mig-pc", MIGRATE)?;
+    assert_eq!(m["status"]["phase"], "Failed", "{}", m["status"]);
+    let reason = m["status"]["migrationState"]["failureReason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("allowPostCopy"), "{}", m["status"]);
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["nodeName"], node.as_str());
+    let src = node_dir(&c, &node).join("vmis").join(&uid);
+    assert!(qemu_in(&src).is_some(), "the source runs on");
     Ok(())
 }
 
@@ -554,4 +723,26 @@ impl Probe {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.thread.join().expect("probe thread")
     }
+}
+
+/// A launcher killed on its own (SIGKILL, no exit report) must not leave its QEMU running
+/// unsupervised and unfenced on the VM's disks: the agent kills it when it sees the launcher
+/// gone, before anything else starts for the VM.
+#[test]
+fn a_killed_launcher_does_not_leave_its_qemu_running() -> anyhow::Result<()> {
+    TestGuest::get()?;
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    claim(&c, "orphan-disk", true)?;
+    c.apply(&vm("mig", "orphan-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    let dir = node_dir(&c, &node).join("vmis").join(&uid);
+    let qemu = c.wait_until("the QEMU", Duration::from_secs(20), || Ok(qemu_in(&dir)))?;
+    let launcher = launcher_pid(&dir).expect("the launcher");
+    ferrovirt_testkit::cluster::signal(launcher, "KILL");
+    c.wait_until("the orphaned QEMU killed", Duration::from_secs(60), || {
+        Ok((!std::path::Path::new(&format!("/proc/{qemu}")).exists()
+            || qemu_in(&dir) != Some(qemu))
+        .then_some(()))
+    })?;
+    Ok(())
 }

@@ -24,6 +24,9 @@ pub mod files {
     pub const CONTROL: &str = "control.sock";
     pub const EXIT: &str = "exit.json";
     pub const PID: &str = "launcher.pid";
+    /// QEMU's pid, written when it started (the agent kills a QEMU whose launcher died
+    /// without a report).
+    pub const QEMU_PID: &str = "qemu.pid";
     pub const LOG: &str = "launcher.log";
     pub const QEMU_LOG: &str = "qemu.log";
     /// QEMU's argv (JSON array, without the binary).
@@ -101,6 +104,15 @@ pub enum Request {
         max_bandwidth: Option<u64>,
         #[serde(default)]
         auto_converge: bool,
+        /// A block migration: QEMU pauses before the switch-over (`pause-before-switchover`)
+        /// so the disk mirrors finish first ([`BlockOp::SwitchOver`]).
+        #[serde(default)]
+        block: bool,
+    },
+    /// A step of a block migration (node-local disks mirrored over NBD,
+    /// [`crate::blockmig`]).
+    Block {
+        step: BlockOp,
     },
     /// QMP `query-migrate`, raw: `{"status": "active"|"completed"|"failed"|…, "ram": …,
     /// "downtime": ms, "total-time": ms, "error-desc": …}`.
@@ -111,6 +123,37 @@ pub enum Request {
     /// stops holding the disks (no more storage-lease renewals, none released) and quits
     /// QEMU; its exit report says [`ExitReason::Migrated`].
     MigratedAway,
+}
+
+/// The steps of a block migration (docs/migration.md "Node-local disks").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum BlockOp {
+    /// Target: serves `disks` (disk ids) writable over NBD on a unix socket the launcher
+    /// creates at `socket` (QMP `nbd-server-start` on the passed listening socket,
+    /// `block-export-add` named after each disk).
+    Export { socket: PathBuf, disks: Vec<String> },
+    /// Source: mirrors each disk to the target's export through the unix socket given for
+    /// it (the agent's relay): `blockdev-add` of an NBD client on the passed connection,
+    /// the same size checked, `blockdev-mirror` with `sync: full`.
+    Mirror { disks: Vec<MirrorDisk> },
+    /// Source: the mirror jobs, raw (`query-block-jobs`).
+    Jobs,
+    /// Source, paused before the switch-over: completes every mirror (a final copy of the
+    /// dirty blocks, no pivot), drops the NBD clients, then `migrate-continue`.
+    SwitchOver,
+    /// Source: cancels the mirrors and drops the NBD clients; the VM keeps its disks.
+    Cancel,
+    /// Target, after its guest runs: stops the NBD server.
+    StopExport,
+}
+
+/// A disk to mirror: its id and the unix socket leading to the target's NBD server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorDisk {
+    pub disk: String,
+    pub socket: PathBuf,
 }
 
 /// The reply to [`Request::ResizeDisk`]: the disk's size after the request.
@@ -348,9 +391,17 @@ mod tests {
                 uri: "unix:/x".into(),
                 max_bandwidth: Some(1024),
                 auto_converge: false,
+                block: true,
             })
             .unwrap(),
-            r#"{"op":"migrate","uri":"unix:/x","maxBandwidth":1024,"autoConverge":false}"#
+            r#"{"op":"migrate","uri":"unix:/x","maxBandwidth":1024,"autoConverge":false,"block":true}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::Block {
+                step: BlockOp::SwitchOver
+            })
+            .unwrap(),
+            r#"{"op":"block","step":{"op":"switchOver"}}"#
         );
         assert_eq!(
             serde_json::to_string(&Request::MigratedAway).unwrap(),

@@ -57,7 +57,9 @@ enum Command {
         uri: String,
         max_bandwidth: Option<u64>,
         auto_converge: bool,
+        block: bool,
     },
+    Block(crate::control::BlockOp),
     MigrationStatus,
     MigrateCancel,
     MigratedAway,
@@ -214,6 +216,9 @@ async fn start_and_supervise(
             return Ok(report);
         }
     };
+    if let Some(pid) = vm.pid() {
+        let _ = std::fs::write(dir.join(files::QEMU_PID), pid.to_string());
+    }
     let (spawn_start, spawned) = vm.process().spawn_us();
     timing.push("qemu_spawn", spawn_start, spawned);
     timing.span("qmp_connect", spawned);
@@ -329,9 +334,10 @@ async fn main_loop(
                         .resize_disk(&disk, bytes)
                         .await
                         .map(|r| serde_json::json!(r)),
-                    Command::Migrate { uri, max_bandwidth, auto_converge } => {
-                        start_migration(&vm, &uri, max_bandwidth, auto_converge).await
+                    Command::Migrate { uri, max_bandwidth, auto_converge, block } => {
+                        start_migration(&vm, &uri, max_bandwidth, auto_converge, block).await
                     }
+                    Command::Block(step) => crate::blockmig::run(&vm, step).await,
                     Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
                     Command::MigrateCancel => {
                         vm.qmp().execute("migrate_cancel", None).await.map(|_| serde_json::Value::Null)
@@ -469,10 +475,12 @@ async fn start_migration(
     uri: &str,
     max_bandwidth: Option<u64>,
     auto_converge: bool,
+    block: bool,
 ) -> Result<serde_json::Value> {
     let caps = serde_json::json!({"capabilities": [
         {"capability": "events", "state": true},
         {"capability": "auto-converge", "state": auto_converge},
+        {"capability": "pause-before-switchover", "state": block},
     ]});
     vm.qmp()
         .execute("migrate-set-capabilities", Some(caps))
@@ -567,11 +575,14 @@ async fn connection(
                         uri,
                         max_bandwidth,
                         auto_converge,
+                        block,
                     } => Command::Migrate {
                         uri,
                         max_bandwidth,
                         auto_converge,
+                        block,
                     },
+                    Request::Block { step } => Command::Block(step),
                     Request::MigrationStatus => Command::MigrationStatus,
                     Request::MigrateCancel => Command::MigrateCancel,
                     Request::MigratedAway => Command::MigratedAway,

@@ -37,6 +37,9 @@ pub enum Error {
     /// The launch spec cannot be turned into a working command line.
     #[error("invalid launch spec: {0}")]
     InvalidSpec(String),
+    /// A block migration step could not be carried out (the VM keeps its own disks).
+    #[error("block migration: {0}")]
+    BlockMigration(String),
     /// A console pattern is not a valid regular expression.
     #[error("invalid pattern: {0}")]
     Pattern(#[from] regex::Error),

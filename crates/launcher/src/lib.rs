@@ -6,6 +6,7 @@
 //!   console.
 //! - [`process`], [`lifecycle`]: start and supervise QEMU; shutdown, pause, reset, reboot.
 
+pub mod blockmig;
 pub mod cgroup;
 pub mod cmdline;
 pub mod console;

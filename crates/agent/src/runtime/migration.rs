@@ -135,7 +135,10 @@ impl Agent {
 
     /// Starts the launcher waiting for the incoming stream, the relay in front of it, and
     /// reports the address on the VMI.
-    async fn prepare_target(&self, vmi: &VirtualMachineInstance) -> Result<(), AgentError> {
+    async fn prepare_target(
+        self: &Arc<Self>,
+        vmi: &VirtualMachineInstance,
+    ) -> Result<(), AgentError> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         self.event(
@@ -149,10 +152,13 @@ impl Agent {
         )
         .await;
         let incoming = mig::incoming_socket(&dir);
+        // Node-local disks: empty copies here, filled by the source's mirrors.
+        let block = self.prepare_block_target(vmi).await?;
         self.start_with(
             vmi,
             &mut ferrovirt_launcher::timing::Timeline::default(),
             Some(incoming.clone()),
+            &block.claim_paths,
         )
         .await?;
         // QEMU is up once the launcher answers; its incoming socket exists then.
@@ -200,14 +206,23 @@ impl Agent {
             .local_addr()
             .map_err(|e| AgentError::Reference(e.to_string()))?
             .port();
+        let nbd_ports = self
+            .export_block_target(&uid, &block, ip, source, tls.clone())
+            .await?;
         let relay = tokio::spawn(mig::relay_incoming(listener, source, incoming, tls));
         self.relays
             .lock()
             .await
             .insert(uid.clone(), relay.abort_handle());
-        self.patch_status(vmi, mig::target_ready_patch(ip, port, &now_string()))
-            .await?;
+        self.patch_status(
+            vmi,
+            mig::target_ready_patch(ip, port, &nbd_ports, &now_string()),
+        )
+        .await?;
         tracing::info!(uid = %uid, "migration target ready on {ip}:{port}");
+        if !block.disks.is_empty() {
+            tokio::spawn(self.clone().finish_block_target(vmi.clone()));
+        }
         Ok(())
     }
 
@@ -240,6 +255,7 @@ impl Agent {
         if let Some(r) = self.relays.lock().await.remove(uid) {
             r.abort();
         }
+        self.abandon_block_target(uid).await;
         let dir = self.cfg.vmi_dir(uid);
         if !dir.exists() {
             return;
@@ -279,6 +295,9 @@ impl Agent {
                 .await;
             if let Err(reason) = outcome {
                 tracing::warn!(uid = %uid, "migration failed: {reason}");
+                if !mig::read_block_volumes(&me.cfg.vmi_dir(&uid)).is_empty() {
+                    me.cancel_mirrors(&uid).await;
+                }
                 me.event(&vmi, "Warning", "FailedMigration", &reason).await;
                 let mut patch = mig::failed_patch(&reason, &now_string());
                 if me.abort_requested(&vmi).await {
@@ -310,6 +329,10 @@ impl Agent {
             .map_err(|e| format!("migration socket {}: {e}", sock.display()))?;
         // The launcher connects to it and hands the connection to QEMU.
         let config = mig::configuration(vmi);
+        if mig::post_copy_refused(&config) {
+            return Err(mig::POST_COPY_REFUSED.into());
+        }
+        let block = mig::read_block_volumes(&dir);
         let tls = if mig::tls_disabled(&config) {
             None
         } else {
@@ -325,9 +348,10 @@ impl Agent {
             })?;
             Some(crate::tls::migration_client_config(&self.cert, pin).map_err(|e| e.to_string())?)
         };
-        let relay = tokio::spawn(mig::relay_outgoing(listener, target, tls));
+        let relay = tokio::spawn(mig::relay_outgoing(listener, target, tls.clone()));
         let _abort = AbortOnDrop(relay.abort_handle());
-        let start = json!({"migrationState": {"startTimestamp": now_string()}});
+        let start = json!({"migrationState": {"startTimestamp": now_string()},
+            "migrationMethod": super::blockmig::method_patch(!block.is_empty())});
         self.patch_status(vmi, start)
             .await
             .map_err(|e| e.to_string())?;
@@ -341,10 +365,28 @@ impl Agent {
             ),
         )
         .await;
+        // Node-local disks first: every mirror in sync before the memory moves.
+        let copy_started = Instant::now();
+        let _nbd_relays = if block.is_empty() {
+            Vec::new()
+        } else {
+            self.event(
+                vmi,
+                "Normal",
+                "Migrating",
+                &format!(
+                    "Copying {} node-local disk(s) to {target_node}",
+                    block.len()
+                ),
+            )
+            .await;
+            self.mirror_out(vmi, &block, target.ip(), tls).await?
+        };
         let req = Request::Migrate {
             uri: format!("unix:{}", sock.display()),
             max_bandwidth: ferrovirt_api::migration_policy::bandwidth_bytes(&config),
             auto_converge: config.allow_auto_converge == Some(true),
+            block: !block.is_empty(),
         };
         launchers::request(&self.cfg, &uid, &req, Duration::from_secs(10))
             .await
@@ -354,6 +396,7 @@ impl Agent {
         let mut last_check = Instant::now();
         let mut abort: Option<String> = None;
         let mut final_tries = 0;
+        let mut switched = false;
         let info = loop {
             tokio::time::sleep(POLL).await;
             let v = launchers::request(
@@ -371,6 +414,32 @@ impl Agent {
                 }
                 Some("completed") => {
                     final_tries += 1;
+                    continue;
+                }
+                // Paused before the switch-over (block migration): the mirrors complete
+                // (a last copy), then the last round of memory goes.
+                Some("pre-switchover") if !switched && abort.is_none() => {
+                    switched = true;
+                    if let Err(e) = launchers::request(
+                        &self.cfg,
+                        &uid,
+                        &Request::Block {
+                            step: ferrovirt_launcher::control::BlockOp::SwitchOver,
+                        },
+                        Duration::from_secs(150),
+                    )
+                    .await
+                    {
+                        let why = format!("completing the disk mirrors: {e}");
+                        let _ = launchers::request(
+                            &self.cfg,
+                            &uid,
+                            &Request::MigrateCancel,
+                            Duration::from_secs(10),
+                        )
+                        .await;
+                        abort = Some(why);
+                    }
                     continue;
                 }
                 Some("failed") | Some("cancelled") => {
@@ -422,7 +491,10 @@ impl Agent {
             .insert(uid.clone(), migration_uid.to_string());
         let (ns, name) = ns_name(vmi);
         let patch = mig::switch_over_patch(vmi.metadata.uid.as_deref(), target_node, &now_string());
-        let mut tries = 0;
+        // The target runs the guest from here on: the source must never resume, so the
+        // write is retried until the API server takes it (backing off to 5 s), with an
+        // error logged and a Warning recorded once it has failed for a while.
+        let mut tries = 0u32;
         loop {
             match self
                 .vmi_api(&ns)
@@ -430,25 +502,41 @@ impl Agent {
                 .await
             {
                 Ok(_) => break,
-                Err(e) if tries < 20 => {
+                Err(e) => {
                     tries += 1;
                     tracing::warn!("switch-over write failed ({e}); retrying");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => {
-                    // The target runs the guest: the source must not come back. Leave the
-                    // source QEMU paused for an operator; say so loudly.
-                    tracing::error!("switch-over write failed for good: {e}");
-                    return Ok(());
+                    if tries == 20 {
+                        tracing::error!(
+                            uid = %uid,
+                            "switch-over write still failing after 20 tries ({e}): the source \
+                             QEMU stays paused until it is written"
+                        );
+                        self.event(
+                            vmi,
+                            "Warning",
+                            "SwitchOverPending",
+                            &format!("The VM runs on {target_node}; moving the VMI there keeps failing: {e}"),
+                        )
+                        .await;
+                    }
+                    let wait = mig::switch_over_backoff(tries);
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
         let (total, downtime) = mig::figures(&info);
-        let msg = format!(
+        let mut msg = format!(
             "Migrated to {target_node} (total {} ms, downtime {} ms)",
             total.map_or("?".into(), |t| t.to_string()),
             downtime.map_or("?".into(), |t| t.to_string())
         );
+        if !block.is_empty() {
+            msg.push_str(&format!(
+                "; {} disk(s) mirrored, disks and memory {} ms",
+                block.len(),
+                copy_started.elapsed().as_millis()
+            ));
+        }
         tracing::info!(uid = %uid, "{msg}");
         self.event(vmi, "Normal", "Migrated", &msg).await;
         let _ = launchers::request(
@@ -469,12 +557,15 @@ impl Agent {
         self.guest_info.lock().await.remove(&uid);
         self.disk_sizes.lock().await.remove(&uid);
         self.net.detach(&uid).await;
+        if !block.is_empty() {
+            self.release_source_copies(vmi).await;
+        }
         launchers::remove_dir(&dir);
         Ok(())
     }
 
     /// Whether the VMI (read now) asks for its migration to be aborted.
-    async fn abort_requested(&self, vmi: &VirtualMachineInstance) -> bool {
+    pub(super) async fn abort_requested(&self, vmi: &VirtualMachineInstance) -> bool {
         let (ns, name) = ns_name(vmi);
         match self.vmi_api(&ns).get_opt(&name).await {
             Ok(Some(o)) => {
@@ -526,7 +617,8 @@ fn source_node(vmi: &VirtualMachineInstance) -> String {
         .unwrap_or_default()
 }
 
-struct AbortOnDrop(tokio::task::AbortHandle);
+/// Aborts its task when dropped.
+pub(super) struct AbortOnDrop(pub(super) tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

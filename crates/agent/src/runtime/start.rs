@@ -40,17 +40,20 @@ impl Agent {
         vmi: &VirtualMachineInstance,
         timing: &mut Timeline,
     ) -> Result<(), AgentError> {
-        self.start_with(vmi, timing, None).await
+        self.start_with(vmi, timing, None, &Default::default())
+            .await
     }
 
     /// [`Agent::start`]; with `incoming`, the launcher of a live-migration target whose QEMU
     /// waits for the stream on that socket. A target's VMI already carries the source's
-    /// finalizer and fencing announcement: neither is written again.
+    /// finalizer and fencing announcement: neither is written again. `claim_paths`: claims
+    /// whose volume is the block-migration target's fresh copy here, not the PV's path.
     pub(super) async fn start_with(
         &self,
         vmi: &VirtualMachineInstance,
         timing: &mut Timeline,
         incoming: Option<PathBuf>,
+        claim_paths: &std::collections::BTreeMap<String, PathBuf>,
     ) -> Result<(), AgentError> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
@@ -72,7 +75,12 @@ impl Agent {
             refs
         };
         let ((), refs) = tokio::join!(finalizer, refs);
-        let refs = refs?;
+        let mut refs = refs?;
+        for (claim, path) in claim_paths {
+            if let Some(c) = refs.claims.get_mut(claim) {
+                c.path = path.clone();
+            }
+        }
         let (hco, cdi) = self.caches.hco_and_cdi().await;
         let policy = crate::hostpath::HostPathPolicy {
             host_disk_gate: ferrovirt_api::hco::feature_gate_on(&hco, "HostDisk"),
@@ -181,9 +189,12 @@ impl Agent {
         spec.validate()?;
         // LiveMigratable, decided now that the claims' access modes are known; the running
         // status reports it (`decide::Report::migratable`).
-        let migratable = ferrovirt_api::migration::live_migratable(vmi, |c| {
-            refs.claim_access_modes.get(c).cloned()
-        });
+        let root = crate::nodestore::volume_root(&self.opts.data_dir);
+        let migratable = ferrovirt_api::migration::live_migratable(
+            vmi,
+            |c| refs.claim_access_modes.get(c).cloned(),
+            |c| crate::blockmig::claim_block_ok(refs.claims.get(c), &root),
+        );
         crate::migration::write_migratable(&dir, &migratable)?;
         let (ns, name) = ns_name(vmi);
         let meta = LaunchMeta {

@@ -294,8 +294,14 @@ async fn reconcile(
     let vmi: Option<&VirtualMachineInstance> = vmi.as_deref().map(|v| &v.0);
     // Target selection needs the VMI's volume constraints and every node and VMI.
     let picking = migration::current_phase(vmim) == MigrationPhase::Scheduling;
+    // The node affinity of the VMI's node-local volumes does not bind the target: a
+    // migratable VMI's node-local claims are copied there (block migration) and their PVs
+    // follow the VM. Shared filesystems must be mounted on the target.
     let (affinity, shared) = match (picking, vmi) {
-        (true, Some(v)) => super::scheduler_loop::volume_constraints(client, stores, v).await,
+        (true, Some(v)) => {
+            let (_, shared) = super::scheduler_loop::volume_constraints(client, stores, v).await;
+            (Vec::new(), shared)
+        }
         _ => (Vec::new(), Vec::new()),
     };
     let (configuration, policy_name) = match (picking, vmi) {

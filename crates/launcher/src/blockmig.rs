@@ -1,0 +1,289 @@
+//! Block migration in the launcher (docs/migration.md "Node-local disks"): the QMP side of
+//! copying node-local disks to the migration target. The target's QEMU (waiting with
+//! `-incoming`) serves its fresh, same-sized disks writable over NBD on a unix socket the
+//! launcher creates and passes in; the source's QEMU opens an NBD client per disk on a
+//! connection the launcher passes in (the agent relays it to the target node over mutual
+//! TLS), mirrors each disk with `blockdev-mirror`, and, paused before the switch-over,
+//! completes the mirrors (a last copy, no pivot: the source keeps its own disks) before the
+//! memory's last round is sent. The argument builders are pure and unit-tested.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::cmdline::disk_node_name;
+use crate::control::{BlockOp, MirrorDisk};
+use crate::error::{Error, Result};
+use crate::lifecycle::Vm;
+
+/// The NBD client node the source mirrors `disk` into.
+pub fn client_node(disk: &str) -> String {
+    format!("nbd-{disk}")
+}
+
+/// The mirror job of `disk`.
+pub fn job_id(disk: &str) -> String {
+    format!("mirror-{disk}")
+}
+
+/// `block-export-add`: `disk`'s format node, writable, exported under the disk's id.
+pub fn export_args(disk: &str) -> Value {
+    json!({"type": "nbd", "id": format!("export-{disk}"), "node-name": disk_node_name(disk),
+           "name": disk, "writable": true})
+}
+
+/// `blockdev-add` of the NBD client for `disk` on the connection passed as `fdname`.
+pub fn client_args(disk: &str, fdname: &str) -> Value {
+    json!({"driver": "nbd", "node-name": client_node(disk),
+           "server": {"type": "fd", "str": fdname}, "export": disk})
+}
+
+/// `blockdev-mirror` of `disk` (what the guest sees, its format node) to its NBD client;
+/// the target is empty, so everything is copied.
+pub fn mirror_args(disk: &str) -> Value {
+    json!({"job-id": job_id(disk), "device": disk_node_name(disk),
+           "target": client_node(disk), "sync": "full"})
+}
+
+/// The virtual size of each named block node in a `query-named-block-nodes` answer.
+pub fn node_size(nodes: &Value, node: &str) -> Option<u64> {
+    nodes
+        .as_array()?
+        .iter()
+        .find(|n| n["node-name"] == node)?
+        .get("image")?
+        .get("virtual-size")?
+        .as_u64()
+}
+
+/// Whether every job of `disks` is in `query-block-jobs` and ready (in sync); `Err` names
+/// a disk whose job is gone (it failed).
+pub fn all_ready(jobs: &Value, disks: &[String]) -> std::result::Result<bool, String> {
+    let list = jobs.as_array().cloned().unwrap_or_default();
+    let mut ready = true;
+    for d in disks {
+        match list.iter().find(|j| j["device"] == job_id(d)) {
+            None => return Err(format!("the mirror of disk {d} stopped")),
+            Some(j) => ready &= j["ready"] == true,
+        }
+    }
+    Ok(ready)
+}
+
+/// Runs one block-migration step on `vm`.
+pub async fn run(vm: &Vm, step: BlockOp) -> Result<Value> {
+    match step {
+        BlockOp::Export { socket, disks } => {
+            let _ = std::fs::remove_file(&socket);
+            let listener = std::os::unix::net::UnixListener::bind(&socket)
+                .map_err(|e| Error::io(socket.display().to_string(), e))?;
+            vm.qmp()
+                .execute_with_fd(
+                    "getfd",
+                    Some(json!({"fdname": "nbd-listen"})),
+                    listener.as_fd(),
+                )
+                .await?;
+            vm.qmp()
+                .execute(
+                    "nbd-server-start",
+                    Some(json!({"addr": {"type": "fd", "data": {"str": "nbd-listen"}}})),
+                )
+                .await?;
+            for d in &disks {
+                vm.qmp()
+                    .execute("block-export-add", Some(export_args(d)))
+                    .await?;
+            }
+            Ok(Value::Null)
+        }
+        BlockOp::Mirror { disks } => mirror(vm, &disks).await,
+        BlockOp::Jobs => vm.qmp().execute("query-block-jobs", None).await,
+        BlockOp::SwitchOver => switch_over(vm).await,
+        BlockOp::Cancel => {
+            cancel(vm).await;
+            Ok(Value::Null)
+        }
+        BlockOp::StopExport => vm.qmp().execute("nbd-server-stop", None).await,
+    }
+}
+
+async fn mirror(vm: &Vm, disks: &[MirrorDisk]) -> Result<Value> {
+    for d in disks {
+        let conn = std::os::unix::net::UnixStream::connect(&d.socket)
+            .map_err(|e| Error::io(d.socket.display().to_string(), e))?;
+        let fdname = format!("nbd-{}", d.disk);
+        vm.qmp()
+            .execute_with_fd("getfd", Some(json!({"fdname": fdname})), conn.as_fd())
+            .await?;
+        vm.qmp()
+            .execute("blockdev-add", Some(client_args(&d.disk, &fdname)))
+            .await?;
+        let nodes = vm
+            .qmp()
+            .execute("query-named-block-nodes", Some(json!({"flat": true})))
+            .await?;
+        let ours = node_size(&nodes, &disk_node_name(&d.disk));
+        let theirs = node_size(&nodes, &client_node(&d.disk));
+        if ours != theirs {
+            cancel(vm).await;
+            return Err(Error::BlockMigration(format!(
+                "disk {}: the target's copy has {theirs:?} bytes, the source {ours:?}",
+                d.disk
+            )));
+        }
+        vm.qmp()
+            .execute("blockdev-mirror", Some(mirror_args(&d.disk)))
+            .await?;
+    }
+    Ok(Value::Null)
+}
+
+/// The mirror jobs' device names now running.
+async fn jobs(vm: &Vm) -> Vec<String> {
+    vm.qmp()
+        .execute("query-block-jobs", None)
+        .await
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|j| j["device"].as_str().map(String::from))
+        .filter(|d| d.starts_with("mirror-"))
+        .collect()
+}
+
+/// The NBD client nodes present.
+async fn clients(vm: &Vm) -> Vec<String> {
+    vm.qmp()
+        .execute("query-named-block-nodes", Some(json!({"flat": true})))
+        .await
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| n["node-name"].as_str().map(String::from))
+        .filter(|n| n.starts_with("nbd-"))
+        .collect()
+}
+
+async fn switch_over(vm: &Vm) -> Result<Value> {
+    let mut events = vm.qmp().subscribe();
+    let running = jobs(vm).await;
+    for j in &running {
+        // A ready mirror's cancel copies what is still dirty and ends without a pivot.
+        vm.qmp()
+            .execute("block-job-cancel", Some(json!({"device": j})))
+            .await?;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut done = 0;
+    while done < running.len() {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(ev)) if ev.event == "BLOCK_JOB_COMPLETED" => {
+                if let Some(err) = ev.data.get("error").and_then(|e| e.as_str()) {
+                    cancel(vm).await;
+                    return Err(Error::BlockMigration(format!(
+                        "completing the mirror {}: {err}",
+                        ev.data["device"].as_str().unwrap_or("?")
+                    )));
+                }
+                done += 1;
+            }
+            Ok(Ok(ev)) if ev.event == "BLOCK_JOB_CANCELLED" => {
+                cancel(vm).await;
+                return Err(Error::BlockMigration(format!(
+                    "the mirror {} was cancelled before it completed",
+                    ev.data["device"].as_str().unwrap_or("?")
+                )));
+            }
+            Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
+                // Events may have been missed: the job list decides.
+                if jobs(vm).await.is_empty() {
+                    break;
+                }
+            }
+            Ok(Err(_)) | Err(_) => {
+                cancel(vm).await;
+                return Err(Error::BlockMigration(
+                    "the mirrors did not complete in time".into(),
+                ));
+            }
+        }
+    }
+    for n in clients(vm).await {
+        vm.qmp()
+            .execute("blockdev-del", Some(json!({"node-name": n})))
+            .await?;
+    }
+    vm.qmp()
+        .execute("migrate-continue", Some(json!({"state": "pre-switchover"})))
+        .await
+}
+
+/// Stops the mirrors and drops the NBD clients; errors are logged only (the VM keeps its
+/// own disks whatever happens to the copies).
+async fn cancel(vm: &Vm) {
+    for j in jobs(vm).await {
+        if let Err(e) = vm
+            .qmp()
+            .execute(
+                "block-job-cancel",
+                Some(json!({"device": j, "force": true})),
+            )
+            .await
+        {
+            tracing::warn!("cancelling the mirror {j}: {e}");
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !jobs(vm).await.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for n in clients(vm).await {
+        if let Err(e) = vm
+            .qmp()
+            .execute("blockdev-del", Some(json!({"node-name": n})))
+            .await
+        {
+            tracing::warn!("removing the NBD client {n}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments() {
+        assert_eq!(export_args("root")["node-name"], "fmt-root");
+        assert_eq!(export_args("root")["writable"], true);
+        assert_eq!(
+            client_args("root", "nbd-root")["server"],
+            json!({"type": "fd", "str": "nbd-root"})
+        );
+        let m = mirror_args("root");
+        assert_eq!(m["device"], "fmt-root");
+        assert_eq!(m["target"], "nbd-root");
+        assert_eq!(m["sync"], "full");
+    }
+
+    #[test]
+    fn sizes_and_readiness() {
+        let nodes = json!([{"node-name": "fmt-root", "image": {"virtual-size": 10}},
+                           {"node-name": "nbd-root", "image": {"virtual-size": 12}}]);
+        assert_eq!(node_size(&nodes, "fmt-root"), Some(10));
+        assert_eq!(node_size(&nodes, "x"), None);
+        let disks = vec!["a".to_string(), "b".to_string()];
+        let jobs = json!([{"device": "mirror-a", "ready": true},
+                          {"device": "mirror-b", "ready": false}]);
+        assert_eq!(all_ready(&jobs, &disks), Ok(false));
+        let jobs = json!([{"device": "mirror-a", "ready": true},
+                          {"device": "mirror-b", "ready": true}]);
+        assert_eq!(all_ready(&jobs, &disks), Ok(true));
+        let jobs = json!([{"device": "mirror-a", "ready": true}]);
+        assert!(all_ready(&jobs, &disks).unwrap_err().contains("disk b"));
+    }
+}
