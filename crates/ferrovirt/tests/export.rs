@@ -308,7 +308,10 @@ spec:
     ] {
         assert!(m.contains(want), "{want} missing in\n{m}");
     }
-    assert!(!m.contains("resourceVersion") && !m.contains("uid:"), "{m}");
+    assert!(
+        !m.contains("resourceVersion") && !m.contains("\n  uid:") && !m.contains("status:"),
+        "{m}"
+    );
 
     // A snapshot turns the live volume into a chain: the VM's export reads it flattened
     // (qemu-nbd) and the snapshot's export reads the frozen layer; both equal the bytes.

@@ -131,6 +131,13 @@ pub fn clean_vm(vm: &Value, exported: &[&str]) -> Value {
             a.remove("kubectl.kubernetes.io/last-applied-configuration");
             a.retain(|k, _| !k.starts_with("restore.kubevirt.io/"));
         }
+        if m
+            .get("annotations")
+            .and_then(Value::as_object)
+            .is_some_and(|a| a.is_empty())
+        {
+            m.remove("annotations");
+        }
     }
     if let Some(vols) = vm
         .pointer_mut("/spec/template/spec/volumes")
