@@ -94,8 +94,8 @@ pub async fn create(target: &Target, o: &CreateOptions) -> Result<(), CliError> 
     let client = target.client().await?;
     let ns = &target.namespace;
     let api: Api<DynamicObject> = Api::namespaced_with(client, ns, &resource());
-    let obj: DynamicObject = serde_json::from_value(manifest(o, ns))
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let obj: DynamicObject =
+        serde_json::from_value(manifest(o, ns)).map_err(|e| CliError::Usage(e.to_string()))?;
     api.create(&PostParams::default(), &obj)
         .await
         .map_err(CliError::from_kube)?;
@@ -285,7 +285,11 @@ async fn manifests(
     token: &str,
 ) -> Result<(), CliError> {
     let yaml = o.manifest_format != "json";
-    let accept = if yaml { "application/yaml" } else { "application/json" };
+    let accept = if yaml {
+        "application/yaml"
+    } else {
+        "application/json"
+    };
     let link = |t: &str| {
         status
             .pointer("/links/external/manifests")
@@ -313,12 +317,10 @@ async fn manifests(
         }),
         None => {
             use std::io::Write;
-            std::io::stdout()
-                .write_all(&out)
-                .map_err(|e| CliError::Io {
-                    context: "writing the manifests".into(),
-                    source: e,
-                })
+            std::io::stdout().write_all(&out).map_err(|e| CliError::Io {
+                context: "writing the manifests".into(),
+                source: e,
+            })
         }
     }
 }
@@ -422,6 +424,9 @@ mod tests {
         assert!(volume_url(&s, None, "raw").is_err());
         assert!(volume_url(&s, Some("c"), "raw").is_err());
         assert!(volume_url(&s, Some("b"), "gzip").is_err());
-        assert_eq!(path_of("https://h:1/x/a/disk.img?q=1").unwrap(), "/x/a/disk.img?q=1");
+        assert_eq!(
+            path_of("https://h:1/x/a/disk.img?q=1").unwrap(),
+            "/x/a/disk.img?q=1"
+        );
     }
 }

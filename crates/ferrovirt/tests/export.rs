@@ -94,7 +94,9 @@ fn wait_phase(c: &Cluster, name: &str, ns: &str, phase: &str) -> anyhow::Result<
 }
 
 fn token_of(c: &Cluster, e: &Value, ns: &str) -> anyhow::Result<String> {
-    let secret = e["status"]["tokenSecretRef"].as_str().context("tokenSecretRef")?;
+    let secret = e["status"]["tokenSecretRef"]
+        .as_str()
+        .context("tokenSecretRef")?;
     let out = c.kubectl_ok(&[
         "get",
         "secret",
@@ -214,7 +216,9 @@ spec:
     let e = wait_phase(&a, "ex1", "default", "Ready")?;
     assert_eq!(raw_url(&e, "exp-root"), direct_url, "{e}");
     assert_eq!(e["status"]["virtualMachineName"], "expvm", "{e}");
-    let cert = e["status"]["links"]["external"]["cert"].as_str().unwrap_or("");
+    let cert = e["status"]["links"]["external"]["cert"]
+        .as_str()
+        .unwrap_or("");
     assert!(cert.contains("BEGIN CERTIFICATE"), "{e}");
     assert!(e["status"]["ttlExpirationTime"].is_string(), "{e}");
 
@@ -238,20 +242,42 @@ spec:
     let o = fv(
         &a,
         &[
-            "vmexport", "download", "ex1", "--volume", "exp-root", "--format", "raw", "--output",
-            raw.to_str().unwrap(), "--keep-vme",
+            "vmexport",
+            "download",
+            "ex1",
+            "--volume",
+            "exp-root",
+            "--format",
+            "raw",
+            "--output",
+            raw.to_str().unwrap(),
+            "--keep-vme",
         ],
     )?;
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(sha256_file(&raw)?, want);
-    assert!(String::from_utf8_lossy(&o.stdout).contains(&want), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("100.00%"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&want),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("100.00%"),
+        "{}",
+        text(&o)
+    );
     let gz = out_dir.join("disk.img.gz");
     fv_ok(
         &a,
         &[
-            "vmexport", "download", "ex1", "--format", "gzip", "--output",
-            gz.to_str().unwrap(), "--keep-vme",
+            "vmexport",
+            "download",
+            "ex1",
+            "--format",
+            "gzip",
+            "--output",
+            gz.to_str().unwrap(),
+            "--keep-vme",
         ],
     )?;
     assert_eq!(sha256_gunzip(&gz)?, want);
@@ -264,10 +290,17 @@ spec:
     wrong.replace_range(63..64, if token.ends_with('0') { "1" } else { "0" });
     assert_eq!(curl_status(&a, &direct_url, Some(&wrong))?, 401);
     assert_eq!(
-        curl_status(&a, &format!("{direct_url}?x-kubevirt-export-token={token}"), None)?,
+        curl_status(
+            &a,
+            &format!("{direct_url}?x-kubevirt-export-token={token}"),
+            None
+        )?,
         200
     );
-    assert_eq!(curl_status(&a, &format!("{base}/volumes/nope/disk.img"), Some(&token))?, 404);
+    assert_eq!(
+        curl_status(&a, &format!("{base}/volumes/nope/disk.img"), Some(&token))?,
+        404
+    );
     // Another namespace: its export cannot name our claim, and our token opens nothing there.
     a.kubectl_ok(&["create", "namespace", "other"])?;
     a.apply(
@@ -282,7 +315,10 @@ spec:
     let steal = wait_phase(&a, "steal", "other", "Pending")?;
     assert!(steal["status"]["links"].is_null(), "{steal}");
     let other_url = direct_url.replace("/namespaces/default/", "/namespaces/other/");
-    assert_eq!(curl_status(&a, &other_url.replace("/ex1/", "/steal/"), Some(&token))?, 401);
+    assert_eq!(
+        curl_status(&a, &other_url.replace("/ex1/", "/steal/"), Some(&token))?,
+        401
+    );
     assert_eq!(curl_status(&a, &other_url, Some(&token))?, 404);
     let steal_token = token_of(&a, &steal, "other")?;
     assert_eq!(curl_status(&a, &direct_url, Some(&steal_token))?, 401);
@@ -292,8 +328,14 @@ spec:
     fv_ok(
         &a,
         &[
-            "vmexport", "download", "ex1", "--manifest", "--include-secret", "--output",
-            manifests.to_str().unwrap(), "--keep-vme",
+            "vmexport",
+            "download",
+            "ex1",
+            "--manifest",
+            "--include-secret",
+            "--output",
+            manifests.to_str().unwrap(),
+            "--keep-vme",
         ],
     )?;
     let m = std::fs::read_to_string(&manifests)?;
@@ -333,8 +375,14 @@ spec:
     fv_ok(
         &a,
         &[
-            "vmexport", "download", "ex1", "--format", "raw", "--output",
-            flat.to_str().unwrap(), "--keep-vme",
+            "vmexport",
+            "download",
+            "ex1",
+            "--format",
+            "raw",
+            "--output",
+            flat.to_str().unwrap(),
+            "--keep-vme",
         ],
     )?;
     assert_eq!(sha256_file(&flat)?, want, "the chain read flattened");
@@ -342,8 +390,18 @@ spec:
     fv_ok(
         &a,
         &[
-            "vmexport", "download", "exsnap", "--snapshot", "snap1", "--ttl", "25s", "--format",
-            "raw", "--output", snap_raw.to_str().unwrap(), "--keep-vme",
+            "vmexport",
+            "download",
+            "exsnap",
+            "--snapshot",
+            "snap1",
+            "--ttl",
+            "25s",
+            "--format",
+            "raw",
+            "--output",
+            snap_raw.to_str().unwrap(),
+            "--keep-vme",
         ],
     )?;
     assert_eq!(sha256_file(&snap_raw)?, want, "the snapshot's bytes");
@@ -352,11 +410,15 @@ spec:
     // export (its CA, the token header) and the VM boots.
     let b = Cluster::start(&ClusterOptions::new(BIN))?;
     b.kubectl_ok(&["apply", "-n", "default", "-f", manifests.to_str().unwrap()])?;
-    b.wait_until("DataVolume exp-root imported on the second server", STEP, || {
-        let v = b.get_json(&["datavolume", "exp-root", "-n", "default"])?;
-        anyhow::ensure!(v["status"]["phase"] != "Failed", "{v}");
-        Ok((v["status"]["phase"] == "Succeeded").then_some(()))
-    })?;
+    b.wait_until(
+        "DataVolume exp-root imported on the second server",
+        STEP,
+        || {
+            let v = b.get_json(&["datavolume", "exp-root", "-n", "default"])?;
+            anyhow::ensure!(v["status"]["phase"] != "Failed", "{v}");
+            Ok((v["status"]["phase"] == "Succeeded").then_some(()))
+        },
+    )?;
     let pv_b = b.kubectl_ok(&[
         "get",
         "pvc",
@@ -366,7 +428,12 @@ spec:
         "-o",
         "jsonpath={.spec.volumeName}",
     ])?;
-    let imported = sha256_file(&b.agent_dir().join("volumes").join(pv_b.trim()).join("disk.img"))?;
+    let imported = sha256_file(
+        &b.agent_dir()
+            .join("volumes")
+            .join(pv_b.trim())
+            .join("disk.img"),
+    )?;
     assert_eq!(imported, want, "the second server's volume");
     set_run_strategy(&b, "expvm", "Always")?;
     b.wait_booted("expvm", BOOT)?;

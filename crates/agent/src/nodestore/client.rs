@@ -246,7 +246,10 @@ impl NodeStorage {
     ) -> Result<hyper::Response<Incoming>, NodeStoreError> {
         let query = match handle {
             // Layer names are plain file names (the agent checks them against the chain).
-            Some(h) if h.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) => {
+            Some(h)
+                if h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+            {
                 format!("?handle={h}")
             }
             Some(h) => {
@@ -261,7 +264,12 @@ impl NodeStorage {
         let path = volume_path(name, &format!("/export{query}"));
         tokio::time::timeout(
             REQUEST_TIMEOUT,
-            self.send(Method::GET, &path, json_body(Vec::new()), "application/json"),
+            self.send(
+                Method::GET,
+                &path,
+                json_body(Vec::new()),
+                "application/json",
+            ),
         )
         .await
         .map_err(|_| self.unreachable("the agent did not answer in time"))?

@@ -175,7 +175,11 @@ pub fn validate(obj: &serde_json::Value) -> Vec<crate::admission::FieldError> {
         }
     }
     if let Some(s) = spec["tokenSecretRef"].as_str()
-        && (s.is_empty() || s.len() > 253 || !s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'))
+        && (s.is_empty()
+            || s.len() > 253
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'))
     {
         errs.push(FieldError::invalid(
             "spec.tokenSecretRef",

@@ -67,8 +67,14 @@ async fn ensure_token(ctx: &Ctx, export: &VmExport) -> Result<Option<String>, Co
     if api.get_opt(&name).await?.is_some() {
         return Ok(None);
     }
-    if e.spec.as_ref().and_then(|s| s.token_secret_ref.as_ref()).is_some() {
-        return Ok(Some(format!("token Secret {name} (spec.tokenSecretRef) not found")));
+    if e.spec
+        .as_ref()
+        .and_then(|s| s.token_secret_ref.as_ref())
+        .is_some()
+    {
+        return Ok(Some(format!(
+            "token Secret {name} (spec.tokenSecretRef) not found"
+        )));
     }
     let secret = Secret {
         metadata: ObjectMeta {
@@ -107,7 +113,11 @@ async fn reconcile(obj: Arc<VmExport>, ctx: Arc<Ctx>) -> Result<Action, Controll
     };
     let state = match ensure_token(&ctx, &obj).await? {
         Some(why) => SourceState::NotFound(why),
-        None => super::resolve::resolve(&ctx.client, &ns, &spec).await?.state,
+        None => {
+            super::resolve::resolve(&ctx.client, &ns, &spec)
+                .await?
+                .state
+        }
     };
     let d = plan::step(e, &state, &ctx.endpoint, Timestamp::now());
     let api: Api<VmExport> = Api::namespaced(ctx.client.clone(), &ns);
@@ -120,7 +130,11 @@ async fn reconcile(obj: Arc<VmExport>, ctx: Arc<Ctx>) -> Result<Action, Controll
             }
         }
         match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": status})))
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": status})),
+            )
             .await
         {
             Ok(_) => {}

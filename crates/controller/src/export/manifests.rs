@@ -131,8 +131,7 @@ pub fn clean_vm(vm: &Value, exported: &[&str]) -> Value {
             a.remove("kubectl.kubernetes.io/last-applied-configuration");
             a.retain(|k, _| !k.starts_with("restore.kubevirt.io/"));
         }
-        if m
-            .get("annotations")
+        if m.get("annotations")
             .and_then(Value::as_object)
             .is_some_and(|a| a.is_empty())
         {
@@ -224,7 +223,10 @@ mod tests {
         assert_eq!(http["url"], "https://h/x/volumes/root/disk.img.gz");
         assert_eq!(http["certConfigMap"], "export-ca-cm-ex");
         assert_eq!(http["secretExtraHeaders"][0], "header-secret-ex");
-        assert_eq!(dv["spec"]["storage"]["resources"]["requests"]["storage"], "64Mi");
+        assert_eq!(
+            dv["spec"]["storage"]["resources"]["requests"]["storage"],
+            "64Mi"
+        );
         assert!(dv["spec"]["storage"].get("storageClassName").is_none());
         let vm = &m[2];
         assert!(vm.get("status").is_none());
@@ -234,7 +236,10 @@ mod tests {
         assert_eq!(vm["metadata"]["annotations"], json!({"keep": "1"}));
         assert!(vm["spec"].get("dataVolumeTemplates").is_none());
         let vols = &vm["spec"]["template"]["spec"]["volumes"];
-        assert_eq!(vols[0], json!({"name": "disk", "dataVolume": {"name": "root"}}));
+        assert_eq!(
+            vols[0],
+            json!({"name": "disk", "dataVolume": {"name": "root"}})
+        );
         assert_eq!(vols[1]["cloudInitNoCloud"]["userData"], "x");
     }
 

@@ -60,7 +60,12 @@ pub fn token_secret_name(export: &VirtualMachineExport) -> String {
         .spec
         .as_ref()
         .and_then(|s| s.token_secret_ref.clone())
-        .unwrap_or_else(|| format!("export-token-{}", export.metadata.name.as_deref().unwrap_or("")))
+        .unwrap_or_else(|| {
+            format!(
+                "export-token-{}",
+                export.metadata.name.as_deref().unwrap_or("")
+            )
+        })
 }
 
 /// When the export ends: creation + `ttlDuration` (default 2h); `None` without a creation
@@ -68,7 +73,9 @@ pub fn token_secret_name(export: &VirtualMachineExport) -> String {
 pub fn expiry(export: &VirtualMachineExport) -> Option<Timestamp> {
     let created = export.metadata.creation_timestamp.as_ref()?.0;
     let ttl = ex::ttl(export.spec.as_ref()?).ok()?;
-    created.checked_add(SignedDuration::try_from(ttl).ok()?).ok()
+    created
+        .checked_add(SignedDuration::try_from(ttl).ok()?)
+        .ok()
 }
 
 /// The path of export `ns/name` on the API server, below which volumes and manifests are.
@@ -82,7 +89,11 @@ pub fn export_path(ns: &str, name: &str) -> String {
 
 /// The links of a ready export of `volumes` (claim names).
 pub fn links(ep: &Endpoint, ns: &str, name: &str, volumes: &[String]) -> ExportLinks {
-    let base = format!("{}{}", ep.base_url.trim_end_matches('/'), export_path(ns, name));
+    let base = format!(
+        "{}{}",
+        ep.base_url.trim_end_matches('/'),
+        export_path(ns, name)
+    );
     let link = |scope: &str| ExportLink {
         cert: ep.ca_pem.clone(),
         volumes: Some(
@@ -148,7 +159,12 @@ pub fn step(
         );
     };
     if until.is_some_and(|u| now >= u) {
-        set("Ready", false, "TTLExpired", "the export's ttlDuration has passed");
+        set(
+            "Ready",
+            false,
+            "TTLExpired",
+            "the export's ttlDuration has passed",
+        );
         status.phase = Some(phase::TERMINATED.into());
         status.conditions = Some(conds);
         return Decision {
@@ -179,7 +195,12 @@ pub fn step(
             status.phase = Some(phase::SKIPPED.into());
         }
         SourceState::Ready { vm_name, volumes } => {
-            set("Ready", true, "ExportReady", "the volumes can be downloaded");
+            set(
+                "Ready",
+                true,
+                "ExportReady",
+                "the volumes can be downloaded",
+            );
             set("PVCReady", true, "pvcBound", "the volumes are bound");
             status.phase = Some(phase::READY.into());
             status.links = Some(links(ep, ns, name, volumes));
@@ -262,7 +283,11 @@ mod tests {
         assert_eq!(m[1].type_, "auth-header-secret");
         assert!(m[1].url.ends_with("/ex/external/manifests/secret"));
         let int = s.links.as_ref().unwrap().internal.as_ref().unwrap();
-        assert!(int.manifests.as_ref().unwrap()[0].url.ends_with("/internal/manifests/all"));
+        assert!(
+            int.manifests.as_ref().unwrap()[0]
+                .url
+                .ends_with("/internal/manifests/all")
+        );
         assert!(conditions::is_true(s.conditions.as_deref(), "Ready"));
     }
 
@@ -288,7 +313,10 @@ mod tests {
         let d = step(&e, &src, &ep(), at("2026-01-01T00:00:30Z"));
         assert_eq!(d.status.phase.as_deref(), Some("Ready"));
         let r = d.requeue.unwrap();
-        assert!(r > Duration::from_secs(29) && r <= Duration::from_secs(31), "{r:?}");
+        assert!(
+            r > Duration::from_secs(29) && r <= Duration::from_secs(31),
+            "{r:?}"
+        );
         let d = step(&e, &src, &ep(), at("2026-01-01T00:01:00Z"));
         assert!(d.expired);
         assert_eq!(d.status.phase.as_deref(), Some("Terminated"));

@@ -71,12 +71,17 @@ pub async fn resolve(
             Ok(out)
         }
         "VirtualMachine" => {
-            let Some(vm) = Api::<Vm>::namespaced(client.clone(), ns).get_opt(name).await? else {
+            let Some(vm) = Api::<Vm>::namespaced(client.clone(), ns)
+                .get_opt(name)
+                .await?
+            else {
                 return Ok(Resolved::not(SourceState::NotFound(format!(
                     "VirtualMachine {name} not found"
                 ))));
             };
-            let vmi = Api::<Vmi>::namespaced(client.clone(), ns).get_opt(name).await?;
+            let vmi = Api::<Vmi>::namespaced(client.clone(), ns)
+                .get_opt(name)
+                .await?;
             if vmi.is_some_and(|v| is_active(&v)) {
                 return Ok(Resolved::not(SourceState::InUse(format!(
                     "VirtualMachine {name} is running: its disks are exported once it stops \
@@ -84,23 +89,25 @@ pub async fn resolve(
                      supported yet)"
                 ))));
             }
-            let claims: Vec<String> = vm
-                .0
-                .spec
-                .as_ref()
-                .and_then(|s| s.template.spec.as_ref())
-                .and_then(|s| s.volumes.as_ref())
-                .into_iter()
-                .flatten()
-                .filter_map(|v| {
-                    v.persistent_volume_claim
-                        .as_ref()
-                        .map(|c| c.claim_name.clone())
-                        .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
-                })
-                .collect();
+            let claims: Vec<String> =
+                vm.0.spec
+                    .as_ref()
+                    .and_then(|s| s.template.spec.as_ref())
+                    .and_then(|s| s.volumes.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| {
+                        v.persistent_volume_claim
+                            .as_ref()
+                            .map(|c| c.claim_name.clone())
+                            .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
+                    })
+                    .collect();
             let vm_json = serde_json::to_value(&vm.0)?;
-            volumes_of(client, ns, claims, Some(name.to_string()), vm_json, |_| None).await
+            volumes_of(client, ns, claims, Some(name.to_string()), vm_json, |_| {
+                None
+            })
+            .await
         }
         "VirtualMachineSnapshot" => {
             let Some(snap) = Api::<VmSnapshot>::namespaced(client.clone(), ns)
@@ -172,7 +179,11 @@ pub async fn resolve(
                     ))));
                 };
                 let claim = PersistentVolumeClaim {
-                    metadata: b.persistent_volume_claim.metadata.clone().unwrap_or_default(),
+                    metadata: b
+                        .persistent_volume_claim
+                        .metadata
+                        .clone()
+                        .unwrap_or_default(),
                     spec: b.persistent_volume_claim.spec.clone(),
                     status: None,
                 };
@@ -286,11 +297,10 @@ async fn snapshot_handle(
             "VolumeSnapshot {vs_name} not found"
         ))));
     };
-    let bound = vs
-        .0
-        .status
-        .as_ref()
-        .and_then(|s| s.bound_volume_snapshot_content_name.clone());
+    let bound =
+        vs.0.status
+            .as_ref()
+            .and_then(|s| s.bound_volume_snapshot_content_name.clone());
     let Some(content) = bound else {
         return Ok(Err(SourceState::NotReady(format!(
             "VolumeSnapshot {vs_name} is not bound yet"

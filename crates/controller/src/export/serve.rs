@@ -79,7 +79,10 @@ pub fn deferred() -> (Router, Handle) {
     let base = "/api/export.kubevirt.io/{version}/namespaces/{ns}/virtualmachineexports/{name}";
     let router = Router::new()
         .route(&format!("{base}/volumes/{{volume}}/{{file}}"), get(volume))
-        .route(&format!("{base}/{{scope}}/manifests/{{which}}"), get(manifest))
+        .route(
+            &format!("{base}/{{scope}}/manifests/{{which}}"),
+            get(manifest),
+        )
         .with_state(slot.clone());
     (router, Handle { slot })
 }
@@ -126,7 +129,10 @@ fn kube_failure(e: impl std::fmt::Display) -> Failure {
 }
 
 /// The token a request presents: the header, else the query parameter.
-pub fn presented_token<'a>(headers: &'a HeaderMap, query: &'a HashMap<String, String>) -> Option<&'a str> {
+pub fn presented_token<'a>(
+    headers: &'a HeaderMap,
+    query: &'a HashMap<String, String>,
+) -> Option<&'a str> {
     headers
         .get(TOKEN_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -353,7 +359,12 @@ async fn manifest(
                     .collect();
                 super::manifests::all(&name, &link, &vols, r.vm.as_ref())
             }
-            other => return Err(fail(404, format!("{other}: the manifests are all and secret"))),
+            other => {
+                return Err(fail(
+                    404,
+                    format!("{other}: the manifests are all and secret"),
+                ));
+            }
         };
         Ok(render(&docs, &headers))
     };
@@ -418,12 +429,20 @@ mod tests {
         .unwrap();
         let t = |s: &str| s.parse::<Timestamp>().unwrap();
         assert!(check_live(&e, t("2026-01-01T00:00:59Z")).is_ok());
-        assert_eq!(check_live(&e, t("2026-01-01T00:01:00Z")).unwrap_err().code, 410);
+        assert_eq!(
+            check_live(&e, t("2026-01-01T00:01:00Z")).unwrap_err().code,
+            410
+        );
         let mut term = e.clone();
         term.status = Some(ferrovirt_api::kubevirt::export::ExportStatus {
             phase: Some("Terminated".into()),
             ..Default::default()
         });
-        assert_eq!(check_live(&term, t("2026-01-01T00:00:01Z")).unwrap_err().code, 410);
+        assert_eq!(
+            check_live(&term, t("2026-01-01T00:00:01Z"))
+                .unwrap_err()
+                .code,
+            410
+        );
     }
 }

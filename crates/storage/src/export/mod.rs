@@ -202,7 +202,10 @@ mod tests {
     #[test]
     fn plain_volumes_and_bottom_snapshots_are_read_as_files() {
         let c = Chain::default();
-        assert_eq!(read_plan(&c, None).unwrap(), ReadPlan::File("disk.img".into()));
+        assert_eq!(
+            read_plan(&c, None).unwrap(),
+            ReadPlan::File("disk.img".into())
+        );
         let c1 = plan_snapshot(&c).chain;
         assert_eq!(
             read_plan(&c1, Some("disk.img")).unwrap(),

@@ -86,7 +86,9 @@ pub async fn open(spec: &str) -> Result<ExportRead, StorageError> {
     let Some(mut conn) = conn else {
         return Err(tool("its socket did not appear within 5 s"));
     };
-    let size = handshake(&mut conn).await.map_err(|e| tool(e.to_string()))?;
+    let size = handshake(&mut conn)
+        .await
+        .map_err(|e| tool(e.to_string()))?;
     let state = Reading {
         conn,
         offset: 0,
