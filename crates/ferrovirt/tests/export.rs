@@ -301,6 +301,16 @@ spec:
         curl_status(&a, &format!("{base}/volumes/nope/disk.img"), Some(&token))?,
         404
     );
+    // The export token opens the export routes only, never the API beside them.
+    let api = format!(
+        "https://127.0.0.1:{}/api/v1/namespaces/default/secrets",
+        a.port
+    );
+    assert_eq!(curl_status(&a, &api, Some(&token))?, 401);
+    assert_eq!(
+        curl_status(&a, &format!("{base}/volumes"), Some(&token))?,
+        401
+    );
     // Another namespace: its export cannot name our claim, and our token opens nothing there.
     a.kubectl_ok(&["create", "namespace", "other"])?;
     a.apply(

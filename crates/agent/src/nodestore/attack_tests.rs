@@ -212,11 +212,20 @@ async fn the_export_route_reads_volumes_only() {
 
     let wrong = NodeStorage::of(&node(&ep.url, &ep.fingerprint), "wrong").unwrap();
     let e = wrong.read_export("pvc-1", None).await.unwrap_err();
-    assert!(matches!(e, NodeStoreError::Answer { status: 401, .. }), "{e}");
+    assert!(
+        matches!(e, NodeStoreError::Answer { status: 401, .. }),
+        "{e}"
+    );
     for name in ["..", "%2E%2E", "a%2F..%2F..%2Fsecret"] {
         let e = s.read_export(name, None).await.unwrap_err();
         assert!(
-            matches!(e, NodeStoreError::Answer { status: 400 | 404, .. }),
+            matches!(
+                e,
+                NodeStoreError::Answer {
+                    status: 400 | 404,
+                    ..
+                }
+            ),
             "{name}: {e}"
         );
     }
