@@ -1,5 +1,5 @@
 //! Reading a volume out for export (docs/export.md): the raw bytes of a volume, or of one of
-//! its snapshots, as a stream, plus gzip of such a stream.
+//! its snapshots, as a stream, plus gzip of such a stream (the system's `gzip -1`).
 //!
 //! A plain volume (or a snapshot whose prefix is only the bottom raw `disk.img`) is read
 //! straight from the file. A layer chain is read flattened through `qemu-nbd` serving the
@@ -112,51 +112,58 @@ async fn open_file(path: &Path) -> Result<ExportRead, StorageError> {
     })
 }
 
-/// `stream` gzip-compressed (fast level), compressed on a thread of its own so that reading
-/// and compressing overlap.
+/// `stream` gzip-compressed at the fast level by the system's `gzip -1` (as the importer
+/// decompresses with the tools): the raw bytes are written to its stdin by a task of their
+/// own while its stdout is the answer, so reading and compressing overlap. The process is
+/// killed when the answer is dropped.
 pub fn gzip(mut stream: ByteStream) -> ByteStream {
-    use std::io::Write;
-    let (raw_tx, mut raw_rx) = tokio::sync::mpsc::channel::<Bytes>(4);
-    let (gz_tx, gz_rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
-    let err_tx = gz_tx.clone();
+    use tokio::io::AsyncWriteExt;
+    let child = tokio::process::Command::new("gzip")
+        .args(["-1", "-c", "-n"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            let err = std::io::Error::other(format!("cannot start gzip: {e}"));
+            return Box::pin(futures::stream::once(async move { Err(err) }));
+        }
+    };
+    let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Box::pin(futures::stream::once(async {
+            Err(std::io::Error::other("gzip has no pipes"))
+        }));
+    };
+    let (err_tx, err_rx) = tokio::sync::oneshot::channel::<std::io::Error>();
     tokio::spawn(async move {
         while let Some(chunk) = stream.next().await {
-            match chunk {
-                Ok(c) => {
-                    if raw_tx.send(c).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    drop(raw_tx);
-                    let _ = err_tx.send(Err(e)).await;
-                    return;
-                }
-            }
-        }
-    });
-    std::thread::spawn(move || {
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        while let Some(chunk) = raw_rx.blocking_recv() {
-            if let Err(e) = enc.write_all(&chunk) {
-                let _ = gz_tx.blocking_send(Err(e));
-                return;
-            }
-            let out = std::mem::take(enc.get_mut());
-            if !out.is_empty() && gz_tx.blocking_send(Ok(Bytes::from(out))).is_err() {
+            let written = match chunk {
+                Ok(c) => stdin.write_all(&c).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                // A read failure must not end as a valid (truncated) gzip stream.
+                let _ = err_tx.send(e);
                 return;
             }
         }
-        match enc.finish() {
-            Ok(rest) => {
-                let _ = gz_tx.blocking_send(Ok(Bytes::from(rest)));
-            }
-            Err(e) => {
-                let _ = gz_tx.blocking_send(Err(e));
-            }
-        }
+        let _ = stdin.shutdown().await;
     });
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(gz_rx))
+    let out = tokio_util::io::ReaderStream::with_capacity(stdout, 1 << 20);
+    let tail = futures::stream::once(async move {
+        let status = child.wait().await;
+        match (err_rx.await, status) {
+            (Ok(e), _) => Some(Err(e)),
+            (Err(_), Ok(s)) if s.success() => None,
+            (Err(_), Ok(s)) => Some(Err(std::io::Error::other(format!("gzip: {s}")))),
+            (Err(_), Err(e)) => Some(Err(e)),
+        }
+    })
+    .filter_map(|x| async move { x });
+    Box::pin(out.chain(tail))
 }
 
 /// A private scratch directory for qemu-nbd's socket (removed on drop).
@@ -198,6 +205,32 @@ impl Mode0700 for std::fs::DirBuilder {
 mod tests {
     use super::*;
     use crate::snapshot::plan_snapshot;
+
+    #[tokio::test]
+    async fn gzip_streams_decompress_to_the_input_and_errors_are_not_hidden() {
+        use std::io::Read;
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let chunks: Vec<std::io::Result<Bytes>> = data
+            .chunks(1 << 20)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let gz: Vec<u8> = gzip(Box::pin(futures::stream::iter(chunks)))
+            .map(|c| c.unwrap())
+            .collect::<Vec<_>>()
+            .await
+            .concat();
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, data);
+        let broken: Vec<std::io::Result<Bytes>> = vec![
+            Ok(Bytes::from_static(b"abc")),
+            Err(std::io::Error::other("disk gone")),
+        ];
+        let results: Vec<_> = gzip(Box::pin(futures::stream::iter(broken))).collect().await;
+        assert!(results.last().unwrap().is_err());
+    }
 
     #[test]
     fn plain_volumes_and_bottom_snapshots_are_read_as_files() {
