@@ -228,7 +228,9 @@ mod tests {
             Ok(Bytes::from_static(b"abc")),
             Err(std::io::Error::other("disk gone")),
         ];
-        let results: Vec<_> = gzip(Box::pin(futures::stream::iter(broken))).collect().await;
+        let results: Vec<_> = gzip(Box::pin(futures::stream::iter(broken)))
+            .collect()
+            .await;
         assert!(results.last().unwrap().is_err());
     }
 
