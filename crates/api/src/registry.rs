@@ -508,6 +508,24 @@ fn kubevirt_resources() -> Vec<ResourceDef> {
         )
     };
     let error_col = || col("Error", "string", ".status.error.message");
+    let export = |version| {
+        Def::new(
+            "export.kubevirt.io",
+            version,
+            "VirtualMachineExport",
+            "VirtualMachineExportList",
+            "virtualmachineexports",
+            "virtualmachineexport",
+        )
+        .short(&["vmexport", "vmexports"])
+        .all()
+        .status()
+        .cols(vec![
+            col("SourceKind", "string", ".spec.source.kind"),
+            col("SourceName", "string", ".spec.source.name"),
+            col("Phase", "string", PHASE),
+        ])
+    };
     vec![
         kv(
             "VirtualMachine",
@@ -714,6 +732,9 @@ fn kubevirt_resources() -> Vec<ResourceDef> {
             col("RestoreTime", "date", ".status.restoreTime"),
             error_col(),
         ]),
+        // export.kubevirt.io: v1 (stored) and v1beta1, one object.
+        export("v1"),
+        export("v1beta1"),
         Def::new(
             "migrations.kubevirt.io",
             "v1alpha1",

@@ -56,6 +56,10 @@ pub struct ServerOptions {
     pub extra_routes: Option<Router>,
     /// `group/version`s served by `extra_routes`, listed in `/apis` discovery.
     pub extra_groups: Vec<String>,
+    /// Routes served **without** the bearer-token check, each authenticating its requests
+    /// itself (VirtualMachineExport downloads: the export token). Paths they do not match go
+    /// to the authenticated routes.
+    pub public_routes: Option<Router>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -87,6 +91,7 @@ impl Default for ServerOptions {
             compact_keep: 10_000,
             extra_routes: None,
             extra_groups: Vec::new(),
+            public_routes: None,
         }
     }
 }
@@ -267,10 +272,13 @@ impl Server {
         if let Some(extra) = opts.extra_routes.clone() {
             app = extra.merge(app);
         }
-        let app = app.layer(axum::middleware::from_fn_with_state(
+        let mut app = app.layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             authenticate,
         ));
+        if let Some(public) = opts.public_routes.clone() {
+            app = public.merge(app);
+        }
 
         let mut tasks = JoinSet::new();
         let mut stopping = shared.shutdown.clone();

@@ -8,7 +8,7 @@
 //!   [`jsonpath`].
 //! - virtctl: [`virt`] (start, stop, restart, pause, unpause, soft-reboot, guestosinfo, userlist,
 //!   fslist), [`console`], [`vnc`] (proxy and screenshot), [`create_vm`], [`expand`],
-//!   [`upload`] (image-upload).
+//!   [`upload`] (image-upload), [`vmexport`] (vmexport create/download/delete).
 //! - [`error`]: kubectl-style messages.
 
 pub mod apply;
@@ -30,6 +30,7 @@ pub mod target;
 pub mod transport;
 pub mod upload;
 pub mod virt;
+pub mod vmexport;
 pub mod vnc;
 pub mod wait;
 pub mod wsio;

@@ -18,6 +18,9 @@ pub enum ControllerError {
         kind: &'static str,
         field: &'static str,
     },
+    /// The system random number generator failed (export tokens).
+    #[error("the system random number generator failed")]
+    Randomness,
     /// A controller task ended unexpectedly.
     #[error("controller {name} stopped: {reason}")]
     TaskStopped { name: &'static str, reason: String },

@@ -3,13 +3,15 @@
 //! without a server, and the I/O that applies it against the API server ([`runtime`]).
 //! [`node_ipam`] gives Nodes their pod subnets (`spec.podCIDR`).
 //! [`storage`] holds the StorageClass/PVC/DataVolume controllers, [`snapshot`] the
-//! VolumeSnapshot, VirtualMachineSnapshot and VirtualMachineRestore controllers.
+//! VolumeSnapshot, VirtualMachineSnapshot and VirtualMachineRestore controllers, [`export`]
+//! VirtualMachineExport (controller and download routes).
 //!
 //! Start everything with [`run`]`(client, ControllerOptions::default())`.
 
 pub mod conditions;
 pub mod error;
 pub mod evacuation;
+pub mod export;
 pub mod migration;
 pub mod node_ipam;
 pub mod node_lifecycle;

@@ -203,7 +203,10 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         ferrovirt_controller::storage::upload_api::UploadOptions::new(&args.data_dir),
     )
     .context("loading the upload token key")?;
+    // VirtualMachineExport downloads: authenticated by the export token, not the API token.
+    let (exports, exports_handle) = ferrovirt_controller::export::serve::deferred();
     let opts = ferrovirt_apiserver::ServerOptions {
+        public_routes: Some(exports),
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),
@@ -221,6 +224,20 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-upload").await?,
         Some(server.token.clone()),
     );
+    // Export links name the server as clients reach it (a wildcard listen: by host name).
+    let export_endpoint = ferrovirt_controller::export::plan::Endpoint {
+        base_url: if server.addr.ip().is_unspecified() {
+            format!("https://{}:{}", node::hostname(), server.addr.port())
+        } else {
+            server.url()
+        },
+        ca_pem: server.ca_pem.clone(),
+    };
+    exports_handle.set(
+        node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-export").await?,
+        Some(server.token.clone()),
+        export_endpoint.clone(),
+    );
     tracing::info!(
         "API server listening on https://{}; kubeconfig: {}",
         server.addr,
@@ -236,6 +253,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         opts.storage.data_dir = Some(args.data_dir.clone());
         opts.storage.import_allowed_cidrs = args.import_allowed_cidrs.0.clone();
         opts.storage.agent_token = Some(server.token.clone());
+        opts.export = Some(export_endpoint.clone());
         opts.node_ipam.cluster_cidr = args.pod.cluster_cidr.clone();
         tasks.spawn(async move {
             ferrovirt_controller::run(client, opts)

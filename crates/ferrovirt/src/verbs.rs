@@ -216,6 +216,11 @@ pub enum VerbCommand {
     Fslist { name: String },
     /// Upload a disk image into a DataVolume (created with an `upload` source when absent).
     ImageUpload(ImageUploadArgs),
+    /// Export a PVC, VM or VM snapshot and download its volumes or manifests.
+    Vmexport {
+        #[command(subcommand)]
+        cmd: VmexportCommand,
+    },
     /// Forward local ports to a VM's guest ports through the API server.
     PortForward(PortForwardArgs),
     /// SSH into a VM's guest through the API server (runs the local ssh client).
@@ -260,6 +265,80 @@ pub struct SshArgs {
     /// Known-hosts file for the guests' host keys.
     #[arg(long)]
     known_hosts: Option<PathBuf>,
+}
+
+/// The source flags of `vmexport` (virtctl's).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExportSourceArgs {
+    /// Export this PersistentVolumeClaim.
+    #[arg(long, conflicts_with_all = ["vm", "snapshot"])]
+    pvc: Option<String>,
+    /// Export this VirtualMachine's volumes (it must be stopped).
+    #[arg(long, conflicts_with_all = ["pvc", "snapshot"])]
+    vm: Option<String>,
+    /// Export this VirtualMachineSnapshot's volumes.
+    #[arg(long, conflicts_with_all = ["pvc", "vm"])]
+    snapshot: Option<String>,
+    /// The export's ttlDuration (`30m`, `2h`; default 2h).
+    #[arg(long)]
+    ttl: Option<String>,
+}
+
+impl ExportSourceArgs {
+    fn source(&self) -> Option<ferrovirt_cli::vmexport::Source> {
+        use ferrovirt_cli::vmexport::Source;
+        self.pvc
+            .clone()
+            .map(Source::Pvc)
+            .or_else(|| self.vm.clone().map(Source::Vm))
+            .or_else(|| self.snapshot.clone().map(Source::Snapshot))
+    }
+}
+
+/// `vmexport create|download|delete NAME` (virtctl's flags).
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum VmexportCommand {
+    /// Create a VirtualMachineExport.
+    Create {
+        name: String,
+        #[command(flatten)]
+        source: ExportSourceArgs,
+    },
+    /// Download a volume (or the manifests) of an export; with a source flag, create it first.
+    Download {
+        name: String,
+        #[command(flatten)]
+        source: ExportSourceArgs,
+        /// The volume to download (needed when the export has several).
+        #[arg(long)]
+        volume: Option<String>,
+        /// The file to write.
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// `gzip` or `raw`.
+        #[arg(long, default_value = "gzip", value_parser = ["gzip", "raw"])]
+        format: String,
+        /// Download the manifests (VM, DataVolumes, CA ConfigMap) instead of a volume.
+        #[arg(long)]
+        manifest: bool,
+        /// With --manifest: add the token header Secret.
+        #[arg(long)]
+        include_secret: bool,
+        /// With --manifest: `yaml` or `json`.
+        #[arg(long, default_value = "yaml", value_parser = ["yaml", "json"])]
+        manifest_output_format: String,
+        /// Keep the VirtualMachineExport after the download (it is deleted otherwise).
+        #[arg(long)]
+        keep_vme: bool,
+        /// Do not verify the server's certificate.
+        #[arg(long)]
+        insecure: bool,
+        /// How long to wait for the export to be ready.
+        #[arg(long, default_value = "2m")]
+        wait: String,
+    },
+    /// Delete a VirtualMachineExport.
+    Delete { name: String },
 }
 
 /// `image-upload dv NAME --size SIZE --image-path FILE` (virtctl's flags).
@@ -418,6 +497,52 @@ async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), CliError> {
                 eprintln!("no VNC viewer is started: connect one to the port printed below");
             }
             return ferrovirt_cli::vnc::proxy(&target, &name, port).await;
+        }
+        VerbCommand::Vmexport { cmd } => {
+            use ferrovirt_cli::vmexport;
+            return match cmd {
+                VmexportCommand::Create { name, source } => {
+                    let src = source.source().ok_or_else(|| {
+                        CliError::Usage("one of --pvc, --vm or --snapshot is required".into())
+                    })?;
+                    let o = vmexport::CreateOptions {
+                        name,
+                        source: src,
+                        ttl: source.ttl.clone(),
+                    };
+                    vmexport::create(&target, &o).await
+                }
+                VmexportCommand::Download {
+                    name,
+                    source,
+                    volume,
+                    output,
+                    format,
+                    manifest,
+                    include_secret,
+                    manifest_output_format,
+                    keep_vme,
+                    insecure,
+                    wait,
+                } => {
+                    let o = vmexport::DownloadOptions {
+                        name,
+                        source: source.source(),
+                        ttl: source.ttl.clone(),
+                        volume,
+                        format,
+                        output,
+                        manifest,
+                        include_secret,
+                        manifest_format: manifest_output_format,
+                        keep_vme,
+                        insecure,
+                        wait: parse_duration(&wait)?,
+                    };
+                    vmexport::download(&target, &o).await
+                }
+                VmexportCommand::Delete { name } => vmexport::delete(&target, &name).await,
+            };
         }
         VerbCommand::ImageUpload(a) => {
             let o = ferrovirt_cli::upload::UploadOptions {

@@ -13,6 +13,8 @@
 //! - [`importer`]: download → checksum → decompress → validate → convert to raw;
 //! - [`registry`]: disk images from OCI registries (containerDisk layout): the distribution
 //!   API client, layer extraction, the DataVolume `registry` import and the node's image cache.
+//! - [`export`]: a volume or snapshot read out as a raw (or gzip) stream, chains through
+//!   qemu-nbd (VirtualMachineExport).
 //! - [`snapshot`]: copy-on-write volume snapshots (a recorded qcow2 layer chain per volume).
 //! - [`shared_mount`]: shared filesystems declared in StorageClasses (mount parameter, the
 //!   marker every node must see, the Node condition and annotation they feed).
@@ -22,6 +24,7 @@
 pub mod block;
 pub mod checksum;
 pub mod error;
+pub mod export;
 pub mod header;
 pub mod http;
 pub mod importer;

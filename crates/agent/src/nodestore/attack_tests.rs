@@ -184,3 +184,69 @@ async fn attacks_on_the_node_storage_routes_are_refused() {
     assert!(img.iter().all(|b| *b == 0), "nothing was copied");
     ep.task.abort();
 }
+
+/// The export read route (VirtualMachineExport downloads) streams a volume's bytes and
+/// nothing else: a wrong token, a name leaving the root, a handle the volume's chain does not
+/// hold (a path, an encoded `..`, a made-up layer) are all refused.
+#[tokio::test]
+async fn the_export_route_reads_volumes_only() {
+    use http_body_util::BodyExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ep = start(dir.path()).await;
+    let s = NodeStorage::of(&node(&ep.url, &ep.fingerprint), "node-token").unwrap();
+    let req = CreateVolume {
+        bytes: 1 << 20,
+        block: false,
+    };
+    let path = s.create("pvc-1", &req).await.unwrap();
+    let img = Path::new(&path).join("disk.img");
+    let mut bytes = vec![0u8; 1 << 20];
+    bytes[..4].copy_from_slice(b"DATA");
+    std::fs::write(&img, &bytes).unwrap();
+    std::fs::write(dir.path().join("secret"), b"SECRET").unwrap();
+
+    let resp = s.read_export("pvc-1", None).await.unwrap();
+    assert_eq!(resp.headers()["content-length"], "1048576");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], &bytes[..]);
+
+    let wrong = NodeStorage::of(&node(&ep.url, &ep.fingerprint), "wrong").unwrap();
+    let e = wrong.read_export("pvc-1", None).await.unwrap_err();
+    assert!(
+        matches!(e, NodeStoreError::Answer { status: 401, .. }),
+        "{e}"
+    );
+    for name in ["..", "%2E%2E", "a%2F..%2F..%2Fsecret"] {
+        let e = s.read_export(name, None).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                NodeStoreError::Answer {
+                    status: 400 | 404,
+                    ..
+                }
+            ),
+            "{name}: {e}"
+        );
+    }
+    assert!(s.read_export("pvc-1", Some("../secret")).await.is_err());
+    for q in [
+        "handle=..%2F..%2Fsecret",
+        "handle=%2Fetc%2Fpasswd",
+        "handle=layer-000009.qcow2",
+    ] {
+        let e = s
+            .send(
+                http::Method::GET,
+                &format!("/storage/volumes/pvc-1/export?{q}"),
+                super::client::json_body(Vec::new()),
+                "application/json",
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, NodeStoreError::Answer { status: 400, .. }),
+            "{q}: {e}"
+        );
+    }
+}

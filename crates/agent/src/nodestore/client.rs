@@ -237,6 +237,44 @@ impl NodeStorage {
             .map(drop)
     }
 
+    /// Opens the raw bytes of volume `name` (its snapshot `handle` when given) for export:
+    /// the answer's body is the stream, its `Content-Length` the size.
+    pub async fn read_export(
+        &self,
+        name: &str,
+        handle: Option<&str>,
+    ) -> Result<hyper::Response<Incoming>, NodeStoreError> {
+        let query = match handle {
+            // Layer names are plain file names (the agent checks them against the chain).
+            Some(h)
+                if h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+            {
+                format!("?handle={h}")
+            }
+            Some(h) => {
+                return Err(NodeStoreError::Answer {
+                    node: self.node.clone(),
+                    status: 400,
+                    message: format!("{h:?} is not a snapshot handle"),
+                });
+            }
+            None => String::new(),
+        };
+        let path = volume_path(name, &format!("/export{query}"));
+        tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.send(
+                Method::GET,
+                &path,
+                json_body(Vec::new()),
+                "application/json",
+            ),
+        )
+        .await
+        .map_err(|_| self.unreachable("the agent did not answer in time"))?
+    }
+
     /// Populates volume `name`, calling `progress` with the agent's reports, until the agent
     /// says it is done or failed. Dropping the future stops the job on the node.
     pub async fn populate(

@@ -8,7 +8,8 @@
 //!
 //! - this module: the wire types and the pure checks both sides share;
 //! - [`server`]: the endpoint routes that execute requests with `ferrovirt_storage`;
-//! - [`client`]: what the controllers (and the upload proxy) call.
+//! - [`client`]: what the controllers (and the upload proxy) call;
+//! - [`export`]: the read route of VirtualMachineExport downloads.
 //!
 //! Volumes live in `<agent data dir>/volumes/<pv name>/disk.img` ([`volume_root`]); a
 //! request names a volume by its PV name and the agent resolves it inside that root, so no
@@ -18,6 +19,7 @@
 #[cfg(test)]
 mod attack_tests;
 pub mod client;
+pub mod export;
 pub mod server;
 pub mod snapshots;
 

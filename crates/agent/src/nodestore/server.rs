@@ -15,7 +15,7 @@
 //!   answered like a population (409 when the body was interrupted or empty, 413 when it
 //!   exceeds the limit).
 //!
-//! - the snapshot routes of [`super::snapshots`].
+//! - the snapshot routes of [`super::snapshots`], the export read route of [`super::export`].
 //!
 //! Every name is a PV name resolved inside [`volume_root`]; bad names and refused sources are
 //! answered 400 (the controller fails the DataVolume at once), I/O trouble 500.
@@ -82,6 +82,7 @@ pub fn router(data_dir: PathBuf) -> Router {
         .route("/storage/volumes/{name}/upload", post(upload))
         .with_state(st.clone())
         .merge(super::snapshots::router(st.data_dir.clone()))
+        .merge(super::export::router(st.data_dir.clone()))
 }
 
 fn error(code: StatusCode, message: impl Into<String>) -> Response {

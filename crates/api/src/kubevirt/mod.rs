@@ -2,6 +2,7 @@
 
 pub mod devices;
 pub mod domain;
+pub mod export;
 pub mod instancetype;
 pub mod misc;
 pub mod pool;

@@ -41,6 +41,9 @@ pub struct ControllerOptions {
     pub node_ipam: crate::node_ipam::NodeIpamOptions,
     /// StorageClasses, PVC binding/provisioning and DataVolumes (`crate::storage`).
     pub storage: StorageOptions,
+    /// Where VirtualMachineExport links point (the API server's URL and CA); None: the export
+    /// controller does not run.
+    pub export: Option<crate::export::plan::Endpoint>,
 }
 
 /// Run the controllers until the returned future is dropped (cancellation) or one of them
@@ -111,6 +114,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
             );
             async move { ("snapshot", crate::snapshot::run(c, s, t).await) }
         });
+        if let Some(ep) = opts.export.clone() {
+            let c = client.clone();
+            tasks.spawn(async move { ("export", crate::export::run(c, ep).await) });
+        }
         // Step down before others may take over: renewals failing for 2/3 of the duration.
         let deadline = le.lease_duration.mul_f64(2.0 / 3.0).max(le.renew_period);
         let mut last_renew = Instant::now();
