@@ -18,6 +18,7 @@
 #[cfg(test)]
 mod attack_tests;
 pub mod client;
+pub mod online;
 pub mod server;
 pub mod snapshots;
 
