@@ -132,6 +132,11 @@ pub fn admit(
             admit_typed::<VirtualMachine>(obj, &mut errors, |obj, errs| {
                 errs.extend(validate::vm_run_strategy_conflict(obj));
                 defaults::default_vm_object(obj);
+                if op == Operation::Update
+                    && let Some(old) = old
+                {
+                    errs.extend(crate::kubevirt::snapshot::vm_update_during_snapshot(obj, old));
+                }
                 if let Some(vm) = reparse::<VirtualMachine>(obj, errs) {
                     errs.extend(validate::validate_vm(&vm));
                 }

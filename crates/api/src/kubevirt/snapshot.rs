@@ -247,6 +247,22 @@ pub fn failure_deadline(spec: &SnapshotSpec) -> Result<std::time::Duration, Stri
     }
 }
 
+/// KubeVirt's rule for a VirtualMachine update while a snapshot of it runs: its spec may not
+/// change (so neither a stop, a start nor an edit) until the snapshot named in the stored
+/// object's `status.snapshotInProgress` completes.
+pub fn vm_update_during_snapshot(
+    obj: &serde_json::Value,
+    old: &serde_json::Value,
+) -> Option<crate::admission::FieldError> {
+    let snapshot = old["status"]["snapshotInProgress"].as_str()?;
+    (obj.get("spec") != old.get("spec")).then(|| {
+        crate::admission::FieldError::forbidden(
+            "spec",
+            format!("Cannot update VM spec until snapshot {snapshot:?} completes"),
+        )
+    })
+}
+
 /// Admission of the snapshot.kubevirt.io kinds a user writes, beyond the source/target reference
 /// (`admission::others`): what the controllers cannot carry out is refused naming the field.
 pub fn validate(kind: &str, obj: &serde_json::Value) -> Vec<crate::admission::FieldError> {
@@ -307,6 +323,22 @@ pub fn validate(kind: &str, obj: &serde_json::Value) -> Vec<crate::admission::Fi
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_vm_spec_is_frozen_while_its_snapshot_runs() {
+        let old = serde_json::json!({"spec": {"runStrategy": "Always"},
+            "status": {"snapshotInProgress": "snap1"}});
+        let stop = serde_json::json!({"spec": {"runStrategy": "Halted"}});
+        let e = vm_update_during_snapshot(&stop, &old).unwrap();
+        assert_eq!(e.field, "spec");
+        assert!(e.message.contains("snap1"), "{}", e.message);
+        // Same spec (a status or metadata write): allowed.
+        let same = serde_json::json!({"spec": {"runStrategy": "Always"}, "metadata": {"labels": {"a": "b"}}});
+        assert!(vm_update_during_snapshot(&same, &old).is_none());
+        // No snapshot in progress: allowed.
+        let idle = serde_json::json!({"spec": {"runStrategy": "Always"}});
+        assert!(vm_update_during_snapshot(&stop, &idle).is_none());
+    }
+
     use super::*;
 
     #[test]

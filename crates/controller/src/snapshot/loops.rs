@@ -569,6 +569,7 @@ async fn reconcile_snapshot(
         let mut conditions = status.conditions.clone().unwrap_or_default();
         match take_online(&ctx, &ns, c, take).await {
             Ok(indications) => {
+                status.error = None;
                 status.source_indications = Some(online::source_indications(&indications));
                 status.indications = Some(indications);
                 crate::conditions::set(
@@ -585,6 +586,10 @@ async fn reconcile_snapshot(
             }
             Err(e) => {
                 tracing::warn!(snapshot = %name, error = %e, "online snapshot failed");
+                status.error = Some(ferrovirt_api::kubevirt::snapshot::SnapshotError {
+                    time: Some(now.clone()),
+                    message: Some(format!("online snapshot failed: {e}")),
+                });
                 crate::conditions::set(
                     &mut conditions,
                     crate::conditions::condition(

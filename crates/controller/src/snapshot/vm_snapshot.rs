@@ -406,7 +406,14 @@ pub fn step(input: &SnapshotInput<'_>) -> SnapshotStep {
                         .unwrap_or_default(),
                     volume_snapshot: vs_name.clone(),
                 });
-                pending.push(format!("{vs_name} (taking it online)"));
+                // The last attempt's error (the loop writes it), so a deadline names it.
+                let last = status
+                    .error
+                    .as_ref()
+                    .and_then(|e| e.message.clone())
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default();
+                pending.push(format!("{vs_name} (taking it online{last})"));
             }
             None => {
                 let claim = b
