@@ -199,10 +199,14 @@ async fn reconcile_vs(obj: Arc<VolSnap>, ctx: Arc<Ctx>) -> Result<Action, Contro
         .persistent_volume_claim_name
         .clone()
         .unwrap_or_default();
-    let pvc: Option<PersistentVolumeClaim> =
+    // A pre-provisioned snapshot (an online one among them) names no claim.
+    let pvc: Option<PersistentVolumeClaim> = if claim.is_empty() {
+        None
+    } else {
         Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
             .get_opt(&claim)
-            .await?;
+            .await?
+    };
     let pv_name = pvc
         .as_ref()
         .and_then(|c| c.spec.as_ref())

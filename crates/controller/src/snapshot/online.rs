@@ -110,7 +110,10 @@ pub fn volume_snapshot(
         spec: Some(VolumeSnapshotSpec {
             source: VolumeSnapshotSource {
                 persistent_volume_claim_name: None,
-                volume_snapshot_content_name: Some(content_name(&v.volume_snapshot)),
+                volume_snapshot_content_name: Some(content_name(
+                    content.metadata.namespace.as_deref().unwrap_or_default(),
+                    &v.volume_snapshot,
+                )),
             },
             volume_snapshot_class_name: Some(class_of(driver).into()),
         }),
@@ -118,9 +121,17 @@ pub fn volume_snapshot(
     }
 }
 
-/// The pre-provisioned content of VolumeSnapshot `vs`.
-pub fn content_name(vs: &str) -> String {
-    format!("snapcontent-{vs}")
+/// The pre-provisioned content of VolumeSnapshot `vs` (of the namespace's snapshot named
+/// `vs`): `snapcontent-` and 40 hex digits of a SHA-256 of the namespace and name — contents
+/// are cluster-scoped names of at most 63 characters, longer than the VolumeSnapshot's own
+/// name allows.
+pub fn content_name(namespace: &str, vs: &str) -> String {
+    let d = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{namespace}/{vs}").as_bytes(),
+    );
+    let hex: String = d.as_ref()[..20].iter().map(|b| format!("{b:02x}")).collect();
+    format!("snapcontent-{hex}")
 }
 
 fn class_of(driver: &str) -> &'static str {
@@ -135,11 +146,18 @@ fn class_of(driver: &str) -> &'static str {
 /// (created after it, owned by it: deleted with it).
 pub fn volume_snapshot_content(vs: &VolumeSnapshot, driver: &str, handle: &str) -> VolumeSnapshotContent {
     let vs_name = vs.metadata.name.clone().unwrap_or_default();
+    let name = vs
+        .spec
+        .as_ref()
+        .and_then(|s| s.source.volume_snapshot_content_name.clone())
+        .unwrap_or_else(|| {
+            content_name(vs.metadata.namespace.as_deref().unwrap_or_default(), &vs_name)
+        });
     VolumeSnapshotContent {
         api_version: Some(API_VERSION.into()),
         kind: Some("VolumeSnapshotContent".into()),
         metadata: ObjectMeta {
-            name: Some(content_name(&vs_name)),
+            name: Some(name),
             owner_references: Some(vec![OwnerReference {
                 api_version: API_VERSION.into(),
                 kind: "VolumeSnapshot".into(),
@@ -203,10 +221,10 @@ mod tests {
         let mut vs = volume_snapshot(&content, &v, DRIVER);
         let spec = vs.spec.clone().unwrap();
         assert_eq!(spec.source.persistent_volume_claim_name, None);
-        assert_eq!(
-            spec.source.volume_snapshot_content_name.as_deref(),
-            Some("snapcontent-vmsnapshot-u1-volume-data")
-        );
+        let cname = spec.source.volume_snapshot_content_name.clone().unwrap();
+        assert_eq!(cname, content_name("ns", "vmsnapshot-u1-volume-data"));
+        assert!(cname.starts_with("snapcontent-") && cname.len() <= 63, "{cname}");
+        assert_ne!(cname, content_name("other", "vmsnapshot-u1-volume-data"));
         assert_eq!(spec.volume_snapshot_class_name.as_deref(), Some(LOCAL_CLASS));
         assert_eq!(vs.metadata.owner_references.as_ref().unwrap()[0].uid, "cu");
         vs.metadata.uid = Some("vsu".into());
@@ -220,6 +238,7 @@ mod tests {
         assert_eq!(cs.volume_snapshot_class_name.as_deref(), Some(SHARED_CLASS));
         assert_eq!(cs.volume_snapshot_ref.uid.as_deref(), Some("vsu"));
         assert_eq!(c.metadata.owner_references.unwrap()[0].name, "vmsnapshot-u1-volume-data");
+        assert_eq!(c.metadata.name.as_deref(), Some(cname.as_str()));
     }
 
     #[test]
