@@ -155,11 +155,17 @@ EOF
 chmod +x "$R/sbin/shutdown"
 
 # qemu-ga's fsfreeze hook: runs before a guest-fsfreeze-freeze and after the thaw; it prints
-# the event on the console so tests see that the guest was quiesced (online snapshots).
+# the event on the console so tests see that the guest was quiesced (online snapshots). Tests
+# can make a freeze slow (/run/fsfreeze-slow holds seconds) or fail (/run/fsfreeze-fail).
 mkdir -p "$R/etc/qemu-ga"
 cat >"$R/etc/qemu-ga/fsfreeze-hook" <<'EOF'
 #!/bin/sh
 echo "FERROVIRT-FSFREEZE $1" >/dev/console
+if [ "$1" = freeze ]; then
+  [ -e /run/fsfreeze-slow ] && sleep "$(cat /run/fsfreeze-slow)"
+  [ -e /run/fsfreeze-fail ] && exit 1
+fi
+exit 0
 EOF
 chmod +x "$R/etc/qemu-ga/fsfreeze-hook"
 

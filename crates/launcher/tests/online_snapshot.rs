@@ -1,8 +1,9 @@
 //! Online snapshots against the real test guest under TCG (`ferrovirt_launcher::online_snapshot`):
 //! the disk switches to a new qcow2 overlay while the guest runs, under a guest-agent freeze the
 //! guest reports (its qemu-ga fsfreeze hook prints on the console), later guest writes land in
-//! the overlay and leave the frozen image alone; and a snapshot that fails after the freeze was
-//! asked for leaves the guest thawed and QEMU without the overlay's nodes.
+//! the overlay and leave the frozen image alone; a freeze the guest refuses fails the snapshot
+//! and leaves the guest thawed and QEMU without the overlay's nodes; a freeze slower than its
+//! bound is thawed at the deadline (`QuiesceTimeout`).
 
 mod common;
 
@@ -118,8 +119,35 @@ async fn the_disk_switches_to_its_overlay_under_a_freeze_the_guest_sees() {
     );
 }
 
+/// The overlay's block nodes (`…-s1`) QEMU still has.
+async fn overlay_nodes(t: &TestVm) -> Vec<String> {
+    let nodes = t
+        .vm
+        .qmp()
+        .execute("query-named-block-nodes", None)
+        .await
+        .unwrap();
+    nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["node-name"].as_str())
+        .filter(|n| n.ends_with("-s1"))
+        .map(String::from)
+        .collect()
+}
+
+async fn freeze_status(t: &TestVm) -> serde_json::Value {
+    t.vm.guest_agent()
+        .await
+        .unwrap()
+        .execute("guest-fsfreeze-status", None)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
-async fn a_snapshot_that_fails_after_the_freeze_leaves_the_guest_thawed() {
+async fn a_refused_freeze_fails_the_snapshot_and_a_slow_one_is_thawed_at_the_deadline() {
     let guest = TestGuest::locate();
     let dir = tempfile::tempdir().unwrap();
     let (disk, overlay) = disk_and_overlay(dir.path());
@@ -128,57 +156,46 @@ async fn a_snapshot_that_fails_after_the_freeze_leaves_the_guest_thawed() {
     let t = TestVm::start(spec, dir, true).await;
     let (mut console, _events) = t.console_and_run().await;
     wait_ready(&mut console).await;
-    // Someone froze the guest already: the snapshot's own freeze is refused by the guest agent.
-    t.vm.guest_agent()
-        .await
-        .unwrap()
-        .execute("guest-fsfreeze-freeze", None)
+    let disks = [OverlayDisk {
+        disk: "disk-data".into(),
+        overlay,
+    }];
+
+    // The guest refuses to freeze (its hook fails): the snapshot fails, nothing moved.
+    let out = console
+        .exec("touch /run/fsfreeze-fail", EXEC_TIMEOUT)
         .await
         .unwrap();
+    assert_eq!(out.exit_code, 0, "{out:?}");
     let mut tops = Tops::default();
-    let err = online_snapshot::take(
-        &t.vm,
-        &mut tops,
-        &[OverlayDisk {
-            disk: "disk-data".into(),
-            overlay,
-        }],
-        Duration::from_secs(30),
-        false,
-    )
-    .await
-    .unwrap_err();
-    assert!(err.to_string().contains("freez"), "{err}");
+    let err = online_snapshot::take(&t.vm, &mut tops, &disks, Duration::from_secs(30), false)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("freezing"), "{err}");
     assert_eq!(tops.top("disk-data"), "fmt-disk-data", "the disk did not move");
-    let status = t
-        .vm
-        .guest_agent()
-        .await
-        .unwrap()
-        .execute("guest-fsfreeze-status", None)
-        .await
-        .unwrap();
-    assert_eq!(status, "thawed", "the failed snapshot left the guest frozen");
-    let nodes = t
-        .vm
-        .qmp()
-        .execute("query-named-block-nodes", None)
+    assert_eq!(freeze_status(&t).await, "thawed");
+    assert_eq!(overlay_nodes(&t).await, Vec::<String>::new());
+
+    // The guest freezes too slowly (6 s against a 2 s bound): thawed at the deadline, the
+    // snapshot is taken and says QuiesceTimeout.
+    let out = console
+        .exec(
+            "rm /run/fsfreeze-fail && echo 6 >/run/fsfreeze-slow",
+            EXEC_TIMEOUT,
+        )
         .await
         .unwrap();
-    let names: Vec<&str> = nodes
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|n| n["node-name"].as_str())
-        .collect();
-    assert!(
-        !names.iter().any(|n| n.ends_with("-s1")),
-        "the overlay's nodes are gone: {names:?}"
-    );
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let done = online_snapshot::take(&t.vm, &mut tops, &disks, Duration::from_secs(2), false)
+        .await
+        .unwrap();
+    assert_eq!(done.indications, ["Online", "GuestAgent", "QuiesceTimeout"]);
+    assert_eq!(freeze_status(&t).await, "thawed");
+    assert_eq!(tops.top("disk-data"), "fmt-disk-data-s2");
     // And the guest still writes its disk.
     let out = console
         .exec(
-            "echo STILL-WRITES | dd of=/dev/vda bs=512 seek=0 conv=fsync",
+            "rm /run/fsfreeze-slow; echo STILL-WRITES | dd of=/dev/vda bs=512 seek=0 conv=fsync",
             EXEC_TIMEOUT,
         )
         .await
