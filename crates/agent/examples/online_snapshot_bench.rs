@@ -46,11 +46,20 @@ fn guest_dir() -> PathBuf {
 
 fn spec(dir: &Path, disk: &Path) -> Result<LaunchSpec, Box<dyn std::error::Error>> {
     let g = guest_dir();
-    let mut spec = LaunchSpec::new("snapbench", "6f1c1f38-0b0e-4c55-9d6e-3a5f0f6a0b01", 256, dir.join("qmp.sock"));
+    let mut spec = LaunchSpec::new(
+        "snapbench",
+        "6f1c1f38-0b0e-4c55-9d6e-3a5f0f6a0b01",
+        256,
+        dir.join("qmp.sock"),
+    );
     spec.kernel_boot = Some(KernelBoot {
         kernel: g.join("vmlinuz"),
         initrd: Some(g.join("initrd.img")),
-        cmdline: Some(std::fs::read_to_string(g.join("cmdline"))?.trim().to_string()),
+        cmdline: Some(
+            std::fs::read_to_string(g.join("cmdline"))?
+                .trim()
+                .to_string(),
+        ),
     });
     spec.sockets.serial = Some(dir.join("serial.sock"));
     spec.sockets.serial_log = Some(dir.join("serial.log"));
@@ -103,7 +112,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut console = vm.console(Duration::from_secs(10)).await?;
         vm.unpause().await?;
         console
-            .wait_for(&Pattern::substring("FERROVIRT-READY"), Duration::from_secs(120))
+            .wait_for(
+                &Pattern::substring("FERROVIRT-READY"),
+                Duration::from_secs(120),
+            )
             .await?;
         vm.guest_agent().await?.ping().await?;
         let mut tops = Tops::default();

@@ -135,7 +135,9 @@ pub fn admit(
                 if op == Operation::Update
                     && let Some(old) = old
                 {
-                    errs.extend(crate::kubevirt::snapshot::vm_update_during_snapshot(obj, old));
+                    errs.extend(crate::kubevirt::snapshot::vm_update_during_snapshot(
+                        obj, old,
+                    ));
                 }
                 if let Some(vm) = reparse::<VirtualMachine>(obj, errs) {
                     errs.extend(validate::validate_vm(&vm));

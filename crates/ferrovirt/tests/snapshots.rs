@@ -408,7 +408,10 @@ spec:
         r#"{"spec":{"runStrategy":"Always"}}"#,
     ])?;
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a start during a snapshot was accepted");
+    assert!(
+        !out.status.success(),
+        "a start during a snapshot was accepted"
+    );
     assert!(
         err.contains("Cannot update VM spec until snapshot") && err.contains("held2"),
         "{err}"
@@ -504,8 +507,7 @@ spec:
         "{snap}"
     );
     assert_eq!(
-        snap["status"]["sourceIndications"][1]["indication"],
-        "GuestAgent",
+        snap["status"]["sourceIndications"][1]["indication"], "GuestAgent",
         "{snap}"
     );
     // The guest saw the freeze, then the thaw.
@@ -514,7 +516,9 @@ spec:
         let log = String::from_utf8_lossy(&std::fs::read(dir.join("serial.log"))?).into_owned();
         Ok(log.contains("FERROVIRT-FSFREEZE thaw").then_some(log))
     })?;
-    let frozen = log.find("FERROVIRT-FSFREEZE freeze").expect("freeze printed");
+    let frozen = log
+        .find("FERROVIRT-FSFREEZE freeze")
+        .expect("freeze printed");
     let thawed = log.find("FERROVIRT-FSFREEZE thaw").expect("thaw printed");
     assert!(frozen < thawed, "thaw before freeze:\n{log}");
     // Each volume is now a chain whose frozen layer the VolumeSnapshotContent names; the VM
@@ -531,9 +535,8 @@ spec:
         let handle = vsc["status"]["snapshotHandle"].as_str().unwrap_or_default();
         let (pv, layer) = handle.split_once('/').unwrap_or_default();
         assert_eq!(layer, "disk.img", "{vsc}");
-        let chain = std::fs::read_to_string(
-            c.agent_dir().join("volumes").join(pv).join("chain.json"),
-        )?;
+        let chain =
+            std::fs::read_to_string(c.agent_dir().join("volumes").join(pv).join("chain.json"))?;
         assert!(chain.contains("layer-000001.qcow2"), "{chain}");
     }
     let vm = c.get_json(&["vm", "snapvm", "-n", "default"])?;

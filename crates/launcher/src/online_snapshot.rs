@@ -302,9 +302,10 @@ async fn add_overlays(
             .execute_with_fd("add-fd", Some(json!({})), file.as_fd())
             .await?;
         drop(file);
-        let fdset = r.get("fdset-id").and_then(Value::as_u64).ok_or_else(|| {
-            Error::Protocol(format!("add-fd answered without an fdset-id: {r}"))
-        })?;
+        let fdset = r
+            .get("fdset-id")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| Error::Protocol(format!("add-fd answered without an fdset-id: {r}")))?;
         added.push((nodes.clone(), Some(fdset), false));
         let [file_node, fmt_node] = overlay_blockdevs(&nodes, fdset);
         vm.qmp().execute("blockdev-add", Some(file_node)).await?;
@@ -454,7 +455,8 @@ mod tests {
         let mut t = Tops::default();
         assert_eq!(t.top("disk-a"), "fmt-disk-a");
         let s = t.next_seq();
-        t.nodes.insert("disk-a".into(), overlay_nodes("disk-a", s).fmt);
+        t.nodes
+            .insert("disk-a".into(), overlay_nodes("disk-a", s).fmt);
         assert_eq!(t.top("disk-a"), "fmt-disk-a-s1");
         assert_eq!(t.top("disk-b"), "fmt-disk-b");
         assert_eq!(t.next_seq(), 2);

@@ -90,14 +90,13 @@ async fn the_disk_switches_to_its_overlay_under_a_freeze_the_guest_sees() {
         .wait_for(&Pattern::substring("FERROVIRT-FSFREEZE thaw"), EXEC_TIMEOUT)
         .await
         .unwrap();
-    let status = t
-        .vm
-        .guest_agent()
-        .await
-        .unwrap()
-        .execute("guest-fsfreeze-status", None)
-        .await
-        .unwrap();
+    let status =
+        t.vm.guest_agent()
+            .await
+            .unwrap()
+            .execute("guest-fsfreeze-status", None)
+            .await
+            .unwrap();
     assert_eq!(status, "thawed");
 
     // The guest writes on: through the overlay, the frozen image keeps the old bytes.
@@ -121,12 +120,11 @@ async fn the_disk_switches_to_its_overlay_under_a_freeze_the_guest_sees() {
 
 /// The overlay's block nodes (`…-s1`) QEMU still has.
 async fn overlay_nodes(t: &TestVm) -> Vec<String> {
-    let nodes = t
-        .vm
-        .qmp()
-        .execute("query-named-block-nodes", None)
-        .await
-        .unwrap();
+    let nodes =
+        t.vm.qmp()
+            .execute("query-named-block-nodes", None)
+            .await
+            .unwrap();
     nodes
         .as_array()
         .unwrap()
@@ -172,7 +170,11 @@ async fn a_refused_freeze_fails_the_snapshot_and_a_slow_one_is_thawed_at_the_dea
         .await
         .unwrap_err();
     assert!(err.to_string().contains("freezing"), "{err}");
-    assert_eq!(tops.top("disk-data"), "fmt-disk-data", "the disk did not move");
+    assert_eq!(
+        tops.top("disk-data"),
+        "fmt-disk-data",
+        "the disk did not move"
+    );
     assert_eq!(freeze_status(&t).await, "thawed");
     assert_eq!(overlay_nodes(&t).await, Vec::<String>::new());
 

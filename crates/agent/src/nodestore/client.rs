@@ -234,7 +234,11 @@ impl NodeStorage {
         req: &super::online::OnlineSnapshot,
     ) -> Result<super::online::TakenOnline, NodeStoreError> {
         let body = self
-            .call(Method::POST, &format!("/storage/vmis/{uid}/snapshot"), Some(req))
+            .call(
+                Method::POST,
+                &format!("/storage/vmis/{uid}/snapshot"),
+                Some(req),
+            )
             .await?;
         serde_json::from_slice(&body).map_err(|e| self.unreachable(format!("bad answer: {e}")))
     }

@@ -121,7 +121,10 @@ fn check_volume_dir(p: &PlannedDisk) -> Result<(), String> {
     }
     let chain = snapshot::read_chain(&p.dir).map_err(|e| format!("volume {}: {e}", p.volume))?;
     if !p.dir.join(snapshot::CHAIN_FILE).exists()
-        && !p.dir.join(ferrovirt_storage::provisioner::DISK_IMAGE).exists()
+        && !p
+            .dir
+            .join(ferrovirt_storage::provisioner::DISK_IMAGE)
+            .exists()
     {
         return Err(format!("volume {} is not a ferrovirt volume", p.volume));
     }
@@ -313,7 +316,10 @@ mod tests {
         let p = plan_disks(&spec(), &["root".into(), "data".into()]).unwrap();
         assert_eq!(p[0].disk, "disk-root");
         assert_eq!(p[0].dir, PathBuf::from("/d/volumes/pvc-a"));
-        assert_eq!(p[1].image, PathBuf::from("/d/volumes/pvc-b/layer-000001.qcow2"));
+        assert_eq!(
+            p[1].image,
+            PathBuf::from("/d/volumes/pvc-b/layer-000001.qcow2")
+        );
     }
 
     #[test]
@@ -350,7 +356,11 @@ mod tests {
             image: vol.join("overlay.qcow2"),
             ..ok.clone()
         };
-        assert!(check_volume_dir(&other).unwrap_err().contains("not a layer"));
+        assert!(
+            check_volume_dir(&other)
+                .unwrap_err()
+                .contains("not a layer")
+        );
         // A directory that is no volume at all.
         let empty = dir.path().join("empty");
         std::fs::create_dir(&empty).unwrap();

@@ -23,11 +23,11 @@ use ferrovirt_api::volumesnapshot::{
     API_VERSION, DEFAULT_CLASS_ANNOTATION, DRIVER, SHARED_DRIVER, VolumeSnapshotClass,
 };
 
+use super::online::{self, ActiveVmi, OnlineTake};
 use super::resources::{
     VmRestore, VmSnapshot, VmSnapshotContent, VolSnap, VolSnapClass, VolSnapContent,
 };
 use super::restore::{self, RestoreInput, RestoreMark};
-use super::online::{self, ActiveVmi, OnlineTake};
 use super::vm_snapshot::{self, SnapshotInput, VmMark};
 use super::volume::{self, VsDecision, VsInput};
 use crate::error::ControllerError;
@@ -436,7 +436,10 @@ async fn take_online(
         let handle = format!("{pv}/{}", t.handle);
         let c = online::volume_snapshot_content(&vs.0, driver, &handle);
         let cname = c.metadata.name.clone().unwrap_or_default();
-        match contents.create(&PostParams::default(), &VolSnapContent(c)).await {
+        match contents
+            .create(&PostParams::default(), &VolSnapContent(c))
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_already_exists() => {}
             Err(e) => return Err(e.to_string()),

@@ -14,9 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use ferrovirt_api::kubevirt::snapshot::{SourceIndication, VirtualMachineSnapshotContent};
 use ferrovirt_api::volumesnapshot::{
-    API_VERSION, SHARED_DRIVER, VolumeSnapshot, VolumeSnapshotContent,
-    VolumeSnapshotContentSource, VolumeSnapshotContentSpec, VolumeSnapshotSource,
-    VolumeSnapshotSpec,
+    API_VERSION, SHARED_DRIVER, VolumeSnapshot, VolumeSnapshotContent, VolumeSnapshotContentSource,
+    VolumeSnapshotContentSpec, VolumeSnapshotSource, VolumeSnapshotSpec,
 };
 
 use super::volume::{LOCAL_CLASS, SHARED_CLASS};
@@ -130,7 +129,10 @@ pub fn content_name(namespace: &str, vs: &str) -> String {
         &ring::digest::SHA256,
         format!("{namespace}/{vs}").as_bytes(),
     );
-    let hex: String = d.as_ref()[..20].iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = d.as_ref()[..20]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     format!("snapcontent-{hex}")
 }
 
@@ -144,14 +146,21 @@ fn class_of(driver: &str) -> &'static str {
 
 /// The pre-provisioned content holding the frozen layer `<pv>/<layer>` of VolumeSnapshot `vs`
 /// (created after it, owned by it: deleted with it).
-pub fn volume_snapshot_content(vs: &VolumeSnapshot, driver: &str, handle: &str) -> VolumeSnapshotContent {
+pub fn volume_snapshot_content(
+    vs: &VolumeSnapshot,
+    driver: &str,
+    handle: &str,
+) -> VolumeSnapshotContent {
     let vs_name = vs.metadata.name.clone().unwrap_or_default();
     let name = vs
         .spec
         .as_ref()
         .and_then(|s| s.source.volume_snapshot_content_name.clone())
         .unwrap_or_else(|| {
-            content_name(vs.metadata.namespace.as_deref().unwrap_or_default(), &vs_name)
+            content_name(
+                vs.metadata.namespace.as_deref().unwrap_or_default(),
+                &vs_name,
+            )
         });
     VolumeSnapshotContent {
         api_version: Some(API_VERSION.into()),
@@ -223,9 +232,15 @@ mod tests {
         assert_eq!(spec.source.persistent_volume_claim_name, None);
         let cname = spec.source.volume_snapshot_content_name.clone().unwrap();
         assert_eq!(cname, content_name("ns", "vmsnapshot-u1-volume-data"));
-        assert!(cname.starts_with("snapcontent-") && cname.len() <= 63, "{cname}");
+        assert!(
+            cname.starts_with("snapcontent-") && cname.len() <= 63,
+            "{cname}"
+        );
         assert_ne!(cname, content_name("other", "vmsnapshot-u1-volume-data"));
-        assert_eq!(spec.volume_snapshot_class_name.as_deref(), Some(LOCAL_CLASS));
+        assert_eq!(
+            spec.volume_snapshot_class_name.as_deref(),
+            Some(LOCAL_CLASS)
+        );
         assert_eq!(vs.metadata.owner_references.as_ref().unwrap()[0].uid, "cu");
         vs.metadata.uid = Some("vsu".into());
         let c = volume_snapshot_content(&vs, SHARED_DRIVER, "pv1/layer-000001.qcow2");
@@ -237,7 +252,10 @@ mod tests {
         assert!(cs.source.volume_handle.is_none());
         assert_eq!(cs.volume_snapshot_class_name.as_deref(), Some(SHARED_CLASS));
         assert_eq!(cs.volume_snapshot_ref.uid.as_deref(), Some("vsu"));
-        assert_eq!(c.metadata.owner_references.unwrap()[0].name, "vmsnapshot-u1-volume-data");
+        assert_eq!(
+            c.metadata.owner_references.unwrap()[0].name,
+            "vmsnapshot-u1-volume-data"
+        );
         assert_eq!(c.metadata.name.as_deref(), Some(cname.as_str()));
     }
 
@@ -245,6 +263,11 @@ mod tests {
     fn every_indication_has_a_message() {
         let s = source_indications(&["Online".into(), "NoGuestAgent".into()]);
         assert_eq!(s[1].indication, "NoGuestAgent");
-        assert!(s[1].message.as_deref().unwrap().contains("crash-consistent"));
+        assert!(
+            s[1].message
+                .as_deref()
+                .unwrap()
+                .contains("crash-consistent")
+        );
     }
 }

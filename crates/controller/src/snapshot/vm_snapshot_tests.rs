@@ -1,5 +1,5 @@
-use super::*;
 use super::online::ActiveVmi;
+use super::*;
 use serde_json::json;
 
 fn ts(secs: i64) -> Timestamp {
@@ -243,7 +243,8 @@ fn a_running_vm_is_snapshotted_online_all_claims_at_once() {
     // The loop took it and recorded ready VolumeSnapshots and the indications.
     let content = w.content.clone().unwrap();
     for v in &take.volumes {
-        let mut vs = super::online::volume_snapshot(&content, v, ferrovirt_api::volumesnapshot::DRIVER);
+        let mut vs =
+            super::online::volume_snapshot(&content, v, ferrovirt_api::volumesnapshot::DRIVER);
         vs.status = Some(ferrovirt_api::volumesnapshot::VolumeSnapshotStatus {
             ready_to_use: Some(true),
             ..Default::default()
