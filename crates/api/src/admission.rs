@@ -288,6 +288,9 @@ fn typecheck_only(def: &ResourceDef, obj: &mut Value, errors: &mut Vec<FieldErro
         (_, "VirtualMachineRestore") => {
             parse_typed::<snapshot::VirtualMachineRestore>(obj).map(drop)
         }
+        (_, "VirtualMachineClone") => {
+            parse_typed::<crate::kubevirt::clone::VirtualMachineClone>(obj).map(drop)
+        }
         (_, "DataSource") => parse_typed::<crate::cdi::DataSource>(obj).map(drop),
         (_, "StorageProfile") => parse_typed::<crate::cdi::StorageProfile>(obj).map(drop),
         (_, "CDI") => parse_typed::<crate::cdi::Cdi>(obj).map(drop),

@@ -715,6 +715,22 @@ fn kubevirt_resources() -> Vec<ResourceDef> {
             error_col(),
         ]),
         Def::new(
+            "clone.kubevirt.io",
+            "v1beta1",
+            "VirtualMachineClone",
+            "VirtualMachineCloneList",
+            "virtualmachineclones",
+            "virtualmachineclone",
+        )
+        .short(&["vmclone", "vmclones"])
+        .all()
+        .status()
+        .cols(vec![
+            col("Phase", "string", ".status.phase"),
+            col("SourceVirtualMachine", "string", ".spec.source.name"),
+            col("TargetVirtualMachine", "string", ".spec.target.name"),
+        ]),
+        Def::new(
             "migrations.kubevirt.io",
             "v1alpha1",
             "MigrationPolicy",

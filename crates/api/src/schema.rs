@@ -144,6 +144,7 @@ fn generate(def: &ResourceDef) -> Value {
             schema_of::<snapshot::VirtualMachineSnapshotContent>()
         }
         (_, "VirtualMachineRestore") => schema_of::<snapshot::VirtualMachineRestore>(),
+        (_, "VirtualMachineClone") => schema_of::<kubevirt::clone::VirtualMachineClone>(),
         (_, "MigrationPolicy") => schema_of::<misc::MigrationPolicy>(),
         ("snapshot.storage.k8s.io", "VolumeSnapshot") => {
             schema_of::<crate::volumesnapshot::VolumeSnapshot>()

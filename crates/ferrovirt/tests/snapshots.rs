@@ -710,3 +710,130 @@ spec:
     })?;
     Ok(())
 }
+
+/// The SMBIOS serial the guest printed at boot.
+fn boot_serial(c: &Cluster, uid: &str) -> String {
+    let log =
+        std::fs::read(c.agent_dir().join("vmis").join(uid).join("serial.log")).unwrap_or_default();
+    let log = String::from_utf8_lossy(&log);
+    log.lines()
+        .find(|l| l.contains("FERROVIRT-BOOT"))
+        .and_then(|l| l.split("serial=").nth(1))
+        .map(|s| s.split_whitespace().next().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// VirtualMachineClone of a running VM: snapshot (online) → new VM → restore, the intermediate
+/// objects deleted; the clone boots beside its source with the MAC it was given and a new SMBIOS
+/// serial, read from inside both guests, and the filtered label left behind.
+#[test]
+fn a_clone_boots_beside_its_source_with_its_own_mac_and_serial() -> anyhow::Result<()> {
+    let guest = TestGuest::get()?;
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
+    c.apply(&format!(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {{name: src-root, namespace: default}}
+spec:
+  source: {{http: {{url: "{url}"}}}}
+  storage: {{resources: {{requests: {{storage: 64Mi}}}}}}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: srcvm
+  namespace: default
+  labels: {{app: demo, secret/x: "y"}}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {{guest: 128Mi}}
+        firmware: {{serial: SOURCE-SERIAL}}
+        devices:
+          disks: [{{name: root, disk: {{bus: virtio}}}}]
+          interfaces: [{{name: default, masquerade: {{}}, macAddress: "02:00:00:00:00:01"}}]
+      networks: [{{name: default, pod: {{}}}}]
+      volumes:
+      - name: root
+        dataVolume: {{name: src-root}}
+"#
+    ))?;
+    let (src_uid, src_console) = boot(&c, "srcvm")?;
+    c.apply(
+        r#"
+apiVersion: clone.kubevirt.io/v1beta1
+kind: VirtualMachineClone
+metadata: {name: clone1, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: srcvm}
+  target: {apiGroup: kubevirt.io, kind: VirtualMachine, name: srcvm-clone}
+  labelFilters: ["*", "!secret/*"]
+  newMacAddresses: {default: "02:00:00:00:00:42"}
+"#,
+    )?;
+    let cl = c.wait_until("clone1 Succeeded", STEP, || {
+        let v = c.get_json(&["vmclone", "clone1", "-n", "default"])?;
+        anyhow::ensure!(v["status"]["phase"] != "Failed", "clone failed: {v}");
+        Ok((v["status"]["phase"] == "Succeeded").then_some(v))
+    })?;
+    let ready = cl["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    assert!(ready, "{cl}");
+    let clone_uid = cl["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let table = c.kubectl_ok(&["get", "vmclone", "-n", "default"])?;
+    assert!(
+        table.contains("PHASE")
+            && table.contains("SOURCEVIRTUALMACHINE")
+            && table.contains("Succeeded"),
+        "{table}"
+    );
+    // The intermediate snapshot and restore are gone.
+    c.wait_until("intermediate objects deleted", STEP, || {
+        let s = c.kubectl(&[
+            "get",
+            "vmsnapshot",
+            &format!("tmp-snapshot-{clone_uid}"),
+            "-n",
+            "default",
+        ])?;
+        let r = c.kubectl(&[
+            "get",
+            "vmrestore",
+            &format!("tmp-restore-{clone_uid}"),
+            "-n",
+            "default",
+        ])?;
+        Ok((!s.status.success() && !r.status.success()).then_some(()))
+    })?;
+    let vm = c.get_json(&["vm", "srcvm-clone", "-n", "default"])?;
+    assert_eq!(vm["metadata"]["labels"]["app"], "demo", "{vm}");
+    assert!(vm["metadata"]["labels"]["secret/x"].is_null(), "{vm}");
+
+    // Both run at once; each guest reports its own MAC and serial.
+    let (clone_vmi_uid, clone_console) = boot(&c, "srcvm-clone")?;
+    let mac = |console: &SerialConsole| -> anyhow::Result<String> {
+        let (out, _) = console.exec("cat /sys/class/net/eth0/address", Duration::from_secs(30))?;
+        Ok(out.trim().to_string())
+    };
+    assert_eq!(mac(&src_console)?, "02:00:00:00:00:01");
+    assert_eq!(mac(&clone_console)?, "02:00:00:00:00:42");
+    assert_eq!(boot_serial(&c, &src_uid), "SOURCE-SERIAL");
+    assert_eq!(
+        boot_serial(&c, &clone_vmi_uid),
+        clone_uid,
+        "a generated serial"
+    );
+    let src = c.get_json(&["vmi", "srcvm", "-n", "default"])?;
+    assert_eq!(src["status"]["phase"], "Running", "{src}");
+    Ok(())
+}

@@ -19,6 +19,7 @@ fn spec_is_immutable(def: &ResourceDef) -> bool {
             | "VirtualMachineSnapshot"
             | "VirtualMachineSnapshotContent"
             | "VirtualMachineRestore"
+            | "VirtualMachineClone"
     )
 }
 
@@ -58,6 +59,7 @@ pub(super) fn validate(
             check_vm_ref(obj, "source", &mut e);
             e.extend(crate::kubevirt::snapshot::validate(def.kind, obj));
         }
+        "VirtualMachineClone" => e.extend(crate::kubevirt::clone::validate(obj)),
         "VirtualMachineRestore" => {
             check_vm_ref(obj, "target", &mut e);
             e.extend(crate::kubevirt::snapshot::validate(def.kind, obj));

@@ -309,11 +309,17 @@ pub fn validate(kind: &str, obj: &serde_json::Value) -> Vec<crate::admission::Fi
                 &["WaitGracePeriod", "WaitEventually", "FailImmediate"],
                 &mut errs,
             );
-            if spec.get("patches").is_some_and(|p| !p.is_null()) {
-                errs.push(FieldError::not_supported(
-                    "spec.patches",
-                    "patches of the restored VM are not supported yet",
-                ));
+            for (i, p) in spec["patches"].as_array().into_iter().flatten().enumerate() {
+                let ok = p
+                    .as_str()
+                    .and_then(|s| serde_json::from_str::<json_patch::PatchOperation>(s).ok())
+                    .is_some();
+                if !ok {
+                    errs.push(FieldError::invalid(
+                        format!("spec.patches[{i}]"),
+                        "not a JSON patch operation",
+                    ));
+                }
             }
         }
         _ => {}
@@ -377,6 +383,10 @@ mod tests {
             .into_iter()
             .map(|e| e.field)
             .collect();
-        assert_eq!(fields, ["spec.targetReadinessPolicy", "spec.patches"]);
+        assert_eq!(fields, ["spec.targetReadinessPolicy", "spec.patches[0]"]);
+        let patched = serde_json::json!({"spec": {"target": {"kind": "VirtualMachine",
+            "name": "vm"}, "virtualMachineSnapshotName": "s",
+            "patches": ["{\"op\": \"remove\", \"path\": \"/metadata/labels/a\"}"]}});
+        assert!(validate("VirtualMachineRestore", &patched).is_empty());
     }
 }

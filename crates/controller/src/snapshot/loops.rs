@@ -112,7 +112,9 @@ pub async fn run(
         COMPONENT,
         "VirtualMachine snapshot/restore marks",
     );
+    let clones = super::clone_loop::run(client.clone());
     tokio::select! {
+        r = clones => r,
         r = vs => r,
         r = snaps => r,
         r = restores => r,
@@ -788,6 +790,10 @@ async fn reconcile_restore(obj: Arc<VmRestore>, ctx: Arc<Ctx>) -> Result<Action,
     {
         let mut vm = Vm(t.clone());
         vm.0.spec = Some(*spec);
+        if let Some(meta) = step.update_vm_metadata {
+            vm.0.metadata.labels = meta.labels;
+            vm.0.metadata.annotations = meta.annotations;
+        }
         vm.0.metadata.annotations.get_or_insert_default().insert(
             restore::LAST_RESTORE_ANNOTATION.into(),
             restore::restore_id(r),

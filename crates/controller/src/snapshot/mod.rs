@@ -10,9 +10,12 @@
 //!   `dataSource` is a VolumeSnapshot;
 //! - [`populate`]: a claim provisioned from a VolumeSnapshot filled from its layers;
 //! - [`restore`]: the VirtualMachineRestore step (pure);
+//! - [`clone`]: the VirtualMachineClone step (pure), applied by `clone_loop`;
 //! - [`loops`]: the controllers that apply them;
 //! - [`resources`]: `kube::Resource` wrappers of the kinds.
 
+pub mod clone;
+mod clone_loop;
 pub mod loops;
 pub mod online;
 pub mod populate;
