@@ -91,6 +91,13 @@ pub fn filter_keeps(filters: &[String], key: &str) -> bool {
     keep
 }
 
+/// A MAC address in colon form (`-` separators, as Go's `net.ParseMAC` accepts, become `:`),
+/// or `None` when it is not one.
+pub fn normalize_mac(m: &str) -> Option<String> {
+    let colon = m.replace('-', ":").to_ascii_lowercase();
+    valid_mac(&colon).then_some(colon)
+}
+
 fn valid_mac(m: &str) -> bool {
     let parts: Vec<&str> = m.split(':').collect();
     parts.len() == 6
@@ -147,7 +154,7 @@ pub fn validate(obj: &serde_json::Value) -> Vec<FieldError> {
     }
     if let Some(m) = spec["newMacAddresses"].as_object() {
         for (iface, mac) in m {
-            if !mac.as_str().is_some_and(valid_mac) {
+            if mac.as_str().and_then(normalize_mac).is_none() {
                 e.push(FieldError::invalid(
                     format!("spec.newMacAddresses.{iface}"),
                     format!("{mac} is not a MAC address"),
@@ -197,6 +204,10 @@ mod tests {
             "newMacAddresses": {"default": "02:00:00:00:00:01"},
             "patches": ["{\"op\": \"add\", \"path\": \"/metadata/labels/x\", \"value\": \"y\"}"]}});
         assert_eq!(validate(&ok), vec![]);
+        assert_eq!(
+            normalize_mac("00-11-22-AA-BB-CC").as_deref(),
+            Some("00:11:22:aa:bb:cc")
+        );
         let snap = json!({"spec": {"source": {"apiGroup": "snapshot.kubevirt.io", "kind": "VirtualMachineSnapshot", "name": "s"}}});
         assert_eq!(validate(&snap), vec![]);
         let bad = json!({"spec": {"source": {"kind": "Pod", "name": ""},

@@ -149,6 +149,7 @@ pub fn clone_patches(c: &VirtualMachineClone, captured: &CapturedVirtualMachine)
     let macs = spec.new_mac_addresses.clone().unwrap_or_default();
     for (i, iface) in tspec.domain.devices.interfaces.iter().flatten().enumerate() {
         if let Some(mac) = macs.get(&iface.name) {
+            let mac = ferrovirt_api::kubevirt::clone::normalize_mac(mac).unwrap_or(mac.clone());
             ops.push(json!({"op": "add",
                 "path": format!("/spec/template/spec/domain/devices/interfaces/{i}/macAddress"),
                 "value": mac}));

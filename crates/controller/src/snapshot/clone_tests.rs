@@ -129,15 +129,18 @@ fn a_vm_clone_goes_through_snapshot_restore_and_cleans_up() {
     assert!(!rs.patches.unwrap().is_empty());
     assert_eq!(s2.status.phase.as_deref(), Some(CREATING_TARGET_VM));
 
-    let mut restore: VirtualMachineRestore =
+    let restore: VirtualMachineRestore =
         serde_json::from_value(json!({"metadata": {"name": "tmp-restore-abcdef0123"}})).unwrap();
     input.restore = Some(&restore);
     input.target_exists = true;
     let s3 = step(&input);
     assert_eq!(s3.status.phase.as_deref(), Some(RESTORE_IN_PROGRESS));
-    restore.status = Some(serde_json::from_value(json!({"complete": true})).unwrap());
-    input.restore = Some(&restore);
-    let s4 = step(&input);
+    let mut done = restore.clone();
+    done.status = Some(serde_json::from_value(json!({"complete": true})).unwrap());
+    let s4 = step(&CloneInput {
+        restore: Some(&done),
+        ..input
+    });
     assert_eq!(s4.status.phase.as_deref(), Some(SUCCEEDED));
     let ready = s4
         .status
