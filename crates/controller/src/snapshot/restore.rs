@@ -601,7 +601,11 @@ pub fn step(input: &RestoreInput<'_>) -> RestoreStep {
                 return out;
             }
         };
-        if !new_vm && patches.iter().any(|p| !p.contains("\"/spec")) {
+        let touches_metadata = patches.iter().any(|p| {
+            serde_json::from_str::<json_patch::PatchOperation>(p)
+                .is_ok_and(|op| !op.path().to_string().starts_with("/spec"))
+        });
+        if !new_vm && touches_metadata {
             out.update_vm_metadata = Some(Box::new(patched.metadata.clone()));
         }
         let want = patched.spec.unwrap_or_default();
