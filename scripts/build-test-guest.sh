@@ -14,7 +14,8 @@
 #   hostname from NoCloud (label cidata) or ConfigDrive (label config-2) meta-data, runs user-data
 #   when it is a shell script, serves HTTP on port 80 (hostname and uptime) and SSH on port 22
 #   (dropbear; root with /root/.ssh/authorized_keys), starts the QEMU guest
-#   agent when its virtio-serial port exists, gives a shell on ttyS0 and powers off on the ACPI
+#   agent when its virtio-serial port exists (its fsfreeze hook prints "FERROVIRT-FSFREEZE
+#   freeze|thaw" on the console), gives a shell on ttyS0 and powers off on the ACPI
 #   power button. It prints "FERROVIRT-READY" once all of that is up.
 set -euo pipefail
 
@@ -153,6 +154,21 @@ esac
 EOF
 chmod +x "$R/sbin/shutdown"
 
+# qemu-ga's fsfreeze hook: runs before a guest-fsfreeze-freeze and after the thaw; it prints
+# the event on the console so tests see that the guest was quiesced (online snapshots). Tests
+# can make a freeze slow (/run/fsfreeze-slow holds seconds) or fail (/run/fsfreeze-fail).
+mkdir -p "$R/etc/qemu-ga"
+cat >"$R/etc/qemu-ga/fsfreeze-hook" <<'EOF'
+#!/bin/sh
+echo "FERROVIRT-FSFREEZE $1" >/dev/console
+if [ "$1" = freeze ]; then
+  [ -e /run/fsfreeze-slow ] && sleep "$(cat /run/fsfreeze-slow)"
+  [ -e /run/fsfreeze-fail ] && exit 1
+fi
+exit 0
+EOF
+chmod +x "$R/etc/qemu-ga/fsfreeze-hook"
+
 cat >"$R/etc/inittab" <<'EOF'
 ::sysinit:/etc/rc.boot
 ttyS0::respawn:-/bin/sh
@@ -194,7 +210,8 @@ for p in /sys/class/virtio-ports/*; do
   ln -sf "../$(basename "$p")" "/dev/virtio-ports/$(cat "$p/name")"
 done
 if [ -e /dev/virtio-ports/org.qemu.guest_agent.0 ]; then
-  qemu-ga -d -m virtio-serial -p /dev/virtio-ports/org.qemu.guest_agent.0 -f /run/qemu-ga.pid
+  qemu-ga -d -m virtio-serial -p /dev/virtio-ports/org.qemu.guest_agent.0 -f /run/qemu-ga.pid \
+    --fsfreeze-hook=/etc/qemu-ga/fsfreeze-hook
   say "FERROVIRT-QGA started"
 fi
 

@@ -132,6 +132,13 @@ pub fn admit(
             admit_typed::<VirtualMachine>(obj, &mut errors, |obj, errs| {
                 errs.extend(validate::vm_run_strategy_conflict(obj));
                 defaults::default_vm_object(obj);
+                if op == Operation::Update
+                    && let Some(old) = old
+                {
+                    errs.extend(crate::kubevirt::snapshot::vm_update_during_snapshot(
+                        obj, old,
+                    ));
+                }
                 if let Some(vm) = reparse::<VirtualMachine>(obj, errs) {
                     errs.extend(validate::validate_vm(&vm));
                 }
@@ -283,6 +290,9 @@ fn typecheck_only(def: &ResourceDef, obj: &mut Value, errors: &mut Vec<FieldErro
         }
         (_, "VirtualMachineExport") => {
             parse_typed::<crate::kubevirt::export::VirtualMachineExport>(obj).map(drop)
+        }
+        (_, "VirtualMachineClone") => {
+            parse_typed::<crate::kubevirt::clone::VirtualMachineClone>(obj).map(drop)
         }
         (_, "DataSource") => parse_typed::<crate::cdi::DataSource>(obj).map(drop),
         (_, "StorageProfile") => parse_typed::<crate::cdi::StorageProfile>(obj).map(drop),

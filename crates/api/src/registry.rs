@@ -736,6 +736,22 @@ fn kubevirt_resources() -> Vec<ResourceDef> {
         export("v1"),
         export("v1beta1"),
         Def::new(
+            "clone.kubevirt.io",
+            "v1beta1",
+            "VirtualMachineClone",
+            "VirtualMachineCloneList",
+            "virtualmachineclones",
+            "virtualmachineclone",
+        )
+        .short(&["vmclone", "vmclones"])
+        .all()
+        .status()
+        .cols(vec![
+            col("Phase", "string", ".status.phase"),
+            col("SourceVirtualMachine", "string", ".spec.source.name"),
+            col("TargetVirtualMachine", "string", ".spec.target.name"),
+        ]),
+        Def::new(
             "migrations.kubevirt.io",
             "v1alpha1",
             "MigrationPolicy",

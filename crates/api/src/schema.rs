@@ -145,6 +145,7 @@ fn generate(def: &ResourceDef) -> Value {
         }
         (_, "VirtualMachineRestore") => schema_of::<snapshot::VirtualMachineRestore>(),
         (_, "VirtualMachineExport") => schema_of::<kubevirt::export::VirtualMachineExport>(),
+        (_, "VirtualMachineClone") => schema_of::<kubevirt::clone::VirtualMachineClone>(),
         (_, "MigrationPolicy") => schema_of::<misc::MigrationPolicy>(),
         ("snapshot.storage.k8s.io", "VolumeSnapshot") => {
             schema_of::<crate::volumesnapshot::VolumeSnapshot>()

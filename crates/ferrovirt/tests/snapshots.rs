@@ -4,9 +4,11 @@
 //! snapshotted (VirtualMachineSnapshot → one VolumeSnapshot per claim → a frozen layer and a
 //! new qcow2 top in each volume directory), writes a second marker, and is restored into
 //! itself (the first marker is back, the second gone) and into a new VM that boots beside it
-//! with its own MAC and firmware UUID. A second test covers what fails and why: an online
-//! snapshot (not supported yet) and a snapshot whose source never appears (failureDeadline).
-//! A third takes and restores VolumeSnapshots of bare claims of both built-in classes.
+//! with its own MAC and firmware UUID. A second test covers what fails and why: a snapshot
+//! whose source never appears (failureDeadline), a VM edit during a snapshot, an online
+//! snapshot of a volume no ferrovirt provisioner made. A third snapshots a running VM online
+//! (the guest sees the freeze and the thaw) and restores it.
+//! A fourth takes and restores VolumeSnapshots of bare claims of both built-in classes.
 
 use std::time::{Duration, Instant};
 
@@ -380,7 +382,44 @@ spec:
         Ok(vm["status"]["snapshotInProgress"].is_null().then_some(()))
     })?;
 
-    // A running VM: an online snapshot is refused for now, with the Online indication.
+    // While a snapshot runs the VM's spec is frozen (KubeVirt's rule): a start is refused.
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: held2, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: holder}
+"#,
+    )?;
+    c.wait_until("holder marked by held2", STEP, || {
+        let vm = c.get_json(&["vm", "holder", "-n", "default"])?;
+        Ok((vm["status"]["snapshotInProgress"] == "held2").then_some(()))
+    })?;
+    let out = c.kubectl(&[
+        "patch",
+        "vm",
+        "holder",
+        "-n",
+        "default",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Always"}}"#,
+    ])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a start during a snapshot was accepted"
+    );
+    assert!(
+        err.contains("Cannot update VM spec until snapshot") && err.contains("held2"),
+        "{err}"
+    );
+    c.kubectl_ok(&["delete", "vmsnapshot", "held2", "-n", "default"])?;
+
+    // A running VM on a volume no ferrovirt provisioner made cannot be snapshotted online:
+    // Failed at its deadline with the reason.
     c.guest_disk_claim("runner-root")?;
     c.apply(
         r#"
@@ -410,19 +449,126 @@ kind: VirtualMachineSnapshot
 metadata: {name: online, namespace: default}
 spec:
   source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: runner}
+  failureDeadline: 8s
 "#,
     )?;
     let v = c.wait_until("snapshot online Failed", STEP, || {
         let v = c.get_json(&["vmsnapshot", "online", "-n", "default"])?;
         Ok((v["status"]["phase"] == "Failed").then_some(v))
     })?;
-    assert_eq!(
-        v["status"]["indications"],
-        serde_json::json!(["Online"]),
+    let msg = v["status"]["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("failureDeadline") && msg.contains("not made by a ferrovirt provisioner"),
         "{v}"
     );
     let vm = c.get_json(&["vm", "runner", "-n", "default"])?;
     assert!(vm["status"]["snapshotInProgress"].is_null(), "{vm}");
+    Ok(())
+}
+
+/// The online path end to end: a running VM with a guest agent is snapshotted while it runs
+/// (the guest's qemu-ga fsfreeze hook prints the freeze and the thaw on the console), goes on
+/// writing to its disk, and a restore into the same VM brings back the bytes of the moment of
+/// the snapshot.
+#[test]
+fn online_snapshot_freezes_the_guest_and_restores_into_the_vm() -> anyhow::Result<()> {
+    let guest = TestGuest::get()?;
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
+    c.apply(&vm_yaml(&url))?;
+    let (uid, console) = boot(&c, "snapvm")?;
+    write_marker(&console, FIRST, 0)?;
+    c.wait_until("guest agent connected", BOOT, || {
+        let v = c.get_json(&["vmi", "snapvm", "-n", "default"])?;
+        let connected = v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "AgentConnected" && c["status"] == "True");
+        Ok(connected.then_some(()))
+    })?;
+
+    let t = Instant::now();
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: online1, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapvm}
+"#,
+    )?;
+    let snap = wait_done(&c, "vmsnapshot", "online1", "readyToUse")?;
+    eprintln!("online snapshot ready after {:?}", t.elapsed());
+    assert_eq!(snap["status"]["phase"], "Succeeded", "{snap}");
+    assert_eq!(
+        snap["status"]["indications"],
+        serde_json::json!(["Online", "GuestAgent"]),
+        "{snap}"
+    );
+    assert_eq!(
+        snap["status"]["sourceIndications"][1]["indication"], "GuestAgent",
+        "{snap}"
+    );
+    // The guest saw the freeze, then the thaw.
+    let dir = c.agent_dir().join("vmis").join(&uid);
+    let log = c.wait_until("the guest printed the thaw", STEP, || {
+        let log = String::from_utf8_lossy(&std::fs::read(dir.join("serial.log"))?).into_owned();
+        Ok(log.contains("FERROVIRT-FSFREEZE thaw").then_some(log))
+    })?;
+    let frozen = log
+        .find("FERROVIRT-FSFREEZE freeze")
+        .expect("freeze printed");
+    let thawed = log.find("FERROVIRT-FSFREEZE thaw").expect("thaw printed");
+    assert!(frozen < thawed, "thaw before freeze:\n{log}");
+    // Each volume is now a chain whose frozen layer the VolumeSnapshotContent names; the VM
+    // writes the new top.
+    let vss = c.get_json(&["volumesnapshot", "-n", "default"])?;
+    let items = vss["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 2, "{vss}");
+    for vs in &items {
+        assert_eq!(vs["status"]["readyToUse"], true, "{vs}");
+        let bound = vs["status"]["boundVolumeSnapshotContentName"]
+            .as_str()
+            .unwrap_or_default();
+        let vsc = c.get_json(&["volumesnapshotcontent", bound])?;
+        let handle = vsc["status"]["snapshotHandle"].as_str().unwrap_or_default();
+        let (pv, layer) = handle.split_once('/').unwrap_or_default();
+        assert_eq!(layer, "disk.img", "{vsc}");
+        let chain =
+            std::fs::read_to_string(c.agent_dir().join("volumes").join(pv).join("chain.json"))?;
+        assert!(chain.contains("layer-000001.qcow2"), "{chain}");
+    }
+    let vm = c.get_json(&["vm", "snapvm", "-n", "default"])?;
+    assert!(vm["status"]["snapshotInProgress"].is_null(), "{vm}");
+
+    // The guest goes on: the first marker reads back through the new top, a second lands on it.
+    assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
+    write_marker(&console, SECOND, 2048)?;
+    assert_eq!(read_marker(&console, 2048, SECOND.len())?, SECOND);
+    drop(console);
+    stop(&c, "snapvm")?;
+
+    // Restore into the same VM: the first marker is there, the second is not.
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineRestore
+metadata: {name: restore-online, namespace: default}
+spec:
+  target: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapvm}
+  virtualMachineSnapshotName: online1
+"#,
+    )?;
+    wait_done(&c, "vmrestore", "restore-online", "complete")?;
+    set_run_strategy(&c, "snapvm", "Always")?;
+    let (_, console) = boot(&c, "snapvm")?;
+    assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
+    let second = read_marker(&console, 2048, SECOND.len())?;
+    assert!(
+        second.is_empty(),
+        "the second marker survived the restore: {second:?}"
+    );
     Ok(())
 }
 
@@ -562,5 +708,132 @@ spec:
             .filter(|m| m.contains("nosuchclaim does not exist"))
             .map(drop))
     })?;
+    Ok(())
+}
+
+/// The SMBIOS serial the guest printed at boot.
+fn boot_serial(c: &Cluster, uid: &str) -> String {
+    let log =
+        std::fs::read(c.agent_dir().join("vmis").join(uid).join("serial.log")).unwrap_or_default();
+    let log = String::from_utf8_lossy(&log);
+    log.lines()
+        .find(|l| l.contains("FERROVIRT-BOOT"))
+        .and_then(|l| l.split("serial=").nth(1))
+        .map(|s| s.split_whitespace().next().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// VirtualMachineClone of a running VM: snapshot (online) → new VM → restore, the intermediate
+/// objects deleted; the clone boots beside its source with the MAC it was given and a new SMBIOS
+/// serial, read from inside both guests, and the filtered label left behind.
+#[test]
+fn a_clone_boots_beside_its_source_with_its_own_mac_and_serial() -> anyhow::Result<()> {
+    let guest = TestGuest::get()?;
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
+    c.apply(&format!(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {{name: src-root, namespace: default}}
+spec:
+  source: {{http: {{url: "{url}"}}}}
+  storage: {{resources: {{requests: {{storage: 64Mi}}}}}}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: srcvm
+  namespace: default
+  labels: {{app: demo, secret/x: "y"}}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {{guest: 128Mi}}
+        firmware: {{serial: SOURCE-SERIAL}}
+        devices:
+          disks: [{{name: root, disk: {{bus: virtio}}}}]
+          interfaces: [{{name: default, masquerade: {{}}, macAddress: "02:00:00:00:00:01"}}]
+      networks: [{{name: default, pod: {{}}}}]
+      volumes:
+      - name: root
+        dataVolume: {{name: src-root}}
+"#
+    ))?;
+    let (src_uid, src_console) = boot(&c, "srcvm")?;
+    c.apply(
+        r#"
+apiVersion: clone.kubevirt.io/v1beta1
+kind: VirtualMachineClone
+metadata: {name: clone1, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: srcvm}
+  target: {apiGroup: kubevirt.io, kind: VirtualMachine, name: srcvm-clone}
+  labelFilters: ["*", "!secret/*"]
+  newMacAddresses: {default: "02:00:00:00:00:42"}
+"#,
+    )?;
+    let cl = c.wait_until("clone1 Succeeded", STEP, || {
+        let v = c.get_json(&["vmclone", "clone1", "-n", "default"])?;
+        anyhow::ensure!(v["status"]["phase"] != "Failed", "clone failed: {v}");
+        Ok((v["status"]["phase"] == "Succeeded").then_some(v))
+    })?;
+    let ready = cl["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    assert!(ready, "{cl}");
+    let clone_uid = cl["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let table = c.kubectl_ok(&["get", "vmclone", "-n", "default"])?;
+    assert!(
+        table.contains("PHASE")
+            && table.contains("SOURCEVIRTUALMACHINE")
+            && table.contains("Succeeded"),
+        "{table}"
+    );
+    // The intermediate snapshot and restore are gone.
+    c.wait_until("intermediate objects deleted", STEP, || {
+        let s = c.kubectl(&[
+            "get",
+            "vmsnapshot",
+            &format!("tmp-snapshot-{clone_uid}"),
+            "-n",
+            "default",
+        ])?;
+        let r = c.kubectl(&[
+            "get",
+            "vmrestore",
+            &format!("tmp-restore-{clone_uid}"),
+            "-n",
+            "default",
+        ])?;
+        Ok((!s.status.success() && !r.status.success()).then_some(()))
+    })?;
+    let vm = c.get_json(&["vm", "srcvm-clone", "-n", "default"])?;
+    assert_eq!(vm["metadata"]["labels"]["app"], "demo", "{vm}");
+    assert!(vm["metadata"]["labels"]["secret/x"].is_null(), "{vm}");
+
+    // Both run at once; each guest reports its own MAC and serial.
+    let (clone_vmi_uid, clone_console) = boot(&c, "srcvm-clone")?;
+    let mac = |console: &SerialConsole| -> anyhow::Result<String> {
+        let (out, _) = console.exec("cat /sys/class/net/eth0/address", Duration::from_secs(30))?;
+        Ok(out.trim().to_string())
+    };
+    assert_eq!(mac(&src_console)?, "02:00:00:00:00:01");
+    assert_eq!(mac(&clone_console)?, "02:00:00:00:00:42");
+    assert_eq!(boot_serial(&c, &src_uid), "SOURCE-SERIAL");
+    assert_eq!(
+        boot_serial(&c, &clone_vmi_uid),
+        clone_uid,
+        "a generated serial"
+    );
+    let src = c.get_json(&["vmi", "srcvm", "-n", "default"])?;
+    assert_eq!(src["status"]["phase"], "Running", "{src}");
     Ok(())
 }

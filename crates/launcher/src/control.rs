@@ -119,6 +119,15 @@ pub enum Request {
     MigrationStatus,
     /// QMP `migrate_cancel`: the source runs on.
     MigrateCancel,
+    /// Online snapshot (`crate::online_snapshot`): switch each disk to the empty qcow2 overlay
+    /// the agent prepared over its current top, in one QMP transaction, under a guest-agent
+    /// filesystem freeze bounded by `freezeTimeoutMs` and always thawed. Replies
+    /// [`crate::online_snapshot::OnlineSnapshotDone`].
+    #[serde(rename_all = "camelCase")]
+    OnlineSnapshot {
+        disks: Vec<crate::online_snapshot::OverlayDisk>,
+        freeze_timeout_ms: u64,
+    },
     /// The VM now runs on the migration target and the VMI was moved there: this launcher
     /// stops holding the disks (no more storage-lease renewals, none released) and quits
     /// QEMU; its exit report says [`ExitReason::Migrated`].

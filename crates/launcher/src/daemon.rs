@@ -63,6 +63,10 @@ enum Command {
     MigrationStatus,
     MigrateCancel,
     MigratedAway,
+    OnlineSnapshot {
+        disks: Vec<crate::online_snapshot::OverlayDisk>,
+        freeze_timeout: Duration,
+    },
 }
 
 type Responder = oneshot::Sender<Reply>;
@@ -294,6 +298,7 @@ async fn main_loop(
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut qga_tick = tokio::time::interval(Duration::from_secs(5));
+    let mut tops = crate::online_snapshot::Tops::default();
     let exit_status = loop {
         tokio::select! {
             ev = events.recv() => {
@@ -339,6 +344,12 @@ async fn main_loop(
                     }
                     Command::Block(step) => crate::blockmig::run(&vm, step).await,
                     Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
+                    Command::OnlineSnapshot { disks, freeze_timeout } => {
+                        let paused = state == VmState::Paused;
+                        crate::online_snapshot::take(&vm, &mut tops, &disks, freeze_timeout, paused)
+                            .await
+                            .map(|d| serde_json::json!(d))
+                    }
                     Command::MigrateCancel => {
                         vm.qmp().execute("migrate_cancel", None).await.map(|_| serde_json::Value::Null)
                     }
@@ -586,6 +597,13 @@ async fn connection(
                     Request::MigrationStatus => Command::MigrationStatus,
                     Request::MigrateCancel => Command::MigrateCancel,
                     Request::MigratedAway => Command::MigratedAway,
+                    Request::OnlineSnapshot {
+                        disks,
+                        freeze_timeout_ms,
+                    } => Command::OnlineSnapshot {
+                        disks,
+                        freeze_timeout: Duration::from_millis(freeze_timeout_ms),
+                    },
                     Request::Hello { .. } | Request::Status => continue,
                 };
                 let (rtx, rrx) = oneshot::channel();

@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod error;
 pub mod fence;
 pub mod lifecycle;
+pub mod online_snapshot;
 pub mod process;
 pub mod qga;
 pub mod qmp;

@@ -245,6 +245,21 @@ impl GuestAgent {
             })
     }
 
+    /// Like [`execute`](Self::execute) with its own deadline (`guest-fsfreeze-freeze` may take
+    /// longer than an ordinary command).
+    pub async fn execute_with_timeout(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+        deadline: Duration,
+    ) -> Result<Value> {
+        self.execute_inner(command, arguments, deadline)
+            .await?
+            .ok_or_else(|| {
+                Error::timeout(format!("the guest agent's reply to {command}"), deadline)
+            })
+    }
+
     /// Executes a command and decodes its `return` value.
     pub async fn execute_as<T: DeserializeOwned>(
         &mut self,

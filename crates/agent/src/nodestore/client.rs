@@ -227,6 +227,22 @@ impl NodeStorage {
         serde_json::from_slice(&body).map_err(|e| self.unreachable(format!("bad answer: {e}")))
     }
 
+    /// Takes an online snapshot of volumes of the running VMI `uid` (docs/snapshots.md).
+    pub async fn online_snapshot(
+        &self,
+        uid: &str,
+        req: &super::online::OnlineSnapshot,
+    ) -> Result<super::online::TakenOnline, NodeStoreError> {
+        let body = self
+            .call(
+                Method::POST,
+                &format!("/storage/vmis/{uid}/snapshot"),
+                Some(req),
+            )
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| self.unreachable(format!("bad answer: {e}")))
+    }
+
     /// Points volume `name` back at its snapshot `handle`.
     pub async fn revert(&self, name: &str, handle: &str) -> Result<(), NodeStoreError> {
         let req = super::RevertVolume {

@@ -20,6 +20,7 @@
 mod attack_tests;
 pub mod client;
 pub mod export;
+pub mod online;
 pub mod server;
 pub mod snapshots;
 

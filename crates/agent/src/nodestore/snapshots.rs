@@ -8,6 +8,9 @@
 //! - `POST /storage/volumes/{name}/revert` [`RevertVolume`]: point the volume back at one of
 //!   its snapshots with a fresh top (in-place restore).
 //!
+//! - `POST /storage/vmis/{uid}/snapshot`: an online snapshot of a running VMI's volumes
+//!   ([`super::online`]).
+//!
 //! Restoring a snapshot into another volume is a population ([`super::Source::Snapshot`]),
 //! done by [`export`].
 
@@ -36,7 +39,10 @@ pub fn router(data_dir: PathBuf) -> Router {
     Router::new()
         .route("/storage/volumes/{name}/snapshots", post(take))
         .route("/storage/volumes/{name}/revert", post(revert))
-        .with_state(Arc::new(SnapState { data_dir }))
+        .with_state(Arc::new(SnapState {
+            data_dir: data_dir.clone(),
+        }))
+        .merge(super::online::router(data_dir))
 }
 
 fn answer(e: &StorageError) -> Response {

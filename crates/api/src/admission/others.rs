@@ -20,6 +20,7 @@ fn spec_is_immutable(def: &ResourceDef) -> bool {
             | "VirtualMachineSnapshotContent"
             | "VirtualMachineRestore"
             | "VirtualMachineExport"
+            | "VirtualMachineClone"
     )
 }
 
@@ -60,6 +61,7 @@ pub(super) fn validate(
             e.extend(crate::kubevirt::snapshot::validate(def.kind, obj));
         }
         "VirtualMachineExport" => e.extend(crate::kubevirt::export::validate(obj)),
+        "VirtualMachineClone" => e.extend(crate::kubevirt::clone::validate(obj)),
         "VirtualMachineRestore" => {
             check_vm_ref(obj, "target", &mut e);
             e.extend(crate::kubevirt::snapshot::validate(def.kind, obj));

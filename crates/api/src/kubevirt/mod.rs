@@ -1,5 +1,6 @@
 //! kubevirt.io/v1 kinds and their sibling groups (instancetype, snapshot, migrations, pool).
 
+pub mod clone;
 pub mod devices;
 pub mod domain;
 pub mod export;

@@ -247,6 +247,22 @@ pub fn failure_deadline(spec: &SnapshotSpec) -> Result<std::time::Duration, Stri
     }
 }
 
+/// KubeVirt's rule for a VirtualMachine update while a snapshot of it runs: its spec may not
+/// change (so neither a stop, a start nor an edit) until the snapshot named in the stored
+/// object's `status.snapshotInProgress` completes.
+pub fn vm_update_during_snapshot(
+    obj: &serde_json::Value,
+    old: &serde_json::Value,
+) -> Option<crate::admission::FieldError> {
+    let snapshot = old["status"]["snapshotInProgress"].as_str()?;
+    (obj.get("spec") != old.get("spec")).then(|| {
+        crate::admission::FieldError::forbidden(
+            "spec",
+            format!("Cannot update VM spec until snapshot {snapshot:?} completes"),
+        )
+    })
+}
+
 /// Admission of the snapshot.kubevirt.io kinds a user writes, beyond the source/target reference
 /// (`admission::others`): what the controllers cannot carry out is refused naming the field.
 pub fn validate(kind: &str, obj: &serde_json::Value) -> Vec<crate::admission::FieldError> {
@@ -293,11 +309,17 @@ pub fn validate(kind: &str, obj: &serde_json::Value) -> Vec<crate::admission::Fi
                 &["WaitGracePeriod", "WaitEventually", "FailImmediate"],
                 &mut errs,
             );
-            if spec.get("patches").is_some_and(|p| !p.is_null()) {
-                errs.push(FieldError::not_supported(
-                    "spec.patches",
-                    "patches of the restored VM are not supported yet",
-                ));
+            for (i, p) in spec["patches"].as_array().into_iter().flatten().enumerate() {
+                let ok = p
+                    .as_str()
+                    .and_then(|s| serde_json::from_str::<json_patch::PatchOperation>(s).ok())
+                    .is_some();
+                if !ok {
+                    errs.push(FieldError::invalid(
+                        format!("spec.patches[{i}]"),
+                        "not a JSON patch operation",
+                    ));
+                }
             }
         }
         _ => {}
@@ -307,6 +329,22 @@ pub fn validate(kind: &str, obj: &serde_json::Value) -> Vec<crate::admission::Fi
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_vm_spec_is_frozen_while_its_snapshot_runs() {
+        let old = serde_json::json!({"spec": {"runStrategy": "Always"},
+            "status": {"snapshotInProgress": "snap1"}});
+        let stop = serde_json::json!({"spec": {"runStrategy": "Halted"}});
+        let e = vm_update_during_snapshot(&stop, &old).unwrap();
+        assert_eq!(e.field, "spec");
+        assert!(e.message.contains("snap1"), "{}", e.message);
+        // Same spec (a status or metadata write): allowed.
+        let same = serde_json::json!({"spec": {"runStrategy": "Always"}, "metadata": {"labels": {"a": "b"}}});
+        assert!(vm_update_during_snapshot(&same, &old).is_none());
+        // No snapshot in progress: allowed.
+        let idle = serde_json::json!({"spec": {"runStrategy": "Always"}});
+        assert!(vm_update_during_snapshot(&stop, &idle).is_none());
+    }
+
     use super::*;
 
     #[test]
@@ -345,6 +383,10 @@ mod tests {
             .into_iter()
             .map(|e| e.field)
             .collect();
-        assert_eq!(fields, ["spec.targetReadinessPolicy", "spec.patches"]);
+        assert_eq!(fields, ["spec.targetReadinessPolicy", "spec.patches[0]"]);
+        let patched = serde_json::json!({"spec": {"target": {"kind": "VirtualMachine",
+            "name": "vm"}, "virtualMachineSnapshotName": "s",
+            "patches": ["{\"op\": \"remove\", \"path\": \"/metadata/labels/a\"}"]}});
+        assert!(validate("VirtualMachineRestore", &patched).is_empty());
     }
 }

@@ -63,6 +63,7 @@ pub fn typed_roundtrip(obj: &Value) -> Value {
         "VirtualMachinePreference" => rt::<it::VirtualMachinePreference>(obj),
         "VirtualMachineSnapshot" => rt::<snapshot::VirtualMachineSnapshot>(obj),
         "VirtualMachineRestore" => rt::<snapshot::VirtualMachineRestore>(obj),
+        "VirtualMachineClone" => rt::<ferrovirt_api::kubevirt::clone::VirtualMachineClone>(obj),
         "DataVolume" => rt::<cdi::DataVolume>(obj),
         "DataSource" => rt::<cdi::DataSource>(obj),
         "StorageProfile" => rt::<cdi::StorageProfile>(obj),

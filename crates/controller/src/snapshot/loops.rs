@@ -23,6 +23,7 @@ use ferrovirt_api::volumesnapshot::{
     API_VERSION, DEFAULT_CLASS_ANNOTATION, DRIVER, SHARED_DRIVER, VolumeSnapshotClass,
 };
 
+use super::online::{self, ActiveVmi, OnlineTake};
 use super::resources::{
     VmRestore, VmSnapshot, VmSnapshotContent, VolSnap, VolSnapClass, VolSnapContent,
 };
@@ -111,7 +112,9 @@ pub async fn run(
         COMPONENT,
         "VirtualMachine snapshot/restore marks",
     );
+    let clones = super::clone_loop::run(client.clone());
     tokio::select! {
+        r = clones => r,
         r = vs => r,
         r = snaps => r,
         r = restores => r,
@@ -198,10 +201,14 @@ async fn reconcile_vs(obj: Arc<VolSnap>, ctx: Arc<Ctx>) -> Result<Action, Contro
         .persistent_volume_claim_name
         .clone()
         .unwrap_or_default();
-    let pvc: Option<PersistentVolumeClaim> =
+    // A pre-provisioned snapshot (an online one among them) names no claim.
+    let pvc: Option<PersistentVolumeClaim> = if claim.is_empty() {
+        None
+    } else {
         Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
             .get_opt(&claim)
-            .await?;
+            .await?
+    };
     let pv_name = pvc
         .as_ref()
         .and_then(|c| c.spec.as_ref())
@@ -344,15 +351,113 @@ async fn revert(ctx: &Ctx, pv: &PersistentVolume, layer: &str) -> Result<(), Str
 }
 
 async fn vmi_active(client: &kube::Client, ns: &str, name: &str) -> Result<bool, ControllerError> {
+    Ok(active_vmi(client, ns, name).await?.is_some())
+}
+
+/// The VM's VMI when it exists and has not finished.
+async fn active_vmi(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<Option<ActiveVmi>, ControllerError> {
     let vmi = Api::<Vmi>::namespaced(client.clone(), ns)
         .get_opt(name)
         .await?;
-    Ok(vmi.is_some_and(|v| {
-        !matches!(
-            v.0.status.as_ref().and_then(|s| s.phase),
-            Some(VmiPhase::Succeeded | VmiPhase::Failed)
-        )
-    }))
+    Ok(vmi
+        .filter(|v| {
+            !matches!(
+                v.0.status.as_ref().and_then(|s| s.phase),
+                Some(VmiPhase::Succeeded | VmiPhase::Failed)
+            )
+        })
+        .map(|v| ActiveVmi {
+            uid: v.0.metadata.uid.clone().unwrap_or_default(),
+            node: v.0.status.as_ref().and_then(|s| s.node_name.clone()),
+        }))
+}
+
+/// Takes an online snapshot through the VMI's node agent and records each volume as a
+/// VolumeSnapshot bound to a ready pre-provisioned content. The indications.
+async fn take_online(
+    ctx: &Ctx,
+    ns: &str,
+    content: &ferrovirt_api::kubevirt::snapshot::VirtualMachineSnapshotContent,
+    take: &OnlineTake,
+) -> Result<Vec<String>, String> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let pvs = ctx.stores.pv_list();
+    let mut where_ = Vec::new();
+    for v in &take.volumes {
+        let pvc = claims
+            .get_opt(&v.claim)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("claim {} does not exist", v.claim))?;
+        let pv_name = pvc
+            .spec
+            .and_then(|s| s.volume_name)
+            .ok_or_else(|| format!("claim {} is not bound", v.claim))?;
+        let pv = pvs
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(pv_name.as_str()))
+            .ok_or_else(|| format!("the volume of claim {} is unknown", v.claim))?;
+        let driver = volume::driver_of(pv).ok_or_else(|| {
+            format!(
+                "the volume of claim {} was not made by a ferrovirt provisioner; it cannot be snapshotted",
+                v.claim
+            )
+        })?;
+        where_.push((pv_name, driver));
+    }
+    let storage = nodes::storage_of(&ctx.stores, &take.node, ctx.agent_token.as_deref())?;
+    let req = ferrovirt_agent::nodestore::online::OnlineSnapshot {
+        volumes: take.volumes.iter().map(|v| v.volume.clone()).collect(),
+        freeze_timeout_ms: take.freeze_timeout.as_millis() as u64,
+    };
+    let taken = storage
+        .online_snapshot(&take.vmi_uid, &req)
+        .await
+        .map_err(|e| e.to_string())?;
+    let vss: Api<VolSnap> = Api::namespaced(ctx.client.clone(), ns);
+    let contents: Api<VolSnapContent> = Api::all(ctx.client.clone());
+    for (v, (pv, driver)) in take.volumes.iter().zip(&where_) {
+        let t = taken
+            .volumes
+            .iter()
+            .find(|t| t.volume == v.volume)
+            .ok_or_else(|| format!("the agent did not snapshot volume {}", v.volume))?;
+        let vs = online::volume_snapshot(content, v, driver);
+        let vs = match vss.create(&PostParams::default(), &VolSnap(vs)).await {
+            Ok(vs) => vs,
+            Err(kube::Error::Api(s)) if s.is_already_exists() => vss
+                .get(&v.volume_snapshot)
+                .await
+                .map_err(|e| e.to_string())?,
+            Err(e) => return Err(e.to_string()),
+        };
+        let handle = format!("{pv}/{}", t.handle);
+        let c = online::volume_snapshot_content(&vs.0, driver, &handle);
+        let cname = c.metadata.name.clone().unwrap_or_default();
+        match contents
+            .create(&PostParams::default(), &VolSnapContent(c))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        let patch = json!({"status": {
+            "snapshotHandle": handle,
+            "readyToUse": true,
+            "restoreSize": t.size,
+            "creationTime": Timestamp::now().as_nanosecond() as i64,
+        }});
+        contents
+            .patch_status(&cname, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(taken.indications)
 }
 
 async fn mark_vm(
@@ -389,7 +494,7 @@ async fn reconcile_snapshot(
         .unwrap_or_default();
     let vms: Api<Vm> = Api::namespaced(ctx.client.clone(), &ns);
     let vm = vms.get_opt(&vm_name).await?.map(|v| v.0);
-    let active = vmi_active(&ctx.client, &ns, &vm_name).await?;
+    let active = active_vmi(&ctx.client, &ns, &vm_name).await?;
     let contents: Api<VmSnapshotContent> = Api::namespaced(ctx.client.clone(), &ns);
     let content = contents
         .get_opt(&vm_snapshot::content_name(snap))
@@ -414,7 +519,7 @@ async fn reconcile_snapshot(
     let step = vm_snapshot::step(&SnapshotInput {
         snapshot: snap,
         vm: vm.as_ref(),
-        vmi_active: active,
+        vmi: active,
         content: content.as_ref(),
         volume_snapshots: &volume_snapshots,
         claims: &claims,
@@ -464,10 +569,55 @@ async fn reconcile_snapshot(
             )
             .await?;
     }
-    if snap.status.as_ref() != Some(&step.status) {
+    let mut status = step.status;
+    let mut requeue = step.requeue;
+    if let Some(take) = &step.online_take
+        && let Some(c) = &content
+    {
+        let now = Time(Timestamp::now());
+        let mut conditions = status.conditions.clone().unwrap_or_default();
+        match take_online(&ctx, &ns, c, take).await {
+            Ok(indications) => {
+                status.error = None;
+                status.source_indications = Some(online::source_indications(&indications));
+                status.indications = Some(indications);
+                crate::conditions::set(
+                    &mut conditions,
+                    crate::conditions::condition(
+                        "Progressing",
+                        true,
+                        Some("InProgress"),
+                        Some("online snapshot taken; binding the volume snapshots"),
+                    ),
+                    &now,
+                );
+                requeue = Some(Duration::from_millis(200));
+            }
+            Err(e) => {
+                tracing::warn!(snapshot = %name, error = %e, "online snapshot failed");
+                status.error = Some(ferrovirt_api::kubevirt::snapshot::SnapshotError {
+                    time: Some(now.clone()),
+                    message: Some(format!("online snapshot failed: {e}")),
+                });
+                crate::conditions::set(
+                    &mut conditions,
+                    crate::conditions::condition(
+                        "Progressing",
+                        true,
+                        Some("InProgress"),
+                        Some(&format!("online snapshot failed, retrying: {e}")),
+                    ),
+                    &now,
+                );
+                requeue = Some(Duration::from_secs(2));
+            }
+        }
+        status.conditions = Some(conditions);
+    }
+    if snap.status.as_ref() != Some(&status) {
         let api: Api<VmSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
         let mut o = VmSnapshot(snap.clone());
-        o.0.status = Some(step.status);
+        o.0.status = Some(status);
         match api.replace_status(&name, &PostParams::default(), &o).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -476,8 +626,7 @@ async fn reconcile_snapshot(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(step
-        .requeue
+    Ok(requeue
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
 }
@@ -641,6 +790,10 @@ async fn reconcile_restore(obj: Arc<VmRestore>, ctx: Arc<Ctx>) -> Result<Action,
     {
         let mut vm = Vm(t.clone());
         vm.0.spec = Some(*spec);
+        if let Some(meta) = step.update_vm_metadata {
+            vm.0.metadata.labels = meta.labels;
+            vm.0.metadata.annotations = meta.annotations;
+        }
         vm.0.metadata.annotations.get_or_insert_default().insert(
             restore::LAST_RESTORE_ANNOTATION.into(),
             restore::restore_id(r),

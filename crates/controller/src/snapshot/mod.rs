@@ -4,15 +4,20 @@
 //! (snapshot.storage.k8s.io/v1), which ferrovirt's provisioners implement with
 //! copy-on-write layer chains (`ferrovirt_storage::snapshot`).
 //!
-//! - [`vm_snapshot`]: the VirtualMachineSnapshot step (pure);
+//! - [`vm_snapshot`]: the VirtualMachineSnapshot step (pure); [`online`]: a running VM's
+//!   snapshot taken through its node's agent (pure parts);
 //! - [`volume`]: the VolumeSnapshot decision (pure) and the restore of a claim whose
 //!   `dataSource` is a VolumeSnapshot;
 //! - [`populate`]: a claim provisioned from a VolumeSnapshot filled from its layers;
 //! - [`restore`]: the VirtualMachineRestore step (pure);
+//! - [`clone`]: the VirtualMachineClone step (pure), applied by `clone_loop`;
 //! - [`loops`]: the controllers that apply them;
 //! - [`resources`]: `kube::Resource` wrappers of the kinds.
 
+pub mod clone;
+mod clone_loop;
 pub mod loops;
+pub mod online;
 pub mod populate;
 pub mod resources;
 pub mod restore;

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+use ferrovirt_api::kubevirt::clone::VirtualMachineClone;
 use ferrovirt_api::kubevirt::snapshot::{
     VirtualMachineRestore, VirtualMachineSnapshot, VirtualMachineSnapshotContent,
 };
@@ -61,6 +62,11 @@ snap_kind!(
     /// A VirtualMachineRestore usable with `kube::Api`.
     VmRestore(VirtualMachineRestore), Namespaced, "snapshot.kubevirt.io", "v1beta1",
     "VirtualMachineRestore", "virtualmachinerestores"
+);
+snap_kind!(
+    /// A VirtualMachineClone usable with `kube::Api`.
+    VmClone(VirtualMachineClone), Namespaced, "clone.kubevirt.io", "v1beta1",
+    "VirtualMachineClone", "virtualmachineclones"
 );
 snap_kind!(
     /// A VolumeSnapshot usable with `kube::Api`.

@@ -96,6 +96,9 @@ pub struct RestoreStep {
     pub reverts: Vec<Revert>,
     /// The target VM's new spec (written with [`LAST_RESTORE_ANNOTATION`]).
     pub update_vm_spec: Option<Box<VirtualMachineSpec>>,
+    /// The target's labels and annotations after the restore's `patches`, written with the
+    /// spec (an existing target; a new one got them at creation).
+    pub update_vm_metadata: Option<Box<ObjectMeta>>,
     pub status: RestoreStatus,
     pub requeue: Option<Duration>,
 }
@@ -193,6 +196,30 @@ pub fn restored_spec(
         spec.data_volume_templates = None;
     }
     spec
+}
+
+/// Applies JSON patch operations (one JSON object per string, as KubeVirt's restore and clone
+/// `patches`) to `vm`; `spec_only`: only the operations on `/spec…`.
+pub fn apply_patches(
+    vm: &VirtualMachine,
+    patches: &[String],
+    spec_only: bool,
+) -> Result<VirtualMachine, String> {
+    let mut ops = Vec::new();
+    for (i, p) in patches.iter().enumerate() {
+        let op: json_patch::PatchOperation =
+            serde_json::from_str(p).map_err(|e| format!("spec.patches[{i}]: {e}"))?;
+        if spec_only && !op.path().to_string().starts_with("/spec") {
+            continue;
+        }
+        ops.push(op);
+    }
+    if ops.is_empty() {
+        return Ok(vm.clone());
+    }
+    let mut v = serde_json::to_value(vm).map_err(|e| e.to_string())?;
+    json_patch::patch(&mut v, &ops).map_err(|e| format!("spec.patches: {e}"))?;
+    serde_json::from_value(v).map_err(|e| format!("spec.patches: the patched VM is invalid: {e}"))
 }
 
 fn claim_bound(c: &PersistentVolumeClaim) -> bool {
@@ -337,7 +364,7 @@ pub fn step(input: &RestoreInput<'_>) -> RestoreStep {
                     .unwrap_or_default(),
             );
         }
-        out.create_vm = Some(Box::new(VirtualMachine {
+        let vm = VirtualMachine {
             api_version: Some("kubevirt.io/v1".into()),
             kind: Some("VirtualMachine".into()),
             metadata: ObjectMeta {
@@ -349,7 +376,14 @@ pub fn step(input: &RestoreInput<'_>) -> RestoreStep {
             },
             spec: Some(vm_spec),
             status: None,
-        }));
+        };
+        match apply_patches(&vm, spec.patches.as_deref().unwrap_or_default(), false) {
+            Ok(vm) => out.create_vm = Some(Box::new(vm)),
+            Err(e) => {
+                out.status = fail(status, conditions, &e);
+                return out;
+            }
+        }
         out.status = progress(status, conditions, "creating the target VirtualMachine");
         out.requeue = Some(Duration::from_millis(300));
         return out;
@@ -553,6 +587,28 @@ pub fn step(input: &RestoreInput<'_>) -> RestoreStep {
         .and_then(|a| a.get(LAST_RESTORE_ANNOTATION))
         == Some(&restore_id);
     if !done {
+        // The restore's patches: on a new VM its metadata got them at creation.
+        let patches = spec.patches.clone().unwrap_or_default();
+        let base = VirtualMachine {
+            metadata: target.metadata.clone(),
+            spec: Some(want),
+            ..Default::default()
+        };
+        let patched = match apply_patches(&base, &patches, new_vm) {
+            Ok(v) => v,
+            Err(e) => {
+                out.status = fail(status, conditions, &e);
+                return out;
+            }
+        };
+        let touches_metadata = patches.iter().any(|p| {
+            serde_json::from_str::<json_patch::PatchOperation>(p)
+                .is_ok_and(|op| !op.path().to_string().starts_with("/spec"))
+        });
+        if !new_vm && touches_metadata {
+            out.update_vm_metadata = Some(Box::new(patched.metadata.clone()));
+        }
+        let want = patched.spec.unwrap_or_default();
         out.update_vm_spec = Some(Box::new(want));
         out.status = progress(status, conditions, "updating the VirtualMachine");
         out.requeue = Some(Duration::from_millis(200));

@@ -296,3 +296,30 @@ fn t_annotate(vm: &mut VirtualMachine, r: &VirtualMachineRestore) {
         .get_or_insert_default()
         .insert(LAST_RESTORE_ANNOTATION.into(), restore_id(r));
 }
+
+#[test]
+fn patches_apply_to_the_vm_and_a_bad_one_is_named() {
+    let vm: VirtualMachine = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "t", "labels": {"a": "1"}},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}}}},
+    }))
+    .unwrap();
+    let patches = vec![
+        r#"{"op": "remove", "path": "/metadata/labels/a"}"#.to_string(),
+        r#"{"op": "replace", "path": "/spec/runStrategy", "value": "Always"}"#.to_string(),
+    ];
+    let all = apply_patches(&vm, &patches, false).unwrap();
+    assert!(all.metadata.labels.unwrap().is_empty());
+    let spec_only = apply_patches(&vm, &patches, true).unwrap();
+    assert_eq!(spec_only.metadata.labels.unwrap()["a"], "1");
+    assert_eq!(
+        serde_json::to_value(spec_only.spec.unwrap().run_strategy).unwrap(),
+        "Always"
+    );
+    let bad = vec![r#"{"op": "remove", "path": "/metadata/labels/nope"}"#.to_string()];
+    assert!(
+        apply_patches(&vm, &bad, false)
+            .unwrap_err()
+            .contains("spec.patches")
+    );
+}

@@ -3,11 +3,12 @@
 //! create and the status to write. KubeVirt's phases (`InProgress` → `Succeeded` | `Failed`),
 //! conditions (`Progressing`, `Ready`, `Failure`), indications and `snapshotVolumes`.
 //!
-//! Offline snapshots only, for now: a VM whose VMI runs is refused (Failed, with the reason)
-//! because the running QEMU writes the volume's top layer; switching it to a new layer through
-//! QMP (`blockdev-snapshot`) under a guest-agent freeze is the planned online path
-//! (docs/snapshots.md). While a snapshot is in progress the VM's `status.snapshotInProgress`
-//! names it and the VM controller does not start the VM.
+//! A stopped VM's claims are snapshotted one VolumeSnapshot each (the VolumeSnapshot
+//! controller takes them). A running VM's are taken all at once through its node's agent
+//! ([`super::online`]: the step asks for an [`OnlineTake`]; the loop records the result as
+//! pre-provisioned VolumeSnapshots and the indications). While a snapshot is in progress the
+//! VM's `status.snapshotInProgress` names it, the VM controller does not start the VM and
+//! admission refuses changes of the VM's spec (KubeVirt's rule; a stop is such a change).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use ferrovirt_api::kubevirt::vm::VirtualMachine;
 use ferrovirt_api::kubevirt::vmi::Condition;
 use ferrovirt_api::volumesnapshot::{VolumeSnapshot, VolumeSnapshotSource, VolumeSnapshotSpec};
 
+use super::online::{self, ActiveVmi, OnlineTake, OnlineVolume};
 use crate::conditions::{condition, set};
 
 /// The phases.
@@ -37,8 +39,8 @@ pub const FAILED: &str = "Failed";
 pub struct SnapshotInput<'a> {
     pub snapshot: &'a VirtualMachineSnapshot,
     pub vm: Option<&'a VirtualMachine>,
-    /// The VM's VMI exists and has not finished.
-    pub vmi_active: bool,
+    /// The VM's VMI, when it exists and has not finished (an online snapshot).
+    pub vmi: Option<ActiveVmi>,
     pub content: Option<&'a VirtualMachineSnapshotContent>,
     /// The VolumeSnapshots of the namespace by name.
     pub volume_snapshots: &'a BTreeMap<String, VolumeSnapshot>,
@@ -66,6 +68,8 @@ pub struct SnapshotStep {
     pub vm_mark: VmMark,
     pub status: SnapshotStatus,
     pub requeue: Option<Duration>,
+    /// Take these claims' snapshots online now (the VM runs).
+    pub online_take: Option<OnlineTake>,
 }
 
 /// The content's name for a snapshot (KubeVirt's `vmsnapshot-content-<snapshot uid>`).
@@ -181,6 +185,7 @@ pub fn step(input: &SnapshotInput<'_>) -> SnapshotStep {
         vm_mark: VmMark::Leave,
         status: status.clone(),
         requeue: None,
+        online_take: None,
     };
     let phase = status.phase.clone().unwrap_or_default();
     if phase == SUCCEEDED || phase == FAILED {
@@ -271,22 +276,12 @@ pub fn step(input: &SnapshotInput<'_>) -> SnapshotStep {
         return out;
     };
     status.source_uid = vm.metadata.uid.clone();
-    if input.vmi_active {
-        status.indications = Some(vec!["Online".into()]);
-        status.source_indications = Some(vec![SourceIndication {
-            indication: "Online".into(),
-            message: Some("the VM was running when the snapshot was requested".into()),
-        }]);
-        out.status = fail(
-            status,
-            conditions,
-            "online snapshots of a running VM are not supported yet: stop the VM and create the snapshot again".into(),
-        );
-        out.vm_mark = VmMark::Clear(name);
-        return out;
-    }
-    status.indications = Some(Vec::new());
-    status.source_indications = Some(Vec::new());
+    // Indications are written once the volumes are taken (online: by the loop, from what
+    // the guest agent did); until then none.
+    status.indications.get_or_insert_default();
+    status
+        .source_indications
+        .get_or_insert_with(Vec::<SourceIndication>::new);
     let in_progress = vm
         .status
         .as_ref()
@@ -393,11 +388,33 @@ pub fn step(input: &SnapshotInput<'_>) -> SnapshotStep {
         .unwrap_or_default();
     let mut states = Vec::new();
     let mut pending = Vec::new();
+    let mut online_volumes: Vec<OnlineVolume> = Vec::new();
     for b in &backups {
         let Some(vs_name) = b.volume_snapshot_name.clone() else {
             continue;
         };
         match input.volume_snapshots.get(&vs_name) {
+            None if input.vmi.is_some() => {
+                // The VM runs: its QEMU writes the top layers; taken together, online.
+                online_volumes.push(OnlineVolume {
+                    volume: b.volume_name.clone(),
+                    claim: b
+                        .persistent_volume_claim
+                        .metadata
+                        .as_ref()
+                        .and_then(|m| m.name.clone())
+                        .unwrap_or_default(),
+                    volume_snapshot: vs_name.clone(),
+                });
+                // The last attempt's error (the loop writes it), so a deadline names it.
+                let last = status
+                    .error
+                    .as_ref()
+                    .and_then(|e| e.message.clone())
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default();
+                pending.push(format!("{vs_name} (taking it online{last})"));
+            }
             None => {
                 let claim = b
                     .persistent_volume_claim
@@ -469,6 +486,22 @@ pub fn step(input: &SnapshotInput<'_>) -> SnapshotStep {
     };
     if content.status.as_ref() != Some(&content_status) {
         out.content_status = Some(content_status.clone());
+    }
+    if !online_volumes.is_empty()
+        && let Some(vmi) = &input.vmi
+    {
+        match &vmi.node {
+            Some(node) if left != Some(Duration::ZERO) => {
+                out.online_take = Some(OnlineTake {
+                    node: node.clone(),
+                    vmi_uid: vmi.uid.clone(),
+                    volumes: online_volumes,
+                    freeze_timeout: online::freeze_timeout(left),
+                });
+            }
+            Some(_) => {}
+            None => pending.push("the VM's VMI is not on a node yet".into()),
+        }
     }
     if !ready {
         let (st, failed) = waiting(

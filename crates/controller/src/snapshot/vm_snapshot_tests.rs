@@ -1,3 +1,4 @@
+use super::online::ActiveVmi;
 use super::*;
 use serde_json::json;
 
@@ -50,7 +51,7 @@ fn claims() -> BTreeMap<String, PersistentVolumeClaim> {
 struct World {
     snap: VirtualMachineSnapshot,
     vm: Option<VirtualMachine>,
-    vmi_active: bool,
+    vmi: Option<ActiveVmi>,
     content: Option<VirtualMachineSnapshotContent>,
     vss: BTreeMap<String, VolumeSnapshot>,
     claims: BTreeMap<String, PersistentVolumeClaim>,
@@ -62,7 +63,7 @@ impl World {
         World {
             snap: snapshot(None),
             vm: Some(vm()),
-            vmi_active: false,
+            vmi: None,
             content: None,
             vss: BTreeMap::new(),
             claims: claims(),
@@ -73,7 +74,7 @@ impl World {
         step(&SnapshotInput {
             snapshot: &self.snap,
             vm: self.vm.as_ref(),
-            vmi_active: self.vmi_active,
+            vmi: self.vmi.clone(),
             content: self.content.as_ref(),
             volume_snapshots: &self.vss,
             claims: &self.claims,
@@ -207,21 +208,90 @@ fn a_missing_source_fails_at_the_deadline_with_the_reason() {
 }
 
 #[test]
-fn running_vms_are_refused_with_the_online_indication() {
+fn a_running_vm_is_snapshotted_online_all_claims_at_once() {
     let mut w = World::new();
-    w.vmi_active = true;
-    let s = w.step();
-    assert_eq!(s.status.phase.as_deref(), Some(FAILED));
-    assert_eq!(s.status.indications.as_deref().unwrap(), ["Online"]);
-    assert!(s.create_content.is_none());
+    w.vmi = Some(ActiveVmi {
+        uid: "vmi-uid".into(),
+        node: Some("node1".into()),
+    });
+    let s1 = w.step();
+    assert_eq!(s1.vm_mark, VmMark::Set("snap1".into()));
+    assert!(s1.create_content.is_some(), "the VM is captured first");
+    assert!(s1.online_take.is_none());
+    w.apply(&s1);
+
+    let s2 = w.step();
     assert!(
-        s.status
-            .error
-            .unwrap()
-            .message
-            .unwrap()
-            .contains("stop the VM")
+        s2.create_volume_snapshots.is_empty(),
+        "no claim-sourced VolumeSnapshot of a disk in use"
     );
+    let take = s2.online_take.clone().unwrap();
+    assert_eq!(take.node, "node1");
+    assert_eq!(take.vmi_uid, "vmi-uid");
+    let vols: Vec<(&str, &str)> = take
+        .volumes
+        .iter()
+        .map(|v| (v.volume.as_str(), v.claim.as_str()))
+        .collect();
+    assert_eq!(vols, [("root", "vm1-root"), ("data", "vm1-data")]);
+    assert_eq!(take.volumes[0].volume_snapshot, "vmsnapshot-u1-volume-root");
+    // The default 5m failureDeadline leaves more than the freeze bound.
+    assert_eq!(take.freeze_timeout, super::online::MAX_FREEZE);
+    assert_eq!(s2.status.phase.as_deref(), Some(IN_PROGRESS));
+    w.apply(&s2);
+
+    // The loop took it and recorded ready VolumeSnapshots and the indications.
+    let content = w.content.clone().unwrap();
+    for v in &take.volumes {
+        let mut vs =
+            super::online::volume_snapshot(&content, v, ferrovirt_api::volumesnapshot::DRIVER);
+        vs.status = Some(ferrovirt_api::volumesnapshot::VolumeSnapshotStatus {
+            ready_to_use: Some(true),
+            ..Default::default()
+        });
+        w.vss.insert(v.volume_snapshot.clone(), vs);
+    }
+    let st = w.snap.status.get_or_insert_default();
+    st.indications = Some(vec!["Online".into(), "GuestAgent".into()]);
+    let s3 = w.step();
+    assert!(s3.online_take.is_none());
+    assert_eq!(s3.status.phase.as_deref(), Some(SUCCEEDED));
+    assert_eq!(
+        s3.status.indications.as_deref().unwrap(),
+        ["Online", "GuestAgent"],
+        "the indications the take recorded stay"
+    );
+    assert_eq!(s3.vm_mark, VmMark::Clear("snap1".into()));
+}
+
+#[test]
+fn an_online_snapshot_waits_for_a_placed_vmi_and_fails_at_the_deadline() {
+    let mut w = World::new();
+    w.snap = snapshot(Some("10s"));
+    w.vmi = Some(ActiveVmi {
+        uid: "vmi-uid".into(),
+        node: None,
+    });
+    let s1 = w.step();
+    w.apply(&s1);
+    let s2 = w.step();
+    assert!(s2.online_take.is_none());
+    assert!(
+        cond(&s2.status, "Progressing")
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("not on a node")
+    );
+    // The freeze is bounded by the deadline left.
+    w.vmi.as_mut().unwrap().node = Some("n".into());
+    w.now = ts(7);
+    let take = w.step().online_take.unwrap();
+    assert!(take.freeze_timeout <= Duration::from_secs(4), "{take:?}");
+    w.now = ts(11);
+    let s = w.step();
+    assert!(s.online_take.is_none());
+    assert_eq!(s.status.phase.as_deref(), Some(FAILED));
 }
 
 #[test]

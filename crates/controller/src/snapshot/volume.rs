@@ -95,7 +95,7 @@ pub fn class_for<'a>(
     Ok(default.copied().or(of_driver.first().copied()))
 }
 
-fn driver_of(pv: &PersistentVolume) -> Option<&'static str> {
+pub(crate) fn driver_of(pv: &PersistentVolume) -> Option<&'static str> {
     let by = pv.metadata.annotations.as_ref()?.get(PROVISIONED_BY)?;
     if by == PROVISIONER_LOCAL {
         Some(DRIVER)
