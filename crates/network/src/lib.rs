@@ -6,6 +6,7 @@
 //! - [`render`]: plans → idempotent iproute2 / nft actions (pure).
 //! - [`node_cidrs`]: node subnet allocation (`spec.podCIDR`) and overlap checks (pure).
 //! - [`overlay`]: the VXLAN overlay between nodes: peers from Node objects, sync steps (pure).
+//! - [`routes`]: `/32` routes that follow a live-migrated VMI to its node (pure).
 //! - [`secondary`]: Multus bridge networks: CNI config parsing, per-interface plans (pure).
 //! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.
 //! - [`apply`], [`netns`]: running the actions as root; entering namespaces.
@@ -23,6 +24,7 @@ pub mod overlay;
 pub mod plan;
 pub mod pod;
 pub mod render;
+pub mod routes;
 pub mod secondary;
 
 pub use error::{Error, Result};

@@ -192,6 +192,9 @@ pub struct PodRequest {
     pub address: Option<Ipv4Addr>,
     /// The guest MAC (`macAddress`), else a stable derived one.
     pub mac: Option<MacAddr>,
+    /// An incoming live migration: `address` is kept even outside this node's subnet (it
+    /// stays the VMI's; the routes follow it, see [`crate::routes`]).
+    pub migrated: bool,
 }
 
 impl PodRequest {
@@ -205,6 +208,7 @@ impl PodRequest {
             used: BTreeSet::new(),
             address: None,
             mac: None,
+            migrated: false,
         }
     }
 }
@@ -221,8 +225,13 @@ pub struct PodPlan {
     pub host_veth: String,
     /// VMI-namespace end of the veth pair.
     pub pod_veth: String,
-    /// The VMI's address on the pod network (in `node.node_subnet`).
+    /// The VMI's address on the pod network (in `node.node_subnet` unless `away`).
     pub address: Ipv4Addr,
+    /// The address belongs to another node's subnet (the VMI was live-migrated here): it is
+    /// held as a `/32` with an on-link default route via this node's gateway, and the node
+    /// routes it to its bridge ([`crate::routes`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub away: bool,
     pub binding: Binding,
     /// Bridge in the VMI namespace holding the tap.
     pub pod_bridge: String,
@@ -254,6 +263,14 @@ impl PodPlan {
         }
         let address = match req.address {
             Some(a) if node.node_subnet.contains(a) => a,
+            Some(a) if req.migrated && node.ipam.cluster.contains(a) => {
+                if !matches!(req.binding, Binding::Masquerade { .. }) {
+                    return Err(Error::InvalidPlan(format!(
+                        "address {a} of another node's subnet: only the masquerade binding can keep it on this node"
+                    )));
+                }
+                a
+            }
             Some(a) => {
                 return Err(Error::NotInSubnet {
                     addr: a,
@@ -312,6 +329,7 @@ impl PodPlan {
             host_veth: format!("{}{}", node.veth_prefix, hash_hex(&req.uid)),
             pod_veth: POD_VETH.into(),
             address,
+            away: !node.node_subnet.contains(address),
             binding: req.binding.clone(),
             pod_bridge: POD_BRIDGE.into(),
             pod_bridge_addr,
@@ -407,6 +425,32 @@ mod tests {
         req.address = Some(Ipv4Addr::new(10, 244, 4, 99));
         let e = PodPlan::build(&node(), &req).unwrap_err().to_string();
         assert!(e.contains("not in 10.244.3.0/24"), "{e}");
+    }
+
+    #[test]
+    fn an_incoming_migration_keeps_its_address_from_another_subnet() {
+        let mut req = PodRequest::new(
+            "uid-m",
+            "ns",
+            "vm",
+            Binding::Masquerade { ports: vec![] },
+        );
+        req.address = Some(Ipv4Addr::new(10, 244, 4, 99));
+        req.migrated = true;
+        let p = PodPlan::build(&node(), &req).unwrap();
+        assert_eq!(p.address, Ipv4Addr::new(10, 244, 4, 99));
+        assert!(p.away);
+        // Its own subnet's address is not away; one outside the cluster CIDR is refused.
+        req.address = Some(Ipv4Addr::new(10, 244, 3, 99));
+        assert!(!PodPlan::build(&node(), &req).unwrap().away);
+        req.address = Some(Ipv4Addr::new(192, 168, 0, 9));
+        let e = PodPlan::build(&node(), &req).unwrap_err().to_string();
+        assert!(e.contains("not in 10.244.3.0/24"), "{e}");
+        // The bridge binding's guest holds the address itself: refused, naming why.
+        req.address = Some(Ipv4Addr::new(10, 244, 4, 99));
+        req.binding = Binding::Bridge;
+        let e = PodPlan::build(&node(), &req).unwrap_err().to_string();
+        assert!(e.contains("only the masquerade binding"), "{e}");
     }
 
     #[test]

@@ -392,10 +392,20 @@ pub fn pod_phases(plan: &PodPlan) -> PodPhases {
     ];
     let mut a = vec![
         ip(&pod, &["link", "set", "lo", "up"]),
+        // The bridge's MAC is the guest's gateway MAC (masquerade: 10.0.2.1): derived from the
+        // uid, so a guest live-migrated to another node finds its cached gateway there too.
         Action::AddLink {
             netns: pod.clone(),
             name: br.into(),
-            args: strs(&["link", "add", br, "type", "bridge"]),
+            args: strs(&[
+                "link",
+                "add",
+                br,
+                "address",
+                &pod_bridge_mac(plan).to_string(),
+                "type",
+                "bridge",
+            ]),
         },
         Action::AddLink {
             netns: pod.clone(),
@@ -407,22 +417,23 @@ pub fn pod_phases(plan: &PodPlan) -> PodPhases {
     ];
     match &plan.binding {
         Binding::Masquerade { .. } => {
-            let vmi = format!("{}/{}", plan.address, plan.node.node_subnet.prefix());
+            // An address from another node's subnet (a migrated VMI) is a /32 here and
+            // its gateway, this node's, is on-link.
+            let prefix = if plan.away {
+                32
+            } else {
+                plan.node.node_subnet.prefix()
+            };
+            let vmi = format!("{}/{prefix}", plan.address);
+            let gw = plan.node.gateway().to_string();
+            let mut route = vec!["route", "replace", "default", "via", &gw, "dev", veth];
+            if plan.away {
+                route.push("onlink");
+            }
             a.extend([
                 ip(&pod, &["link", "set", veth, "mtu", &mtu, "up"]),
                 ip(&pod, &["addr", "replace", &vmi, "dev", veth]),
-                ip(
-                    &pod,
-                    &[
-                        "route",
-                        "replace",
-                        "default",
-                        "via",
-                        &plan.node.gateway().to_string(),
-                        "dev",
-                        veth,
-                    ],
-                ),
+                ip(&pod, &route),
             ]);
         }
         Binding::Bridge => {
@@ -439,6 +450,11 @@ pub fn pod_phases(plan: &PodPlan) -> PodPhases {
         node_side,
         inside: a,
     }
+}
+
+/// The MAC of the bridge in the VMI namespace: the same on every node for one VMI.
+pub fn pod_bridge_mac(plan: &PodPlan) -> crate::ipam::MacAddr {
+    crate::ipam::MacAddr::stable(&["ferrovirt-k6t", &plan.uid])
 }
 
 /// Steps that remove one VMI's network: the node-side veth (its peer goes with it) and the
@@ -585,6 +601,41 @@ mod tests {
     }
 
     #[test]
+    fn a_migrated_vmi_holds_its_foreign_address_as_a_host_route() {
+        let mut req = PodRequest::new(
+            "uid-1",
+            "default",
+            "vm1",
+            Binding::Masquerade { ports: vec![] },
+        );
+        req.address = Some("10.244.7.20".parse().unwrap());
+        req.migrated = true;
+        let p = PodPlan::build(&node(), &req).unwrap();
+        let a: Vec<String> = pod_actions(&p).iter().map(Action::command_line).collect();
+        assert!(
+            a.contains(&"ip -n fv-uid-1 addr replace 10.244.7.20/32 dev eth0".to_string()),
+            "{a:?}"
+        );
+        assert!(
+            a.contains(
+                &"ip -n fv-uid-1 route replace default via 10.244.1.1 dev eth0 onlink".to_string()
+            ),
+            "{a:?}"
+        );
+        // The same NAT as at a start, for the kept address.
+        let s = masquerade_nft_script(&p, &[]);
+        assert!(s.contains("iifname \"eth0\" ip daddr 10.244.7.20 dnat to 10.0.2.2"));
+        assert!(s.contains("ip saddr 10.0.2.2 oifname \"eth0\" snat to 10.244.7.20"));
+        // The gateway MAC the guest cached on its first node is this bridge's too.
+        let home = plan(Binding::Masquerade { ports: vec![] });
+        assert_eq!(pod_bridge_mac(&p), pod_bridge_mac(&home));
+        assert!(a.iter().any(|l| l.contains(&format!(
+            "link add k6t-eth0 address {} type bridge",
+            pod_bridge_mac(&p)
+        ))));
+    }
+
+    #[test]
     fn masquerade_pod_actions_in_order() {
         let p = plan(Binding::Masquerade { ports: vec![] });
         let a: Vec<String> = pod_actions(&p).iter().map(Action::command_line).collect();
@@ -597,7 +648,10 @@ mod tests {
             format!("ip link add {hv} mtu 1500 type veth peer name eth0 netns fv-uid-1"),
             format!("ip link set {hv} master fv-br0 mtu 1500 up"),
             "ip -n fv-uid-1 link set lo up".into(),
-            "ip -n fv-uid-1 link add k6t-eth0 type bridge".into(),
+            format!(
+                "ip -n fv-uid-1 link add k6t-eth0 address {} type bridge",
+                pod_bridge_mac(&p)
+            ),
             "ip -n fv-uid-1 tuntap add dev tap0 mode tap".into(),
             "ip -n fv-uid-1 link set tap0 master k6t-eth0 mtu 1500 up".into(),
             "ip -n fv-uid-1 addr replace 10.0.2.1/24 dev k6t-eth0".into(),
