@@ -34,6 +34,7 @@ pub mod mapping;
 pub mod migration;
 pub mod network;
 pub mod node;
+pub mod pod_routes;
 pub mod nodestore;
 pub mod portforward;
 pub mod proxy;

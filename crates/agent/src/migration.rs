@@ -258,19 +258,60 @@ pub async fn relay_incoming(
     }
 }
 
+/// Runs `f` on a blocking thread inside the named network namespace `netns` (the agent's
+/// own when `None`): node-to-node sockets of a node played by a namespace (`--node-netns`)
+/// are made where the node's addresses are.
+async fn in_netns<T: Send + 'static>(
+    netns: Option<String>,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(move || {
+        ferrovirt_network::netns::run_in(netns.as_deref(), f)
+            .map_err(|e| std::io::Error::other(e.to_string()))?
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// A TCP listener on `ip` (port chosen by the kernel) in the node's namespace.
+pub async fn bind_in(netns: Option<String>, ip: std::net::IpAddr) -> std::io::Result<TcpListener> {
+    let l = in_netns(netns, move || {
+        let l = std::net::TcpListener::bind((ip, 0))?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })
+    .await?;
+    TcpListener::from_std(l)
+}
+
+/// A TCP connection to `target` made from the node's namespace.
+pub async fn connect_in(netns: Option<String>, target: SocketAddr) -> std::io::Result<TcpStream> {
+    if netns.is_none() {
+        return TcpStream::connect(target).await;
+    }
+    let s = in_netns(netns, move || {
+        let s = std::net::TcpStream::connect_timeout(&target, std::time::Duration::from_secs(10))?;
+        s.set_nonblocking(true)?;
+        Ok(s)
+    })
+    .await?;
+    TcpStream::from_std(s)
+}
+
 /// The source's relay: accepts QEMU's one connection on `listener` and joins it to the
-/// target node's relay at `target` (with `tls`: the target's pinned certificate, ours as
-/// the client's).
+/// target node's relay at `target`, connecting from the node's namespace `netns` (with
+/// `tls`: the target's pinned certificate, ours as the client's).
 pub async fn relay_outgoing(
     listener: UnixListener,
     target: SocketAddr,
+    netns: Option<String>,
     tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 ) {
     let Ok((mut unix, _)) = listener.accept().await else {
         return;
     };
     drop(listener);
-    let tcp = match TcpStream::connect(target).await {
+    let tcp = match connect_in(netns, target).await {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!("migration relay: connecting to {target}: {e}");
@@ -567,7 +608,7 @@ mod tests {
         let out_sock = dir.path().join(OUTGOING_SOCKET);
         let out = UnixListener::bind(&out_sock).unwrap();
         let cfg = crate::tls::migration_client_config(client, expected).unwrap();
-        tokio::spawn(relay_outgoing(out, addr, Some(cfg)));
+        tokio::spawn(relay_outgoing(out, addr, None, Some(cfg)));
         let mut src = UnixStream::connect(&out_sock).await.unwrap();
         let _ = src.write_all(b"QEVM").await;
         // `false` only when nothing even connected to QEMU's socket.

@@ -44,6 +44,16 @@ pub struct PodNetworkOptions {
     pub node_ip: Option<Ipv4Addr>,
 }
 
+/// What [`AgentNet::attach`] needs besides the VMI.
+#[derive(Debug, Clone, Default)]
+pub struct AttachOptions {
+    /// The launcher receives a live migration: the pod interface keeps the address the VMI's
+    /// status records, even from another node's subnet.
+    pub incoming: bool,
+    /// Addresses of the cluster's other VMIs (wherever they run): never handed out.
+    pub reserved: std::collections::BTreeSet<Ipv4Addr>,
+}
+
 /// File in the VMI directory with the secondary interfaces' plans.
 const SECONDARY_PLANS: &str = "secondary-networks.json";
 /// How long the agent waits for the node IPAM controller before it keeps retrying quietly.
@@ -237,6 +247,8 @@ pub struct AgentNet {
     node: OnceLock<NodeNetwork>,
     /// Pod-network attachments (their DHCP servers) per VMI uid.
     attachments: Mutex<HashMap<String, ferrovirt_network::Attached>>,
+    /// The addresses of the VMIs this node runs (for the routes of moved addresses).
+    hosted: crate::pod_routes::Hosted,
 }
 
 impl AgentNet {
@@ -252,12 +264,35 @@ impl AgentNet {
             cfg,
             node: OnceLock::new(),
             attachments: Mutex::new(HashMap::new()),
+            hosted: Default::default(),
         }
     }
 
     /// Whether the node has a pod network.
     pub fn enabled(&self) -> bool {
         self.opts.is_some()
+    }
+
+    /// The named namespace playing the node (`--node-netns`), if any: node-to-node sockets
+    /// (the migration stream) are made there.
+    pub fn node_netns(&self) -> Option<String> {
+        self.opts.as_ref().and_then(|o| o.node.netns.clone())
+    }
+
+    /// Records that the VMI `uid` runs (its guest) on this node: an address of another
+    /// node's subnet is then routed here and published on the Node.
+    pub fn host(&self, uid: &str) {
+        if self.opts.is_none() {
+            return;
+        }
+        if let Some(p) = launchers::read_network_plan(&self.cfg.vmi_dir(uid)) {
+            self.hosted.insert(uid, p.address);
+        }
+    }
+
+    /// Records that the VMI `uid` no longer runs here (moved away or stopped).
+    pub fn unhost(&self, uid: &str) {
+        self.hosted.remove(uid);
     }
 
     /// The address to publish as the Node's InternalIP, when the overlay defines one.
@@ -359,11 +394,12 @@ impl AgentNet {
         let (cache, writer) = kube::runtime::reflector::store::<Node>();
         let mut events = kube::runtime::reflector(
             writer,
-            kube::runtime::watcher(api, Default::default()).default_backoff(),
+            kube::runtime::watcher(api.clone(), Default::default()).default_backoff(),
         )
         .boxed();
         let mut last_notes = Vec::new();
         let mut last_sources: Option<Vec<Ipv4Addr>> = None;
+        let mut routes = RouteState::default();
         // The first pass waits for the first complete list (an empty cache has no peers).
         while let Some(ev) = events.next().await {
             if matches!(ev, Ok(kube::runtime::watcher::Event::InitDone)) {
@@ -399,10 +435,18 @@ impl AgentNet {
                 Ok(n) => tracing::info!(peers = peers.len(), steps = n, "overlay synced"),
                 Err(e) => tracing::warn!("overlay sync: {e}"),
             }
-            // Wait for a Node change or the resync interval.
+            self.sync_moved_routes(&api, node, &node_name, &ov, &peers, &list, &mut routes)
+                .await;
+            // Wait for a Node change, a change of the VMIs run here, or the resync interval.
             let _ = tokio::time::timeout(OVERLAY_RESYNC, async {
+                let hosted = self.hosted.changed();
+                tokio::pin!(hosted);
                 loop {
-                    match events.next().await {
+                    let ev = tokio::select! {
+                        _ = &mut hosted => break,
+                        ev = events.next() => ev,
+                    };
+                    match ev {
                         Some(Ok(kube::runtime::watcher::Event::Apply(_)))
                         | Some(Ok(kube::runtime::watcher::Event::Delete(_)))
                         | Some(Ok(kube::runtime::watcher::Event::InitDone)) => break,
@@ -418,6 +462,56 @@ impl AgentNet {
         }
     }
 
+    /// One pass over the routes of moved addresses: the `/32`s from the other Nodes' claims
+    /// and this node's own VMIs ([`ferrovirt_network::routes::desired`]) into the kernel, then
+    /// this node's claim onto its Node when it changed.
+    #[allow(clippy::too_many_arguments)]
+    async fn sync_moved_routes(
+        &self,
+        api: &Api<Node>,
+        node: &NodeNetwork,
+        node_name: &str,
+        ov: &Overlay,
+        peers: &[ferrovirt_network::Peer],
+        nodes: &[std::sync::Arc<Node>],
+        state: &mut RouteState,
+    ) {
+        let nodes: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
+        let (claims, mut notes) = crate::pod_routes::claims(&nodes, node_name);
+        let hosted = self.hosted.addresses();
+        let (desired, more) = ferrovirt_network::routes::desired(node, peers, &claims, &hosted);
+        notes.extend(more);
+        if notes != state.notes {
+            for n in &notes {
+                tracing::warn!("pod routes: {n}");
+            }
+            state.notes = notes;
+        }
+        match ferrovirt_network::pod::sync_routes(node, &ov.device, &desired).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(routes = desired.len(), steps = n, "pod routes synced"),
+            Err(e) => tracing::warn!("pod routes: {e}"),
+        }
+        let claim = ferrovirt_network::routes::encode_claims(
+            &ferrovirt_network::routes::away_addresses(node, &hosted),
+        );
+        if state.published.as_ref() != Some(&claim) {
+            let patch = json!({"metadata": {"annotations": {
+                ferrovirt_network::routes::ROUTES_ANNOTATION: claim
+            }}});
+            match api
+                .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(?claim, "pod routes published");
+                    state.published = Some(claim);
+                }
+                Err(e) => tracing::warn!("publishing pod routes: {e}"),
+            }
+        }
+    }
+
     /// Attaches the VMI's networks before its launcher starts: the pod-network interface
     /// (when the VMI has one) and every secondary interface. On failure whatever was created
     /// is removed again and the error names the interface or network at fault.
@@ -427,6 +521,7 @@ impl AgentNet {
         vmi: &VirtualMachineInstance,
         uid: &str,
         dir: &Path,
+        opts: &AttachOptions,
     ) -> Result<Attachment, AgentError> {
         let secondaries = secondary_interfaces(vmi)?;
         let Some(node) = self.node.get() else {
@@ -439,7 +534,7 @@ impl AgentNet {
             return Ok(Attachment::default());
         };
         match self
-            .attach_inner(client, node, vmi, uid, dir, &secondaries)
+            .attach_inner(client, node, vmi, uid, dir, &secondaries, opts)
             .await
         {
             Ok(a) => Ok(a),
@@ -458,6 +553,7 @@ impl AgentNet {
         uid: &str,
         dir: &Path,
         secondaries: &[SecondaryInterface],
+        opts: &AttachOptions,
     ) -> Result<Attachment, AgentError> {
         let mut out = Attachment::default();
         if let Some(pi) = mapping::pod_interface(vmi)? {
@@ -480,7 +576,13 @@ impl AgentNet {
                             .filter(|u| u.as_str() != uid)
                             .filter_map(|u| launchers::read_network_plan(&self.cfg.vmi_dir(u)))
                             .map(|p| p.address)
+                            .chain(opts.reserved.iter().copied())
                             .collect();
+                        if opts.incoming {
+                            // A live migration keeps the VMI's address (and MAC).
+                            req.address = crate::pod_routes::status_address(vmi, &pi.name);
+                            req.migrated = true;
+                        }
                         let plan =
                             ferrovirt_network::PodPlan::build(node, &req).map_err(net_err)?;
                         launchers::write_network_plan(dir, &plan)?;
@@ -586,6 +688,7 @@ impl AgentNet {
     /// Stops the VMI's DHCP server and removes its namespace and veths (before its directory,
     /// which holds the plans, is removed).
     pub async fn detach(&self, uid: &str) {
+        self.unhost(uid);
         self.attachments.lock().await.remove(uid);
         let dir = self.cfg.vmi_dir(uid);
         let mut netns = None;
@@ -615,6 +718,14 @@ impl AgentNet {
         let pi = mapping::pod_interface(vmi).ok().flatten()?;
         Some((pi.name, p.address.to_string()))
     }
+}
+
+/// What the overlay loop remembers between passes about the routes of moved addresses.
+#[derive(Debug, Default)]
+struct RouteState {
+    notes: Vec<String>,
+    /// The claim last written on the Node (`None`: not written yet by this process).
+    published: Option<Option<String>>,
 }
 
 fn secondary_field(secondaries: &[SecondaryInterface], p: &SecondaryPlan) -> String {

@@ -545,6 +545,7 @@ impl Agent {
         }
         if let Observed::Running(_) = &observed {
             self.net.reattach(&uid).await;
+            self.net.host(&uid);
             self.grow_disks(&vmi, &uid).await;
         }
         let guest = self.guest_info_for(&uid, &observed).await;

@@ -174,3 +174,23 @@ pub async fn sync_overlay(
     apply_all(&actions).await?;
     Ok(actions.len())
 }
+
+/// Reads this crate's `/32` routes of moved VMIs (protocol [`crate::routes::ROUTE_PROTO`]) in
+/// the node's namespace and makes them equal to `desired` ([`crate::routes::desired`]).
+/// Returns how many steps it ran.
+pub async fn sync_routes(
+    node: &NodeNetwork,
+    overlay_device: &str,
+    desired: &std::collections::BTreeMap<std::net::Ipv4Addr, crate::routes::HostRoute>,
+) -> Result<usize> {
+    let text = crate::apply::query(
+        "ip",
+        &node.netns,
+        &["-j", "route", "show", "proto", crate::routes::ROUTE_PROTO],
+    )
+    .await?;
+    let observed = crate::routes::parse_observed(node, overlay_device, &text)?;
+    let actions = crate::routes::sync_actions(node, overlay_device, &observed, desired);
+    apply_all(&actions).await?;
+    Ok(actions.len())
+}

@@ -129,7 +129,7 @@ impl Agent {
         .await?;
         let mut ports = Vec::new();
         for i in 0..block.disks.len() {
-            let listener = tokio::net::TcpListener::bind((ip, 0))
+            let listener = mig::bind_in(self.net.node_netns(), ip)
                 .await
                 .map_err(|e| AgentError::Reference(format!("NBD relay on {ip}: {e}")))?;
             let port = listener
@@ -237,6 +237,7 @@ impl Agent {
             let relay = tokio::spawn(mig::relay_outgoing(
                 listener,
                 SocketAddr::new(target, port),
+                self.net.node_netns(),
                 tls.clone(),
             ));
             relays.push(super::migration::AbortOnDrop(relay.abort_handle()));

@@ -199,7 +199,7 @@ impl Agent {
             })?;
             Some(crate::tls::migration_server_config(&self.cert, pin)?)
         };
-        let listener = tokio::net::TcpListener::bind((ip, 0))
+        let listener = mig::bind_in(self.net.node_netns(), ip)
             .await
             .map_err(|e| AgentError::Reference(format!("migration listener on {ip}: {e}")))?;
         let port = listener
@@ -348,7 +348,12 @@ impl Agent {
             })?;
             Some(crate::tls::migration_client_config(&self.cert, pin).map_err(|e| e.to_string())?)
         };
-        let relay = tokio::spawn(mig::relay_outgoing(listener, target, tls.clone()));
+        let relay = tokio::spawn(mig::relay_outgoing(
+            listener,
+            target,
+            self.net.node_netns(),
+            tls.clone(),
+        ));
         let _abort = AbortOnDrop(relay.abort_handle());
         let start = json!({"migrationState": {"startTimestamp": now_string()},
             "migrationMethod": super::blockmig::method_patch(!block.is_empty())});
@@ -501,7 +506,12 @@ impl Agent {
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => break,
+                Ok(_) => {
+                    // The guest runs on the target: this node stops routing its address
+                    // here (the target publishes it once it sees the VMI).
+                    self.net.unhost(&uid);
+                    break;
+                }
                 Err(e) => {
                     tries += 1;
                     tracing::warn!("switch-over write failed ({e}); retrying");

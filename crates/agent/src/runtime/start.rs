@@ -148,7 +148,18 @@ impl Agent {
                 crate::network::check_duplicate_macs(vmi, &others)?;
             }
             let t = boottime_us();
-            let attachment = self.net.attach(&self.client, vmi, &uid, &dir).await?;
+            let mut net_opts = crate::network::AttachOptions {
+                incoming: incoming.is_some(),
+                ..Default::default()
+            };
+            if self.net.enabled() {
+                let all = self.caches.all_vmis().await?;
+                net_opts.reserved = crate::pod_routes::reserved_addresses(&all, &uid);
+            }
+            let attachment = self
+                .net
+                .attach(&self.client, vmi, &uid, &dir, &net_opts)
+                .await?;
             steps.span("network", t);
             Ok::<_, AgentError>(attachment)
         };
