@@ -399,7 +399,12 @@ impl AgentNet {
         .boxed();
         let mut last_notes = Vec::new();
         let mut last_sources: Option<Vec<Ipv4Addr>> = None;
-        let mut routes = RouteState::default();
+        let mut routes = RouteState {
+            api: api.clone(),
+            node_name: node_name.clone(),
+            notes: Vec::new(),
+            published: None,
+        };
         // The first pass waits for the first complete list (an empty cache has no peers).
         while let Some(ev) = events.next().await {
             if matches!(ev, Ok(kube::runtime::watcher::Event::InitDone)) {
@@ -435,7 +440,7 @@ impl AgentNet {
                 Ok(n) => tracing::info!(peers = peers.len(), steps = n, "overlay synced"),
                 Err(e) => tracing::warn!("overlay sync: {e}"),
             }
-            self.sync_moved_routes(&api, node, &node_name, &ov, &peers, &list, &mut routes)
+            self.sync_moved_routes(node, &ov, &peers, &list, &mut routes)
                 .await;
             // Wait for a Node change, a change of the VMIs run here, or the resync interval.
             let _ = tokio::time::timeout(OVERLAY_RESYNC, async {
@@ -465,19 +470,16 @@ impl AgentNet {
     /// One pass over the routes of moved addresses: the `/32`s from the other Nodes' claims
     /// and this node's own VMIs ([`ferrovirt_network::routes::desired`]) into the kernel, then
     /// this node's claim onto its Node when it changed.
-    #[allow(clippy::too_many_arguments)]
     async fn sync_moved_routes(
         &self,
-        api: &Api<Node>,
         node: &NodeNetwork,
-        node_name: &str,
         ov: &Overlay,
         peers: &[ferrovirt_network::Peer],
         nodes: &[std::sync::Arc<Node>],
         state: &mut RouteState,
     ) {
         let nodes: Vec<Node> = nodes.iter().map(|n| (**n).clone()).collect();
-        let (claims, mut notes) = crate::pod_routes::claims(&nodes, node_name);
+        let (claims, mut notes) = crate::pod_routes::claims(&nodes, &state.node_name);
         let hosted = self.hosted.addresses();
         let (desired, more) = ferrovirt_network::routes::desired(node, peers, &claims, &hosted);
         notes.extend(more);
@@ -499,8 +501,9 @@ impl AgentNet {
             let patch = json!({"metadata": {"annotations": {
                 ferrovirt_network::routes::ROUTES_ANNOTATION: claim
             }}});
-            match api
-                .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+            match state
+                .api
+                .patch(&state.node_name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
                 Ok(_) => {
@@ -583,8 +586,16 @@ impl AgentNet {
                             req.address = crate::pod_routes::status_address(vmi, &pi.name);
                             req.migrated = true;
                         }
-                        let plan =
+                        let mut plan =
                             ferrovirt_network::PodPlan::build(node, &req).map_err(net_err)?;
+                        // Nodes played by namespaces of one host (`--node-netns`) share
+                        // /run/netns: the source's namespace of this VMI may be there.
+                        if opts.incoming
+                            && let Some(n) = &node.netns
+                            && ferrovirt_network::netns::exists(&plan.netns)
+                        {
+                            plan.netns = format!("{}-{n}", plan.netns);
+                        }
                         launchers::write_network_plan(dir, &plan)?;
                         plan
                     }
@@ -721,8 +732,10 @@ impl AgentNet {
 }
 
 /// What the overlay loop remembers between passes about the routes of moved addresses.
-#[derive(Debug, Default)]
 struct RouteState {
+    /// Nodes, to write this node's claim.
+    api: Api<Node>,
+    node_name: String,
     notes: Vec<String>,
     /// The claim last written on the Node (`None`: not written yet by this process).
     published: Option<Option<String>>,
