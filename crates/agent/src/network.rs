@@ -503,7 +503,11 @@ impl AgentNet {
             }}});
             match state
                 .api
-                .patch(&state.node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(
+                    &state.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
                 .await
             {
                 Ok(_) => {

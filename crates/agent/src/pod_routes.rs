@@ -147,16 +147,31 @@ mod tests {
             json!([{"name": "other", "ipAddress": "10.1.0.1"},
                    {"name": "default", "ipAddresses": ["fd00::1", "10.244.1.7"]}]),
         );
-        assert_eq!(status_address(&v, "default"), Some("10.244.1.7".parse().unwrap()));
+        assert_eq!(
+            status_address(&v, "default"),
+            Some("10.244.1.7".parse().unwrap())
+        );
         assert_eq!(status_address(&v, "missing"), None);
     }
 
     #[test]
     fn addresses_of_live_vmis_elsewhere_stay_reserved() {
         let vmis = [
-            vmi("me", "Scheduled", json!([{"name": "default", "ipAddress": "10.244.1.2"}])),
-            vmi("away", "Running", json!([{"name": "default", "ipAddress": "10.244.1.7"}])),
-            vmi("done", "Succeeded", json!([{"name": "default", "ipAddress": "10.244.1.8"}])),
+            vmi(
+                "me",
+                "Scheduled",
+                json!([{"name": "default", "ipAddress": "10.244.1.2"}]),
+            ),
+            vmi(
+                "away",
+                "Running",
+                json!([{"name": "default", "ipAddress": "10.244.1.7"}]),
+            ),
+            vmi(
+                "done",
+                "Succeeded",
+                json!([{"name": "default", "ipAddress": "10.244.1.8"}]),
+            ),
         ];
         assert_eq!(
             reserved_addresses(&vmis, "me"),
@@ -185,7 +200,10 @@ mod tests {
             BTreeMap::from([("a".to_string(), vec!["10.244.2.5".parse().unwrap()])])
         );
         assert_eq!(notes.len(), 1);
-        assert!(notes[0].starts_with("node c: ferrovirt.io/pod-routes"), "{notes:?}");
+        assert!(
+            notes[0].starts_with("node c: ferrovirt.io/pod-routes"),
+            "{notes:?}"
+        );
     }
 
     #[test]

@@ -118,7 +118,16 @@ struct Client {
 impl Client {
     fn start(ns: &Netns, ip: &str) -> anyhow::Result<Client> {
         let mut child = Command::new("ip")
-            .args(["netns", "exec", ns.name(), "python3", "-u", "-c", CLIENT, ip])
+            .args([
+                "netns",
+                "exec",
+                ns.name(),
+                "python3",
+                "-u",
+                "-c",
+                CLIENT,
+                ip,
+            ])
             .arg(PORT.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -215,8 +224,12 @@ fn a_tcp_connection_to_the_guest_survives_its_live_migration() -> anyhow::Result
     )?;
     // Both overlays route to the other node's subnet.
     c.wait_until("the overlay routes", Duration::from_secs(60), || {
-        let a = node_a.ip(&["route", "show", "dev", "fv-vx0"]).unwrap_or_default();
-        let b = node_b.ip(&["route", "show", "dev", "fv-vx0"]).unwrap_or_default();
+        let a = node_a
+            .ip(&["route", "show", "dev", "fv-vx0"])
+            .unwrap_or_default();
+        let b = node_b
+            .ip(&["route", "show", "dev", "fv-vx0"])
+            .unwrap_or_default();
         Ok((a.contains(B_CIDR) && b.contains(A_CIDR)).then_some(()))
     })?;
 
@@ -229,7 +242,10 @@ fn a_tcp_connection_to_the_guest_survives_its_live_migration() -> anyhow::Result
             && v["status"]["interfaces"][0]["ipAddress"].is_string();
         Ok(ok.then_some(v))
     })?;
-    let uid = v["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+    let uid = v["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let ip = v["status"]["interfaces"][0]["ipAddress"]
         .as_str()
         .unwrap_or_default()
@@ -272,11 +288,23 @@ fn a_tcp_connection_to_the_guest_survives_its_live_migration() -> anyhow::Result
     let mut client = Client::start(&node_a, &ip)?;
     let hello = client.line()?;
     assert!(hello.starts_with("CONNECTED "), "{hello}");
-    assert_eq!(client.round_trip("before-migration")?, "GOT before-migration");
+    assert_eq!(
+        client.round_trip("before-migration")?,
+        "GOT before-migration"
+    );
 
     // A ping every 20 ms from node1 while the VMI moves.
     let mut ping = Command::new("ip")
-        .args(["netns", "exec", node_a.name(), "python3", "-u", "-c", PINGER, &ip])
+        .args([
+            "netns",
+            "exec",
+            node_a.name(),
+            "python3",
+            "-u",
+            "-c",
+            PINGER,
+            &ip,
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -297,8 +325,7 @@ fn a_tcp_connection_to_the_guest_survives_its_live_migration() -> anyhow::Result
     // The VMI runs on node2 with the same address and MAC; no reboot.
     let v = c.wait_until("the VMI Running on node2", Duration::from_secs(30), || {
         let v = c.get_json(&["vmi", "tcp"])?;
-        Ok((v["status"]["phase"] == "Running" && v["status"]["nodeName"] == "node2")
-            .then_some(v))
+        Ok((v["status"]["phase"] == "Running" && v["status"]["nodeName"] == "node2").then_some(v))
     })?;
     assert_eq!(v["metadata"]["uid"], uid.as_str());
     assert_eq!(v["status"]["interfaces"][0]["ipAddress"], ip.as_str());
@@ -320,8 +347,10 @@ fn a_tcp_connection_to_the_guest_survives_its_live_migration() -> anyhow::Result
             .to_string();
         let a = node_a.ip(&["route", "show", &ip])?;
         let b = node_b.ip(&["route", "show", &ip])?;
-        Ok((claim.contains(&ip) && a.contains("fv-vx0") && b.contains("fv-br0"))
-            .then_some((claim, a, b)))
+        Ok(
+            (claim.contains(&ip) && a.contains("fv-vx0") && b.contains("fv-br0"))
+                .then_some((claim, a, b)),
+        )
     })?;
     assert!(
         routes.1.contains(&format!("via {b_gw} dev fv-vx0")),
@@ -346,15 +375,25 @@ fn a_tcp_connection_to_the_guest_survives_its_live_migration() -> anyhow::Result
     {
         eprintln!("{l}");
     }
+    // When each side moved the routes (for the figures in docs/migration.md).
+    for (who, log) in [("node1", c.server_log()), ("node2", c.agent_log("node2"))] {
+        for l in log.lines().filter(|l| {
+            l.contains("pod routes") || l.contains("Migrated to") || l.contains("target ready")
+        }) {
+            eprintln!("{who}: {l}");
+        }
+    }
     drop(client);
     c.kubectl_ok(&["delete", "vmi", "tcp", "--timeout=120s"])?;
     // The claim goes with the VMI.
     c.wait_until("node2's claim withdrawn", Duration::from_secs(60), || {
         let n2: Value = c.get_json(&["node", "node2"])?;
         let a = node_a.ip(&["route", "show", &ip])?;
-        Ok((n2["metadata"]["annotations"]["ferrovirt.io/pod-routes"].is_null()
-            && !a.contains("fv-vx0"))
-        .then_some(()))
+        Ok(
+            (n2["metadata"]["annotations"]["ferrovirt.io/pod-routes"].is_null()
+                && !a.contains("fv-vx0"))
+            .then_some(()),
+        )
     })?;
     Ok(())
 }

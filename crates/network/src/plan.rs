@@ -429,12 +429,7 @@ mod tests {
 
     #[test]
     fn an_incoming_migration_keeps_its_address_from_another_subnet() {
-        let mut req = PodRequest::new(
-            "uid-m",
-            "ns",
-            "vm",
-            Binding::Masquerade { ports: vec![] },
-        );
+        let mut req = PodRequest::new("uid-m", "ns", "vm", Binding::Masquerade { ports: vec![] });
         req.address = Some(Ipv4Addr::new(10, 244, 4, 99));
         req.migrated = true;
         let p = PodPlan::build(&node(), &req).unwrap();

@@ -300,10 +300,7 @@ mod tests {
             &claims(&[("c", &["10.244.1.7"])]),
             &hosted,
         );
-        assert_eq!(
-            d,
-            BTreeMap::from([(addr("10.244.1.7"), HostRoute::Local)])
-        );
+        assert_eq!(d, BTreeMap::from([(addr("10.244.1.7"), HostRoute::Local)]));
         let obs = parse_observed(
             &node(),
             "fv-vx0",
@@ -366,7 +363,14 @@ mod tests {
                 // a claims: a node gateway, an address outside the cluster, one of its own.
                 (
                     "a",
-                    &["10.244.2.1", "10.244.3.0", "8.8.8.8", "10.244.1.20", "10.244.3.5", "10.244.9.5"],
+                    &[
+                        "10.244.2.1",
+                        "10.244.3.0",
+                        "8.8.8.8",
+                        "10.244.1.20",
+                        "10.244.3.5",
+                        "10.244.9.5",
+                    ],
                 ),
                 // c claims an address a claims too: the first name wins.
                 ("c", &["10.244.9.5", "10.244.1.9"]),
@@ -390,7 +394,10 @@ mod tests {
                 "{refused}: {notes}"
             );
         }
-        assert!(notes.contains("claimed by nodes a and c: a kept"), "{notes}");
+        assert!(
+            notes.contains("claimed by nodes a and c: a kept"),
+            "{notes}"
+        );
         assert!(notes.contains("node x publishes pod routes but is no overlay peer"));
     }
 }
