@@ -540,10 +540,7 @@ impl AgentNet {
             }
             return Ok(Attachment::default());
         };
-        match self
-            .attach_inner(client, node, vmi, uid, dir, &secondaries, opts)
-            .await
-        {
+        match self.attach_inner(client, node, vmi, uid, dir, opts).await {
             Ok(a) => Ok(a),
             Err(e) => {
                 self.detach(uid).await;
@@ -559,9 +556,9 @@ impl AgentNet {
         vmi: &VirtualMachineInstance,
         uid: &str,
         dir: &Path,
-        secondaries: &[SecondaryInterface],
         opts: &AttachOptions,
     ) -> Result<Attachment, AgentError> {
+        let secondaries = &secondary_interfaces(vmi)?;
         let mut out = Attachment::default();
         if let Some(pi) = mapping::pod_interface(vmi)? {
             let plan = {
