@@ -201,7 +201,8 @@ mod tests {
         );
         assert_eq!(notes.len(), 1);
         assert!(
-            notes[0].starts_with("node c: ferrovirt.io/pod-routes"),
+            notes[0].starts_with("node c: ")
+                && notes[0].contains("ferrovirt.io/pod-routes \"garbage\""),
             "{notes:?}"
         );
     }
