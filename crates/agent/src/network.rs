@@ -560,6 +560,8 @@ impl AgentNet {
     ) -> Result<Attachment, AgentError> {
         let secondaries = &secondary_interfaces(vmi)?;
         let mut out = Attachment::default();
+        // The namespace of the pod interface, which the secondary interfaces share.
+        let mut pod_netns = None;
         if let Some(pi) = mapping::pod_interface(vmi)? {
             let plan = {
                 // Held while allocating, so two VMIs starting together never pick one address.
@@ -589,19 +591,18 @@ impl AgentNet {
                         }
                         let mut plan =
                             ferrovirt_network::PodPlan::build(node, &req).map_err(net_err)?;
-                        // Nodes played by namespaces of one host (`--node-netns`) share
-                        // /run/netns: the source's namespace of this VMI may be there.
-                        if opts.incoming
-                            && let Some(n) = &node.netns
-                            && ferrovirt_network::netns::exists(&plan.netns)
-                        {
-                            plan.netns = format!("{}-{n}", plan.netns);
-                        }
+                        plan.netns = incoming_netns(
+                            &plan.netns,
+                            opts.incoming,
+                            node.netns.as_deref(),
+                            ferrovirt_network::netns::exists(&plan.netns),
+                        );
                         launchers::write_network_plan(dir, &plan)?;
                         plan
                     }
                 }
             };
+            pod_netns = Some(plan.netns.clone());
             let attached = ferrovirt_network::setup(&plan).await.map_err(net_err)?;
             out.taps.insert(
                 pi.name.clone(),
@@ -651,7 +652,17 @@ impl AgentNet {
                 index: k as u32 + 1,
                 mac: s.mac,
             };
-            plans.push(SecondaryPlan::build(node, &req).map_err(net_err)?);
+            let mut plan = SecondaryPlan::build(node, &req).map_err(net_err)?;
+            plan.netns = match &pod_netns {
+                Some(n) => n.clone(),
+                None => incoming_netns(
+                    &plan.netns,
+                    opts.incoming,
+                    node.netns.as_deref(),
+                    ferrovirt_network::netns::exists(&plan.netns),
+                ),
+            };
+            plans.push(plan);
         }
         // Recorded before anything is created, so teardown finds it all.
         write_secondary_plans(dir, &plans)?;
@@ -729,6 +740,22 @@ impl AgentNet {
         let p = launchers::read_network_plan(&self.cfg.vmi_dir(uid))?;
         let pi = mapping::pod_interface(vmi).ok().flatten()?;
         Some((pi.name, p.address.to_string()))
+    }
+}
+
+/// The name of a VMI's network namespace on this node. Nodes played by namespaces of one
+/// host (`--node-netns`) share /run/netns: an incoming migration whose usual name is `taken`
+/// there (by the source node's namespace of the VMI) gets the node's namespace name appended.
+/// On real nodes the usual name is never taken.
+pub fn incoming_netns(
+    usual: &str,
+    incoming: bool,
+    node_netns: Option<&str>,
+    taken: bool,
+) -> String {
+    match node_netns {
+        Some(n) if incoming && taken => format!("{usual}-{n}"),
+        _ => usual.to_string(),
     }
 }
 
@@ -844,6 +871,17 @@ mod tests {
             "spec": {"domain": {"devices": {"interfaces": ifaces}}, "networks": nets}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn an_incoming_vmi_gets_a_namespace_of_its_own_on_a_shared_host() {
+        assert_eq!(
+            incoming_netns("fv-u", true, Some("nodeb"), true),
+            "fv-u-nodeb"
+        );
+        assert_eq!(incoming_netns("fv-u", true, Some("nodeb"), false), "fv-u");
+        assert_eq!(incoming_netns("fv-u", false, Some("nodeb"), true), "fv-u");
+        assert_eq!(incoming_netns("fv-u", true, None, true), "fv-u");
     }
 
     #[test]
