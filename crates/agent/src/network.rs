@@ -489,33 +489,45 @@ impl AgentNet {
             }
             state.notes = notes;
         }
-        match ferrovirt_network::pod::sync_routes(node, &ov.device, &desired).await {
+        let claim = ferrovirt_network::routes::encode_claims(
+            &ferrovirt_network::routes::away_addresses(node, &hosted),
+        );
+        // The claim is written while the local routes change: the other nodes start
+        // routing here one API round trip sooner.
+        let publish = async {
+            if state.published.as_ref() == Some(&claim) {
+                return None;
+            }
+            let patch = json!({"metadata": {"annotations": {
+                ferrovirt_network::routes::ROUTES_ANNOTATION: claim
+            }}});
+            Some(
+                state
+                    .api
+                    .patch(
+                        &state.node_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await,
+            )
+        };
+        let (synced, published) = tokio::join!(
+            ferrovirt_network::pod::sync_routes(node, &ov.device, &desired),
+            publish
+        );
+        match synced {
             Ok(0) => {}
             Ok(n) => tracing::info!(routes = desired.len(), steps = n, "pod routes synced"),
             Err(e) => tracing::warn!("pod routes: {e}"),
         }
-        let claim = ferrovirt_network::routes::encode_claims(
-            &ferrovirt_network::routes::away_addresses(node, &hosted),
-        );
-        if state.published.as_ref() != Some(&claim) {
-            let patch = json!({"metadata": {"annotations": {
-                ferrovirt_network::routes::ROUTES_ANNOTATION: claim
-            }}});
-            match state
-                .api
-                .patch(
-                    &state.node_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(?claim, "pod routes published");
-                    state.published = Some(claim);
-                }
-                Err(e) => tracing::warn!("publishing pod routes: {e}"),
+        match published {
+            None => {}
+            Some(Ok(_)) => {
+                tracing::info!(?claim, "pod routes published");
+                state.published = Some(claim);
             }
+            Some(Err(e)) => tracing::warn!("publishing pod routes: {e}"),
         }
     }
 
