@@ -421,7 +421,7 @@ spec:
             "--snapshot",
             "snap1",
             "--ttl",
-            "25s",
+            "60s",
             "--format",
             "raw",
             "--output",
@@ -430,6 +430,10 @@ spec:
         ],
     )?;
     assert_eq!(sha256_file(&snap_raw)?, want, "the snapshot's bytes");
+    // Its token and URL, read now: its TTL may end while the second server works.
+    let e = export(&a, "exsnap", "default")?;
+    let snap_token = token_of(&a, &e, "default")?;
+    let snap_url = raw_url(&e, "exp-root");
 
     // The second server: the manifests applied there import the disk from this server's
     // export (its CA, the token header) and the VM boots.
@@ -464,9 +468,6 @@ spec:
     b.wait_booted("expvm", BOOT)?;
 
     // The snapshot export's TTL ends it: deleted, its URL no longer served.
-    let e = export(&a, "exsnap", "default")?;
-    let snap_token = token_of(&a, &e, "default")?;
-    let snap_url = raw_url(&e, "exp-root");
     a.wait_gone("vmexport", "exsnap", STEP)?;
     let code = curl_status(&a, &snap_url, Some(&snap_token))?;
     assert!(code == 404 || code == 410, "{code}");
