@@ -502,7 +502,7 @@ mod tests {
 
     #[test]
     fn raw_and_gzip_are_served_dir_and_tar_gz_refused_with_the_reason() {
-        assert_eq!(file_format("disk.img").unwrap(), false);
+        assert!(!file_format("disk.img").unwrap());
         assert!(file_format("disk.img.gz").unwrap());
         for f in ["dir", "disk.tar.gz"] {
             let e = file_format(f).unwrap_err();
