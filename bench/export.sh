@@ -3,7 +3,9 @@
 # server (curl over HTTPS, export token; the bytes streamed from the node agent of the `local`
 # volume) vs reading the volume's file directly, raw and gzip. Baselines measured in the same
 # run: `cat FILE > /dev/null` and `sha256sum FILE` (what a downloader checking the disk does)
-# for raw, `gzip -1 -c FILE > /dev/null` for gzip (the export compresses at gzip's fast level).
+# for raw, `gzip -1 -c FILE > /dev/null` for gzip (the export compresses at gzip's fast level),
+# and the same file served over one HTTPS connection by `openssl s_server -WWW` to the same
+# curl (what any TLS download of the file costs here: the floor of an HTTPS export).
 # Goal: ratio (our throughput / baseline) >= 0.8. Use a release binary (--bin) for figures
 # that mean something: a debug build runs TLS, HTTP and deflate unoptimized.
 # The volume is --size-mib MiB, its first half random bytes, the rest zeros (sparse); the
@@ -70,10 +72,27 @@ got=$(curl -sf --cacert "$CA" -H "x-kubevirt-export-token: $TOKEN" "$URL" | sha2
 gz=$(curl -sf --cacert "$CA" -H "x-kubevirt-export-token: $TOKEN" "$URL.gz" | gzip -dc | sha256sum | cut -d' ' -f1)
 [ "$want" = "$gz" ] || { echo "gzip export bytes differ from the volume" >&2; exit 1; }
 
+# The TLS baseline: the same file over HTTPS from openssl's own server, fetched by curl.
+openssl req -x509 -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -days 1 \
+  -keyout "$WORK/tls.key" -out "$WORK/tls.crt" >/dev/null 2>&1
+mkdir -p "$WORK/www" && ln -s "$IMG" "$WORK/www/disk.img"
+TLSPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+(cd "$WORK/www" && exec openssl s_server -quiet -WWW -accept "127.0.0.1:$TLSPORT" \
+  -cert "$WORK/tls.crt" -key "$WORK/tls.key") >/dev/null 2>&1 &
+SSERVER=$!
+trap 'kill $SERVER $SSERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq 50); do
+  curl -sfk -o /dev/null -r 0-0 "https://127.0.0.1:$TLSPORT/disk.img" && break
+  sleep 0.1
+done
+tls=$(curl -sfk "https://127.0.0.1:$TLSPORT/disk.img" | sha256sum | cut -d' ' -f1)
+[ "$want" = "$tls" ] || { echo "the TLS baseline's bytes differ from the volume" >&2; exit 1; }
+
 secs() { local t0 t1; t0=$(date +%s.%N); "$@"; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
 base_raw() { cat "$IMG" >/dev/null; }
 base_sha() { sha256sum "$IMG" >/dev/null; }
 base_gz() { gzip -1 -c "$IMG" >/dev/null; }
+base_tls() { curl -sfk -o /dev/null "https://127.0.0.1:$TLSPORT/disk.img"; }
 ours_raw() { curl -sf --cacert "$CA" -H "x-kubevirt-export-token: $TOKEN" -o /dev/null "$URL"; }
 # Diagnostic: the node agent's export route alone (one TLS hop, the agents' token).
 AGENT=$(k get node bench -o jsonpath='{.metadata.annotations.ferrovirt\.io/agent-endpoint}')
@@ -82,7 +101,7 @@ agent_raw() { curl -sfk -H "Authorization: Bearer $ADMIN" -o /dev/null "$AGENT/s
 ours_gz() { curl -sf --cacert "$CA" -H "x-kubevirt-export-token: $TOKEN" -o /dev/null "$URL.gz"; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 declare -A T
-ALL="base_raw base_sha ours_raw agent_raw base_gz ours_gz"
+ALL="base_raw base_sha base_tls ours_raw agent_raw base_gz ours_gz"
 for f in $ALL; do T[$f]=""; done
 cat "$IMG" >/dev/null
 for _ in $(seq "$RUNS"); do
@@ -91,7 +110,7 @@ for _ in $(seq "$RUNS"); do
   done
 done
 echo "volume ${SIZE} MiB (half random, half zeros), ${RUNS} runs, medians:"
-for pair in "raw cat:base_raw" "raw sha256sum:base_sha" "gz gzip-1:base_gz"; do
+for pair in "raw cat:base_raw" "raw sha256sum:base_sha" "raw https-file:base_tls" "gz gzip-1:base_gz"; do
   fmt=${pair%% *}; rest=${pair#* }; name=${rest%%:*}; base=${rest#*:}
   b=$(printf '%s' "${T[$base]}" | median)
   o=$(printf '%s' "${T[ours_$fmt]}" | median)

@@ -174,15 +174,16 @@ async fn wait_ready(
         if phase == "Ready" {
             return Ok(status);
         }
-        let why = status["conditions"]
+        let ready = status["conditions"]
             .as_array()
             .into_iter()
             .flatten()
             .find(|c| c["type"] == "Ready")
-            .and_then(|c| c["message"].as_str())
-            .unwrap_or("")
-            .to_string();
-        if matches!(phase, "Terminated" | "Skipped") {
+            .cloned()
+            .unwrap_or(Value::Null);
+        let why = ready["message"].as_str().unwrap_or("").to_string();
+        // A running VM's export whose online snapshot failed never becomes ready.
+        if matches!(phase, "Terminated" | "Skipped") || ready["reason"] == "SnapshotFailed" {
             return Err(CliError::Usage(format!(
                 "VirtualMachineExport {name} is {phase}: {why}"
             )));

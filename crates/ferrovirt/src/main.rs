@@ -233,11 +233,16 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         },
         ca_pem: server.ca_pem.clone(),
     };
-    exports_handle.set(
-        node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-export").await?,
-        Some(server.token.clone()),
-        export_endpoint.clone(),
-    );
+    exports_handle.set(ferrovirt_controller::export::serve::ServeOptions {
+        client: node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-export").await?,
+        agent_token: Some(server.token.clone()),
+        endpoint: export_endpoint.clone(),
+        // The embedded agent's volumes are read in this process (one TLS hop less).
+        local_node: (!args.disable_agent).then(|| ferrovirt_controller::export::serve::LocalNode {
+            name: args.node_name.clone().unwrap_or_else(node::hostname),
+            agent_data_dir: args.data_dir.join("agent"),
+        }),
+    });
     tracing::info!(
         "API server listening on https://{}; kubeconfig: {}",
         server.addr,

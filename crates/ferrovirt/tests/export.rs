@@ -1,19 +1,21 @@
 //! VirtualMachineExport end to end (docs/export.md), against the real binary, kubectl, curl and
-//! TCG guests: a VM boots from an imported `local` root claim; an export of it stays Pending
-//! while it runs (never a torn read) and becomes Ready once it stops; `ferrovirt vmexport
+//! TCG guests: a VM boots from an imported `local` root claim and stops; an export of it
+//! becomes Ready; `ferrovirt vmexport
 //! download` fetches the disk raw and gzip, and both equal the volume's bytes (SHA-256 of the
 //! file on the node); tokens are checked (none, wrong, another export's, another
 //! namespace's); after a VirtualMachineSnapshot the live volume is a layer chain and its
 //! export (flattened through qemu-nbd) still equals the bytes, as does the snapshot's own
 //! export, which ends at its TTL; and the `all` manifests applied to a second server import
 //! the disk from the first server's export URL (its CA, the token header Secret) and the VM
-//! boots there.
+//! boots there. A second test exports a running VM: the export takes an online
+//! VirtualMachineSnapshot of it (owned by the export, deleted with it) and serves the bytes of
+//! that moment — a marker the guest wrote before is in the download, one written after is not.
 
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest, serve_files};
+use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest, serve_files};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ferrovirt");
@@ -80,6 +82,20 @@ fn curl_status(c: &Cluster, url: &str, token: Option<&str>) -> anyhow::Result<u1
         .trim()
         .parse()
         .context("curl's status")
+}
+
+/// `curl` GET of `url` with `token`: the body.
+fn curl_body(c: &Cluster, url: &str, token: &str) -> anyhow::Result<String> {
+    let ca = c.data_dir.join("tls").join("ca.crt");
+    let out = Command::new("curl")
+        .args(["-s", "--cacert"])
+        .arg(&ca)
+        .arg("-H")
+        .arg(format!("x-kubevirt-export-token: {token}"))
+        .arg(url)
+        .output()
+        .context("running curl")?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn export(c: &Cluster, name: &str, ns: &str) -> anyhow::Result<Value> {
@@ -188,18 +204,12 @@ spec:
         assert!(d.contains("virtualmachineexports"), "{d}");
     }
 
-    // An export of the running VM waits: Pending, Ready=False inUse, no links.
+    // Stopped: an export of the VM is Ready, with raw and gzip links for the claim (a running
+    // VM's export goes through a snapshot: the second test).
+    set_run_strategy(&a, "expvm", "Halted")?;
+    a.wait_gone("vmi", "expvm", STEP)?;
     fv_ok(&a, &["vmexport", "create", "ex1", "--vm", "expvm"])?;
-    let e = wait_phase(&a, "ex1", "default", "Pending")?;
-    let ready = e["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "Ready")
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(ready["reason"], "inUse", "{e}");
-    assert!(e["status"]["links"].is_null(), "{e}");
+    let e = wait_phase(&a, "ex1", "default", "Ready")?;
     assert_eq!(e["status"]["tokenSecretRef"], "export-token-ex1", "{e}");
     let token = token_of(&a, &e, "default")?;
     assert_eq!(token.len(), 64, "{token:?}");
@@ -208,12 +218,6 @@ spec:
         a.port
     );
     let direct_url = format!("{base}/volumes/exp-root/disk.img");
-    assert_eq!(curl_status(&a, &direct_url, Some(&token))?, 409);
-
-    // Stopped: Ready, with raw and gzip links for the claim.
-    set_run_strategy(&a, "expvm", "Halted")?;
-    a.wait_gone("vmi", "expvm", STEP)?;
-    let e = wait_phase(&a, "ex1", "default", "Ready")?;
     assert_eq!(raw_url(&e, "exp-root"), direct_url, "{e}");
     assert_eq!(e["status"]["virtualMachineName"], "expvm", "{e}");
     let cert = e["status"]["links"]["external"]["cert"]
@@ -221,6 +225,17 @@ spec:
         .unwrap_or("");
     assert!(cert.contains("BEGIN CERTIFICATE"), "{e}");
     assert!(e["status"]["ttlExpirationTime"].is_string(), "{e}");
+    // Our volumes are disk images: dir and tar.gz are refused with the reason.
+    for f in ["disk.tar.gz", "dir", "dir/etc/passwd"] {
+        let url = format!("{base}/volumes/exp-root/{f}");
+        assert_eq!(curl_status(&a, &url, Some(&token))?, 404, "{f}");
+        assert!(curl_body(&a, &url, &token)?.contains("disk image"), "{f}");
+    }
+    // The token is checked before anything is said about the format.
+    assert_eq!(
+        curl_status(&a, &format!("{base}/volumes/exp-root/dir/x"), None)?,
+        401
+    );
 
     // The volume's bytes, read directly on the node.
     let pv = a.kubectl_ok(&[
@@ -406,7 +421,7 @@ spec:
             "--snapshot",
             "snap1",
             "--ttl",
-            "25s",
+            "60s",
             "--format",
             "raw",
             "--output",
@@ -415,6 +430,10 @@ spec:
         ],
     )?;
     assert_eq!(sha256_file(&snap_raw)?, want, "the snapshot's bytes");
+    // Its token and URL, read now: its TTL may end while the second server works.
+    let e = export(&a, "exsnap", "default")?;
+    let snap_token = token_of(&a, &e, "default")?;
+    let snap_url = raw_url(&e, "exp-root");
 
     // The second server: the manifests applied there import the disk from this server's
     // export (its CA, the token header) and the VM boots.
@@ -449,9 +468,6 @@ spec:
     b.wait_booted("expvm", BOOT)?;
 
     // The snapshot export's TTL ends it: deleted, its URL no longer served.
-    let e = export(&a, "exsnap", "default")?;
-    let snap_token = token_of(&a, &e, "default")?;
-    let snap_url = raw_url(&e, "exp-root");
     a.wait_gone("vmexport", "exsnap", STEP)?;
     let code = curl_status(&a, &snap_url, Some(&snap_token))?;
     assert!(code == 404 || code == 410, "{code}");
@@ -506,5 +522,206 @@ spec:
         Ok((v["status"]["phase"] == "Pending").then_some(v))
     })?;
     assert!(e.to_string().contains("missing-secret"), "{e}");
+    Ok(())
+}
+
+const RUNNING_VM: &str = r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {name: run-data, namespace: default}
+spec:
+  source: {blank: {}}
+  storage: {resources: {requests: {storage: 16Mi}}}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: runvm, namespace: default}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        devices:
+          disks:
+          - name: root
+            disk: {bus: virtio}
+          - name: data
+            disk: {bus: virtio}
+      volumes:
+      - name: root
+        dataVolume: {name: run-root}
+      - name: data
+        dataVolume: {name: run-data}
+"#;
+
+const BEFORE: &str = "EXPORT-BEFORE";
+const AFTER: &str = "EXPORT-AFTER";
+
+/// Writes `marker` at `sector` of the guest's data disk (`/dev/vdb`), flushed to the host.
+fn write_marker(console: &SerialConsole, marker: &str, sector: u64) -> anyhow::Result<()> {
+    let (out, rc) = console.exec(
+        &format!("echo {marker} | dd of=/dev/vdb bs=512 seek={sector} conv=fsync && sync"),
+        Duration::from_secs(30),
+    )?;
+    anyhow::ensure!(rc == 0, "writing {marker}: {out}");
+    Ok(())
+}
+
+/// `len` bytes at `sector` of a downloaded image.
+fn image_bytes(path: &std::path::Path, sector: u64, len: usize) -> anyhow::Result<String> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    std::fs::File::open(path)?.read_exact_at(&mut buf, sector * 512)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+#[test]
+fn exporting_a_running_vm_goes_through_an_online_snapshot() -> anyhow::Result<()> {
+    let guest = TestGuest::get()?;
+    let c = Cluster::start(&ClusterOptions::new(BIN))?;
+    let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
+    c.apply(&format!(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {{name: run-root, namespace: default}}
+spec:
+  source: {{http: {{url: "{url}"}}}}
+  storage: {{resources: {{requests: {{storage: 64Mi}}}}}}
+"#
+    ))?;
+    c.apply(RUNNING_VM)?;
+    let uid = c.wait_booted("runvm", BOOT)?;
+    let dir = c.agent_dir().join("vmis").join(&uid);
+    c.wait_until("runvm: guest shell ready", BOOT, || {
+        let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
+    write_marker(&console, BEFORE, 0)?;
+
+    // The CLI creates the export of the running VM, waits for it and downloads the data disk.
+    let out_dir = c.dir.path().join("downloads");
+    std::fs::create_dir_all(&out_dir)?;
+    let first = out_dir.join("data1.img");
+    let o = fv(
+        &c,
+        &[
+            "vmexport",
+            "download",
+            "exrun",
+            "--vm",
+            "runvm",
+            "--volume",
+            "run-data",
+            "--format",
+            "raw",
+            "--output",
+            first.to_str().unwrap(),
+            "--keep-vme",
+            "--wait",
+            "4m",
+        ],
+    )?;
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(image_bytes(&first, 0, BEFORE.len())?, BEFORE);
+    assert_eq!(std::fs::metadata(&first)?.len(), 16 << 20);
+
+    // It went through the export's own online snapshot, and said so; the VM never stopped.
+    let e = export(&c, "exrun", "default")?;
+    assert_eq!(e["status"]["phase"], "Ready", "{e}");
+    let ready = e["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("VirtualMachineSnapshot vmexport-exrun"),
+        "{e}"
+    );
+    let snap = c.get_json(&["vmsnapshot", "vmexport-exrun", "-n", "default"])?;
+    assert_eq!(snap["status"]["readyToUse"], true, "{snap}");
+    assert_eq!(snap["status"]["indications"][0], "Online", "{snap}");
+    assert_eq!(
+        snap["metadata"]["ownerReferences"][0]["kind"], "VirtualMachineExport",
+        "{snap}"
+    );
+    assert_eq!(
+        snap["metadata"]["ownerReferences"][0]["name"], "exrun",
+        "{snap}"
+    );
+    let vmi = c.get_json(&["vmi", "runvm", "-n", "default"])?;
+    assert_eq!(vmi["metadata"]["uid"], uid.as_str(), "{vmi}");
+    c.wait_until("the export's SnapshotCreated event", STEP, || {
+        let ev = c.kubectl_ok(&["get", "events", "-n", "default"])?;
+        Ok(ev.contains("SnapshotCreated").then_some(()))
+    })?;
+
+    // The guest writes on; the export still serves the bytes of the snapshot's moment.
+    write_marker(&console, AFTER, 2048)?;
+    let (seen, _) = console.exec(
+        &format!(
+            "dd if=/dev/vdb bs=512 skip=2048 count=1 2>/dev/null | head -c {}; echo",
+            AFTER.len()
+        ),
+        Duration::from_secs(30),
+    )?;
+    assert!(seen.contains(AFTER), "the guest reads {seen:?}");
+    drop(console);
+    let second = out_dir.join("data2.img");
+    fv_ok(
+        &c,
+        &[
+            "vmexport",
+            "download",
+            "exrun",
+            "--volume",
+            "run-data",
+            "--format",
+            "raw",
+            "--output",
+            second.to_str().unwrap(),
+            "--keep-vme",
+        ],
+    )?;
+    assert_eq!(sha256_file(&second)?, sha256_file(&first)?);
+    assert_ne!(image_bytes(&second, 2048, AFTER.len())?, AFTER);
+
+    // The manifests carry the VM as captured.
+    let manifests = out_dir.join("manifests.yaml");
+    fv_ok(
+        &c,
+        &[
+            "vmexport",
+            "download",
+            "exrun",
+            "--manifest",
+            "--output",
+            manifests.to_str().unwrap(),
+            "--keep-vme",
+        ],
+    )?;
+    let m = std::fs::read_to_string(&manifests)?;
+    for want in [
+        "kind: VirtualMachine",
+        "name: runvm",
+        "name: run-data",
+        "name: run-root",
+    ] {
+        assert!(m.contains(want), "{want} missing in\n{m}");
+    }
+
+    // Deleting the export deletes its snapshot.
+    fv_ok(&c, &["vmexport", "delete", "exrun"])?;
+    c.wait_gone("vmexport", "exrun", STEP)?;
+    c.wait_gone("vmsnapshot", "vmexport-exrun", STEP)?;
     Ok(())
 }

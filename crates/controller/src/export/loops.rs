@@ -1,14 +1,16 @@
 //! The export controller: for each VirtualMachineExport, the token Secret (generated, owned
 //! by the export, when `spec.tokenSecretRef` is absent), the source read
-//! ([`super::resolve`]), the status written from [`super::plan::step`], and the export
-//! deleted once its TTL has passed (its Secret goes with it).
+//! ([`super::resolve`]), the status written from [`super::plan::step`], the online
+//! VirtualMachineSnapshot a running VM's export goes through (owned by the export) and the
+//! Events about it, and the export deleted once its TTL has passed (its Secret and snapshot
+//! go with it).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -20,10 +22,13 @@ use ferrovirt_api::kubevirt::export::TOKEN_KEY;
 use super::plan::{self, Endpoint, SourceState};
 use super::resources::{VERSION, VmExport};
 use crate::error::ControllerError;
+use crate::runtime::events::{EventRecorder, object_ref};
+use crate::snapshot::resources::VmSnapshot;
 
 struct Ctx {
     client: kube::Client,
     endpoint: Endpoint,
+    events: EventRecorder,
 }
 
 /// Run the export controller until its watch ends or the future is dropped.
@@ -31,6 +36,7 @@ pub async fn run(client: kube::Client, endpoint: Endpoint) -> Result<(), Control
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         endpoint,
+        events: EventRecorder::new(client.clone(), super::COMPONENT),
     });
     crate::runtime::drive(
         Controller::new(
@@ -80,14 +86,7 @@ async fn ensure_token(ctx: &Ctx, export: &VmExport) -> Result<Option<String>, Co
         metadata: ObjectMeta {
             name: Some(name),
             namespace: Some(ns),
-            owner_references: Some(vec![OwnerReference {
-                api_version: format!("{}/{VERSION}", ferrovirt_api::kubevirt::export::GROUP),
-                kind: "VirtualMachineExport".into(),
-                name: e.metadata.name.clone().unwrap_or_default(),
-                uid: e.metadata.uid.clone().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            owner_references: Some(vec![plan::owner(e)]),
             ..Default::default()
         },
         data: Some([(TOKEN_KEY.to_string(), ByteString(new_token()?.into_bytes()))].into()),
@@ -108,18 +107,35 @@ async fn reconcile(obj: Arc<VmExport>, ctx: Arc<Ctx>) -> Result<Action, Controll
     }
     let ns = e.metadata.namespace.clone().unwrap_or_default();
     let name = e.metadata.name.clone().unwrap_or_default();
-    let Some(spec) = e.spec.clone() else {
+    if e.spec.is_none() {
         return Ok(Action::await_change());
-    };
+    }
     let state = match ensure_token(&ctx, &obj).await? {
         Some(why) => SourceState::NotFound(why),
-        None => {
-            super::resolve::resolve(&ctx.client, &ns, &spec)
-                .await?
-                .state
-        }
+        None => super::resolve::resolve(&ctx.client, e).await?.state,
     };
     let d = plan::step(e, &state, &ctx.endpoint, Timestamp::now());
+    if let Some(snap) = &d.create_snapshot {
+        let snaps: Api<VmSnapshot> = Api::namespaced(ctx.client.clone(), &ns);
+        match snaps
+            .create(&PostParams::default(), &VmSnapshot((**snap).clone()))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(namespace = %ns, export = %name, "online snapshot created for the export of a running VM");
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    if let Some((warning, reason, message)) = &d.event {
+        let r = object_ref(
+            &format!("{}/{VERSION}", ferrovirt_api::kubevirt::export::GROUP),
+            "VirtualMachineExport",
+            &e.metadata,
+        );
+        ctx.events.record(&r, *warning, reason, message).await;
+    }
     let api: Api<VmExport> = Api::namespaced(ctx.client.clone(), &ns);
     if e.status.as_ref() != Some(&d.status) {
         let mut status = serde_json::to_value(&d.status)?;

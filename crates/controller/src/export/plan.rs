@@ -1,16 +1,19 @@
 //! The pure decision of the export controller: an export's status from its source's state,
-//! the time and where the API server is — phase, conditions, links, TTL expiry — and
-//! whether the export is over (deleted at expiry, as KubeVirt does).
+//! the time and where the API server is — phase, conditions, links, TTL expiry — whether the
+//! export is over (deleted at expiry, as KubeVirt does), and the online VirtualMachineSnapshot
+//! a running VM's export goes through ([`export_snapshot`]).
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::TypedLocalObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use ferrovirt_api::kubevirt::export::{
     self as ex, ExportLink, ExportLinks, ExportManifest, ExportStatus, ExportVolume,
     ExportVolumeFormat, VirtualMachineExport, format, manifest, phase,
 };
+use ferrovirt_api::kubevirt::snapshot::{SnapshotSpec, VirtualMachineSnapshot};
 
 use crate::conditions;
 
@@ -21,6 +24,13 @@ pub enum SourceState {
     NotFound(String),
     /// A VM using the volumes runs: its disks are being written (never read torn).
     InUse(String),
+    /// The exported VM runs and its export has no snapshot yet: the controller takes the
+    /// online snapshot [`snapshot_name`] of VM `vm`.
+    NeedsSnapshot { vm: String },
+    /// The export's online snapshot is being taken.
+    SnapshotInProgress(String),
+    /// The export's online snapshot failed (the reason): nothing is served.
+    SnapshotFailed(String),
     /// Claims unbound, snapshot not ready yet.
     NotReady(String),
     /// Nothing to export (a VM without claim volumes): `Skipped`.
@@ -29,6 +39,8 @@ pub enum SourceState {
     Ready {
         vm_name: Option<String>,
         volumes: Vec<String>,
+        /// The export's own online snapshot the volumes are read from (a running VM).
+        via_snapshot: Option<String>,
     },
 }
 
@@ -49,6 +61,76 @@ pub struct Decision {
     pub expired: bool,
     /// When to look again (TTL expiry, or a pending source).
     pub requeue: Option<Duration>,
+    /// The online snapshot to create (a running VM's export).
+    pub create_snapshot: Option<Box<VirtualMachineSnapshot>>,
+    /// An Event to record on the export (`warning`, reason, message): said once, when the
+    /// Ready condition's reason changes to it.
+    pub event: Option<(bool, &'static str, String)>,
+}
+
+/// Ready condition reasons of the snapshot path.
+pub const REASON_SNAPSHOT_IN_PROGRESS: &str = "SnapshotInProgress";
+pub const REASON_SNAPSHOT_FAILED: &str = "SnapshotFailed";
+
+/// The online VirtualMachineSnapshot a running VM's export `export` goes through.
+pub fn snapshot_name(export: &str) -> String {
+    format!("vmexport-{export}")
+}
+
+/// The owner reference that ties an object to export `e` (deleted with it).
+pub fn owner(e: &VirtualMachineExport) -> OwnerReference {
+    OwnerReference {
+        api_version: format!("{}/{}", ex::GROUP, super::resources::VERSION),
+        kind: "VirtualMachineExport".into(),
+        name: e.metadata.name.clone().unwrap_or_default(),
+        uid: e.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Whether `meta` is owned by export `e` (same uid).
+pub fn owned_by(meta: &ObjectMeta, e: &VirtualMachineExport) -> bool {
+    let uid = e.metadata.uid.as_deref().unwrap_or_default();
+    !uid.is_empty()
+        && meta
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "VirtualMachineExport" && o.uid == uid)
+}
+
+/// The online snapshot of running VM `vm` that export `e` serves: named
+/// [`snapshot_name`], owned by the export (garbage-collected with it), `deletionPolicy:
+/// Delete` (its content and volume snapshots go with it).
+pub fn export_snapshot(e: &VirtualMachineExport, vm: &str) -> VirtualMachineSnapshot {
+    VirtualMachineSnapshot {
+        api_version: Some("snapshot.kubevirt.io/v1beta1".into()),
+        kind: Some("VirtualMachineSnapshot".into()),
+        metadata: ObjectMeta {
+            name: Some(snapshot_name(e.metadata.name.as_deref().unwrap_or(""))),
+            namespace: e.metadata.namespace.clone(),
+            owner_references: Some(vec![owner(e)]),
+            labels: Some(
+                [(
+                    "export.kubevirt.io/export".to_string(),
+                    e.metadata.name.clone().unwrap_or_default(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(SnapshotSpec {
+            source: TypedLocalObjectReference {
+                api_group: Some("kubevirt.io".into()),
+                kind: "VirtualMachine".into(),
+                name: vm.to_string(),
+            },
+            deletion_policy: Some("Delete".into()),
+            failure_deadline: None,
+        }),
+        status: None,
+    }
 }
 
 /// How often a pending export looks at its source again.
@@ -171,8 +253,15 @@ pub fn step(
             status,
             expired: true,
             requeue: None,
+            create_snapshot: None,
+            event: None,
         };
     }
+    let old_reason = conditions::find(old.conditions.as_deref(), "Ready")
+        .and_then(|c| c.reason.clone())
+        .unwrap_or_default();
+    let mut create_snapshot = None;
+    let mut event = None;
     let pending = |status: &mut ExportStatus| status.phase = Some(phase::PENDING.into());
     match source {
         SourceState::NotFound(m) => {
@@ -185,6 +274,31 @@ pub fn step(
             set("PVCReady", true, "pvcBound", "the volumes are bound");
             pending(&mut status);
         }
+        SourceState::NeedsSnapshot { vm } => {
+            let snap = snapshot_name(name);
+            let m = format!(
+                "VirtualMachine {vm} is running: its disks are exported through the online \
+                 VirtualMachineSnapshot {snap} (never read while written)"
+            );
+            set("Ready", false, REASON_SNAPSHOT_IN_PROGRESS, &m);
+            set("PVCReady", true, "pvcBound", "the volumes are bound");
+            pending(&mut status);
+            create_snapshot = Some(Box::new(export_snapshot(export, vm)));
+            event = Some((false, "SnapshotCreated", m));
+        }
+        SourceState::SnapshotInProgress(m) => {
+            set("Ready", false, REASON_SNAPSHOT_IN_PROGRESS, m);
+            set("PVCReady", true, "pvcBound", "the volumes are bound");
+            pending(&mut status);
+        }
+        SourceState::SnapshotFailed(m) => {
+            set("Ready", false, REASON_SNAPSHOT_FAILED, m);
+            set("PVCReady", true, "pvcBound", "the volumes are bound");
+            pending(&mut status);
+            if old_reason != REASON_SNAPSHOT_FAILED {
+                event = Some((true, REASON_SNAPSHOT_FAILED, m.clone()));
+            }
+        }
         SourceState::NotReady(m) => {
             set("Ready", false, "NotReady", m);
             set("PVCReady", false, "pvcPending", m);
@@ -194,17 +308,26 @@ pub fn step(
             set("Ready", false, "NoVolumes", m);
             status.phase = Some(phase::SKIPPED.into());
         }
-        SourceState::Ready { vm_name, volumes } => {
-            set(
-                "Ready",
-                true,
-                "ExportReady",
-                "the volumes can be downloaded",
-            );
+        SourceState::Ready {
+            vm_name,
+            volumes,
+            via_snapshot,
+        } => {
+            let m = match via_snapshot {
+                Some(snap) => format!(
+                    "the volumes can be downloaded: read from the online \
+                     VirtualMachineSnapshot {snap} of the running VM"
+                ),
+                None => "the volumes can be downloaded".to_string(),
+            };
+            set("Ready", true, "ExportReady", &m);
             set("PVCReady", true, "pvcBound", "the volumes are bound");
             status.phase = Some(phase::READY.into());
             status.links = Some(links(ep, ns, name, volumes));
             status.virtual_machine_name = vm_name.clone().or(status.virtual_machine_name);
+            if via_snapshot.is_some() && old_reason != "ExportReady" {
+                event = Some((false, "ExportReady", m));
+            }
         }
     }
     status.conditions = Some(conds);
@@ -221,6 +344,8 @@ pub fn step(
         status,
         expired: false,
         requeue,
+        create_snapshot,
+        event,
     }
 }
 
@@ -254,6 +379,7 @@ mod tests {
         let src = SourceState::Ready {
             vm_name: Some("vm".into()),
             volumes: vec!["root".into()],
+            via_snapshot: None,
         };
         let d = step(&export(None), &src, &ep(), at("2026-01-01T00:00:05Z"));
         assert!(!d.expired);
@@ -308,6 +434,7 @@ mod tests {
         let src = SourceState::Ready {
             vm_name: None,
             volumes: vec!["root".into()],
+            via_snapshot: None,
         };
         let e = export(Some("1m"));
         let d = step(&e, &src, &ep(), at("2026-01-01T00:00:30Z"));
@@ -346,5 +473,93 @@ mod tests {
         let mut e = export(None);
         e.spec.as_mut().unwrap().token_secret_ref = Some("mine".into());
         assert_eq!(token_secret_name(&e), "mine");
+    }
+
+    fn ready_reason(d: &Decision) -> (String, String) {
+        let c = conditions::find(d.status.conditions.as_deref(), "Ready").unwrap();
+        (
+            c.reason.clone().unwrap_or_default(),
+            c.message.clone().unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn a_running_vm_is_exported_through_an_owned_online_snapshot() {
+        let mut e = export(None);
+        e.metadata.uid = Some("uid-ex".into());
+        let now = at("2026-01-01T00:00:05Z");
+        let d = step(
+            &e,
+            &SourceState::NeedsSnapshot { vm: "vm".into() },
+            &ep(),
+            now,
+        );
+        assert_eq!(d.status.phase.as_deref(), Some("Pending"));
+        assert!(d.status.links.is_none());
+        let (reason, msg) = ready_reason(&d);
+        assert_eq!(reason, REASON_SNAPSHOT_IN_PROGRESS);
+        assert!(msg.contains("vmexport-ex"), "{msg}");
+        let snap = d.create_snapshot.as_deref().expect("a snapshot to take");
+        assert_eq!(snap.metadata.name.as_deref(), Some("vmexport-ex"));
+        assert_eq!(snap.metadata.namespace.as_deref(), Some("ns"));
+        assert!(owned_by(&snap.metadata, &e));
+        let spec = snap.spec.as_ref().unwrap();
+        assert_eq!(spec.source.kind, "VirtualMachine");
+        assert_eq!(spec.source.name, "vm");
+        assert_eq!(spec.deletion_policy.as_deref(), Some("Delete"));
+        assert_eq!(d.event.as_ref().map(|e| e.1), Some("SnapshotCreated"));
+        assert_eq!(d.requeue, Some(PENDING_RECHECK));
+
+        // Taken: Ready, the message names the snapshot, an Event says so once.
+        e.status = Some(d.status);
+        let src = SourceState::Ready {
+            vm_name: Some("vm".into()),
+            volumes: vec!["root".into()],
+            via_snapshot: Some("vmexport-ex".into()),
+        };
+        let d = step(&e, &src, &ep(), now);
+        assert_eq!(d.status.phase.as_deref(), Some("Ready"));
+        assert!(d.create_snapshot.is_none());
+        let (reason, msg) = ready_reason(&d);
+        assert_eq!(reason, "ExportReady");
+        assert!(msg.contains("VirtualMachineSnapshot vmexport-ex"), "{msg}");
+        assert_eq!(d.event.as_ref().map(|e| e.1), Some("ExportReady"));
+        e.status = Some(d.status);
+        assert!(step(&e, &src, &ep(), now).event.is_none());
+    }
+
+    #[test]
+    fn a_failed_snapshot_fails_the_export_with_the_reason_once() {
+        let mut e = export(None);
+        let src = SourceState::SnapshotFailed(
+            "the online VirtualMachineSnapshot vmexport-ex failed: boom".into(),
+        );
+        let d = step(&e, &src, &ep(), at("2026-01-01T00:00:05Z"));
+        assert_eq!(d.status.phase.as_deref(), Some("Pending"));
+        assert!(d.status.links.is_none());
+        assert!(d.create_snapshot.is_none());
+        let (reason, msg) = ready_reason(&d);
+        assert_eq!(reason, REASON_SNAPSHOT_FAILED);
+        assert!(msg.contains("boom"), "{msg}");
+        let ev = d.event.clone().expect("a warning");
+        assert!(ev.0 && ev.2.contains("boom"), "{ev:?}");
+        e.status = Some(d.status);
+        assert!(
+            step(&e, &src, &ep(), at("2026-01-01T00:00:08Z"))
+                .event
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn only_the_exports_own_objects_are_owned() {
+        let mut e = export(None);
+        e.metadata.uid = Some("u1".into());
+        let mut other = e.clone();
+        other.metadata.uid = Some("u2".into());
+        let snap = export_snapshot(&e, "vm");
+        assert!(owned_by(&snap.metadata, &e));
+        assert!(!owned_by(&snap.metadata, &other));
+        assert!(!owned_by(&ObjectMeta::default(), &e));
     }
 }

@@ -1,12 +1,15 @@
 //! Reads an export's source from the API into what [`super::plan`] and the download routes
 //! need: the exported volumes (claim, PV, snapshot layer) or why they cannot be served now.
+//! A VM export whose own online snapshot ([`super::plan::snapshot_name`], owned by the
+//! export) exists is read from that snapshot, as an export of the snapshot would be; a
+//! running VM without one asks for it ([`SourceState::NeedsSnapshot`]).
 //! Everything is looked up in the export's own namespace: a source names no namespace, so
 //! no export can reach another namespace's objects.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::Api;
 
-use ferrovirt_api::kubevirt::export::ExportSpec;
+use ferrovirt_api::kubevirt::export::VirtualMachineExport;
 use ferrovirt_api::kubevirt::vmi::VmiPhase;
 
 use super::plan::SourceState;
@@ -46,12 +49,13 @@ impl Resolved {
     }
 }
 
-/// Reads the source of an export in `ns`.
+/// Reads the source of export `export` (in its namespace).
 pub async fn resolve(
     client: &kube::Client,
-    ns: &str,
-    spec: &ExportSpec,
+    export: &VirtualMachineExport,
 ) -> Result<Resolved, ControllerError> {
+    let ns = export.metadata.namespace.as_deref().unwrap_or("");
+    let spec = export.spec.clone().unwrap_or_default();
     let name = spec.source.name.as_str();
     match spec.source.kind.as_str() {
         "PersistentVolumeClaim" => {
@@ -63,6 +67,7 @@ pub async fn resolve(
             let mut out = Resolved::not(SourceState::Ready {
                 vm_name: None,
                 volumes: vec![name.to_string()],
+                via_snapshot: None,
             });
             match claim_volume(client, ns, name, None).await? {
                 Ok(v) => out.volumes.push(v),
@@ -71,6 +76,17 @@ pub async fn resolve(
             Ok(out)
         }
         "VirtualMachine" => {
+            let own = super::plan::snapshot_name(export.metadata.name.as_deref().unwrap_or(""));
+            let snap = Api::<VmSnapshot>::namespaced(client.clone(), ns)
+                .get_opt(&own)
+                .await?
+                .filter(|s| {
+                    super::plan::owned_by(&s.0.metadata, export)
+                        && s.0.spec.as_ref().is_some_and(|sp| sp.source.name == name)
+                });
+            if let Some(snap) = snap {
+                return export_snapshot_source(client, ns, &snap).await;
+            }
             let Some(vm) = Api::<Vm>::namespaced(client.clone(), ns)
                 .get_opt(name)
                 .await?
@@ -79,16 +95,6 @@ pub async fn resolve(
                     "VirtualMachine {name} not found"
                 ))));
             };
-            let vmi = Api::<Vmi>::namespaced(client.clone(), ns)
-                .get_opt(name)
-                .await?;
-            if vmi.is_some_and(|v| is_active(&v)) {
-                return Ok(Resolved::not(SourceState::InUse(format!(
-                    "VirtualMachine {name} is running: its disks are exported once it stops \
-                     (exporting a running VM goes through a snapshot; online snapshots are not \
-                     supported yet)"
-                ))));
-            }
             let claims: Vec<String> =
                 vm.0.spec
                     .as_ref()
@@ -103,113 +109,163 @@ pub async fn resolve(
                             .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
                     })
                     .collect();
+            let vmi = Api::<Vmi>::namespaced(client.clone(), ns)
+                .get_opt(name)
+                .await?;
+            if !claims.is_empty() && vmi.is_some_and(|v| is_active(&v)) {
+                return Ok(Resolved::not(SourceState::NeedsSnapshot {
+                    vm: name.to_string(),
+                }));
+            }
             let vm_json = serde_json::to_value(&vm.0)?;
             volumes_of(client, ns, claims, Some(name.to_string()), vm_json, |_| {
                 None
             })
             .await
         }
-        "VirtualMachineSnapshot" => {
-            let Some(snap) = Api::<VmSnapshot>::namespaced(client.clone(), ns)
-                .get_opt(name)
-                .await?
-            else {
-                return Ok(Resolved::not(SourceState::NotFound(format!(
-                    "VirtualMachineSnapshot {name} not found"
-                ))));
-            };
-            let status = snap.0.status.clone().unwrap_or_default();
-            if status.ready_to_use != Some(true) {
-                return Ok(Resolved::not(SourceState::NotReady(format!(
-                    "VirtualMachineSnapshot {name} is not ready to use"
-                ))));
-            }
-            let Some(content_name) = status.virtual_machine_snapshot_content_name else {
-                return Ok(Resolved::not(SourceState::NotReady(format!(
-                    "VirtualMachineSnapshot {name} has no content"
-                ))));
-            };
-            let Some(content) = Api::<VmSnapshotContent>::namespaced(client.clone(), ns)
-                .get_opt(&content_name)
-                .await?
-            else {
-                return Ok(Resolved::not(SourceState::NotFound(format!(
-                    "VirtualMachineSnapshotContent {content_name} not found"
-                ))));
-            };
-            let spec = content.0.spec.clone().unwrap_or_default();
-            let vm_json = serde_json::to_value(spec.source.virtual_machine.clone())?;
-            let vm_name = spec
-                .source
-                .virtual_machine
-                .as_ref()
-                .and_then(|v| v.metadata.as_ref())
-                .and_then(|m| m.name.clone());
-            let mut out = Resolved::not(SourceState::Ready {
-                vm_name: vm_name.clone(),
-                volumes: Vec::new(),
-            });
-            out.vm = Some(vm_json);
-            let mut names = Vec::new();
-            for b in spec.volume_backups.iter().flatten() {
-                let claim_name = b
-                    .persistent_volume_claim
-                    .metadata
-                    .as_ref()
-                    .and_then(|m| m.name.clone())
-                    .unwrap_or_else(|| b.volume_name.clone());
-                let Some(vs_name) = &b.volume_snapshot_name else {
-                    continue;
-                };
-                let handle = match snapshot_handle(client, ns, vs_name).await? {
-                    Ok(h) => h,
-                    Err(state) => return Ok(Resolved::not(state)),
-                };
-                let Some((pv_name, layer)) = handle.split_once('/') else {
-                    return Ok(Resolved::not(SourceState::NotFound(format!(
-                        "VolumeSnapshot {vs_name} has the foreign handle {handle:?}"
-                    ))));
-                };
-                let Some(pv) = Api::<PersistentVolume>::all(client.clone())
-                    .get_opt(pv_name)
-                    .await?
-                else {
-                    return Ok(Resolved::not(SourceState::NotFound(format!(
-                        "the volume {pv_name} of VolumeSnapshot {vs_name} is gone"
-                    ))));
-                };
-                let claim = PersistentVolumeClaim {
-                    metadata: b
-                        .persistent_volume_claim
-                        .metadata
-                        .clone()
-                        .unwrap_or_default(),
-                    spec: b.persistent_volume_claim.spec.clone(),
-                    status: None,
-                };
-                names.push(claim_name.clone());
-                out.volumes.push(Volume {
-                    name: claim_name,
-                    claim,
-                    pv,
-                    handle: Some(layer.to_string()),
-                });
-            }
-            if names.is_empty() {
-                return Ok(Resolved::not(SourceState::Nothing(format!(
-                    "VirtualMachineSnapshot {name} holds no volumes"
-                ))));
-            }
-            out.state = SourceState::Ready {
-                vm_name,
-                volumes: names,
-            };
-            Ok(out)
-        }
+        "VirtualMachineSnapshot" => snapshot_source(client, ns, name).await,
         other => Ok(Resolved::not(SourceState::NotFound(format!(
             "exporting a {other} is not supported"
         )))),
     }
+}
+
+/// The volumes of VirtualMachineSnapshot `name`: each volume backup of its content under the
+/// captured claim's name, read from the snapshot's frozen layer; the VM as captured.
+async fn snapshot_source(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<Resolved, ControllerError> {
+    let Some(snap) = Api::<VmSnapshot>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(Resolved::not(SourceState::NotFound(format!(
+            "VirtualMachineSnapshot {name} not found"
+        ))));
+    };
+    let status = snap.0.status.clone().unwrap_or_default();
+    if status.ready_to_use != Some(true) {
+        return Ok(Resolved::not(SourceState::NotReady(format!(
+            "VirtualMachineSnapshot {name} is not ready to use"
+        ))));
+    }
+    let Some(content_name) = status.virtual_machine_snapshot_content_name else {
+        return Ok(Resolved::not(SourceState::NotReady(format!(
+            "VirtualMachineSnapshot {name} has no content"
+        ))));
+    };
+    let Some(content) = Api::<VmSnapshotContent>::namespaced(client.clone(), ns)
+        .get_opt(&content_name)
+        .await?
+    else {
+        return Ok(Resolved::not(SourceState::NotFound(format!(
+            "VirtualMachineSnapshotContent {content_name} not found"
+        ))));
+    };
+    let spec = content.0.spec.clone().unwrap_or_default();
+    let vm_json = serde_json::to_value(spec.source.virtual_machine.clone())?;
+    let vm_name = spec
+        .source
+        .virtual_machine
+        .as_ref()
+        .and_then(|v| v.metadata.as_ref())
+        .and_then(|m| m.name.clone());
+    let mut out = Resolved::not(SourceState::Ready {
+        vm_name: vm_name.clone(),
+        volumes: Vec::new(),
+        via_snapshot: None,
+    });
+    out.vm = Some(vm_json);
+    let mut names = Vec::new();
+    for b in spec.volume_backups.iter().flatten() {
+        let claim_name = b
+            .persistent_volume_claim
+            .metadata
+            .as_ref()
+            .and_then(|m| m.name.clone())
+            .unwrap_or_else(|| b.volume_name.clone());
+        let Some(vs_name) = &b.volume_snapshot_name else {
+            continue;
+        };
+        let handle = match snapshot_handle(client, ns, vs_name).await? {
+            Ok(h) => h,
+            Err(state) => return Ok(Resolved::not(state)),
+        };
+        let Some((pv_name, layer)) = handle.split_once('/') else {
+            return Ok(Resolved::not(SourceState::NotFound(format!(
+                "VolumeSnapshot {vs_name} has the foreign handle {handle:?}"
+            ))));
+        };
+        let Some(pv) = Api::<PersistentVolume>::all(client.clone())
+            .get_opt(pv_name)
+            .await?
+        else {
+            return Ok(Resolved::not(SourceState::NotFound(format!(
+                "the volume {pv_name} of VolumeSnapshot {vs_name} is gone"
+            ))));
+        };
+        let claim = PersistentVolumeClaim {
+            metadata: b
+                .persistent_volume_claim
+                .metadata
+                .clone()
+                .unwrap_or_default(),
+            spec: b.persistent_volume_claim.spec.clone(),
+            status: None,
+        };
+        names.push(claim_name.clone());
+        out.volumes.push(Volume {
+            name: claim_name,
+            claim,
+            pv,
+            handle: Some(layer.to_string()),
+        });
+    }
+    if names.is_empty() {
+        return Ok(Resolved::not(SourceState::Nothing(format!(
+            "VirtualMachineSnapshot {name} holds no volumes"
+        ))));
+    }
+    out.state = SourceState::Ready {
+        vm_name,
+        volumes: names,
+        via_snapshot: None,
+    };
+    Ok(out)
+}
+
+/// A VM export's own online snapshot: failed (the export fails with the reason), in progress,
+/// or served as an export of the snapshot would be.
+async fn export_snapshot_source(
+    client: &kube::Client,
+    ns: &str,
+    snap: &VmSnapshot,
+) -> Result<Resolved, ControllerError> {
+    let snap_name = snap.0.metadata.name.clone().unwrap_or_default();
+    let st = snap.0.status.clone().unwrap_or_default();
+    if st.phase.as_deref() == Some("Failed") {
+        let why = st
+            .error
+            .and_then(|e| e.message)
+            .unwrap_or_else(|| "no reason given".into());
+        return Ok(Resolved::not(SourceState::SnapshotFailed(format!(
+            "the online VirtualMachineSnapshot {snap_name} of the running VM failed: {why}"
+        ))));
+    }
+    if st.ready_to_use != Some(true) {
+        return Ok(Resolved::not(SourceState::SnapshotInProgress(format!(
+            "the online VirtualMachineSnapshot {snap_name} of the running VM is being taken \
+             (phase {})",
+            st.phase.as_deref().unwrap_or("unknown")
+        ))));
+    }
+    let mut r = snapshot_source(client, ns, &snap_name).await?;
+    if let SourceState::Ready { via_snapshot, .. } = &mut r.state {
+        *via_snapshot = Some(snap_name);
+    }
+    Ok(r)
 }
 
 async fn volumes_of(
@@ -228,6 +284,7 @@ async fn volumes_of(
     let mut out = Resolved::not(SourceState::Ready {
         vm_name,
         volumes: claims.clone(),
+        via_snapshot: None,
     });
     out.vm = Some(vm);
     for c in &claims {

@@ -6,6 +6,8 @@
 //!
 //! - `GET volumes/{volume}/disk.img` — the volume's raw bytes (`Content-Length` set);
 //! - `GET volumes/{volume}/disk.img.gz` — the same, gzip-compressed on the fly;
+//! - `GET volumes/{volume}/dir[/…]`, `disk.tar.gz` — refused (404) with the reason: every
+//!   ferrovirt volume is a disk image ([`NOT_AN_ARCHIVE`]);
 //! - `GET {internal|external}/manifests/all` — the VM and DataVolumes that recreate the
 //!   export elsewhere ([`super::manifests`]), YAML when `Accept` names yaml, else a JSON `List`;
 //! - `GET {internal|external}/manifests/secret` — the `auth-header-secret` manifest.
@@ -13,9 +15,11 @@
 //! The token comes in the `x-kubevirt-export-token` header or query parameter and is compared
 //! in constant time with the export's token Secret: none or a wrong one is 401. An export past
 //! its TTL is 410 (it is being deleted); an unknown export or volume 404. The source is read
-//! again for every request ([`super::resolve`]): a VM that runs now is 409, never a torn read.
+//! again for every request ([`super::resolve`]): a running VM's export serves the export's
+//! own online snapshot once it is ready (409 until then), never a torn read.
 //! A node-local volume's bytes come from its node's agent (`/storage/volumes/{pv}/export`,
-//! pinned TLS and the agents' token), a volume on the server's machine is read here; a layer
+//! pinned TLS and the agents' token) — or straight from the volume root when that node's
+//! agent is embedded in this process — a volume on the server's machine is read here; a layer
 //! chain (snapshots) is flattened on the fly, never staged in a temporary copy.
 
 use std::collections::HashMap;
@@ -45,6 +49,29 @@ struct Service {
     client: kube::Client,
     agent_token: Option<String>,
     endpoint: Endpoint,
+    local_node: Option<LocalNode>,
+}
+
+/// The node whose agent runs in this very process (the embedded agent): its volumes are read
+/// from its volume root directly, not through its HTTPS route (one TLS hop less).
+#[derive(Debug, Clone)]
+pub struct LocalNode {
+    /// The node's name.
+    pub name: String,
+    /// Its agent's data directory (volumes under `volumes/`).
+    pub agent_data_dir: std::path::PathBuf,
+}
+
+/// What the routes serve with (see [`Handle::set`]).
+pub struct ServeOptions {
+    /// A client of this very server.
+    pub client: kube::Client,
+    /// The agents' token (node-local volumes are read by their node).
+    pub agent_token: Option<String>,
+    /// Where the server is reached.
+    pub endpoint: Endpoint,
+    /// The embedded agent's node, if any.
+    pub local_node: Option<LocalNode>,
 }
 
 type Slot = Arc<OnceLock<Arc<Service>>>;
@@ -55,6 +82,15 @@ pub struct Handle {
     slot: Slot,
 }
 
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("endpoint", &self.endpoint)
+            .field("local_node", &self.local_node)
+            .finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Service").finish_non_exhaustive()
@@ -62,13 +98,13 @@ impl std::fmt::Debug for Service {
 }
 
 impl Handle {
-    /// Start serving with `client` (of this very server), the agents' token (node-local
-    /// volumes are read by their node) and where the server is reached.
-    pub fn set(&self, client: kube::Client, agent_token: Option<String>, endpoint: Endpoint) {
+    /// Start serving.
+    pub fn set(&self, o: ServeOptions) {
         let _ = self.slot.set(Arc::new(Service {
-            client,
-            agent_token,
-            endpoint,
+            client: o.client,
+            agent_token: o.agent_token,
+            endpoint: o.endpoint,
+            local_node: o.local_node,
         }));
     }
 }
@@ -79,6 +115,10 @@ pub fn deferred() -> (Router, Handle) {
     let base = "/api/export.kubevirt.io/{version}/namespaces/{ns}/virtualmachineexports/{name}";
     let router = Router::new()
         .route(&format!("{base}/volumes/{{volume}}/{{file}}"), get(volume))
+        .route(
+            &format!("{base}/volumes/{{volume}}/dir/{{*rest}}"),
+            get(dir_entry),
+        )
         .route(
             &format!("{base}/{{scope}}/manifests/{{which}}"),
             get(manifest),
@@ -208,16 +248,23 @@ async fn ready_volumes(
     svc: &Service,
     e: &VirtualMachineExport,
 ) -> Result<resolve::Resolved, Failure> {
-    let ns = e.metadata.namespace.as_deref().unwrap_or("");
-    let spec = e.spec.clone().unwrap_or_default();
-    let r = resolve::resolve(&svc.client, ns, &spec)
+    let r = resolve::resolve(&svc.client, e)
         .await
         .map_err(kube_failure)?;
     match &r.state {
         SourceState::Ready { .. } => Ok(r),
-        SourceState::InUse(m) | SourceState::NotReady(m) | SourceState::Nothing(m) => {
-            Err(fail(409, format!("the export is not ready: {m}")))
-        }
+        SourceState::InUse(m)
+        | SourceState::NotReady(m)
+        | SourceState::Nothing(m)
+        | SourceState::SnapshotInProgress(m)
+        | SourceState::SnapshotFailed(m) => Err(fail(409, format!("the export is not ready: {m}"))),
+        SourceState::NeedsSnapshot { vm } => Err(fail(
+            409,
+            format!(
+                "the export is not ready: VirtualMachine {vm} is running; its online \
+                 snapshot is about to be taken"
+            ),
+        )),
         SourceState::NotFound(m) => Err(fail(404, m.clone())),
     }
 }
@@ -252,18 +299,9 @@ async fn serve_volume(
     query: &HashMap<String, String>,
 ) -> Result<Response, Failure> {
     valid_version(version)?;
-    let gz = match file {
-        "disk.img" => false,
-        "disk.img.gz" => true,
-        other => {
-            return Err(fail(
-                404,
-                format!("{other}: the formats served are disk.img (raw) and disk.img.gz (gzip)"),
-            ));
-        }
-    };
     let svc = service(slot)?;
     let (export, _) = authorize(&svc, ns, name, headers, query).await?;
+    let gz = file_format(file)?;
     let r = ready_volumes(&svc, &export).await?;
     let Some(v) = r.volumes.iter().find(|v| v.name == vol) else {
         return Err(fail(404, format!("the export has no volume {vol}")));
@@ -285,9 +323,60 @@ async fn serve_volume(
     }
 }
 
+/// Why `dir` and `tar.gz` are not served (docs/export.md).
+pub const NOT_AN_ARCHIVE: &str = "every ferrovirt volume is a disk image (disk.img); the dir \
+     and tar.gz formats KubeVirt serves for filesystem (contentType archive) PVCs do not apply: \
+     download disk.img (raw) or disk.img.gz (gzip)";
+
+/// Whether `file` (below `volumes/{volume}/`) is the gzip format (pure): `disk.img` raw,
+/// `disk.img.gz` gzip; `dir`/`disk.tar.gz` refused with the reason; anything else 404.
+pub fn file_format(file: &str) -> Result<bool, Failure> {
+    match file {
+        "disk.img" => Ok(false),
+        "disk.img.gz" => Ok(true),
+        "dir" | "disk.tar.gz" => Err(fail(404, format!("{file}: {NOT_AN_ARCHIVE}"))),
+        other => Err(fail(
+            404,
+            format!("{other}: the formats served are disk.img (raw) and disk.img.gz (gzip)"),
+        )),
+    }
+}
+
+async fn dir_entry(
+    State(slot): State<Slot>,
+    Path((version, ns, name, vol, _rest)): Path<(String, String, String, String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    match serve_volume(&slot, &version, &ns, &name, &vol, "dir", &headers, &query).await {
+        Ok(r) => r,
+        Err(f) => f.into_response(),
+    }
+}
+
 /// The raw bytes of an exported volume, where they are.
 async fn open_volume(svc: &Service, v: &Volume) -> Result<(u64, ByteStream), Failure> {
     match nodes::placement(&v.pv) {
+        Placement::Node { node, volume }
+            if svc.local_node.as_ref().is_some_and(|l| l.name == node) =>
+        {
+            // The embedded agent's volume: read here, with the agent's own name check.
+            let l = svc.local_node.as_ref().expect("checked");
+            let root = ferrovirt_agent::nodestore::volume_root(&l.agent_data_dir);
+            let dir = ferrovirt_storage::provisioner::VolumeRoot::new(root)
+                .dir(&volume)
+                .map_err(|e| fail(400, e.to_string()))?;
+            if !dir.is_dir() {
+                return Err(fail(
+                    404,
+                    format!("volume {volume} does not exist on node {node}"),
+                ));
+            }
+            let r = ferrovirt_storage::export::open(&dir, v.handle.as_deref())
+                .await
+                .map_err(|e| fail(if e.is_permanent() { 400 } else { 500 }, e.to_string()))?;
+            Ok((r.size, r.stream))
+        }
         Placement::Node { node, volume } => {
             let token = svc
                 .agent_token
@@ -409,6 +498,18 @@ mod tests {
         assert_eq!(presented_token(&h, &q), Some("q"));
         h.insert(TOKEN_HEADER, "h".parse().unwrap());
         assert_eq!(presented_token(&h, &q), Some("h"));
+    }
+
+    #[test]
+    fn raw_and_gzip_are_served_dir_and_tar_gz_refused_with_the_reason() {
+        assert!(!file_format("disk.img").unwrap());
+        assert!(file_format("disk.img.gz").unwrap());
+        for f in ["dir", "disk.tar.gz"] {
+            let e = file_format(f).unwrap_err();
+            assert_eq!(e.code, 404);
+            assert!(e.message.contains("disk image"), "{}", e.message);
+        }
+        assert!(file_format("../disk.img").is_err());
     }
 
     #[test]

@@ -80,8 +80,7 @@ pub async fn open(dir: &Path, handle: Option<&str>) -> Result<ExportRead, Storag
 }
 
 async fn open_file(path: &Path) -> Result<ExportRead, StorageError> {
-    use tokio::io::AsyncReadExt;
-    let file = tokio::fs::File::open(path)
+    let mut file = tokio::fs::File::open(path)
         .await
         .map_err(|e| StorageError::io(path, e))?;
     let size = file
@@ -89,26 +88,12 @@ async fn open_file(path: &Path) -> Result<ExportRead, StorageError> {
         .await
         .map_err(|e| StorageError::io(path, e))?
         .len();
-    let stream = futures::stream::unfold(Some(file), |file| async move {
-        let mut file = file?;
-        let mut buf = bytes::BytesMut::zeroed(CHUNK);
-        let mut filled = 0;
-        while filled < CHUNK {
-            match file.read(&mut buf[filled..]).await {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) => return Some((Err(e), None)),
-            }
-        }
-        if filled == 0 {
-            return None;
-        }
-        buf.truncate(filled);
-        Some((Ok(buf.freeze()), Some(file)))
-    });
+    // Big reads (CHUNK per blocking read, not tokio's 2 MiB default) into the stream's own
+    // buffer, which is not zeroed first and is reused once the sent chunks are dropped.
+    file.set_max_buf_size(CHUNK);
     Ok(ExportRead {
         size,
-        stream: Box::pin(stream),
+        stream: Box::pin(tokio_util::io::ReaderStream::with_capacity(file, CHUNK)),
     })
 }
 
