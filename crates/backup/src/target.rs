@@ -1,0 +1,152 @@
+//! Where a repository lives: an S3 bucket (any S3-protocol server: endpoint, bucket, prefix,
+//! region, credentials, path-style, CA bundle) or a filesystem directory (e.g. an NFS mount),
+//! both through the maintained `object_store` crate.
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::{Certificate, ClientOptions};
+
+use crate::BackupError;
+
+/// S3 settings (BackupTarget `spec.s3`, credentials already read from their Secret).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct S3Target {
+    /// `http(s)://host:port`; empty for AWS itself.
+    pub endpoint: String,
+    pub bucket: String,
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+    /// Path-style URLs (`endpoint/bucket/key`), as most non-AWS servers want.
+    pub path_style: bool,
+    /// PEM bundle of the CAs to trust for `https` endpoints (added to the system roots).
+    pub ca_bundle: Option<String>,
+}
+
+/// A repository's location.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Target {
+    S3 {
+        s3: S3Target,
+        prefix: String,
+    },
+    Filesystem {
+        path: std::path::PathBuf,
+        prefix: String,
+    },
+}
+
+impl Target {
+    /// The object-name prefix inside the bucket or directory.
+    pub fn prefix(&self) -> &str {
+        match self {
+            Target::S3 { prefix, .. } | Target::Filesystem { prefix, .. } => prefix,
+        }
+    }
+}
+
+/// A prefix: `/`-separated segments of `[A-Za-z0-9._-]`, none `.` or `..`.
+pub fn check_prefix(prefix: &str) -> Result<(), BackupError> {
+    let p = prefix.trim_matches('/');
+    if p.is_empty() {
+        return Ok(());
+    }
+    let ok = p.split('/').all(|seg| {
+        !seg.is_empty()
+            && seg != "."
+            && seg != ".."
+            && seg
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(BackupError::InvalidName {
+            what: "prefix",
+            name: prefix.to_string(),
+        })
+    }
+}
+
+/// Builds the object store of a target. A filesystem target's directory must exist (a missing
+/// NFS mount must not be silently replaced by a local directory).
+pub fn open_store(target: &Target) -> Result<Arc<dyn ObjectStore>, BackupError> {
+    check_prefix(target.prefix())?;
+    match target {
+        Target::Filesystem { path, .. } => {
+            if !path.is_dir() {
+                return Err(BackupError::Target(format!(
+                    "filesystem target {} is not a directory",
+                    path.display()
+                )));
+            }
+            let fs = LocalFileSystem::new_with_prefix(path)
+                .map_err(|e| BackupError::Target(e.to_string()))?;
+            Ok(Arc::new(fs))
+        }
+        Target::S3 { s3, .. } => {
+            if s3.bucket.is_empty() {
+                return Err(BackupError::Target("s3 bucket is empty".into()));
+            }
+            let mut client = ClientOptions::new()
+                .with_allow_http(s3.endpoint.starts_with("http://"))
+                .with_timeout(std::time::Duration::from_secs(300));
+            if let Some(pem) = &s3.ca_bundle {
+                let certs = Certificate::from_pem_bundle(pem.as_bytes())
+                    .map_err(|e| BackupError::Target(format!("s3 CA bundle: {e}")))?;
+                for c in certs {
+                    client = client.with_root_certificate(c);
+                }
+            }
+            let mut b = AmazonS3Builder::new()
+                .with_bucket_name(&s3.bucket)
+                .with_region(if s3.region.is_empty() {
+                    "us-east-1"
+                } else {
+                    &s3.region
+                })
+                .with_access_key_id(&s3.access_key_id)
+                .with_secret_access_key(&s3.secret_access_key)
+                .with_virtual_hosted_style_request(!s3.path_style)
+                .with_client_options(client);
+            if !s3.endpoint.is_empty() {
+                b = b.with_endpoint(&s3.endpoint);
+            }
+            if let Some(t) = &s3.session_token {
+                b = b.with_token(t);
+            }
+            Ok(Arc::new(
+                b.build().map_err(|e| BackupError::Target(e.to_string()))?,
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        assert!(check_prefix("").is_ok());
+        assert!(check_prefix("cluster-a/vms").is_ok());
+        for bad in ["../x", "a/../b", "a//b", "a b", "a/./b"] {
+            assert!(check_prefix(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn missing_directory_is_refused() {
+        let t = Target::Filesystem {
+            path: "/nonexistent/ferrovirt-backup".into(),
+            prefix: String::new(),
+        };
+        let err = open_store(&t).unwrap_err().to_string();
+        assert!(err.contains("not a directory"), "{err}");
+    }
+}
