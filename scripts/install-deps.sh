@@ -42,6 +42,23 @@ declare -A NEED=(
   [ssh-keygen]=openssh-client
 )
 
+# A real S3-protocol server for the backup tests (PyPI moto[server]; Debian's pip refuses
+# system-wide installs, so it lives in its own virtual environment). Tests look for
+# $FERROVIRT_MOTO_SERVER, then /opt/ferrovirt-moto/bin/moto_server, then moto_server on PATH.
+MOTO_VENV=/opt/ferrovirt-moto
+install_moto() {
+  [ -x "$MOTO_VENV/bin/moto_server" ] && return 0
+  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  echo "install-deps: installing moto[server] into $MOTO_VENV" >&2
+  $SUDO python3 -m venv "$MOTO_VENV"
+  $SUDO "$MOTO_VENV/bin/pip" install -q 'moto[server]>=5,<6' >&2
+}
+install_moto
+
 missing=()
 for what in "${!NEED[@]}"; do
   if [[ "$what" == /* ]]; then
