@@ -402,7 +402,10 @@ pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) ->
         && let Some(old) = old
         && old.get("spec") != obj.get("spec")
     {
-        e.push(FieldError::forbidden("spec", "spec is immutable after creation"));
+        e.push(FieldError::forbidden(
+            "spec",
+            "spec is immutable after creation",
+        ));
     }
     let spec = &obj["spec"];
     match kind {
@@ -410,7 +413,10 @@ pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) ->
         "Backup" => {
             req_name(spec, "target", "BackupTarget name", &mut e);
             req_name(spec, "encryptionKeySecretRef", "Secret name", &mut e);
-            let vms = spec["virtualMachines"].as_array().cloned().unwrap_or_default();
+            let vms = spec["virtualMachines"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             if vms.is_empty() {
                 e.push(FieldError::required(
                     "spec.virtualMachines",
@@ -426,7 +432,10 @@ pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) ->
                     ));
                 }
                 if vms[..i].contains(v) {
-                    e.push(FieldError::duplicate(format!("spec.virtualMachines[{i}]"), s));
+                    e.push(FieldError::duplicate(
+                        format!("spec.virtualMachines[{i}]"),
+                        s,
+                    ));
                 }
             }
             if let Some(n) = spec["backupName"].as_str()
@@ -534,7 +543,10 @@ fn validate_restore(spec: &Value, e: &mut Vec<FieldError>) {
         Some(n) if is_backup_name(n) => {}
         n => e.push(FieldError::required(
             "spec.backupName",
-            format!("{:?}: the backup's name as the target lists it is required", n.unwrap_or("")),
+            format!(
+                "{:?}: the backup's name as the target lists it is required",
+                n.unwrap_or("")
+            ),
         )),
     }
     if let Some(map) = spec["namespaceMapping"].as_object() {
