@@ -434,6 +434,16 @@ impl Repository {
     }
 }
 
+/// Whether `target` answers: the bytes stored below its prefix (every object, a listing; no
+/// key needed), for the BackupTarget's status.
+pub async fn probe(target: &Target) -> Result<u64, BackupError> {
+    let store = open_store(target)?;
+    let p = target.prefix().trim_matches('/');
+    let base = (!p.is_empty()).then(|| Path::from(p));
+    let metas: Vec<_> = store.list(base.as_ref()).try_collect().await?;
+    Ok(metas.iter().map(|m| m.size).sum())
+}
+
 fn problem(object: &str, backup: &str, disk: Option<&str>, e: BackupError) -> VerifyProblem {
     let reason = match e {
         BackupError::Corrupt { reason, .. } => reason,
