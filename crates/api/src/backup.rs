@@ -447,7 +447,17 @@ pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) ->
                 ));
             }
         }
-        "BackupRestore" => validate_restore(spec, &mut e),
+        "BackupRestore" => {
+            validate_restore(spec, &mut e);
+            if op == Operation::Create && e.is_empty() {
+                e.push(FieldError::forbidden(
+                    "spec",
+                    "BackupRestore is not carried out in the cluster yet (docs/backup.md, \
+                     \"Not done yet\"); restore with `ferrovirt backup restore BACKUP \
+                     --target TARGET --key-secret SECRET`",
+                ));
+            }
+        }
         "BackupPlan" if op == Operation::Create => e.push(FieldError::forbidden(
             "spec.schedule",
             "BackupPlan is not carried out yet: scheduled runs, time zones and GFS retention \
@@ -656,7 +666,14 @@ mod tests {
             "encryptionKeySecretRef": "key", "start": true,
             "namespaceMapping": {"default": "restored"},
             "virtualMachines": [{"name": "default/vm1", "newName": "vm2"}]}});
-        assert!(fields("BackupRestore", r).is_empty());
+        // valid, and refused until the in-cluster restore exists, naming the CLI
+        let mut v = r.clone();
+        let errs = admit("BackupRestore", Operation::Create, &mut v, None);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].message.contains("ferrovirt backup restore"),
+            "{errs:?}"
+        );
         let missing = json!({"spec": {"target": "s3", "encryptionKeySecretRef": "key"}});
         let mut m = missing.clone();
         let errs = admit("BackupRestore", Operation::Create, &mut m, None);

@@ -1,4 +1,4 @@
-//! ferrovirt-backup: the backup repository (docs/backup.md), free of API types.
+//! ferrovirt-backup: the backup repository (docs/backup.md).
 //!
 //! A repository lives on a [`target::Target`] (an S3 bucket or a directory) and holds
 //! deduplicated, compressed, encrypted 4 MiB chunks, a full index per disk per backup, a manifest
@@ -8,7 +8,8 @@
 //! - [`crypto`]: keys derived from the Secret's key (HKDF-SHA256), keyed chunk ids
 //!   (HMAC-SHA256), sealed objects (zstd + AES-256-GCM, a random nonce each);
 //! - [`format`]: the object layout, the record types and the pure checks on them;
-//! - [`target`]: S3 and filesystem stores through `object_store`;
+//! - [`target`]: S3 and filesystem stores through `object_store`, and the target of a
+//!   BackupTarget's spec and credentials;
 //! - [`repo`]: open (key check), write a backup (dedup, stats, progress), list, read a
 //!   manifest, restore a disk, verify.
 

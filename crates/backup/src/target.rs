@@ -9,6 +9,10 @@ use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::{Certificate, ClientOptions};
 
+use std::collections::BTreeMap;
+
+use ferrovirt_api::backup::{ACCESS_KEY_ID, BackupTargetSpec, SECRET_ACCESS_KEY, SESSION_TOKEN};
+
 use crate::BackupError;
 
 /// S3 settings (BackupTarget `spec.s3`, credentials already read from their Secret).
@@ -71,6 +75,49 @@ pub fn check_prefix(prefix: &str) -> Result<(), BackupError> {
             name: prefix.to_string(),
         })
     }
+}
+
+/// The repository target of a BackupTarget; `creds` is the data of its credentials Secret
+/// (S3 only). An error names the missing or bad field.
+pub fn from_spec(
+    spec: &BackupTargetSpec,
+    creds: Option<&BTreeMap<String, Vec<u8>>>,
+) -> Result<Target, String> {
+    if let Some(fs) = &spec.filesystem {
+        return Ok(Target::Filesystem {
+            path: fs.path.clone().into(),
+            prefix: fs.prefix.clone().unwrap_or_default(),
+        });
+    }
+    let Some(s3) = &spec.s3 else {
+        return Err("spec: neither s3 nor filesystem is set".into());
+    };
+    let get = |k: &str| -> Option<String> {
+        creds
+            .and_then(|c| c.get(k))
+            .map(|b| String::from_utf8_lossy(b).trim().to_string())
+    };
+    let need = |k: &str| {
+        get(k).filter(|v| !v.is_empty()).ok_or_else(|| {
+            format!(
+                "credentials Secret {}/{} has no key {k:?}",
+                s3.credentials_secret_ref.namespace, s3.credentials_secret_ref.name
+            )
+        })
+    };
+    Ok(Target::S3 {
+        s3: S3Target {
+            endpoint: s3.endpoint.clone().unwrap_or_default(),
+            bucket: s3.bucket.clone(),
+            region: s3.region.clone().unwrap_or_default(),
+            access_key_id: need(ACCESS_KEY_ID)?,
+            secret_access_key: need(SECRET_ACCESS_KEY)?,
+            session_token: get(SESSION_TOKEN).filter(|t| !t.is_empty()),
+            path_style: s3.path_style,
+            ca_bundle: s3.ca_bundle.clone(),
+        },
+        prefix: s3.prefix.clone().unwrap_or_default(),
+    })
 }
 
 /// Builds the object store of a target. A filesystem target's directory must exist (a missing

@@ -79,16 +79,29 @@ fn now() -> String {
     Timestamp::now().to_string()
 }
 
-async fn patch_status(ctx: &Ctx, ns: &str, name: &str, status: Value) -> Result<(), ControllerError> {
+async fn patch_status(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    status: Value,
+) -> Result<(), ControllerError> {
     let api: Api<BackupRun> = Api::namespaced(ctx.client.clone(), ns);
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
-        .await?;
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await?;
     Ok(())
 }
 
 async fn reconcile(obj: Arc<BackupRun>, ctx: Arc<Ctx>) -> Result<Action, ControllerError> {
     let b = &obj.0;
-    let phase = b.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("");
+    let phase = b
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("");
     if phase == phase::SUCCEEDED || phase == phase::FAILED {
         return Ok(Action::await_change());
     }
@@ -116,7 +129,11 @@ async fn reconcile(obj: Arc<BackupRun>, ctx: Arc<Ctx>) -> Result<Action, Control
     )
     .await?;
     let oref = object_ref(
-        &format!("{}/{}", ferrovirt_api::backup::GROUP, ferrovirt_api::backup::VERSION),
+        &format!(
+            "{}/{}",
+            ferrovirt_api::backup::GROUP,
+            ferrovirt_api::backup::VERSION
+        ),
         "Backup",
         &b.metadata,
     );
@@ -183,7 +200,12 @@ async fn resolve_target(client: &kube::Client, name: &str) -> Result<Target, Str
 }
 
 /// The encryption key from Secret `name` (key `key`) in `ns`.
-async fn read_key(client: &kube::Client, ns: &str, name: &str, field: &str) -> Result<Vec<u8>, String> {
+async fn read_key(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    field: &str,
+) -> Result<Vec<u8>, String> {
     let s = Api::<Secret>::namespaced(client.clone(), ns)
         .get_opt(name)
         .await
@@ -265,10 +287,10 @@ async fn collect(
                 .spec
                 .as_ref()
                 .and_then(|s| s.volume_name.clone())
-                .filter(|_| {
-                    pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-                })
-                .ok_or_else(|| format!("claim {ns}/{claim} of VirtualMachine {name} is not bound"))?;
+                .filter(|_| pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+                .ok_or_else(|| {
+                    format!("claim {ns}/{claim} of VirtualMachine {name} is not bound")
+                })?;
             let pv = pvs
                 .get_opt(&pv_name)
                 .await
@@ -442,11 +464,14 @@ async fn check_targets(ctx: Arc<Ctx>) -> Result<(), ControllerError> {
                     },
                 };
                 let _ = api
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"status": status})),
+                    )
                     .await;
             }
         }
         tokio::time::sleep(TARGET_CHECK_EVERY).await;
     }
 }
-

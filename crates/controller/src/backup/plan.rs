@@ -7,11 +7,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use serde_json::{Value, json};
 
-use ferrovirt_api::backup::{
-    ACCESS_KEY_ID, BackupSpec, BackupTargetSpec, BackupVolumeStatus, SECRET_ACCESS_KEY,
-    SESSION_TOKEN,
-};
-use ferrovirt_backup::{DiskEntry, S3Target, Target};
+use ferrovirt_api::backup::{BackupSpec, BackupTargetSpec, BackupVolumeStatus};
+use ferrovirt_backup::{DiskEntry, Target};
 
 /// The repository target of a BackupTarget; `creds` is the data of its credentials Secret
 /// (S3 only). An error names the missing or bad field.
@@ -19,41 +16,9 @@ pub fn target_of(
     spec: &BackupTargetSpec,
     creds: Option<&BTreeMap<String, ByteString>>,
 ) -> Result<Target, String> {
-    if let Some(fs) = &spec.filesystem {
-        return Ok(Target::Filesystem {
-            path: fs.path.clone().into(),
-            prefix: fs.prefix.clone().unwrap_or_default(),
-        });
-    }
-    let Some(s3) = &spec.s3 else {
-        return Err("spec: neither s3 nor filesystem is set".into());
-    };
-    let get = |k: &str| -> Option<String> {
-        creds
-            .and_then(|c| c.get(k))
-            .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
-    };
-    let need = |k: &str| {
-        get(k).filter(|v| !v.is_empty()).ok_or_else(|| {
-            format!(
-                "credentials Secret {}/{} has no key {k:?}",
-                s3.credentials_secret_ref.namespace, s3.credentials_secret_ref.name
-            )
-        })
-    };
-    Ok(Target::S3 {
-        s3: S3Target {
-            endpoint: s3.endpoint.clone().unwrap_or_default(),
-            bucket: s3.bucket.clone(),
-            region: s3.region.clone().unwrap_or_default(),
-            access_key_id: need(ACCESS_KEY_ID)?,
-            secret_access_key: need(SECRET_ACCESS_KEY)?,
-            session_token: get(SESSION_TOKEN).filter(|t| !t.is_empty()),
-            path_style: s3.path_style,
-            ca_bundle: s3.ca_bundle.clone(),
-        },
-        prefix: s3.prefix.clone().unwrap_or_default(),
-    })
+    let creds: Option<BTreeMap<String, Vec<u8>>> =
+        creds.map(|c| c.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect());
+    ferrovirt_backup::target::from_spec(spec, creds.as_ref())
 }
 
 /// The backup's name on the target: `spec.backupName`, else `<namespace>-<name>`.
@@ -91,12 +56,18 @@ pub fn references(vm: &Value) -> Refs {
         .cloned()
         .unwrap_or_default();
     for v in &vols {
-        push(&mut r.claims, v["persistentVolumeClaim"]["claimName"].as_str());
+        push(
+            &mut r.claims,
+            v["persistentVolumeClaim"]["claimName"].as_str(),
+        );
         push(&mut r.claims, v["dataVolume"]["name"].as_str());
         push(&mut r.data_volumes, v["dataVolume"]["name"].as_str());
         for ci in ["cloudInitNoCloud", "cloudInitConfigDrive"] {
             push(&mut r.secrets, v[ci]["secretRef"]["name"].as_str());
-            push(&mut r.secrets, v[ci]["networkDataSecretRef"]["name"].as_str());
+            push(
+                &mut r.secrets,
+                v[ci]["networkDataSecretRef"]["name"].as_str(),
+            );
         }
         push(&mut r.secrets, v["secret"]["secretName"].as_str());
         push(&mut r.config_maps, v["configMap"]["name"].as_str());
@@ -173,7 +144,9 @@ pub fn condition(type_: &str, ok: bool, reason: &str, message: &str, now: &str) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrovirt_api::backup::{FilesystemLocation, S3Location, SecretReference};
+    use ferrovirt_api::backup::{
+        ACCESS_KEY_ID, FilesystemLocation, S3Location, SECRET_ACCESS_KEY, SecretReference,
+    };
 
     #[test]
     fn targets_from_specs_and_secrets() {
@@ -207,7 +180,10 @@ mod tests {
         let mut creds = BTreeMap::new();
         creds.insert(ACCESS_KEY_ID.to_string(), ByteString(b"AK\n".to_vec()));
         let err = target_of(&s3, Some(&creds)).unwrap_err();
-        assert!(err.contains("secretAccessKey") && err.contains("ns/c"), "{err}");
+        assert!(
+            err.contains("secretAccessKey") && err.contains("ns/c"),
+            "{err}"
+        );
         creds.insert(SECRET_ACCESS_KEY.to_string(), ByteString(b"SK".to_vec()));
         let Target::S3 { s3: t, .. } = target_of(&s3, Some(&creds)).unwrap() else {
             panic!()
