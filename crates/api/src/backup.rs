@@ -156,6 +156,7 @@ resource! {
 kstruct! {
     /// Which backup, which VMs, where.
     pub struct BackupRestoreSpec {
+        /// The BackupTarget the backup is on.
         pub target: String,
         /// The backup's name as the target lists it.
         pub backup_name: String,
@@ -212,10 +213,15 @@ kstruct! {
         pub schedule: String,
         /// IANA time zone of the schedule (default UTC).
         pub time_zone: Option<String>,
+        /// The BackupTarget.
         pub target: String,
+        /// VirtualMachines of this namespace, by name.
         pub virtual_machines: Option<Vec<String>>,
+        /// A Secret of this namespace whose key `key` encrypts the backups.
         pub encryption_key_secret_ref: String,
+        /// How many backups to keep.
         pub retention: Option<Retention>,
+        /// No runs while true.
         #[serde(default)]
         pub paused: bool,
     }
