@@ -40,7 +40,24 @@ declare -A NEED=(
   [htpasswd]=apache2-utils
   [ssh]=openssh-client
   [ssh-keygen]=openssh-client
+  [python3]=python3
 )
+
+# A real S3-protocol server for the backup tests (PyPI moto[server]; Debian's pip refuses
+# system-wide installs, so it lives in its own virtual environment). Tests look for
+# $FERROVIRT_MOTO_SERVER, then /opt/ferrovirt-moto/bin/moto_server, then moto_server on PATH.
+MOTO_VENV=/opt/ferrovirt-moto
+install_moto() {
+  [ -x "$MOTO_VENV/bin/moto_server" ] && return 0
+  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  echo "install-deps: installing moto[server] into $MOTO_VENV" >&2
+  $SUDO python3 -m venv "$MOTO_VENV"
+  $SUDO "$MOTO_VENV/bin/pip" install -q 'moto[server]>=5,<6' >&2
+}
 
 missing=()
 for what in "${!NEED[@]}"; do
@@ -52,6 +69,7 @@ for what in "${!NEED[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  install_moto
   exit 0
 fi
 
@@ -74,3 +92,4 @@ if [ "$qemu_pinned" = 1 ]; then
 fi
 $SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades "${pkgs[@]}" >/dev/null
 echo "install-deps: done" >&2
+install_moto

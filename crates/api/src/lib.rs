@@ -6,6 +6,7 @@
 mod macros;
 
 pub mod admission;
+pub mod backup;
 pub mod cdi;
 pub mod eviction;
 pub mod expand;

@@ -161,6 +161,7 @@ pub fn resources() -> Vec<ResourceDef> {
     v.extend(kubevirt_resources());
     v.extend(cdi_and_other_resources());
     v.extend(volume_snapshot_resources());
+    v.extend(crate::backup::resources());
     let legacy = legacy_versions(&v);
     v.extend(legacy);
     v

@@ -163,6 +163,7 @@ fn generate(def: &ResourceDef) -> Value {
         (_, "NetworkAttachmentDefinition") => schema_of::<network::NetworkAttachmentDefinition>(),
         (_, "HyperConverged") => schema_of::<hco::HyperConverged>(),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => crd_schema(),
+        (crate::backup::GROUP, k) => crate::backup::schema(k).unwrap_or_else(free_form_object),
         _ => free_form_object(),
     }
 }

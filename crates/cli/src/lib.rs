@@ -9,9 +9,11 @@
 //! - virtctl: [`virt`] (start, stop, restart, pause, unpause, soft-reboot, guestosinfo, userlist,
 //!   fslist), [`console`], [`vnc`] (proxy and screenshot), [`create_vm`], [`expand`],
 //!   [`upload`] (image-upload), [`vmexport`] (vmexport create/download/delete).
+//! - [`backup`]: `backup create|list|describe|verify|restore` (backup.ferrovirt.io).
 //! - [`error`]: kubectl-style messages.
 
 pub mod apply;
+pub mod backup;
 pub mod completion;
 pub mod console;
 pub mod create_vm;

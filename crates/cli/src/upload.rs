@@ -116,11 +116,36 @@ async fn wait_phase(
 
 /// Runs `image-upload dv`.
 pub async fn run(target: &Target, o: &UploadOptions) -> Result<(), CliError> {
-    let ns = target.namespace.clone();
     let meta = std::fs::metadata(&o.image_path).map_err(|e| CliError::Io {
         context: format!("reading {}", o.image_path.display()),
         source: e,
     })?;
+    let file = tokio::fs::File::open(&o.image_path)
+        .await
+        .map_err(|e| CliError::Io {
+            context: format!("reading {}", o.image_path.display()),
+            source: e,
+        })?;
+    run_stream(target, o, file, meta.len()).await?;
+    println!(
+        "Uploading {} completed successfully",
+        o.image_path.display()
+    );
+    Ok(())
+}
+
+/// `image-upload` of `total` bytes read from `reader` (`o.image_path` unused): the backup
+/// restore's path into a new DataVolume.
+pub async fn run_stream<R>(
+    target: &Target,
+    o: &UploadOptions,
+    reader: R,
+    total: u64,
+) -> Result<(), CliError>
+where
+    R: tokio::io::AsyncRead + Send + Unpin + 'static,
+{
+    let ns = target.namespace.clone();
     let client = target.client().await?;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &dv_resource());
     match api.get_opt(&o.name).await.map_err(CliError::from_kube)? {
@@ -159,14 +184,10 @@ pub async fn run(target: &Target, o: &UploadOptions) -> Result<(), CliError> {
             .map(|a| a.as_str())
             .unwrap_or_default()
     );
-    send(target, o, &token, meta.len()).await?;
+    send(target, o, &token, reader, total).await?;
     eprintln!("Uploading data completed successfully, waiting for processing to complete");
     wait_phase(&api, &o.name, "Succeeded", o.wait).await?;
     eprintln!("Processing completed successfully");
-    println!(
-        "Uploading {} completed successfully",
-        o.image_path.display()
-    );
     Ok(())
 }
 
@@ -204,17 +225,20 @@ pub async fn request_token(
 
 /// Streams the image to the upload path (the kubeconfig's credentials in `Authorization`, the
 /// upload token in `X-Upload-Token`; `--insecure` skips the server certificate check).
-async fn send(target: &Target, o: &UploadOptions, token: &str, total: u64) -> Result<(), CliError> {
+async fn send<R>(
+    target: &Target,
+    o: &UploadOptions,
+    token: &str,
+    file: R,
+    total: u64,
+) -> Result<(), CliError>
+where
+    R: tokio::io::AsyncRead + Send + Unpin + 'static,
+{
     use futures::StreamExt;
     use http_body_util::BodyExt;
 
     let transport = target.transport(o.insecure).await?;
-    let file = tokio::fs::File::open(&o.image_path)
-        .await
-        .map_err(|e| CliError::Io {
-            context: format!("reading {}", o.image_path.display()),
-            source: e,
-        })?;
     let mut progress = crate::progress::ByteProgress::new(total);
     let mut sent = 0u64;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();

@@ -8,6 +8,7 @@
 //!
 //! Start everything with [`run`]`(client, ControllerOptions::default())`.
 
+pub mod backup;
 pub mod conditions;
 pub mod error;
 pub mod evacuation;

@@ -221,6 +221,11 @@ pub enum VerbCommand {
         #[command(subcommand)]
         cmd: VmexportCommand,
     },
+    /// Back up VMs to a BackupTarget, list, describe, verify and restore backups.
+    Backup {
+        #[command(subcommand)]
+        cmd: ferrovirt_cli::backup::BackupCommand,
+    },
     /// Forward local ports to a VM's guest ports through the API server.
     PortForward(PortForwardArgs),
     /// SSH into a VM's guest through the API server (runs the local ssh client).
@@ -544,6 +549,7 @@ async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), CliError> {
                 VmexportCommand::Delete { name } => vmexport::delete(&target, &name).await,
             };
         }
+        VerbCommand::Backup { cmd } => return ferrovirt_cli::backup::run(&target, cmd).await,
         VerbCommand::ImageUpload(a) => {
             let o = ferrovirt_cli::upload::UploadOptions {
                 name: a.name,

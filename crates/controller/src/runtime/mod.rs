@@ -114,6 +114,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
             );
             async move { ("snapshot", crate::snapshot::run(c, s, t).await) }
         });
+        tasks.spawn({
+            let (c, t) = (client.clone(), opts.storage.agent_token.clone());
+            async move { ("backup", crate::backup::run(c, t).await) }
+        });
         if let Some(ep) = opts.export.clone() {
             let c = client.clone();
             tasks.spawn(async move { ("export", crate::export::run(c, ep).await) });

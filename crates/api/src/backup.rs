@@ -1,0 +1,720 @@
+//! backup.ferrovirt.io/v1alpha1: BackupTarget (cluster-scoped: an S3 bucket or a directory),
+//! Backup (one run: VMs by name → the target), BackupRestore (a backup found on the target →
+//! VMs here) and BackupPlan (declared; refused at creation until schedules and retention are
+//! carried out). Types, printer columns, admission (docs/backup.md).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::Value;
+
+use crate::admission::{FieldError, Operation, is_dns1123_label, is_dns1123_subdomain};
+use crate::kubevirt::vmi::Condition;
+use crate::registry::{ALL_VERBS, PrinterColumn, ResourceDef};
+
+/// The API group.
+pub const GROUP: &str = "backup.ferrovirt.io";
+/// The served (and stored) version.
+pub const VERSION: &str = "v1alpha1";
+/// The key of the encryption key in its Secret.
+pub const ENCRYPTION_KEY: &str = "key";
+/// The keys of S3 credentials in their Secret.
+pub const ACCESS_KEY_ID: &str = "accessKeyId";
+pub const SECRET_ACCESS_KEY: &str = "secretAccessKey";
+pub const SESSION_TOKEN: &str = "sessionToken";
+
+/// Phases of a Backup and a BackupRestore.
+pub mod phase {
+    pub const PENDING: &str = "Pending";
+    pub const RUNNING: &str = "Running";
+    pub const SUCCEEDED: &str = "Succeeded";
+    pub const FAILED: &str = "Failed";
+}
+
+resource! {
+    /// Where backups are stored: an S3 bucket or a filesystem directory (e.g. an NFS mount).
+    BackupTarget, BackupTargetSpec, BackupTargetStatus
+}
+
+kstruct! {
+    /// Exactly one of `s3` and `filesystem`.
+    pub struct BackupTargetSpec {
+        pub s3: Option<S3Location>,
+        pub filesystem: Option<FilesystemLocation>,
+    }
+}
+
+kstruct! {
+    /// An S3 bucket on AWS or any S3-protocol server.
+    pub struct S3Location {
+        /// `http://host:port` or `https://host:port`; empty for AWS.
+        pub endpoint: Option<String>,
+        pub bucket: String,
+        /// Object-name prefix inside the bucket (`/`-separated segments).
+        pub prefix: Option<String>,
+        /// Default `us-east-1`.
+        pub region: Option<String>,
+        /// A Secret with keys `accessKeyId`, `secretAccessKey` (and optionally `sessionToken`).
+        pub credentials_secret_ref: SecretReference,
+        /// Path-style URLs (`endpoint/bucket/key`), as most non-AWS servers need.
+        #[serde(default)]
+        pub path_style: bool,
+        /// PEM bundle of CAs trusted for an `https` endpoint, besides the system's.
+        pub ca_bundle: Option<String>,
+    }
+}
+
+kstruct! {
+    /// A directory on the server's machine (an NFS mount for a real cluster).
+    pub struct FilesystemLocation {
+        /// An absolute path; it must exist.
+        pub path: String,
+        pub prefix: Option<String>,
+    }
+}
+
+kstruct! {
+    /// A Secret in a namespace.
+    pub struct SecretReference {
+        pub name: String,
+        pub namespace: String,
+    }
+}
+
+kstruct! {
+    /// What the last check of the target found.
+    pub struct BackupTargetStatus {
+        pub reachable: Option<bool>,
+        /// Bytes of every object below the prefix.
+        pub bytes_stored: Option<i64>,
+        /// Completed backups listed in the catalog (readable without a key: their names).
+        pub last_check_time: Option<Time>,
+        pub conditions: Option<Vec<Condition>>,
+    }
+}
+
+resource! {
+    /// One backup run of VMs of the Backup's namespace to a target.
+    Backup, BackupSpec, BackupStatus
+}
+
+kstruct! {
+    /// What to back up and where.
+    pub struct BackupSpec {
+        /// The BackupTarget's name.
+        pub target: String,
+        /// VirtualMachines of this namespace, by name.
+        pub virtual_machines: Vec<String>,
+        /// A Secret of this namespace whose key `key` (at least 16 bytes) encrypts the backup.
+        pub encryption_key_secret_ref: String,
+        /// The backup's name on the target; default `<namespace>-<name>`.
+        pub backup_name: Option<String>,
+    }
+}
+
+kstruct! {
+    /// The run's state.
+    pub struct BackupStatus {
+        /// `Pending`, `Running`, `Succeeded` or `Failed`.
+        pub phase: Option<String>,
+        /// Percent of the bytes to read, e.g. `42%`.
+        pub progress: Option<String>,
+        /// The name on the target.
+        pub backup_name: Option<String>,
+        pub start_time: Option<Time>,
+        pub completion_time: Option<Time>,
+        pub duration_seconds: Option<f64>,
+        /// The online snapshot taken of a running VM, deleted when the read is done.
+        pub snapshot_name: Option<String>,
+        pub volumes: Option<Vec<BackupVolumeStatus>>,
+        pub bytes_read: Option<i64>,
+        pub bytes_new: Option<i64>,
+        pub bytes_deduplicated: Option<i64>,
+        pub conditions: Option<Vec<Condition>>,
+    }
+}
+
+kstruct! {
+    /// One volume's figures.
+    pub struct BackupVolumeStatus {
+        pub virtual_machine: String,
+        /// The claim's name (the disk's name on the target).
+        pub name: String,
+        pub size_bytes: i64,
+        pub bytes_read: i64,
+        pub bytes_new: i64,
+        pub bytes_deduplicated: i64,
+        pub bytes_zero: i64,
+    }
+}
+
+resource! {
+    /// Restores VMs from a backup found on a target.
+    BackupRestore, BackupRestoreSpec, BackupRestoreStatus
+}
+
+kstruct! {
+    /// Which backup, which VMs, where.
+    pub struct BackupRestoreSpec {
+        /// The BackupTarget the backup is on.
+        pub target: String,
+        /// The backup's name as the target lists it.
+        pub backup_name: String,
+        /// A Secret of this namespace with the backup's key (`key`).
+        pub encryption_key_secret_ref: String,
+        /// VMs to restore (default: all of the backup).
+        pub virtual_machines: Option<Vec<RestoreVirtualMachine>>,
+        /// Source namespace → namespace here (default: the same).
+        pub namespace_mapping: Option<BTreeMap<String, String>>,
+        /// Give restored interfaces new MAC addresses (default false: the backup's).
+        #[serde(default)]
+        pub new_mac_addresses: bool,
+        /// Give restored VMs a new firmware UUID (default false).
+        #[serde(default)]
+        pub new_firmware_uuid: bool,
+        /// Start the VMs once restored.
+        #[serde(default)]
+        pub start: bool,
+    }
+}
+
+kstruct! {
+    /// One VM of the backup.
+    pub struct RestoreVirtualMachine {
+        /// `namespace/name` as the backup lists it.
+        pub name: String,
+        /// A new name here (its claims are renamed `<newName>-<claim>`).
+        pub new_name: Option<String>,
+    }
+}
+
+kstruct! {
+    /// The restore's state.
+    pub struct BackupRestoreStatus {
+        pub phase: Option<String>,
+        pub progress: Option<String>,
+        pub start_time: Option<Time>,
+        pub completion_time: Option<Time>,
+        /// `namespace/name` of each VM created.
+        pub restored_virtual_machines: Option<Vec<String>>,
+        pub conditions: Option<Vec<Condition>>,
+    }
+}
+
+resource! {
+    /// Scheduled backups with retention. Declared; refused at creation until carried out.
+    BackupPlan, BackupPlanSpec, BackupPlanStatus
+}
+
+kstruct! {
+    /// A schedule, a selection, a retention policy.
+    pub struct BackupPlanSpec {
+        /// Cron schedule (5 fields).
+        pub schedule: String,
+        /// IANA time zone of the schedule (default UTC).
+        pub time_zone: Option<String>,
+        /// The BackupTarget.
+        pub target: String,
+        /// VirtualMachines of this namespace, by name.
+        pub virtual_machines: Option<Vec<String>>,
+        /// A Secret of this namespace whose key `key` encrypts the backups.
+        pub encryption_key_secret_ref: String,
+        /// How many backups to keep.
+        pub retention: Option<Retention>,
+        /// No runs while true.
+        #[serde(default)]
+        pub paused: bool,
+    }
+}
+
+kstruct! {
+    /// Grandfather-father-son retention.
+    pub struct Retention {
+        pub keep_last: Option<i32>,
+        pub hourly: Option<i32>,
+        pub daily: Option<i32>,
+        pub weekly: Option<i32>,
+        pub monthly: Option<i32>,
+        pub yearly: Option<i32>,
+    }
+}
+
+kstruct! {
+    /// The plan's runs.
+    pub struct BackupPlanStatus {
+        pub last_run_time: Option<Time>,
+        pub next_run_time: Option<Time>,
+        pub last_result: Option<String>,
+        pub conditions: Option<Vec<Condition>>,
+    }
+}
+
+fn col(name: &'static str, type_: &'static str, json_path: &'static str) -> PrinterColumn {
+    PrinterColumn {
+        name,
+        type_,
+        json_path,
+        description: "",
+        priority: 0,
+    }
+}
+
+fn def(
+    kind: &'static str,
+    list_kind: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    namespaced: bool,
+    printer_columns: Vec<PrinterColumn>,
+) -> ResourceDef {
+    ResourceDef {
+        group: GROUP,
+        version: VERSION,
+        kind,
+        list_kind,
+        plural,
+        singular,
+        namespaced,
+        short_names: &[],
+        categories: &[],
+        has_status: true,
+        verbs: ALL_VERBS,
+        printer_columns,
+    }
+}
+
+/// The group's entries of the resource table.
+pub fn resources() -> Vec<ResourceDef> {
+    vec![
+        def(
+            "BackupTarget",
+            "BackupTargetList",
+            "backuptargets",
+            "backuptarget",
+            false,
+            vec![
+                col("Bucket", "string", ".spec.s3.bucket"),
+                col("Path", "string", ".spec.filesystem.path"),
+                col("Reachable", "boolean", ".status.reachable"),
+                col("Stored", "integer", ".status.bytesStored"),
+            ],
+        ),
+        def(
+            "Backup",
+            "BackupList",
+            "backups",
+            "backup",
+            true,
+            vec![
+                col("Target", "string", ".spec.target"),
+                col("Phase", "string", ".status.phase"),
+                col("Progress", "string", ".status.progress"),
+                col("Read", "integer", ".status.bytesRead"),
+                col("New", "integer", ".status.bytesNew"),
+            ],
+        ),
+        def(
+            "BackupRestore",
+            "BackupRestoreList",
+            "backuprestores",
+            "backuprestore",
+            true,
+            vec![
+                col("Backup", "string", ".spec.backupName"),
+                col("Phase", "string", ".status.phase"),
+                col("Progress", "string", ".status.progress"),
+            ],
+        ),
+        def(
+            "BackupPlan",
+            "BackupPlanList",
+            "backupplans",
+            "backupplan",
+            true,
+            vec![
+                col("Schedule", "string", ".spec.schedule"),
+                col("LastResult", "string", ".status.lastResult"),
+            ],
+        ),
+    ]
+}
+
+/// The OpenAPI schema of one of the group's kinds.
+pub fn schema(kind: &str) -> Option<Value> {
+    use crate::schema::schema_of;
+    Some(match kind {
+        "BackupTarget" => schema_of::<BackupTarget>(),
+        "Backup" => schema_of::<Backup>(),
+        "BackupRestore" => schema_of::<BackupRestore>(),
+        "BackupPlan" => schema_of::<BackupPlan>(),
+        _ => return None,
+    })
+}
+
+/// What the backup repository names may be: a DNS-1123 subdomain.
+pub fn is_backup_name(s: &str) -> bool {
+    is_dns1123_subdomain(s)
+}
+
+/// An object-name prefix: `/`-separated segments of `[A-Za-z0-9._-]`, none `.` or `..`.
+pub fn is_prefix(p: &str) -> bool {
+    let p = p.trim_matches('/');
+    p.is_empty()
+        || p.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        })
+}
+
+fn req_name(spec: &Value, field: &str, what: &str, e: &mut Vec<FieldError>) {
+    match spec[field].as_str() {
+        None | Some("") => e.push(FieldError::required(
+            format!("spec.{field}"),
+            format!("{what} is required"),
+        )),
+        Some(s) if !is_dns1123_subdomain(s) => e.push(FieldError::invalid(
+            format!("spec.{field}"),
+            format!("{s:?} is not a valid {what}"),
+        )),
+        Some(_) => {}
+    }
+}
+
+/// Admission of the group's kinds: typed parse (the first type error with its path), then the
+/// checks below; specs of Backup and BackupRestore are immutable; BackupPlan is refused.
+pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) -> Vec<FieldError> {
+    use crate::admission::parse_typed;
+    let parsed = match kind {
+        "BackupTarget" => parse_typed::<BackupTarget>(obj).map(drop),
+        "Backup" => parse_typed::<Backup>(obj).map(drop),
+        "BackupRestore" => parse_typed::<BackupRestore>(obj).map(drop),
+        "BackupPlan" => parse_typed::<BackupPlan>(obj).map(drop),
+        _ => Ok(()),
+    };
+    if let Err(e) = parsed {
+        return vec![e];
+    }
+    let mut e = Vec::new();
+    if obj.get("spec").is_none() {
+        e.push(FieldError::required("spec", "spec is required"));
+        return e;
+    }
+    if op == Operation::Update
+        && matches!(kind, "Backup" | "BackupRestore")
+        && let Some(old) = old
+        && old.get("spec") != obj.get("spec")
+    {
+        e.push(FieldError::forbidden(
+            "spec",
+            "spec is immutable after creation",
+        ));
+    }
+    let spec = &obj["spec"];
+    match kind {
+        "BackupTarget" => validate_target(spec, &mut e),
+        "Backup" => {
+            req_name(spec, "target", "BackupTarget name", &mut e);
+            req_name(spec, "encryptionKeySecretRef", "Secret name", &mut e);
+            let vms = spec["virtualMachines"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if vms.is_empty() {
+                e.push(FieldError::required(
+                    "spec.virtualMachines",
+                    "at least one VirtualMachine name is required",
+                ));
+            }
+            for (i, v) in vms.iter().enumerate() {
+                let s = v.as_str().unwrap_or("");
+                if !is_dns1123_subdomain(s) {
+                    e.push(FieldError::invalid(
+                        format!("spec.virtualMachines[{i}]"),
+                        format!("{s:?} is not a VirtualMachine name"),
+                    ));
+                }
+                if vms[..i].contains(v) {
+                    e.push(FieldError::duplicate(
+                        format!("spec.virtualMachines[{i}]"),
+                        s,
+                    ));
+                }
+            }
+            if let Some(n) = spec["backupName"].as_str()
+                && !is_backup_name(n)
+            {
+                e.push(FieldError::invalid(
+                    "spec.backupName",
+                    format!("{n:?} is not a DNS-1123 subdomain"),
+                ));
+            }
+        }
+        "BackupRestore" => {
+            validate_restore(spec, &mut e);
+            if op == Operation::Create && e.is_empty() {
+                e.push(FieldError::forbidden(
+                    "spec",
+                    "BackupRestore is not carried out in the cluster yet (docs/backup.md, \
+                     \"Not done yet\"); restore with `ferrovirt backup restore BACKUP \
+                     --target TARGET --key-secret SECRET`",
+                ));
+            }
+        }
+        "BackupPlan" if op == Operation::Create => e.push(FieldError::forbidden(
+            "spec.schedule",
+            "BackupPlan is not carried out yet: scheduled runs, time zones and GFS retention \
+             with pruning are missing (docs/backup.md, \"Not done yet\"); create Backup objects \
+             instead",
+        )),
+        _ => {}
+    }
+    e
+}
+
+fn validate_target(spec: &Value, e: &mut Vec<FieldError>) {
+    let s3 = spec.get("s3").filter(|v| !v.is_null());
+    let fs = spec.get("filesystem").filter(|v| !v.is_null());
+    match (s3, fs) {
+        (None, None) => e.push(FieldError::required(
+            "spec",
+            "one of spec.s3 and spec.filesystem is required",
+        )),
+        (Some(_), Some(_)) => e.push(FieldError::forbidden(
+            "spec.filesystem",
+            "only one of spec.s3 and spec.filesystem may be set",
+        )),
+        _ => {}
+    }
+    let prefix_ok = |p: &Value, field: &str, e: &mut Vec<FieldError>| {
+        if let Some(p) = p["prefix"].as_str()
+            && !is_prefix(p)
+        {
+            e.push(FieldError::invalid(
+                field.to_string(),
+                format!("{p:?}: segments of letters, digits, '.', '_', '-', none '.' or '..'"),
+            ));
+        }
+    };
+    if let Some(s3) = s3 {
+        let bucket = s3["bucket"].as_str().unwrap_or("");
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if !bucket_ok {
+            e.push(FieldError::invalid(
+                "spec.s3.bucket",
+                format!("{bucket:?} is not an S3 bucket name"),
+            ));
+        }
+        if let Some(ep) = s3["endpoint"].as_str()
+            && !ep.is_empty()
+            && !(ep.starts_with("http://") || ep.starts_with("https://"))
+        {
+            e.push(FieldError::invalid(
+                "spec.s3.endpoint",
+                format!("{ep:?}: an http:// or https:// URL is required"),
+            ));
+        }
+        let sref = &s3["credentialsSecretRef"];
+        for f in ["name", "namespace"] {
+            let v = sref[f].as_str().unwrap_or("");
+            if !is_dns1123_subdomain(v) {
+                e.push(FieldError::required(
+                    format!("spec.s3.credentialsSecretRef.{f}"),
+                    format!("{v:?} is not a valid {f}"),
+                ));
+            }
+        }
+        if let Some(ca) = s3["caBundle"].as_str()
+            && !ca.contains("-----BEGIN CERTIFICATE-----")
+        {
+            e.push(FieldError::invalid(
+                "spec.s3.caBundle",
+                "a PEM bundle of certificates is required",
+            ));
+        }
+        prefix_ok(s3, "spec.s3.prefix", e);
+    }
+    if let Some(fs) = fs {
+        let p = fs["path"].as_str().unwrap_or("");
+        if !p.starts_with('/') || p.split('/').any(|s| s == "..") {
+            e.push(FieldError::invalid(
+                "spec.filesystem.path",
+                format!("{p:?}: an absolute path without '..' is required"),
+            ));
+        }
+        prefix_ok(fs, "spec.filesystem.prefix", e);
+    }
+}
+
+fn validate_restore(spec: &Value, e: &mut Vec<FieldError>) {
+    req_name(spec, "target", "BackupTarget name", e);
+    req_name(spec, "encryptionKeySecretRef", "Secret name", e);
+    match spec["backupName"].as_str() {
+        Some(n) if is_backup_name(n) => {}
+        n => e.push(FieldError::required(
+            "spec.backupName",
+            format!(
+                "{:?}: the backup's name as the target lists it is required",
+                n.unwrap_or("")
+            ),
+        )),
+    }
+    if let Some(map) = spec["namespaceMapping"].as_object() {
+        for (from, to) in map {
+            let to = to.as_str().unwrap_or("");
+            if !is_dns1123_label(from) || !is_dns1123_label(to) {
+                e.push(FieldError::invalid(
+                    format!("spec.namespaceMapping.{from}"),
+                    format!("{from:?} → {to:?}: namespaces are DNS-1123 labels"),
+                ));
+            }
+        }
+    }
+    for (i, vm) in spec["virtualMachines"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let name = vm["name"].as_str().unwrap_or("");
+        let ok = match name.split_once('/') {
+            Some((ns, n)) => is_dns1123_label(ns) && is_dns1123_subdomain(n),
+            None => false,
+        };
+        if !ok {
+            e.push(FieldError::invalid(
+                format!("spec.virtualMachines[{i}].name"),
+                format!("{name:?}: namespace/name as the backup lists it"),
+            ));
+        }
+        if let Some(n) = vm["newName"].as_str()
+            && !is_dns1123_subdomain(n)
+        {
+            e.push(FieldError::invalid(
+                format!("spec.virtualMachines[{i}].newName"),
+                format!("{n:?} is not a VirtualMachine name"),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(kind: &str, mut v: Value) -> Vec<String> {
+        admit(kind, Operation::Create, &mut v, None)
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    }
+
+    #[test]
+    fn targets() {
+        let s3 = json!({"spec": {"s3": {"endpoint": "http://127.0.0.1:9000", "bucket": "vms",
+            "credentialsSecretRef": {"name": "s3", "namespace": "default"}, "pathStyle": true}}});
+        assert!(fields("BackupTarget", s3).is_empty());
+        let fs = json!({"spec": {"filesystem": {"path": "/mnt/nfs/backups", "prefix": "a/b"}}});
+        assert!(fields("BackupTarget", fs).is_empty());
+        assert_eq!(fields("BackupTarget", json!({"spec": {}})), ["spec"]);
+        let both = json!({"spec": {"filesystem": {"path": "/x"}, "s3": {"bucket": "vms",
+            "credentialsSecretRef": {"name": "s3", "namespace": "d"}}}});
+        assert_eq!(fields("BackupTarget", both), ["spec.filesystem"]);
+        let bad = json!({"spec": {"s3": {"endpoint": "ftp://x", "bucket": "A",
+            "credentialsSecretRef": {"name": "s3", "namespace": ""}, "prefix": "../x",
+            "caBundle": "nope"}}});
+        assert_eq!(
+            fields("BackupTarget", bad),
+            [
+                "spec.s3.bucket",
+                "spec.s3.endpoint",
+                "spec.s3.credentialsSecretRef.namespace",
+                "spec.s3.caBundle",
+                "spec.s3.prefix"
+            ]
+        );
+        let rel = json!({"spec": {"filesystem": {"path": "backups/../etc"}}});
+        assert_eq!(fields("BackupTarget", rel), ["spec.filesystem.path"]);
+        let typo = json!({"spec": {"filesystem": {"path": 3}}});
+        assert_eq!(fields("BackupTarget", typo), ["spec.filesystem.path"]);
+    }
+
+    #[test]
+    fn backups_and_restores() {
+        let ok = json!({"spec": {"target": "s3", "virtualMachines": ["vm1"],
+            "encryptionKeySecretRef": "key"}});
+        assert!(fields("Backup", ok.clone()).is_empty());
+        let bad = json!({"spec": {"target": "", "virtualMachines": ["vm1", "vm1", "Bad"],
+            "encryptionKeySecretRef": "key", "backupName": "../x"}});
+        assert_eq!(
+            fields("Backup", bad),
+            [
+                "spec.target",
+                "spec.virtualMachines[1]",
+                "spec.virtualMachines[2]",
+                "spec.backupName"
+            ]
+        );
+        let mut changed = ok.clone();
+        changed["spec"]["target"] = json!("other");
+        let errs = admit("Backup", Operation::Update, &mut changed, Some(&ok));
+        assert_eq!(errs[0].field, "spec");
+
+        let r = json!({"spec": {"target": "s3", "backupName": "default-b1",
+            "encryptionKeySecretRef": "key", "start": true,
+            "namespaceMapping": {"default": "restored"},
+            "virtualMachines": [{"name": "default/vm1", "newName": "vm2"}]}});
+        // valid, and refused until the in-cluster restore exists, naming the CLI
+        let mut v = r.clone();
+        let errs = admit("BackupRestore", Operation::Create, &mut v, None);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].message.contains("ferrovirt backup restore"),
+            "{errs:?}"
+        );
+        let missing = json!({"spec": {"target": "s3", "encryptionKeySecretRef": "key"}});
+        let mut m = missing.clone();
+        let errs = admit("BackupRestore", Operation::Create, &mut m, None);
+        assert!(errs[0].message.contains("backupName"), "{errs:?}");
+        let r = json!({"spec": {"target": "s3", "encryptionKeySecretRef": "key", "backupName": "",
+            "namespaceMapping": {"default": "Bad_NS"},
+            "virtualMachines": [{"name": "vm1"}]}});
+        assert_eq!(
+            fields("BackupRestore", r),
+            [
+                "spec.backupName",
+                "spec.namespaceMapping.default",
+                "spec.virtualMachines[0].name"
+            ]
+        );
+    }
+
+    #[test]
+    fn plans_are_refused_naming_what_is_missing() {
+        let plan = json!({"spec": {"schedule": "0 * * * *", "target": "s3",
+            "encryptionKeySecretRef": "key", "retention": {"daily": 7}}});
+        let mut v = plan.clone();
+        let errs = admit("BackupPlan", Operation::Create, &mut v, None);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "spec.schedule");
+        assert!(errs[0].message.contains("not carried out yet"));
+    }
+
+    #[test]
+    fn table_and_schemas() {
+        let r = resources();
+        assert_eq!(r.len(), 4);
+        assert!(!r[0].namespaced && r[1].namespaced);
+        for d in &r {
+            assert!(schema(d.kind).is_some());
+        }
+    }
+}

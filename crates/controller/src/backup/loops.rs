@@ -1,0 +1,477 @@
+//! The Backup controller and the BackupTarget checker (I/O; decisions in [`super::plan`]).
+//!
+//! A Backup is carried out by one task per object in this process: Pending → Running →
+//! Succeeded | Failed. The task reads each VM's claims where they are (the node agent's export
+//! route for `local` volumes, the volume directory on this machine for shared ones — the same
+//! paths VirtualMachineExport reads), writes them to the repository, then the manifest and
+//! the catalog entry. A Backup found `Running` with no task here (the server restarted) is run
+//! again from the start: the interrupted attempt left no catalog entry, and the chunks it did
+//! upload are found and not uploaded twice.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use ferrovirt_api::backup::{BackupSpec, ENCRYPTION_KEY, phase};
+use ferrovirt_backup::repo::Create;
+use ferrovirt_backup::{Repository, Stats, Target};
+use ferrovirt_storage::export::ByteStream;
+
+use super::plan;
+use super::resources::{self, BackupRun};
+use crate::error::ControllerError;
+use crate::runtime::events::{EventRecorder, object_ref};
+use crate::runtime::resources::{Vm, Vmi};
+use crate::storage::nodes::{self, Placement};
+
+/// How often a running backup writes its progress, and targets are checked.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+const TARGET_CHECK_EVERY: Duration = Duration::from_secs(30);
+
+struct Ctx {
+    client: kube::Client,
+    agent_token: Option<String>,
+    /// UIDs of Backups with a task in this process.
+    running: Mutex<HashSet<String>>,
+    events: EventRecorder,
+}
+
+/// Runs the Backup controller and the BackupTarget checker until one stops.
+pub async fn run(client: kube::Client, agent_token: Option<String>) -> Result<(), ControllerError> {
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        agent_token,
+        running: Mutex::new(HashSet::new()),
+        events: EventRecorder::new(client.clone(), super::COMPONENT),
+    });
+    let backups = crate::runtime::drive(
+        Controller::new(
+            Api::<BackupRun>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .run(reconcile, error_policy, ctx.clone()),
+        super::COMPONENT,
+        "Backup",
+    );
+    tokio::select! {
+        r = backups => r,
+        r = check_targets(ctx) => r,
+    }
+}
+
+fn error_policy(_o: Arc<BackupRun>, err: &ControllerError, _ctx: Arc<Ctx>) -> Action {
+    tracing::debug!(error = %err, "backup reconcile failed");
+    Action::requeue(Duration::from_secs(2))
+}
+
+fn now() -> String {
+    Timestamp::now().to_string()
+}
+
+async fn patch_status(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    status: Value,
+) -> Result<(), ControllerError> {
+    let api: Api<BackupRun> = Api::namespaced(ctx.client.clone(), ns);
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn reconcile(obj: Arc<BackupRun>, ctx: Arc<Ctx>) -> Result<Action, ControllerError> {
+    let b = &obj.0;
+    let phase = b
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("");
+    if phase == phase::SUCCEEDED || phase == phase::FAILED {
+        return Ok(Action::await_change());
+    }
+    let uid = b.metadata.uid.clone().unwrap_or_default();
+    #[allow(clippy::unwrap_used)]
+    if !ctx.running.lock().unwrap().insert(uid.clone()) {
+        return Ok(Action::await_change());
+    }
+    let ns = b.metadata.namespace.clone().unwrap_or_default();
+    let name = b.metadata.name.clone().unwrap_or_default();
+    let spec = b.spec.clone().unwrap_or_default();
+    let started = b
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.clone())
+        .map(|t| t.0.to_string())
+        .unwrap_or_else(now);
+    let backup_name = plan::backup_name(&ns, &name, &spec);
+    patch_status(
+        &ctx,
+        &ns,
+        &name,
+        json!({"phase": phase::RUNNING, "startTime": started, "backupName": backup_name,
+               "progress": "0%"}),
+    )
+    .await?;
+    let oref = object_ref(
+        &format!(
+            "{}/{}",
+            ferrovirt_api::backup::GROUP,
+            ferrovirt_api::backup::VERSION
+        ),
+        "Backup",
+        &b.metadata,
+    );
+    let task_ctx = ctx.clone();
+    tokio::spawn(async move {
+        let t0 = std::time::Instant::now();
+        let result = carry_out(&task_ctx, &ns, &name, &spec, &backup_name).await;
+        let secs = t0.elapsed().as_secs_f64();
+        let (status, warning, reason, msg) = match result {
+            Ok(mut st) => {
+                let msg = format!(
+                    "backup {backup_name} written: {} bytes read, {} new, {} deduplicated in {secs:.1}s",
+                    st["bytesRead"], st["bytesNew"], st["bytesDeduplicated"]
+                );
+                st["phase"] = json!(phase::SUCCEEDED);
+                st["progress"] = json!("100%");
+                st["completionTime"] = json!(now());
+                st["durationSeconds"] = json!(secs);
+                st["conditions"] =
+                    json!([plan::condition("Ready", true, "Succeeded", &msg, &now())]);
+                (st, false, "Succeeded", msg)
+            }
+            Err(msg) => (
+                json!({"phase": phase::FAILED, "completionTime": now(), "durationSeconds": secs,
+                       "conditions": [plan::condition("Ready", false, "Failed", &msg, &now())]}),
+                true,
+                "Failed",
+                msg,
+            ),
+        };
+        if let Err(e) = patch_status(&task_ctx, &ns, &name, status).await {
+            tracing::warn!(error = %e, backup = %name, "writing the backup's result failed");
+        }
+        task_ctx.events.record(&oref, warning, reason, &msg).await;
+        #[allow(clippy::unwrap_used)]
+        task_ctx.running.lock().unwrap().remove(&uid);
+    });
+    Ok(Action::await_change())
+}
+
+/// The repository target of BackupTarget `name` (its credentials Secret read).
+async fn resolve_target(client: &kube::Client, name: &str) -> Result<Target, String> {
+    let t = Api::<resources::Target>::all(client.clone())
+        .get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("BackupTarget {name} (spec.target) not found"))?;
+    let spec = t.0.spec.unwrap_or_default();
+    let creds = match &spec.s3 {
+        Some(s3) => {
+            let r = &s3.credentials_secret_ref;
+            let s = Api::<Secret>::namespaced(client.clone(), &r.namespace)
+                .get_opt(&r.name)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    format!("credentials Secret {}/{} not found", r.namespace, r.name)
+                })?;
+            s.data
+        }
+        None => None,
+    };
+    plan::target_of(&spec, creds.as_ref())
+}
+
+/// The encryption key from Secret `name` (key `key`) in `ns`.
+async fn read_key(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    field: &str,
+) -> Result<Vec<u8>, String> {
+    let s = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("encryption key Secret {name} ({field}) not found"))?;
+    s.data
+        .and_then(|mut d| d.remove(ENCRYPTION_KEY))
+        .map(|b| b.0)
+        .ok_or_else(|| format!("Secret {name} ({field}) has no key {ENCRYPTION_KEY:?}"))
+}
+
+/// One claim to read.
+struct Source {
+    vm: String,
+    claim: String,
+    pv: PersistentVolume,
+}
+
+async fn get_json<K>(api: &Api<K>, name: &str) -> Result<Option<Value>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.get_opt(name).await {
+        Ok(Some(o)) => serde_json::to_value(o).map(Some).map_err(|e| e.to_string()),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Everything but the bytes: the VMs (stopped), their claims and PVs, the referenced objects.
+async fn collect(
+    client: &kube::Client,
+    ns: &str,
+    spec: &BackupSpec,
+) -> Result<(Vec<Value>, Vec<Value>, Vec<Source>), String> {
+    let vms: Api<Vm> = Api::namespaced(client.clone(), ns);
+    let vmis: Api<Vmi> = Api::namespaced(client.clone(), ns);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let dv_res = ApiResource {
+        group: "cdi.kubevirt.io".into(),
+        version: "v1beta1".into(),
+        api_version: "cdi.kubevirt.io/v1beta1".into(),
+        kind: "DataVolume".into(),
+        plural: "datavolumes".into(),
+    };
+    let dvs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &dv_res);
+    let (mut vm_docs, mut objects, mut sources) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, name) in spec.virtual_machines.iter().enumerate() {
+        let field = format!("spec.virtualMachines[{i}]");
+        let vm = get_json(&vms, name)
+            .await?
+            .ok_or_else(|| format!("VirtualMachine {ns}/{name} ({field}) not found"))?;
+        if let Some(vmi) = vmis.get_opt(name).await.map_err(|e| e.to_string())? {
+            let ph = vmi
+                .0
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map(|p| format!("{p:?}"))
+                .unwrap_or_default();
+            if ph != "Succeeded" && ph != "Failed" {
+                return Err(format!(
+                    "VirtualMachine {ns}/{name} ({field}) is running: backups of running VMs \
+                     (through an online snapshot) are not done yet; stop it first"
+                ));
+            }
+        }
+        let refs = plan::references(&vm);
+        for claim in &refs.claims {
+            let pvc = pvcs
+                .get_opt(claim)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("claim {ns}/{claim} of VirtualMachine {name} not found"))?;
+            let pv_name = pvc
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.clone())
+                .filter(|_| pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+                .ok_or_else(|| {
+                    format!("claim {ns}/{claim} of VirtualMachine {name} is not bound")
+                })?;
+            let pv = pvs
+                .get_opt(&pv_name)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("PersistentVolume {pv_name} of claim {claim} not found"))?;
+            let mut pvc_doc = serde_json::to_value(&pvc).map_err(|e| e.to_string())?;
+            if let Some(s) = pvc_doc["spec"].as_object_mut() {
+                s.remove("volumeName");
+            }
+            objects.push(plan::strip(pvc_doc));
+            sources.push(Source {
+                vm: name.clone(),
+                claim: claim.clone(),
+                pv,
+            });
+        }
+        for dv in &refs.data_volumes {
+            if let Some(d) = get_json(&dvs, dv).await? {
+                objects.push(plan::strip(d));
+            }
+        }
+        for s in &refs.secrets {
+            let doc = get_json(&secrets, s)
+                .await?
+                .ok_or_else(|| format!("Secret {ns}/{s} of VirtualMachine {name} not found"))?;
+            objects.push(plan::strip(doc));
+        }
+        for c in &refs.config_maps {
+            let doc = get_json(&cms, c)
+                .await?
+                .ok_or_else(|| format!("ConfigMap {ns}/{c} of VirtualMachine {name} not found"))?;
+            objects.push(plan::strip(doc));
+        }
+        vm_docs.push(plan::strip(vm));
+    }
+    Ok((vm_docs, objects, sources))
+}
+
+/// Opens a claim's bytes where they are (as VirtualMachineExport does).
+async fn open_volume(ctx: &Ctx, pv: &PersistentVolume) -> Result<(u64, ByteStream), String> {
+    match nodes::placement(pv) {
+        Placement::Node { node, volume } => {
+            let token = ctx
+                .agent_token
+                .as_deref()
+                .ok_or("the server has no agent token to read node storage")?;
+            let n = Api::<Node>::all(ctx.client.clone())
+                .get_opt(&node)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("node {node} of volume {volume} does not exist"))?;
+            let storage = ferrovirt_agent::nodestore::client::NodeStorage::of(&n, token)
+                .map_err(|e| e.to_string())?;
+            let resp = storage
+                .read_export(&volume, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let size = resp
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|l| l.to_str().ok())
+                .and_then(|l| l.parse().ok())
+                .ok_or("the agent sent no Content-Length")?;
+            let stream = http_body_util::BodyDataStream::new(resp.into_body())
+                .map(|r| r.map_err(std::io::Error::other));
+            Ok((size, Box::pin(stream)))
+        }
+        Placement::Path(dir) => {
+            let r = ferrovirt_storage::export::open(&dir, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok((r.size, r.stream))
+        }
+        Placement::Unknown => Err("the volume has no known location".into()),
+    }
+}
+
+/// The backup itself; the final status fields on success, the reason on failure.
+async fn carry_out(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    spec: &BackupSpec,
+    backup_name: &str,
+) -> Result<Value, String> {
+    let target = resolve_target(&ctx.client, &spec.target).await?;
+    let key = read_key(
+        &ctx.client,
+        ns,
+        &spec.encryption_key_secret_ref,
+        "spec.encryptionKeySecretRef",
+    )
+    .await?;
+    let (vms, objects, sources) = collect(&ctx.client, ns, spec).await?;
+    let repo = Repository::open(&target, &key, Create::IfMissing)
+        .await
+        .map_err(|e| format!("target {}: {e}", spec.target))?;
+    let mut writer = repo.begin(backup_name).await.map_err(|e| e.to_string())?;
+    let mut opened = Vec::new();
+    for s in &sources {
+        let (size, stream) = open_volume(ctx, &s.pv)
+            .await
+            .map_err(|e| format!("reading claim {ns}/{}: {e}", s.claim))?;
+        opened.push((s, size, stream));
+    }
+    let total: u64 = opened.iter().map(|(_, size, _)| size).sum();
+    let mut done = 0u64;
+    let mut volumes = Vec::new();
+    let mut sum = Stats::default();
+    for (s, _, stream) in opened {
+        let disk = plan::disk_name(&s.vm, &s.claim);
+        let reader = tokio_util::io::StreamReader::new(stream);
+        let seen = Arc::new(Mutex::new(0u64));
+        let seen2 = seen.clone();
+        let progress = move |st: &Stats| {
+            #[allow(clippy::unwrap_used)]
+            {
+                *seen2.lock().unwrap() = st.bytes_read;
+            }
+        };
+        let write = writer.write_disk(&disk, reader, &progress);
+        tokio::pin!(write);
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        let entry = loop {
+            tokio::select! {
+                r = &mut write => break r,
+                _ = tick.tick() => {
+                    #[allow(clippy::unwrap_used)]
+                    let now_read = done + *seen.lock().unwrap();
+                    let _ = patch_status(ctx, ns, name,
+                        json!({"progress": plan::percent(now_read, total)})).await;
+                }
+            }
+        }
+        .map_err(|e| format!("writing claim {ns}/{} to the target: {e}", s.claim))?;
+        done += entry.stats.bytes_read;
+        sum.add(&entry.stats);
+        volumes.push(plan::volume_status(&s.vm, &s.claim, &entry));
+    }
+    writer
+        .commit(&now(), vms, objects)
+        .await
+        .map_err(|e| format!("writing the manifest and catalog: {e}"))?;
+    let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    Ok(json!({
+        "volumes": volumes,
+        "bytesRead": i(sum.bytes_read),
+        "bytesNew": i(sum.bytes_new),
+        "bytesDeduplicated": i(sum.bytes_deduplicated),
+    }))
+}
+
+/// Every 30 s: each BackupTarget's reachability and stored bytes.
+async fn check_targets(ctx: Arc<Ctx>) -> Result<(), ControllerError> {
+    let api: Api<resources::Target> = Api::all(ctx.client.clone());
+    loop {
+        if let Ok(list) = api.list(&Default::default()).await {
+            for t in list.items {
+                let name = t.0.metadata.name.clone().unwrap_or_default();
+                let status = match resolve_target(&ctx.client, &name).await {
+                    Err(msg) => json!({"reachable": false, "lastCheckTime": now(),
+                        "conditions": [plan::condition("Reachable", false, "Invalid", &msg, &now())]}),
+                    Ok(target) => match ferrovirt_backup::repo::probe(&target).await {
+                        Ok(bytes) => json!({"reachable": true, "bytesStored": bytes,
+                            "lastCheckTime": now(),
+                            "conditions": [plan::condition("Reachable", true, "Listed",
+                                "the target answered a listing", &now())]}),
+                        Err(e) => json!({"reachable": false, "lastCheckTime": now(),
+                            "conditions": [plan::condition("Reachable", false, "Unreachable",
+                                &e.to_string(), &now())]}),
+                    },
+                };
+                let _ = api
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"status": status})),
+                    )
+                    .await;
+            }
+        }
+        tokio::time::sleep(TARGET_CHECK_EVERY).await;
+    }
+}

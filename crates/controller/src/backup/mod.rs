@@ -1,0 +1,20 @@
+//! backup.ferrovirt.io (docs/backup.md): VMs written to a backup repository
+//! (`ferrovirt_backup`) on an S3 bucket or a directory.
+//!
+//! - [`plan`] (pure): the repository target from a BackupTarget and its credentials, the
+//!   backup's name on the target, the objects a VM references (for the manifest) and how they
+//!   are stripped, progress and status figures;
+//! - [`resources`]: `kube::Resource` wrappers of the group's kinds;
+//! - [`loops`]: the Backup controller (a stopped VM's claims read where they are — through
+//!   the node agent for `local` volumes, on this machine for shared ones — and written to the
+//!   target; status with per-volume figures) and the BackupTarget checker (reachable, bytes
+//!   stored, last check).
+
+pub mod loops;
+pub mod plan;
+pub mod resources;
+
+pub use loops::run;
+
+/// Component name on Events and logs.
+pub const COMPONENT: &str = "backup-controller";

@@ -1,0 +1,436 @@
+//! Backups end to end (docs/backup.md), against the real binary, kubectl, a real S3-protocol
+//! server (moto, `moto_server` from PyPI `moto[server]`, installed by scripts/install-deps.sh,
+//! started here on loopback) and TCG guests. A VM with an imported root disk, a blank data disk
+//! and a cloud-init Secret writes a marker on its data disk and is stopped; `ferrovirt backup
+//! create --wait` backs it up to the bucket (status: both volumes with bytes read, new and
+//! deduplicated); a second backup uploads nothing new; a Backup with another key fails with
+//! the key check's message and leaves nothing listed; the BackupTarget reports reachable. A
+//! SECOND server (own data dir) given only the bucket, its credentials and the key lists the
+//! backups and restores the VM (`ferrovirt backup restore --start`): it boots there with the
+//! marker on its data disk and its cloud-init Secret's user-data run. Finally one chunk is
+//! altered in the bucket and `ferrovirt backup verify` names it.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest, serve_files};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ferrovirt");
+const BOOT: Duration = Duration::from_secs(180);
+const STEP: Duration = Duration::from_secs(120);
+const MARKER: &str = "BACKUP-MARKER-1";
+const KEY: &str = "a-backup-key-of-32-bytes-000001";
+
+struct Moto(Child);
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn moto_binary() -> String {
+    if let Ok(p) = std::env::var("FERROVIRT_MOTO_SERVER") {
+        return p;
+    }
+    let venv = "/opt/ferrovirt-moto/bin/moto_server";
+    if std::path::Path::new(venv).exists() {
+        return venv.into();
+    }
+    "moto_server".into()
+}
+
+/// moto on a free loopback port, with bucket `vms`.
+fn start_moto() -> anyhow::Result<(Moto, u16)> {
+    use std::io::{Read, Write};
+    let port = ferrovirt_testkit::free_port()?;
+    let child = Command::new(moto_binary())
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("moto_server (scripts/install-deps.sh installs it): {e}"))?;
+    let moto = Moto(child);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let req = format!(
+                "PUT /vms HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            s.write_all(req.as_bytes())?;
+            let mut resp = String::new();
+            s.read_to_string(&mut resp)?;
+            anyhow::ensure!(
+                resp.starts_with("HTTP/1.1 200"),
+                "creating the bucket: {resp}"
+            );
+            return Ok((moto, port));
+        }
+        anyhow::ensure!(Instant::now() < deadline, "moto did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn fv(c: &Cluster, args: &[&str]) -> anyhow::Result<Output> {
+    Ok(Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(args)
+        .output()?)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn fv_ok(c: &Cluster, args: &[&str]) -> anyhow::Result<String> {
+    let o = fv(c, args)?;
+    anyhow::ensure!(o.status.success(), "ferrovirt {args:?}: {}", text(&o));
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The target, its credentials and the key Secret (`key`), as both servers get them.
+fn target_yaml(port: u16, key: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Secret
+metadata: {{name: s3-creds, namespace: default}}
+stringData: {{accessKeyId: testing, secretAccessKey: testing}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: bk-key, namespace: default}}
+stringData: {{key: "{key}"}}
+---
+apiVersion: backup.ferrovirt.io/v1alpha1
+kind: BackupTarget
+metadata: {{name: s3}}
+spec:
+  s3:
+    endpoint: "http://127.0.0.1:{port}"
+    bucket: vms
+    prefix: e2e
+    pathStyle: true
+    credentialsSecretRef: {{name: s3-creds, namespace: default}}
+"#
+    )
+}
+
+fn vm_yaml(url: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Secret
+metadata: {{name: bk-userdata, namespace: default}}
+stringData:
+  userdata: |
+    #!/bin/sh
+    echo CLOUDINIT-FROM-SECRET
+---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {{name: bk-root, namespace: default}}
+spec:
+  source: {{http: {{url: "{url}"}}}}
+  storage: {{resources: {{requests: {{storage: 64Mi}}}}}}
+---
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {{name: bk-data, namespace: default}}
+spec:
+  source: {{blank: {{}}}}
+  storage: {{resources: {{requests: {{storage: 16Mi}}}}}}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: bkvm, namespace: default}}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {{bus: virtio}}
+          - name: data
+            disk: {{bus: virtio}}
+      volumes:
+      - name: root
+        dataVolume: {{name: bk-root}}
+      - name: data
+        dataVolume: {{name: bk-data}}
+      - name: ci
+        cloudInitNoCloud: {{secretRef: {{name: bk-userdata}}}}
+"#
+    )
+}
+
+/// Boots VM `name`'s VMI to the guest's shell; its serial log so far and a console.
+fn boot(c: &Cluster, name: &str) -> anyhow::Result<(String, SerialConsole)> {
+    let uid = c.wait_booted(name, BOOT)?;
+    let dir = c.agent_dir().join("vmis").join(&uid);
+    let log = c.wait_until(&format!("{name}: guest shell ready"), BOOT, || {
+        let log =
+            String::from_utf8_lossy(&std::fs::read(dir.join("serial.log")).unwrap_or_default())
+                .into_owned();
+        Ok(log.contains("FERROVIRT-READY").then_some(log))
+    })?;
+    let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
+    Ok((log, console))
+}
+
+fn stop(c: &Cluster, vm: &str) -> anyhow::Result<()> {
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        vm,
+        "-n",
+        "default",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Halted"}}"#,
+    ])?;
+    c.wait_gone("vmi", vm, STEP)
+}
+
+/// Waits for Backup `name` to end; its object.
+fn wait_backup(c: &Cluster, name: &str) -> anyhow::Result<serde_json::Value> {
+    c.wait_until(&format!("backup {name} finished"), STEP, || {
+        let v = c.get_json(&["backup.backup.ferrovirt.io", name, "-n", "default"])?;
+        let p = v["status"]["phase"].as_str().unwrap_or("");
+        Ok((p == "Succeeded" || p == "Failed").then_some(v))
+    })
+}
+
+fn ready_message(v: &serde_json::Value) -> String {
+    v["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
+    let guest = TestGuest::get()?;
+    let (_moto, port) = start_moto()?;
+    let a = Cluster::start(&ClusterOptions::new(BIN))?;
+    let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
+    a.apply(&target_yaml(port, KEY))?;
+    a.apply(&vm_yaml(&url))?;
+    let (log, console) = boot(&a, "bkvm")?;
+    assert!(
+        log.contains("CLOUDINIT-FROM-SECRET"),
+        "user-data did not run:\n{log}"
+    );
+    let (out, rc) = console.exec(
+        &format!("echo {MARKER} | dd of=/dev/vdb bs=512 seek=0 conv=fsync && sync"),
+        Duration::from_secs(30),
+    )?;
+    anyhow::ensure!(rc == 0, "writing the marker: {out}");
+    drop(console);
+    stop(&a, "bkvm")?;
+
+    // The first backup: both claims read and written, figures in the status.
+    let out = fv_ok(
+        &a,
+        &[
+            "backup",
+            "create",
+            "b1",
+            "--target",
+            "s3",
+            "--vm",
+            "bkvm",
+            "--key-secret",
+            "bk-key",
+            "--wait",
+        ],
+    )?;
+    assert!(out.contains("Succeeded"), "{out}");
+    let b1 = wait_backup(&a, "b1")?;
+    assert_eq!(b1["status"]["phase"], "Succeeded", "{b1}");
+    assert_eq!(b1["status"]["backupName"], "default-b1", "{b1}");
+    let vols = b1["status"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut names: Vec<&str> = vols.iter().filter_map(|v| v["name"].as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["bk-data", "bk-root"], "{b1}");
+    let read: i64 = vols.iter().filter_map(|v| v["bytesRead"].as_i64()).sum();
+    let size: i64 = vols.iter().filter_map(|v| v["sizeBytes"].as_i64()).sum();
+    assert_eq!(read, size, "{b1}");
+    assert!(size >= 80 << 20, "{b1}");
+    assert!(b1["status"]["bytesNew"].as_i64().unwrap_or(0) > 0, "{b1}");
+
+    // The same VM again: nothing new is uploaded.
+    fv_ok(
+        &a,
+        &[
+            "backup",
+            "create",
+            "b2",
+            "--target",
+            "s3",
+            "--vm",
+            "bkvm",
+            "--key-secret",
+            "bk-key",
+        ],
+    )?;
+    let b2 = wait_backup(&a, "b2")?;
+    assert_eq!(b2["status"]["phase"], "Succeeded", "{b2}");
+    assert_eq!(b2["status"]["bytesNew"], 0, "{b2}");
+    assert!(
+        b2["status"]["bytesDeduplicated"].as_i64().unwrap_or(0) > 0,
+        "{b2}"
+    );
+
+    // Another key: refused by the key check, nothing listed.
+    a.apply(
+        r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: other-key, namespace: default}
+stringData: {key: "not-the-repository-key-0000000"}
+---
+apiVersion: backup.ferrovirt.io/v1alpha1
+kind: Backup
+metadata: {name: b3, namespace: default}
+spec: {target: s3, virtualMachines: [bkvm], encryptionKeySecretRef: other-key}
+"#,
+    )?;
+    let b3 = wait_backup(&a, "b3")?;
+    assert_eq!(b3["status"]["phase"], "Failed", "{b3}");
+    assert!(ready_message(&b3).contains("wrong encryption key"), "{b3}");
+
+    // The target checker reports the bucket.
+    a.wait_until("BackupTarget s3 reachable", STEP, || {
+        let t = a.get_json(&["backuptarget", "s3"])?;
+        Ok(
+            (t["status"]["reachable"] == true && t["status"]["bytesStored"].as_i64() > Some(0))
+                .then_some(()),
+        )
+    })?;
+
+    // A second server with only the bucket, its credentials and the key.
+    let b = Cluster::start(&ClusterOptions::new(BIN))?;
+    b.apply(&target_yaml(port, KEY))?;
+    let list = fv_ok(
+        &b,
+        &["backup", "list", "--target", "s3", "--key-secret", "bk-key"],
+    )?;
+    assert!(
+        list.contains("default-b1") && list.contains("default-b2"),
+        "{list}"
+    );
+    assert!(!list.contains("default-b3"), "{list}");
+    let o = fv(
+        &b,
+        &[
+            "backup",
+            "restore",
+            "default-b1",
+            "--target",
+            "s3",
+            "--key-secret",
+            "bk-key",
+            "--start",
+        ],
+    )?;
+    assert!(o.status.success(), "restore: {}", text(&o));
+    let (log, console) = boot(&b, "bkvm")?;
+    assert!(
+        log.contains("CLOUDINIT-FROM-SECRET"),
+        "restored user-data did not run:\n{log}"
+    );
+    let (out, _) = console.exec(
+        &format!(
+            "dd if=/dev/vdb bs=512 count=1 2>/dev/null | head -c {}; echo",
+            MARKER.len()
+        ),
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(
+        out.replace('\0', "").trim(),
+        MARKER,
+        "the data disk on the second server"
+    );
+    drop(console);
+
+    // One chunk altered in the bucket: verify names it and fails.
+    let rt = tokio::runtime::Runtime::new()?;
+    let victim = rt.block_on(alter_one_chunk(port))?;
+    let o = fv(
+        &b,
+        &[
+            "backup",
+            "verify",
+            "default-b1",
+            "--target",
+            "s3",
+            "--key-secret",
+            "bk-key",
+        ],
+    )?;
+    assert!(
+        !o.status.success(),
+        "verify passed a damaged chunk: {}",
+        text(&o)
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("BAD ")
+                && victim.ends_with(l[4..].split(' ').next().unwrap_or("?"))),
+        "verify did not name {victim}: {}",
+        text(&o)
+    );
+    Ok(())
+}
+
+/// Flips one byte of the first chunk object in the bucket; its name.
+async fn alter_one_chunk(port: u16) -> anyhow::Result<String> {
+    use futures::TryStreamExt;
+    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let target = ferrovirt_backup::Target::S3 {
+        s3: ferrovirt_backup::S3Target {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            bucket: "vms".into(),
+            access_key_id: "testing".into(),
+            secret_access_key: "testing".into(),
+            path_style: true,
+            ..Default::default()
+        },
+        prefix: "e2e".into(),
+    };
+    let store = ferrovirt_backup::target::open_store(&target)?;
+    let prefix = object_store::path::Path::from("e2e/chunks");
+    let mut chunks: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
+    chunks.sort_by(|a, b| a.location.cmp(&b.location));
+    let victim = chunks
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("no chunk in the bucket"))?
+        .location
+        .clone();
+    let mut bytes = store.get(&victim).await?.bytes().await?.to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    store.put(&victim, PutPayload::from(bytes)).await?;
+    Ok(victim.to_string())
+}
