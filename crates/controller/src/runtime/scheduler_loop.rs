@@ -86,7 +86,6 @@ pub async fn run(
     let vmis = &stores.vmis;
     let mut assumed: HashMap<String, (String, Instant)> = HashMap::new();
     loop {
-        let cached = vmis.state();
         // Bindings the cache has not caught up with count as made; old ones, and those the
         // cache now shows, are forgotten (looked up by key: no pass over every VMI).
         assumed.retain(|k, (_, at)| {
@@ -96,6 +95,12 @@ pub async fn run(
                     vmis.get(&r).is_some_and(|v| needs_scheduling(&v.0))
                 })
         });
+        // Read only now: the reflector updates the cache concurrently, so a copy taken before
+        // the assumptions were checked could still show a VMI unbound whose binding the check
+        // just saw (and forgot), and the VMI would be bound again with its old
+        // resourceVersion (a 409). The cache only moves forward: this copy shows every
+        // binding the check saw.
+        let cached = vmis.state();
         let mut pending: Vec<&VirtualMachineInstance> = Vec::new();
         let mut assumed_here: Vec<(&VirtualMachineInstance, String)> = Vec::new();
         for v in cached.iter().map(|v| &v.0).filter(|v| needs_scheduling(v)) {
