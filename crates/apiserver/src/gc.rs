@@ -10,8 +10,8 @@ use futures::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::handlers::{DeleteOpts, WriteOpts, create, delete_one, load, store_update};
 use crate::gc_index;
+use crate::handlers::{DeleteOpts, WriteOpts, create, delete_one, load, store_update};
 use crate::objects::finalizers;
 use crate::server::Shared;
 use crate::timefmt;
@@ -85,12 +85,7 @@ async fn delete_quietly(sh: &Shared, it: &Item, propagation: &str) -> bool {
         Ok(_) => true,
         Err(e) if e.code == 404 => false,
         Err(e) => {
-            tracing::warn!(
-                "gc: deleting {}/{}: {}",
-                it.def.plural,
-                it.name,
-                e.message
-            );
+            tracing::warn!("gc: deleting {}/{}: {}", it.def.plural, it.name, e.message);
             false
         }
     }

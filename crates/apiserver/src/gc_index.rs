@@ -326,7 +326,10 @@ mod tests {
                     "ownerReferences": [{"uid": "o1", "name": "p"}, {"name": "no-uid"}]},
                     "data": {"k": "v", "big": [1, 2, {"nested": null}]}}),
             ),
-            (&cm, json!({"metadata": {"name": "b", "deletionTimestamp": null}})),
+            (
+                &cm,
+                json!({"metadata": {"name": "b", "deletionTimestamp": null}}),
+            ),
             (&cm, json!({})),
             (
                 &ev,
@@ -366,7 +369,16 @@ mod tests {
         assert_eq!(times.last_seen(i64::MAX), times.client.first().copied());
         // A client time in the future is ignored.
         assert_eq!(times.last_seen(times.created.unwrap()), times.created);
-        assert!(summarize(&cm, &KeyValue { value: b"{oops".to_vec(), ..kv("/k", &json!({}), 1) }).is_err());
+        assert!(
+            summarize(
+                &cm,
+                &KeyValue {
+                    value: b"{oops".to_vec(),
+                    ..kv("/k", &json!({}), 1)
+                }
+            )
+            .is_err()
+        );
     }
 
     fn event(kind: EventKind, key: &str, name: &str, rev: Revision) -> WatchEvent {
@@ -386,7 +398,10 @@ mod tests {
         let key = format!("{prefix}ns/a");
         let mut idx = Index::default();
         // Listed at revision 10.
-        idx.insert(&key, summarize(&cms, &kv(&key, &json!({"metadata": {"name": "a"}}), 10)).unwrap());
+        idx.insert(
+            &key,
+            summarize(&cms, &kv(&key, &json!({"metadata": {"name": "a"}}), 10)).unwrap(),
+        );
         // Replayed from before the list: ignored, including a deletion that came before.
         idx.apply(&kinds, &event(EventKind::Modified, &key, "old", 8));
         idx.apply(&kinds, &event(EventKind::Deleted, &key, "a", 9));
@@ -397,12 +412,21 @@ mod tests {
         idx.apply(&kinds, &event(EventKind::Deleted, &key, "new", 12));
         assert_eq!(idx.len(), 0);
         // Created after the list, deleted again: gone.
-        idx.apply(&kinds, &event(EventKind::Created, &format!("{prefix}ns/b"), "b", 13));
+        idx.apply(
+            &kinds,
+            &event(EventKind::Created, &format!("{prefix}ns/b"), "b", 13),
+        );
         assert_eq!(idx.len(), 1);
-        idx.apply(&kinds, &event(EventKind::Deleted, &format!("{prefix}ns/b"), "b", 14));
+        idx.apply(
+            &kinds,
+            &event(EventKind::Deleted, &format!("{prefix}ns/b"), "b", 14),
+        );
         assert_eq!(idx.len(), 0);
         // Keys of kinds not collected are ignored.
-        idx.apply(&kinds, &event(EventKind::Created, "/registry/other/x/ns/c", "c", 15));
+        idx.apply(
+            &kinds,
+            &event(EventKind::Created, "/registry/other/x/ns/c", "c", 15),
+        );
         assert_eq!(idx.len(), 0);
         // A write that no longer decodes drops the object.
         idx.apply(&kinds, &event(EventKind::Created, &key, "a", 16));
