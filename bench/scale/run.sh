@@ -10,11 +10,15 @@
 # Usage: bench/scale/run.sh [--vmis 10000] [--nodes 100] [--backend sqlite|etcd|both]
 #                           [--concurrency 32] [--idle 30] [--probes 1000] [--smoke]
 #                           [--binary target/release/ferrovirt] [--no-build]
+# FV_SCALE_KEEP_LOGS=DIR keeps the server's log (server-BACKEND.log) and SQLite database in DIR.
+# FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR.
+# FV_SCALE_SERVER_LOG=filter sets the server's RUST_LOG (default warn).
 # --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes (a quick check that it all works).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 
+HARNESS_RC=0
 VMIS=10000 NODES=100 BACKEND=both CONC=32 IDLE=30 PROBES=1000 BUILD=1 BIN=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -75,7 +79,7 @@ run_one() {
   port=$(free_port)
   local server_args=(server --data-dir "$data/server" --listen "127.0.0.1:$port" --disable-agent)
   [ -n "$endpoint" ] && server_args+=(--datastore-endpoint "$endpoint")
-  RUST_LOG=warn "$BIN" "${server_args[@]}" >"$data/server.log" 2>&1 &
+  RUST_LOG=${FV_SCALE_SERVER_LOG:-warn} "$BIN" "${server_args[@]}" >"$data/server.log" 2>&1 &
   local server_pid=$!
   PIDS+=("$server_pid")
   local kc="$data/server/kubeconfig.yaml"
@@ -83,14 +87,25 @@ run_one() {
     [ -f "$kc" ] && kubectl --kubeconfig "$kc" get --raw /readyz >/dev/null 2>&1 && break
     sleep 0.2
   done
+  local perf_pid=""
+  if [ -n "${FV_SCALE_PERF:-}" ]; then
+    mkdir -p "$FV_SCALE_PERF"
+    perf record -q -F 499 -p "$server_pid" -o "$FV_SCALE_PERF/perf-$backend.data" >/dev/null 2>&1 &
+    perf_pid=$!
+  fi
   "$SIM" --kubeconfig "$kc" --nodes "$NODES" --vmis "$VMIS" --concurrency "$CONC" \
     --idle-secs "$IDLE" --probes "$PROBES" --server-pid "$server_pid" \
-    "${store_args[@]}" "${store_pid_args[@]}"
+    "${store_args[@]}" "${store_pid_args[@]}" || HARNESS_RC=$?
+  if [ -n "$perf_pid" ]; then kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; fi
   echo "# API requests by verb/resource (from /metrics, top 12):"
   kubectl --kubeconfig "$kc" get --raw /metrics 2>/dev/null \
     | awk '/^apiserver_request_total/ {print $NF, $1}' | sort -rn | head -12 | sed 's/^/#   /' || true
   kill "$server_pid" 2>/dev/null || true
   wait "$server_pid" 2>/dev/null || true
+  if [ -n "${FV_SCALE_KEEP_LOGS:-}" ]; then
+    mkdir -p "$FV_SCALE_KEEP_LOGS" && cp "$data/server.log" "$FV_SCALE_KEEP_LOGS/server-$backend.log"
+    if [ "$backend" = sqlite ]; then cp "$data"/server/state.db* "$FV_SCALE_KEEP_LOGS/" 2>/dev/null || true; fi
+  fi
   if [ "$backend" = etcd ]; then kill "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; fi
 }
 
@@ -99,3 +114,4 @@ case "$BACKEND" in
   both) run_one sqlite; run_one etcd ;;
   *) echo "--backend sqlite|etcd|both" >&2; exit 2 ;;
 esac
+exit "$HARNESS_RC"

@@ -4,15 +4,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use ferrovirt_api::registry::ResourceDef;
 use futures::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::handlers::{DeleteOpts, WriteOpts, create, delete_one, from_storage, store_update};
-use crate::objects::{decode, finalizers, is_deleting, meta_str, name_of, namespace_of};
+use crate::gc_index;
+use crate::handlers::{DeleteOpts, WriteOpts, create, delete_one, load, store_update};
+use crate::objects::finalizers;
 use crate::server::Shared;
 use crate::timefmt;
 
@@ -38,52 +38,42 @@ pub(crate) async fn ensure_system_namespaces(sh: &Shared) -> Result<(), ApiError
     Ok(())
 }
 
-/// One stored object seen by a scan.
-struct Item {
-    def: ResourceDef,
-    obj: Value,
-}
+/// A scan's view of the stored objects: [`gc_index::Item`]s from the index the collector keeps.
+type Item = gc_index::Item;
 
-impl Item {
-    fn uid(&self) -> &str {
-        meta_str(&self.obj, "uid").unwrap_or_default()
-    }
-    fn ns(&self) -> Option<&str> {
-        namespace_of(&self.obj)
-    }
-    fn name(&self) -> &str {
-        name_of(&self.obj)
-    }
-}
+/// Objects listed per page when the index is (re)built.
+const LOAD_PAGE: usize = 500;
+/// The index is rebuilt from a full list at least this often (a safety net: it is kept up to
+/// date from the watch in between).
+const RELOAD_EVERY: Duration = Duration::from_secs(600);
 
-async fn load_all(sh: &Shared) -> Result<Vec<Item>, ApiError> {
-    let mut out = Vec::new();
-    for def in sh.resources.storage_defs() {
-        let prefix = crate::resources::list_prefix(def, None);
-        let res = sh
-            .store
-            .list(&prefix, Default::default())
-            .await
-            .map_err(ApiError::from_store)?;
-        for kv in &res.items {
-            out.push(Item {
-                def: def.clone(),
-                obj: from_storage(def, decode(kv)?),
-            });
+/// Lists every collected kind, in pages, into a fresh index.
+async fn load_all(sh: &Shared, kinds: &gc_index::Kinds) -> Result<gc_index::Index, ApiError> {
+    let mut index = gc_index::Index::default();
+    for (prefix, def) in kinds.iter() {
+        let mut opts = ferrovirt_store::ListOptions {
+            limit: Some(LOAD_PAGE),
+            ..Default::default()
+        };
+        loop {
+            let res = sh
+                .store
+                .list(prefix, opts.clone())
+                .await
+                .map_err(ApiError::from_store)?;
+            for kv in &res.items {
+                index.insert(&kv.key, gc_index::summarize(def, kv)?);
+            }
+            match res.items.last() {
+                Some(last) if res.more => {
+                    opts.start_after = Some(last.key.clone());
+                    opts.revision = Some(res.revision);
+                }
+                _ => break,
+            }
         }
     }
-    Ok(out)
-}
-
-fn owner_uids(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+    Ok(index)
 }
 
 async fn delete_quietly(sh: &Shared, it: &Item, propagation: &str) -> bool {
@@ -91,28 +81,26 @@ async fn delete_quietly(sh: &Shared, it: &Item, propagation: &str) -> bool {
         propagation: Some(propagation.into()),
         ..Default::default()
     };
-    match delete_one(sh, &it.def, it.ns(), it.name(), &opts).await {
+    match delete_one(sh, &it.def, it.ns(), &it.name, &opts).await {
         Ok(_) => true,
         Err(e) if e.code == 404 => false,
         Err(e) => {
-            tracing::warn!(
-                "gc: deleting {}/{}: {}",
-                it.def.plural,
-                it.name(),
-                e.message
-            );
+            tracing::warn!("gc: deleting {}/{}: {}", it.def.plural, it.name, e.message);
             false
         }
     }
 }
 
-/// Rewrites an object with `edit` applied (retrying is left to the next scan).
+/// Rewrites an object with `edit` applied, read again from the store and written with the
+/// resourceVersion the scan saw as precondition (a conflict is left to the next scan).
 async fn edit(sh: &Shared, it: &Item, f: impl FnOnce(&mut Value)) -> bool {
-    let mut o = it.obj.clone();
+    let Ok(Some((mut o, rev))) = load(sh, &it.def, it.ns(), &it.name).await else {
+        return false;
+    };
+    if rev != it.revision {
+        return false;
+    }
     f(&mut o);
-    let rev = meta_str(&o, "resourceVersion")
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(0);
     matches!(store_update(sh, &it.def, o, rev).await, Ok(Ok(_)))
 }
 
@@ -128,22 +116,23 @@ fn remove_finalizer(o: &mut Value, name: &str) {
 }
 
 /// One pass over everything; returns whether it changed anything.
-async fn scan(sh: &Shared) -> Result<bool, ApiError> {
-    let items = load_all(sh).await?;
-    let by_uid: HashMap<&str, &Item> = items.iter().map(|i| (i.uid(), i)).collect();
+async fn scan(sh: &Shared, index: &gc_index::Index) -> Result<bool, ApiError> {
+    let items: Vec<&Item> = index.items().collect();
+    let by_uid: HashMap<&str, &Item> = items.iter().map(|i| (i.uid.as_str(), *i)).collect();
     let mut progress = false;
 
     // Namespaces being terminated: delete their content, then release the namespace.
     for ns in items
         .iter()
-        .filter(|i| i.def.kind == "Namespace" && i.def.group.is_empty() && is_deleting(&i.obj))
+        .filter(|i| i.def.kind == "Namespace" && i.def.group.is_empty() && i.deleting)
     {
         let content: Vec<&Item> = items
             .iter()
-            .filter(|i| i.def.namespaced && i.ns() == Some(ns.name()))
+            .copied()
+            .filter(|i| i.def.namespaced && i.ns() == Some(ns.name.as_str()))
             .collect();
         for c in &content {
-            if !is_deleting(&c.obj) {
+            if !c.deleting {
                 progress |= delete_quietly(sh, c, "Background").await;
             }
         }
@@ -159,12 +148,12 @@ async fn scan(sh: &Shared) -> Result<bool, ApiError> {
 
     // Dependents whose owners are gone, being deleted in the foreground, or orphaning.
     let mut has_dependents: HashSet<String> = HashSet::new();
-    for it in &items {
-        let owners = owner_uids(&it.obj);
+    for it in items.iter().copied() {
+        let owners = &it.owners;
         if owners.is_empty() {
             continue;
         }
-        for o in &owners {
+        for o in owners {
             has_dependents.insert(o.clone());
         }
         let live: Vec<&&Item> = owners
@@ -172,15 +161,15 @@ async fn scan(sh: &Shared) -> Result<bool, ApiError> {
             .filter_map(|u| by_uid.get(u.as_str()))
             .collect();
         if live.is_empty() {
-            if !is_deleting(&it.obj) {
+            if !it.deleting {
                 progress |= delete_quietly(sh, it, "Background").await;
             }
             continue;
         }
         let orphaning: Vec<String> = live
             .iter()
-            .filter(|o| is_deleting(&o.obj) && finalizers(&o.obj).iter().any(|f| f == "orphan"))
-            .map(|o| o.uid().to_string())
+            .filter(|o| o.deleting && o.has_finalizer("orphan"))
+            .map(|o| o.uid.clone())
             .collect();
         if !orphaning.is_empty() {
             progress |= edit(sh, it, |o| {
@@ -198,20 +187,19 @@ async fn scan(sh: &Shared) -> Result<bool, ApiError> {
             .await;
             continue;
         }
-        let foreground = live.iter().any(|o| {
-            is_deleting(&o.obj) && finalizers(&o.obj).iter().any(|f| f == "foregroundDeletion")
-        });
-        if foreground && !is_deleting(&it.obj) {
+        let foreground = live
+            .iter()
+            .any(|o| o.deleting && o.has_finalizer("foregroundDeletion"));
+        if foreground && !it.deleting {
             progress |= delete_quietly(sh, it, "Foreground").await;
         }
     }
 
     // Owners whose Foreground/Orphan work is done.
-    for it in items.iter().filter(|i| is_deleting(&i.obj)) {
-        let fins = finalizers(&it.obj);
-        let waiting = has_dependents.contains(it.uid());
+    for it in items.iter().copied().filter(|i| i.deleting) {
+        let waiting = has_dependents.contains(&it.uid);
         for f in ["orphan", "foregroundDeletion"] {
-            if fins.iter().any(|x| x == f) && !waiting {
+            if it.has_finalizer(f) && !waiting {
                 progress |= edit(sh, it, |o| remove_finalizer(o, f)).await;
                 break;
             }
@@ -220,11 +208,9 @@ async fn scan(sh: &Shared) -> Result<bool, ApiError> {
 
     // Old events.
     let now = timefmt::now_secs();
-    for it in items
-        .iter()
-        .filter(|i| i.def.kind == "Event" && i.def.group.is_empty())
-    {
-        if event_last_seen(&it.obj, now).is_some_and(|t| now - t > EVENT_TTL_SECS) {
+    for it in items.iter().copied() {
+        let last_seen = it.event_times.as_ref().and_then(|t| t.last_seen(now));
+        if last_seen.is_some_and(|t| now - t > EVENT_TTL_SECS) {
             delete_quietly(sh, it, "Background").await;
         }
     }
@@ -235,45 +221,76 @@ async fn scan(sh: &Shared) -> Result<bool, ApiError> {
 /// and the times the client wrote (lastTimestamp, eventTime, series.lastObservedTime), those
 /// in the future ignored, so a client can neither expire an event at once by writing an old
 /// time nor keep it forever by writing a future one.
+#[cfg(test)]
 fn event_last_seen(obj: &Value, now: i64) -> Option<i64> {
-    let created = meta_str(obj, "creationTimestamp").and_then(timefmt::parse_rfc3339);
-    let client = ["lastTimestamp", "eventTime", "firstTimestamp"]
-        .iter()
-        .filter_map(|f| obj.get(*f).and_then(Value::as_str))
-        .chain(
-            obj.pointer("/series/lastObservedTime")
-                .and_then(Value::as_str),
-        )
-        .filter_map(timefmt::parse_rfc3339)
-        .filter(|t| *t <= now)
-        .max();
-    created.into_iter().chain(client).max()
+    gc_index::event_times(obj).last_seen(now)
 }
 
 /// The garbage collector: rescans when prompted (in-process deletions, store events that
-/// delete or mark deletion) and every `interval`.
+/// delete or mark deletion) and every `interval`. The scan reads the collector's index
+/// ([`gc_index`]): built from a paged list after the watch of every key is opened, then kept
+/// up to date from that watch; rebuilt when the watch fails or ends and every [`RELOAD_EVERY`].
 pub(crate) async fn run(sh: Arc<Shared>, interval: Duration) {
     let mut shutdown = sh.shutdown.clone();
+    let kinds = gc_index::Kinds::new(&sh.resources.storage_defs());
     let mut events = None;
+    let mut index: Option<(gc_index::Index, Instant)> = None;
     loop {
-        if events.is_none()
-            && let Ok(rev) = sh.store.current_revision().await
-        {
-            events = sh.store.watch("/registry/", rev).await.ok();
-        }
-        match scan(&sh).await {
-            Ok(true) => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
+        if events.is_none() {
+            index = None;
+            if let Ok(rev) = sh.store.current_revision().await {
+                events = sh.store.watch("/registry/", rev).await.ok();
             }
-            Ok(false) => {}
-            Err(e) => tracing::warn!("gc scan failed: {}", e.message),
+            if events.is_none() {
+                tracing::warn!("gc: cannot watch the store; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+        if index
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= RELOAD_EVERY)
+        {
+            index = None;
+            match load_all(&sh, &kinds).await {
+                Ok(i) => index = Some((i, Instant::now())),
+                Err(e) => tracing::warn!("gc: reading the store failed: {}", e.message),
+            }
+        }
+        // Whatever the watch already delivered (the scan's own writes among it).
+        if let (Some(s), Some((idx, _))) = (events.as_mut(), index.as_mut()) {
+            while let Some(item) = s.next().now_or_never() {
+                match item {
+                    Some(Ok(ev)) => idx.apply(&kinds, &ev),
+                    _ => {
+                        events = None;
+                        break;
+                    }
+                }
+            }
+        }
+        if events.is_none() {
+            // The watch ended: rebuild from a new one (the index may have missed events).
+            continue;
+        }
+        if let Some((idx, _)) = index.as_ref() {
+            match scan(&sh, idx).await {
+                Ok(true) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!("gc scan failed: {}", e.message),
+            }
         }
         let store_prompt = async {
-            match events.as_mut() {
-                Some(s) => loop {
+            match (events.as_mut(), index.as_mut()) {
+                (Some(s), Some((idx, _))) => loop {
                     match s.next().await {
                         Some(Ok(ev)) => {
+                            idx.apply(&kinds, &ev);
                             let deleting = ev.kind == ferrovirt_store::EventKind::Deleted
                                 || String::from_utf8_lossy(&ev.kv.value)
                                     .contains("\"deletionTimestamp\"");
@@ -284,7 +301,7 @@ pub(crate) async fn run(sh: Arc<Shared>, interval: Duration) {
                         _ => return false,
                     }
                 },
-                None => std::future::pending().await,
+                _ => std::future::pending().await,
             }
         };
         let reset = tokio::select! {
@@ -295,17 +312,11 @@ pub(crate) async fn run(sh: Arc<Shared>, interval: Duration) {
         };
         if reset {
             events = None;
+            continue;
         }
-        // Coalesce bursts (a namespace deletion, a cascade) into one scan.
+        // Coalesce bursts (a namespace deletion, a cascade) into one scan; what arrived
+        // meanwhile is applied at the top of the loop.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        if let Some(s) = events.as_mut() {
-            while let Some(item) = s.next().now_or_never() {
-                if !matches!(item, Some(Ok(_))) {
-                    events = None;
-                    break;
-                }
-            }
-        }
     }
 }
 

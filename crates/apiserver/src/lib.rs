@@ -32,6 +32,7 @@ mod discovery;
 mod error;
 mod events;
 mod gc;
+mod gc_index;
 mod handlers;
 mod limits;
 mod metrics;

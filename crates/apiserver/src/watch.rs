@@ -75,6 +75,37 @@ fn line(type_: &str, object: Value) -> Bytes {
     Bytes::from(v)
 }
 
+/// [`line`] around an object already serialised (the same bytes).
+fn line_raw(type_: &str, object: &[u8]) -> Bytes {
+    let mut v = Vec::with_capacity(object.len() + 32);
+    v.extend_from_slice(b"{\"type\":");
+    v.extend_from_slice(&serde_json::to_vec(type_).unwrap_or_default());
+    v.extend_from_slice(b",\"object\":");
+    v.extend_from_slice(object);
+    v.extend_from_slice(b"}\n");
+    Bytes::from(v)
+}
+
+/// What a watch sends for one event: its own object, or the copy every watch shares (cloned
+/// or serialised only when sent, and serialised once for every watch that sends it as is).
+enum Payload {
+    Own(Value),
+    Shared(std::sync::Arc<crate::watch_decode::DecodedEvent>),
+}
+
+impl Plan {
+    /// The event's line in this watch's representation.
+    fn line(&self, type_: &str, payload: Payload) -> Bytes {
+        match payload {
+            Payload::Shared(d) if matches!(self.repr, Representation::Object) => {
+                line_raw(type_, &d.cur_json())
+            }
+            Payload::Shared(d) => line(type_, self.render(d.cur.clone())),
+            Payload::Own(v) => line(type_, self.render(v)),
+        }
+    }
+}
+
 /// The watch event type for a store event, from whether the object matches this watch's
 /// selectors now and whether it did before (`None`: no previous state known).
 fn event_type(kind: EventKind, now: bool, before: Option<bool>) -> Option<&'static str> {
@@ -98,9 +129,12 @@ fn translate(
     plan: &Plan,
     ev: &WatchEvent,
     cache: &DecodeCache,
-) -> Result<Vec<(&'static str, Value)>, ApiError> {
+) -> Result<Vec<(&'static str, Payload)>, ApiError> {
     if plan.view {
-        return translate_view(plan, ev);
+        return Ok(translate_view(plan, ev)?
+            .into_iter()
+            .map(|(t, v)| (t, Payload::Own(v)))
+            .collect());
     }
     let want = plan.def.api_version();
     let served_as_stored = |v: &Value| v.get("apiVersion").and_then(Value::as_str) == Some(&want);
@@ -111,7 +145,7 @@ fn translate(
     {
         let before = d.prev.as_ref().map(|p| plan.matches(p));
         return Ok(event_type(ev.kind, plan.matches(&d.cur), before)
-            .map(|t| (t, d.cur.clone()))
+            .map(|t| (t, Payload::Shared(d.clone())))
             .into_iter()
             .collect());
     }
@@ -123,7 +157,7 @@ fn translate(
         .transpose()?;
     let before = prev.as_ref().map(|p| plan.matches(p));
     Ok(event_type(ev.kind, plan.matches(&cur), before)
-        .map(|t| (t, cur))
+        .map(|t| (t, Payload::Own(cur)))
         .into_iter()
         .collect())
 }
@@ -293,8 +327,8 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
                                 Ok(evs) if evs.is_empty() => continue,
                                 Ok(evs) => {
                                     let mut out = Vec::new();
-                                    for (t, obj) in evs {
-                                        out.extend_from_slice(&line(t, plan.render(obj)));
+                                    for (t, payload) in evs {
+                                        out.extend_from_slice(&plan.line(t, payload));
                                     }
                                     Bytes::from(out)
                                 }
@@ -336,4 +370,21 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
         HeaderValue::from_static("no-cache, private"),
     );
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_serialised_object_makes_the_same_line() {
+        let obj = json!({"kind": "X", "metadata": {"name": "a\"b", "resourceVersion": "7"},
+            "spec": {"list": [1, 2.5, null, "é"]}});
+        for t in ["ADDED", "MODIFIED", "DELETED"] {
+            assert_eq!(
+                line_raw(t, &serde_json::to_vec(&obj).unwrap()),
+                line(t, obj.clone())
+            );
+        }
+    }
 }

@@ -20,6 +20,17 @@ pub(crate) const CAPACITY: usize = 512;
 pub(crate) struct DecodedEvent {
     pub cur: Value,
     pub prev: Option<Value>,
+    /// `cur` serialised, made by the first watch that sends it and reused by the others.
+    json: std::sync::OnceLock<bytes::Bytes>,
+}
+
+impl DecodedEvent {
+    /// `cur` as JSON bytes, serialised once for every watch that sends this event.
+    pub(crate) fn cur_json(&self) -> bytes::Bytes {
+        self.json
+            .get_or_init(|| bytes::Bytes::from(serde_json::to_vec(&self.cur).unwrap_or_default()))
+            .clone()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -51,7 +62,11 @@ impl DecodeCache {
             Some(p) => Some(crate::objects::decode(p).ok()?),
             None => None,
         };
-        let d = Arc::new(DecodedEvent { cur, prev });
+        let d = Arc::new(DecodedEvent {
+            cur,
+            prev,
+            json: Default::default(),
+        });
         let mut inner = self.lock();
         if let Some(existing) = inner.map.get(&k) {
             return Some(existing.clone());

@@ -83,9 +83,9 @@ pub fn has_drain_taint(node: &Node) -> bool {
 /// cluster settings are read only then.
 pub fn has_work<'a>(
     vmis: impl IntoIterator<Item = &'a VirtualMachineInstance>,
-    nodes: &[Node],
+    nodes: impl IntoIterator<Item = &'a Node>,
 ) -> bool {
-    nodes.iter().any(has_drain_taint)
+    nodes.into_iter().any(has_drain_taint)
         || vmis.into_iter().any(|v| {
             v.status
                 .as_ref()

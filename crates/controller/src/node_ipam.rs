@@ -69,7 +69,9 @@ pub async fn run(
     stores.ready().await;
     let mut reported = HashSet::new();
     loop {
-        let nodes = stores.node_list();
+        // The cache's own copies (no Node is cloned per pass: 100 nodes patching their
+        // status every 10 s would otherwise copy every Node ten times a second).
+        let nodes = stores.nodes.state();
         if let Err(e) = pass(&api, &nodes, &ipam, &recorder, &mut reported).await {
             tracing::warn!(error = %e, "node IPAM pass failed");
         }
@@ -79,7 +81,7 @@ pub async fn run(
 
 async fn pass(
     api: &Api<Node>,
-    nodes: &[Node],
+    nodes: &[std::sync::Arc<Node>],
     ipam: &ferrovirt_network::Ipam,
     recorder: &EventRecorder,
     reported: &mut HashSet<(String, String)>,

@@ -44,6 +44,9 @@ pub enum SimError {
     Other(String),
 }
 
+/// Attempts of a VMI write that fails in transport.
+const PATCH_ATTEMPTS: u32 = 5;
+
 /// The annotation the benchmark writes to measure watch delivery: nanoseconds since the
 /// harness process's [`Probes::epoch`] at the moment the write was sent.
 pub const PROBE_ANNOTATION: &str = "bench.ferrovirt.io/probe-sent-ns";
@@ -388,13 +391,28 @@ impl SimNode {
         let name = vmi.metadata.name.as_deref().unwrap_or("");
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), ns, &vmi_resource());
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => tracing::warn!(node = %self.opts.name, vmi = name, "patch: {e}"),
+        // A write lost to the transport (a kept-alive connection the server closed just as it
+        // was reused, seen under load) is sent again, as the agent's next reconcile would; an
+        // answer from the API (a conflict, a refusal) is not.
+        for attempt in 1..=PATCH_ATTEMPTS {
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => return,
+                Err(kube::Error::Api(s)) if s.code == 404 => return,
+                Err(e @ kube::Error::Api(_)) => {
+                    tracing::warn!(node = %self.opts.name, vmi = name, "patch: {e}");
+                    return;
+                }
+                Err(e) if attempt == PATCH_ATTEMPTS => {
+                    tracing::warn!(node = %self.opts.name, vmi = name, "patch: {e}");
+                }
+                Err(e) => {
+                    tracing::info!(node = %self.opts.name, vmi = name, attempt, "patch: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                }
+            }
         }
     }
 

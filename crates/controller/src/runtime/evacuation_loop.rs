@@ -62,9 +62,13 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
         stores.ready().await;
         loop {
             let state = stores.vmis.state();
-            let nodes = stores.node_list();
-            // Cloned only when there is work (the loop wakes on every VMI change).
-            if evacuation::has_work(state.iter().map(|v| &v.0), &nodes) {
+            let node_state = stores.nodes.state();
+            // Cloned only when there is work (the loop wakes on every VMI and Node change).
+            if evacuation::has_work(
+                state.iter().map(|v| &v.0),
+                node_state.iter().map(|n| n.as_ref()),
+            ) {
+                let nodes: Vec<_> = node_state.iter().map(|n| (**n).clone()).collect();
                 let vmis: Vec<VirtualMachineInstance> = state.iter().map(|v| v.0.clone()).collect();
                 let migrations: Vec<_> = vmims.state().iter().map(|m| m.0.clone()).collect();
                 let (kv, hco, limits) = cluster_settings(&client).await;

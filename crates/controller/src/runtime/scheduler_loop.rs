@@ -86,7 +86,6 @@ pub async fn run(
     let vmis = &stores.vmis;
     let mut assumed: HashMap<String, (String, Instant)> = HashMap::new();
     loop {
-        let cached = vmis.state();
         // Bindings the cache has not caught up with count as made; old ones, and those the
         // cache now shows, are forgotten (looked up by key: no pass over every VMI).
         assumed.retain(|k, (_, at)| {
@@ -96,6 +95,12 @@ pub async fn run(
                     vmis.get(&r).is_some_and(|v| needs_scheduling(&v.0))
                 })
         });
+        // Read only now: the reflector updates the cache concurrently, so a copy taken before
+        // the assumptions were checked could still show a VMI unbound whose binding the check
+        // just saw (and forgot), and the VMI would be bound again with its old
+        // resourceVersion (a 409). The cache only moves forward: this copy shows every
+        // binding the check saw.
+        let cached = vmis.state();
         let mut pending: Vec<&VirtualMachineInstance> = Vec::new();
         let mut assumed_here: Vec<(&VirtualMachineInstance, String)> = Vec::new();
         for v in cached.iter().map(|v| &v.0).filter(|v| needs_scheduling(v)) {
@@ -137,21 +142,31 @@ pub async fn run(
         // The writes of the pass, WRITE_CONCURRENCY at a time: decisions are made in
         // order above, only the API round trips overlap. A failed bind forgets its
         // assumption, so the next pass decides that VMI again from the cache.
-        let mut failed = Vec::new();
+        let mut outcomes = Vec::new();
         let mut inflight = futures::stream::FuturesUnordered::new();
         for (v, node) in binds {
             inflight.push(bind_and_record(&client, &recorder, v, node, pass_us));
             if inflight.len() >= WRITE_CONCURRENCY
-                && let Some(Some(k)) = inflight.next().await
+                && let Some(o) = inflight.next().await
             {
-                failed.push(k);
+                outcomes.push(o);
             }
         }
-        while let Some(r) = inflight.next().await {
-            failed.extend(r);
+        while let Some(o) = inflight.next().await {
+            outcomes.push(o);
         }
-        for k in failed {
-            assumed.remove(&k);
+        // A binding counts from when it was written (a long pass must not age it out before
+        // the cache has had time to show it); a VMI found bound already counts where it is.
+        let now = Instant::now();
+        for (k, outcome) in outcomes {
+            match outcome {
+                BindOutcome::Bound(node) => {
+                    assumed.insert(k, (node, now));
+                }
+                BindOutcome::Failed => {
+                    assumed.remove(&k);
+                }
+            }
         }
         let mut inflight = futures::stream::FuturesUnordered::new();
         for (v, message) in unschedulable {
@@ -184,15 +199,56 @@ fn boottime_us() -> u64 {
     u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0) / 1000
 }
 
-/// Binds `vmi` to `node` and records the `Scheduled` Event; the VMI's key when the bind failed.
+/// How a bind ended: the node the VMI is bound to now, or a failure (the next pass decides
+/// that VMI again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum BindOutcome {
+    Bound(String),
+    Failed,
+}
+
+/// What to do after a bind was refused with a conflict, from the VMI as the API has it now
+/// (pure): bound already (a binding the cache had not shown yet: nothing to write), still
+/// waiting (bind again with its current resourceVersion), or neither (gone, finished or being
+/// deleted: give up).
+fn after_conflict(fresh: Option<&VirtualMachineInstance>) -> Option<Result<String, ()>> {
+    let fresh = fresh?;
+    if let Some(node) = crate::scheduler::is_bound(fresh) {
+        return Some(Ok(node.to_string()));
+    }
+    needs_scheduling(fresh).then_some(Err(()))
+}
+
+/// Binds `vmi` to `node` and records the `Scheduled` Event. A bind refused with a conflict (the
+/// cached copy was older than the API's) reads the VMI again: found bound, it counts as bound
+/// there; still waiting, it is bound once more with the current resourceVersion.
 async fn bind_and_record(
     client: &kube::Client,
     recorder: &EventRecorder,
     vmi: &VirtualMachineInstance,
     node: String,
     pass_us: u64,
-) -> Option<String> {
-    match bind(client, vmi, &node).await {
+) -> (String, BindOutcome) {
+    let mut result = bind(client, vmi, &node).await;
+    if let Err(kube::Error::Api(s)) = &result
+        && s.code == 409
+    {
+        let name = vmi.metadata.name.as_deref().unwrap_or("");
+        let fresh = vmi_api(client, vmi).get_opt(name).await.ok().flatten();
+        match after_conflict(fresh.as_ref().map(|f| &f.0)) {
+            Some(Ok(bound_to)) => {
+                tracing::debug!(vmi = %key(vmi), node = %bound_to, "bind conflict: already bound");
+                return (key(vmi), BindOutcome::Bound(bound_to));
+            }
+            Some(Err(())) => {
+                if let Some(f) = &fresh {
+                    result = bind(client, &f.0, &node).await;
+                }
+            }
+            None => {}
+        }
+    }
+    match result {
         Ok(()) => {
             let bound_us = boottime_us();
             tracing::info!(vmi = %key(vmi), %node, pass_us, bound_us, "bound");
@@ -203,11 +259,11 @@ async fn bind_and_record(
             );
             let msg = format!("Successfully assigned {} to {node}", key(vmi));
             recorder.record(&reference, false, "Scheduled", &msg).await;
-            None
+            (key(vmi), BindOutcome::Bound(node))
         }
         Err(e) => {
             tracing::warn!(vmi = %key(vmi), error = %e, "binding failed");
-            Some(key(vmi))
+            (key(vmi), BindOutcome::Failed)
         }
     }
 }
@@ -440,6 +496,28 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_conflicting_bind_is_settled_from_the_vmi_as_it_is_now() {
+        use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
+        let mut v: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ns"},
+            "spec": {"domain": {"devices": {}}}
+        }))
+        .unwrap();
+        // Gone: give up.
+        assert_eq!(super::after_conflict(None), None);
+        // Still waiting (someone else changed it): bind again.
+        assert_eq!(super::after_conflict(Some(&v)), Some(Err(())));
+        // Bound already (our earlier bind, not yet in the cache): counts as bound there.
+        let status = v.status.get_or_insert_default();
+        status.node_name = Some("n1".into());
+        status.phase = Some(VmiPhase::Scheduled);
+        assert_eq!(super::after_conflict(Some(&v)), Some(Ok("n1".into())));
+        // Finished: neither.
+        v.status.as_mut().unwrap().phase = Some(VmiPhase::Succeeded);
+        assert_eq!(super::after_conflict(Some(&v)), None);
     }
 
     #[test]
