@@ -2,46 +2,54 @@
 //! and reflectors can be used with the typed structs of `ferrovirt_api` (which do not depend
 //! on kube themselves).
 
-use std::borrow::Cow;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Serialize};
-
 use ferrovirt_api::kubevirt::misc::VirtualMachineInstanceMigration;
 use ferrovirt_api::kubevirt::pool::VirtualMachinePool;
 use ferrovirt_api::kubevirt::vm::VirtualMachine;
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 
-macro_rules! kube_kind {
-    ($(#[$m:meta])* $wrapper:ident($inner:ty), $group:literal, $version:literal, $kind:literal, $plural:literal) => {
+/// Declares `$wrapper($inner)`, a `kube::Resource` of the given scope, group, version, kind and
+/// plural whose metadata is the inner struct's. The one definition behind every wrapper of the
+/// controller crate (snapshot, storage, backup kinds use it too).
+macro_rules! resource_wrapper {
+    ($(#[$m:meta])* $wrapper:ident($inner:ty), $scope:ty, $group:expr, $version:expr, $kind:literal, $plural:literal) => {
         $(#[$m])*
-        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[derive(Clone, Debug, PartialEq, ::serde::Serialize, ::serde::Deserialize)]
         #[serde(transparent)]
         pub struct $wrapper(pub $inner);
 
-        impl kube::Resource for $wrapper {
+        impl ::kube::Resource for $wrapper {
             type DynamicType = ();
-            type Scope = k8s_openapi::NamespaceResourceScope;
+            type Scope = $scope;
 
-            fn kind(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($kind)
+            fn kind(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($kind)
             }
-            fn group(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($group)
+            fn group(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($group)
             }
-            fn version(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($version)
+            fn version(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($version)
             }
-            fn plural(_: &()) -> Cow<'_, str> {
-                Cow::Borrowed($plural)
+            fn plural(_: &()) -> ::std::borrow::Cow<'_, str> {
+                ::std::borrow::Cow::Borrowed($plural)
             }
-            fn meta(&self) -> &ObjectMeta {
+            fn meta(&self) -> &::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &self.0.metadata
             }
-            fn meta_mut(&mut self) -> &mut ObjectMeta {
+            fn meta_mut(&mut self) -> &mut ::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &mut self.0.metadata
             }
         }
+    };
+}
+pub(crate) use resource_wrapper;
+
+/// A namespaced KubeVirt kind, also dereferencing to its inner struct.
+macro_rules! kube_kind {
+    ($(#[$m:meta])* $wrapper:ident($inner:ty), $group:literal, $version:literal, $kind:literal, $plural:literal) => {
+        resource_wrapper!(
+            $(#[$m])* $wrapper($inner), k8s_openapi::NamespaceResourceScope, $group, $version, $kind, $plural
+        );
 
         impl std::ops::Deref for $wrapper {
             type Target = $inner;
