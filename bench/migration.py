@@ -8,8 +8,11 @@ holding the test guest's disk (target/test-guest), migrated back and forth N tim
 VirtualMachineInstanceMigrations. For each run: QEMU's `total-time` and `downtime` (from the
 source's final `query-migrate`, which the agent puts into its `Migrated` Event) and the
 VMIM's create -> Succeeded wall time.
-Raw: two QEMUs started by hand from the same disk and memory size (TCG), the target with
-`-incoming unix:`, `migrate` over QMP, `query-migrate` polled every 50 ms until completed.
+Raw: two QEMUs started by hand with ferrovirt's exact QEMU command line (the VMI's
+`qemu-argv.json`, its sockets moved to a directory of the bench, its disk replaced by a copy,
+no -runas), the target with `-incoming unix:`, `migrate` over QMP, `query-migrate` polled
+every 50 ms until completed. Bare: the same with a minimal QEMU (no serial, guest agent, VNC,
+balloon ...), to separate the device set's cost from ferrovirt's.
 Prints medians and the ratios (goal: total <= 1.1x raw, downtime <= raw + 50 ms).
 --local: the VM's disk is a node-local (`local` class) volume of 1 GiB, block-migrated; ours is
 the VMIM's create -> Succeeded wall time (mirror + memory) and QEMU's downtime, raw is two
@@ -75,9 +78,43 @@ class Qmp:
                 return m
 
 
-def raw_run(tmp, memory_mib, local=False):
+def replay(argv, vmi_dir, raw_dir, disk, raw_disk):
+    """ferrovirt's QEMU command line (`qemu-argv.json`) for a raw QEMU: the same devices,
+    machine and options, with the VMI directory's sockets and files in `raw_dir`, `disk`
+    replaced by `raw_disk`, and no -runas or -incoming (the caller adds its own). Returns
+    (argv, QMP socket path)."""
+    if argv[0].startswith("-"):  # the arguments only (the launcher runs the agent's binary)
+        argv = ["qemu-system-x86_64"] + argv
+    out, skip, qmp = [], False, None
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a in ("-runas", "-incoming"):
+            skip = True
+            continue
+        a = a.replace(disk, raw_disk).replace(vmi_dir, raw_dir)
+        if argv[i - 1] == "-chardev" and a.startswith("socket,id=qmp,"):
+            qmp = re.search(r"path=((?:[^,]|,,)*)", a).group(1).replace(",,", ",")
+        out.append(a)
+    if qmp is None:
+        sys.exit("no QMP chardev in the replayed command line")
+    return out, qmp
+
+
+def find_argv(tmp):
+    """The running VMI's recorded QEMU command line and directory, on either node."""
+    for root, _, files in os.walk(tmp):
+        if "qemu-argv.json" in files and os.path.basename(os.path.dirname(root)) == "vmis":
+            return json.load(open(os.path.join(root, "qemu-argv.json"))), root
+    return None
+
+
+def raw_run(tmp, memory_mib, local=False, recorded=None):
     """One raw QEMU-to-QEMU migration; (total ms, downtime ms). `local`: each QEMU has its
-    own disk, mirrored over NBD before the memory; total is the wall time of both."""
+    own disk, mirrored over NBD before the memory; total is the wall time of both.
+    `recorded`: (argv, VMI directory, disk path) of ferrovirt's QEMU, replayed on both
+    sides; else a bare QEMU with the same disk and memory."""
     disk = os.path.join(tmp, "raw-disk.img")
     if not os.path.exists(disk):
         shutil.copy(os.path.join(GUEST, "disk.raw"), disk)
@@ -100,10 +137,24 @@ def raw_run(tmp, memory_mib, local=False):
     for p in (src_qmp, dst_qmp, incoming):
         if os.path.exists(p):
             os.unlink(p)
-    src = subprocess.Popen(base + ["-qmp", f"unix:{src_qmp},server=on,wait=off"])
-    dst_base = [x.replace(disk, copy) if local else x for x in base]
-    dst = subprocess.Popen(dst_base + ["-qmp", f"unix:{dst_qmp},server=on,wait=off",
-                                       "-incoming", f"unix:{incoming}"])
+    if recorded:
+        argv, vmi_dir, their_disk = recorded
+        dirs = []
+        for side in ("src", "dst"):
+            d = os.path.join(tmp, "raw-" + side)
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+            dirs.append(d)
+        src_argv, src_qmp = replay(argv, vmi_dir, dirs[0], their_disk, disk)
+        dst_argv, dst_qmp = replay(argv, vmi_dir, dirs[1], their_disk, copy if local else disk)
+        src = subprocess.Popen(src_argv, stderr=subprocess.DEVNULL)
+        dst = subprocess.Popen(dst_argv + ["-incoming", f"unix:{incoming}"],
+                               stderr=subprocess.DEVNULL)
+    else:
+        src = subprocess.Popen(base + ["-qmp", f"unix:{src_qmp},server=on,wait=off"])
+        dst_base = [x.replace(disk, copy) if local else x for x in base]
+        dst = subprocess.Popen(dst_base + ["-qmp", f"unix:{dst_qmp},server=on,wait=off",
+                                           "-incoming", f"unix:{incoming}"])
     try:
         q = Qmp(src_qmp)
         d = Qmp(dst_qmp)
@@ -114,11 +165,20 @@ def raw_run(tmp, memory_mib, local=False):
             if os.path.exists(nbd):
                 os.unlink(nbd)
             d.cmd("nbd-server-start", addr={"type": "unix", "data": {"path": nbd}})
-            d.cmd("block-export-add", type="nbd", id="e", **{"node-name": "d"}, name="d",
+            node = "d"
+            if recorded:  # the format node over ferrovirt's disk file
+                devs = [json.loads(a) for p_, a in zip(src_argv, src_argv[1:])
+                        if p_ == "-blockdev" and a.startswith("{")]
+                files = [b["node-name"] for b in devs if b.get("filename") == disk]
+                node = next(b["node-name"] for b in devs if b.get("file") in files)
+            d.cmd("block-export-add", type="nbd", id="e", **{"node-name": node}, name="d",
                   writable=True)
             q.cmd("blockdev-add", driver="nbd", **{"node-name": "t"},
                   server={"type": "unix", "path": nbd}, export="d")
-            q.cmd("blockdev-mirror", **{"job-id": "m"}, device="d", target="t", sync="full")
+            r = q.cmd("blockdev-mirror", **{"job-id": "m"}, device=node, target="t",
+                      sync="full")
+            if "error" in r:
+                sys.exit(f"raw mirror: {r}")
             wait("raw mirror", 600, lambda: any(j.get("ready") for j in q.cmd(
                 "query-block-jobs")["return"]), every=0.05)
             q.cmd("migrate-set-capabilities", capabilities=[
@@ -261,6 +321,10 @@ spec:
         wait("the VM running", 120, lambda: "Running" in kubectl(
             "get", "vmi", "bench", "-o", "jsonpath={.status.phase}", check=False))
         time.sleep(8)  # the guest boots
+        found_argv = find_argv(tmp)
+        if not found_argv:
+            sys.exit("the VMI's qemu-argv.json was not found")
+        recorded = (found_argv[0], found_argv[1], os.path.join(pv, "disk.img"))
         ours, wall, seen = [], [], set()
         for i in range(a.runs):
             name = f"bench-{i}"
@@ -289,7 +353,8 @@ spec:
             # mirror's start to the migration's completion, as the raw side does.
             ours.append((int(both), int(down)) if a.local else (int(total), int(down)))
             time.sleep(3)  # the target reports Running before the next move
-        raw = [raw_run(tmp, a.memory_mib, a.local) for _ in range(a.runs)]
+        raw = [raw_run(tmp, a.memory_mib, a.local, recorded) for _ in range(a.runs)]
+        bare = [raw_run(tmp, a.memory_mib, a.local) for _ in range(a.runs)]
     finally:
         for p in procs:
             p.terminate()
@@ -305,15 +370,19 @@ spec:
     med = lambda xs: statistics.median(xs)
     o_total, o_down = med([t for t, _ in ours]), med([d for _, d in ours])
     r_total, r_down = med([t for t, _ in raw]), med([d for _, d in raw])
+    b_total, b_down = med([t for t, _ in bare]), med([d for _, d in bare])
     print(f"runs: {a.runs}, guest memory {a.memory_mib} MiB, TCG, "
           f"migration stream {'plain' if a.no_tls else 'mutual TLS'}"
           + (", node-local 1 GiB disk block-migrated (totals: mirror start -> completed)"
              if a.local else ""))
     print(f"ferrovirt: total {o_total} ms, downtime {o_down} ms (VMIM create -> Succeeded {med(wall):.0f} ms)")
-    print(f"raw QEMU : total {r_total} ms, downtime {r_down} ms")
+    print(f"raw QEMU : total {r_total} ms, downtime {r_down} ms (ferrovirt's QEMU command line replayed)")
+    print(f"bare QEMU: total {b_total} ms, downtime {b_down} ms (a minimal device set)")
     print(f"ratio total {o_total / r_total:.2f}x (goal <= 1.1x), downtime {o_down - r_down:+} ms (goal <= +50 ms)")
+    print(f"replayed vs bare: total {r_total / b_total:.2f}x, downtime {r_down - b_down:+} ms")
     print(f"all ferrovirt (total, downtime): {ours}")
     print(f"all raw (total, downtime): {raw}")
+    print(f"all bare (total, downtime): {bare}")
 
 
 if __name__ == "__main__":

@@ -75,23 +75,40 @@ pub fn live_migratable(
     };
     let mut block = Vec::new();
     for v in spec.volumes.iter().flatten() {
-        // containerDisk and ephemeral overlays sit on a base image cached on the node: the
-        // target would need the same base under a copy of the overlay, which is not done.
-        let overlay = if v.container_disk.is_some() {
-            Some("containerDisk")
-        } else if v.ephemeral.is_some() {
-            Some("ephemeral")
-        } else {
-            None
-        };
-        if let Some(kind) = overlay {
-            return Err(NotMigratable {
-                reason: reason::DISKS_NOT_LIVE_MIGRATABLE,
-                message: format!(
-                    "cannot migrate VMI: volume {} ({kind}) is a writable overlay on an image                      cached on the node; block migration of overlays is not supported",
-                    v.name
-                ),
+        // containerDisk and ephemeral overlays: a writable qcow2 over a base (the image
+        // cached on the node, a claim). The target prepares the same as at a start (the
+        // image pulled into its cache, a fresh overlay) and the source mirrors what its
+        // guest sees into that overlay in full, so the copy does not depend on the target's
+        // base being byte-identical (only its size is checked, as for every copied disk).
+        if v.container_disk.is_some() {
+            block.push(BlockVolume {
+                volume: v.name.clone(),
+                claim: None,
             });
+            continue;
+        }
+        if let Some(eph) = &v.ephemeral {
+            // The base claim is opened read-only on the target too: it must be shared.
+            let claim = eph
+                .persistent_volume_claim
+                .as_ref()
+                .map(|p| p.claim_name.as_str())
+                .unwrap_or_default();
+            if !access_modes(claim).is_some_and(|m| crate::fencing::is_shared_access(&m)) {
+                return Err(NotMigratable {
+                    reason: reason::DISKS_NOT_LIVE_MIGRATABLE,
+                    message: format!(
+                        "cannot migrate VMI: volume {} (ephemeral) has its base on PVC {claim}, \
+                         which is not shared (ReadWriteMany): the target cannot open it",
+                        v.name
+                    ),
+                });
+            }
+            block.push(BlockVolume {
+                volume: v.name.clone(),
+                claim: None,
+            });
+            continue;
         }
         if v.empty_disk.is_some() {
             block.push(BlockVolume {
@@ -229,21 +246,37 @@ mod tests {
     }
 
     #[test]
-    fn shared_claims_and_cloud_init_migrate_live_overlays_do_not() {
+    fn shared_claims_and_cloud_init_migrate_live_overlays_are_copied() {
         let v = vmi(json!({"domain": {}, "volumes": [
             {"name": "r", "persistentVolumeClaim": {"claimName": "c"}},
             {"name": "d", "dataVolume": {"name": "dv"}},
             {"name": "ci", "cloudInitNoCloud": {"userData": "#!/bin/sh"}}]}));
         assert_eq!(live_migratable(&v, rwx, block_ok), Ok(Method::Live));
-        for local in [
-            json!({"name": "cd", "containerDisk": {"image": "x"}}),
-            json!({"name": "eph", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}),
+        // containerDisk and ephemeral overlays (on a shared base) are block-migrated: the
+        // target makes a fresh overlay on its own base, the source mirrors into it.
+        for (name, local) in [
+            ("cd", json!({"name": "cd", "containerDisk": {"image": "x"}})),
+            (
+                "eph",
+                json!({"name": "eph", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}),
+            ),
         ] {
-            let v = vmi(json!({"domain": {}, "volumes": [local]}));
-            let e = live_migratable(&v, rwx, block_ok).unwrap_err();
-            assert_eq!(e.reason, reason::DISKS_NOT_LIVE_MIGRATABLE);
-            assert!(e.message.contains("overlay"), "{e}");
+            let v = vmi(json!({"domain": {}, "volumes": [local,
+                {"name": "ci", "cloudInitNoCloud": {"userData": "#!/bin/sh"}}]}));
+            assert_eq!(
+                live_migratable(&v, rwx, block_ok),
+                Ok(Method::Block(vec![BlockVolume {
+                    volume: name.into(),
+                    claim: None
+                }]))
+            );
         }
+        // An ephemeral overlay whose base claim is node-local: the target cannot open it.
+        let v = vmi(json!({"domain": {}, "volumes": [
+            {"name": "eph", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}]}));
+        let e = live_migratable(&v, rwo, block_ok).unwrap_err();
+        assert_eq!(e.reason, reason::DISKS_NOT_LIVE_MIGRATABLE);
+        assert!(e.message.contains("eph") && e.message.contains("PVC c"), "{e}");
     }
 
     #[test]

@@ -61,7 +61,14 @@ impl Agent {
                 .persistent_volume_claim
                 .as_ref()
                 .map(|c| c.claim_name.clone())
-                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()));
+                .or_else(|| v.data_volume.as_ref().map(|d| d.name.clone()))
+                .or_else(|| {
+                    // An ephemeral overlay's base claim (it must be shared to be opened here).
+                    v.ephemeral
+                        .as_ref()
+                        .and_then(|e| e.persistent_volume_claim.as_ref())
+                        .map(|c| c.claim_name.clone())
+                });
             if let Some(c) = claim
                 && let Some(pvc) = pvcs.get_opt(&c).await.map_err(kube_err)?
             {
