@@ -44,6 +44,18 @@ pub const DEFAULT_STRATEGY: Strategy = Strategy::None;
 /// `nodeDrainTaintKey` default), effect NoSchedule.
 pub const DRAIN_TAINT: &str = "kubevirt.io/drain";
 
+/// The drain taint's key: the KubeVirt CR's `spec.configuration.migrations.nodeDrainTaintKey`
+/// (given as the object's `spec` JSON), else [`DRAIN_TAINT`]. An empty key is not a key.
+pub fn drain_taint_key(kubevirt_spec: Option<&serde_json::Value>) -> String {
+    kubevirt_spec
+        .and_then(|s| s.pointer("/configuration/migrations/nodeDrainTaintKey"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .unwrap_or(DRAIN_TAINT)
+        .to_string()
+}
+
 /// The annotation on migrations created for an evacuation: the node being left.
 pub const EVACUATION_ANNOTATION: &str = "kubevirt.io/evacuationMigration";
 
@@ -277,5 +289,17 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn the_drain_taint_key_comes_from_the_kubevirt_cr() {
+        assert_eq!(drain_taint_key(None), DRAIN_TAINT);
+        let spec = serde_json::json!({"configuration": {"migrations":
+            {"nodeDrainTaintKey": "example.com/maintenance"}}});
+        assert_eq!(drain_taint_key(Some(&spec)), "example.com/maintenance");
+        let empty = serde_json::json!({"configuration": {"migrations": {"nodeDrainTaintKey": ""}}});
+        assert_eq!(drain_taint_key(Some(&empty)), DRAIN_TAINT);
+        let other = serde_json::json!({"configuration": {"evictionStrategy": "LiveMigrate"}});
+        assert_eq!(drain_taint_key(Some(&other)), DRAIN_TAINT);
     }
 }

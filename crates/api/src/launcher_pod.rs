@@ -1,7 +1,8 @@
 //! The launcher Pod view (docs/migration.md "Eviction and drain"): every VMI placed on a node
 //! appears as the core/v1 Pod `virt-launcher-<vmi>-<5 chars>` that KubeVirt's virt-launcher
 //! Pod would be, computed from the VMI (nothing is stored). Pure: [`pod_for`] maps a VMI (as
-//! JSON) to its Pod; [`vmi_name_of`] finds the VMI a Pod name belongs to. A placement on
+//! JSON) to its Pod, [`pods_for`] adds the target's Pod while a migration runs;
+//! [`vmi_name_of`] finds the VMI a Pod name belongs to. A placement on
 //! another node (after a migration) is another Pod: another name suffix and uid, so
 //! `kubectl drain` sees the old Pod disappear.
 
@@ -172,6 +173,74 @@ pub fn pod_for(vmi: &Value) -> Option<Value> {
     }))
 }
 
+/// The label KubeVirt puts on a migration target's launcher Pod: the migration's uid.
+pub const MIGRATION_JOB_LABEL: &str = "kubevirt.io/migrationJobUID";
+
+/// The unfinished migration of `vmi` to another node: (target node, migration uid).
+fn migrating_to(vmi: &Value) -> Option<(&str, &str)> {
+    let m = vmi.pointer("/status/migrationState")?;
+    if m["completed"] == true || m["failed"] == true {
+        return None;
+    }
+    let target = s(m, "/targetNode")?;
+    let uid = s(m, "/migrationUid")?;
+    (Some(target) != s(vmi, "/status/nodeName")).then_some((target, uid))
+}
+
+/// Every launcher Pod of `vmi`: its own ([`pod_for`]) and, while a migration to another node
+/// runs, the target's (KubeVirt shows a second launcher Pod then): on the target node,
+/// labelled with the migration's uid, Pending until the target is ready, then Running, not
+/// Ready. It has the name and uid the VMI's Pod has once the migration succeeded, so a watch
+/// sees it ADDED at the start, and the source's Pod DELETED at the switch-over.
+pub fn pods_for(vmi: &Value) -> Vec<Value> {
+    let Some(own) = pod_for(vmi) else {
+        return Vec::new();
+    };
+    let mut out = vec![own.clone()];
+    if let Some((target, uid)) = migrating_to(vmi) {
+        let key = format!(
+            "{}/{target}/{uid}",
+            s(vmi, "/metadata/uid").unwrap_or_default()
+        );
+        let id = uuid::Uuid::new_v5(&UID_NAMESPACE, key.as_bytes());
+        let suffix: String = id.as_bytes()[10..15]
+            .iter()
+            .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+            .collect();
+        let name = s(vmi, "/metadata/name").unwrap_or_default();
+        let mut pod = own;
+        pod["metadata"]["name"] = json!(format!("{NAME_PREFIX}{name}-{suffix}"));
+        pod["metadata"]["uid"] = json!(id.to_string());
+        pod["metadata"]["labels"][MIGRATION_JOB_LABEL] = json!(uid);
+        if let Some(t) = vmi.pointer("/status/migrationState/startTimestamp") {
+            pod["metadata"]["creationTimestamp"] = t.clone();
+        }
+        pod["spec"]["nodeName"] = json!(target);
+        let ready = vmi
+            .pointer("/status/migrationState/targetNodeDomainDetected")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let st = &mut pod["status"];
+        st["phase"] = json!(if ready { "Running" } else { "Pending" });
+        for c in st["conditions"].as_array_mut().into_iter().flatten() {
+            if c["type"] != "PodScheduled" {
+                c["status"] = json!("False");
+            }
+        }
+        st["containerStatuses"][0]["ready"] = json!(false);
+        st["containerStatuses"][0]["started"] = json!(ready);
+        if let Some(o) = st.as_object_mut() {
+            o.remove("podIP");
+            o.remove("podIPs");
+            if !ready {
+                o.remove("startTime");
+            }
+        }
+        out.push(pod);
+    }
+    out
+}
+
 /// The VMI name a launcher Pod name belongs to (`virt-launcher-<vmi>-<5 chars>`).
 pub fn vmi_name_of(pod: &str) -> Option<&str> {
     let rest = pod.strip_prefix(NAME_PREFIX)?;
@@ -184,29 +253,34 @@ pub fn vmi_name_of(pod: &str) -> Option<&str> {
 /// (`cur` `None`: deleted; `prev` `None`: created or not known). A placement that changed is
 /// the old Pod DELETED and the new one ADDED.
 pub fn view_changes(prev: Option<&Value>, cur: Option<&Value>) -> Vec<(&'static str, Value)> {
-    let old = prev.and_then(pod_for);
-    let new = cur.and_then(pod_for);
+    let old = prev.map(pods_for).unwrap_or_default();
+    let new = cur.map(pods_for).unwrap_or_default();
     let name = |p: &Value| p.pointer("/metadata/name").cloned();
-    match (old, new) {
-        (None, None) => Vec::new(),
-        (None, Some(n)) => vec![("ADDED", n)],
-        (Some(o), None) => {
-            let mut o = o;
-            // The DELETED object carries the revision of the write that removed it.
-            if let Some(rv) = cur
-                .or(prev)
-                .and_then(|v| v.pointer("/metadata/resourceVersion"))
-            {
-                o["metadata"]["resourceVersion"] = rv.clone();
-            }
-            vec![("DELETED", o)]
+    // The revision of the write that made the change.
+    let rv = cur
+        .or(prev)
+        .and_then(|v| v.pointer("/metadata/resourceVersion"))
+        .cloned();
+    let mut out = Vec::new();
+    for mut o in old
+        .iter()
+        .filter(|o| !new.iter().any(|n| name(n) == name(o)))
+        .cloned()
+    {
+        if let Some(rv) = &rv {
+            o["metadata"]["resourceVersion"] = rv.clone();
         }
-        (Some(o), Some(n)) if name(&o) == name(&n) => vec![("MODIFIED", n)],
-        (Some(mut o), Some(n)) => {
-            o["metadata"]["resourceVersion"] = n["metadata"]["resourceVersion"].clone();
-            vec![("DELETED", o), ("ADDED", n)]
-        }
+        out.push(("DELETED", o));
     }
+    for n in new {
+        let kind = if old.iter().any(|o| name(o) == name(&n)) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        out.push((kind, n));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -305,6 +379,62 @@ mod tests {
         assert_eq!(ev[0].1["metadata"]["resourceVersion"], "50");
         assert_eq!(ev[1].0, "ADDED");
         assert_eq!(ev[1].1["metadata"]["name"], b["metadata"]["name"]);
+    }
+
+    #[test]
+    fn a_running_migration_shows_the_target_pod() {
+        let idle = vmi(Some("node1"), "Running");
+        assert_eq!(pods_for(&idle).len(), 1);
+        let mut moving = idle.clone();
+        moving["metadata"]["resourceVersion"] = json!("60");
+        moving["status"]["migrationState"] = json!({
+            "migrationUid": "m1", "sourceNode": "node1", "targetNode": "node2",
+            "startTimestamp": "2026-01-01T00:59:00Z",
+        });
+        let pods = pods_for(&moving);
+        assert_eq!(pods.len(), 2);
+        let (src, dst) = (&pods[0], &pods[1]);
+        assert_eq!(src["spec"]["nodeName"], "node1");
+        assert_eq!(dst["spec"]["nodeName"], "node2");
+        assert_eq!(dst["status"]["phase"], "Pending");
+        assert_eq!(dst["metadata"]["labels"][MIGRATION_JOB_LABEL], "m1");
+        assert_eq!(dst["metadata"]["labels"][CREATED_BY_LABEL], "1111-2222");
+        assert_eq!(
+            vmi_name_of(dst["metadata"]["name"].as_str().unwrap()),
+            Some("my-vm")
+        );
+        assert!(dst["status"].get("podIP").is_none());
+        // Ready target: Running, not Ready.
+        moving["status"]["migrationState"]["targetNodeDomainDetected"] = json!(true);
+        let dst = pods_for(&moving)[1].clone();
+        assert_eq!(dst["status"]["phase"], "Running");
+        assert_eq!(dst["status"]["conditions"][1]["status"], "False");
+        // The watch: the target Pod is ADDED when the migration starts ...
+        let ev = view_changes(Some(&idle), Some(&moving));
+        let kinds: Vec<&str> = ev.iter().map(|e| e.0).collect();
+        assert_eq!(kinds, ["MODIFIED", "ADDED"]);
+        // ... and is the VMI's own Pod (same name and uid) after the switch-over, when
+        // the source's is DELETED.
+        let mut done = moving.clone();
+        done["metadata"]["resourceVersion"] = json!("70");
+        done["status"]["nodeName"] = json!("node2");
+        done["status"]["migrationState"]["completed"] = json!(true);
+        let after = pod_for(&done).unwrap();
+        assert_eq!(after["metadata"]["name"], dst["metadata"]["name"]);
+        assert_eq!(after["metadata"]["uid"], dst["metadata"]["uid"]);
+        assert_eq!(pods_for(&done).len(), 1);
+        let ev = view_changes(Some(&moving), Some(&done));
+        let kinds: Vec<&str> = ev.iter().map(|e| e.0).collect();
+        assert_eq!(kinds, ["DELETED", "MODIFIED"]);
+        assert_eq!(ev[0].1["spec"]["nodeName"], "node1");
+        assert_eq!(ev[0].1["metadata"]["resourceVersion"], "70");
+        // A failed migration: the target Pod goes.
+        let mut failed = moving.clone();
+        failed["status"]["migrationState"]["failed"] = json!(true);
+        let ev = view_changes(Some(&moving), Some(&failed));
+        let kinds: Vec<&str> = ev.iter().map(|e| e.0).collect();
+        assert_eq!(kinds, ["DELETED", "MODIFIED"]);
+        assert_eq!(ev[0].1["spec"]["nodeName"], "node2");
     }
 
     #[test]

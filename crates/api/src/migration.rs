@@ -276,7 +276,10 @@ mod tests {
             {"name": "eph", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}]}));
         let e = live_migratable(&v, rwo, block_ok).unwrap_err();
         assert_eq!(e.reason, reason::DISKS_NOT_LIVE_MIGRATABLE);
-        assert!(e.message.contains("eph") && e.message.contains("PVC c"), "{e}");
+        assert!(
+            e.message.contains("eph") && e.message.contains("PVC c"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -171,9 +171,16 @@ fn translate_view(plan: &Plan, ev: &WatchEvent) -> Result<Vec<(&'static str, Val
         EventKind::Deleted => launcher_pod::view_changes(Some(&cur), None),
         _ => launcher_pod::view_changes(prev.as_ref(), Some(&cur)),
     };
-    let prev_pod = prev.as_ref().and_then(launcher_pod::pod_for);
+    let prev_pods = prev
+        .as_ref()
+        .map(launcher_pod::pods_for)
+        .unwrap_or_default();
     let mut out = Vec::new();
     for (t, pod) in changes {
+        let name = pod.pointer("/metadata/name");
+        let prev_pod = prev_pods
+            .iter()
+            .find(|p| p.pointer("/metadata/name") == name);
         let kind = match t {
             "ADDED" if ev.kind == EventKind::Modified && ev.prev.is_none() => EventKind::Modified,
             "ADDED" => EventKind::Created,
@@ -181,7 +188,7 @@ fn translate_view(plan: &Plan, ev: &WatchEvent) -> Result<Vec<(&'static str, Val
             _ => EventKind::Modified,
         };
         let before = match kind {
-            EventKind::Modified => prev_pod.as_ref().map(|p| plan.matches(p)),
+            EventKind::Modified => prev_pod.map(|p| plan.matches(p)),
             EventKind::Deleted => Some(plan.matches(&pod)),
             EventKind::Created => None,
         };
@@ -265,16 +272,15 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
             .map_err(ApiError::from_store)?;
         from = listed.revision;
         for kv in &listed.items {
-            let obj = if plan.view {
-                match launcher_pod::pod_for(&decode(kv)?) {
-                    Some(p) => p,
-                    None => continue,
-                }
+            let objs = if plan.view {
+                launcher_pod::pods_for(&decode(kv)?)
             } else {
-                from_storage(&plan.def, decode(kv)?)
+                vec![from_storage(&plan.def, decode(kv)?)]
             };
-            if plan.matches(&obj) {
-                pre.push(line("ADDED", plan.render(obj)));
+            for obj in objs {
+                if plan.matches(&obj) {
+                    pre.push(line("ADDED", plan.render(obj)));
+                }
             }
         }
         if send_initial == Some(true) {

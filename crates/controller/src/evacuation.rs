@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Node;
 
-use ferrovirt_api::eviction::{self, DRAIN_TAINT, EVACUATION_ANNOTATION, Strategy};
+use ferrovirt_api::eviction::{self, EVACUATION_ANNOTATION, Strategy};
 use ferrovirt_api::kubevirt::misc::VirtualMachineInstanceMigration;
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
 
@@ -66,17 +66,16 @@ pub struct Inputs<'a> {
     pub per_node: u32,
     /// Seconds since the epoch.
     pub now: i64,
+    /// The drain taint's key (`nodeDrainTaintKey`, [`eviction::drain_taint_key`]).
+    pub drain_key: &'a str,
 }
 
-/// Whether `node` has the drain taint (effect NoSchedule).
-pub fn has_drain_taint(node: &Node) -> bool {
+/// Whether `node` has the drain taint `key` (effect NoSchedule).
+pub fn has_drain_taint(node: &Node, key: &str) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| {
-            ts.iter()
-                .any(|t| t.key == DRAIN_TAINT && t.effect == "NoSchedule")
-        })
+        .is_some_and(|ts| ts.iter().any(|t| t.key == key && t.effect == "NoSchedule"))
 }
 
 /// Whether the plan has anything to look at (a marked VMI or a drain-tainted node), so the
@@ -84,8 +83,9 @@ pub fn has_drain_taint(node: &Node) -> bool {
 pub fn has_work<'a>(
     vmis: impl IntoIterator<Item = &'a VirtualMachineInstance>,
     nodes: impl IntoIterator<Item = &'a Node>,
+    drain_key: &str,
 ) -> bool {
-    nodes.into_iter().any(has_drain_taint)
+    nodes.into_iter().any(|n| has_drain_taint(n, drain_key))
         || vmis.into_iter().any(|v| {
             v.status
                 .as_ref()
@@ -124,7 +124,7 @@ pub fn plan(inp: &Inputs<'_>) -> Vec<Action> {
     let drained: Vec<&str> = inp
         .nodes
         .iter()
-        .filter(|n| has_drain_taint(n))
+        .filter(|n| has_drain_taint(n, inp.drain_key))
         .filter_map(|n| n.metadata.name.as_deref())
         .collect();
     // Unfinished migrations per VMI and per source node; failed evacuations per VMI.
@@ -202,7 +202,8 @@ pub fn plan(inp: &Inputs<'_>) -> Vec<Action> {
                     name: name.into(),
                     node: node.into(),
                     message: format!(
-                        "Node {node} has the {DRAIN_TAINT} taint: the VMI is marked for evacuation (evictionStrategy {})",
+                        "Node {node} has the {} taint: the VMI is marked for evacuation (evictionStrategy {})",
+                        inp.drain_key,
                         strategy.as_str()
                     ),
                 });
@@ -264,7 +265,7 @@ mod tests {
 
     fn node(name: &str, drain: bool) -> Node {
         let taints = if drain {
-            json!([{"key": DRAIN_TAINT, "effect": "NoSchedule"}])
+            json!([{"key": eviction::DRAIN_TAINT, "effect": "NoSchedule"}])
         } else {
             json!([])
         };
@@ -296,6 +297,7 @@ mod tests {
             per_cluster: 5,
             per_node: 2,
             now: 1_800_000_000,
+            drain_key: eviction::DRAIN_TAINT,
         }
     }
 
@@ -398,10 +400,42 @@ mod tests {
 
     #[test]
     fn drain_taints_are_found() {
-        assert!(has_drain_taint(&node("n", true)));
-        assert!(!has_drain_taint(&node("n", false)));
+        let key = eviction::DRAIN_TAINT;
+        assert!(has_drain_taint(&node("n", true), key));
+        assert!(!has_drain_taint(&node("n", false), key));
         let vmis = [vmi("a", "n1", None, None)];
-        assert!(!has_work(&vmis, &[node("n1", false)]));
-        assert!(has_work(&vmis, &[node("n1", true)]));
+        assert!(!has_work(&vmis, &[node("n1", false)], key));
+        assert!(has_work(&vmis, &[node("n1", true)], key));
+    }
+
+    #[test]
+    fn a_configured_drain_taint_key_replaces_the_default() {
+        let custom = "example.com/maintenance";
+        let mut n1 = node("n1", false);
+        n1.spec.as_mut().unwrap().taints = Some(vec![
+            serde_json::from_value(json!({"key": custom, "effect": "NoSchedule"})).unwrap(),
+        ]);
+        let vmis = [vmi("a", "n1", Some("LiveMigrate"), None)];
+        let nodes = [n1, node("n2", true)];
+        assert!(has_work(&vmis, &nodes[..1], custom));
+        assert!(!has_work(&vmis, &nodes[..1], eviction::DRAIN_TAINT));
+        let mut i = inputs(&vmis, &nodes, &[]);
+        assert!(
+            plan(&i).is_empty(),
+            "kubevirt.io/drain is not the key on n1"
+        );
+        i.drain_key = custom;
+        let actions = plan(&i);
+        assert_eq!(names(&actions), ["mark a", "migrate a"]);
+        assert!(
+            format!("{:?}", actions[0]).contains(custom),
+            "{:?}",
+            actions[0]
+        );
+        // The default key no longer drains n2 (its VMIs stay).
+        let vmis = [vmi("b", "n2", Some("LiveMigrate"), None)];
+        let mut i = inputs(&vmis, &nodes, &[]);
+        i.drain_key = custom;
+        assert!(plan(&i).is_empty());
     }
 }

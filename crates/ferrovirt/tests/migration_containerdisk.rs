@@ -80,7 +80,7 @@ fn a_container_disk_vm_migrates_with_its_overlay_and_cloud_init() -> anyhow::Res
     reg.push_disk("fv/guest", "v1", &guest.disk_qcow2, "guest.qcow2", false)?;
     let c = two_nodes()?;
     c.apply(&format!(
-        r#"
+        r##"
 apiVersion: v1
 kind: Namespace
 metadata: {{name: kubevirt-hyperconverged}}
@@ -110,12 +110,15 @@ spec:
     containerDisk: {{image: "{reg}/fv/guest:v1", imagePullPolicy: IfNotPresent}}
   - name: ci
     cloudInitNoCloud: {{userData: "#cloud-config\n# {CLOUD_INIT_MARKER}\n"}}
-"#,
+"##,
         reg = reg.addr
     ))?;
     let uid = c.wait_booted("cdmig", BOOT)?;
     let v = c.get_json(&["vmi", "cdmig"])?;
-    let from = v["status"]["nodeName"].as_str().unwrap_or_default().to_string();
+    let from = v["status"]["nodeName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let to = if from == "node1" { "node2" } else { "node1" };
     let src = node_dir(&c, &from).join("vmis").join(&uid);
     let dst = node_dir(&c, to).join("vmis").join(&uid);
@@ -136,7 +139,10 @@ spec:
         Duration::from_secs(30),
     )?;
     assert_eq!(rc, 0, "{out}");
-    assert!(reads_cloud_init(&console)?, "cloud-init data on node {from}");
+    assert!(
+        reads_cloud_init(&console)?,
+        "cloud-init data on node {from}"
+    );
     let before = uptime(&console)?;
     drop(console);
 
@@ -154,7 +160,10 @@ spec: {vmiName: cdmig}
         let phase = v["status"]["phase"].as_str().unwrap_or_default();
         Ok(matches!(phase, "Succeeded" | "Failed").then_some(v))
     })?;
-    eprintln!("containerDisk migration {from} → {to} took {:?}", t0.elapsed());
+    eprintln!(
+        "containerDisk migration {from} → {to} took {:?}",
+        t0.elapsed()
+    );
     assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
     let v = c.get_json(&["vmi", "cdmig"])?;
     assert_eq!(v["metadata"]["uid"], uid.as_str(), "the same VMI");

@@ -90,7 +90,7 @@ pub(crate) async fn views(ctx: &Ctx, ns: Option<&str>) -> Result<(Vec<Value>, i6
         listed
             .items
             .iter()
-            .filter_map(launcher_pod::pod_for)
+            .flat_map(launcher_pod::pods_for)
             .collect(),
         listed.revision,
     ))
@@ -117,8 +117,9 @@ async fn find(ctx: &Ctx, name: &str) -> Result<(Value, Value, i64), ApiError> {
     let (vmi, rev) = load(&ctx.sh, &def, ctx.ns(), vmi_name)
         .await?
         .ok_or_else(not_found)?;
-    let pod = launcher_pod::pod_for(&vmi)
-        .filter(|p| p.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+    let pod = launcher_pod::pods_for(&vmi)
+        .into_iter()
+        .find(|p| p.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
         .ok_or_else(not_found)?;
     Ok((pod, vmi, rev))
 }
@@ -273,6 +274,16 @@ async fn evict(ctx: &Ctx, name: &str, body: Body) -> Result<Response, ApiError> 
             .pointer("/spec/nodeName")
             .and_then(Value::as_str)
             .unwrap_or_default();
+        if vmi.pointer("/status/nodeName").and_then(Value::as_str) != Some(node) {
+            // The target of a running migration: it goes away or becomes the VMI's Pod
+            // when the migration ends (the VMI's strategy is decided then).
+            return Err(too_many_requests(
+                name,
+                format!(
+                    "pod {name} is the target of a running migration of VMI {full}: evict it once the migration has ended"
+                ),
+            ));
+        }
         let live = vmi
             .pointer("/status/conditions")
             .and_then(Value::as_array)

@@ -473,8 +473,60 @@ pub fn missing_cpu_features(source: &Node, target: &Node) -> Vec<String> {
         .collect()
 }
 
+/// KubeVirt's label of a node that can run the named CPU model.
+pub const CPU_MODEL_LABEL: &str = "cpu-model.node.kubevirt.io/";
+/// KubeVirt's label naming a node's own CPU model (what `host-model` becomes there).
+pub const HOST_MODEL_LABEL: &str = "host-model-cpu.node.kubevirt.io/";
+
+/// Why `target` cannot run the guest's CPU model, as KubeVirt decides it (`None`: it can).
+/// An explicit `spec.domain.cpu.model` needs the target's `cpu-model.node.kubevirt.io/<model>`
+/// label; `host-model` (also the default when no model is given) needs every
+/// `host-model-cpu.node.kubevirt.io/*` label of the `source` node (the guest runs the
+/// source's host CPU model); `host-passthrough` is left to the feature labels
+/// ([`missing_cpu_features`]).
+pub fn cpu_model_mismatch(
+    vmi: &VirtualMachineInstance,
+    source: Option<&Node>,
+    target: &Node,
+) -> Option<String> {
+    let empty = BTreeMap::new();
+    let has = target.metadata.labels.as_ref().unwrap_or(&empty);
+    let offers = |k: &str| has.get(k).map(String::as_str) == Some("true");
+    let model = vmi
+        .spec
+        .as_ref()
+        .and_then(|s| s.domain.cpu.as_ref())
+        .and_then(|c| c.model.as_deref())
+        .filter(|m| !m.is_empty());
+    match model {
+        Some("host-passthrough") => None,
+        None | Some("host-model") => {
+            let labels = source
+                .and_then(|s| s.metadata.labels.as_ref())
+                .unwrap_or(&empty);
+            let missing: Vec<&str> = labels
+                .iter()
+                .filter(|(k, v)| k.starts_with(HOST_MODEL_LABEL) && v.as_str() == "true")
+                .filter(|(k, _)| !offers(k))
+                .map(|(k, _)| k.as_str())
+                .collect();
+            (!missing.is_empty()).then(|| {
+                format!(
+                    "spec.domain.cpu.model host-model: lacks the source's host CPU model ({})",
+                    missing.join(", ")
+                )
+            })
+        }
+        Some(m) => {
+            let label = format!("{CPU_MODEL_LABEL}{m}");
+            (!offers(&label)).then(|| format!("spec.domain.cpu.model {m}: no label {label}"))
+        }
+    }
+}
+
 /// The migration target: the scheduler's filters and scores over every node except the
-/// VMI's current one that offers the current node's CPU features ([`missing_cpu_features`]),
+/// VMI's current one that offers the current node's CPU features ([`missing_cpu_features`])
+/// and the guest's CPU model ([`cpu_model_mismatch`]),
 /// with the VMIM's `addedNodeSelector` added to the VMI's nodeSelector.
 pub fn pick_target(
     vmi: &VirtualMachineInstance,
@@ -494,6 +546,26 @@ pub fn pick_target(
         return Err("there is no other node".into());
     }
     let mut missing = Vec::new();
+    let mut model_misfits = Vec::new();
+    let others: Vec<&Node> = others
+        .into_iter()
+        .filter(|n| match cpu_model_mismatch(vmi, source, n) {
+            Some(why) => {
+                model_misfits.push(format!(
+                    "{} {why}",
+                    n.metadata.name.as_deref().unwrap_or("?")
+                ));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    if others.is_empty() {
+        return Err(format!(
+            "no other node offers the guest's CPU model: {}",
+            model_misfits.join("; ")
+        ));
+    }
     let nodes: Vec<Node> = others
         .into_iter()
         .filter(|n| match source.map(|s| missing_cpu_features(s, n)) {

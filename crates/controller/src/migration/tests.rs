@@ -364,3 +364,88 @@ fn a_cordoned_or_drain_tainted_node_is_never_a_target() {
     let why = pick_target(&v, &inputs).unwrap_err();
     assert!(why.contains("unschedulable"), "{why}");
 }
+
+#[test]
+fn the_cpu_model_is_matched_against_node_labels() {
+    let with_model = |m: &str| -> VirtualMachineInstance {
+        serde_json::from_value(json!({"metadata": {"name": "vm", "namespace": "default"},
+            "spec": {"domain": {"cpu": {"model": m}}},
+            "status": {"phase": "Running", "nodeName": "node1"}}))
+        .unwrap()
+    };
+    let host = "host-model-cpu.node.kubevirt.io/Intel-Xeon";
+    let nodes = vec![
+        node("node1").label(host, "true").build(),
+        node("node2")
+            .label("host-model-cpu.node.kubevirt.io/AMD-EPYC", "true")
+            .label("cpu-model.node.kubevirt.io/Skylake-Client", "true")
+            .build(),
+        node("node3").label(host, "true").build(),
+    ];
+    // An explicit model needs the target's cpu-model label.
+    let sky = with_model("Skylake-Client");
+    assert_eq!(cpu_model_mismatch(&sky, Some(&nodes[0]), &nodes[1]), None);
+    let why = cpu_model_mismatch(&sky, Some(&nodes[0]), &nodes[2]).unwrap();
+    assert!(
+        why.contains("spec.domain.cpu.model")
+            && why.contains("cpu-model.node.kubevirt.io/Skylake-Client"),
+        "{why}"
+    );
+    // host-model, named or by default: the source's host model labels on the target.
+    for v in [with_model("host-model"), vmi(serde_json::Value::Null)] {
+        assert_eq!(cpu_model_mismatch(&v, Some(&nodes[0]), &nodes[2]), None);
+        let why = cpu_model_mismatch(&v, Some(&nodes[0]), &nodes[1]).unwrap();
+        assert!(why.contains("host-model") && why.contains(host), "{why}");
+    }
+    // host-passthrough is left to the feature labels; an unknown source asks nothing.
+    let pass = with_model("host-passthrough");
+    assert_eq!(cpu_model_mismatch(&pass, Some(&nodes[0]), &nodes[1]), None);
+    assert_eq!(
+        cpu_model_mismatch(&vmi(serde_json::Value::Null), None, &nodes[1]),
+        None
+    );
+
+    let opts = SchedulerOptions::default();
+    let inputs = TargetInputs {
+        nodes: &nodes,
+        vmis: &[],
+        added_node_selector: None,
+        volume_affinity: &[],
+        shared_mounts: &[],
+        opts: &opts,
+    };
+    for _ in 0..5 {
+        assert_eq!(
+            pick_target(&vmi(serde_json::Value::Null), &inputs).unwrap(),
+            "node3"
+        );
+        assert_eq!(pick_target(&sky, &inputs).unwrap(), "node2");
+    }
+    // No node fits: the migration fails with the field and the label named.
+    let two = vec![nodes[0].clone(), nodes[2].clone()];
+    let inputs = TargetInputs {
+        nodes: &two,
+        ..inputs
+    };
+    let why = pick_target(&sky, &inputs).unwrap_err();
+    assert!(
+        why.contains("node3 spec.domain.cpu.model Skylake-Client"),
+        "{why}"
+    );
+    let step = decide(
+        &vmim(Some("Scheduling")),
+        Some(&sky),
+        |v| {
+            pick_target(v, &inputs).map(|node| Chosen {
+                node,
+                configuration: json!({}),
+                policy: None,
+            })
+        },
+        ROOM,
+        NOW,
+    );
+    let st = step.migration_status.unwrap();
+    assert_eq!(st["phase"], "Failed", "{st}");
+    assert!(st.to_string().contains("spec.domain.cpu.model"), "{st}");
+}

@@ -1,6 +1,7 @@
 //! The evacuation loop: on every change of VMIs, Nodes or VirtualMachineInstanceMigrations (and
 //! every two seconds, for backoffs) applies [`crate::evacuation::plan`] when a VMI is marked
-//! for evacuation or a node has the `kubevirt.io/drain` taint: marks and clears
+//! for evacuation or a node has the drain taint (`kubevirt.io/drain`, or the KubeVirt CR's
+//! `migrations.nodeDrainTaintKey`, followed with a watch): marks and clears
 //! `status.evacuationNodeName` (guarded by the VMI's resourceVersion) and creates the
 //! evacuation migrations, with Events on the VMI. The cluster's `evictionStrategy` and
 //! migration limits are read only when there is such work.
@@ -56,6 +57,11 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
             w.notify_one();
         }
     };
+    // `nodeDrainTaintKey` from the KubeVirt CRs, followed with a watch (no polling).
+    let drain_key = Arc::new(std::sync::Mutex::new(
+        ferrovirt_api::eviction::DRAIN_TAINT.to_string(),
+    ));
+    let key_follower = follow_drain_key(client.clone(), drain_key.clone(), wake.clone());
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
     let work = async {
         let _ = vmims.wait_until_ready().await;
@@ -64,9 +70,11 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
             let state = stores.vmis.state();
             let node_state = stores.nodes.state();
             // Cloned only when there is work (the loop wakes on every VMI and Node change).
+            let drain_key = drain_key.lock().unwrap_or_else(|p| p.into_inner()).clone();
             if evacuation::has_work(
                 state.iter().map(|v| &v.0),
                 node_state.iter().map(|n| n.as_ref()),
+                &drain_key,
             ) {
                 let nodes: Vec<_> = node_state.iter().map(|n| (**n).clone()).collect();
                 let vmis: Vec<VirtualMachineInstance> = state.iter().map(|v| v.0.clone()).collect();
@@ -80,6 +88,7 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     per_cluster: limits.0,
                     per_node: limits.1,
                     now: Timestamp::now().as_second(),
+                    drain_key: &drain_key,
                 });
                 for a in actions {
                     if let Err(e) = apply(&client, &recorder, &vmis, &a).await {
@@ -93,7 +102,52 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     tokio::select! {
         _ = pump => Err(ControllerError::TaskStopped { name: "evacuation", reason: "watch stream ended".into() }),
         _ = follow => Err(ControllerError::TaskStopped { name: "evacuation", reason: "caches ended".into() }),
+        _ = key_follower => Err(ControllerError::TaskStopped { name: "evacuation", reason: "kubevirts watch ended".into() }),
         _ = work => Ok(()),
+    }
+}
+
+/// Keeps `key` at the KubeVirt CRs' `nodeDrainTaintKey` (the first that sets one, else the
+/// default), following them with a watch; wakes the loop when it changes.
+async fn follow_drain_key(
+    client: kube::Client,
+    key: Arc<std::sync::Mutex<String>>,
+    wake: Arc<Notify>,
+) {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kubevirt.io", "v1", "KubeVirt"),
+        "kubevirts",
+    );
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let writer = reflector::store::Writer::<DynamicObject>::new(ar);
+    let store = writer.as_reader();
+    let mut events = std::pin::pin!(
+        reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+    );
+    while let Some(ev) = events.next().await {
+        if let Err(e) = ev {
+            tracing::debug!("watching kubevirts: {e}");
+            continue;
+        }
+        let specs: Vec<Value> = store
+            .state()
+            .iter()
+            .filter_map(|o| o.data.get("spec").cloned())
+            .collect();
+        let found = specs
+            .iter()
+            .map(|s| ferrovirt_api::eviction::drain_taint_key(Some(s)))
+            .find(|k| k != ferrovirt_api::eviction::DRAIN_TAINT)
+            .unwrap_or_else(|| ferrovirt_api::eviction::DRAIN_TAINT.to_string());
+        let mut cur = key.lock().unwrap_or_else(|p| p.into_inner());
+        if *cur != found {
+            tracing::info!(key = %found, "drain taint key");
+            *cur = found;
+            wake.notify_one();
+        }
     }
 }
 
