@@ -139,8 +139,11 @@ pub fn admit(
                         obj, old,
                     ));
                 }
-                if let Some(vm) = reparse::<VirtualMachine>(obj, errs) {
-                    errs.extend(validate::validate_vm(&vm));
+                if reparse::<VirtualMachine>(obj, errs).is_some() {
+                    let mut full = defaults::vm_for_validation(obj);
+                    if let Some(vm) = reparse::<VirtualMachine>(&mut full, errs) {
+                        errs.extend(validate::validate_vm(&vm));
+                    }
                 }
             });
         }

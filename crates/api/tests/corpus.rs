@@ -103,8 +103,49 @@ fn vm_defaults_are_applied() {
         ))
     );
     assert_eq!(
-        at(&obj, "spec.template.spec.domain.memory.guest"),
-        Some(&json!("4Gi"))
+        at(&obj, "spec.template.spec.domain.machine.type"),
+        Some(&json!("q35"))
+    );
+    // VMI defaults stay out of the stored VM (KubeVirt defaults the VMI it creates), so a later
+    // change of the memory request reaches the next VMI.
+    assert_eq!(
+        at(&obj, "spec.template.spec.domain.memory.guest").cloned(),
+        at(&vm, "spec.template.spec.domain.memory.guest").cloned()
+    );
+    assert_eq!(
+        at(&obj, "spec.template.spec.domain.devices.interfaces").cloned(),
+        at(&vm, "spec.template.spec.domain.devices.interfaces").cloned()
+    );
+}
+
+#[test]
+fn vm_with_only_a_memory_request_is_stored_as_written() {
+    let vm = json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": "small", "namespace": "ns"},
+        "spec": {
+            "runStrategy": "Halted",
+            "template": {"spec": {
+                "domain": {
+                    "resources": {"requests": {"memory": "128Mi"}},
+                    "devices": {}
+                },
+                "volumes": [{"name": "root", "containerDisk": {"image": "img"}}]
+            }}
+        }
+    });
+    let mut obj = vm.clone();
+    admit(&def_of(&vm), Operation::Create, &mut obj, None).expect("admit");
+    let t = &obj["spec"]["template"]["spec"];
+    assert!(t["domain"].get("memory").is_none(), "{t}");
+    assert!(t["domain"].get("cpu").is_none(), "{t}");
+    assert!(t["domain"]["devices"].get("interfaces").is_none(), "{t}");
+    assert!(t["domain"]["devices"].get("disks").is_none(), "{t}");
+    assert!(t.get("networks").is_none(), "{t}");
+    assert_eq!(
+        t["domain"]["resources"]["requests"]["memory"],
+        json!("128Mi")
     );
 }
 

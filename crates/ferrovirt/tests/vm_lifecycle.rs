@@ -264,6 +264,89 @@ spec:
     Ok(())
 }
 
+/// The `-m` size QEMU of the VMI `uid` was started with.
+fn qemu_memory_arg(c: &Cluster, uid: &str) -> anyhow::Result<String> {
+    let argv: Vec<String> = serde_json::from_slice(&std::fs::read(
+        c.agent_dir().join("vmis").join(uid).join("qemu-argv.json"),
+    )?)?;
+    argv.windows(2)
+        .find(|w| w[0] == "-m")
+        .map(|w| w[1].clone())
+        .ok_or_else(|| anyhow::anyhow!("no -m in {argv:?}"))
+}
+
+#[test]
+fn memory_request_change_reaches_the_next_vmi() -> anyhow::Result<()> {
+    let c = cluster()?;
+    c.guest_disk_claim("grow-root")?;
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: grow, namespace: default}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 5
+      domain:
+        resources: {requests: {memory: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {bus: virtio}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {claimName: grow-root}
+"#,
+    )?;
+    // The stored VM is as written: VMI defaults (guest memory, CPU topology, the pod network
+    // interface) belong to the VMI, as in KubeVirt.
+    let vm = c.get_json(&["vm", "grow"])?;
+    let domain = &vm["spec"]["template"]["spec"]["domain"];
+    assert!(domain.get("memory").is_none(), "{vm}");
+    assert!(domain.get("cpu").is_none(), "{vm}");
+    assert!(domain["devices"].get("interfaces").is_none(), "{vm}");
+    assert!(
+        domain["firmware"]["uuid"].is_string(),
+        "firmware UUID kept: {vm}"
+    );
+    let uid1 = wait_running(&c, "grow")?;
+    let vmi = c.get_json(&["vmi", "grow"])?;
+    assert_eq!(vmi["spec"]["domain"]["memory"]["guest"], "128Mi", "{vmi}");
+    assert!(
+        qemu_memory_arg(&c, &uid1)?.starts_with("128"),
+        "{}",
+        qemu_memory_arg(&c, &uid1)?
+    );
+
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        "grow",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"domain":{"resources":{"requests":{"memory":"160Mi"}}}}}}}"#,
+    ])?;
+    c.kubectl_ok(&["delete", "vmi", "grow", "--timeout=120s"])?;
+    let uid2 = c.wait_until("the VMI recreated", BOOT, || {
+        Ok(vmi_state(&c, "grow")?
+            .and_then(|(uid, phase)| (uid != uid1 && phase == "Running").then_some(uid)))
+    })?;
+    let vmi = c.get_json(&["vmi", "grow"])?;
+    assert_eq!(vmi["spec"]["domain"]["memory"]["guest"], "160Mi", "{vmi}");
+    let m = qemu_memory_arg(&c, &uid2)?;
+    assert!(m.starts_with("160"), "QEMU -m {m}");
+    let vm = c.get_json(&["vm", "grow"])?;
+    assert!(
+        vm["spec"]["template"]["spec"]["domain"]
+            .get("memory")
+            .is_none(),
+        "{vm}"
+    );
+    Ok(())
+}
+
 /// Whether `pid` is a live QEMU process (a reaped or zombie one has no cmdline).
 fn qemu_alive(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))

@@ -32,6 +32,8 @@ pub struct VmiDefaults {
     pub firmware_uuid: Option<String>,
     /// `terminationGracePeriodSeconds: 180` when unset.
     pub termination_grace_period: bool,
+    /// A disk (`disk: {}`) for every volume that nothing else uses.
+    pub disks_for_volumes: bool,
 }
 
 impl VmiDefaults {
@@ -44,6 +46,7 @@ impl VmiDefaults {
             resources: true,
             firmware_uuid,
             termination_grace_period: true,
+            disks_for_volumes: true,
         }
     }
 }
@@ -82,7 +85,9 @@ pub fn default_vmi_spec(spec: &mut Value, d: &VmiDefaults) {
         default_memory(domain);
         default_cpu(domain);
     }
-    default_disks_for_volumes(spec);
+    if d.disks_for_volumes {
+        default_disks_for_volumes(spec);
+    }
     let Some(domain) = child(spec, "domain") else {
         return;
     };
@@ -304,12 +309,41 @@ pub(super) fn default_template_at(obj: &mut Value, path: &[&str], with_uuid: boo
     default_vmi_spec(cur, &d);
 }
 
-/// Defaults of a whole VirtualMachine object (`running` is kept as written: it is deprecated but served), and the
-/// template gets VMI defaults, except those an instancetype or preference decides.
+/// Defaults KubeVirt's VirtualMachine mutating webhook writes into the stored VM: the machine
+/// type (unless a preference decides it) and the firmware UUID. Everything else (memory guest
+/// size, CPU topology, the pod network interface, disk buses, disks for volumes) is a VMI
+/// default: the VMI the VM controller creates gets it at its own admission, so a later change
+/// of e.g. `resources.requests.memory` reaches the next VMI. `running` is kept as written (it is
+/// deprecated but served).
 pub(super) fn default_vm_object(obj: &mut Value) {
     let uuid = uuid_for(obj);
     let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
         return;
+    };
+    let has_preference = !is_unset(spec.get("preference"));
+    let d = VmiDefaults {
+        machine_type: !has_preference,
+        disk_bus: false,
+        pod_network: false,
+        resources: false,
+        firmware_uuid: uuid,
+        termination_grace_period: false,
+        disks_for_volumes: false,
+    };
+    if let Some(template_spec) = spec.get_mut("template").and_then(|t| t.get_mut("spec")) {
+        default_vmi_spec(template_spec, &d);
+    }
+}
+
+/// The VM as validation sees it: a copy whose template has every VMI default the VMI created
+/// from it would get (except those an instancetype or preference decides), so a template that
+/// could only yield an invalid VMI is refused at the VM's admission, as before the stored VM
+/// stopped carrying those defaults.
+pub(super) fn vm_for_validation(obj: &Value) -> Value {
+    let mut obj = obj.clone();
+    let uuid = uuid_for(&obj);
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return obj;
     };
     let has_instancetype = !is_unset(spec.get("instancetype"));
     let has_preference = !is_unset(spec.get("preference"));
@@ -320,8 +354,10 @@ pub(super) fn default_vm_object(obj: &mut Value) {
         resources: !has_instancetype,
         firmware_uuid: uuid,
         termination_grace_period: false,
+        disks_for_volumes: true,
     };
     if let Some(template_spec) = spec.get_mut("template").and_then(|t| t.get_mut("spec")) {
         default_vmi_spec(template_spec, &d);
     }
+    obj
 }

@@ -214,6 +214,7 @@ fn validate_template(obj: &Value) -> Vec<FieldError> {
         .map(prefix)
         .collect();
     defaults::default_vm_object(&mut vm);
+    let mut vm = defaults::vm_for_validation(&vm);
     match super::parse_typed::<VirtualMachine>(&mut vm) {
         Ok(vm) => e.extend(validate::validate_vm(&vm).into_iter().map(prefix)),
         Err(err) => e.push(prefix(err)),
