@@ -6,7 +6,10 @@
 # for raw, `gzip -1 -c FILE > /dev/null` for gzip (the export compresses at gzip's fast level),
 # and the same file served over one HTTPS connection by `openssl s_server -WWW` to the same
 # curl (what any TLS download of the file costs here: the floor of an HTTPS export).
-# Goal: ratio (our throughput / baseline) >= 0.8. Use a release binary (--bin) for figures
+# Cold cache too: `cat` and the export after the file's pages were dropped from the page cache
+# (posix_fadvise DONTNEED on that one file, nothing else is evicted), so both read the disk.
+# The TLS cipher that curl negotiates with the server is printed (AES-GCM expected: the CPU
+# has AES-NI). Goal: ratio (our throughput / baseline) >= 0.8. Use a release binary (--bin) for figures
 # that mean something: a debug build runs TLS, HTTP and deflate unoptimized.
 # The volume is --size-mib MiB, its first half random bytes, the rest zeros (sparse); the
 # file is in the page cache for every run (warmed first), so both sides read memory.
@@ -92,6 +95,9 @@ secs() { local t0 t1; t0=$(date +%s.%N); "$@"; t1=$(date +%s.%N); echo "$t1 - $t
 base_raw() { cat "$IMG" >/dev/null; }
 base_sha() { sha256sum "$IMG" >/dev/null; }
 base_gz() { gzip -1 -c "$IMG" >/dev/null; }
+evict() { sync "$IMG"; python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$IMG"; }
+base_cold() { evict; cat "$IMG" >/dev/null; }
+ours_cold() { evict; curl -sf --cacert "$CA" -H "x-kubevirt-export-token: $TOKEN" -o /dev/null "$URL"; }
 base_tls() { curl -sfk -o /dev/null "https://127.0.0.1:$TLSPORT/disk.img"; }
 ours_raw() { curl -sf --cacert "$CA" -H "x-kubevirt-export-token: $TOKEN" -o /dev/null "$URL"; }
 # Diagnostic: the node agent's export route alone (one TLS hop, the agents' token).
@@ -101,8 +107,10 @@ agent_raw() { curl -sfk -H "Authorization: Bearer $ADMIN" -o /dev/null "$AGENT/s
 ours_gz() { curl -sf --cacert "$CA" -H "x-kubevirt-export-token: $TOKEN" -o /dev/null "$URL.gz"; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 declare -A T
-ALL="base_raw base_sha base_tls ours_raw agent_raw base_gz ours_gz"
+ALL="base_raw base_sha base_tls ours_raw agent_raw base_gz ours_gz base_cold ours_cold"
 for f in $ALL; do T[$f]=""; done
+echo "TLS: export $(curl -sv --cacert "$CA" -H "x-kubevirt-export-token: $TOKEN" -o /dev/null -r 0-0 "$URL" 2>&1 | grep -o 'SSL connection using .*' | head -1)"
+echo "TLS: openssl s_server $(curl -svk -o /dev/null -r 0-0 "https://127.0.0.1:$TLSPORT/disk.img" 2>&1 | grep -o 'SSL connection using .*' | head -1)"
 cat "$IMG" >/dev/null
 for _ in $(seq "$RUNS"); do
   for f in $ALL; do
@@ -110,7 +118,7 @@ for _ in $(seq "$RUNS"); do
   done
 done
 echo "volume ${SIZE} MiB (half random, half zeros), ${RUNS} runs, medians:"
-for pair in "raw cat:base_raw" "raw sha256sum:base_sha" "raw https-file:base_tls" "gz gzip-1:base_gz"; do
+for pair in "raw cat:base_raw" "raw sha256sum:base_sha" "raw https-file:base_tls" "gz gzip-1:base_gz" "cold cat-cold:base_cold"; do
   fmt=${pair%% *}; rest=${pair#* }; name=${rest%%:*}; base=${rest#*:}
   b=$(printf '%s' "${T[$base]}" | median)
   o=$(printf '%s' "${T[ours_$fmt]}" | median)

@@ -6,14 +6,17 @@
 # running VM (the test guest under TCG, its qemu-ga freezing and thawing) whose data disk is a
 # fully written volume of each size, beside the offline snapshot of the same volume in the
 # same run (crates/agent/examples/online_snapshot_bench.rs); --no-online skips it.
-# Needs the largest size free in --dir (twice that for sizes restored: --restore-max-gib,
-# default 4); everything is deleted after each size.
-# Usage: bench/snapshot.sh [--dir /var/tmp] [--sizes "1 8"] [--runs 5] [--restore-max-gib 4]
+# All sizes are written first and snapshotted in interleaved rounds (one of each size per
+# round, the order alternating; online: one guest with one data disk per size), so the shared
+# machine's load falls on every size alike — measured one size after the other, the ratio
+# swung between 0.94 and 1.52 with the load. Needs the sum of the sizes free in --dir (plus
+# the largest restored size: --restore-max-gib, default 4); everything is deleted at the end.
+# Usage: bench/snapshot.sh [--dir /var/tmp] [--sizes "1 8"] [--runs 9] [--restore-max-gib 4]
 #        [--no-online]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-DIR=/var/tmp SIZES="1 8" RUNS=5 RESTORE_MAX=4 ONLINE=1
+DIR=/var/tmp SIZES="1 8" RUNS=9 RESTORE_MAX=4 ONLINE=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) DIR=$2; shift 2 ;;

@@ -522,6 +522,44 @@ spec:
         Ok((v["status"]["phase"] == "Pending").then_some(v))
     })?;
     assert!(e.to_string().contains("missing-secret"), "{e}");
+    // A DataVolume of files (`contentType: archive`, which a PVC export would offer as `dir`
+    // and `tar.gz`) is not imported as a disk image: it fails naming the field, and no claim
+    // is made for it.
+    c.apply(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {name: files, namespace: default}
+spec:
+  contentType: archive
+  source: {http: {url: "http://127.0.0.1:9/files.tar"}}
+  storage: {resources: {requests: {storage: 8Mi}}}
+"#,
+    )?;
+    let dv = c.wait_until("the archive DataVolume Failed", STEP, || {
+        let v = c.get_json(&["dv", "files", "-n", "default"])?;
+        Ok((v["status"]["phase"] == "Failed").then_some(v))
+    })?;
+    let ready = dv["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("spec.contentType"),
+        "{dv}"
+    );
+    assert!(
+        !c.kubectl(&["get", "pvc", "files", "-n", "default"])?
+            .status
+            .success(),
+        "a claim was made for the archive DataVolume"
+    );
     Ok(())
 }
 

@@ -8,7 +8,8 @@
 //! whose source never appears (failureDeadline), a VM edit during a snapshot, an online
 //! snapshot of a volume no ferrovirt provisioner made. A third snapshots a running VM online
 //! (the guest sees the freeze and the thaw) and restores it.
-//! A fourth takes and restores VolumeSnapshots of bare claims of both built-in classes.
+//! A fourth takes and restores VolumeSnapshots of bare claims of both built-in classes (and
+//! a claim with snapshots refuses to grow, saying why).
 
 use std::time::{Duration, Instant};
 
@@ -547,9 +548,10 @@ spec:
     write_marker(&console, SECOND, 2048)?;
     assert_eq!(read_marker(&console, 2048, SECOND.len())?, SECOND);
     drop(console);
-    stop(&c, "snapvm")?;
 
-    // Restore into the same VM: the first marker is there, the second is not.
+    // Restore into the same VM while it runs: `targetReadinessPolicy: StopTarget` stops it
+    // first; the captured spec (runStrategy Always) starts it again afterwards. The first
+    // marker is there, the second is not.
     c.apply(
         r#"
 apiVersion: snapshot.kubevirt.io/v1beta1
@@ -558,11 +560,22 @@ metadata: {name: restore-online, namespace: default}
 spec:
   target: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapvm}
   virtualMachineSnapshotName: online1
+  targetReadinessPolicy: StopTarget
 "#,
     )?;
     wait_done(&c, "vmrestore", "restore-online", "complete")?;
-    set_run_strategy(&c, "snapvm", "Always")?;
-    let (_, console) = boot(&c, "snapvm")?;
+    let vm = c.get_json(&["vm", "snapvm", "-n", "default"])?;
+    assert_eq!(vm["spec"]["runStrategy"], "Always", "{vm}");
+    c.wait_until("a new VMI after the restore", BOOT, || {
+        let out = c.kubectl(&["get", "vmi", "snapvm", "-n", "default", "-o", "json"])?;
+        if !out.status.success() {
+            return Ok(None);
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        Ok((v["metadata"]["uid"] != uid.as_str()).then_some(()))
+    })?;
+    let (uid2, console) = boot(&c, "snapvm")?;
+    assert_ne!(uid2, uid, "the VM was not stopped for the restore");
     assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
     let second = read_marker(&console, 2048, SECOND.len())?;
     assert!(
@@ -691,6 +704,44 @@ spec:
         assert_eq!(read_at(&copy, FIRST.len())?, FIRST.as_bytes());
         assert_eq!(std::fs::metadata(&copy)?.len(), 8 << 20);
     }
+    // A claim whose volume has snapshots does not grow (neither class), and says why; its
+    // frozen bottom image keeps the snapshot's size.
+    for class in ["local", "shared"] {
+        let claim = format!("src-{class}");
+        let before = c.get_json(&["pvc", &claim, "-n", "default"])?["status"]["capacity"].clone();
+        c.kubectl_ok(&[
+            "patch",
+            "pvc",
+            &claim,
+            "-n",
+            "default",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"16Mi"}}}}"#,
+        ])?;
+        c.wait_until(&format!("{claim}: VolumeResizeFailed"), STEP, || {
+            let ev = c.get_json(&[
+                "events",
+                "-n",
+                "default",
+                "--field-selector",
+                &format!("involvedObject.name={claim}"),
+            ])?;
+            let said = ev["items"].as_array().into_iter().flatten().any(|e| {
+                e["reason"] == "VolumeResizeFailed"
+                    && e["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("has snapshots")
+            });
+            Ok(said.then_some(()))
+        })?;
+        let pvc = c.get_json(&["pvc", &claim, "-n", "default"])?;
+        assert_eq!(pvc["status"]["capacity"], before, "{pvc}");
+        let img = volume_dir(&c, &claim)?.join("disk.img");
+        assert_eq!(std::fs::metadata(&img)?.len(), 8 << 20, "{class}");
+    }
     // A snapshot of a claim that does not exist says so.
     c.apply(
         r#"
@@ -725,7 +776,9 @@ fn boot_serial(c: &Cluster, uid: &str) -> String {
 
 /// VirtualMachineClone of a running VM: snapshot (online) → new VM → restore, the intermediate
 /// objects deleted; the clone boots beside its source with the MAC it was given and a new SMBIOS
-/// serial, read from inside both guests, and the filtered label left behind.
+/// serial, read from inside both guests, and the filtered label left behind. Then a clone
+/// from a VirtualMachineSnapshot of the source boots beside it with a new MAC and the serial
+/// it was given.
 #[test]
 fn a_clone_boots_beside_its_source_with_its_own_mac_and_serial() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
@@ -833,6 +886,62 @@ spec:
         clone_uid,
         "a generated serial"
     );
+    let src = c.get_json(&["vmi", "srcvm", "-n", "default"])?;
+    assert_eq!(src["status"]["phase"], "Running", "{src}");
+
+    // A clone from a VirtualMachineSnapshot (taken online of the running source): the
+    // snapshot is used as it is and kept; the clone boots beside the source with a generated
+    // MAC (none given) and the SMBIOS serial it was given. The first clone goes, to spare
+    // the two shared cores a third guest.
+    drop(clone_console);
+    c.kubectl_ok(&[
+        "delete",
+        "vm",
+        "srcvm-clone",
+        "-n",
+        "default",
+        "--wait=false",
+    ])?;
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: srcsnap, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: srcvm}
+"#,
+    )?;
+    wait_done(&c, "vmsnapshot", "srcsnap", "readyToUse")?;
+    c.apply(
+        r#"
+apiVersion: clone.kubevirt.io/v1beta1
+kind: VirtualMachineClone
+metadata: {name: clone2, namespace: default}
+spec:
+  source: {apiGroup: snapshot.kubevirt.io, kind: VirtualMachineSnapshot, name: srcsnap}
+  target: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snap-clone}
+  newSMBiosSerial: SNAP-CLONE-SERIAL
+"#,
+    )?;
+    let cl2 = c.wait_until("clone2 Succeeded", STEP, || {
+        let v = c.get_json(&["vmclone", "clone2", "-n", "default"])?;
+        anyhow::ensure!(v["status"]["phase"] != "Failed", "clone failed: {v}");
+        Ok((v["status"]["phase"] == "Succeeded").then_some(v))
+    })?;
+    let snap = c.get_json(&["vmsnapshot", "srcsnap", "-n", "default"])?;
+    assert_eq!(
+        snap["status"]["readyToUse"], true,
+        "the source snapshot is kept: {cl2}"
+    );
+    let (snap_clone_uid, snap_clone_console) = boot(&c, "snap-clone")?;
+    let clone_mac = mac(&snap_clone_console)?;
+    assert_eq!(clone_mac.len(), 17, "{clone_mac}");
+    assert_ne!(
+        clone_mac, "02:00:00:00:00:01",
+        "the clone kept the source's MAC"
+    );
+    assert_eq!(mac(&src_console)?, "02:00:00:00:00:01");
+    assert_eq!(boot_serial(&c, &snap_clone_uid), "SNAP-CLONE-SERIAL");
     let src = c.get_json(&["vmi", "srcvm", "-n", "default"])?;
     assert_eq!(src["status"]["phase"], "Running", "{src}");
     Ok(())

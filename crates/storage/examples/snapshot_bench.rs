@@ -4,7 +4,8 @@
 //!
 //! `cargo run --example snapshot_bench -p ferrovirt-storage -- DIR SIZE_GIB... [--runs N]
 //! [--restore-max-gib N]` (restores only sizes up to N GiB, default 4: a second full copy)
-//! writes each volume in DIR (deleted afterwards) and prints one line per size.
+//! writes each volume in DIR (deleted afterwards), takes the snapshots of all sizes in
+//! interleaved rounds and prints one line per size.
 
 use std::io::Write;
 use std::path::Path;
@@ -49,6 +50,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("usage: snapshot_bench DIR SIZE_GIB...")?
         .clone();
     let root = VolumeRoot::new(&dir);
+    // Every volume is written first; then the snapshots are taken in rounds, one of each
+    // size per round (the order alternating), so a load spike of the shared machine falls
+    // on all sizes alike instead of on whichever size was measured during it.
+    type Vol = (
+        u64,
+        String,
+        std::path::PathBuf,
+        Duration,
+        Vec<Duration>,
+        Vec<String>,
+    );
+    let mut vols: Vec<Vol> = Vec::new();
     for size in &args[1..] {
         let gib: u64 = size.parse()?;
         let bytes = gib << 30;
@@ -56,14 +69,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let vol = root.create(&name, bytes)?;
         let t = Instant::now();
         fill(&vol.join(DISK_IMAGE), bytes)?;
-        let write = t.elapsed();
-        let mut takes = Vec::new();
-        let mut handles = Vec::new();
-        for _ in 0..runs {
+        vols.push((gib, name, vol, t.elapsed(), Vec::new(), Vec::new()));
+    }
+    for round in 0..runs as usize {
+        let order: Vec<usize> = if round.is_multiple_of(2) {
+            (0..vols.len()).collect()
+        } else {
+            (0..vols.len()).rev().collect()
+        };
+        for i in order {
+            let (_, _, vol, _, takes, handles) = &mut vols[i];
             let t = Instant::now();
-            handles.push(snapshot::take(&vol)?);
+            handles.push(snapshot::take(vol)?);
             takes.push(t.elapsed());
         }
+    }
+    for (gib, name, vol, write, takes, handles) in vols {
         // Restore the first snapshot (the full written disk) into a new image, once.
         let restore = if gib <= restore_max {
             let out = Path::new(&dir).join(format!("restored-{gib}g.img"));
@@ -76,12 +97,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "skipped".to_string()
         };
         root.delete(&name)?;
+        let mut sorted = takes.clone();
+        sorted.sort();
         println!(
-            "size={gib}GiB written_in={:.1}s snapshot_median={:.1}ms snapshot_max={:.1}ms runs={runs} restore_to_new_volume={}",
+            "size={gib}GiB written_in={:.1}s snapshot_median={:.1}ms snapshot_max={:.1}ms runs={runs} restore_to_new_volume={} all_ms={:?}",
             write.as_secs_f64(),
             median(takes.clone()).as_secs_f64() * 1e3,
             takes.iter().max().unwrap().as_secs_f64() * 1e3,
-            restore
+            restore,
+            sorted
+                .iter()
+                .map(|d| (d.as_secs_f64() * 1e4).round() / 10.0)
+                .collect::<Vec<_>>()
         );
     }
     Ok(())

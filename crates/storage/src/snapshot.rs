@@ -316,6 +316,26 @@ pub fn take(dir: &Path) -> Result<String, StorageError> {
     Ok(plan.handle)
 }
 
+/// Whether the volume in `dir` may grow: only while it has no snapshots. A volume with
+/// snapshots is a layer chain: growing its bottom `disk.img` (what growing a plain volume
+/// does) would change a frozen snapshot's bytes and not the size the VM sees through the
+/// top qcow2 layer; growing the top layer is not implemented (docs/snapshots.md).
+pub fn check_growable(dir: &Path) -> Result<(), StorageError> {
+    let chain = read_chain(dir)?;
+    if chain.is_plain() {
+        return Ok(());
+    }
+    Err(StorageError::invalid(
+        "resize",
+        format!(
+            "the volume has snapshots (a chain of {} qcow2/raw layers): growing a volume \
+             with snapshots is not supported yet, and deleting its snapshots does not merge \
+             the layers back (docs/snapshots.md)",
+            chain.layers.len()
+        ),
+    ))
+}
+
 /// Prepare an online snapshot: create the new top layer file (not yet in the chain) and
 /// return the plan; the caller has QEMU switch to it (`blockdev-snapshot`) and then calls
 /// [`record_snapshot`].
@@ -481,8 +501,11 @@ mod tests {
         let dir = root.create("pv1", 4 << 20).unwrap();
         let img = dir.join(DISK_IMAGE);
         write_at(&img, 0, b"first");
+        check_growable(&dir).unwrap();
         let h1 = take(&dir).unwrap();
         assert_eq!(h1, "disk.img");
+        let refused = check_growable(&dir).unwrap_err().to_string();
+        assert!(refused.contains("has snapshots"), "{refused}");
         let chain = read_chain(&dir).unwrap();
         assert_eq!(chain.top().file, "layer-000001.qcow2");
         assert!(

@@ -209,12 +209,7 @@ async fn resize_volume(
         );
     }
     let done = blocking(move || {
-        if !ferrovirt_storage::snapshot::read_chain(&dir)?.is_plain() {
-            return Err(StorageError::invalid(
-                "resize",
-                "volumes with snapshots cannot grow yet (docs/snapshots.md)",
-            ));
-        }
+        ferrovirt_storage::snapshot::check_growable(&dir)?;
         if block::is_block_volume(&dir) {
             block::grow(&dir, req.bytes).map(drop)
         } else {

@@ -303,10 +303,14 @@ pub fn validate(kind: &str, obj: &serde_json::Value) -> Vec<crate::admission::Fi
                 &mut errs,
             );
             one_of("volumeOwnershipPolicy", &["Vm", "None"], &mut errs);
-            // StopTarget (the restore stopping a running VM) is not carried out yet.
             one_of(
                 "targetReadinessPolicy",
-                &["WaitGracePeriod", "WaitEventually", "FailImmediate"],
+                &[
+                    "WaitGracePeriod",
+                    "WaitEventually",
+                    "FailImmediate",
+                    "StopTarget",
+                ],
                 &mut errs,
             );
             for (i, p) in spec["patches"].as_array().into_iter().flatten().enumerate() {
@@ -378,7 +382,7 @@ mod tests {
         assert!(validate("VirtualMachineSnapshot", &ok).is_empty());
         let restore = serde_json::json!({"spec": {"target": {"kind": "VirtualMachine",
             "name": "vm"}, "virtualMachineSnapshotName": "s",
-            "targetReadinessPolicy": "StopTarget", "patches": ["{}"]}});
+            "targetReadinessPolicy": "StopWhenever", "patches": ["{}"]}});
         let fields: Vec<_> = validate("VirtualMachineRestore", &restore)
             .into_iter()
             .map(|e| e.field)
@@ -388,5 +392,9 @@ mod tests {
             "name": "vm"}, "virtualMachineSnapshotName": "s",
             "patches": ["{\"op\": \"remove\", \"path\": \"/metadata/labels/a\"}"]}});
         assert!(validate("VirtualMachineRestore", &patched).is_empty());
+        let stop = serde_json::json!({"spec": {"target": {"kind": "VirtualMachine",
+            "name": "vm"}, "virtualMachineSnapshotName": "s",
+            "targetReadinessPolicy": "StopTarget"}});
+        assert!(validate("VirtualMachineRestore", &stop).is_empty());
     }
 }

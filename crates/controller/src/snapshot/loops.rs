@@ -726,6 +726,16 @@ async fn reconcile_restore(obj: Arc<VmRestore>, ctx: Arc<Ctx>) -> Result<Action,
             Err(e) => return Err(e.into()),
         }
     }
+    if step.stop_target {
+        // targetReadinessPolicy StopTarget: the VM controller stops the VMI.
+        let patch = json!({"spec": {"runStrategy": "Halted", "running": null}});
+        vms.patch(
+            &spec.target.name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    }
     match &step.mark {
         Some(RestoreMark::Set(n)) => {
             mark_vm(

@@ -101,6 +101,9 @@ pub struct RestoreStep {
     pub update_vm_metadata: Option<Box<ObjectMeta>>,
     pub status: RestoreStatus,
     pub requeue: Option<Duration>,
+    /// Stop the running target (`targetReadinessPolicy: StopTarget`): its `runStrategy`
+    /// becomes `Halted`; the restored spec written at the end brings the captured one back.
+    pub stop_target: bool,
 }
 
 /// The restored claim's name of `volume` under the restore's policy.
@@ -400,6 +403,30 @@ pub fn step(input: &RestoreInput<'_>) -> RestoreStep {
             .map(|t| t.0)
             .unwrap_or(input.now);
         let waited = input.now.duration_since(created).unsigned_abs();
+        if policy == "StopTarget" {
+            let busy = target
+                .status
+                .as_ref()
+                .and_then(|s| s.snapshot_in_progress.as_deref());
+            let msg = match busy {
+                // The stop would be refused: the VM's spec is frozen while it is snapshotted.
+                Some(snap) => format!(
+                    "a snapshot ({snap}) of the target VirtualMachine {target_name} is in \
+                     progress; it is stopped once that completes (targetReadinessPolicy: \
+                     StopTarget)"
+                ),
+                None => {
+                    out.stop_target = true;
+                    format!(
+                        "stopping the target VirtualMachine {target_name} \
+                         (targetReadinessPolicy: StopTarget)"
+                    )
+                }
+            };
+            out.status = progress(status, conditions, &msg);
+            out.requeue = Some(Duration::from_secs(1));
+            return out;
+        }
         let msg = format!("the target VirtualMachine {target_name} is running; stop it to restore");
         if policy == "FailImmediate" || (policy == "WaitGracePeriod" && waited >= GRACE_PERIOD) {
             out.status = fail(status, conditions, &msg);

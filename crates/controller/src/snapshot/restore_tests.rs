@@ -290,6 +290,35 @@ fn a_running_target_waits_or_fails_by_policy() {
     );
 }
 
+#[test]
+fn stop_target_stops_a_running_target_once_no_snapshot_runs() {
+    let mut w = W {
+        r: restore("vm1", None),
+        target: Some(vm("vm1", None)),
+        running: true,
+        claims: BTreeMap::new(),
+    };
+    w.r.spec.as_mut().unwrap().target_readiness_policy = Some("StopTarget".into());
+    let s = w.step();
+    assert!(s.stop_target && s.mark.is_none() && s.requeue.is_some());
+    assert_eq!(s.status.complete, Some(false));
+    // A snapshot of the target in progress: wait for it (the stop would be refused).
+    w.target
+        .as_mut()
+        .unwrap()
+        .status
+        .get_or_insert_default()
+        .snapshot_in_progress = Some("snap2".into());
+    let s = w.step();
+    assert!(!s.stop_target && s.requeue.is_some());
+    // Stopped: the restore goes on as for a stopped target (the mark is set first).
+    w.target.as_mut().unwrap().status = None;
+    w.running = false;
+    let s = w.step();
+    assert!(!s.stop_target);
+    assert_eq!(s.mark, Some(RestoreMark::Set("r1".into())));
+}
+
 fn t_annotate(vm: &mut VirtualMachine, r: &VirtualMachineRestore) {
     vm.metadata
         .annotations

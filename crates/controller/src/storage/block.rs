@@ -70,6 +70,8 @@ pub async fn ensure_attached(dir: &Path) -> Result<PathBuf, StorageError> {
 pub async fn grow(dir: &Path, size: u64) -> Result<(), StorageError> {
     let dir = dir.to_path_buf();
     blocking("resize", move || {
+        // A `shared` volume with snapshots: growing its frozen bottom would be a lie.
+        ferrovirt_storage::snapshot::check_growable(&dir)?;
         if block::is_block_volume(&dir) {
             block::grow(&dir, size).map(drop)
         } else {

@@ -38,6 +38,13 @@ pub enum SourceKind {
     },
 }
 
+/// Why a DataVolume with `contentType: archive` fails: CDI extracts a tar archive into a
+/// Filesystem-mode claim, and every ferrovirt volume is a disk image (docs/storage.md), so the
+/// import is refused instead of writing the archive's bytes as a disk.
+pub const ARCHIVE_REFUSED: &str = "spec.contentType: \"archive\" (a tar archive extracted into a \
+     filesystem volume) is not supported: every ferrovirt volume is a disk image; use \
+     contentType \"kubevirt\" (the default) with a disk image source";
+
 /// The source of `spec`, or why it is not supported.
 pub fn source_kind(spec: &DataVolumeSpec, dv_namespace: &str) -> Result<SourceKind, String> {
     let Some(src) = &spec.source else {
@@ -47,6 +54,9 @@ pub fn source_kind(spec: &DataVolumeSpec, dv_namespace: &str) -> Result<SourceKi
             "spec.source is required".into()
         });
     };
+    if spec.content_type.as_deref() == Some("archive") {
+        return Err(ARCHIVE_REFUSED.into());
+    }
     let kinds = src.kinds();
     if kinds.len() != 1 {
         return Err(format!(

@@ -103,6 +103,24 @@ fn sources() {
 }
 
 #[test]
+fn archive_content_is_refused_naming_the_field() {
+    for src in [
+        json!({"http": {"url": "http://x/a.tar"}}),
+        json!({"upload": {}}),
+        json!({"pvc": {"name": "a"}}),
+    ] {
+        let s = dv_spec(json!({"source": src, "contentType": "archive"}));
+        let err = source_kind(&s, "ns").unwrap_err();
+        assert!(err.starts_with("spec.contentType"), "{err}");
+        assert_eq!(err, ARCHIVE_REFUSED);
+    }
+    for ct in ["kubevirt", ""] {
+        let s = dv_spec(json!({"source": {"http": {"url": "http://x"}}, "contentType": ct}));
+        assert_eq!(source_kind(&s, "ns"), Ok(SourceKind::Http));
+    }
+}
+
+#[test]
 fn phases_progress_and_conditions() {
     let st = status_for(
         None,
