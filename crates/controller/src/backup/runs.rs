@@ -62,6 +62,8 @@ pub fn run_backup(plan: &BackupPlan, at: Timestamp, vms: Vec<String>) -> Backup 
     let pname = plan.metadata.name.clone().unwrap_or_default();
     let spec = plan.spec.clone().unwrap_or_default();
     Backup {
+        api_version: Some(format!("{GROUP}/{VERSION}")),
+        kind: Some("Backup".into()),
         metadata: ObjectMeta {
             name: Some(run_name(&pname, at)),
             namespace: plan.metadata.namespace.clone(),
@@ -193,6 +195,8 @@ mod tests {
         assert_eq!(run_name("nightly", at), "nightly-20261202210530");
         assert!(run_name(&"p".repeat(300), at).len() <= 253);
         let plan = BackupPlan {
+            api_version: None,
+            kind: None,
             metadata: ObjectMeta {
                 name: Some("nightly".into()),
                 namespace: Some("ns".into()),
