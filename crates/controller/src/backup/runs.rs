@@ -139,7 +139,7 @@ pub fn to_prune(runs: &[Run], keep: &Keep, tz: &TimeZone) -> Vec<Run> {
         .map(|(r, _)| r.clone())
         .collect();
     let mut failed: Vec<&Run> = runs.iter().filter(|r| r.phase == phase::FAILED).collect();
-    failed.sort_by(|a, b| b.at.cmp(&a.at));
+    failed.sort_by_key(|r| std::cmp::Reverse(r.at));
     out.extend(failed.into_iter().skip(FAILED_KEPT).cloned());
     out
 }
