@@ -1,11 +1,12 @@
 //! backup.ferrovirt.io/v1alpha1: BackupTarget (cluster-scoped: an S3 bucket or a directory),
 //! Backup (one run: VMs by name → the target), BackupRestore (a backup found on the target →
-//! VMs here) and BackupPlan (declared; refused at creation until schedules and retention are
-//! carried out). Types, printer columns, admission (docs/backup.md).
+//! VMs here) and BackupPlan (a cron schedule in a time zone, VMs by name or label selector,
+//! GFS retention; each run is a Backup owned by the plan). Types, printer columns, admission
+//! (docs/backup.md).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use serde_json::Value;
 
 use crate::admission::{FieldError, Operation, is_dns1123_label, is_dns1123_subdomain};
@@ -202,14 +203,14 @@ kstruct! {
 }
 
 resource! {
-    /// Scheduled backups with retention. Declared; refused at creation until carried out.
+    /// Scheduled backups with retention: each run is a Backup owned by the plan.
     BackupPlan, BackupPlanSpec, BackupPlanStatus
 }
 
 kstruct! {
     /// A schedule, a selection, a retention policy.
     pub struct BackupPlanSpec {
-        /// Cron schedule (5 fields).
+        /// Cron schedule: 5 fields, or 6 with seconds first.
         pub schedule: String,
         /// IANA time zone of the schedule (default UTC).
         pub time_zone: Option<String>,
@@ -217,6 +218,9 @@ kstruct! {
         pub target: String,
         /// VirtualMachines of this namespace, by name.
         pub virtual_machines: Option<Vec<String>>,
+        /// VirtualMachines of this namespace by label (`{}`: every VM of the namespace); the
+        /// union with `virtualMachines` is backed up.
+        pub selector: Option<LabelSelector>,
         /// A Secret of this namespace whose key `key` encrypts the backups.
         pub encryption_key_secret_ref: String,
         /// How many backups to keep.
@@ -242,9 +246,15 @@ kstruct! {
 kstruct! {
     /// The plan's runs.
     pub struct BackupPlanStatus {
+        /// The scheduled time of the last run.
         pub last_run_time: Option<Time>,
         pub next_run_time: Option<Time>,
+        /// The last finished run's phase (`Succeeded`, `Failed`) or why a run did not start.
         pub last_result: Option<String>,
+        /// The Backup of the last run.
+        pub last_backup: Option<String>,
+        /// Backups pruned by retention so far.
+        pub pruned: Option<i64>,
         pub conditions: Option<Vec<Condition>>,
     }
 }
@@ -333,6 +343,8 @@ pub fn resources() -> Vec<ResourceDef> {
             true,
             vec![
                 col("Schedule", "string", ".spec.schedule"),
+                col("LastRun", "date", ".status.lastRunTime"),
+                col("NextRun", "date", ".status.nextRunTime"),
                 col("LastResult", "string", ".status.lastResult"),
             ],
         ),
@@ -385,7 +397,7 @@ fn req_name(spec: &Value, field: &str, what: &str, e: &mut Vec<FieldError>) {
 }
 
 /// Admission of the group's kinds: typed parse (the first type error with its path), then the
-/// checks below; specs of Backup and BackupRestore are immutable; BackupPlan is refused.
+/// checks below; specs of Backup and BackupRestore are immutable.
 pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) -> Vec<FieldError> {
     use crate::admission::parse_typed;
     let parsed = match kind {
@@ -464,15 +476,70 @@ pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) ->
                 ));
             }
         }
-        "BackupPlan" if op == Operation::Create => e.push(FieldError::forbidden(
-            "spec.schedule",
-            "BackupPlan is not carried out yet: scheduled runs, time zones and GFS retention \
-             with pruning are missing (docs/backup.md, \"Not done yet\"); create Backup objects \
-             instead",
-        )),
+        "BackupPlan" => validate_plan(spec, &mut e),
         _ => {}
     }
     e
+}
+
+fn validate_plan(spec: &Value, e: &mut Vec<FieldError>) {
+    let schedule = spec["schedule"].as_str().unwrap_or("");
+    if let Err(err) = crate::backup_schedule::Schedule::parse(schedule, spec["timeZone"].as_str()) {
+        e.push(FieldError::invalid(err.field, err.message));
+    }
+    req_name(spec, "target", "BackupTarget name", e);
+    req_name(spec, "encryptionKeySecretRef", "Secret name", e);
+    let vms = spec["virtualMachines"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if vms.is_empty() && spec.get("selector").is_none_or(Value::is_null) {
+        e.push(FieldError::required(
+            "spec.virtualMachines",
+            "virtualMachines or selector is required (selector {} selects every VM of the \
+             namespace)",
+        ));
+    }
+    for (i, v) in vms.iter().enumerate() {
+        let s = v.as_str().unwrap_or("");
+        if !is_dns1123_subdomain(s) {
+            e.push(FieldError::invalid(
+                format!("spec.virtualMachines[{i}]"),
+                format!("{s:?} is not a VirtualMachine name"),
+            ));
+        }
+        if vms[..i].contains(v) {
+            e.push(FieldError::duplicate(
+                format!("spec.virtualMachines[{i}]"),
+                s,
+            ));
+        }
+    }
+    for (i, r) in spec["selector"]["matchExpressions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let op = r["operator"].as_str().unwrap_or("");
+        if !matches!(op, "In" | "NotIn" | "Exists" | "DoesNotExist") {
+            e.push(FieldError::invalid(
+                format!("spec.selector.matchExpressions[{i}].operator"),
+                format!("{op:?}: In, NotIn, Exists or DoesNotExist"),
+            ));
+        }
+    }
+    for f in ["keepLast", "hourly", "daily", "weekly", "monthly", "yearly"] {
+        if let Some(n) = spec["retention"][f].as_i64()
+            && n < 0
+        {
+            e.push(FieldError::invalid(
+                format!("spec.retention.{f}"),
+                format!("{n}: a count of zero or more is required"),
+            ));
+        }
+    }
 }
 
 fn validate_target(spec: &Value, e: &mut Vec<FieldError>) {
@@ -698,14 +765,35 @@ mod tests {
     }
 
     #[test]
-    fn plans_are_refused_naming_what_is_missing() {
-        let plan = json!({"spec": {"schedule": "0 * * * *", "target": "s3",
-            "encryptionKeySecretRef": "key", "retention": {"daily": 7}}});
-        let mut v = plan.clone();
-        let errs = admit("BackupPlan", Operation::Create, &mut v, None);
-        assert_eq!(errs.len(), 1);
-        assert_eq!(errs[0].field, "spec.schedule");
-        assert!(errs[0].message.contains("not carried out yet"));
+    fn plans_are_admitted_and_bad_fields_named() {
+        let plan = json!({"spec": {"schedule": "0 * * * *", "timeZone": "Europe/Berlin",
+            "target": "s3", "encryptionKeySecretRef": "key", "virtualMachines": ["vm1"],
+            "retention": {"daily": 7, "keepLast": 2}}});
+        assert!(fields("BackupPlan", plan).is_empty());
+        let whole_ns = json!({"spec": {"schedule": "*/20 * * * * *", "target": "s3",
+            "encryptionKeySecretRef": "key", "selector": {}}});
+        assert!(fields("BackupPlan", whole_ns).is_empty());
+        let bad = json!({"spec": {"schedule": "0 * *", "timeZone": "Nowhere/City",
+            "target": "s3", "encryptionKeySecretRef": "key", "retention": {"daily": -1}}});
+        assert_eq!(
+            fields("BackupPlan", bad),
+            [
+                "spec.schedule",
+                "spec.virtualMachines",
+                "spec.retention.daily"
+            ]
+        );
+        let bad_tz = json!({"spec": {"schedule": "0 * * * *", "timeZone": "Nowhere/City",
+            "target": "s3", "encryptionKeySecretRef": "key", "virtualMachines": ["a", "a"],
+            "selector": {"matchExpressions": [{"key": "k", "operator": "Near"}]}}});
+        assert_eq!(
+            fields("BackupPlan", bad_tz),
+            [
+                "spec.timeZone",
+                "spec.virtualMachines[1]",
+                "spec.selector.matchExpressions[0].operator"
+            ]
+        );
     }
 
     #[test]

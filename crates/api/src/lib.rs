@@ -7,6 +7,7 @@ mod macros;
 
 pub mod admission;
 pub mod backup;
+pub mod backup_schedule;
 pub mod cdi;
 pub mod eviction;
 pub mod expand;

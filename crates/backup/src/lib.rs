@@ -11,14 +11,18 @@
 //! - [`target`]: S3 and filesystem stores through `object_store`, and the target of a
 //!   BackupTarget's spec and credentials;
 //! - [`repo`]: open (key check), write a backup (dedup, stats, progress), list, read a
-//!   manifest, restore a disk, verify.
+//!   manifest, restore a disk, verify;
+//! - [`gc`]: delete a backup (prune), garbage-collect unreferenced chunks under a lock protocol
+//!   that is safe against a backup running at the same time.
 
 pub mod crypto;
 pub mod format;
+pub mod gc;
 pub mod repo;
 pub mod target;
 
 pub use format::{CatalogEntry, DiskEntry, Index, Manifest, Stats};
+pub use gc::{GcOptions, GcReport};
 pub use repo::{BackupWriter, Repository, VerifyProblem, VerifyReport};
 pub use target::{S3Target, Target};
 
@@ -57,6 +61,13 @@ pub enum BackupError {
     Crypto,
     #[error("encoding: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("a garbage collection is running on this repository (locks/gc); try again later")]
+    GcRunning,
+    #[error(
+        "chunk {id} was removed by a concurrent garbage collection while this backup ran; \
+         run the backup again"
+    )]
+    ChunkCollected { id: String },
     #[error("task: {0}")]
     Task(String),
 }

@@ -186,6 +186,25 @@ impl Repository {
         join(&self.prefix, name)
     }
 
+    pub(crate) fn path_of(&self, name: &str) -> Path {
+        self.path(name)
+    }
+
+    pub(crate) fn store_ref(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub(crate) fn prefix_str(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) async fn read_record<T: serde::de::DeserializeOwned + Send + 'static>(
+        &self,
+        name: &str,
+    ) -> Result<T, BackupError> {
+        self.get_record(name).await
+    }
+
     async fn get_raw(&self, name: &str) -> Result<Bytes, BackupError> {
         let got = self
             .store
@@ -270,18 +289,39 @@ impl Repository {
         Ok(ix)
     }
 
-    /// Starts writing backup `name`; refused when the catalog already lists it.
+    /// Starts writing backup `name`; refused when the catalog already lists it. Puts the
+    /// writer's lock, then waits (up to 10 minutes) while a garbage collection runs.
     pub async fn begin(&self, name: &str) -> Result<BackupWriter, BackupError> {
+        self.begin_waiting(name, std::time::Duration::from_secs(600))
+            .await
+    }
+
+    /// [`Repository::begin`], waiting at most `gc_wait` for a running collection
+    /// ([`BackupError::GcRunning`] after that).
+    pub async fn begin_waiting(
+        &self,
+        name: &str,
+        gc_wait: std::time::Duration,
+    ) -> Result<BackupWriter, BackupError> {
         format::check_backup_name(name)?;
         match self.store.head(&self.path(&paths::catalog(name))).await {
             Ok(_) => return Err(BackupError::AlreadyExists(name.into())),
             Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
+        let started_at = std::time::SystemTime::now();
+        let lock = crate::gc::writer_lock(name);
+        self.put_lock(&lock).await?;
+        if let Err(e) = self.wait_for_gc(gc_wait).await {
+            self.drop_lock(&lock).await?;
+            return Err(e);
+        }
         Ok(BackupWriter {
             repo: self.clone(),
             name: name.to_string(),
             started: Instant::now(),
+            started_at,
+            lock_refreshed: Instant::now(),
             disks: Vec::new(),
             claimed: Arc::new(Mutex::new(HashSet::new())),
         })
@@ -464,6 +504,9 @@ pub struct BackupWriter {
     repo: Repository,
     name: String,
     started: Instant,
+    /// When the writer's lock was first put (compared with the collection's `gc/last`).
+    started_at: std::time::SystemTime,
+    lock_refreshed: Instant,
     disks: Vec<DiskEntry>,
     /// Chunk ids already written or found by this backup.
     claimed: Arc<Mutex<HashSet<String>>>,
@@ -544,6 +587,12 @@ impl BackupWriter {
                         }
                     }
                     progress(&stats);
+                    if self.lock_refreshed.elapsed() >= crate::gc::HEARTBEAT {
+                        self.repo
+                            .put_lock(&crate::gc::writer_lock(&self.name))
+                            .await?;
+                        self.lock_refreshed = Instant::now();
+                    }
                 }
             }
         }
@@ -611,7 +660,9 @@ impl BackupWriter {
     }
 
     /// Writes the manifest (`vms`, `objects`, the disks and their stats), then the catalog
-    /// entry, last: from then on the backup is listed.
+    /// entry, last: from then on the backup is listed. If a garbage collection deleted chunks
+    /// since this writer began, every chunk it uses is checked first
+    /// ([`BackupError::ChunkCollected`] names a missing one; nothing is listed then).
     pub async fn commit(
         self,
         created_at: &str,
@@ -621,6 +672,17 @@ impl BackupWriter {
         let mut stats = Stats::default();
         for d in &self.disks {
             stats.add(&d.stats);
+        }
+        if let Some(gc) = self.repo.modified_at(crate::gc::GC_LAST).await?
+            && gc >= self.started_at
+        {
+            #[allow(clippy::unwrap_used)]
+            let ids: Vec<String> = self.claimed.lock().unwrap().iter().cloned().collect();
+            for id in ids {
+                if !self.repo.has_chunk(&id).await? {
+                    return Err(BackupError::ChunkCollected { id });
+                }
+            }
         }
         let manifest = Manifest {
             name: self.name.clone(),
@@ -637,6 +699,9 @@ impl BackupWriter {
         let entry = CatalogEntry::of(&manifest);
         self.repo
             .put_record(&paths::catalog(&self.name), &entry)
+            .await?;
+        self.repo
+            .drop_lock(&crate::gc::writer_lock(&self.name))
             .await?;
         Ok(entry)
     }

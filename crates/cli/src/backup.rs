@@ -1,4 +1,4 @@
-//! `ferrovirt backup create|list|describe|verify|restore` (docs/backup.md).
+//! `ferrovirt backup create|list|describe|verify|restore|gc` (docs/backup.md).
 //!
 //! `create` makes a Backup object and, with `--wait`, follows its progress. `list`,
 //! `describe`, `verify` and `restore` read the repository on the target directly from this
@@ -53,6 +53,15 @@ pub enum BackupCommand {
         backup: Option<String>,
         #[command(flatten)]
         repo: RepoArgs,
+    },
+    /// Delete chunks no backup in the catalog references (older than the grace period);
+    /// waits for nothing: a running backup makes it stop ("deferred").
+    Gc {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Keep unreferenced chunks younger than this (default 3600).
+        #[arg(long, default_value_t = 3600)]
+        grace_seconds: u64,
     },
     /// Restore a backup's VMs into the namespace.
     Restore {
@@ -121,6 +130,34 @@ pub async fn run(target: &Target, cmd: BackupCommand) -> Result<(), CliError> {
             let repo = open(target, &r).await?;
             let m = repo.manifest(&backup).await.map_err(usage)?;
             println!("{}", describe_text(&m));
+            Ok(())
+        }
+        BackupCommand::Gc {
+            repo: r,
+            grace_seconds,
+        } => {
+            let repo = open(target, &r).await?;
+            let report = repo
+                .gc(ferrovirt_backup::GcOptions {
+                    grace: Duration::from_secs(grace_seconds),
+                    ..Default::default()
+                })
+                .await
+                .map_err(usage)?;
+            if let Some(b) = &report.deferred {
+                println!("deferred: backup {b} is running; nothing deleted");
+            } else {
+                println!(
+                    "{} backup(s), {} chunks referenced, {} deleted ({} bytes), {} young kept, \
+                     {} orphaned objects deleted",
+                    report.backups,
+                    report.chunks_referenced,
+                    report.chunks_deleted,
+                    report.bytes_deleted,
+                    report.chunks_kept_young,
+                    report.orphans_deleted
+                );
+            }
             Ok(())
         }
         BackupCommand::Verify { backup, repo: r } => {

@@ -67,6 +67,7 @@ pub async fn run(client: kube::Client, agent_token: Option<String>) -> Result<()
     tokio::select! {
         r = backups => r,
         r = check_targets(ctx) => r,
+        r = super::plans::run(client) => r,
     }
 }
 
@@ -175,7 +176,7 @@ async fn reconcile(obj: Arc<BackupRun>, ctx: Arc<Ctx>) -> Result<Action, Control
 }
 
 /// The repository target of BackupTarget `name` (its credentials Secret read).
-async fn resolve_target(client: &kube::Client, name: &str) -> Result<Target, String> {
+pub(super) async fn resolve_target(client: &kube::Client, name: &str) -> Result<Target, String> {
     let t = Api::<resources::Target>::all(client.clone())
         .get_opt(name)
         .await
@@ -200,7 +201,7 @@ async fn resolve_target(client: &kube::Client, name: &str) -> Result<Target, Str
 }
 
 /// The encryption key from Secret `name` (key `key`) in `ns`.
-async fn read_key(
+pub(super) async fn read_key(
     client: &kube::Client,
     ns: &str,
     name: &str,

@@ -8,11 +8,15 @@
 //! - [`loops`]: the Backup controller (a stopped VM's claims read where they are — through
 //!   the node agent for `local` volumes, on this machine for shared ones — and written to the
 //!   target; status with per-volume figures) and the BackupTarget checker (reachable, bytes
-//!   stored, last check).
+//!   stored, last check);
+//! - [`runs`] (pure) and [`plans`]: the BackupPlan controller (scheduled runs as Backups owned
+//!   by the plan, last result, GFS retention pruning the target, then garbage collection).
 
 pub mod loops;
 pub mod plan;
+pub mod plans;
 pub mod resources;
+pub mod runs;
 
 pub use loops::run;
 

@@ -1,7 +1,7 @@
 //! `kube::Resource` wrappers of backup.ferrovirt.io/v1alpha1 kinds.
 
 use crate::runtime::resources::resource_wrapper;
-use ferrovirt_api::backup::{self, Backup, BackupRestore, BackupTarget};
+use ferrovirt_api::backup::{self, Backup, BackupPlan, BackupRestore, BackupTarget};
 
 resource_wrapper!(
     /// A BackupTarget usable with `kube::Api`.
@@ -14,4 +14,8 @@ resource_wrapper!(
 resource_wrapper!(
     /// A BackupRestore usable with `kube::Api`.
     Restore(BackupRestore), k8s_openapi::NamespaceResourceScope, backup::GROUP, backup::VERSION, "BackupRestore", "backuprestores"
+);
+resource_wrapper!(
+    /// A BackupPlan usable with `kube::Api`.
+    Plan(BackupPlan), k8s_openapi::NamespaceResourceScope, backup::GROUP, backup::VERSION, "BackupPlan", "backupplans"
 );
