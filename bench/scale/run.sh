@@ -12,6 +12,7 @@
 #                           [--binary target/release/ferrovirt] [--no-build]
 # FV_SCALE_KEEP_LOGS=DIR keeps the server's log (server-BACKEND.log) and SQLite database in DIR.
 # FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR.
+# FV_SCALE_PERF_IDLE=DIR records one of the idle window only (perf-idle-BACKEND.data).
 # FV_SCALE_SERVER_LOG=filter sets the server's RUST_LOG (default warn).
 # --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes (a quick check that it all works).
 set -euo pipefail
@@ -93,7 +94,11 @@ run_one() {
     perf record -q -F 499 -p "$server_pid" -o "$FV_SCALE_PERF/perf-$backend.data" >/dev/null 2>&1 &
     perf_pid=$!
   fi
-  "$SIM" --kubeconfig "$kc" --nodes "$NODES" --vmis "$VMIS" --concurrency "$CONC" \
+  local idle_perf=""
+  if [ -n "${FV_SCALE_PERF_IDLE:-}" ]; then
+    mkdir -p "$FV_SCALE_PERF_IDLE"; idle_perf="$FV_SCALE_PERF_IDLE/perf-idle-$backend.data"
+  fi
+  FV_SCALE_PERF_IDLE_FILE="$idle_perf" "$SIM" --kubeconfig "$kc" --nodes "$NODES" --vmis "$VMIS" --concurrency "$CONC" \
     --idle-secs "$IDLE" --probes "$PROBES" --server-pid "$server_pid" \
     "${store_args[@]}" "${store_pid_args[@]}" || HARNESS_RC=$?
   if [ -n "$perf_pid" ]; then kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; fi

@@ -311,7 +311,11 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
         }
     };
 
-    // 6. Idle: everything Running, every node heartbeating and watching.
+    // 6. Idle: everything Running, every node heartbeating and watching. The API requests
+    // served meanwhile (from /metrics) give the CPU per request; FV_SCALE_PERF_IDLE_FILE
+    // records a perf profile of the server for this window only.
+    let req0 = request_total(&driver).await;
+    let perf = idle_profile(opts.server_pid, opts.idle);
     let idle0 = sample(opts.server_pid)?;
     let idle_store0 = opts.store_pid.and_then(procstat::sample);
     let t_idle = Instant::now();
@@ -319,6 +323,10 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     let idle_wall = t_idle.elapsed();
     let idle1 = sample(opts.server_pid)?;
     let idle_store1 = opts.store_pid.and_then(procstat::sample);
+    let req1 = request_total(&driver).await;
+    if let Some(mut p) = perf {
+        let _ = p.wait();
+    }
     observer.abort();
 
     // The report.
@@ -451,6 +459,24 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     for l in out {
         println!("{l}");
     }
+    if let (Some(a), Some(b)) = (req0, req1) {
+        // The two /metrics reads themselves are not counted (they are not resource requests).
+        let n = b.saturating_sub(a);
+        let cpu = idle1.cpu.saturating_sub(idle0.cpu);
+        println!(
+            "{}",
+            line(
+                "  idle API requests / s, server CPU per request",
+                &format!(
+                    "{:.1}/s, {}",
+                    n as f64 / idle_wall.as_secs_f64(),
+                    cpu_per_request(cpu, n)
+                ),
+                "",
+                None
+            )
+        );
+    }
     if let (Some(a), Some(b), Some(c), Some(d)) =
         (store_before, store_after, idle_store0, idle_store1)
     {
@@ -491,6 +517,51 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
         opts.list_runs
     );
     Ok(())
+}
+
+/// The sum of `apiserver_request_total` in a `/metrics` text.
+pub fn parse_request_total(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<u64>().ok())
+        .sum()
+}
+
+/// CPU per request as text (`-` with no requests).
+pub fn cpu_per_request(cpu: Duration, requests: u64) -> String {
+    if requests == 0 {
+        return "-".into();
+    }
+    format!("{:.2} ms", cpu.as_secs_f64() * 1000.0 / requests as f64)
+}
+
+/// Every API request the server has counted so far (`None`: /metrics unreadable).
+async fn request_total(client: &kube::Client) -> Option<u64> {
+    let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
+    let text = client.request_text(req).await.ok()?;
+    Some(parse_request_total(&text))
+}
+
+/// `perf record` of the server for the idle window, when `FV_SCALE_PERF_IDLE_FILE` names the file
+/// (`bench/scale/run.sh` sets it from `FV_SCALE_PERF_IDLE=DIR`).
+fn idle_profile(pid: u32, window: Duration) -> Option<std::process::Child> {
+    let out = std::env::var_os("FV_SCALE_PERF_IDLE_FILE").filter(|v| !v.is_empty())?;
+    let (pid, secs) = (pid.to_string(), window.as_secs().to_string());
+    let child = std::process::Command::new("perf")
+        .args(["record", "-q", "-F", "999", "-p", pid.as_str(), "-o"])
+        .arg(&out)
+        .args(["--", "sleep", secs.as_str()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    match child {
+        Ok(c) => Some(c),
+        Err(e) => {
+            println!("# perf for the idle window did not start: {e}");
+            None
+        }
+    }
 }
 
 fn ratio(a: Option<Duration>, b: Option<Duration>) -> String {
@@ -624,6 +695,18 @@ mod tests {
             serde_json::from_value(v).unwrap();
         assert_eq!(vmi.metadata.labels.unwrap()[BENCH_LABEL], "true");
         assert_eq!(node_names(3), vec!["sim-000", "sim-001", "sim-002"]);
+    }
+
+    #[test]
+    fn request_totals_and_cpu_per_request() {
+        let text = "# HELP apiserver_request_total x\n# TYPE apiserver_request_total counter\n\
+            apiserver_request_total{verb=\"UPDATE\",resource=\"leases.coordination.k8s.io\",user_agent=\"a b\"} 30\n\
+            apiserver_request_total{verb=\"PATCH\",resource=\"nodes\",user_agent=\"c\"} 12\n\
+            other_metric 99\n";
+        assert_eq!(parse_request_total(text), 42);
+        assert_eq!(parse_request_total(""), 0);
+        assert_eq!(cpu_per_request(Duration::from_millis(300), 100), "3.00 ms");
+        assert_eq!(cpu_per_request(Duration::from_millis(300), 0), "-");
     }
 
     #[test]
