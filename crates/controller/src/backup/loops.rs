@@ -444,35 +444,85 @@ async fn carry_out(
     }))
 }
 
-/// Every 30 s: each BackupTarget's reachability and stored bytes.
+/// How long until a target last checked at `last` is due again (`None`: now). A check's own
+/// status write wakes the target's reconcile, which then only waits out the rest.
+pub(super) fn target_check_wait(last: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
+    let last = last?;
+    let age = now.duration_since(last).unsigned_abs();
+    (age < TARGET_CHECK_EVERY).then(|| TARGET_CHECK_EVERY - age)
+}
+
+/// Every 30 s: each BackupTarget's reachability and stored bytes. Driven by a watch of the
+/// targets (no periodic LIST: agents and controllers only watch in steady state).
 async fn check_targets(ctx: Arc<Ctx>) -> Result<(), ControllerError> {
+    crate::runtime::drive(
+        Controller::new(
+            Api::<resources::Target>::all(ctx.client.clone()),
+            watcher::Config::default(),
+        )
+        .run(check_target, target_error_policy, ctx),
+        super::COMPONENT,
+        "BackupTarget",
+    )
+    .await
+}
+
+fn target_error_policy(
+    _o: Arc<resources::Target>,
+    err: &ControllerError,
+    _ctx: Arc<Ctx>,
+) -> Action {
+    tracing::debug!(error = %err, "backup target check failed");
+    Action::requeue(TARGET_CHECK_EVERY)
+}
+
+async fn check_target(t: Arc<resources::Target>, ctx: Arc<Ctx>) -> Result<Action, ControllerError> {
+    let last =
+        t.0.status
+            .as_ref()
+            .and_then(|s| s.last_check_time.as_ref())
+            .map(|t| t.0);
+    if let Some(wait) = target_check_wait(last, Timestamp::now()) {
+        return Ok(Action::requeue(wait));
+    }
+    let name = t.0.metadata.name.clone().unwrap_or_default();
+    let status = match resolve_target(&ctx.client, &name).await {
+        Err(msg) => json!({"reachable": false, "lastCheckTime": now(),
+            "conditions": [plan::condition("Reachable", false, "Invalid", &msg, &now())]}),
+        Ok(target) => match ferrovirt_backup::repo::probe(&target).await {
+            Ok(bytes) => json!({"reachable": true, "bytesStored": bytes,
+                "lastCheckTime": now(),
+                "conditions": [plan::condition("Reachable", true, "Listed",
+                    "the target answered a listing", &now())]}),
+            Err(e) => json!({"reachable": false, "lastCheckTime": now(),
+                "conditions": [plan::condition("Reachable", false, "Unreachable",
+                    &e.to_string(), &now())]}),
+        },
+    };
     let api: Api<resources::Target> = Api::all(ctx.client.clone());
-    loop {
-        if let Ok(list) = api.list(&Default::default()).await {
-            for t in list.items {
-                let name = t.0.metadata.name.clone().unwrap_or_default();
-                let status = match resolve_target(&ctx.client, &name).await {
-                    Err(msg) => json!({"reachable": false, "lastCheckTime": now(),
-                        "conditions": [plan::condition("Reachable", false, "Invalid", &msg, &now())]}),
-                    Ok(target) => match ferrovirt_backup::repo::probe(&target).await {
-                        Ok(bytes) => json!({"reachable": true, "bytesStored": bytes,
-                            "lastCheckTime": now(),
-                            "conditions": [plan::condition("Reachable", true, "Listed",
-                                "the target answered a listing", &now())]}),
-                        Err(e) => json!({"reachable": false, "lastCheckTime": now(),
-                            "conditions": [plan::condition("Reachable", false, "Unreachable",
-                                &e.to_string(), &now())]}),
-                    },
-                };
-                let _ = api
-                    .patch_status(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"status": status})),
-                    )
-                    .await;
-            }
-        }
-        tokio::time::sleep(TARGET_CHECK_EVERY).await;
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await?;
+    Ok(Action::requeue(TARGET_CHECK_EVERY))
+}
+
+#[cfg(test)]
+mod target_check_tests {
+    use super::*;
+
+    #[test]
+    fn a_target_is_checked_when_never_checked_or_30s_after_its_last_check() {
+        let now: Timestamp = "2026-12-02T12:00:00Z".parse().unwrap();
+        assert_eq!(target_check_wait(None, now), None);
+        let t = |s: &str| Some(s.parse::<Timestamp>().unwrap());
+        assert_eq!(
+            target_check_wait(t("2026-12-02T11:59:50Z"), now),
+            Some(Duration::from_secs(20))
+        );
+        assert_eq!(target_check_wait(t("2026-12-02T11:59:30Z"), now), None);
+        assert_eq!(target_check_wait(t("2026-12-02T11:00:00Z"), now), None);
     }
 }
