@@ -22,25 +22,7 @@ const MIGRATE: Duration = Duration::from_secs(60);
 
 fn two_nodes() -> anyhow::Result<Cluster> {
     TestGuest::get()?;
-    let mut c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
-    c.start_agent("node2")?;
-    c.wait_until("two Ready nodes", Duration::from_secs(60), || {
-        let v = c.get_json(&["nodes"])?;
-        let ready = v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| {
-                n["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            })
-            .count();
-        Ok((ready == 2).then_some(()))
-    })?;
-    Ok(c)
+    Cluster::with_nodes(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")), 2)
 }
 
 /// A claim holding the test guest's disk; `shared`: ReadWriteMany.
