@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest, serve_files};
+use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest, serve_files};
 use serde_json::Value;
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -648,5 +648,87 @@ spec:
             .contains(&block_img.display().to_string());
         Ok((!listed && !block_img.exists()).then_some(()))
     })?;
+    Ok(())
+}
+
+/// Storage in use is protected (Kubernetes' pvc- and pv-protection finalizers): the claim of a
+/// running VM, deleted, stays Terminating while the guest keeps reading its disk; stopping the
+/// VM lets the claim go; its volume (Retain) is then Released and, deleted, goes as nothing
+/// binds it any more.
+#[test]
+fn a_claim_in_use_stays_until_its_vm_stops() -> anyhow::Result<()> {
+    let c = cluster()?;
+    c.guest_disk_claim("held")?;
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: holder, namespace: default}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        devices:
+          disks:
+          - name: root
+            disk: {bus: virtio}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {claimName: held}
+"#,
+    )?;
+    let uid = c.wait_booted("holder", BOOT)?;
+    let fins = |v: &Value| v["metadata"]["finalizers"].to_string();
+    let pvc = c.get_json(&["pvc", "held", "-n", "default"])?;
+    assert!(fins(&pvc).contains("kubernetes.io/pvc-protection"), "{pvc}");
+    let pv = c.get_json(&["pv", "pv-held"])?;
+    assert!(fins(&pv).contains("kubernetes.io/pv-protection"), "{pv}");
+
+    c.kubectl_ok(&["delete", "pvc", "held", "-n", "default", "--wait=false"])?;
+    let dir = c.agent_dir().join("vmis").join(&uid);
+    c.wait_until("guest shell ready", BOOT, || {
+        let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    std::thread::sleep(Duration::from_secs(2));
+    let pvc = c.get_json(&["pvc", "held", "-n", "default"])?;
+    assert!(pvc["metadata"]["deletionTimestamp"].is_string(), "{pvc}");
+    assert_eq!(pvc["status"]["phase"], "Bound", "{pvc}");
+    // The guest still reads its disk, past anything it read while booting.
+    let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
+    let (out, rc) = console.exec(
+        "dd if=/dev/vda bs=4096 count=4 skip=3000 2>/dev/null | wc -c",
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.lines().any(|l| l.trim() == "16384"), "{out}");
+    let pvc = c.get_json(&["pvc", "held", "-n", "default"])?;
+    assert!(fins(&pvc).contains("kubernetes.io/pvc-protection"), "{pvc}");
+
+    // Stopped, the VM no longer uses it: the claim goes, the volume is Released.
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        "holder",
+        "-n",
+        "default",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Halted"}}"#,
+    ])?;
+    c.wait_gone("vmi", "holder", BOOT)?;
+    c.wait_gone("pvc", "held", Duration::from_secs(30))?;
+    let pv = c.wait_until("volume released", Duration::from_secs(30), || {
+        let pv = c.get_json(&["pv", "pv-held"])?;
+        Ok((pv["status"]["phase"] == "Released").then_some(pv))
+    })?;
+    assert!(fins(&pv).contains("kubernetes.io/pv-protection"), "{pv}");
+    c.kubectl_ok(&["delete", "pv", "pv-held", "--wait=false"])?;
+    c.wait_gone("pv", "pv-held", Duration::from_secs(30))?;
     Ok(())
 }

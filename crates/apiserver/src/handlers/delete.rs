@@ -25,6 +25,9 @@ pub struct DeleteOpts {
     pub propagation: Option<String>,
     pub grace_period: Option<i64>,
     pub dry_run: bool,
+    /// The deprecated `orphanDependents: false`: the one case where kube-apiserver answers 202
+    /// (rather than 200) to a delete that has not finished.
+    pub orphan_dependents_false: bool,
 }
 
 impl DeleteOpts {
@@ -45,6 +48,8 @@ impl DeleteOpts {
                 .get("dryRun")
                 .and_then(Value::as_array)
                 .is_some_and(|a| a.iter().any(|x| x == "All")),
+            orphan_dependents_false: b.get("orphanDependents") == Some(&Value::Bool(false))
+                || ctx.q.get("orphanDependents") == Some("false"),
         };
         if let Some(p) = ctx.q.get("propagationPolicy") {
             o.propagation = Some(p.to_string());
@@ -53,6 +58,9 @@ impl DeleteOpts {
             || ctx.q.get("orphanDependents") == Some("true")
         {
             o.propagation.get_or_insert_with(|| "Orphan".into());
+        }
+        if o.orphan_dependents_false {
+            o.propagation.get_or_insert_with(|| "Foreground".into());
         }
         if let Some(g) = ctx.q.int("gracePeriodSeconds")? {
             o.grace_period = Some(g);
@@ -174,12 +182,18 @@ pub(super) async fn delete_handler(
 ) -> Result<Response, ApiError> {
     let opts = DeleteOpts::from_request(ctx, body).await?;
     let (obj, gone) = delete_one(&ctx.sh, &ctx.def, ctx.ns(), name, &opts).await?;
-    let code = if gone {
-        StatusCode::OK
-    } else {
+    Ok(json_response(delete_status(gone, &opts), &obj))
+}
+
+/// kube-apiserver's status for a delete: 200 with the object whether it is gone or only marked
+/// (finalizers, Foreground, a namespace), except 202 when the client sent the deprecated
+/// `orphanDependents: false` and the object is not gone yet.
+fn delete_status(gone: bool, opts: &DeleteOpts) -> StatusCode {
+    if !gone && opts.orphan_dependents_false {
         StatusCode::ACCEPTED
-    };
-    Ok(json_response(code, &obj))
+    } else {
+        StatusCode::OK
+    }
 }
 
 pub(super) async fn delete_collection_handler(ctx: &Ctx, body: Body) -> Result<Response, ApiError> {

@@ -344,6 +344,7 @@ async fn evict(ctx: &Ctx, name: &str, body: Body) -> Result<Response, ApiError> 
                         propagation: None,
                         grace_period: None,
                         dry_run: false,
+                        orphan_dependents_false: false,
                     };
                     delete_one(&ctx.sh, &vmi_def, Some(ns), vmi_name, &del).await?;
                     event(&ctx.sh, &vmi, true, eviction::reasons::EVICTED, &message).await;

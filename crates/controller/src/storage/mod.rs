@@ -5,7 +5,8 @@
 //! volumes in tasks, prepared by `dv_work`; `upload` sources wait in `UploadReady` for [`upload_api`], CDI's
 //! UploadTokenRequest and upload proxy served by the API server, tokens in [`upload_token`]),
 //! DataSources ([`datasource`]: Ready condition, `sourceRef` resolution), Block-mode volumes
-//! on loop devices ([`block`]) and PVC expansion ([`expansion`]). Volume data lives in
+//! on loop devices ([`block`]), PVC expansion ([`expansion`]) and the pvc-/pv-protection
+//! finalizers that keep storage in use from going ([`protection`]). Volume data lives in
 //! directories built by `ferrovirt_storage`: `shared` volumes on the server's machine, written
 //! here; node-local (`local`-class) volumes on their node, where the node's agent creates,
 //! populates, grows and deletes them on the controllers' request ([`nodes`]).
@@ -18,6 +19,7 @@ pub mod dv_loop;
 mod dv_work;
 pub mod expansion;
 pub mod nodes;
+pub mod protection;
 pub mod pvc;
 pub mod pvc_loop;
 pub mod registry_import;
@@ -185,8 +187,9 @@ pub async fn run(
             opts.resync,
             stores.clone()
         ),
-        dv_loop::run(client.clone(), dirs, opts.clone(), stores),
+        dv_loop::run(client.clone(), dirs, opts.clone(), stores.clone()),
         datasource::run(client.clone()),
+        protection::run(client.clone(), stores),
     )
     .map(drop)
 }
