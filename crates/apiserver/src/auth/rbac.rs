@@ -319,7 +319,7 @@ pub fn rule_allows(rule: &PolicyRule, a: &Attributes) -> bool {
     }
     match rule.resource_names.as_deref() {
         None | Some([]) => true,
-        Some(names) => !a.name.is_empty() && names.iter().any(|n| *n == a.name),
+        Some(names) => !a.name.is_empty() && names.contains(&a.name),
     }
 }
 
