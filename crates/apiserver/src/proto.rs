@@ -124,6 +124,33 @@ const POLICY_RULE: &[F] = &[
 
 const ROLE: &[F] = &[META, F(2, "rules", Ty::Msg(POLICY_RULE), true)];
 
+/// metav1.LabelSelector.
+const LABEL_SELECTOR: &[F] = &[
+    F(1, "matchLabels", Ty::MapStr, false),
+    F(
+        2,
+        "matchExpressions",
+        Ty::Msg(&[
+            F(1, "key", Ty::Str, false),
+            F(2, "operator", Ty::Str, false),
+            F(3, "values", Ty::Str, true),
+        ]),
+        true,
+    ),
+];
+
+/// ClusterRole: a Role plus its aggregationRule (`kubectl create clusterrole --aggregation-rule`).
+const CLUSTER_ROLE: &[F] = &[
+    META,
+    F(2, "rules", Ty::Msg(POLICY_RULE), true),
+    F(
+        3,
+        "aggregationRule",
+        Ty::Msg(&[F(1, "clusterRoleSelectors", Ty::Msg(LABEL_SELECTOR), true)]),
+        false,
+    ),
+];
+
 const SUBJECT: &[F] = &[
     F(1, "kind", Ty::Str, false),
     F(2, "apiGroup", Ty::Str, false),
@@ -232,7 +259,8 @@ fn schema_for(api_version: &str, kind: &str) -> Option<&'static [F]> {
         ("v1", "Secret") => SECRET,
         ("v1", "Namespace") => NAMESPACE,
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
-        ("rbac.authorization.k8s.io/v1", "Role" | "ClusterRole") => ROLE,
+        ("rbac.authorization.k8s.io/v1", "Role") => ROLE,
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => CLUSTER_ROLE,
         ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => BINDING,
         ("policy/v1" | "policy/v1beta1", "Eviction") => EVICTION,
         (

@@ -400,6 +400,65 @@ async fn service_accounts_roles_and_client_certificates() -> Result<()> {
         .await?
     );
 
+    // Roles made with kubectl create: a Role, and a ClusterRole aggregated from a labelled one.
+    t.kubectl_ok(&[
+        "-n",
+        "b",
+        "create",
+        "role",
+        "vm-reader",
+        "--verb=get,list",
+        "--resource=virtualmachines.kubevirt.io",
+    ])
+    .await?;
+    t.kubectl_ok(&[
+        "-n",
+        "b",
+        "create",
+        "rolebinding",
+        "carol-reader",
+        "--role=vm-reader",
+        "--user=carol",
+    ])
+    .await?;
+    eventually("carol's Role in b", || async {
+        Ok(kubectl_as(&t, &carol, &["-n", "b", "get", "vms"], None)
+            .await?
+            .status
+            .success())
+    })
+    .await?;
+    t.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "secret-agg",
+        "--aggregation-rule=team=carol",
+    ])
+    .await?;
+    t.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "secret-reader",
+        "--verb=get",
+        "--resource=secrets",
+    ])
+    .await?;
+    t.kubectl_ok(&["label", "clusterrole", "secret-reader", "team=carol"])
+        .await?;
+    t.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "carol-secrets",
+        "--clusterrole=secret-agg",
+        "--user=carol",
+    ])
+    .await?;
+    eventually("carol's aggregated ClusterRole", || async {
+        can_i(&t, &carol, &["get", "secrets", "-n", "b"]).await
+    })
+    .await?;
+    assert!(!can_i(&t, &carol, &["list", "secrets", "-n", "b"]).await?);
+
     // The admin is unaffected; deleting the ServiceAccount ends its tokens.
     assert!(can_i(&t, &admin, &["delete", "nodes"]).await?);
     t.kubectl_ok(&["-n", "a", "delete", "serviceaccount", "robot"])
