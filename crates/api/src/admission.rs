@@ -241,7 +241,7 @@ fn reparse<T: DeserializeOwned>(obj: &mut Value, errors: &mut Vec<FieldError>) -
 
 fn typecheck_only(def: &ResourceDef, obj: &mut Value, errors: &mut Vec<FieldError>) {
     use crate::kubevirt::{instancetype as it, misc, snapshot};
-    use k8s_openapi::api::{apps, coordination, core, events, storage};
+    use k8s_openapi::api::{apps, coordination, core, events, rbac, storage};
     let result = match (def.group, def.kind) {
         ("", "Namespace") => parse_typed::<core::v1::Namespace>(obj).map(drop),
         ("", "Node") => parse_typed::<core::v1::Node>(obj).map(drop),
@@ -253,6 +253,16 @@ fn typecheck_only(def: &ResourceDef, obj: &mut Value, errors: &mut Vec<FieldErro
         ("", "ConfigMap") => parse_typed::<core::v1::ConfigMap>(obj).map(drop),
         ("", "Event") => parse_typed::<core::v1::Event>(obj).map(drop),
         ("", "ServiceAccount") => parse_typed::<core::v1::ServiceAccount>(obj).map(drop),
+        ("rbac.authorization.k8s.io", "Role") => parse_typed::<rbac::v1::Role>(obj).map(drop),
+        ("rbac.authorization.k8s.io", "ClusterRole") => {
+            parse_typed::<rbac::v1::ClusterRole>(obj).map(drop)
+        }
+        ("rbac.authorization.k8s.io", "RoleBinding") => {
+            parse_typed::<rbac::v1::RoleBinding>(obj).map(drop)
+        }
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+            parse_typed::<rbac::v1::ClusterRoleBinding>(obj).map(drop)
+        }
         ("", "Pod") => parse_typed::<core::v1::Pod>(obj).map(drop),
         ("storage.k8s.io", "StorageClass") => {
             parse_typed::<storage::v1::StorageClass>(obj).map(drop)

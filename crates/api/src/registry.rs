@@ -481,8 +481,94 @@ fn core_resources() -> Vec<ResourceDef> {
         .cols(vec![col("Created At", "string", CREATED)]),
     ]
     .into_iter()
+    .chain(access_resources())
     .map(|d| d.0)
     .collect()
+}
+
+/// Access control: RBAC kinds and the authentication/authorization review kinds (create-only;
+/// answered by the API server's `auth` module, never stored).
+fn access_resources() -> Vec<Def> {
+    let rbac = |kind, list, plural, singular| {
+        Def::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            kind,
+            list,
+            plural,
+            singular,
+        )
+    };
+    let review = |group, kind, list, plural, singular| {
+        Def::new(group, "v1", kind, list, plural, singular)
+            .cluster()
+            .verbs(CREATE_ONLY_VERBS)
+    };
+    let binding_cols = || {
+        vec![
+            computed("Role", "string"),
+            age_column(),
+            PrinterColumn {
+                priority: 1,
+                ..computed("Users", "string")
+            },
+            PrinterColumn {
+                priority: 1,
+                ..computed("Groups", "string")
+            },
+            PrinterColumn {
+                priority: 1,
+                ..computed("ServiceAccounts", "string")
+            },
+        ]
+    };
+    vec![
+        rbac("Role", "RoleList", "roles", "role").cols(vec![col("Created At", "string", CREATED)]),
+        rbac(
+            "ClusterRole",
+            "ClusterRoleList",
+            "clusterroles",
+            "clusterrole",
+        )
+        .cluster()
+        .cols(vec![col("Created At", "string", CREATED)]),
+        rbac(
+            "RoleBinding",
+            "RoleBindingList",
+            "rolebindings",
+            "rolebinding",
+        )
+        .cols(binding_cols()),
+        rbac(
+            "ClusterRoleBinding",
+            "ClusterRoleBindingList",
+            "clusterrolebindings",
+            "clusterrolebinding",
+        )
+        .cluster()
+        .cols(binding_cols()),
+        review(
+            "authentication.k8s.io",
+            "SelfSubjectReview",
+            "SelfSubjectReviewList",
+            "selfsubjectreviews",
+            "selfsubjectreview",
+        ),
+        review(
+            "authorization.k8s.io",
+            "SelfSubjectAccessReview",
+            "SelfSubjectAccessReviewList",
+            "selfsubjectaccessreviews",
+            "selfsubjectaccessreview",
+        ),
+        review(
+            "authorization.k8s.io",
+            "SubjectAccessReview",
+            "SubjectAccessReviewList",
+            "subjectaccessreviews",
+            "subjectaccessreview",
+        ),
+    ]
 }
 
 fn kubevirt_resources() -> Vec<ResourceDef> {

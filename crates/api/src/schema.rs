@@ -99,7 +99,9 @@ fn describe_from_items(field: &mut Value) {
 }
 
 fn generate(def: &ResourceDef) -> Value {
-    use k8s_openapi::api::{apps, coordination, core, events, storage};
+    use k8s_openapi::api::{
+        apps, authentication, authorization, coordination, core, events, rbac, storage,
+    };
     use kubevirt::{instancetype as it, misc, snapshot, vm, vmi};
     match (def.group, def.kind) {
         ("", "Namespace") => schema_of::<core::v1::Namespace>(),
@@ -111,6 +113,21 @@ fn generate(def: &ResourceDef) -> Value {
         ("", "Event") => schema_of::<core::v1::Event>(),
         ("", "ServiceAccount") => schema_of::<core::v1::ServiceAccount>(),
         ("", "Pod") => schema_of::<core::v1::Pod>(),
+        ("rbac.authorization.k8s.io", "Role") => schema_of::<rbac::v1::Role>(),
+        ("rbac.authorization.k8s.io", "ClusterRole") => schema_of::<rbac::v1::ClusterRole>(),
+        ("rbac.authorization.k8s.io", "RoleBinding") => schema_of::<rbac::v1::RoleBinding>(),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+            schema_of::<rbac::v1::ClusterRoleBinding>()
+        }
+        ("authentication.k8s.io", "SelfSubjectReview") => {
+            schema_of::<authentication::v1::SelfSubjectReview>()
+        }
+        ("authorization.k8s.io", "SelfSubjectAccessReview") => {
+            schema_of::<authorization::v1::SelfSubjectAccessReview>()
+        }
+        ("authorization.k8s.io", "SubjectAccessReview") => {
+            schema_of::<authorization::v1::SubjectAccessReview>()
+        }
         ("storage.k8s.io", "StorageClass") => schema_of::<storage::v1::StorageClass>(),
         ("coordination.k8s.io", "Lease") => schema_of::<coordination::v1::Lease>(),
         ("events.k8s.io", "Event") => schema_of::<events::v1::Event>(),

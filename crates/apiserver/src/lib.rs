@@ -24,8 +24,10 @@
 //! First start creates `DATA_DIR/tls/{ca.crt,serving.crt,serving.key}`, `DATA_DIR/token` and
 //! `DATA_DIR/kubeconfig.yaml` (rewritten on every start with the bound address); later starts
 //! reuse the CA, certificate and token. Every request except `/healthz`, `/livez` and `/readyz`
-//! needs `Authorization: Bearer TOKEN`.
+//! needs an identity (the admin token, a ServiceAccount token or a client certificate of
+//! `DATA_DIR/tls/client-ca.crt`) and RBAC's permission ([`auth`]).
 
+pub mod auth;
 mod body;
 mod crd;
 mod discovery;
@@ -54,6 +56,7 @@ mod tls;
 mod watch;
 mod watch_decode;
 
+pub use auth::certs::client_kubeconfig;
 pub use error::{ApiError, ServerError};
 pub use events::{EventRecord, record_event};
 pub use server::{ENCRYPTED_PREFIXES, Server, ServerOptions, encryption_key_file, run};

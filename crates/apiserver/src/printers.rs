@@ -224,6 +224,21 @@ fn controller_of(obj: &Value) -> String {
     }
 }
 
+/// A binding's subjects of one kind, comma-separated (`ns/name` for ServiceAccounts).
+fn binding_subjects(obj: &Value, kind: &str) -> Value {
+    let names: Vec<String> = obj["subjects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|sub| sub["kind"] == kind)
+        .map(|sub| match (s(sub.get("namespace")), s(sub.get("name"))) {
+            (Some(ns), Some(n)) if kind == "ServiceAccount" => format!("{ns}/{n}"),
+            (_, n) => n.unwrap_or_default().to_string(),
+        })
+        .collect();
+    Value::String(names.join(", "))
+}
+
 /// The cell of computed column `column` of `def` for `obj`; null for a column it does not know.
 pub fn cell(def: &ResourceDef, column: &str, obj: &Value) -> Value {
     let str_or = |v: Option<&Value>, default: &str| Value::String(s(v).unwrap_or(default).into());
@@ -231,6 +246,16 @@ pub fn cell(def: &ResourceDef, column: &str, obj: &Value) -> Value {
         ("ConfigMap", "Data") => json!(len(obj.get("data")) + len(obj.get("binaryData"))),
         ("Secret", "Data") => json!(len(obj.get("data"))),
         ("ServiceAccount", "Secrets") => json!(len(obj.get("secrets"))),
+        ("RoleBinding" | "ClusterRoleBinding", "Role") => Value::String(format!(
+            "{}/{}",
+            s(obj.pointer("/roleRef/kind")).unwrap_or_default(),
+            s(obj.pointer("/roleRef/name")).unwrap_or_default()
+        )),
+        ("RoleBinding" | "ClusterRoleBinding", "Users") => binding_subjects(obj, "User"),
+        ("RoleBinding" | "ClusterRoleBinding", "Groups") => binding_subjects(obj, "Group"),
+        ("RoleBinding" | "ClusterRoleBinding", "ServiceAccounts") => {
+            binding_subjects(obj, "ServiceAccount")
+        }
         ("Node", "Status") => Value::String(node_status(obj)),
         ("Node", "Roles") => Value::String(node_roles(obj)),
         ("Node", "Internal-IP") => Value::String(node_address(obj, "InternalIP")),

@@ -124,6 +124,33 @@ const POLICY_RULE: &[F] = &[
 
 const ROLE: &[F] = &[META, F(2, "rules", Ty::Msg(POLICY_RULE), true)];
 
+/// metav1.LabelSelector.
+const LABEL_SELECTOR: &[F] = &[
+    F(1, "matchLabels", Ty::MapStr, false),
+    F(
+        2,
+        "matchExpressions",
+        Ty::Msg(&[
+            F(1, "key", Ty::Str, false),
+            F(2, "operator", Ty::Str, false),
+            F(3, "values", Ty::Str, true),
+        ]),
+        true,
+    ),
+];
+
+/// ClusterRole: a Role plus its aggregationRule (`kubectl create clusterrole --aggregation-rule`).
+const CLUSTER_ROLE: &[F] = &[
+    META,
+    F(2, "rules", Ty::Msg(POLICY_RULE), true),
+    F(
+        3,
+        "aggregationRule",
+        Ty::Msg(&[F(1, "clusterRoleSelectors", Ty::Msg(LABEL_SELECTOR), true)]),
+        false,
+    ),
+];
+
 const SUBJECT: &[F] = &[
     F(1, "kind", Ty::Str, false),
     F(2, "apiGroup", Ty::Str, false),
@@ -163,15 +190,85 @@ const DELETE_OPTIONS: &[F] = &[
 /// policy/v1 (and v1beta1) Eviction, the body of `pods/{name}/eviction` (`kubectl drain`).
 const EVICTION: &[F] = &[META, F(2, "deleteOptions", Ty::Msg(DELETE_OPTIONS), false)];
 
+/// authorization.k8s.io/v1 ResourceAttributes.
+const RESOURCE_ATTRIBUTES: &[F] = &[
+    F(1, "namespace", Ty::Str, false),
+    F(2, "verb", Ty::Str, false),
+    F(3, "group", Ty::Str, false),
+    F(4, "version", Ty::Str, false),
+    F(5, "resource", Ty::Str, false),
+    F(6, "subresource", Ty::Str, false),
+    F(7, "name", Ty::Str, false),
+];
+
+const NON_RESOURCE_ATTRIBUTES: &[F] = &[F(1, "path", Ty::Str, false), F(2, "verb", Ty::Str, false)];
+
+/// SelfSubjectAccessReview (spec fields 1–2) and SubjectAccessReview (also user, groups, uid).
+const ACCESS_REVIEW: &[F] = &[
+    META,
+    F(
+        2,
+        "spec",
+        Ty::Msg(&[
+            F(1, "resourceAttributes", Ty::Msg(RESOURCE_ATTRIBUTES), false),
+            F(
+                2,
+                "nonResourceAttributes",
+                Ty::Msg(NON_RESOURCE_ATTRIBUTES),
+                false,
+            ),
+            F(3, "user", Ty::Str, false),
+            F(4, "groups", Ty::Str, true),
+            F(6, "uid", Ty::Str, false),
+        ]),
+        false,
+    ),
+];
+
+/// authentication.k8s.io/v1 SelfSubjectReview: only metadata is sent.
+const SELF_SUBJECT_REVIEW: &[F] = &[META];
+
+/// authentication.k8s.io/v1 TokenRequest (`kubectl create token`).
+const TOKEN_REQUEST: &[F] = &[
+    META,
+    F(
+        2,
+        "spec",
+        Ty::Msg(&[
+            F(1, "audiences", Ty::Str, true),
+            F(4, "expirationSeconds", Ty::Int, false),
+            F(
+                3,
+                "boundObjectRef",
+                Ty::Msg(&[
+                    F(1, "kind", Ty::Str, false),
+                    F(2, "apiVersion", Ty::Str, false),
+                    F(3, "name", Ty::Str, false),
+                    F(4, "uid", Ty::Str, false),
+                ]),
+                false,
+            ),
+        ]),
+        false,
+    ),
+];
+
 fn schema_for(api_version: &str, kind: &str) -> Option<&'static [F]> {
     Some(match (api_version, kind) {
         ("v1", "ConfigMap") => CONFIG_MAP,
         ("v1", "Secret") => SECRET,
         ("v1", "Namespace") => NAMESPACE,
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
-        ("rbac.authorization.k8s.io/v1", "Role" | "ClusterRole") => ROLE,
+        ("rbac.authorization.k8s.io/v1", "Role") => ROLE,
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => CLUSTER_ROLE,
         ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => BINDING,
         ("policy/v1" | "policy/v1beta1", "Eviction") => EVICTION,
+        (
+            "authorization.k8s.io/v1",
+            "SelfSubjectAccessReview" | "SubjectAccessReview" | "LocalSubjectAccessReview",
+        ) => ACCESS_REVIEW,
+        ("authentication.k8s.io/v1", "SelfSubjectReview") => SELF_SUBJECT_REVIEW,
+        ("authentication.k8s.io/v1", "TokenRequest") => TOKEN_REQUEST,
         _ => return None,
     })
 }

@@ -1,5 +1,6 @@
 //! Server lifecycle: [`ServerOptions`], [`Server::start`] (store, credentials, TLS listener,
-//! background loops), bearer-token authentication, and [`run`] for the binary.
+//! background loops; authentication and authorization are [`crate::auth`]'s), and [`run`] for
+//! the binary.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -9,14 +10,14 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use ferrovirt_api::registry::{self, ResourceDef};
 use ferrovirt_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
-use crate::error::{ApiError, ServerError};
+use crate::error::ServerError;
 use crate::resources::Resources;
 use crate::{gc, handlers, tls};
 
@@ -100,7 +101,8 @@ impl Default for ServerOptions {
 pub(crate) struct Shared {
     pub store: Arc<dyn Store>,
     pub resources: Resources,
-    pub token: String,
+    /// Authentication keys and the RBAC policy ([`crate::auth`]).
+    pub auth: crate::auth::Auth,
     pub max_body: usize,
     pub body_timeout: Duration,
     pub bookmark_interval: Duration,
@@ -172,7 +174,7 @@ async fn open_store(opts: &ServerOptions) -> Result<Arc<dyn Store>, ServerError>
 async fn authenticate(State(sh): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let (method, uri) = (req.method().clone(), req.uri().clone());
     let started = std::time::Instant::now();
-    let resp = check_token(&sh, req, next).await;
+    let resp = crate::auth::check(&sh, req, next).await;
     tracing::debug!(
         %method,
         %uri,
@@ -181,38 +183,6 @@ async fn authenticate(State(sh): State<Arc<Shared>>, req: Request, next: Next) -
         "request"
     );
     resp
-}
-
-async fn check_token(sh: &Shared, req: Request, next: Next) -> Response {
-    if matches!(req.uri().path(), "/healthz" | "/livez" | "/readyz") {
-        return next.run(req).await;
-    }
-    let presented = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    match presented {
-        Some(t) if constant_time_eq(t.as_bytes(), sh.token.as_bytes()) => next.run(req).await,
-        _ => {
-            // No keep-alive for unauthenticated clients: their connections cannot linger.
-            let mut resp = ApiError::unauthorized().into_response();
-            resp.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
-            resp
-        }
-    }
-}
-
-/// Compares in time independent of where the inputs differ (`subtle`).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 impl Server {
@@ -226,7 +196,9 @@ impl Server {
         tls::private_file(&opts.data_dir.join("kubeconfig.yaml"))?;
         let store = open_store(&opts).await?;
         let pki = tls::load_or_create(&opts.data_dir, &opts.extra_sans)?;
-        let tls_cfg = tls::server_config(&pki)?;
+        let client_ca = crate::auth::certs::load_or_create(&opts.data_dir)?;
+        let tls_cfg = crate::auth::certs::server_config(&pki, &client_ca)?;
+        let token_keys = crate::auth::tokens::TokenKeys::load_or_create(&opts.data_dir)?;
         let listener = TcpListener::bind(opts.listen)
             .await
             .map_err(|e| ServerError::io(opts.listen, e))?;
@@ -251,7 +223,11 @@ impl Server {
             store: store.clone(),
             resources: Resources::new(opts.resources.clone().unwrap_or_else(registry::resources))
                 .with_extra_groups(&opts.extra_groups),
-            token: pki.token.clone(),
+            auth: crate::auth::Auth {
+                admin_token: pki.token.clone(),
+                policy: Default::default(),
+                tokens: token_keys,
+            },
             max_body: opts.max_body_bytes,
             body_timeout: opts.body_timeout,
             bookmark_interval: opts.bookmark_interval,
@@ -267,8 +243,12 @@ impl Server {
         crate::crd::sync(&shared)
             .await
             .map_err(|e| ServerError::Config(format!("writing CustomResourceDefinitions: {e}")))?;
+        crate::auth::ensure_defaults(&shared)
+            .await
+            .map_err(|e| ServerError::Config(format!("writing the default RBAC roles: {e}")))?;
+        shared.auth.policy.prime(shared.store.as_ref()).await?;
 
-        let mut app = handlers::router(shared.clone());
+        let mut app = crate::auth::routes(shared.clone()).merge(handlers::router(shared.clone()));
         if let Some(extra) = opts.extra_routes.clone() {
             app = extra.merge(app);
         }
@@ -293,6 +273,16 @@ impl Server {
             },
         ));
         tasks.spawn(gc::run(shared.clone(), opts.gc_interval));
+        tasks.spawn(
+            shared
+                .auth
+                .policy
+                .clone()
+                .run(shared.store.clone(), shared.shutdown.clone()),
+        );
+        tasks.spawn(crate::auth::tokens::default_service_accounts(
+            shared.clone(),
+        ));
         if let Some(every) = opts.compact_interval {
             tasks.spawn(gc::compact_loop(shared.clone(), every, opts.compact_keep));
         }

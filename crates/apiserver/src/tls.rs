@@ -4,7 +4,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use base64::Engine;
 use rcgen::{
@@ -177,7 +176,7 @@ pub fn load_or_create(data_dir: &Path, extra_sans: &[String]) -> Result<Pki, Ser
 }
 
 /// The DER payloads of every PEM block labelled `label`.
-fn pem_blocks(pem: &str, label: &str) -> Vec<Vec<u8>> {
+pub(crate) fn pem_blocks(pem: &str, label: &str) -> Vec<Vec<u8>> {
     let (begin, end) = (
         format!("-----BEGIN {label}-----"),
         format!("-----END {label}-----"),
@@ -197,28 +196,6 @@ fn pem_blocks(pem: &str, label: &str) -> Vec<Vec<u8>> {
         rest = &after[stop + end.len()..];
     }
     out
-}
-
-/// The rustls configuration for serving (HTTP/1.1 only; ring provider).
-pub fn server_config(pki: &Pki) -> Result<Arc<rustls::ServerConfig>, ServerError> {
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-    let certs: Vec<CertificateDer<'static>> = pem_blocks(&pki.cert_pem, "CERTIFICATE")
-        .into_iter()
-        .map(CertificateDer::from)
-        .collect();
-    let key = pem_blocks(&pki.key_pem, "PRIVATE KEY")
-        .into_iter()
-        .next()
-        .ok_or_else(|| tls_err("serving.key holds no PKCS#8 private key"))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(tls_err)?
-        .with_no_client_auth()
-        .with_single_cert(certs, PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key)))
-        .map_err(tls_err)?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
 }
 
 /// Writes `DATA_DIR/kubeconfig.yaml` for `server_url` (e.g. `https://127.0.0.1:6443`).
@@ -248,7 +225,6 @@ mod tests {
         let b = load_or_create(dir.path(), &[]).unwrap();
         assert_eq!((a.token.clone(), a.ca_pem.clone()), (b.token, b.ca_pem));
         assert_eq!(pem_blocks(&a.cert_pem, "CERTIFICATE").len(), 1);
-        server_config(&a).unwrap();
         use std::os::unix::fs::PermissionsExt;
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&dir.path().join("tls")), 0o700);

@@ -39,6 +39,11 @@ enum Command {
         #[command(subcommand)]
         cmd: SecretsCommand,
     },
+    /// Credentials for other identities.
+    Kubeconfig {
+        #[command(subcommand)]
+        cmd: KubeconfigCommand,
+    },
     /// Boot the test guest as a demo VM straight through QEMU, without the server.
     Demo {
         #[command(subcommand)]
@@ -104,6 +109,29 @@ enum SecretsCommand {
         /// servers (etcd) have picked it up.
         #[arg(long, default_value = "2s", value_parser = parse_secs)]
         settle: std::time::Duration,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KubeconfigCommand {
+    /// Print a kubeconfig for a client-certificate identity: a new key made here and a
+    /// certificate signed by the server's client CA (CN = user, O = groups, as Kubernetes
+    /// reads them). Runs on the server machine: it reads `DATA_DIR/tls/client-ca.key` (root
+    /// only, 0600), `tls/ca.crt` and the server URL from `kubeconfig.yaml`; grant rights with
+    /// RoleBindings to the user or its groups.
+    Create {
+        /// The server's data directory.
+        #[arg(long, default_value = "/var/lib/ferrovirt")]
+        data_dir: PathBuf,
+        /// The user name (certificate CN).
+        #[arg(long)]
+        user: String,
+        /// A group (certificate O); repeat for a second one.
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// How long the certificate is valid, in days.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
     },
 }
 
@@ -177,6 +205,20 @@ fn main() -> anyhow::Result<()> {
         Command::Agent(args) => runtime()?.block_on(node::run_agent(args)),
         Command::Server(args) => runtime()?.block_on(server(args)),
         Command::Secrets { cmd } => runtime()?.block_on(secrets(cmd)),
+        Command::Kubeconfig {
+            cmd:
+                KubeconfigCommand::Create {
+                    data_dir,
+                    user,
+                    groups,
+                    days,
+                },
+        } => {
+            let text = ferrovirt_apiserver::client_kubeconfig(&data_dir, &user, &groups, days)
+                .with_context(|| format!("making a kubeconfig from {}", data_dir.display()))?;
+            print!("{text}");
+            Ok(())
+        }
         Command::Verb(cmd) => {
             let code = runtime()?.block_on(verbs::run(&cli.conn, cmd));
             std::process::exit(code);

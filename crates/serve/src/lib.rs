@@ -31,6 +31,11 @@ use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinSet};
 use tower_service::Service;
 
+/// The DER certificate a client presented and the TLS configuration's verifier accepted; a
+/// request extension on every request of that connection.
+#[derive(Debug, Clone)]
+pub struct PeerCertificate(pub Arc<[u8]>);
+
 /// The accept loop's limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -176,6 +181,13 @@ async fn connection(
             return;
         }
     };
+    // The client certificate the TLS layer verified, if any, for the application to read.
+    let peer_cert = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| PeerCertificate(Arc::from(c.as_ref())));
     let started = Arc::new(AtomicBool::new(false));
     let pending = pending.clone();
     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
@@ -183,8 +195,12 @@ async fn connection(
             lock(&pending).conns.remove(&id);
         }
         let mut app = app.clone();
+        let mut req = req.map(axum::body::Body::new);
+        if let Some(pc) = &peer_cert {
+            req.extensions_mut().insert(pc.clone());
+        }
         async move {
-            let resp = match app.call(req.map(axum::body::Body::new)).await {
+            let resp = match app.call(req).await {
                 Ok(r) => r,
                 Err(never) => match never {},
             };

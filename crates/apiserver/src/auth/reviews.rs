@@ -1,0 +1,171 @@
+//! The review endpoints, answered from the request's identity and the current policy, never
+//! stored: authentication.k8s.io/v1 SelfSubjectReview, authorization.k8s.io/v1
+//! SelfSubjectAccessReview and SubjectAccessReview (its caller needs `create` on
+//! `subjectaccessreviews`, checked like any request), and the ServiceAccount TokenRequest
+//! subresource ([`super::tokens`]).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+
+use super::rbac::{self, Attributes, UserInfo};
+use crate::error::ApiError;
+use crate::handlers::json_response;
+use crate::server::Shared;
+
+/// The review routes (merged before the generic resource handler).
+pub(crate) fn routes(sh: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            post(self_subject_review),
+        )
+        .route(
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            post(self_subject_access_review),
+        )
+        .route(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            post(subject_access_review),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
+            post(super::tokens::token_request),
+        )
+        .with_state(sh)
+}
+
+/// Reads and decodes a request body (JSON, YAML or Kubernetes protobuf).
+pub(crate) async fn read_object(
+    sh: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Value, ApiError> {
+    let bytes = crate::body::read_body(headers, body, sh.max_body, sh.body_timeout).await?;
+    let media = crate::body::content_type(headers);
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    crate::body::parse_object(&bytes, &media)
+}
+
+fn user_info_json(u: &UserInfo) -> Value {
+    json!({"username": u.name, "uid": u.uid, "groups": u.groups})
+}
+
+async fn self_subject_review(Extension(user): Extension<Arc<UserInfo>>) -> Response {
+    json_response(
+        StatusCode::CREATED,
+        &json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "SelfSubjectReview",
+            "metadata": {"creationTimestamp": null},
+            "status": {"userInfo": user_info_json(&user)},
+        }),
+    )
+}
+
+/// The attributes a review's spec asks about; a spec naming neither kind is refused.
+fn spec_attributes(spec: &Value) -> Result<Attributes, ApiError> {
+    let s = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
+    if let Some(r) = spec.get("resourceAttributes").filter(|v| v.is_object()) {
+        return Ok(Attributes {
+            verb: s(r, "verb"),
+            resource_request: true,
+            api_group: s(r, "group"),
+            resource: s(r, "resource"),
+            subresource: s(r, "subresource"),
+            namespace: s(r, "namespace"),
+            name: s(r, "name"),
+            path: String::new(),
+        });
+    }
+    if let Some(n) = spec.get("nonResourceAttributes").filter(|v| v.is_object()) {
+        return Ok(Attributes {
+            verb: s(n, "verb"),
+            path: s(n, "path"),
+            ..Default::default()
+        });
+    }
+    Err(ApiError {
+        details: Some(json!({"causes": [{"field": "spec.resourceAttributes",
+            "message": "exactly one of nonResourceAttributes or resourceAttributes must be specified"}]})),
+        ..ApiError::new(
+            422,
+            "Invalid",
+            "spec.resourceAttributes: Invalid value: null: exactly one of nonResourceAttributes or resourceAttributes must be specified",
+        )
+    })
+}
+
+/// The review answered: the request echoed with `status.allowed` (and the reason).
+fn answer(
+    sh: &Shared,
+    mut review: Value,
+    kind: &str,
+    user: &UserInfo,
+) -> Result<Response, ApiError> {
+    let a = spec_attributes(&review["spec"])?;
+    let decision = rbac::authorize(&sh.auth.policy.get(), user, &a);
+    let status = match &decision {
+        rbac::Decision::Allow(why) => json!({"allowed": true, "reason": why}),
+        rbac::Decision::Deny => json!({"allowed": false}),
+    };
+    review["apiVersion"] = json!("authorization.k8s.io/v1");
+    review["kind"] = json!(kind);
+    if !review["metadata"].is_object() {
+        review["metadata"] = json!({});
+    }
+    review["metadata"]["creationTimestamp"] = Value::Null;
+    review["status"] = status;
+    Ok(json_response(StatusCode::CREATED, &review))
+}
+
+async fn self_subject_access_review(
+    State(sh): State<Arc<Shared>>,
+    Extension(user): Extension<Arc<UserInfo>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r = async {
+        let review = read_object(&sh, &headers, body).await?;
+        answer(&sh, review, "SelfSubjectAccessReview", &user)
+    };
+    r.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn subject_access_review(
+    State(sh): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let r = async {
+        let review = read_object(&sh, &headers, body).await?;
+        let spec = &review["spec"];
+        let subject = UserInfo {
+            name: spec["user"].as_str().unwrap_or_default().to_string(),
+            uid: spec["uid"].as_str().unwrap_or_default().to_string(),
+            groups: spec["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|g| g.as_str().map(str::to_string))
+                .collect(),
+        };
+        if subject.name.is_empty() && subject.groups.is_empty() {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "spec.user: Invalid value: \"\": at least one of user or group must be specified",
+            ));
+        }
+        answer(&sh, review, "SubjectAccessReview", &subject)
+    };
+    r.await.unwrap_or_else(IntoResponse::into_response)
+}

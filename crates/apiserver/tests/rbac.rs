@@ -1,0 +1,491 @@
+//! Access control end to end with the real kubectl against a real server in a temp dir: a
+//! ServiceAccount token from `kubectl create token`, RoleBindings to KubeVirt's default
+//! roles made with `kubectl create rolebinding`, 403s with Kubernetes' messages, `kubectl
+//! auth can-i` agreeing with what the server does, a client-certificate identity, `kubectl
+//! auth whoami`, and tokens that stop working when their ServiceAccount is deleted.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use common::TestServer;
+
+const VM: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: vm1
+spec:
+  runStrategy: Halted
+  template:
+    spec:
+      domain:
+        devices: {}
+        resources:
+          requests:
+            memory: 128Mi
+"#;
+
+/// kubectl with another kubeconfig (own cache dir).
+async fn kubectl_as(
+    t: &TestServer,
+    kc: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<Output> {
+    let cache = t.dir.path().join(format!(
+        "cache-{}",
+        kc.file_name().and_then(|n| n.to_str()).unwrap_or("x")
+    ));
+    let mut cmd = tokio::process::Command::new(common::KUBECTL);
+    cmd.arg("--kubeconfig")
+        .arg(kc)
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().context("spawning kubectl")?;
+    if let Some(input) = stdin {
+        use tokio::io::AsyncWriteExt;
+        let mut w = child.stdin.take().context("stdin")?;
+        w.write_all(input.as_bytes()).await?;
+    }
+    Ok(tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await??)
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A kubeconfig like the admin one with `token` instead of the admin token.
+fn token_kubeconfig(t: &TestServer, name: &str, token: &str) -> Result<PathBuf> {
+    let admin = std::fs::read_to_string(t.kubeconfig())?;
+    let line = admin
+        .lines()
+        .find(|l| l.trim_start().starts_with("token: "))
+        .context("admin kubeconfig has a token")?;
+    let p = t.dir.path().join(name);
+    std::fs::write(&p, admin.replace(line, &format!("    token: {token}")))?;
+    Ok(p)
+}
+
+/// `kubectl auth can-i …` → yes/no (exit 0/1).
+async fn can_i(t: &TestServer, kc: &Path, args: &[&str]) -> Result<bool> {
+    let mut all = vec!["auth", "can-i"];
+    all.extend_from_slice(args);
+    let out = kubectl_as(t, kc, &all, None).await?;
+    let (stdout, stderr) = text(&out);
+    match stdout.trim() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        other => bail!("can-i {args:?}: {other:?} {stderr}"),
+    }
+}
+
+/// Waits until `f` holds (RBAC changes reach the authorizer through a watch).
+async fn eventually<F, Fut>(what: &str, mut f: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    for _ in 0..100 {
+        if f().await? {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("timed out waiting for {what}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_accounts_roles_and_client_certificates() -> Result<()> {
+    common::require_kubectl();
+    let t = common::start().await?;
+    let admin = t.kubeconfig();
+    t.kubectl_ok(&["create", "namespace", "a"]).await?;
+    t.kubectl_ok(&["create", "namespace", "b"]).await?;
+    t.kubectl_ok(&[
+        "-n",
+        "b",
+        "create",
+        "secret",
+        "generic",
+        "s",
+        "--from-literal=k=v",
+    ])
+    .await?;
+    // The ServiceAccount controller's default account appears in every namespace.
+    eventually("the default ServiceAccount", || async {
+        Ok(t.kubectl(&["-n", "a", "get", "sa", "default"])
+            .await?
+            .status
+            .success())
+    })
+    .await?;
+    for sa in ["robot", "viewer"] {
+        t.kubectl_ok(&["-n", "a", "create", "serviceaccount", sa])
+            .await?;
+    }
+    t.kubectl_ok(&[
+        "-n",
+        "a",
+        "create",
+        "rolebinding",
+        "robot-edit",
+        "--clusterrole=kubevirt.io:edit",
+        "--serviceaccount=a:robot",
+    ])
+    .await?;
+    t.kubectl_ok(&[
+        "-n",
+        "a",
+        "create",
+        "rolebinding",
+        "viewer-view",
+        "--clusterrole=kubevirt.io:view",
+        "--serviceaccount=a:viewer",
+    ])
+    .await?;
+    let out = t
+        .kubectl_ok(&["-n", "a", "get", "rolebinding", "robot-edit", "-o", "wide"])
+        .await?;
+    assert!(
+        out.contains("ClusterRole/kubevirt.io:edit") && out.contains("a/robot"),
+        "{out}"
+    );
+
+    let token = t
+        .kubectl_ok(&["-n", "a", "create", "token", "robot", "--duration=1h"])
+        .await?;
+    let robot = token_kubeconfig(&t, "robot.yaml", token.trim())?;
+    let viewer_token = t
+        .kubectl_ok(&["-n", "a", "create", "token", "viewer"])
+        .await?;
+    let viewer = token_kubeconfig(&t, "viewer.yaml", viewer_token.trim())?;
+
+    // whoami
+    let out = kubectl_as(&t, &robot, &["auth", "whoami", "-o", "json"], None).await?;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let who: serde_json::Value = serde_json::from_str(&stdout)?;
+    assert_eq!(
+        who["status"]["userInfo"]["username"],
+        "system:serviceaccount:a:robot"
+    );
+    let groups = who["status"]["userInfo"]["groups"].to_string();
+    assert!(
+        groups.contains("system:serviceaccounts:a") && groups.contains("system:authenticated"),
+        "{groups}"
+    );
+
+    // The robot creates its VM in a …
+    eventually("the robot's binding", || async {
+        can_i(
+            &t,
+            &robot,
+            &["create", "virtualmachines.kubevirt.io", "-n", "a"],
+        )
+        .await
+    })
+    .await?;
+    let out = kubectl_as(&t, &robot, &["-n", "a", "apply", "-f", "-"], Some(VM)).await?;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = kubectl_as(&t, &robot, &["-n", "a", "get", "vms"], None).await?;
+    assert!(text(&out).0.contains("vm1"), "{:?}", text(&out));
+    // … but cannot list VMs or read Secrets in b, and can-i agrees.
+    let out = kubectl_as(&t, &robot, &["-n", "b", "get", "vms"], None).await?;
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(
+            "virtualmachines.kubevirt.io is forbidden: User \"system:serviceaccount:a:robot\" cannot list resource \"virtualmachines\" in API group \"kubevirt.io\" in the namespace \"b\""
+        ),
+        "{stderr}"
+    );
+    let out = kubectl_as(&t, &robot, &["-n", "b", "get", "secret", "s"], None).await?;
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains(
+            "secrets \"s\" is forbidden: User \"system:serviceaccount:a:robot\" cannot get resource \"secrets\" in API group \"\" in the namespace \"b\""
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !can_i(
+            &t,
+            &robot,
+            &["list", "virtualmachines.kubevirt.io", "-n", "b"]
+        )
+        .await?
+    );
+    assert!(!can_i(&t, &robot, &["get", "secrets", "-n", "b"]).await?);
+    assert!(!can_i(&t, &robot, &["get", "secrets", "-n", "a"]).await?);
+    // Watches are authorized too.
+    let out = kubectl_as(
+        &t,
+        &robot,
+        &["-n", "b", "get", "vms", "-w", "--request-timeout=5s"],
+        None,
+    )
+    .await?;
+    assert!(
+        text(&out).1.contains("cannot watch resource")
+            || text(&out).1.contains("cannot list resource"),
+        "{:?}",
+        text(&out)
+    );
+
+    // VM subresources: edit may start, view may not.
+    // kubectl can-i cannot name them (discovery lists no resources for
+    // subresources.kubevirt.io), so ask the SelfSubjectAccessReview it would send.
+    let start = "/apis/subresources.kubevirt.io/v1/namespaces/a/virtualmachines/vm1/start";
+    let may_start = |token: String| {
+        let t = &t;
+        async move {
+            let review = serde_json::json!({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": {"namespace": "a", "verb": "update",
+                    "group": "subresources.kubevirt.io", "resource": "virtualmachines",
+                    "subresource": "start", "name": "vm1"}}});
+            let r = t
+                .request_as(
+                    Some(&token),
+                    "POST",
+                    "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                    Some("application/json"),
+                    serde_json::to_vec(&review)?,
+                )
+                .await?;
+            anyhow::ensure!(r.status == 201, "{}", r.text());
+            Ok::<bool, anyhow::Error>(r.json()["status"]["allowed"] == true)
+        }
+    };
+    assert!(may_start(token.trim().to_string()).await?);
+    assert!(!may_start(viewer_token.trim().to_string()).await?);
+    assert!(
+        can_i(
+            &t,
+            &viewer,
+            &["get", "virtualmachines.kubevirt.io", "-n", "a"]
+        )
+        .await?
+    );
+    let r = t
+        .request_as(
+            Some(viewer_token.trim()),
+            "PUT",
+            start,
+            Some("application/json"),
+            b"{}".to_vec(),
+        )
+        .await?;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        "virtualmachines.subresources.kubevirt.io \"vm1\" is forbidden: User \"system:serviceaccount:a:viewer\" cannot update resource \"virtualmachines/start\" in API group \"subresources.kubevirt.io\" in the namespace \"a\""
+    );
+    let r = t
+        .request_as(
+            Some(token.trim()),
+            "PUT",
+            start,
+            Some("application/json"),
+            b"{}".to_vec(),
+        )
+        .await?;
+    assert_ne!(r.status, 403, "{}", r.text());
+
+    // A client-certificate identity with no bindings.
+    let kc = ferrovirt_apiserver::client_kubeconfig(t.dir.path(), "carol", &["dev".into()], 1)?;
+    let carol = t.dir.path().join("carol.yaml");
+    std::fs::write(&carol, kc)?;
+    let out = kubectl_as(&t, &carol, &["auth", "whoami"], None).await?;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("carol") && stdout.contains("dev"),
+        "{stdout}"
+    );
+    let out = kubectl_as(&t, &carol, &["-n", "a", "get", "vms"], None).await?;
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains("Error from server (Forbidden): virtualmachines.kubevirt.io is forbidden: User \"carol\" cannot list resource \"virtualmachines\" in API group \"kubevirt.io\" in the namespace \"a\""),
+        "{stderr}"
+    );
+    assert!(
+        !can_i(
+            &t,
+            &carol,
+            &["list", "virtualmachines.kubevirt.io", "-n", "a"]
+        )
+        .await?
+    );
+    // Bound through its group, it may.
+    t.kubectl_ok(&[
+        "-n",
+        "a",
+        "create",
+        "rolebinding",
+        "dev-view",
+        "--clusterrole=view",
+        "--group=dev",
+    ])
+    .await?;
+    eventually("carol's group binding", || async {
+        Ok(kubectl_as(&t, &carol, &["-n", "a", "get", "vms"], None)
+            .await?
+            .status
+            .success())
+    })
+    .await?;
+    // Impersonation needs its own permission: carol may not act as the robot …
+    let out = kubectl_as(
+        &t,
+        &carol,
+        &[
+            "-n",
+            "a",
+            "get",
+            "vms",
+            "--as=system:serviceaccount:a:robot",
+        ],
+        None,
+    )
+    .await?;
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains("serviceaccounts \"robot\" is forbidden: User \"carol\" cannot impersonate resource \"serviceaccounts\" in API group \"\" in the namespace \"a\""),
+        "{stderr}"
+    );
+    // … the admin may, and sees what the robot may do.
+    assert!(
+        !can_i(
+            &t,
+            &admin,
+            &[
+                "get",
+                "secrets",
+                "-n",
+                "b",
+                "--as=system:serviceaccount:a:robot"
+            ]
+        )
+        .await?
+    );
+    assert!(
+        can_i(
+            &t,
+            &admin,
+            &[
+                "create",
+                "virtualmachines.kubevirt.io",
+                "-n",
+                "a",
+                "--as=system:serviceaccount:a:robot"
+            ]
+        )
+        .await?
+    );
+
+    // Roles made with kubectl create: a Role, and a ClusterRole aggregated from a labelled one.
+    t.kubectl_ok(&[
+        "-n",
+        "b",
+        "create",
+        "role",
+        "vm-reader",
+        "--verb=get,list",
+        "--resource=virtualmachines.kubevirt.io",
+    ])
+    .await?;
+    t.kubectl_ok(&[
+        "-n",
+        "b",
+        "create",
+        "rolebinding",
+        "carol-reader",
+        "--role=vm-reader",
+        "--user=carol",
+    ])
+    .await?;
+    eventually("carol's Role in b", || async {
+        Ok(kubectl_as(&t, &carol, &["-n", "b", "get", "vms"], None)
+            .await?
+            .status
+            .success())
+    })
+    .await?;
+    t.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "secret-agg",
+        "--aggregation-rule=team=carol",
+    ])
+    .await?;
+    t.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "secret-reader",
+        "--verb=get",
+        "--resource=secrets",
+    ])
+    .await?;
+    t.kubectl_ok(&["label", "clusterrole", "secret-reader", "team=carol"])
+        .await?;
+    t.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "carol-secrets",
+        "--clusterrole=secret-agg",
+        "--user=carol",
+    ])
+    .await?;
+    eventually("carol's aggregated ClusterRole", || async {
+        can_i(&t, &carol, &["get", "secrets", "-n", "b"]).await
+    })
+    .await?;
+    assert!(!can_i(&t, &carol, &["list", "secrets", "-n", "b"]).await?);
+
+    // The admin is unaffected; deleting the ServiceAccount ends its tokens.
+    assert!(can_i(&t, &admin, &["delete", "nodes"]).await?);
+    t.kubectl_ok(&["-n", "a", "delete", "serviceaccount", "robot"])
+        .await?;
+    let r = t
+        .request_as(
+            Some(token.trim()),
+            "GET",
+            "/apis/kubevirt.io/v1/namespaces/a/virtualmachines",
+            None,
+            vec![],
+        )
+        .await?;
+    assert_eq!(r.status, 401, "{}", r.text());
+    // A recreated ServiceAccount of the same name is another account.
+    t.kubectl_ok(&["-n", "a", "create", "serviceaccount", "robot"])
+        .await?;
+    let r = t
+        .request_as(
+            Some(token.trim()),
+            "GET",
+            "/apis/kubevirt.io/v1/namespaces/a/virtualmachines",
+            None,
+            vec![],
+        )
+        .await?;
+    assert_eq!(r.status, 401, "{}", r.text());
+    t.shutdown().await;
+    Ok(())
+}
