@@ -93,6 +93,7 @@ fn ports_on(svc: &Value, vmi: &Value) -> Option<Vec<(String, i64, String)>> {
 struct Member {
     ip: String,
     ready: bool,
+    serving: bool,
     terminating: bool,
     node: String,
     pod: String,
@@ -135,14 +136,15 @@ pub fn desired(svc: &Value, vmis: &[Value]) -> Option<Desired> {
         }
         let terminating = pod.pointer("/metadata/deletionTimestamp").is_some();
         let running = s(&pod, "/status/phase") == Some("Running");
-        let ready = (running && pod["status"]["containerStatuses"][0]["ready"] == true
-            || publish_not_ready)
-            && !terminating;
+        let serving =
+            running && pod["status"]["containerStatuses"][0]["ready"] == true || publish_not_ready;
+        let ready = serving && !terminating;
         members.insert(
             s(&pod, "/metadata/name").unwrap_or_default().to_string(),
             Member {
                 ip: ip.to_string(),
                 ready,
+                serving,
                 terminating,
                 node: s(&pod, "/spec/nodeName").unwrap_or_default().to_string(),
                 pod: s(&pod, "/metadata/name").unwrap_or_default().to_string(),
@@ -211,7 +213,7 @@ pub fn desired(svc: &Value, vmis: &[Value]) -> Option<Desired> {
         "addressType": "IPv4",
         "endpoints": members.values().map(|m| json!({
             "addresses": [m.ip],
-            "conditions": {"ready": m.ready, "serving": !m.terminating || m.ready, "terminating": m.terminating},
+            "conditions": {"ready": m.ready, "serving": m.serving, "terminating": m.terminating},
             "nodeName": m.node,
             "targetRef": target(m),
         })).collect::<Vec<_>>(),
@@ -246,13 +248,15 @@ mod tests {
             vmi("a", "10.244.0.2", "Running", json!({"app": "web"})),
             vmi("b", "10.244.1.2", "Running", json!({"app": "web"})),
             vmi("c", "10.244.1.3", "Running", json!({"app": "db"})),
-            vmi("d", "10.244.1.4", "Scheduling", json!({"app": "web"})),
+            vmi("d", "10.244.1.4", "Scheduled", json!({"app": "web"})),
         ];
         let d = desired(&svc(json!({"app": "web"}), json!(80)), &vmis).unwrap();
         assert_eq!(d.slice["metadata"]["name"], "web-abcde");
         assert_eq!(d.slice["metadata"]["labels"][LABEL_SERVICE_NAME], "web");
         let eps = d.slice["endpoints"].as_array().unwrap();
-        assert_eq!(eps.len(), 2, "{eps:?}");
+        // A VMI not Running yet is listed, not ready (as a Pending Pod with an address).
+        assert_eq!(eps.len(), 3, "{eps:?}");
+        assert_eq!(eps[2]["conditions"]["ready"], false);
         assert_eq!(eps[0]["addresses"], json!(["10.244.0.2"]));
         assert_eq!(eps[0]["conditions"]["ready"], true);
         assert_eq!(eps[0]["targetRef"]["kind"], "Pod");
@@ -300,7 +304,7 @@ mod tests {
         assert_eq!(eps.len(), 1);
         assert_eq!(
             eps[0]["conditions"],
-            json!({"ready": false, "serving": false, "terminating": true})
+            json!({"ready": false, "serving": true, "terminating": true})
         );
         assert!(d.endpoints["subsets"][0].get("addresses").is_none());
         assert_eq!(

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
