@@ -164,9 +164,18 @@ mod tests {
                 &[([10, 244, 1, 2], 8080), ([10, 244, 0, 2], 8080)],
             )],
         );
-        assert!(s.starts_with("table ip fv-svc\ndelete table ip fv-svc\n"), "{s}");
-        assert!(s.contains("ip daddr 10.96.0.10 tcp dport 80 jump svc-0"), "{s}");
-        assert!(s.contains("fib daddr type local tcp dport 30080 jump svc-0"), "{s}");
+        assert!(
+            s.starts_with("table ip fv-svc\ndelete table ip fv-svc\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("ip daddr 10.96.0.10 tcp dport 80 jump svc-0"),
+            "{s}"
+        );
+        assert!(
+            s.contains("fib daddr type local tcp dport 30080 jump svc-0"),
+            "{s}"
+        );
         assert!(
             s.contains("meta l4proto tcp dnat to numgen random mod 2 map { 0 : 10.244.0.2, 1 : 10.244.1.2 } : 8080"),
             "{s}"
@@ -182,16 +191,27 @@ mod tests {
             &[port(
                 Some([10, 96, 0, 10]),
                 Some(30080),
-                &[([127, 0, 0, 1], 22), ([192, 168, 1, 1], 22), ([10, 244, 0, 2], 22)],
+                &[
+                    ([127, 0, 0, 1], 22),
+                    ([192, 168, 1, 1], 22),
+                    ([10, 244, 0, 2], 22),
+                ],
             )],
         );
-        assert!(!s.contains("127.0.0.1") && !s.contains("192.168.1.1"), "{s}");
+        assert!(
+            !s.contains("127.0.0.1") && !s.contains("192.168.1.1"),
+            "{s}"
+        );
         assert!(s.contains("mod 1 map { 0 : 10.244.0.2 } : 22"), "{s}");
         // Only outside addresses: no rule at all.
         let s = services_nft_script(
             "fv-svc",
             cluster(),
-            &[port(Some([10, 96, 0, 10]), Some(30080), &[([169, 254, 169, 254], 80)])],
+            &[port(
+                Some([10, 96, 0, 10]),
+                Some(30080),
+                &[([169, 254, 169, 254], 80)],
+            )],
         );
         assert!(!s.contains("jump svc-0") && !s.contains("169.254"), "{s}");
     }
@@ -201,7 +221,11 @@ mod tests {
         let s = services_nft_script(
             "fv-svc",
             cluster(),
-            &[port(None, Some(30001), &[([10, 244, 0, 2], 80), ([10, 244, 0, 3], 81)])],
+            &[port(
+                None,
+                Some(30001),
+                &[([10, 244, 0, 2], 80), ([10, 244, 0, 3], 81)],
+            )],
         );
         assert!(
             s.contains("dnat ip addr . port to numgen random mod 2 map { 0 : 10.244.0.2 . 80, 1 : 10.244.0.3 . 81 }"),
