@@ -2,7 +2,8 @@
 //! A and B joined by a veth the test makes): a NodePort Service in front of web1 (node A) and
 //! web2 (node B) answers from node A's address and spreads over both; a ClusterIP Service
 //! answers a third VM (client, node A); stopping web2 removes it from the EndpointSlice and
-//! the traffic goes to web1 only. `kubectl get svc,endpointslices` prints Kubernetes' columns.
+//! the traffic goes to web1 only; `ferrovirt expose vm` makes a Service selecting the VM's
+//! template labels. `kubectl get svc,endpointslices` prints Kubernetes' columns.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -205,6 +206,45 @@ fn node_port_and_cluster_ip_reach_vms_and_follow_their_state() -> anyhow::Result
         },
     )?;
     assert!(body.contains("hostname=web"), "{body}");
+
+    // `ferrovirt expose vm` selects the template labels; the named target port resolves.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+        .args([
+            "expose",
+            "vm",
+            "web1",
+            "--port",
+            "8080",
+            "--target-port",
+            "http",
+            "--name",
+            "web1-http",
+            "--kubeconfig",
+        ])
+        .arg(&c.kubeconfig)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exposed = c.get_json(&["svc", "web1-http"])?;
+    assert_eq!(
+        exposed["spec"]["selector"]["kubevirt.io/domain"], "web1",
+        "{exposed}"
+    );
+    c.wait_until("web1-http's EndpointSlice", Duration::from_secs(30), || {
+        let l = c.get_json(&[
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=web1-http",
+        ])?;
+        let s = &l["items"][0];
+        Ok(
+            (s["endpoints"][0]["addresses"][0] == ips[0].as_str() && s["ports"][0]["port"] == 80)
+                .then_some(()),
+        )
+    })?;
 
     // Stopping web2 removes it from the slice; the traffic goes to web1 only.
     c.kubectl_ok(&[
