@@ -10,6 +10,7 @@
 //! - [`node`]: host facts and the Node / Lease objects.
 //! - [`launchers`]: starting, finding and talking to launcher processes.
 //! - [`runtime`]: the kube-rs loop that applies all of it against the API server.
+//! - [`services`]: the node's Service data plane (ClusterIP/NodePort nft table from watches).
 //! - [`cloudinit`]: NoCloud / ConfigDrive / ConfigMap / Secret data volumes as ISO images.
 //! - [`endpoint`]: the agent's HTTP endpoint (VMI actions, guest info, console/VNC streams).
 //! - [`tls`]: the endpoint's pinned self-signed certificate (server and API server sides).
@@ -40,6 +41,7 @@ pub mod portforward;
 pub mod proxy;
 pub mod resize;
 pub mod runtime;
+pub mod services;
 pub mod tls;
 pub mod volumes;
 

@@ -379,6 +379,11 @@ impl AgentNet {
         Ok(())
     }
 
+    /// The node network once known (None on user networking).
+    pub fn node_network(&self) -> Option<&NodeNetwork> {
+        self.node.get()
+    }
+
     /// Keeps the overlay's peers equal to the other Nodes (watch plus periodic resync).
     /// Returns at once when the node has no overlay.
     pub async fn run_overlay(&self, client: Client, node_name: String) {

@@ -286,6 +286,10 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
             agent.net.run_overlay(client, name).await
         }
     });
+    let services = tokio::spawn({
+        let agent = agent.clone();
+        async move { crate::services::run(&agent.net, agent.client.clone()).await }
+    });
     let hb = tokio::spawn(heartbeat(agent.clone()));
     let mounts = tokio::spawn(mounts::run(agent.clone()));
     let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());
@@ -301,6 +305,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         r = endpoint.task => r,
         r = watch => r,
         r = overlay => r,
+        r = services => r,
         r = mounts => r,
     };
     r.map_err(|e| AgentError::Reference(format!("agent task ended: {e}")))

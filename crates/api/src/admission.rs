@@ -179,6 +179,22 @@ pub fn admit(
                 }
             });
         }
+        ("", "Service") => {
+            admit_typed::<k8s_openapi::api::core::v1::Service>(obj, &mut errors, |obj, errs| {
+                crate::service::default_service(obj, old);
+                errs.extend(crate::service::validate_service(obj, op, old));
+            });
+        }
+        ("discovery.k8s.io", "EndpointSlice") => {
+            if let Err(e) = parse_typed::<k8s_openapi::api::discovery::v1::EndpointSlice>(obj) {
+                errors.push(e);
+            }
+        }
+        ("", "Endpoints") => {
+            if let Err(e) = parse_typed::<k8s_openapi::api::core::v1::Endpoints>(obj) {
+                errors.push(e);
+            }
+        }
         (crate::backup::GROUP, kind) => errors.extend(crate::backup::admit(kind, op, obj, old)),
         ("snapshot.storage.k8s.io", _) => {
             errors.extend(crate::volumesnapshot::admit(def.kind, obj));

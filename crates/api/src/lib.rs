@@ -23,6 +23,7 @@ pub mod quantity;
 pub mod registry;
 pub mod scale;
 pub mod schema;
+pub mod service;
 pub mod shared_mount;
 pub mod volumesnapshot;
 pub mod yaml;

@@ -418,6 +418,38 @@ fn core_resources() -> Vec<ResourceDef> {
                     ..computed("Readiness Gates", "string")
                 },
             ]),
+        core("Service", "ServiceList", "services", "service")
+            .short(&["svc"])
+            .all()
+            .status()
+            .cols(vec![
+                col("Type", "string", ".spec.type"),
+                col("Cluster-IP", "string", ".spec.clusterIP"),
+                computed("External-IP", "string"),
+                computed("Port(s)", "string"),
+                age(),
+                PrinterColumn {
+                    priority: 1,
+                    ..computed("Selector", "string")
+                },
+            ]),
+        core("Endpoints", "EndpointsList", "endpoints", "endpoints")
+            .short(&["ep"])
+            .cols(vec![computed("Endpoints", "string"), age()]),
+        Def::new(
+            "discovery.k8s.io",
+            "v1",
+            "EndpointSlice",
+            "EndpointSliceList",
+            "endpointslices",
+            "endpointslice",
+        )
+        .cols(vec![
+            col("AddressType", "string", ".addressType"),
+            computed("Ports", "string"),
+            computed("Endpoints", "string"),
+            age(),
+        ]),
         Def::new(
             "storage.k8s.io",
             "v1",

@@ -128,6 +128,11 @@ fn generate(def: &ResourceDef) -> Value {
         ("authorization.k8s.io", "SubjectAccessReview") => {
             schema_of::<authorization::v1::SubjectAccessReview>()
         }
+        ("", "Service") => schema_of::<core::v1::Service>(),
+        ("", "Endpoints") => schema_of::<core::v1::Endpoints>(),
+        ("discovery.k8s.io", "EndpointSlice") => {
+            schema_of::<k8s_openapi::api::discovery::v1::EndpointSlice>()
+        }
         ("storage.k8s.io", "StorageClass") => schema_of::<storage::v1::StorageClass>(),
         ("coordination.k8s.io", "Lease") => schema_of::<coordination::v1::Lease>(),
         ("events.k8s.io", "Event") => schema_of::<events::v1::Event>(),

@@ -239,6 +239,101 @@ fn binding_subjects(obj: &Value, kind: &str) -> Value {
     Value::String(names.join(", "))
 }
 
+/// `80/TCP,22:30022/TCP` as `kubectl get svc` prints a Service's ports.
+fn service_ports(obj: &Value) -> String {
+    let ports: Vec<String> = obj
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    let port = p["port"].as_i64().unwrap_or(0);
+                    let proto = p["protocol"].as_str().unwrap_or("TCP");
+                    match p["nodePort"].as_i64().filter(|n| *n > 0) {
+                        Some(np) => format!("{port}:{np}/{proto}"),
+                        None => format!("{port}/{proto}"),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if ports.is_empty() {
+        NONE.into()
+    } else {
+        ports.join(",")
+    }
+}
+
+/// `k=v,k2=v2` sorted by key, `<none>` when empty.
+fn selector(obj: &Value) -> String {
+    let mut pairs: Vec<String> = obj
+        .pointer("/spec/selector")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    pairs.sort();
+    if pairs.is_empty() {
+        NONE.into()
+    } else {
+        pairs.join(",")
+    }
+}
+
+/// At most three items then ` + N more...`, as Kubernetes' printers shorten lists.
+fn shorten(items: &[String], empty: &str) -> String {
+    match items.len() {
+        0 => empty.into(),
+        1..=3 => items.join(","),
+        n => format!("{} + {} more...", items[..3].join(","), n - 3),
+    }
+}
+
+fn endpoints_addresses(obj: &Value) -> String {
+    let mut items = Vec::new();
+    for subset in obj["subsets"].as_array().into_iter().flatten() {
+        let ports: Vec<i64> = subset["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["port"].as_i64())
+            .collect();
+        for a in subset["addresses"].as_array().into_iter().flatten() {
+            let ip = a["ip"].as_str().unwrap_or_default();
+            if ports.is_empty() {
+                items.push(ip.to_string());
+            }
+            items.extend(ports.iter().map(|p| format!("{ip}:{p}")));
+        }
+    }
+    shorten(&items, NONE)
+}
+
+fn slice_ports(obj: &Value) -> String {
+    let items: Vec<String> = obj["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["port"].as_i64())
+        .map(|p| p.to_string())
+        .collect();
+    shorten(&items, UNSET)
+}
+
+fn slice_addresses(obj: &Value) -> String {
+    let items: Vec<String> = obj["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|e| e["addresses"].as_array().into_iter().flatten())
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect();
+    shorten(&items, UNSET)
+}
+
 /// The cell of computed column `column` of `def` for `obj`; null for a column it does not know.
 pub fn cell(def: &ResourceDef, column: &str, obj: &Value) -> Value {
     let str_or = |v: Option<&Value>, default: &str| Value::String(s(v).unwrap_or(default).into());
@@ -329,6 +424,12 @@ pub fn cell(def: &ResourceDef, column: &str, obj: &Value) -> Value {
         ("Pod", "Nominated Node") => str_or(obj.pointer("/status/nominatedNodeName"), NONE),
         ("Pod", "Readiness Gates") => Value::String(NONE.into()),
         ("ControllerRevision", "Controller") => Value::String(controller_of(obj)),
+        ("Service", "External-IP") => Value::String(NONE.into()),
+        ("Service", "Port(s)") => Value::String(service_ports(obj)),
+        ("Service", "Selector") => Value::String(selector(obj)),
+        ("Endpoints", "Endpoints") => Value::String(endpoints_addresses(obj)),
+        ("EndpointSlice", "Ports") => Value::String(slice_ports(obj)),
+        ("EndpointSlice", "Endpoints") => Value::String(slice_addresses(obj)),
         _ => Value::Null,
     }
 }
@@ -375,6 +476,29 @@ mod tests {
         assert_eq!(cell(&scd, "ReclaimPolicy", &sc), "Delete");
         assert_eq!(cell(&scd, "VolumeBindingMode", &sc), "Immediate");
         assert_eq!(cell(&scd, "AllowVolumeExpansion", &sc), "false");
+    }
+
+    #[test]
+    fn services_and_endpoints() {
+        let svc = json!({"spec": {"type": "NodePort", "selector": {"b": "2", "a": "1"},
+            "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080},
+                      {"port": 53, "protocol": "UDP"}]}});
+        let d = def("v1", "Service");
+        assert_eq!(cell(&d, "Port(s)", &svc), "80:30080/TCP,53/UDP");
+        assert_eq!(cell(&d, "Selector", &svc), "a=1,b=2");
+        assert_eq!(cell(&d, "External-IP", &svc), "<none>");
+        assert_eq!(cell(&d, "Port(s)", &json!({"spec": {}})), "<none>");
+        let ep = json!({"subsets": [{"addresses": [{"ip": "10.244.0.2"}, {"ip": "10.244.1.2"}],
+            "ports": [{"port": 80}, {"port": 22}]}]});
+        assert_eq!(
+            cell(&def("v1", "Endpoints"), "Endpoints", &ep),
+            "10.244.0.2:80,10.244.0.2:22,10.244.1.2:80 + 1 more..."
+        );
+        let es = json!({"ports": [{"port": 80}], "endpoints": [{"addresses": ["10.244.0.2"]}]});
+        let d = def("discovery.k8s.io/v1", "EndpointSlice");
+        assert_eq!(cell(&d, "Ports", &es), "80");
+        assert_eq!(cell(&d, "Endpoints", &es), "10.244.0.2");
+        assert_eq!(cell(&d, "Endpoints", &json!({})), "<unset>");
     }
 
     #[test]

@@ -28,6 +28,8 @@ enum Ty {
     MapStr,
     /// map<string, bytes>: values become base64 strings (JSON form of `[]byte`)
     MapBytes,
+    /// intstr.IntOrString {type=1, intVal=2, strVal=3} → a JSON number or string
+    IntOrStr,
 }
 
 /// One field: number, JSON name, type, repeated.
@@ -170,6 +172,45 @@ const BINDING: &[F] = &[
     F(3, "roleRef", Ty::Msg(ROLE_REF), false),
 ];
 
+const SERVICE_PORT: &[F] = &[
+    F(1, "name", Ty::Str, false),
+    F(2, "protocol", Ty::Str, false),
+    F(3, "port", Ty::Int, false),
+    F(4, "targetPort", Ty::IntOrStr, false),
+    F(5, "nodePort", Ty::Int, false),
+    F(6, "appProtocol", Ty::Str, false),
+];
+
+/// core/v1 Service (`kubectl create service …`, `kubectl expose`).
+const SERVICE: &[F] = &[
+    META,
+    F(
+        2,
+        "spec",
+        Ty::Msg(&[
+            F(1, "ports", Ty::Msg(SERVICE_PORT), true),
+            F(2, "selector", Ty::MapStr, false),
+            F(3, "clusterIP", Ty::Str, false),
+            F(4, "type", Ty::Str, false),
+            F(5, "externalIPs", Ty::Str, true),
+            F(7, "sessionAffinity", Ty::Str, false),
+            F(8, "loadBalancerIP", Ty::Str, false),
+            F(9, "loadBalancerSourceRanges", Ty::Str, true),
+            F(10, "externalName", Ty::Str, false),
+            F(11, "externalTrafficPolicy", Ty::Str, false),
+            F(12, "healthCheckNodePort", Ty::Int, false),
+            F(13, "publishNotReadyAddresses", Ty::Bool, false),
+            F(17, "ipFamilyPolicy", Ty::Str, false),
+            F(18, "clusterIPs", Ty::Str, true),
+            F(19, "ipFamilies", Ty::Str, true),
+            F(21, "loadBalancerClass", Ty::Str, false),
+            F(22, "internalTrafficPolicy", Ty::Str, false),
+            F(23, "trafficDistribution", Ty::Str, false),
+        ]),
+        false,
+    ),
+];
+
 /// metav1.DeleteOptions.
 const DELETE_OPTIONS: &[F] = &[
     F(1, "gracePeriodSeconds", Ty::Int, false),
@@ -261,6 +302,7 @@ fn schema_for(api_version: &str, kind: &str) -> Option<&'static [F]> {
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
         ("rbac.authorization.k8s.io/v1", "Role") => ROLE,
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => CLUSTER_ROLE,
+        ("v1", "Service") => SERVICE,
         ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => BINDING,
         ("policy/v1" | "policy/v1beta1", "Eviction") => EVICTION,
         (
@@ -381,6 +423,26 @@ fn time(b: &[u8]) -> Result<Value, ProtoError> {
     Ok(Value::String(crate::timefmt::format_rfc3339(secs)))
 }
 
+/// intstr.IntOrString: type 1 is a string, otherwise the int (0 reads as unset).
+fn int_or_string(b: &[u8]) -> Result<Value, ProtoError> {
+    let v = message(
+        b,
+        &[
+            F(1, "type", Ty::Int, false),
+            F(2, "intVal", Ty::Int, false),
+            F(3, "strVal", Ty::Str, false),
+        ],
+    )?;
+    Ok(if v["type"] == 1 {
+        v.get("strVal").cloned().unwrap_or(Value::Null)
+    } else {
+        v.get("intVal")
+            .cloned()
+            .filter(|n| n != 0)
+            .unwrap_or(Value::Null)
+    })
+}
+
 fn message(b: &[u8], fields: &[F]) -> Result<Value, ProtoError> {
     let mut out = Map::new();
     let mut r = Reader::new(b);
@@ -394,6 +456,7 @@ fn message(b: &[u8], fields: &[F]) -> Result<Value, ProtoError> {
             (Ty::Bool, Wire::Varint(v)) => Value::Bool(v != 0),
             (Ty::Time, Wire::Bytes(s)) => time(s)?,
             (Ty::Msg(sub), Wire::Bytes(s)) => message(s, sub)?,
+            (Ty::IntOrStr, Wire::Bytes(s)) => int_or_string(s)?,
             (Ty::MapStr | Ty::MapBytes, Wire::Bytes(s)) => {
                 let (k, v) = map_entry(s, matches!(ty, Ty::MapBytes))?;
                 let m = out.entry(name).or_insert_with(|| json!({}));
@@ -556,6 +619,50 @@ mod tests {
                 "metadata": {"name": "virt-launcher-vm1-abcde", "namespace": "default"},
                 "deleteOptions": {"gracePeriodSeconds": 30, "preconditions": {"uid": "u-1"}},
                 "apiVersion": "policy/v1", "kind": "Eviction"
+            })
+        );
+    }
+
+    #[test]
+    fn decodes_a_service() {
+        let mut meta = Vec::new();
+        field(1, b"web", &mut meta);
+        let mut named = Vec::new();
+        named.extend_from_slice(&[1 << 3, 1]); // type = String
+        field(3, b"http", &mut named);
+        let mut port = Vec::new();
+        field(2, b"TCP", &mut port);
+        port.extend_from_slice(&[3 << 3, 80]); // port = 80
+        field(4, &named, &mut port);
+        port.extend_from_slice(&[5 << 3, 0]); // nodePort = 0
+        let mut unnamed = Vec::new();
+        unnamed.extend_from_slice(&[2 << 3, 22]); // intVal = 22
+        let mut port2 = Vec::new();
+        port2.extend_from_slice(&[3 << 3, 22]);
+        field(4, &unnamed, &mut port2);
+        let mut spec = Vec::new();
+        field(1, &port, &mut spec);
+        field(1, &port2, &mut spec);
+        field(2, &entry("app", b"web"), &mut spec);
+        field(4, b"NodePort", &mut spec);
+        let mut svc = Vec::new();
+        field(1, &meta, &mut svc);
+        field(2, &spec, &mut svc);
+        let mut tm = Vec::new();
+        field(1, b"v1", &mut tm);
+        field(2, b"Service", &mut tm);
+        let mut body = b"k8s\0".to_vec();
+        field(1, &tm, &mut body);
+        field(2, &svc, &mut body);
+        assert_eq!(
+            decode(&body).unwrap(),
+            json!({
+                "metadata": {"name": "web"},
+                "spec": {"ports": [
+                    {"protocol": "TCP", "port": 80, "targetPort": "http", "nodePort": 0},
+                    {"port": 22, "targetPort": 22}],
+                    "selector": {"app": "web"}, "type": "NodePort"},
+                "apiVersion": "v1", "kind": "Service"
             })
         );
     }

@@ -61,6 +61,8 @@ pub struct ServerOptions {
     /// itself (VirtualMachineExport downloads: the export token). Paths they do not match go
     /// to the authenticated routes.
     pub public_routes: Option<Router>,
+    /// The range Service ClusterIPs are allocated from (`--service-cidr`).
+    pub service_cidr: ferrovirt_api::service::ServiceCidr,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -93,6 +95,9 @@ impl Default for ServerOptions {
             extra_routes: None,
             extra_groups: Vec::new(),
             public_routes: None,
+            service_cidr: ferrovirt_api::service::DEFAULT_SERVICE_CIDR
+                .parse()
+                .expect("the default service CIDR parses"),
         }
     }
 }
@@ -113,6 +118,8 @@ pub(crate) struct Shared {
     pub requests: crate::metrics::RequestCounter,
     /// Store events decoded once for all watches ([`crate::watch_decode`]).
     pub decoded: crate::watch_decode::DecodeCache,
+    /// The range Service ClusterIPs are allocated from.
+    pub service_cidr: ferrovirt_api::service::ServiceCidr,
     openapi: std::sync::OnceLock<crate::openapi::Documents>,
 }
 
@@ -228,6 +235,7 @@ impl Server {
                 policy: Default::default(),
                 tokens: token_keys,
             },
+            service_cidr: opts.service_cidr,
             max_body: opts.max_body_bytes,
             body_timeout: opts.body_timeout,
             bookmark_interval: opts.bookmark_interval,

@@ -20,6 +20,7 @@ pub mod create_vm;
 pub mod describe;
 pub mod error;
 pub mod expand;
+pub mod expose;
 pub mod get;
 pub mod migrate;
 pub mod portforward;

@@ -4,12 +4,14 @@
 //! [`node_ipam`] gives Nodes their pod subnets (`spec.podCIDR`).
 //! [`storage`] holds the StorageClass/PVC/DataVolume controllers, [`snapshot`] the
 //! VolumeSnapshot, VirtualMachineSnapshot and VirtualMachineRestore controllers, [`export`]
-//! VirtualMachineExport (controller and download routes).
+//! VirtualMachineExport (controller and download routes), [`endpoints`] the EndpointSlices and
+//! Endpoints of Services in front of VMIs.
 //!
 //! Start everything with [`run`]`(client, ControllerOptions::default())`.
 
 pub mod backup;
 pub mod conditions;
+pub mod endpoints;
 pub mod error;
 pub mod evacuation;
 pub mod export;

@@ -79,6 +79,9 @@ struct ServerArgs {
     /// adds more.
     #[arg(long, value_parser = parse_cidrs, default_value = "")]
     import_allowed_cidrs: Cidrs,
+    /// The range Service ClusterIPs are allocated from; must not overlap `--cluster-cidr`.
+    #[arg(long, default_value = ferrovirt_api::service::DEFAULT_SERVICE_CIDR)]
+    service_cidr: ferrovirt_api::service::ServiceCidr,
     #[command(flatten)]
     pod: node::PodNetArgs,
     #[command(flatten)]
@@ -247,8 +250,21 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
     .context("loading the upload token key")?;
     // VirtualMachineExport downloads: authenticated by the export token, not the API token.
     let (exports, exports_handle) = ferrovirt_controller::export::serve::deferred();
+    let pods: ferrovirt_network::Ipv4Cidr = args
+        .pod
+        .cluster_cidr
+        .parse()
+        .with_context(|| format!("--cluster-cidr {}", args.pod.cluster_cidr))?;
+    if args.service_cidr.overlaps(pods.network(), pods.prefix()) {
+        anyhow::bail!(
+            "--service-cidr {} overlaps --cluster-cidr {}: Service addresses must lie outside the pod network",
+            args.service_cidr,
+            args.pod.cluster_cidr
+        );
+    }
     let opts = ferrovirt_apiserver::ServerOptions {
         public_routes: Some(exports),
+        service_cidr: args.service_cidr,
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),

@@ -202,6 +202,24 @@ pub enum VerbCommand {
     Migrate { name: String },
     /// Cancel a VM's unfinished live migration (the VM runs on where it was).
     MigrateCancel { name: String },
+    /// Create a Service in front of a VM or VMI (virtctl's expose): selector from the VM's
+    /// template labels (a VMI's labels), else `vm.kubevirt.io/name`.
+    Expose {
+        #[command(flatten)]
+        what: KindName,
+        /// The Service port.
+        #[arg(long)]
+        port: u16,
+        /// The guest port, a number or a name of the VMI interface's `ports` (default: --port).
+        #[arg(long)]
+        target_port: Option<String>,
+        /// ClusterIP (default) or NodePort.
+        #[arg(long = "type")]
+        type_: Option<String>,
+        /// The Service name (default: the VM's).
+        #[arg(long = "name")]
+        service_name: Option<String>,
+    },
     /// Pause a VM's or VMI's guest.
     Pause(KindName),
     /// Unpause a VM's or VMI's guest.
@@ -583,6 +601,24 @@ async fn run_inner(conn: &Conn, cmd: VerbCommand) -> Result<(), CliError> {
         }
         VerbCommand::MigrateCancel { name } => {
             println!("{}", ferrovirt_cli::migrate::cancel(&target, &name).await?);
+            return Ok(());
+        }
+        VerbCommand::Expose {
+            what,
+            port,
+            target_port,
+            type_,
+            service_name,
+        } => {
+            let opts = ferrovirt_cli::expose::ExposeOpts {
+                name: service_name,
+                port,
+                target_port,
+                type_,
+            };
+            let out = ferrovirt_cli::expose::expose(&target, what.kind == "vm", &what.name, &opts)
+                .await?;
+            println!("{out}");
             return Ok(());
         }
         VerbCommand::Start { name } => (Verb::Start, name, None),

@@ -7,6 +7,7 @@
 //! - [`node_cidrs`]: node subnet allocation (`spec.podCIDR`) and overlap checks (pure).
 //! - [`overlay`]: the VXLAN overlay between nodes: peers from Node objects, sync steps (pure).
 //! - [`routes`]: `/32` routes that follow a live-migrated VMI to its node (pure).
+//! - [`services`]: the Service data plane's nft table (ClusterIP/NodePort DNAT) (pure).
 //! - [`secondary`]: Multus bridge networks: CNI config parsing, per-interface plans (pure).
 //! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.
 //! - [`apply`], [`netns`]: running the actions as root; entering namespaces.
@@ -26,6 +27,7 @@ pub mod pod;
 pub mod render;
 pub mod routes;
 pub mod secondary;
+pub mod services;
 
 pub use error::{Error, Result};
 pub use ipam::{Ipam, Ipv4Cidr, MacAddr};

@@ -130,6 +130,9 @@ pub(crate) async fn delete_one(
         if fins.is_empty() && !is_namespace {
             match sh.store.delete(&key, Some(rev)).await {
                 Ok(kv) => {
+                    if super::services::applies_to(def) {
+                        super::services::release_dropped(sh, &obj, None).await;
+                    }
                     let mut o = obj;
                     meta_mut(&mut o).insert(
                         "resourceVersion".into(),

@@ -6,6 +6,7 @@ mod pods;
 mod presets;
 mod read;
 mod scale;
+mod services;
 mod write;
 
 use std::sync::Arc;

@@ -282,8 +282,17 @@ pub(crate) async fn create(
         if opts.dry_run {
             return Ok((o, warnings));
         }
+        let reserved = if super::services::applies_to(def) {
+            super::services::allocate(sh, def, &mut o, None).await?
+        } else {
+            Vec::new()
+        };
         let stored = to_storage(def, o.clone());
-        match sh.store.create(&key, encode(&stored)).await {
+        let created = sh.store.create(&key, encode(&stored)).await;
+        if created.is_err() {
+            super::services::release_keys(sh, &o, &reserved).await;
+        }
+        match created {
             Ok(kv) => {
                 meta_mut(&mut o).insert(
                     "resourceVersion".into(),
@@ -406,6 +415,9 @@ pub(crate) async fn finalize_if_done(
         );
         o
     });
+    if res.is_ok() && super::services::applies_to(def) {
+        super::services::release_dropped(sh, obj, None).await;
+    }
     sh.gc_kick.notify_one();
     Ok(Some(res))
 }
@@ -509,7 +521,20 @@ pub(super) async fn update_object(
         if merged == old || opts.dry_run {
             return Ok((merged, warnings));
         }
-        match store_update(&ctx.sh, def, merged, rev).await? {
+        let services = super::services::applies_to(def) && !status_only;
+        let reserved = if services {
+            super::services::allocate(&ctx.sh, def, &mut merged, Some(&old)).await?
+        } else {
+            Vec::new()
+        };
+        let written = store_update(&ctx.sh, def, merged.clone(), rev).await;
+        if services {
+            match &written {
+                Ok(Ok(obj)) => super::services::release_dropped(&ctx.sh, &old, Some(obj)).await,
+                _ => super::services::release_keys(&ctx.sh, &merged, &reserved).await,
+            }
+        }
+        match written? {
             Ok(obj) => return Ok((obj, warnings)),
             Err(StoreError::Conflict { .. }) if explicit_rv.is_none() => continue,
             Err(StoreError::Conflict { .. }) => return Err(ApiError::stale(def, name)),

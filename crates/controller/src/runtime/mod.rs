@@ -118,6 +118,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
             let (c, t) = (client.clone(), opts.storage.agent_token.clone());
             async move { ("backup", crate::backup::run(c, t).await) }
         });
+        tasks.spawn({
+            let (c, s) = (client.clone(), stores.clone());
+            async move { ("endpoints", crate::endpoints::run(c, s).await) }
+        });
         if let Some(ep) = opts.export.clone() {
             let c = client.clone();
             tasks.spawn(async move { ("export", crate::export::run(c, ep).await) });
