@@ -14,6 +14,7 @@
 # FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR.
 # FV_SCALE_PERF_IDLE=DIR records one of the idle window only (perf-idle-BACKEND.data).
 # FV_SCALE_SERVER_LOG=filter sets the server's RUST_LOG (default warn).
+# FV_SCALE_SIM=PATH runs another harness binary (e.g. target/debug/ferrovirt-simnodes).
 # --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes (a quick check that it all works).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -39,7 +40,7 @@ if [ "$BUILD" = 1 ]; then
   cargo build --release -q -p ferrovirt -p ferrovirt-simnodes
 fi
 BIN=${BIN:-$ROOT/target/release/ferrovirt}
-SIM="$ROOT/target/release/ferrovirt-simnodes"
+SIM=${FV_SCALE_SIM:-$ROOT/target/release/ferrovirt-simnodes}
 ETCD_BIN=${FERROVIRT_ETCD_BIN:-/usr/bin/etcd}
 
 WORK=$(mktemp -d /var/tmp/fv-scale-bench.XXXXXX)

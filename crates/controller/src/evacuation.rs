@@ -85,12 +85,25 @@ pub fn has_work<'a>(
     nodes: impl IntoIterator<Item = &'a Node>,
     drain_key: &str,
 ) -> bool {
+    nodes_have_work(nodes, drain_key) || vmis_have_work(vmis)
+}
+
+/// The Nodes' half of [`has_work`]: a node with the drain taint.
+pub fn nodes_have_work<'a>(nodes: impl IntoIterator<Item = &'a Node>, drain_key: &str) -> bool {
     nodes.into_iter().any(|n| has_drain_taint(n, drain_key))
-        || vmis.into_iter().any(|v| {
-            v.status
-                .as_ref()
-                .is_some_and(|s| s.evacuation_node_name.is_some())
-        })
+}
+
+/// The VMIs' half of [`has_work`]: a VMI marked for evacuation. It changes only when a VMI
+/// does, so the loop keeps the answer until then (a Node change need not look at every VMI).
+pub fn vmis_have_work<'a>(vmis: impl IntoIterator<Item = &'a VirtualMachineInstance>) -> bool {
+    vmis.into_iter().any(marked_for_evacuation)
+}
+
+/// Whether `vmi` is marked for evacuation (`status.evacuationNodeName`).
+pub fn marked_for_evacuation(vmi: &VirtualMachineInstance) -> bool {
+    vmi.status
+        .as_ref()
+        .is_some_and(|s| s.evacuation_node_name.is_some())
 }
 
 fn key(ns: &str, name: &str) -> String {
@@ -406,6 +419,13 @@ mod tests {
         let vmis = [vmi("a", "n1", None, None)];
         assert!(!has_work(&vmis, &[node("n1", false)], key));
         assert!(has_work(&vmis, &[node("n1", true)], key));
+        // The two halves the loop keeps apart (the VMIs' only looked at when a VMI changed).
+        assert!(nodes_have_work(&[node("n1", true)], key));
+        assert!(!nodes_have_work(&[node("n1", false)], key));
+        assert!(!vmis_have_work(&vmis));
+        let marked = [vmis[0].clone(), vmi("b", "n1", None, Some("n1"))];
+        assert!(vmis_have_work(&marked));
+        assert!(has_work(&marked, &[node("n1", false)], key));
     }
 
     #[test]

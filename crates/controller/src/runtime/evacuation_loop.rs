@@ -4,9 +4,11 @@
 //! `migrations.nodeDrainTaintKey`, followed with a watch): marks and clears
 //! `status.evacuationNodeName` (guarded by the VMI's resourceVersion) and creates the
 //! evacuation migrations, with Events on the VMI. The cluster's `evictionStrategy` and
-//! migration limits are read only when there is such work.
+//! migration limits are read only when there is such work. Every VMI is looked at only when a
+//! VMI changed (or on the resync); a wake-up by Nodes alone looks at the Nodes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -52,8 +54,15 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     };
     let w = wake.clone();
     let mut changes = stores.changes();
+    // Set when a VMI may have changed: only then is every VMI looked at again for one marked
+    // for evacuation (a Node status patch, ten a second with a hundred nodes, looks at Nodes).
+    let vmis_changed = Arc::new(AtomicBool::new(true));
+    let flag = vmis_changed.clone();
     let follow = async move {
-        while changes.wait_for(&[Kind::Vmi, Kind::Node]).await.is_some() {
+        while let Some(c) = changes.next_batch(&[Kind::Vmi, Kind::Node]).await {
+            if c.contains(Kind::Vmi) {
+                flag.store(true, Ordering::Release);
+            }
             w.notify_one();
         }
     };
@@ -66,16 +75,25 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     let work = async {
         let _ = vmims.wait_until_ready().await;
         stores.ready().await;
+        // Whether a VMI was marked for evacuation at the last look at every VMI.
+        let mut vmis_marked = false;
+        let mut resynced = true;
         loop {
-            let state = stores.vmis.state();
+            // Taken before the cache is read: a change after this sets it again.
+            if vmis_changed.swap(false, Ordering::AcqRel) || resynced {
+                // Looked up in place: no copy of the cache's 10,000 handles per look.
+                vmis_marked = stores
+                    .vmis
+                    .find(|v| evacuation::marked_for_evacuation(&v.0))
+                    .is_some();
+            }
             let node_state = stores.nodes.state();
             // Cloned only when there is work (the loop wakes on every VMI and Node change).
             let drain_key = drain_key.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            if evacuation::has_work(
-                state.iter().map(|v| &v.0),
-                node_state.iter().map(|n| n.as_ref()),
-                &drain_key,
-            ) {
+            if vmis_marked
+                || evacuation::nodes_have_work(node_state.iter().map(|n| n.as_ref()), &drain_key)
+            {
+                let state = stores.vmis.state();
                 let nodes: Vec<_> = node_state.iter().map(|n| (**n).clone()).collect();
                 let vmis: Vec<VirtualMachineInstance> = state.iter().map(|v| v.0.clone()).collect();
                 let migrations: Vec<_> = vmims.state().iter().map(|m| m.0.clone()).collect();
@@ -96,7 +114,7 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     }
                 }
             }
-            let _ = tokio::time::timeout(RESYNC, wake.notified()).await;
+            resynced = tokio::time::timeout(RESYNC, wake.notified()).await.is_err();
         }
     };
     tokio::select! {

@@ -4,10 +4,12 @@
 //! first (guarded by the VMI's resourceVersion), then the migration's status, then Events.
 //! A VMI whose unfinished migration state names a migration that no longer exists (deleted:
 //! `kubectl delete vmim`, `ferrovirt migrate-cancel`) gets its migration aborted
-//! ([`migration::cancel_patch`]). The settings (HyperConverged, KubeVirt CR, MigrationPolicy)
+//! ([`migration::cancel_patch`]; every VMI is looked at for that only after a VMI or migration
+//! changed, or while orphans were left, not on a Node change). The settings (HyperConverged, KubeVirt CR, MigrationPolicy)
 //! are read when a migration is admitted or scheduled, not cached.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -49,20 +51,29 @@ pub async fn run(
         watcher(Api::<Vmim>::all(client.clone()), watcher::Config::default()).default_backoff(),
     )
     .touched_objects();
+    // Set when a VMI or a migration may have changed: only then can a VMI's migration have
+    // become orphaned, so only then is every VMI looked at (a Node status patch is not).
+    let orphans_may_change = Arc::new(AtomicBool::new(true));
     let w = wake.clone();
+    let flag = orphans_may_change.clone();
     let pump = async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
             if let Err(e) = item {
                 tracing::warn!(error = %e, "migration watch error");
             }
+            flag.store(true, Ordering::Release);
             w.notify_one();
         }
     };
     let w = wake.clone();
+    let flag = orphans_may_change.clone();
     let mut changes = stores.changes();
     let follow = async move {
-        while changes.wait_for(&[Kind::Vmi, Kind::Node]).await.is_some() {
+        while let Some(c) = changes.next_batch(&[Kind::Vmi, Kind::Node]).await {
+            if c.contains(Kind::Vmi) {
+                flag.store(true, Ordering::Release);
+            }
             w.notify_one();
         }
     };
@@ -70,7 +81,12 @@ pub async fn run(
     let work = async {
         let _ = vmims.wait_until_ready().await;
         stores.ready().await;
+        // Whether the last look found orphaned migrations (looked at again until none are
+        // left: a failed cancel is retried on the resync).
+        let mut orphans_left = false;
         loop {
+            // Taken before the caches are read: a change after this sets it again.
+            let look_for_orphans = orphans_may_change.swap(false, Ordering::AcqRel) || orphans_left;
             let all = vmims.state();
             let unfinished: Vec<_> = all
                 .iter()
@@ -95,7 +111,9 @@ pub async fn run(
                 .iter()
                 .filter_map(|m| m.0.metadata.uid.clone())
                 .collect();
-            cancel_orphaned(&client, &recorder, &stores, &uids).await;
+            if look_for_orphans {
+                orphans_left = cancel_orphaned(&client, &recorder, &stores, &uids).await;
+            }
             let _ = tokio::time::timeout(RESYNC, wake.notified()).await;
         }
     };
@@ -232,13 +250,19 @@ async fn cancel_orphaned(
     recorder: &EventRecorder,
     stores: &Stores,
     migrations: &std::collections::HashSet<String>,
-) {
+) -> bool {
     let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    for v in stores.vmis.state() {
+    let mut found = false;
+    // Filtered in place: only the orphaned VMIs' handles are copied out of the cache.
+    let orphaned = stores.vmis.state_filter(|v| {
+        migration::cancel_patch(&v.0, |u| migrations.contains(u), &now).is_some()
+    });
+    for v in orphaned {
         let vmi = &v.0;
         let Some(patch) = migration::cancel_patch(vmi, |u| migrations.contains(u), &now) else {
             continue;
         };
+        found = true;
         let ns = vmi
             .metadata
             .namespace
@@ -267,6 +291,7 @@ async fn cancel_orphaned(
             Err(e) => tracing::debug!(error = %e, "cancelling a migration"),
         }
     }
+    found
 }
 
 async fn reconcile(

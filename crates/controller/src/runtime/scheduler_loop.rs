@@ -85,7 +85,18 @@ pub async fn run(
     stores.ready().await;
     let vmis = &stores.vmis;
     let mut assumed: HashMap<String, (String, Instant)> = HashMap::new();
+    // Whether the last pass found VMIs to place; with none, a wake-up in which no VMI changed
+    // (a Node status patch: ten a second with a hundred nodes) has nothing to place either.
+    let mut had_pending = true;
+    let mut vmis_changed = true;
     loop {
+        if !must_look(vmis_changed, had_pending) {
+            match wait(&mut changes, opts.resync).await {
+                Some(v) => vmis_changed = v,
+                None => return Ok(()),
+            }
+            continue;
+        }
         // Bindings the cache has not caught up with count as made; old ones, and those the
         // cache now shows, are forgotten (looked up by key: no pass over every VMI).
         assumed.retain(|k, (_, at)| {
@@ -95,6 +106,18 @@ pub async fn run(
                     vmis.get(&r).is_some_and(|v| needs_scheduling(&v.0))
                 })
         });
+        // Nothing to place (looked up in place, no copy of every handle): wait.
+        if vmis
+            .find(|v| needs_scheduling(&v.0) && !assumed.contains_key(&key(&v.0)))
+            .is_none()
+        {
+            had_pending = false;
+            match wait(&mut changes, opts.resync).await {
+                Some(v) => vmis_changed = v,
+                None => return Ok(()),
+            }
+            continue;
+        }
         // Read only now: the reflector updates the cache concurrently, so a copy taken before
         // the assumptions were checked could still show a VMI unbound whose binding the check
         // just saw (and forgot), and the VMI would be bound again with its old
@@ -110,10 +133,12 @@ pub async fn run(
             }
         }
         let pass_us = boottime_us();
+        had_pending = !pending.is_empty();
         if pending.is_empty() {
             // Nothing to place: no snapshot (a pass over every VMI) on this wake-up.
-            if !wait(&mut changes, opts.resync).await {
-                return Ok(());
+            match wait(&mut changes, opts.resync).await {
+                Some(v) => vmis_changed = v,
+                None => return Ok(()),
             }
             continue;
         }
@@ -176,18 +201,29 @@ pub async fn run(
             }
         }
         while inflight.next().await.is_some() {}
-        if !wait(&mut changes, opts.resync).await {
-            return Ok(());
+        match wait(&mut changes, opts.resync).await {
+            Some(v) => vmis_changed = v,
+            None => return Ok(()),
         }
     }
 }
 
+/// Whether a wake-up needs a look at every cached VMI (pure): when a VMI changed (a new one
+/// to place, a binding to confirm) or the last look left VMIs unplaced (a Node or claim change
+/// may make them fit). Otherwise no VMI waits and none came.
+fn must_look(vmis_changed: bool, had_pending: bool) -> bool {
+    vmis_changed || had_pending
+}
+
 /// Waits for a change of a kind in [`WAKE_ON`] or `resync`, then takes every change already
-/// queued (one pass covers them all). False once the caches are gone.
-async fn wait(changes: &mut super::stores::Changes, resync: Duration) -> bool {
-    match tokio::time::timeout(resync, changes.wait_for(WAKE_ON)).await {
-        Ok(None) => false,
-        Ok(Some(_)) | Err(_) => changes.drain(),
+/// queued (one pass covers them all). `Some(whether VMIs may have changed)`: a resync counts
+/// as a VMI change, so every VMI is looked at once per `resync` whatever happened. `None`
+/// once the caches are gone.
+async fn wait(changes: &mut super::stores::Changes, resync: Duration) -> Option<bool> {
+    match tokio::time::timeout(resync, changes.next_batch(WAKE_ON)).await {
+        Ok(None) => None,
+        Ok(Some(c)) => Some(c.contains(Kind::Vmi)),
+        Err(_) => changes.drain().then_some(true),
     }
 }
 
@@ -496,6 +532,16 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn node_only_wake_ups_look_at_the_vmis_only_while_some_wait() {
+        // Nothing waiting and no VMI changed (a Node status patch): no pass over the VMIs.
+        assert!(!super::must_look(false, false));
+        // A VMI changed (a new one, a binding to confirm), or some wait for a Node to fit.
+        assert!(super::must_look(true, false));
+        assert!(super::must_look(false, true));
+        assert!(super::must_look(true, true));
     }
 
     #[test]

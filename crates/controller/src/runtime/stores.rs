@@ -2,7 +2,9 @@
 //! with its default backoff) for Nodes, node Leases (namespace `kube-node-lease`),
 //! PersistentVolumes, PersistentVolumeClaims, StorageClasses and VMIs. Reconcilers read these
 //! instead of listing on every pass; loops that are not kube-runtime controllers wait on
-//! [`Stores::changes`] to run when one of their kinds changed.
+//! [`Stores::changes`] to run when one of their kinds changed ([`Changes::next_batch`] also
+//! says which kinds a wake-up's batch touched, so a loop can skip its pass over every VMI when
+//! only Nodes or Leases changed).
 //!
 //! ```no_run
 //! # async fn demo(client: kube::Client) {
@@ -83,7 +85,64 @@ impl Changes {
     }
 }
 
+/// The kinds a batch of changes touched ([`Changes::next_batch`]); after a lagging receiver,
+/// every kind (a change of any kind may have been missed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changed {
+    seen: u8,
+    all: bool,
+}
+
+impl Changed {
+    /// A batch that counts as a change of every kind (a resync, a missed change).
+    pub fn everything() -> Changed {
+        Changed { seen: 0, all: true }
+    }
+
+    fn bit(kind: Kind) -> u8 {
+        1 << (kind as u8)
+    }
+
+    fn add(&mut self, kind: Kind) {
+        self.seen |= Self::bit(kind);
+    }
+
+    /// Whether objects of `kind` may have changed in this batch.
+    pub fn contains(&self, kind: Kind) -> bool {
+        self.all || self.seen & Self::bit(kind) != 0
+    }
+}
+
 impl Changes {
+    /// Waits until an object of one of `kinds` changed, then takes every change already
+    /// queued without waiting (one pass covers them all) and says which kinds the batch
+    /// touched. `None` once the caches are gone.
+    pub async fn next_batch(&mut self, kinds: &[Kind]) -> Option<Changed> {
+        let mut changed = Changed::default();
+        loop {
+            match self.0.recv().await {
+                Ok(k) if kinds.contains(&k) => {
+                    changed.add(k);
+                    break;
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    changed = Changed::everything();
+                    break;
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+        loop {
+            match self.0.try_recv() {
+                Ok(k) => changed.add(k),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => changed = Changed::everything(),
+                Err(broadcast::error::TryRecvError::Empty) => return Some(changed),
+                Err(broadcast::error::TryRecvError::Closed) => return None,
+            }
+        }
+    }
+
     /// Takes every change already queued without waiting; false once the caches are gone.
     pub fn drain(&mut self) -> bool {
         loop {
@@ -288,5 +347,43 @@ mod tests {
         drop(tx);
         assert!(!changes.drain());
         assert_eq!(changes.wait_for(&[Kind::Node]).await, None);
+    }
+
+    #[tokio::test]
+    async fn a_batch_says_which_kinds_it_touched() {
+        let (tx, rx) = broadcast::channel(4);
+        let mut changes = Changes(rx);
+        // A Lease alone does not end the wait for Nodes; the Node does, and the VMI queued
+        // behind it is taken into the same batch.
+        tx.send(Kind::Lease).unwrap();
+        tx.send(Kind::Node).unwrap();
+        tx.send(Kind::Vmi).unwrap();
+        let c = changes.next_batch(&[Kind::Node]).await.unwrap();
+        assert!(c.contains(Kind::Node) && c.contains(Kind::Vmi));
+        assert!(!c.contains(Kind::Lease), "seen before the batch began");
+        assert!(!c.contains(Kind::PersistentVolume));
+        // Nothing queued: the next batch waits.
+        assert!(
+            tokio::time::timeout(
+                std::time::Duration::from_millis(20),
+                changes.next_batch(&[Kind::Node, Kind::Vmi])
+            )
+            .await
+            .is_err()
+        );
+        // Node changes only: no VMI in the batch.
+        tx.send(Kind::Node).unwrap();
+        let c = changes.next_batch(&[Kind::Node, Kind::Vmi]).await.unwrap();
+        assert!(c.contains(Kind::Node) && !c.contains(Kind::Vmi));
+        // A lagging receiver may have missed anything: the batch is everything.
+        for _ in 0..6 {
+            tx.send(Kind::Node).unwrap();
+        }
+        let c = changes.next_batch(&[Kind::Node]).await.unwrap();
+        for k in [Kind::Node, Kind::Lease, Kind::PersistentVolume, Kind::Vmi] {
+            assert!(c.contains(k), "{k:?} may have been missed");
+        }
+        drop(tx);
+        assert_eq!(changes.next_batch(&[Kind::Node]).await, None);
     }
 }

@@ -1,4 +1,5 @@
-//! The VirtualMachine controller loop: watches VirtualMachines and the VMIs they own, gathers
+//! The VirtualMachine controller loop: watches VirtualMachines and the VMIs they own (their
+//! metadata only: owner references are all the mapping needs), gathers
 //! what [`crate::vm::decide`] needs (the VMI, volume readiness, the instancetype-expanded
 //! template), applies the decided action, writes `status` through the `/status` subresource
 //! (optimistic concurrency: a conflict just requeues), keeps the VM's finalizer until its VMI
@@ -12,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 
@@ -39,7 +41,10 @@ struct Ctx {
 /// Run the VM controller until the watch ends or the future is dropped.
 pub async fn run(client: kube::Client, opts: VmOptions) -> Result<(), ControllerError> {
     let vms: Api<Vm> = Api::all(client.clone());
-    let vmis: Api<Vmi> = Api::all(client.clone());
+    // Only the VMIs' owner references are needed to map a VMI change to its VM: a
+    // metadata-only watch (`as=PartialObjectMetadata`), so no VMI write is sent whole and
+    // decoded whole here (the reconcile reads the VMI it needs).
+    let vmis: Api<PartialObjectMeta<Vmi>> = Api::all(client.clone());
     let ctx = Arc::new(Ctx {
         recorder: EventRecorder::new(client.clone(), COMPONENT),
         client,
