@@ -396,10 +396,15 @@ pub fn reclaim(pv: &PersistentVolume, claim_uid: Option<&str>) -> Reclaim {
         (Some(actual), Some(want)) => actual != want,
         (Some(_), None) => false,
     };
-    if !gone || pv.metadata.deletion_timestamp.is_some() {
+    if !gone {
         return Reclaim::Keep;
     }
     let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    // A volume already deleted (its pv-protection finalizer holding it while Bound) is done
+    // once Released; until then it is reclaimed like any other.
+    if pv.metadata.deletion_timestamp.is_some() && phase == Some("Released") {
+        return Reclaim::Keep;
+    }
     match spec.persistent_volume_reclaim_policy.as_deref() {
         Some("Delete") => {
             let ours = pv

@@ -542,6 +542,20 @@ async fn reclaim_once(
                         tracing::warn!(path = %dir.display(), "not removing a directory outside the volume roots");
                     }
                 }
+                // Released before deleted, so that pv-protection (which keeps a deleted
+                // volume while Bound) lets it go.
+                let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+                if phase != Some("Released") {
+                    let patch = json!({"status": {"phase": "Released"}});
+                    match pvs
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.is_not_found() => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 match pvs.delete(&name, &DeleteParams::default()).await {
                     Ok(_) => tracing::info!(volume = %name, "deleted released volume"),
                     Err(kube::Error::Api(s)) if s.is_not_found() => {}

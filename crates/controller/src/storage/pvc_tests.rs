@@ -168,6 +168,16 @@ fn reclaim_policies() {
         Reclaim::Release
     );
     assert_eq!(reclaim(&mk("Retain", true, None), None), Reclaim::Keep);
+    // Deleted while Bound (pv-protection holds it): its claim gone, it is still Released,
+    // and once Released it is left to go.
+    let deleted = |phase: &str| {
+        let mut v = serde_json::to_value(mk("Retain", true, Some("u1"))).unwrap();
+        v["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+        v["status"] = json!({ "phase": phase });
+        pv(v)
+    };
+    assert_eq!(reclaim(&deleted("Bound"), None), Reclaim::Release);
+    assert_eq!(reclaim(&deleted("Released"), None), Reclaim::Keep);
 }
 
 #[test]
