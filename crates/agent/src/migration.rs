@@ -337,13 +337,13 @@ pub async fn relay_outgoing(
     }
 }
 
-/// Whether the migration's settings turn TLS off (KubeVirt's `disableTLS`).
 /// Whether the migration must be refused because its settings allow post-copy
 /// ([`POST_COPY_REFUSED`]): refused, never silently run as pre-copy.
 pub fn post_copy_refused(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
     c.allow_post_copy == Some(true)
 }
 
+/// Whether the migration's settings turn TLS off (KubeVirt's `disableTLS`).
 pub fn tls_disabled(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
     c.other.get("disableTLS").and_then(Value::as_bool) == Some(true)
 }

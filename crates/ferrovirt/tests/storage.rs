@@ -1,8 +1,9 @@
 //! End-to-end storage through the real server: the built-in StorageClasses and profiles, PVC
 //! provisioning and reclaim, and CDI DataVolumes importing the test guest's `disk.qcow2` over
 //! HTTP from a server this test runs on 127.0.0.1 (with a sha256 checksum), blank volumes,
-//! clones of a PVC, and VirtualMachines booting from them (directly and through
-//! `dataVolumeTemplates`), asserting on the guest's `FERROVIRT-BOOT` serial marker.
+//! clones of a PVC, CDI's annotated claims (`cdi.kubevirt.io/storage.import.endpoint`, with the
+//! status annotations clients wait on), and VirtualMachines booting from them (directly and
+//! through `dataVolumeTemplates`), asserting on the guest's `FERROVIRT-BOOT` serial marker.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -129,6 +130,43 @@ fn pv_of(c: &Cluster, claim: &str) -> anyhow::Result<Value> {
     c.get_json(&["pv", pv])
 }
 
+/// A claim annotated for CDI's import from `url` (`source` empty: http).
+fn annotated_claim(name: &str, url: &str, source: &str, checksum: &str) -> String {
+    let source = if source.is_empty() {
+        String::new()
+    } else {
+        format!("\n    cdi.kubevirt.io/storage.import.source: {source}")
+    };
+    format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}
+  namespace: default
+  annotations:
+    cdi.kubevirt.io/storage.import.endpoint: "{url}"{source}
+    ferrovirt.io/checksum: "{checksum}"
+spec:
+  storageClassName: shared
+  accessModes: [ReadWriteMany]
+  resources: {{requests: {{storage: 64Mi}}}}
+"#
+    )
+}
+
+fn wait_pod_phase(c: &Cluster, claim: &str, phase: &str) -> anyhow::Result<Value> {
+    c.wait_until(
+        &format!("claim {claim} storage.pod.phase {phase}"),
+        IMPORT,
+        || {
+            let v = c.get_json(&["pvc", claim, "-n", "default"])?;
+            let p = v["metadata"]["annotations"]["cdi.kubevirt.io/storage.pod.phase"].as_str();
+            Ok((p == Some(phase)).then_some(v))
+        },
+    )
+}
+
 #[test]
 fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
@@ -174,9 +212,67 @@ fn imported_cloned_and_templated_datavolumes_boot() -> anyhow::Result<()> {
     assert_eq!(std::fs::metadata(dir.join("disk.img"))?.len(), 64 << 20);
     assert_eq!(pv["spec"]["accessModes"][0], "ReadWriteMany");
 
+    // Its claim reports as CDI's importer does.
+    let claim = c.get_json(&["pvc", "imported", "-n", "default"])?;
+    let ann = &claim["metadata"]["annotations"];
+    assert_eq!(
+        ann["cdi.kubevirt.io/storage.pod.phase"], "Succeeded",
+        "{claim}"
+    );
+    assert_eq!(
+        ann["cdi.kubevirt.io/storage.condition.running.reason"], "Completed",
+        "{claim}"
+    );
+
     c.apply(&vm_manifest("from-import", "imported", ""))?;
     c.wait_booted("from-import", BOOT)?;
     delete_vm(&c, "from-import")?;
+
+    // CDI's annotated claims (no DataVolume), as kcli makes them: imported into, with
+    // the status annotations it waits on; a VM boots from one. One asking for a source we
+    // do not have fails, naming the annotation.
+    c.apply(&annotated_claim("annotated", &url, "", &sum))?;
+    c.apply(&annotated_claim(
+        "annotated-s3",
+        "s3://bucket/disk",
+        "s3",
+        &sum,
+    ))?;
+    let claim = wait_pod_phase(&c, "annotated", "Succeeded")?;
+    let ann = &claim["metadata"]["annotations"];
+    assert_eq!(
+        ann["cdi.kubevirt.io/storage.condition.running.reason"], "Completed",
+        "{claim}"
+    );
+    assert_eq!(
+        ann["cdi.kubevirt.io/storage.condition.running"], "false",
+        "{claim}"
+    );
+    let bad = wait_pod_phase(&c, "annotated-s3", "Failed")?;
+    let message =
+        bad["metadata"]["annotations"]["cdi.kubevirt.io/storage.condition.running.message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+    assert!(
+        message.starts_with("annotation cdi.kubevirt.io/storage.import.source"),
+        "{bad}"
+    );
+    let events = c.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        "involvedObject.name=annotated-s3",
+    ])?;
+    assert!(events.contains("ErrInvalidSource"), "{events}");
+    c.apply(&vm_manifest("from-annotated", "annotated", "").replace(
+        "dataVolume: {name: annotated}",
+        "persistentVolumeClaim: {claimName: annotated}",
+    ))?;
+    c.wait_booted("from-annotated", BOOT)?;
+    delete_vm(&c, "from-annotated")?;
 
     // Clone the imported volume (size taken from the source).
     c.apply(&dv_manifest(

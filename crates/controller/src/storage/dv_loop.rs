@@ -12,12 +12,12 @@
 //! Transfer failures are retried with exponential backoff; checksum mismatches, refused
 //! images and untrusted TLS certificates fail the DataVolume at once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -37,6 +37,7 @@ use super::datavolume::{self as dvd, SourceKind, Stage};
 use super::dv_work::{self, CloneSource, PrepareCtx, Prepared, RemoteWork, Work, remote_source};
 use super::nodes::{self, Placement};
 use super::pvc::{SELECTED_NODE, quantity_bytes};
+use super::pvc_import;
 use super::resources::{CDI_API_VERSION, Dv, Profile};
 use super::{Dirs, StorageOptions};
 use crate::error::ControllerError;
@@ -75,8 +76,8 @@ struct Job {
     done: tokio::sync::Notify,
 }
 
-struct Ctx {
-    client: kube::Client,
+pub(super) struct Ctx {
+    pub(super) client: kube::Client,
     /// Shared caches: StorageClasses and Nodes are read here, never listed.
     stores: crate::runtime::stores::Stores,
     dirs: Dirs,
@@ -92,7 +93,12 @@ impl Ctx {
         self.jobs.lock().expect("lock").get(uid).cloned()
     }
 
-    fn drop_job(&self, uid: &str) {
+    /// Whether a population job for `uid` exists (running or finished, not yet collected).
+    pub(super) fn has_job(&self, uid: &str) -> bool {
+        self.job(uid).is_some()
+    }
+
+    pub(super) fn drop_job(&self, uid: &str) {
         if let Some(j) = self.jobs.lock().expect("lock").remove(uid)
             && let Some(a) = j.abort.lock().expect("lock").take()
         {
@@ -120,18 +126,31 @@ pub async fn run(
         retry_at: Mutex::new(HashMap::new()),
         reported: Mutex::new(HashSet::new()),
     });
-    crate::runtime::drive(
+    let data_volumes = crate::runtime::drive(
         Controller::new(dvs, watcher::Config::default())
-            .owns(pvcs, watcher::Config::default())
+            .owns(pvcs.clone(), watcher::Config::default())
             .run(
                 reconcile,
                 |_, _, _| Action::requeue(Duration::from_secs(2)),
-                ctx,
+                ctx.clone(),
             ),
         COMPONENT,
         "DataVolume",
-    )
-    .await
+    );
+    // CDI's annotated claims (no DataVolume), populated with the same jobs.
+    let annotated = crate::runtime::drive(
+        Controller::new(pvcs, watcher::Config::default()).run(
+            pvc_import::reconcile,
+            |_, _, _| Action::requeue(Duration::from_secs(2)),
+            ctx,
+        ),
+        COMPONENT,
+        "PersistentVolumeClaim",
+    );
+    tokio::select! {
+        r = data_volumes => r,
+        r = annotated => r,
+    }
 }
 
 fn now() -> Time {
@@ -139,18 +158,58 @@ fn now() -> Time {
 }
 
 /// What one reconcile observed and decided.
-struct Outcome {
-    stage: Stage,
-    restarts: i32,
-    requeue: Action,
+pub(super) struct Outcome {
+    pub(super) stage: Stage,
+    pub(super) restarts: i32,
+    pub(super) requeue: Action,
+    /// Whether the population is a clone.
+    pub(super) clone: bool,
+    /// The claim's annotations as read (None: the claim was not read), to report the stage
+    /// on it as CDI does ([`pvc_import::annotations_for`]).
+    pub(super) claim_annotations: Option<BTreeMap<String, String>>,
 }
 
 impl Outcome {
-    fn new(stage: Stage, restarts: i32, after: Duration) -> Self {
+    pub(super) fn new(stage: Stage, restarts: i32, after: Duration) -> Self {
         Outcome {
             stage,
             restarts,
             requeue: Action::requeue(after),
+            clone: false,
+            claim_annotations: None,
+        }
+    }
+}
+
+/// What a population is for: a DataVolume, or the DataVolume an annotated claim stands for
+/// ([`pvc_import`]); Events go to `reference`.
+pub(super) struct Subject<'a> {
+    pub(super) dv: &'a DataVolume,
+    pub(super) reference: ObjectReference,
+}
+
+impl<'a> Subject<'a> {
+    fn of(dv: &'a DataVolume) -> Self {
+        Subject {
+            dv,
+            reference: object_ref(CDI_API_VERSION, "DataVolume", &dv.metadata),
+        }
+    }
+
+    async fn event(&self, ctx: &Ctx, warning: bool, reason: &str, message: &str) {
+        ctx.recorder
+            .record(&self.reference, warning, reason, message)
+            .await;
+    }
+
+    /// Records an Event once per (subject, reason, message).
+    pub(super) async fn event_once(&self, ctx: &Ctx, warning: bool, reason: &str, message: &str) {
+        let key = (
+            self.dv.metadata.uid.clone().unwrap_or_default(),
+            format!("{reason}/{message}"),
+        );
+        if ctx.reported.lock().expect("lock").insert(key) {
+            self.event(ctx, warning, reason, message).await;
         }
     }
 }
@@ -182,6 +241,12 @@ async fn reconcile(dv: Arc<Dv>, ctx: Arc<Ctx>) -> Result<Action, ControllerError
             return Err(e);
         }
     };
+    // The claim reports the stage too, as CDI's importer does on its claims.
+    if let Some(current) = &out.claim_annotations {
+        let desired = pvc_import::annotations_for(&out.stage, out.restarts, out.clone);
+        let changes = pvc_import::changed(Some(current), &desired);
+        pvc_import::report(&ctx.client, &ns, &name, &changes).await?;
+    }
     let status = dvd::status_for(dv.status.as_ref(), &name, &out.stage, out.restarts, &now());
     if dvd::status_changed(dv.status.as_ref(), &status) {
         let was_bound = dv
@@ -208,26 +273,12 @@ async fn reconcile(dv: Arc<Dv>, ctx: Arc<Ctx>) -> Result<Action, ControllerError
             Err(e) => return Err(e.into()),
         }
         if now_bound && !was_bound {
-            event(&ctx, dv, false, "Bound", &format!("PVC {name} Bound")).await;
+            Subject::of(dv)
+                .event(&ctx, false, "Bound", &format!("PVC {name} Bound"))
+                .await;
         }
     }
     Ok(out.requeue)
-}
-
-async fn event(ctx: &Ctx, dv: &DataVolume, warning: bool, reason: &str, message: &str) {
-    let r = object_ref(CDI_API_VERSION, "DataVolume", &dv.metadata);
-    ctx.recorder.record(&r, warning, reason, message).await;
-}
-
-/// Record an Event once per (DataVolume, reason, message).
-async fn event_once(ctx: &Ctx, dv: &DataVolume, warning: bool, reason: &str, message: &str) {
-    let key = (
-        dv.metadata.uid.clone().unwrap_or_default(),
-        format!("{reason}/{message}"),
-    );
-    if ctx.reported.lock().expect("lock").insert(key) {
-        event(ctx, dv, warning, reason, message).await;
-    }
 }
 
 async fn observe_and_act(
@@ -242,12 +293,15 @@ async fn observe_and_act(
         .as_ref()
         .and_then(|s| s.restart_count)
         .unwrap_or(0);
+    let subject = Subject::of(dv);
     let spec = dv.spec.clone().unwrap_or_default();
     // `sourceRef: {kind: DataSource}` becomes a clone of the PVC the DataSource names.
     let spec = match datasource::resolve_spec(&ctx.client, ns, &spec).await? {
         Ok(s) => s,
         Err(message) => {
-            event_once(ctx, dv, true, "DataSourceNotReady", &message).await;
+            subject
+                .event_once(ctx, true, "DataSourceNotReady", &message)
+                .await;
             let stage = Stage::ClaimPending { message };
             return Ok(Outcome::new(stage, restarts, Duration::from_secs(2)));
         }
@@ -255,7 +309,9 @@ async fn observe_and_act(
     let source = match dvd::source_kind(&spec, ns) {
         Ok(s) => s,
         Err(message) => {
-            event_once(ctx, dv, true, "ErrInvalidSource", &message).await;
+            subject
+                .event_once(ctx, true, "ErrInvalidSource", &message)
+                .await;
             let stage = Stage::Failed {
                 reason: "InvalidSource".into(),
                 message,
@@ -269,7 +325,9 @@ async fn observe_and_act(
         let message = match create_claim(ctx, dv, &spec, &source).await? {
             Ok(()) => format!("PVC {name} Pending"),
             Err(message) => {
-                event_once(ctx, dv, true, "ErrClaimNotValid", &message).await;
+                subject
+                    .event_once(ctx, true, "ErrClaimNotValid", &message)
+                    .await;
                 message
             }
         };
@@ -284,17 +342,40 @@ async fn observe_and_act(
         .any(|o| o.uid == uid);
     if !owned {
         let message = format!("PVC {name} already exists and is not owned by DataVolume {name}");
-        event_once(ctx, dv, true, "ErrResourceExists", &message).await;
+        subject
+            .event_once(ctx, true, "ErrResourceExists", &message)
+            .await;
         let stage = Stage::Failed {
             reason: "ErrResourceExists".into(),
             message,
         };
         return Ok(Outcome::new(stage, restarts, Duration::from_secs(30)));
     }
-    if claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+    let mut out = if claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
         let stage = unbound_stage(ctx, &claim).await?;
-        return Ok(Outcome::new(stage, restarts, Duration::from_secs(1)));
-    }
+        Outcome::new(stage, restarts, Duration::from_secs(1))
+    } else {
+        populate(ctx, &subject, &claim, &source, restarts).await?
+    };
+    out.clone = clone;
+    out.claim_annotations = Some(claim.metadata.annotations.clone().unwrap_or_default());
+    Ok(out)
+}
+
+/// Populates the bound `claim` for `subject` from `source`: starts the transfer, follows
+/// it, retries it with backoff, and says at which stage it is.
+pub(super) async fn populate(
+    ctx: &Arc<Ctx>,
+    subject: &Subject<'_>,
+    claim: &PersistentVolumeClaim,
+    source: &SourceKind,
+    restarts: i32,
+) -> Result<Outcome, ControllerError> {
+    let dv = subject.dv;
+    let uid = dv.metadata.uid.as_deref().unwrap_or_default();
+    let ns = dv.metadata.namespace.as_deref().unwrap_or("default");
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let clone = matches!(source, SourceKind::Pvc { .. });
     // Bound: find the volume's image and size.
     let volume = claim
         .spec
@@ -310,7 +391,7 @@ async fn observe_and_act(
         };
         return Ok(Outcome::new(stage, restarts, Duration::from_secs(5)));
     };
-    if source == SourceKind::Upload {
+    if *source == SourceKind::Upload {
         // The upload endpoint (`upload_api`) populates the volume and sets the final phase.
         return Ok(Outcome::new(
             Stage::UploadReady,
@@ -343,7 +424,7 @@ async fn observe_and_act(
                     ("ImportSucceeded", "imported")
                 };
                 let msg = format!("Successfully {what} into PVC {name}");
-                event(ctx, dv, false, reason, &msg).await;
+                subject.event(ctx, false, reason, &msg).await;
                 Outcome::new(Stage::Succeeded, restarts, Duration::from_secs(300))
             }
             Some(Err(f)) => {
@@ -354,7 +435,7 @@ async fn observe_and_act(
                 } else {
                     "ErrImportFailed"
                 };
-                event(ctx, dv, true, reason, &f.message).await;
+                subject.event(ctx, true, reason, &f.message).await;
                 if f.permanent || restarts as u32 > ctx.opts.max_retries {
                     let stage = Stage::Failed {
                         reason: "Error".into(),
@@ -413,7 +494,7 @@ async fn observe_and_act(
         scratch: &ctx.dirs.scratch,
         allowed: &ctx.opts.import_allowed_cidrs,
     };
-    let work = match dv_work::prepare(&pctx, dv, ns, &source, target, capacity).await? {
+    let work = match dv_work::prepare(&pctx, dv, ns, source, target, capacity).await? {
         Prepared::Ready(w) => w,
         Prepared::Wait(message) => {
             let reason = if clone {
@@ -421,7 +502,7 @@ async fn observe_and_act(
             } else {
                 "SourcePending"
             };
-            event_once(ctx, dv, false, reason, &message).await;
+            subject.event_once(ctx, false, reason, &message).await;
             return Ok(Outcome::new(
                 Stage::Scheduled { clone },
                 restarts,
@@ -429,7 +510,9 @@ async fn observe_and_act(
             ));
         }
         Prepared::Invalid(message) => {
-            event_once(ctx, dv, true, "ErrInvalidSource", &message).await;
+            subject
+                .event_once(ctx, true, "ErrInvalidSource", &message)
+                .await;
             let stage = Stage::Failed {
                 reason: "Error".into(),
                 message,
@@ -445,7 +528,9 @@ async fn observe_and_act(
                 req: Populate { capacity, source },
             })),
             Err(message) => {
-                event_once(ctx, dv, true, "ErrInvalidSource", &message).await;
+                subject
+                    .event_once(ctx, true, "ErrInvalidSource", &message)
+                    .await;
                 let stage = Stage::Failed {
                     reason: "Error".into(),
                     message,
@@ -464,7 +549,9 @@ async fn observe_and_act(
                 "cloning a node-local claim (on node {node}) into a claim of another class is \
                  not supported: clone it into a local-class claim on the same node"
             );
-            event_once(ctx, dv, true, "ErrInvalidSource", &message).await;
+            subject
+                .event_once(ctx, true, "ErrInvalidSource", &message)
+                .await;
             let stage = Stage::Failed {
                 reason: "Error".into(),
                 message,
@@ -479,7 +566,7 @@ async fn observe_and_act(
     } else {
         ("ImportScheduled", format!("Import into {name} scheduled"))
     };
-    event(ctx, dv, false, reason, &msg).await;
+    subject.event(ctx, false, reason, &msg).await;
     Ok(Outcome::new(
         Stage::InProgress {
             clone,
@@ -504,7 +591,10 @@ pub(crate) fn volume_path_and_size(pv: &PersistentVolume) -> Option<(PathBuf, u6
 
 /// The stage of a DataVolume whose claim is not bound; selects a node for
 /// WaitForFirstConsumer claims unless that is honoured.
-async fn unbound_stage(ctx: &Ctx, claim: &PersistentVolumeClaim) -> Result<Stage, ControllerError> {
+pub(super) async fn unbound_stage(
+    ctx: &Ctx,
+    claim: &PersistentVolumeClaim,
+) -> Result<Stage, ControllerError> {
     let name = claim.metadata.name.clone().unwrap_or_default();
     let ns = claim.metadata.namespace.clone().unwrap_or_default();
     let has_node = claim

@@ -21,6 +21,7 @@ pub mod expansion;
 pub mod nodes;
 pub mod protection;
 pub mod pvc;
+pub mod pvc_import;
 pub mod pvc_loop;
 pub mod registry_import;
 pub mod resources;
