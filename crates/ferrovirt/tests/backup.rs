@@ -4,7 +4,8 @@
 //! and a cloud-init Secret writes a marker on its data disk and is stopped; `ferrovirt backup
 //! create --wait` backs it up to the bucket (status: both volumes with bytes read, new and
 //! deduplicated); a second backup uploads nothing new; a Backup with another key fails with
-//! the key check's message and leaves nothing listed; the BackupTarget reports reachable. A
+//! the key check's message and leaves nothing listed; a BackupPlan every 6 s keeping the last 2
+//! makes runs owned by it and prunes older ones from the target; the BackupTarget reports reachable. A
 //! SECOND server (own data dir) given only the bucket, its credentials and the key lists the
 //! backups and restores the VM (`ferrovirt backup restore --start`): it boots there with the
 //! marker on its data disk and its cloud-init Secret's user-data run. Finally one chunk is
@@ -316,6 +317,78 @@ spec: {target: s3, virtualMachines: [bkvm], encryptionKeySecretRef: other-key}
     let b3 = wait_backup(&a, "b3")?;
     assert_eq!(b3["status"]["phase"], "Failed", "{b3}");
     assert!(ready_message(&b3).contains("wrong encryption key"), "{b3}");
+
+    // A BackupPlan every 6 s keeping the last 2: runs are Backups owned by the plan, named
+    // by their scheduled time; older ones are pruned from the target and the cluster.
+    a.apply(
+        r#"
+apiVersion: backup.ferrovirt.io/v1alpha1
+kind: BackupPlan
+metadata: {name: often, namespace: default}
+spec:
+  schedule: "*/6 * * * * *"
+  target: s3
+  virtualMachines: [bkvm]
+  encryptionKeySecretRef: bk-key
+  retention: {keepLast: 2}
+"#,
+    )?;
+    let plan = a.wait_until("plan pruned a run", Duration::from_secs(150), || {
+        let v = a.get_json(&["backupplan", "often", "-n", "default"])?;
+        let pruned = v["status"]["pruned"].as_i64().unwrap_or(0);
+        Ok((pruned >= 1 && v["status"]["lastResult"] == "Succeeded").then_some(v))
+    })?;
+    a.kubectl_ok(&[
+        "patch",
+        "backupplan",
+        "often",
+        "-n",
+        "default",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"paused":true}}"#,
+    ])?;
+    let runs = a.wait_until("the plan's runs settle", STEP, || {
+        let list = a.get_json(&[
+            "backup.backup.ferrovirt.io",
+            "-n",
+            "default",
+            "-l",
+            "backup.ferrovirt.io/plan=often",
+        ])?;
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        let done = items
+            .iter()
+            .all(|b| b["status"]["phase"] == "Succeeded" || b["status"]["phase"] == "Failed");
+        Ok((done && items.len() <= 3).then_some(items))
+    })?;
+    for b in &runs {
+        let name = b["metadata"]["name"].as_str().unwrap_or("");
+        assert!(name.starts_with("often-2"), "{b}");
+        assert_eq!(
+            b["metadata"]["ownerReferences"][0]["kind"], "BackupPlan",
+            "{b}"
+        );
+    }
+    let listed = fv_ok(
+        &a,
+        &["backup", "list", "--target", "s3", "--key-secret", "bk-key"],
+    )?;
+    let on_target: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.contains("default-often-"))
+        .collect();
+    // Kept: the last 2 Succeeded; a run may have started after the pause took effect.
+    assert!(
+        (2..=3).contains(&on_target.len()),
+        "plan {plan}\nruns {runs:?}\ntarget:\n{listed}"
+    );
+    let last = plan["status"]["lastBackup"].as_str().unwrap_or("");
+    assert!(
+        listed.contains(&format!("default-{last}")),
+        "{plan}\n{listed}"
+    );
 
     // The target checker reports the bucket.
     a.wait_until("BackupTarget s3 reachable", STEP, || {

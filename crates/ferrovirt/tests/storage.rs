@@ -804,6 +804,32 @@ spec:
     assert!(out.lines().any(|l| l.trim() == "16384"), "{out}");
     let pvc = c.get_json(&["pvc", "held", "-n", "default"])?;
     assert!(fins(&pvc).contains("kubernetes.io/pvc-protection"), "{pvc}");
+    // A new VMI on the Terminating claim is not scheduled; the reason names the claim.
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: latecomer, namespace: default}
+spec:
+  domain:
+    memory: {guest: 128Mi}
+    devices:
+      disks:
+      - {name: root, disk: {bus: virtio}}
+  volumes:
+  - name: root
+    persistentVolumeClaim: {claimName: held}
+"#,
+    )?;
+    let late = c.wait_until("latecomer unschedulable", Duration::from_secs(30), || {
+        let v = c.get_json(&["vmi", "latecomer", "-n", "default"])?;
+        let text = v["status"]["conditions"].to_string();
+        Ok(text
+            .contains("persistentvolumeclaim \\\"held\\\" is being deleted")
+            .then_some(v))
+    })?;
+    assert!(late["status"]["nodeName"].is_null(), "{late}");
+    c.kubectl_ok(&["delete", "vmi", "latecomer", "-n", "default"])?;
 
     // Stopped, the VM no longer uses it: the claim goes, the volume is Released.
     c.kubectl_ok(&[

@@ -27,6 +27,7 @@ use super::resources::{Vmi, Vmim};
 use super::stores::{Kind, Stores};
 use crate::error::ControllerError;
 use crate::evacuation::{self, Action, Inputs, reasons};
+use crate::runtime::watched::watched_store;
 use crate::vm::template::KUBEVIRT_API_VERSION;
 
 /// Component name on Events (KubeVirt's evacuation controller runs in virt-controller).
@@ -36,22 +37,12 @@ const RESYNC: Duration = Duration::from_secs(2);
 /// Runs the evacuation loop until its watch ends.
 pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerError> {
     let wake = Arc::new(Notify::new());
-    let (vmims, writer) = reflector::store::<Vmim>();
-    let stream = reflector(
-        writer,
-        watcher(Api::<Vmim>::all(client.clone()), watcher::Config::default()).default_backoff(),
-    )
-    .touched_objects();
     let w = wake.clone();
-    let pump = async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
-            if let Err(e) = item {
-                tracing::warn!(error = %e, "evacuation: migration watch error");
-            }
-            w.notify_one();
-        }
-    };
+    let (vmims, pump) = watched_store(
+        Api::<Vmim>::all(client.clone()),
+        "evacuation: migration",
+        move || w.notify_one(),
+    );
     let w = wake.clone();
     let mut changes = stores.changes();
     // Set when a VMI may have changed: only then is every VMI looked at again for one marked

@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::reflector;
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -30,6 +29,7 @@ use super::resources::{Vmi, Vmim};
 use super::stores::{Kind, Stores};
 use crate::error::ControllerError;
 use crate::migration::{self, Chosen, Limits, Now, On, Step, TargetInputs};
+use crate::runtime::watched::watched_store;
 use crate::scheduler::SchedulerOptions;
 use crate::vm::template::KUBEVIRT_API_VERSION;
 
@@ -45,27 +45,15 @@ pub async fn run(
     stores: Stores,
 ) -> Result<(), ControllerError> {
     let wake = Arc::new(Notify::new());
-    let (vmims, writer) = reflector::store::<Vmim>();
-    let stream = reflector(
-        writer,
-        watcher(Api::<Vmim>::all(client.clone()), watcher::Config::default()).default_backoff(),
-    )
-    .touched_objects();
     // Set when a VMI or a migration may have changed: only then can a VMI's migration have
     // become orphaned, so only then is every VMI looked at (a Node status patch is not).
     let orphans_may_change = Arc::new(AtomicBool::new(true));
     let w = wake.clone();
     let flag = orphans_may_change.clone();
-    let pump = async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
-            if let Err(e) = item {
-                tracing::warn!(error = %e, "migration watch error");
-            }
-            flag.store(true, Ordering::Release);
-            w.notify_one();
-        }
-    };
+    let (vmims, pump) = watched_store(Api::<Vmim>::all(client.clone()), "migration", move || {
+        flag.store(true, Ordering::Release);
+        w.notify_one();
+    });
     let w = wake.clone();
     let flag = orphans_may_change.clone();
     let mut changes = stores.changes();
@@ -324,7 +312,7 @@ async fn reconcile(
     // follow the VM. Shared filesystems must be mounted on the target.
     let (affinity, shared) = match (picking, vmi) {
         (true, Some(v)) => {
-            let (_, shared) = super::scheduler_loop::volume_constraints(client, stores, v).await;
+            let (_, shared, _) = super::scheduler_loop::volume_constraints(client, stores, v).await;
             (Vec::new(), shared)
         }
         _ => (Vec::new(), Vec::new()),

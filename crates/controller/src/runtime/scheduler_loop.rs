@@ -154,7 +154,15 @@ pub async fn run(
         let mut binds = Vec::new();
         let mut unschedulable = Vec::new();
         for v in pending {
-            let (affinity, shared_mounts) = volume_constraints(&client, &stores, v).await;
+            let (affinity, shared_mounts, deleting) = volume_constraints(&client, &stores, v).await;
+            // A claim being deleted is never given a new user (as Kubernetes' VolumeBinding
+            // pre-filter): the VMI waits, unschedulable, naming it.
+            if let Some(message) =
+                crate::scheduler::volumes::deleting_claim_message(&deleting, snap.node_count())
+            {
+                unschedulable.push((v, message));
+                continue;
+            }
             match snap.schedule(v, &affinity, &shared_mounts) {
                 Decision::Bind { node } => {
                     snap.assume(v, &node);
@@ -316,8 +324,8 @@ async fn mark_unschedulable_logged(
     }
 }
 
-/// The node affinity of the PVs the VMI's claims are bound to and the claims whose class
-/// keeps volumes on a declared shared filesystem (lookup errors add no constraint and the
+/// The node affinity of the PVs the VMI's claims are bound to, the claims whose class
+/// keeps volumes on a declared shared filesystem, and the claims being deleted (lookup errors add no constraint and the
 /// agent reports a volume it cannot find). Read from the shared caches where a cached copy
 /// cannot be out of date in a way that matters: a claim already bound (its `volumeName`
 /// never changes again), its PV and the classes by name; a claim the cache does not hold or
@@ -330,12 +338,13 @@ pub(crate) async fn volume_constraints(
 ) -> (
     Vec<k8s_openapi::api::core::v1::NodeSelector>,
     Vec<crate::scheduler::volumes::SharedMountNeed>,
+    Vec<String>,
 ) {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
     use k8s_openapi::api::storage::v1::StorageClass;
     let claim_names = crate::storage::pvc_loop::claims_of(vmi);
     if claim_names.is_empty() {
-        return (Vec::new(), Vec::new());
+        return (Vec::new(), Vec::new(), Vec::new());
     }
     let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
     let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
@@ -414,6 +423,7 @@ pub(crate) async fn volume_constraints(
     (
         crate::scheduler::volumes::required_selectors(&claims, &pvs),
         crate::scheduler::volumes::shared_mount_needs(&claims, &pvs, &classes),
+        crate::scheduler::volumes::deleting_claims(&claims),
     )
 }
 

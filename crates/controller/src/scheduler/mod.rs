@@ -385,6 +385,11 @@ pub struct Snapshot<'a> {
 }
 
 impl<'a> Snapshot<'a> {
+    /// How many nodes the snapshot holds.
+    pub fn node_count(&self) -> usize {
+        self.by_name.len()
+    }
+
     /// The snapshot of `nodes` with `vmis` (the bound, unfinished ones count; see [`is_bound`]).
     pub fn new(
         nodes: &'a [Node],

@@ -44,6 +44,25 @@ pub fn fits(selectors_: &[NodeSelector], node: &Node) -> bool {
         .all(|s| selectors::matches_node_selector(s, node))
 }
 
+/// The claims (already looked up) that are being deleted (pvc-protection keeps them
+/// Terminating while they are in use; no new user may start on one).
+pub fn deleting_claims(claims: &[PersistentVolumeClaim]) -> Vec<String> {
+    claims
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_some())
+        .filter_map(|c| c.metadata.name.clone())
+        .collect()
+}
+
+/// The unschedulable message of a VMI using claims that are being deleted (Kubernetes'
+/// words), or None when it uses none.
+pub fn deleting_claim_message(deleting: &[String], num_nodes: usize) -> Option<String> {
+    let first = deleting.first()?;
+    Some(format!(
+        "0/{num_nodes} nodes are available: persistentvolumeclaim \"{first}\" is being deleted."
+    ))
+}
+
 /// A claim of the VMI whose class keeps its volumes on a declared shared filesystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedMountNeed {
@@ -129,6 +148,21 @@ mod tests {
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn claims_being_deleted_keep_a_vmi_unscheduled() {
+        let mut gone: PersistentVolumeClaim = claim("old", Some("pv1"));
+        gone.metadata.deletion_timestamp =
+            serde_json::from_value(json!("2026-12-03T00:00:00Z")).unwrap();
+        let claims = [claim("fine", Some("pv2")), gone];
+        let deleting = deleting_claims(&claims);
+        assert_eq!(deleting, ["old"]);
+        assert_eq!(
+            deleting_claim_message(&deleting, 3).as_deref(),
+            Some("0/3 nodes are available: persistentvolumeclaim \"old\" is being deleted.")
+        );
+        assert_eq!(deleting_claim_message(&[], 3), None);
     }
 
     #[test]

@@ -13,11 +13,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -27,6 +24,7 @@ use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
 use super::resources::Dv;
 use crate::error::ControllerError;
 use crate::runtime::stores::{Kind, Stores};
+use crate::runtime::watched::watched_store;
 
 /// Kubernetes' finalizer on claims in use.
 pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
@@ -196,22 +194,12 @@ const RETRY: Duration = Duration::from_secs(2);
 /// Runs the protection loop until its watches end.
 pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerError> {
     let wake = Arc::new(Notify::new());
-    let (dvs, writer) = reflector::store::<Dv>();
-    let stream = reflector(
-        writer,
-        watcher(Api::<Dv>::all(client.clone()), watcher::Config::default()).default_backoff(),
-    )
-    .touched_objects();
     let w = wake.clone();
-    let pump = async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
-            if let Err(e) = item {
-                tracing::warn!(error = %e, "DataVolume watch of the protection loop failed");
-            }
-            w.notify_one();
-        }
-    };
+    let (dvs, pump) = watched_store(
+        Api::<Dv>::all(client.clone()),
+        "storage protection: DataVolume",
+        move || w.notify_one(),
+    );
     let w = wake.clone();
     let mut changes = stores.changes();
     let follow = async move {
@@ -245,10 +233,21 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
 
 /// One pass over every claim and volume in the caches; false when a patch failed.
 async fn pass(client: &kube::Client, stores: &Stores, dvs: &[Arc<Dv>]) -> bool {
-    let vmis = stores.vmis.state();
-    let in_use = claims_in_use(vmis.iter().map(|v| &v.0), dvs.iter().map(|d| &d.0));
+    let pvcs = stores.pvcs.state();
+    // The VMIs are walked only while some claim is being deleted: a wake-up for a VMI status
+    // change costs a look at the claims, not at every VMI.
+    let deleting = pvcs.iter().any(|p| {
+        p.metadata.deletion_timestamp.is_some()
+            && has(p.metadata.finalizers.as_ref(), PVC_PROTECTION)
+    });
+    let in_use = if deleting {
+        let vmis = stores.vmis.state();
+        claims_in_use(vmis.iter().map(|v| &v.0), dvs.iter().map(|d| &d.0))
+    } else {
+        InUse::default()
+    };
     let mut ok = true;
-    for pvc in stores.pvcs.state() {
+    for pvc in pvcs {
         let step = decide_pvc(&pvc, &in_use);
         let Some(list) = finalizers_after(pvc.metadata.finalizers.as_ref(), PVC_PROTECTION, &step)
         else {
