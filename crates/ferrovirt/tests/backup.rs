@@ -188,21 +188,6 @@ fn boot(c: &Cluster, name: &str) -> anyhow::Result<(String, SerialConsole)> {
     Ok((log, console))
 }
 
-fn stop(c: &Cluster, vm: &str) -> anyhow::Result<()> {
-    c.kubectl_ok(&[
-        "patch",
-        "vm",
-        vm,
-        "-n",
-        "default",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"runStrategy":"Halted"}}"#,
-    ])?;
-    c.wait_gone("vmi", vm, STEP)
-}
-
 /// Waits for Backup `name` to end; its object.
 fn wait_backup(c: &Cluster, name: &str) -> anyhow::Result<serde_json::Value> {
     c.wait_until(&format!("backup {name} finished"), STEP, || {
@@ -242,7 +227,7 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     )?;
     anyhow::ensure!(rc == 0, "writing the marker: {out}");
     drop(console);
-    stop(&a, "bkvm")?;
+    a.halt_vm("bkvm", STEP)?;
 
     // The first backup: both claims read and written, figures in the status.
     let out = fv_ok(

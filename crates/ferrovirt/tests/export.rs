@@ -146,21 +146,6 @@ fn raw_url(e: &Value, volume: &str) -> String {
         .to_string()
 }
 
-fn set_run_strategy(c: &Cluster, vm: &str, strategy: &str) -> anyhow::Result<()> {
-    c.kubectl_ok(&[
-        "patch",
-        "vm",
-        vm,
-        "-n",
-        "default",
-        "--type",
-        "merge",
-        "-p",
-        &format!(r#"{{"spec":{{"runStrategy":"{strategy}"}}}}"#),
-    ])?;
-    Ok(())
-}
-
 const VM: &str = r#"
 apiVersion: kubevirt.io/v1
 kind: VirtualMachine
@@ -206,8 +191,7 @@ spec:
 
     // Stopped: an export of the VM is Ready, with raw and gzip links for the claim (a running
     // VM's export goes through a snapshot: the second test).
-    set_run_strategy(&a, "expvm", "Halted")?;
-    a.wait_gone("vmi", "expvm", STEP)?;
+    a.halt_vm("expvm", STEP)?;
     fv_ok(&a, &["vmexport", "create", "ex1", "--vm", "expvm"])?;
     let e = wait_phase(&a, "ex1", "default", "Ready")?;
     assert_eq!(e["status"]["tokenSecretRef"], "export-token-ex1", "{e}");
@@ -464,7 +448,7 @@ spec:
             .join("disk.img"),
     )?;
     assert_eq!(imported, want, "the second server's volume");
-    set_run_strategy(&b, "expvm", "Always")?;
+    b.set_run_strategy("expvm", "Always")?;
     b.wait_booted("expvm", BOOT)?;
 
     // The snapshot export's TTL ends it: deleted, its URL no longer served.

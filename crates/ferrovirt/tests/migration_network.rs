@@ -15,7 +15,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferrovirt_testkit::console::SerialConsole;
-use ferrovirt_testkit::netns::{Netns, token, veth};
+use ferrovirt_testkit::netns::{Netns, NodePair, pod_network_args};
 use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
 use serde_json::Value;
 
@@ -177,26 +177,16 @@ fn uptime(console: &SerialConsole) -> anyhow::Result<f64> {
 fn a_tcp_connection_to_the_guest_survives_its_live_migration() -> anyhow::Result<()> {
     let started = Instant::now();
     TestGuest::get()?;
-    let t = token();
-    let node_a = Netns::new(&format!("fvma-{t}"))?;
-    let node_b = Netns::new(&format!("fvmb-{t}"))?;
-    veth(
-        (&node_a, "under0", Some(&format!("{A_IP}/24"))),
-        (&node_b, "under0", Some(&format!("{B_IP}/24"))),
-    )?;
+    let NodePair {
+        a: node_a,
+        b: node_b,
+    } = NodePair::new("fvm", A_IP, B_IP)?;
     let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
     opts.node_name = Some("node1".into());
-    opts.extra_args = [
-        "--pod-network",
-        "--node-netns",
-        node_a.name(),
-        "--node-ip",
-        A_IP,
-        "--pod-cidr",
-        A_CIDR,
-    ]
-    .map(String::from)
-    .to_vec();
+    opts.extra_args = pod_network_args(&node_a, A_IP, Some(A_CIDR))
+        .into_iter()
+        .map(String::from)
+        .collect();
     let mut c = Cluster::start(&opts)?;
     // The VMI first, while node1 is the only node (a nodeSelector would bind the migration
     // too): it starts there.
@@ -210,18 +200,7 @@ fn a_tcp_connection_to_the_guest_survives_its_live_migration() -> anyhow::Result
         let v = c.get_json(&["vmi", "tcp"])?;
         Ok((v["status"]["nodeName"] == "node1").then_some(()))
     })?;
-    c.start_agent_with(
-        "node2",
-        &[
-            "--pod-network",
-            "--node-netns",
-            node_b.name(),
-            "--node-ip",
-            B_IP,
-            "--pod-cidr",
-            B_CIDR,
-        ],
-    )?;
+    c.start_agent_with("node2", &pod_network_args(&node_b, B_IP, Some(B_CIDR)))?;
     // Both overlays route to the other node's subnet.
     c.wait_until("the overlay routes", Duration::from_secs(60), || {
         let a = node_a

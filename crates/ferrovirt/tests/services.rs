@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::netns::{Netns, token, veth};
+use ferrovirt_testkit::netns::{Netns, NodePair, pod_network_args};
 use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest};
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -72,39 +72,20 @@ fn slice_addresses(c: &Cluster) -> anyhow::Result<Vec<String>> {
 fn node_port_and_cluster_ip_reach_vms_and_follow_their_state() -> anyhow::Result<()> {
     let started = Instant::now();
     TestGuest::get()?;
-    let t = token();
-    let node_a = Netns::new(&format!("fvsa-{t}"))?;
-    let node_b = Netns::new(&format!("fvsb-{t}"))?;
-    veth(
-        (&node_a, "under0", Some(&format!("{A_IP}/24"))),
-        (&node_b, "under0", Some(&format!("{B_IP}/24"))),
-    )?;
+    let NodePair {
+        a: node_a,
+        b: node_b,
+    } = NodePair::new("fvs", A_IP, B_IP)?;
     let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
     opts.node_name = Some("node-a".into());
-    opts.extra_args = [
-        "--pod-network",
-        "--node-netns",
-        node_a.name(),
-        "--node-ip",
-        A_IP,
-    ]
-    .map(String::from)
-    .to_vec();
+    opts.extra_args = pod_network_args(&node_a, A_IP, None)
+        .into_iter()
+        .map(String::from)
+        .collect();
     let mut c = Cluster::start(&opts)?;
-    c.start_agent_with(
-        "node-b",
-        &[
-            "--pod-network",
-            "--node-netns",
-            node_b.name(),
-            "--node-ip",
-            B_IP,
-            "--pod-cidr",
-            B_CIDR,
-            "--endpoint-listen",
-            "0.0.0.0:0",
-        ],
-    )?;
+    let mut b_args = pod_network_args(&node_b, B_IP, Some(B_CIDR));
+    b_args.extend(["--endpoint-listen", "0.0.0.0:0"]);
+    c.start_agent_with("node-b", &b_args)?;
     for (name, node, app) in [
         ("web1", "node-a", "web"),
         ("web2", "node-b", "web"),
@@ -247,15 +228,7 @@ fn node_port_and_cluster_ip_reach_vms_and_follow_their_state() -> anyhow::Result
     })?;
 
     // Stopping web2 removes it from the slice; the traffic goes to web1 only.
-    c.kubectl_ok(&[
-        "patch",
-        "vm",
-        "web2",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"runStrategy":"Halted"}}"#,
-    ])?;
+    c.set_run_strategy("web2", "Halted")?;
     c.wait_until("web2 gone from the EndpointSlice", BOOT, || {
         let got = slice_addresses(&c)?;
         Ok((got == vec![ips[0].clone()]).then_some(()))

@@ -100,27 +100,8 @@ fn read_marker(console: &SerialConsole, sector: u32, len: usize) -> anyhow::Resu
     Ok(out.replace('\0', "").trim().to_string())
 }
 
-fn set_run_strategy(c: &Cluster, vm: &str, strategy: &str) -> anyhow::Result<()> {
-    c.kubectl_ok(&[
-        "patch",
-        "vm",
-        vm,
-        "-n",
-        "default",
-        "--type",
-        "merge",
-        "-p",
-        &format!(r#"{{"spec":{{"runStrategy":"{strategy}"}}}}"#),
-    ])?;
-    Ok(())
-}
-
 fn stop(c: &Cluster, vm: &str) -> anyhow::Result<()> {
-    set_run_strategy(c, vm, "Halted")?;
-    c.wait_until(&format!("VMI {vm} gone"), STEP, || {
-        let out = c.kubectl(&["get", "vmi", vm, "-n", "default"])?;
-        Ok((!out.status.success()).then_some(()))
-    })
+    c.halt_vm(vm, STEP)
 }
 
 /// Waits until `kind/name` reports `field` true (`status.readyToUse` / `status.complete`),
@@ -238,7 +219,7 @@ spec:
     );
 
     // A second marker after the snapshot.
-    set_run_strategy(&c, "snapvm", "Always")?;
+    c.set_run_strategy("snapvm", "Always")?;
     let (_, console) = boot(&c, "snapvm")?;
     assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
     write_marker(&console, SECOND, 2048)?;
@@ -273,7 +254,7 @@ spec:
     }
     let vm = c.get_json(&["vm", "snapvm", "-n", "default"])?;
     assert!(vm["status"]["restoreInProgress"].is_null(), "{vm}");
-    set_run_strategy(&c, "snapvm", "Always")?;
+    c.set_run_strategy("snapvm", "Always")?;
     let (uid1, console) = boot(&c, "snapvm")?;
     assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
     let second = read_marker(&console, 2048, SECOND.len())?;
@@ -294,7 +275,7 @@ spec:
 "#,
     )?;
     wait_done(&c, "vmrestore", "restore-new", "complete")?;
-    set_run_strategy(&c, "snapvm-copy", "Always")?;
+    c.set_run_strategy("snapvm-copy", "Always")?;
     let (uid2, copy_console) = boot(&c, "snapvm-copy")?;
     assert_eq!(read_marker(&copy_console, 0, FIRST.len())?, FIRST);
     let (mac1, mac2) = (vmi_mac(&c, "snapvm")?, vmi_mac(&c, "snapvm-copy")?);

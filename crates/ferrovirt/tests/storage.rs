@@ -832,18 +832,7 @@ spec:
     c.kubectl_ok(&["delete", "vmi", "latecomer", "-n", "default"])?;
 
     // Stopped, the VM no longer uses it: the claim goes, the volume is Released.
-    c.kubectl_ok(&[
-        "patch",
-        "vm",
-        "holder",
-        "-n",
-        "default",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"runStrategy":"Halted"}}"#,
-    ])?;
-    c.wait_gone("vmi", "holder", BOOT)?;
+    c.halt_vm("holder", BOOT)?;
     c.wait_gone("pvc", "held", Duration::from_secs(30))?;
     let pv = c.wait_until("volume released", Duration::from_secs(30), || {
         let pv = c.get_json(&["pv", "pv-held"])?;

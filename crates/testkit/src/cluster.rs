@@ -430,6 +430,21 @@ impl Cluster {
         Ok(uid)
     }
 
+    /// Sets the `spec.runStrategy` of VirtualMachine `vm` in `default`.
+    pub fn set_run_strategy(&self, vm: &str, strategy: &str) -> anyhow::Result<()> {
+        let patch = format!(r#"{{"spec":{{"runStrategy":"{strategy}"}}}}"#);
+        self.kubectl_ok(&[
+            "patch", "vm", vm, "-n", "default", "--type", "merge", "-p", &patch,
+        ])?;
+        Ok(())
+    }
+
+    /// Halts VirtualMachine `vm` in `default` and waits until its VMI is gone.
+    pub fn halt_vm(&self, vm: &str, timeout: Duration) -> anyhow::Result<()> {
+        self.set_run_strategy(vm, "Halted")?;
+        self.wait_gone("vmi", vm, timeout)
+    }
+
     /// Waits until `kubectl get KIND NAME -n default` finds nothing.
     pub fn wait_gone(&self, kind: &str, name: &str, timeout: Duration) -> anyhow::Result<()> {
         self.wait_until(&format!("{kind} {name} gone"), timeout, || {

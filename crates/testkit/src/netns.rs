@@ -127,3 +127,46 @@ pub fn netns_list() -> Vec<String> {
 pub fn token() -> String {
     format!("{:05}", std::process::id() % 100_000)
 }
+
+/// Two "node" namespaces joined by a veth `under0` (A at `a_ip`/24, B at `b_ip`/24): the
+/// machines of a two-node pod-network test (the server's embedded agent in A, a second agent
+/// in B; see [`pod_network_args`]). Destructure it to keep the namespaces.
+#[derive(Debug)]
+pub struct NodePair {
+    pub a: Netns,
+    pub b: Netns,
+}
+
+impl NodePair {
+    /// Namespaces `<prefix>a-<token>` and `<prefix>b-<token>`, joined.
+    pub fn new(prefix: &str, a_ip: &str, b_ip: &str) -> anyhow::Result<NodePair> {
+        let t = token();
+        let a = Netns::new(&format!("{prefix}a-{t}"))?;
+        let b = Netns::new(&format!("{prefix}b-{t}"))?;
+        veth(
+            (&a, "under0", Some(&format!("{a_ip}/24"))),
+            (&b, "under0", Some(&format!("{b_ip}/24"))),
+        )?;
+        Ok(NodePair { a, b })
+    }
+}
+
+/// The server or agent arguments of a pod-network node living in `netns` with address `ip`
+/// (and its pod subnet, when the test chooses it).
+pub fn pod_network_args<'a>(
+    netns: &'a Netns,
+    ip: &'a str,
+    pod_cidr: Option<&'a str>,
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "--pod-network",
+        "--node-netns",
+        netns.name(),
+        "--node-ip",
+        ip,
+    ];
+    if let Some(cidr) = pod_cidr {
+        args.extend(["--pod-cidr", cidr]);
+    }
+    args
+}

@@ -19,10 +19,12 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 use ferrovirt_api::cdi::DataVolume;
+use ferrovirt_api::kubevirt::export::{VirtualMachineExport, phase as export_phase};
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
 
 use super::resources::Dv;
 use crate::error::ControllerError;
+use crate::export::resources::VmExport;
 use crate::runtime::stores::{Kind, Stores};
 use crate::runtime::watched::watched_store;
 
@@ -58,6 +60,37 @@ impl InUse {
 
     fn add(&mut self, ns: &str, claim: String, user: impl FnOnce() -> String) {
         self.0.entry((ns.to_string(), claim)).or_insert_with(user);
+    }
+
+    /// Adds the claims that Ready VirtualMachineExports serve (pure): an export's download
+    /// links read them until it is deleted or its TTL ends, as KubeVirt's export server pod
+    /// holds them mounted.
+    pub fn with_exports<'a>(
+        mut self,
+        exports: impl IntoIterator<Item = &'a VirtualMachineExport>,
+    ) -> Self {
+        for e in exports {
+            let status = e.status.as_ref();
+            if e.metadata.deletion_timestamp.is_some()
+                || status.and_then(|s| s.phase.as_deref()) != Some(export_phase::READY)
+            {
+                continue;
+            }
+            let ns = e.metadata.namespace.as_deref().unwrap_or("default");
+            let name = e.metadata.name.as_deref().unwrap_or("");
+            let links = status.and_then(|s| s.links.as_ref());
+            let served = links
+                .into_iter()
+                .flat_map(|l| [l.internal.as_ref(), l.external.as_ref()])
+                .flatten()
+                .flat_map(|l| l.volumes.iter().flatten());
+            for v in served {
+                self.add(ns, v.name.clone(), || {
+                    format!("VirtualMachineExport {name:?}")
+                });
+            }
+        }
+        self
     }
 }
 
@@ -201,6 +234,12 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
         move || w.notify_one(),
     );
     let w = wake.clone();
+    let (exports, export_pump) = watched_store(
+        Api::<VmExport>::all(client.clone()),
+        "storage protection: VirtualMachineExport",
+        move || w.notify_one(),
+    );
+    let w = wake.clone();
     let mut changes = stores.changes();
     let follow = async move {
         let kinds = [
@@ -214,9 +253,10 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     };
     let work = async {
         let _ = dvs.wait_until_ready().await;
+        let _ = exports.wait_until_ready().await;
         stores.ready().await;
         loop {
-            let all_ok = pass(&client, &stores, &dvs.state()).await;
+            let all_ok = pass(&client, &stores, &dvs.state(), &exports.state()).await;
             if all_ok {
                 wake.notified().await;
             } else {
@@ -226,13 +266,19 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     };
     tokio::select! {
         _ = pump => Err(ControllerError::TaskStopped { name: "storage-protection", reason: "DataVolume watch ended".into() }),
+        _ = export_pump => Err(ControllerError::TaskStopped { name: "storage-protection", reason: "VirtualMachineExport watch ended".into() }),
         _ = follow => Err(ControllerError::TaskStopped { name: "storage-protection", reason: "caches ended".into() }),
         _ = work => Ok(()),
     }
 }
 
 /// One pass over every claim and volume in the caches; false when a patch failed.
-async fn pass(client: &kube::Client, stores: &Stores, dvs: &[Arc<Dv>]) -> bool {
+async fn pass(
+    client: &kube::Client,
+    stores: &Stores,
+    dvs: &[Arc<Dv>],
+    exports: &[Arc<VmExport>],
+) -> bool {
     let pvcs = stores.pvcs.state();
     // The VMIs are walked only while some claim is being deleted: a wake-up for a VMI status
     // change costs a look at the claims, not at every VMI.
@@ -243,6 +289,7 @@ async fn pass(client: &kube::Client, stores: &Stores, dvs: &[Arc<Dv>]) -> bool {
     let in_use = if deleting {
         let vmis = stores.vmis.state();
         claims_in_use(vmis.iter().map(|v| &v.0), dvs.iter().map(|d| &d.0))
+            .with_exports(exports.iter().map(|e| &e.0))
     } else {
         InUse::default()
     };
@@ -327,6 +374,35 @@ mod tests {
             "status": {"phase": phase},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn ready_exports_hold_the_claims_they_serve() {
+        let export = |phase: &str, deleting: bool| -> VirtualMachineExport {
+            serde_json::from_value(json!({
+                "metadata": {"name": "ex", "namespace": "ns",
+                             "deletionTimestamp": deleting.then_some("2026-12-03T00:00:00Z")},
+                "spec": {"source": {"kind": "VirtualMachine", "name": "vm"}},
+                "status": {"phase": phase, "links": {"internal": {"cert": "",
+                    "volumes": [{"name": "disk"}]}}},
+            }))
+            .unwrap()
+        };
+        let deleted = pvc("disk", true, &[PVC_PROTECTION]);
+        let ready = export("Ready", false);
+        let used = claims_in_use([], []).with_exports([&ready]);
+        assert_eq!(
+            decide_pvc(&deleted, &used),
+            Step::Keep("VirtualMachineExport \"ex\"".into())
+        );
+        for e in [
+            export("Pending", false),
+            export("Terminated", false),
+            export("Ready", true),
+        ] {
+            let used = claims_in_use([], []).with_exports([&e]);
+            assert_eq!(decide_pvc(&deleted, &used), Step::Remove);
+        }
     }
 
     #[test]
