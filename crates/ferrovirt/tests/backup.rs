@@ -2,8 +2,9 @@
 //! server (moto, `moto_server` from PyPI `moto[server]`, installed by scripts/install-deps.sh,
 //! started here on loopback) and TCG guests. A VM with an imported root disk, a blank data disk
 //! and a cloud-init Secret writes a marker on its data disk and is stopped; `ferrovirt backup
-//! create --wait` backs it up to the bucket (status: both volumes with bytes read, new and
-//! deduplicated); a second backup uploads nothing new; a Backup with another key fails with
+//! create --wait` backs it up to the bucket (status: both volumes with bytes read and
+//! deduplicated); before that, a backup of the VM while it runs goes through an online snapshot
+//! (deleted afterwards) and is the one restored below; a second backup uploads nothing new; a Backup with another key fails with
 //! the key check's message and leaves nothing listed; a BackupPlan every 6 s keeping the last 2
 //! makes runs owned by it and prunes older ones from the target; the BackupTarget reports reachable. A
 //! SECOND server (own data dir) given only the bucket, its credentials and the key lists the
@@ -227,6 +228,41 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     )?;
     anyhow::ensure!(rc == 0, "writing the marker: {out}");
     drop(console);
+
+    // The running VM: read through an online snapshot the backup takes and then deletes.
+    let out = fv_ok(
+        &a,
+        &[
+            "backup",
+            "create",
+            "b0",
+            "--target",
+            "s3",
+            "--vm",
+            "bkvm",
+            "--key-secret",
+            "bk-key",
+            "--wait",
+        ],
+    )?;
+    assert!(out.contains("Succeeded"), "{out}");
+    let b0 = wait_backup(&a, "b0")?;
+    assert_eq!(b0["status"]["phase"], "Succeeded", "{b0}");
+    assert!(b0["status"]["bytesNew"].as_i64().unwrap_or(0) > 0, "{b0}");
+    assert_eq!(
+        b0["status"]["volumes"].as_array().map(Vec::len),
+        Some(2),
+        "{b0}"
+    );
+    a.wait_until("the backup's online snapshot deleted", STEP, || {
+        let l = a.get_json(&["virtualmachinesnapshot", "-n", "default"])?;
+        Ok(l["items"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+            .then_some(()))
+    })?;
+    let vmi = a.get_json(&["vmi", "bkvm", "-n", "default"])?;
+    assert_eq!(vmi["status"]["phase"], "Running", "{vmi}");
     a.halt_vm("bkvm", STEP)?;
 
     // The first backup: both claims read and written, figures in the status.
@@ -260,7 +296,11 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     let size: i64 = vols.iter().filter_map(|v| v["sizeBytes"].as_i64()).sum();
     assert_eq!(read, size, "{b1}");
     assert!(size >= 80 << 20, "{b1}");
-    assert!(b1["status"]["bytesNew"].as_i64().unwrap_or(0) > 0, "{b1}");
+    // b0 uploaded these very bytes while the VM ran: b1 deduplicates against it.
+    assert!(
+        b1["status"]["bytesDeduplicated"].as_i64().unwrap_or(0) > 0,
+        "{b1}"
+    );
 
     // The same VM again: nothing new is uploaded.
     fv_ok(
@@ -392,7 +432,7 @@ spec:
         &["backup", "list", "--target", "s3", "--key-secret", "bk-key"],
     )?;
     assert!(
-        list.contains("default-b1") && list.contains("default-b2"),
+        list.contains("default-b0") && list.contains("default-b1") && list.contains("default-b2"),
         "{list}"
     );
     assert!(!list.contains("default-b3"), "{list}");
@@ -401,7 +441,7 @@ spec:
         &[
             "backup",
             "restore",
-            "default-b1",
+            "default-b0",
             "--target",
             "s3",
             "--key-secret",

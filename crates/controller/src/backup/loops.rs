@@ -28,12 +28,15 @@ use ferrovirt_backup::repo::Create;
 use ferrovirt_backup::{Repository, Stats, Target};
 use ferrovirt_storage::export::ByteStream;
 
+use super::online;
 use super::plan;
 use super::resources::{self, BackupRun};
 use crate::error::ControllerError;
 use crate::runtime::events::{EventRecorder, object_ref};
 use crate::runtime::resources::{Vm, Vmi};
 use crate::storage::nodes::{self, Placement};
+use ferrovirt_api::kubevirt::vmi::VmiPhase;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 /// How often a running backup writes its progress, and targets are checked.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -138,10 +141,22 @@ async fn reconcile(obj: Arc<BackupRun>, ctx: Arc<Ctx>) -> Result<Action, Control
         "Backup",
         &b.metadata,
     );
+    let owner = OwnerReference {
+        api_version: format!(
+            "{}/{}",
+            ferrovirt_api::backup::GROUP,
+            ferrovirt_api::backup::VERSION
+        ),
+        kind: "Backup".into(),
+        name: name.clone(),
+        uid: uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
     let task_ctx = ctx.clone();
     tokio::spawn(async move {
         let t0 = std::time::Instant::now();
-        let result = carry_out(&task_ctx, &ns, &name, &spec, &backup_name).await;
+        let result = carry_out(&task_ctx, &ns, &name, &spec, &backup_name, &owner).await;
         let secs = t0.elapsed().as_secs_f64();
         let (status, warning, reason, msg) = match result {
             Ok(mut st) => {
@@ -223,6 +238,8 @@ struct Source {
     vm: String,
     claim: String,
     pv: PersistentVolume,
+    /// The online snapshot's layer to read (a running VM), else the live volume.
+    handle: Option<String>,
 }
 
 async fn get_json<K>(api: &Api<K>, name: &str) -> Result<Option<Value>, String>
@@ -237,10 +254,15 @@ where
 }
 
 /// Everything but the bytes: the VMs (stopped), their claims and PVs, the referenced objects.
+/// What the backup reads and writes: the VMs, the objects they reference, the claims' bytes.
+/// A running VM's claims are read through an online snapshot taken here (owned by `owner`);
+/// their names are pushed onto `snapshots` for the caller to delete.
 async fn collect(
     client: &kube::Client,
     ns: &str,
     spec: &BackupSpec,
+    owner: &OwnerReference,
+    snapshots: &mut Vec<String>,
 ) -> Result<(Vec<Value>, Vec<Value>, Vec<Source>), String> {
     let vms: Api<Vm> = Api::namespaced(client.clone(), ns);
     let vmis: Api<Vmi> = Api::namespaced(client.clone(), ns);
@@ -262,22 +284,29 @@ async fn collect(
         let vm = get_json(&vms, name)
             .await?
             .ok_or_else(|| format!("VirtualMachine {ns}/{name} ({field}) not found"))?;
-        if let Some(vmi) = vmis.get_opt(name).await.map_err(|e| e.to_string())? {
-            let ph = vmi
-                .0
-                .status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .map(|p| format!("{p:?}"))
-                .unwrap_or_default();
-            if ph != "Succeeded" && ph != "Failed" {
-                return Err(format!(
-                    "VirtualMachine {ns}/{name} ({field}) is running: backups of running VMs \
-                     (through an online snapshot) are not done yet; stop it first"
-                ));
-            }
-        }
+        let running = vmis
+            .get_opt(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .is_some_and(|vmi| {
+                !matches!(
+                    vmi.0.status.as_ref().and_then(|s| s.phase),
+                    Some(VmiPhase::Succeeded | VmiPhase::Failed)
+                )
+            });
         let refs = plan::references(&vm);
+        // A running VM is read through its online snapshot, never while it writes.
+        let frozen = if running && !refs.claims.is_empty() {
+            let snap = online::backup_snapshot(ns, &owner.name, owner, name);
+            snapshots.push(snap.metadata.name.clone().unwrap_or_default());
+            Some(
+                online::take(client, ns, snap)
+                    .await
+                    .map_err(|e| format!("VirtualMachine {ns}/{name} ({field}) is running: {e}"))?,
+            )
+        } else {
+            None
+        };
         for claim in &refs.claims {
             let pvc = pvcs
                 .get_opt(claim)
@@ -302,10 +331,19 @@ async fn collect(
                 s.remove("volumeName");
             }
             objects.push(plan::strip(pvc_doc));
+            let (pv, handle) = match &frozen {
+                Some(f) => f.get(claim).cloned().ok_or_else(|| {
+                    format!(
+                        "claim {ns}/{claim} of VirtualMachine {name} is not in its online snapshot"
+                    )
+                })?,
+                None => (pv, None),
+            };
             sources.push(Source {
                 vm: name.clone(),
                 claim: claim.clone(),
                 pv,
+                handle,
             });
         }
         for dv in &refs.data_volumes {
@@ -331,7 +369,11 @@ async fn collect(
 }
 
 /// Opens a claim's bytes where they are (as VirtualMachineExport does).
-async fn open_volume(ctx: &Ctx, pv: &PersistentVolume) -> Result<(u64, ByteStream), String> {
+async fn open_volume(
+    ctx: &Ctx,
+    pv: &PersistentVolume,
+    handle: Option<&str>,
+) -> Result<(u64, ByteStream), String> {
     match nodes::placement(pv) {
         Placement::Node { node, volume } => {
             let token = ctx
@@ -346,7 +388,7 @@ async fn open_volume(ctx: &Ctx, pv: &PersistentVolume) -> Result<(u64, ByteStrea
             let storage = ferrovirt_agent::nodestore::client::NodeStorage::of(&n, token)
                 .map_err(|e| e.to_string())?;
             let resp = storage
-                .read_export(&volume, None)
+                .read_export(&volume, handle)
                 .await
                 .map_err(|e| e.to_string())?;
             let size = resp
@@ -360,7 +402,7 @@ async fn open_volume(ctx: &Ctx, pv: &PersistentVolume) -> Result<(u64, ByteStrea
             Ok((size, Box::pin(stream)))
         }
         Placement::Path(dir) => {
-            let r = ferrovirt_storage::export::open(&dir, None)
+            let r = ferrovirt_storage::export::open(&dir, handle)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok((r.size, r.stream))
@@ -376,6 +418,7 @@ async fn carry_out(
     name: &str,
     spec: &BackupSpec,
     backup_name: &str,
+    owner: &OwnerReference,
 ) -> Result<Value, String> {
     let target = resolve_target(&ctx.client, &spec.target).await?;
     let key = read_key(
@@ -385,63 +428,72 @@ async fn carry_out(
         "spec.encryptionKeySecretRef",
     )
     .await?;
-    let (vms, objects, sources) = collect(&ctx.client, ns, spec).await?;
-    let repo = Repository::open(&target, &key, Create::IfMissing)
-        .await
-        .map_err(|e| format!("target {}: {e}", spec.target))?;
-    let mut writer = repo.begin(backup_name).await.map_err(|e| e.to_string())?;
-    let mut opened = Vec::new();
-    for s in &sources {
-        let (size, stream) = open_volume(ctx, &s.pv)
+    let mut snapshots = Vec::new();
+    let result = async {
+        let (vms, objects, sources) = collect(&ctx.client, ns, spec, owner, &mut snapshots).await?;
+        let repo = Repository::open(&target, &key, Create::IfMissing)
             .await
-            .map_err(|e| format!("reading claim {ns}/{}: {e}", s.claim))?;
-        opened.push((s, size, stream));
-    }
-    let total: u64 = opened.iter().map(|(_, size, _)| size).sum();
-    let mut done = 0u64;
-    let mut volumes = Vec::new();
-    let mut sum = Stats::default();
-    for (s, _, stream) in opened {
-        let disk = plan::disk_name(&s.vm, &s.claim);
-        let reader = tokio_util::io::StreamReader::new(stream);
-        let seen = Arc::new(Mutex::new(0u64));
-        let seen2 = seen.clone();
-        let progress = move |st: &Stats| {
-            #[allow(clippy::unwrap_used)]
-            {
-                *seen2.lock().unwrap() = st.bytes_read;
-            }
-        };
-        let write = writer.write_disk(&disk, reader, &progress);
-        tokio::pin!(write);
-        let mut tick = tokio::time::interval(PROGRESS_EVERY);
-        let entry = loop {
-            tokio::select! {
-                r = &mut write => break r,
-                _ = tick.tick() => {
-                    #[allow(clippy::unwrap_used)]
-                    let now_read = done + *seen.lock().unwrap();
-                    let _ = patch_status(ctx, ns, name,
-                        json!({"progress": plan::percent(now_read, total)})).await;
+            .map_err(|e| format!("target {}: {e}", spec.target))?;
+        let mut writer = repo.begin(backup_name).await.map_err(|e| e.to_string())?;
+        let mut opened = Vec::new();
+        for s in &sources {
+            let (size, stream) = open_volume(ctx, &s.pv, s.handle.as_deref())
+                .await
+                .map_err(|e| format!("reading claim {ns}/{}: {e}", s.claim))?;
+            opened.push((s, size, stream));
+        }
+        let total: u64 = opened.iter().map(|(_, size, _)| size).sum();
+        let mut done = 0u64;
+        let mut volumes = Vec::new();
+        let mut sum = Stats::default();
+        for (s, _, stream) in opened {
+            let disk = plan::disk_name(&s.vm, &s.claim);
+            let reader = tokio_util::io::StreamReader::new(stream);
+            let seen = Arc::new(Mutex::new(0u64));
+            let seen2 = seen.clone();
+            let progress = move |st: &Stats| {
+                #[allow(clippy::unwrap_used)]
+                {
+                    *seen2.lock().unwrap() = st.bytes_read;
+                }
+            };
+            let write = writer.write_disk(&disk, reader, &progress);
+            tokio::pin!(write);
+            let mut tick = tokio::time::interval(PROGRESS_EVERY);
+            let entry = loop {
+                tokio::select! {
+                    r = &mut write => break r,
+                    _ = tick.tick() => {
+                        #[allow(clippy::unwrap_used)]
+                        let now_read = done + *seen.lock().unwrap();
+                        let _ = patch_status(ctx, ns, name,
+                            json!({"progress": plan::percent(now_read, total)})).await;
+                    }
                 }
             }
+            .map_err(|e| format!("writing claim {ns}/{} to the target: {e}", s.claim))?;
+            done += entry.stats.bytes_read;
+            sum.add(&entry.stats);
+            volumes.push(plan::volume_status(&s.vm, &s.claim, &entry));
         }
-        .map_err(|e| format!("writing claim {ns}/{} to the target: {e}", s.claim))?;
-        done += entry.stats.bytes_read;
-        sum.add(&entry.stats);
-        volumes.push(plan::volume_status(&s.vm, &s.claim, &entry));
+        writer
+            .commit(&now(), vms, objects)
+            .await
+            .map_err(|e| format!("writing the manifest and catalog: {e}"))?;
+        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Ok(json!({
+            "volumes": volumes,
+            "bytesRead": i(sum.bytes_read),
+            "bytesNew": i(sum.bytes_new),
+            "bytesDeduplicated": i(sum.bytes_deduplicated),
+        }))
     }
-    writer
-        .commit(&now(), vms, objects)
-        .await
-        .map_err(|e| format!("writing the manifest and catalog: {e}"))?;
-    let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    Ok(json!({
-        "volumes": volumes,
-        "bytesRead": i(sum.bytes_read),
-        "bytesNew": i(sum.bytes_new),
-        "bytesDeduplicated": i(sum.bytes_deduplicated),
-    }))
+    .await;
+    // The online snapshots were read (or the backup failed): they go now.
+    for s in &snapshots {
+        online::delete(&ctx.client, ns, s).await;
+    }
+    result
 }
 
 /// How long until a target last checked at `last` is due again (`None`: now). A check's own

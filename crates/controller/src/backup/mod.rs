@@ -6,13 +6,15 @@
 //!   are stripped, progress and status figures;
 //! - [`resources`]: `kube::Resource` wrappers of the group's kinds;
 //! - [`loops`]: the Backup controller (a stopped VM's claims read where they are — through
-//!   the node agent for `local` volumes, on this machine for shared ones — and written to the
+//!   the node agent for `local` volumes, on this machine for shared ones —, a running VM's
+//!   through an online snapshot ([`online`]), and written to the
 //!   target; status with per-volume figures) and the BackupTarget checker (reachable, bytes
 //!   stored, last check);
 //! - [`runs`] (pure) and [`plans`]: the BackupPlan controller (scheduled runs as Backups owned
 //!   by the plan, last result, GFS retention pruning the target, then garbage collection).
 
 pub mod loops;
+pub mod online;
 pub mod plan;
 pub mod plans;
 pub mod resources;

@@ -132,7 +132,7 @@ pub async fn resolve(
 
 /// The volumes of VirtualMachineSnapshot `name`: each volume backup of its content under the
 /// captured claim's name, read from the snapshot's frozen layer; the VM as captured.
-async fn snapshot_source(
+pub(crate) async fn snapshot_source(
     client: &kube::Client,
     ns: &str,
     name: &str,
