@@ -6,11 +6,13 @@
 //! deduplicated); before that, a backup of the VM while it runs goes through an online snapshot
 //! (deleted afterwards) and is the one restored below; a second backup uploads nothing new; a Backup with another key fails with
 //! the key check's message and leaves nothing listed; a BackupPlan every 6 s keeping the last 2
-//! makes runs owned by it and prunes older ones from the target; the BackupTarget reports reachable. A
+//! makes runs owned by it and prunes older ones from the target; the server killed in the middle
+//! of a backup runs it again to the end after its restart (listed once, verified, kept by a
+//! garbage collection); the BackupTarget reports reachable. A
 //! SECOND server (own data dir) given only the bucket, its credentials and the key lists the
 //! backups and restores the VM (`ferrovirt backup restore --start`): it boots there with the
 //! marker on its data disk and its cloud-init Secret's user-data run. Finally one chunk is
-//! altered in the bucket and `ferrovirt backup verify` names it.
+//! altered in the bucket and `ferrovirt backup verify` (of every backup) names it.
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -213,7 +215,7 @@ fn ready_message(v: &serde_json::Value) -> String {
 fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     let guest = TestGuest::get()?;
     let (_moto, port) = start_moto()?;
-    let a = Cluster::start(&ClusterOptions::new(BIN))?;
+    let mut a = Cluster::start(&ClusterOptions::new(BIN))?;
     let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
     a.apply(&target_yaml(port, KEY))?;
     a.apply(&vm_yaml(&url))?;
@@ -415,6 +417,8 @@ spec:
         "{plan}\n{listed}"
     );
 
+    killed_mid_backup(&mut a)?;
+
     // The target checker reports the bucket.
     a.wait_until("BackupTarget s3 reachable", STEP, || {
         let t = a.get_json(&["backuptarget", "s3"])?;
@@ -469,7 +473,8 @@ spec:
     );
     drop(console);
 
-    // One chunk altered in the bucket: verify names it and fails.
+    // One chunk altered in the bucket (every chunk left is referenced: the gc above ran
+    // with no grace): verify of every backup names it and fails.
     let rt = tokio::runtime::Runtime::new()?;
     let victim = rt.block_on(alter_one_chunk(port))?;
     let o = fv(
@@ -477,7 +482,6 @@ spec:
         &[
             "backup",
             "verify",
-            "default-b1",
             "--target",
             "s3",
             "--key-secret",
@@ -498,6 +502,117 @@ spec:
         "verify did not name {victim}: {}",
         text(&o)
     );
+    Ok(())
+}
+
+/// The server killed in the middle of a backup (a 384 MiB volume of random bytes, read
+/// for several seconds): restarted, it runs the Backup again to the end; the target lists it
+/// once, `verify` re-reads every chunk, and a garbage collection keeps every referenced one.
+fn killed_mid_backup(a: &mut Cluster) -> anyhow::Result<()> {
+    a.apply(
+        r#"
+apiVersion: cdi.kubevirt.io/v1beta1
+kind: DataVolume
+metadata: {name: big, namespace: default}
+spec:
+  source: {blank: {}}
+  storage: {storageClassName: shared, resources: {requests: {storage: 384Mi}}}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: bigvm, namespace: default}
+spec:
+  runStrategy: Halted
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        devices:
+          disks:
+          - {name: big, disk: {bus: virtio}}
+      volumes:
+      - {name: big, dataVolume: {name: big}}
+"#,
+    )?;
+    a.wait_until("DataVolume big Succeeded", STEP, || {
+        let v = a.get_json(&["dv", "big", "-n", "default"])?;
+        Ok((v["status"]["phase"] == "Succeeded").then_some(()))
+    })?;
+    let pvc = a.get_json(&["pvc", "big", "-n", "default"])?;
+    let pv = a.get_json(&["pv", pvc["spec"]["volumeName"].as_str().unwrap_or("")])?;
+    let dir = pv["spec"]["hostPath"]["path"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let filled = Command::new("dd")
+        .args([
+            "if=/dev/urandom",
+            &format!("of={dir}/disk.img"),
+            "bs=4M",
+            "count=96",
+            "conv=notrunc,fsync",
+            "status=none",
+        ])
+        .status()?;
+    anyhow::ensure!(filled.success(), "filling {dir}/disk.img");
+    a.apply(
+        r#"
+apiVersion: backup.ferrovirt.io/v1alpha1
+kind: Backup
+metadata: {name: bkill, namespace: default}
+spec: {target: s3, virtualMachines: [bigvm], encryptionKeySecretRef: bk-key}
+"#,
+    )?;
+    a.wait_until("backup bkill running", STEP, || {
+        let v = a.get_json(&["backup.backup.ferrovirt.io", "bkill", "-n", "default"])?;
+        Ok((v["status"]["phase"] == "Running").then_some(()))
+    })?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let v = a.get_json(&["backup.backup.ferrovirt.io", "bkill", "-n", "default"])?;
+    anyhow::ensure!(
+        v["status"]["phase"] == "Running",
+        "the backup ended before the kill (make the volume larger): {v}"
+    );
+    a.kill_server()?;
+    a.restart_server()?;
+    let v = wait_backup(a, "bkill")?;
+    assert_eq!(v["status"]["phase"], "Succeeded", "{v}");
+    let listed = fv_ok(
+        a,
+        &["backup", "list", "--target", "s3", "--key-secret", "bk-key"],
+    )?;
+    assert_eq!(
+        listed
+            .lines()
+            .filter(|l| l.contains("default-bkill"))
+            .count(),
+        1,
+        "{listed}"
+    );
+    let verify = [
+        "backup",
+        "verify",
+        "default-bkill",
+        "--target",
+        "s3",
+        "--key-secret",
+        "bk-key",
+    ];
+    fv_ok(a, &verify)?;
+    fv_ok(
+        a,
+        &[
+            "backup",
+            "gc",
+            "--target",
+            "s3",
+            "--key-secret",
+            "bk-key",
+            "--grace-seconds",
+            "0",
+        ],
+    )?;
+    fv_ok(a, &verify)?;
     Ok(())
 }
 
