@@ -517,6 +517,15 @@ pub(super) async fn update_object(
             }
         }
         run_admission(def, Operation::Update, &mut merged, Some(&old))?;
+        crate::auth::check_rbac_write(
+            &ctx.sh,
+            ctx.user.as_deref(),
+            def,
+            ctx.ns(),
+            name,
+            &merged,
+            Some(&old),
+        )?;
         meta_mut(&mut merged).insert("resourceVersion".into(), Value::String(rev.to_string()));
         if merged == old || opts.dry_run {
             return Ok((merged, warnings));
@@ -580,6 +589,15 @@ pub(super) async fn create_handler(ctx: &Ctx, body: Body) -> Result<Response, Ap
     let opts = WriteOpts::from_ctx(ctx)?;
     let bytes = read_body(&ctx.headers, body, ctx.sh.max_body, ctx.sh.body_timeout).await?;
     let obj = parse_object(&bytes, &content_type(&ctx.headers))?;
+    crate::auth::check_rbac_write(
+        &ctx.sh,
+        ctx.user.as_deref(),
+        &ctx.def,
+        ctx.ns(),
+        "",
+        &obj,
+        None,
+    )?;
     let (obj, warnings) = create(&ctx.sh, &ctx.def, ctx.ns(), obj, opts).await?;
     Ok(respond(ctx, StatusCode::CREATED, obj, &warnings))
 }
@@ -666,6 +684,15 @@ async fn apply_handler(
             }
             _ => {}
         }
+        crate::auth::check_rbac_write(
+            &ctx.sh,
+            ctx.user.as_deref(),
+            &ctx.def,
+            ctx.ns(),
+            name,
+            &applied,
+            None,
+        )?;
         match create(&ctx.sh, &ctx.def, ctx.ns(), applied.clone(), opts).await {
             Ok((obj, warnings)) => return Ok(respond(ctx, StatusCode::CREATED, obj, &warnings)),
             Err(e) if e.code == 409 && e.reason == "AlreadyExists" => {}
