@@ -44,6 +44,7 @@ mod openapi_pb;
 pub mod patch;
 mod printers;
 mod proto;
+mod quota;
 mod resources;
 mod routing;
 mod schema;

@@ -281,6 +281,7 @@ impl Server {
             },
         ));
         tasks.spawn(gc::run(shared.clone(), opts.gc_interval));
+        tasks.spawn(crate::quota::run(shared.clone()));
         tasks.spawn(
             shared
                 .auth

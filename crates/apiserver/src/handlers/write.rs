@@ -163,6 +163,7 @@ fn run_admission(
     obj: &mut Value,
     old: Option<&Value>,
 ) -> Result<(), ApiError> {
+    crate::quota::validate(def, obj)?;
     admission::admit(def, op, obj, old)
         .map_err(|inv| ApiError::from_invalid(def, name_of(obj), inv))
 }
@@ -287,10 +288,22 @@ pub(crate) async fn create(
         } else {
             Vec::new()
         };
+        let charges = match ns {
+            Some(ns) if def.namespaced => crate::quota::charge(sh, def, ns, &o).await,
+            _ => Ok(Vec::new()),
+        };
+        let charges = match charges {
+            Ok(c) => c,
+            Err(e) => {
+                super::services::release_keys(sh, &o, &reserved).await;
+                return Err(e);
+            }
+        };
         let stored = to_storage(def, o.clone());
         let created = sh.store.create(&key, encode(&stored)).await;
         if created.is_err() {
             super::services::release_keys(sh, &o, &reserved).await;
+            crate::quota::refund(sh, charges).await;
         }
         match created {
             Ok(kv) => {
