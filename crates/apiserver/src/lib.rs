@@ -27,6 +27,7 @@
 //! needs an identity (the admin token, a ServiceAccount token or a client certificate of
 //! `DATA_DIR/tls/client-ca.crt`) and RBAC's permission ([`auth`]).
 
+pub mod audit;
 pub mod auth;
 mod body;
 mod crd;

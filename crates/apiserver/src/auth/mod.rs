@@ -181,10 +181,16 @@ pub(crate) async fn check(sh: &Shared, mut req: Request, next: Next) -> Response
     let a = attrs::of_request(req.method(), req.uri().path(), req.uri().query());
     if !rbac::authorize(&sh.auth.policy.get(), &user, &a).allowed() {
         tracing::debug!(user = %user.name, verb = %a.verb, resource = %a.resource, ns = %a.namespace, "forbidden");
-        return forbidden(&user, &a).into_response();
+        let mut resp = forbidden(&user, &a).into_response();
+        resp.extensions_mut().insert(Arc::new(user));
+        return resp;
     }
-    req.extensions_mut().insert(Arc::new(user));
-    next.run(req).await
+    let user = Arc::new(user);
+    req.extensions_mut().insert(user.clone());
+    let mut resp = next.run(req).await;
+    // For the audit log.
+    resp.extensions_mut().insert(user);
+    resp
 }
 
 /// Kubernetes' user impersonation (`kubectl --as=U --as-group=G`): the `Impersonate-User`,
