@@ -390,6 +390,15 @@ fn core_resources() -> Vec<ResourceDef> {
             .short(&["ev"])
             .cols(event_cols()),
         core(
+            "ResourceQuota",
+            "ResourceQuotaList",
+            "resourcequotas",
+            "resourcequota",
+        )
+        .short(&["quota"])
+        .status()
+        .cols(vec![age()]),
+        core(
             "ServiceAccount",
             "ServiceAccountList",
             "serviceaccounts",

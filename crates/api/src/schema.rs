@@ -112,6 +112,7 @@ fn generate(def: &ResourceDef) -> Value {
         ("", "ConfigMap") => schema_of::<core::v1::ConfigMap>(),
         ("", "Event") => schema_of::<core::v1::Event>(),
         ("", "ServiceAccount") => schema_of::<core::v1::ServiceAccount>(),
+        ("", "ResourceQuota") => schema_of::<core::v1::ResourceQuota>(),
         ("", "Pod") => schema_of::<core::v1::Pod>(),
         ("rbac.authorization.k8s.io", "Role") => schema_of::<rbac::v1::Role>(),
         ("rbac.authorization.k8s.io", "ClusterRole") => schema_of::<rbac::v1::ClusterRole>(),

@@ -27,6 +27,7 @@
 //! needs an identity (the admin token, a ServiceAccount token or a client certificate of
 //! `DATA_DIR/tls/client-ca.crt`) and RBAC's permission ([`auth`]).
 
+pub mod audit;
 pub mod auth;
 mod body;
 mod crd;
@@ -44,6 +45,7 @@ mod openapi_pb;
 pub mod patch;
 mod printers;
 mod proto;
+mod quota;
 mod resources;
 mod routing;
 mod schema;

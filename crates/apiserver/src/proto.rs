@@ -28,6 +28,8 @@ enum Ty {
     MapStr,
     /// map<string, bytes>: values become base64 strings (JSON form of `[]byte`)
     MapBytes,
+    /// map<string, resource.Quantity {string=1}>: values become quantity strings
+    MapQuantity,
     /// intstr.IntOrString {type=1, intVal=2, strVal=3} → a JSON number or string
     IntOrStr,
 }
@@ -122,6 +124,19 @@ const POLICY_RULE: &[F] = &[
     F(3, "resources", Ty::Str, true),
     F(4, "resourceNames", Ty::Str, true),
     F(5, "nonResourceURLs", Ty::Str, true),
+];
+
+const RESOURCE_QUOTA: &[F] = &[
+    META,
+    F(
+        2,
+        "spec",
+        Ty::Msg(&[
+            F(1, "hard", Ty::MapQuantity, false),
+            F(2, "scopes", Ty::Str, true),
+        ]),
+        false,
+    ),
 ];
 
 const ROLE: &[F] = &[META, F(2, "rules", Ty::Msg(POLICY_RULE), true)];
@@ -300,6 +315,7 @@ fn schema_for(api_version: &str, kind: &str) -> Option<&'static [F]> {
         ("v1", "Secret") => SECRET,
         ("v1", "Namespace") => NAMESPACE,
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
+        ("v1", "ResourceQuota") => RESOURCE_QUOTA,
         ("rbac.authorization.k8s.io/v1", "Role") => ROLE,
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => CLUSTER_ROLE,
         ("v1", "Service") => SERVICE,
@@ -409,6 +425,22 @@ fn map_entry(b: &[u8], bytes_value: bool) -> Result<(String, Value), ProtoError>
     Ok((k, v))
 }
 
+/// A map entry {1: key, 2: resource.Quantity {1: string}}.
+fn quantity_entry(b: &[u8]) -> Result<(String, Value), ProtoError> {
+    let mut r = Reader::new(b);
+    let (mut k, mut v) = (String::new(), Value::String(String::new()));
+    while let Some((num, w)) = r.next()? {
+        match (num, w) {
+            (1, Wire::Bytes(s)) => k = utf8(s)?,
+            (2, Wire::Bytes(s)) => {
+                v = message(s, &[F(1, "string", Ty::Str, false)])?["string"].clone();
+            }
+            _ => {}
+        }
+    }
+    Ok((k, v))
+}
+
 fn time(b: &[u8]) -> Result<Value, ProtoError> {
     let mut r = Reader::new(b);
     let mut secs = 0i64;
@@ -457,8 +489,11 @@ fn message(b: &[u8], fields: &[F]) -> Result<Value, ProtoError> {
             (Ty::Time, Wire::Bytes(s)) => time(s)?,
             (Ty::Msg(sub), Wire::Bytes(s)) => message(s, sub)?,
             (Ty::IntOrStr, Wire::Bytes(s)) => int_or_string(s)?,
-            (Ty::MapStr | Ty::MapBytes, Wire::Bytes(s)) => {
-                let (k, v) = map_entry(s, matches!(ty, Ty::MapBytes))?;
+            (Ty::MapStr | Ty::MapBytes | Ty::MapQuantity, Wire::Bytes(s)) => {
+                let (k, v) = match ty {
+                    Ty::MapQuantity => quantity_entry(s)?,
+                    _ => map_entry(s, matches!(ty, Ty::MapBytes))?,
+                };
                 let m = out.entry(name).or_insert_with(|| json!({}));
                 if let Some(m) = m.as_object_mut() {
                     m.insert(k, v);

@@ -63,6 +63,8 @@ pub struct ServerOptions {
     pub public_routes: Option<Router>,
     /// The range Service ClusterIPs are allocated from (`--service-cidr`).
     pub service_cidr: ferrovirt_api::service::ServiceCidr,
+    /// Where the audit log is appended (`--audit-log-path`; None: no audit log) and its level.
+    pub audit_log: Option<(PathBuf, crate::audit::Level)>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -95,6 +97,7 @@ impl Default for ServerOptions {
             extra_routes: None,
             extra_groups: Vec::new(),
             public_routes: None,
+            audit_log: None,
             service_cidr: ferrovirt_api::service::DEFAULT_SERVICE_CIDR
                 .parse()
                 .expect("the default service CIDR parses"),
@@ -108,6 +111,8 @@ pub(crate) struct Shared {
     pub resources: Resources,
     /// Authentication keys and the RBAC policy ([`crate::auth`]).
     pub auth: crate::auth::Auth,
+    /// The audit log, when one is kept.
+    pub audit: Option<crate::audit::AuditLog>,
     pub max_body: usize,
     pub body_timeout: Duration,
     pub bookmark_interval: Duration,
@@ -181,7 +186,10 @@ async fn open_store(opts: &ServerOptions) -> Result<Arc<dyn Store>, ServerError>
 async fn authenticate(State(sh): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let (method, uri) = (req.method().clone(), req.uri().clone());
     let started = std::time::Instant::now();
-    let resp = crate::auth::check(&sh, req, next).await;
+    let resp = match &sh.audit {
+        Some(log) => crate::audit::around(&sh, log, req, next).await,
+        None => crate::auth::check(&sh, req, next).await,
+    };
     tracing::debug!(
         %method,
         %uri,
@@ -236,6 +244,17 @@ impl Server {
                 tokens: token_keys,
             },
             service_cidr: opts.service_cidr,
+            audit: match &opts.audit_log {
+                Some((path, level)) => {
+                    Some(crate::audit::AuditLog::open(path, *level).map_err(|e| {
+                        ServerError::Config(format!(
+                            "opening the audit log {}: {e}",
+                            path.display()
+                        ))
+                    })?)
+                }
+                None => None,
+            },
             max_body: opts.max_body_bytes,
             body_timeout: opts.body_timeout,
             bookmark_interval: opts.bookmark_interval,
@@ -281,6 +300,7 @@ impl Server {
             },
         ));
         tasks.spawn(gc::run(shared.clone(), opts.gc_interval));
+        tasks.spawn(crate::quota::run(shared.clone()));
         tasks.spawn(
             shared
                 .auth

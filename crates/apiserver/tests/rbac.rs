@@ -489,3 +489,233 @@ async fn service_accounts_roles_and_client_certificates() -> Result<()> {
     t.shutdown().await;
     Ok(())
 }
+
+/// The privilege-escalation attack (docs/security.md): a user who may edit VMs and create
+/// Roles and RoleBindings in namespace a tries to bind himself `admin` and `cluster-admin`
+/// and to make a Role with `*`: refused with Kubernetes' message; a Role with rules he
+/// holds is fine; once granted `bind` on `admin` (by name), he may bind that one only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_writes_cannot_escalate() -> Result<()> {
+    common::require_kubectl();
+    let t = common::start().await?;
+    t.kubectl_ok(&["create", "namespace", "a"]).await?;
+    t.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "vm-editor",
+        "--verb=get,list,watch,create,update,patch,delete",
+        "--resource=virtualmachines.kubevirt.io",
+    ])
+    .await?;
+    t.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "rbac-writer",
+        "--verb=get,list,create,update,patch",
+        "--resource=roles.rbac.authorization.k8s.io,rolebindings.rbac.authorization.k8s.io",
+    ])
+    .await?;
+    for role in ["vm-editor", "rbac-writer"] {
+        t.kubectl_ok(&[
+            "-n",
+            "a",
+            "create",
+            "rolebinding",
+            &format!("mallory-{role}"),
+            &format!("--clusterrole={role}"),
+            "--user=mallory",
+        ])
+        .await?;
+    }
+    let kc = ferrovirt_apiserver::client_kubeconfig(t.dir.path(), "mallory", &["dev".into()], 1)?;
+    let mallory = t.dir.path().join("mallory.yaml");
+    std::fs::write(&mallory, kc)?;
+    eventually("mallory's bindings", || async {
+        can_i(
+            &t,
+            &mallory,
+            &[
+                "create",
+                "rolebindings.rbac.authorization.k8s.io",
+                "-n",
+                "a",
+            ],
+        )
+        .await
+    })
+    .await?;
+
+    let refused = |args: Vec<String>| {
+        let (t, mallory) = (&t, &mallory);
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = kubectl_as(t, mallory, &args, None).await?;
+            let (_, stderr) = text(&out);
+            anyhow::ensure!(!out.status.success(), "{args:?} was allowed");
+            Ok::<String, anyhow::Error>(stderr)
+        }
+    };
+    let bind = |name: &str, role: &str| -> Vec<String> {
+        [
+            "-n",
+            "a",
+            "create",
+            "rolebinding",
+            name,
+            role,
+            "--user=mallory",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let stderr = refused(bind("m-admin", "--clusterrole=admin")).await?;
+    assert!(
+        stderr.contains(
+            "rolebindings.rbac.authorization.k8s.io \"m-admin\" is forbidden: user \"mallory\" (groups=[\"dev\" \"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("{APIGroups:[\"\"], Resources:[\"secrets\"], Verbs:[\"create\""),
+        "{stderr}"
+    );
+    let stderr = refused(bind("m-root", "--clusterrole=cluster-admin")).await?;
+    assert!(
+        stderr.contains("{APIGroups:[\"*\"], Resources:[\"*\"], Verbs:[\"*\"]}")
+            && stderr.contains("{NonResourceURLs:[\"*\"], Verbs:[\"*\"]}"),
+        "{stderr}"
+    );
+    let star: Vec<String> = [
+        "-n",
+        "a",
+        "create",
+        "role",
+        "star",
+        "--verb=*",
+        "--resource=*.*",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let stderr = refused(star.clone()).await?;
+    assert!(
+        stderr.contains("roles.rbac.authorization.k8s.io \"star\" is forbidden: user \"mallory\"")
+            && stderr.contains("{APIGroups:[\"*\"], Resources:[\"*\"], Verbs:[\"*\"]}"),
+        "{stderr}"
+    );
+    // Nothing was written.
+    assert!(
+        !t.kubectl(&["-n", "a", "get", "rolebinding", "m-admin"])
+            .await?
+            .status
+            .success()
+    );
+    assert!(
+        !t.kubectl(&["-n", "a", "get", "role", "star"])
+            .await?
+            .status
+            .success()
+    );
+    // A Role with rules he holds, and a binding to it: allowed.
+    let out = kubectl_as(
+        &t,
+        &mallory,
+        &[
+            "-n",
+            "a",
+            "create",
+            "role",
+            "vm-reader",
+            "--verb=get,list",
+            "--resource=virtualmachines.kubevirt.io",
+        ],
+        None,
+    )
+    .await?;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = kubectl_as(
+        &t,
+        &mallory,
+        &[
+            "-n",
+            "a",
+            "create",
+            "rolebinding",
+            "friend-reader",
+            "--role=vm-reader",
+            "--user=friend",
+        ],
+        None,
+    )
+    .await?;
+    assert!(out.status.success(), "{:?}", text(&out));
+    // Widening that Role by an update is refused too.
+    let out = kubectl_as(
+        &t,
+        &mallory,
+        &[
+            "-n",
+            "a",
+            "patch",
+            "role",
+            "vm-reader",
+            "--type=json",
+            "-p",
+            r#"[{"op":"add","path":"/rules/-","value":{"apiGroups":[""],"resources":["secrets"],"verbs":["get"]}}]"#,
+        ],
+        None,
+    )
+    .await?;
+    let (_, stderr) = text(&out);
+    assert!(
+        !out.status.success()
+            && stderr.contains("{APIGroups:[\"\"], Resources:[\"secrets\"], Verbs:[\"get\"]}"),
+        "{stderr}"
+    );
+
+    // `bind` on exactly the admin ClusterRole, in a.
+    t.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "bind-admin",
+        "--verb=bind",
+        "--resource=clusterroles.rbac.authorization.k8s.io",
+        "--resource-name=admin",
+    ])
+    .await?;
+    t.kubectl_ok(&[
+        "-n",
+        "a",
+        "create",
+        "rolebinding",
+        "mallory-bind-admin",
+        "--clusterrole=bind-admin",
+        "--user=mallory",
+    ])
+    .await?;
+    eventually("mallory's bind grant", || async {
+        Ok(kubectl_as(
+            &t,
+            &mallory,
+            &[
+                "-n",
+                "a",
+                "create",
+                "rolebinding",
+                "m-admin",
+                "--clusterrole=admin",
+                "--user=mallory",
+            ],
+            None,
+        )
+        .await?
+        .status
+        .success())
+    })
+    .await?;
+    refused(bind("m-root", "--clusterrole=cluster-admin")).await?;
+    refused(star).await?;
+    t.shutdown().await;
+    Ok(())
+}

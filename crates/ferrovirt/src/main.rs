@@ -82,6 +82,14 @@ struct ServerArgs {
     /// The range Service ClusterIPs are allocated from; must not overlap `--cluster-cidr`.
     #[arg(long, default_value = ferrovirt_api::service::DEFAULT_SERVICE_CIDR)]
     service_cidr: ferrovirt_api::service::ServiceCidr,
+    /// Append an audit log (Kubernetes' audit.k8s.io/v1 Events, one JSON line per request) to
+    /// this file (created 0600).
+    #[arg(long)]
+    audit_log_path: Option<PathBuf>,
+    /// What the audit log records: `Metadata` (who, what, when, the code) or `Request` (also
+    /// JSON request bodies; never a Secret's).
+    #[arg(long, default_value = "Metadata")]
+    audit_level: ferrovirt_apiserver::audit::Level,
     #[command(flatten)]
     pod: node::PodNetArgs,
     #[command(flatten)]
@@ -265,6 +273,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let opts = ferrovirt_apiserver::ServerOptions {
         public_routes: Some(exports),
         service_cidr: args.service_cidr,
+        audit_log: args.audit_log_path.clone().map(|p| (p, args.audit_level)),
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),

@@ -9,6 +9,7 @@ pub mod attrs;
 pub mod cache;
 pub mod certs;
 pub mod defaults;
+pub mod escalation;
 pub mod rbac;
 mod reviews;
 pub mod tokens;
@@ -104,6 +105,51 @@ pub fn forbidden(user: &UserInfo, a: &Attributes) -> ApiError {
     }
 }
 
+/// Refuses an RBAC write that would grant what its requester does not hold
+/// ([`escalation`]): 403 with Kubernetes' message, 404 for a binding to a missing role.
+/// `url_name` is the name in the request path (empty for a create); `old` the stored object
+/// of an update. Writes of other kinds pass.
+pub(crate) fn check_rbac_write(
+    sh: &Shared,
+    user: Option<&UserInfo>,
+    def: &ferrovirt_api::registry::ResourceDef,
+    ns: Option<&str>,
+    url_name: &str,
+    obj: &Value,
+    old: Option<&Value>,
+) -> Result<(), ApiError> {
+    if def.group != escalation::RBAC_GROUP {
+        return Ok(());
+    }
+    // Every request through the router is authenticated first; fail closed otherwise.
+    let user = user.ok_or_else(|| ApiError::forbidden("forbidden: no user on the request"))?;
+    let policy = sh.auth.policy.get();
+    let ns = ns.unwrap_or_default();
+    let refusal = match escalation::check_write(&policy, user, def.plural, ns, url_name, obj, old) {
+        Ok(()) => return Ok(()),
+        Err(r) => r,
+    };
+    let name = crate::objects::name_of(obj);
+    let message = refusal.message(user);
+    let qualified = format!("{}.{}", def.plural, def.group);
+    let details = json!({"name": name, "group": def.group, "kind": def.plural});
+    if let escalation::Refusal::RoleNotFound { resource, name } = &refusal {
+        return Err(ApiError {
+            details: Some(json!({"name": name, "group": def.group, "kind": resource})),
+            ..ApiError::new(404, "NotFound", message)
+        });
+    }
+    let message = if name.is_empty() {
+        format!("{qualified} is forbidden: {message}")
+    } else {
+        format!("{qualified} {name:?} is forbidden: {message}")
+    };
+    Err(ApiError {
+        details: Some(details),
+        ..ApiError::forbidden(message)
+    })
+}
+
 /// The authentication and authorization layer: health checks pass; an unidentified request
 /// is answered 401 (and its connection closed); a request RBAC does not allow, 403. An
 /// allowed request carries its [`UserInfo`] as an extension.
@@ -135,10 +181,16 @@ pub(crate) async fn check(sh: &Shared, mut req: Request, next: Next) -> Response
     let a = attrs::of_request(req.method(), req.uri().path(), req.uri().query());
     if !rbac::authorize(&sh.auth.policy.get(), &user, &a).allowed() {
         tracing::debug!(user = %user.name, verb = %a.verb, resource = %a.resource, ns = %a.namespace, "forbidden");
-        return forbidden(&user, &a).into_response();
+        let mut resp = forbidden(&user, &a).into_response();
+        resp.extensions_mut().insert(Arc::new(user));
+        return resp;
     }
-    req.extensions_mut().insert(Arc::new(user));
-    next.run(req).await
+    let user = Arc::new(user);
+    req.extensions_mut().insert(user.clone());
+    let mut resp = next.run(req).await;
+    // For the audit log.
+    resp.extensions_mut().insert(user);
+    resp
 }
 
 /// Kubernetes' user impersonation (`kubectl --as=U --as-group=G`): the `Impersonate-User`,

@@ -68,6 +68,10 @@ struct Grant {
 #[derive(Debug, Clone, Default)]
 pub struct Policy {
     by_subject: HashMap<String, Vec<Grant>>,
+    /// Every ClusterRole's rules, aggregation applied (for binding checks).
+    cluster_rules: HashMap<String, Arc<[PolicyRule]>>,
+    /// Every Role's rules by (namespace, name).
+    role_rules: HashMap<(String, String), Arc<[PolicyRule]>>,
 }
 
 /// Whether a metav1 LabelSelector (JSON form) selects `labels`; an empty one selects all,
@@ -252,7 +256,29 @@ impl Policy {
             };
             add(b.subjects.as_deref().unwrap_or_default(), Some(&ns), grant);
         }
-        Policy { by_subject }
+        Policy {
+            by_subject,
+            cluster_rules,
+            role_rules,
+        }
+    }
+
+    /// The rules a binding's `roleRef` grants: a ClusterRole's (aggregated) rules, or the
+    /// rules of the Role of that name in `namespace`; None when no such role exists.
+    pub fn role_ref_rules(
+        &self,
+        kind: &str,
+        name: &str,
+        namespace: &str,
+    ) -> Option<Arc<[PolicyRule]>> {
+        match kind {
+            "ClusterRole" => self.cluster_rules.get(name).cloned(),
+            "Role" => self
+                .role_rules
+                .get(&(namespace.to_string(), name.to_string()))
+                .cloned(),
+            _ => None,
+        }
     }
 
     /// Builds the index from JSON objects (as stored).

@@ -2,7 +2,9 @@
 //! stored: authentication.k8s.io/v1 SelfSubjectReview, authorization.k8s.io/v1
 //! SelfSubjectAccessReview and SubjectAccessReview (its caller needs `create` on
 //! `subjectaccessreviews`, checked like any request), and the ServiceAccount TokenRequest
-//! subresource ([`super::tokens`]).
+//! subresource ([`super::tokens`]). A resource of group "" written `plural.group` is read as
+//! that group's resource ([`qualified_resource`]): kubectl's `auth can-i` sends it so for a
+//! group whose discovery lists only subresources (`subresources.kubevirt.io`).
 
 use std::sync::Arc;
 
@@ -71,15 +73,31 @@ async fn self_subject_review(Extension(user): Extension<Arc<UserInfo>>) -> Respo
     )
 }
 
+/// `(group, resource)` of a review: a resource named `plural.group` with an empty group is
+/// that group's plural. kubectl's `auth can-i` sends the argument so when discovery lists no
+/// such resource, as for `subresources.kubevirt.io` (whose discovery lists only
+/// `virtualmachineinstances/console` and the like): `kubectl auth can-i get
+/// virtualmachineinstances.subresources.kubevirt.io --subresource=console`. A plural never
+/// contains a dot, so no real resource is read otherwise.
+pub fn qualified_resource(group: &str, resource: &str) -> (String, String) {
+    match resource.split_once('.') {
+        Some((plural, g)) if group.is_empty() && !plural.is_empty() && !g.is_empty() => {
+            (g.to_string(), plural.to_string())
+        }
+        _ => (group.to_string(), resource.to_string()),
+    }
+}
+
 /// The attributes a review's spec asks about; a spec naming neither kind is refused.
 fn spec_attributes(spec: &Value) -> Result<Attributes, ApiError> {
     let s = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
     if let Some(r) = spec.get("resourceAttributes").filter(|v| v.is_object()) {
+        let (api_group, resource) = qualified_resource(&s(r, "group"), &s(r, "resource"));
         return Ok(Attributes {
             verb: s(r, "verb"),
             resource_request: true,
-            api_group: s(r, "group"),
-            resource: s(r, "resource"),
+            api_group,
+            resource,
             subresource: s(r, "subresource"),
             namespace: s(r, "namespace"),
             name: s(r, "name"),
@@ -168,4 +186,30 @@ async fn subject_access_review(
         answer(&sh, review, "SubjectAccessReview", &subject)
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dotted_resources_of_no_group_name_their_group() {
+        let q = |g: &str, r: &str| qualified_resource(g, r);
+        assert_eq!(
+            q("", "virtualmachineinstances.subresources.kubevirt.io"),
+            (
+                "subresources.kubevirt.io".into(),
+                "virtualmachineinstances".into()
+            )
+        );
+        assert_eq!(q("", "pods"), ("".into(), "pods".into()));
+        assert_eq!(
+            q("kubevirt.io", "virtualmachines"),
+            ("kubevirt.io".into(), "virtualmachines".into())
+        );
+        // A group already given wins; odd names stay as they are.
+        assert_eq!(q("apps", "a.b"), ("apps".into(), "a.b".into()));
+        assert_eq!(q("", ".x"), ("".into(), ".x".into()));
+        assert_eq!(q("", "*"), ("".into(), "*".into()));
+    }
 }

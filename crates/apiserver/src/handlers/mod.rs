@@ -81,7 +81,13 @@ async fn dispatch(State(sh): State<Arc<Shared>>, req: Request) -> Response {
     let q = Query::parse(parts.uri.query());
     let is_get = parts.method == Method::GET || parts.method == Method::HEAD;
     let result = match route {
-        Route::Resource(p) => resource(sh, p, parts.method, parts.headers, body, q).await,
+        Route::Resource(p) => {
+            let user = parts
+                .extensions
+                .get::<Arc<crate::auth::rbac::UserInfo>>()
+                .cloned();
+            resource(sh, p, parts.method, parts.headers, body, q, user).await
+        }
         Route::NotFound => Err(ApiError::path_not_found()),
         _ if !is_get => Err(ApiError::method_not_allowed(parts.method.as_str())),
         Route::Health => Ok("ok".into_response()),
@@ -117,6 +123,8 @@ pub(crate) struct Ctx {
     pub namespace: Option<String>,
     pub q: Query,
     pub headers: HeaderMap,
+    /// Who sent the request (set by the authentication layer).
+    pub user: Option<Arc<crate::auth::rbac::UserInfo>>,
 }
 
 impl Ctx {
@@ -140,6 +148,7 @@ async fn resource(
     headers: HeaderMap,
     body: Body,
     q: Query,
+    user: Option<Arc<crate::auth::rbac::UserInfo>>,
 ) -> Result<Response, ApiError> {
     let def = sh
         .resources
@@ -171,6 +180,7 @@ async fn resource(
             namespace: p.namespace,
             q,
             headers,
+            user: user.clone(),
         };
         let sub = p.subresource.as_deref();
         return pods::serve(ctx, method, p.name, sub, body, watching).await;
@@ -192,6 +202,7 @@ async fn resource(
         namespace: p.namespace,
         q,
         headers,
+        user,
     };
     let resp = match (&scale, &p.name) {
         (Some(sub), Some(name)) => scale::serve(&ctx, sub, &method, name, body).await,

@@ -163,6 +163,7 @@ fn run_admission(
     obj: &mut Value,
     old: Option<&Value>,
 ) -> Result<(), ApiError> {
+    crate::quota::validate(def, obj)?;
     admission::admit(def, op, obj, old)
         .map_err(|inv| ApiError::from_invalid(def, name_of(obj), inv))
 }
@@ -287,10 +288,22 @@ pub(crate) async fn create(
         } else {
             Vec::new()
         };
+        let charges = match ns {
+            Some(ns) if def.namespaced => crate::quota::charge(sh, def, ns, &o).await,
+            _ => Ok(Vec::new()),
+        };
+        let charges = match charges {
+            Ok(c) => c,
+            Err(e) => {
+                super::services::release_keys(sh, &o, &reserved).await;
+                return Err(e);
+            }
+        };
         let stored = to_storage(def, o.clone());
         let created = sh.store.create(&key, encode(&stored)).await;
         if created.is_err() {
             super::services::release_keys(sh, &o, &reserved).await;
+            crate::quota::refund(sh, charges).await;
         }
         match created {
             Ok(kv) => {
@@ -517,6 +530,15 @@ pub(super) async fn update_object(
             }
         }
         run_admission(def, Operation::Update, &mut merged, Some(&old))?;
+        crate::auth::check_rbac_write(
+            &ctx.sh,
+            ctx.user.as_deref(),
+            def,
+            ctx.ns(),
+            name,
+            &merged,
+            Some(&old),
+        )?;
         meta_mut(&mut merged).insert("resourceVersion".into(), Value::String(rev.to_string()));
         if merged == old || opts.dry_run {
             return Ok((merged, warnings));
@@ -580,6 +602,15 @@ pub(super) async fn create_handler(ctx: &Ctx, body: Body) -> Result<Response, Ap
     let opts = WriteOpts::from_ctx(ctx)?;
     let bytes = read_body(&ctx.headers, body, ctx.sh.max_body, ctx.sh.body_timeout).await?;
     let obj = parse_object(&bytes, &content_type(&ctx.headers))?;
+    crate::auth::check_rbac_write(
+        &ctx.sh,
+        ctx.user.as_deref(),
+        &ctx.def,
+        ctx.ns(),
+        "",
+        &obj,
+        None,
+    )?;
     let (obj, warnings) = create(&ctx.sh, &ctx.def, ctx.ns(), obj, opts).await?;
     Ok(respond(ctx, StatusCode::CREATED, obj, &warnings))
 }
@@ -666,6 +697,15 @@ async fn apply_handler(
             }
             _ => {}
         }
+        crate::auth::check_rbac_write(
+            &ctx.sh,
+            ctx.user.as_deref(),
+            &ctx.def,
+            ctx.ns(),
+            name,
+            &applied,
+            None,
+        )?;
         match create(&ctx.sh, &ctx.def, ctx.ns(), applied.clone(), opts).await {
             Ok((obj, warnings)) => return Ok(respond(ctx, StatusCode::CREATED, obj, &warnings)),
             Err(e) if e.code == 409 && e.reason == "AlreadyExists" => {}
