@@ -191,6 +191,25 @@ fn boot(c: &Cluster, name: &str) -> anyhow::Result<(String, SerialConsole)> {
     Ok((log, console))
 }
 
+/// `ferrovirt backup create NAME --vm bkvm --wait` to the s3 target; the Backup once ended.
+fn create_backup(c: &Cluster, name: &str) -> anyhow::Result<serde_json::Value> {
+    let args = [
+        "backup",
+        "create",
+        name,
+        "--target",
+        "s3",
+        "--vm",
+        "bkvm",
+        "--key-secret",
+        "bk-key",
+        "--wait",
+    ];
+    let out = fv_ok(c, &args)?;
+    assert!(out.contains("Succeeded"), "{out}");
+    wait_backup(c, name)
+}
+
 /// Waits for Backup `name` to end; its object.
 fn wait_backup(c: &Cluster, name: &str) -> anyhow::Result<serde_json::Value> {
     c.wait_until(&format!("backup {name} finished"), STEP, || {
@@ -232,23 +251,7 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     drop(console);
 
     // The running VM: read through an online snapshot the backup takes and then deletes.
-    let out = fv_ok(
-        &a,
-        &[
-            "backup",
-            "create",
-            "b0",
-            "--target",
-            "s3",
-            "--vm",
-            "bkvm",
-            "--key-secret",
-            "bk-key",
-            "--wait",
-        ],
-    )?;
-    assert!(out.contains("Succeeded"), "{out}");
-    let b0 = wait_backup(&a, "b0")?;
+    let b0 = create_backup(&a, "b0")?;
     assert_eq!(b0["status"]["phase"], "Succeeded", "{b0}");
     assert!(b0["status"]["bytesNew"].as_i64().unwrap_or(0) > 0, "{b0}");
     assert_eq!(
@@ -268,23 +271,7 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     a.halt_vm("bkvm", STEP)?;
 
     // The first backup: both claims read and written, figures in the status.
-    let out = fv_ok(
-        &a,
-        &[
-            "backup",
-            "create",
-            "b1",
-            "--target",
-            "s3",
-            "--vm",
-            "bkvm",
-            "--key-secret",
-            "bk-key",
-            "--wait",
-        ],
-    )?;
-    assert!(out.contains("Succeeded"), "{out}");
-    let b1 = wait_backup(&a, "b1")?;
+    let b1 = create_backup(&a, "b1")?;
     assert_eq!(b1["status"]["phase"], "Succeeded", "{b1}");
     assert_eq!(b1["status"]["backupName"], "default-b1", "{b1}");
     let vols = b1["status"]["volumes"]

@@ -9,11 +9,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, TypedLocalObjectReference};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 
-use ferrovirt_api::kubevirt::snapshot::{SnapshotSpec, VirtualMachineSnapshot};
+use ferrovirt_api::kubevirt::snapshot::VirtualMachineSnapshot;
 
 use crate::export::plan::SourceState;
 use crate::export::resolve;
@@ -34,27 +34,16 @@ pub fn backup_snapshot(
     owner: &OwnerReference,
     vm: &str,
 ) -> VirtualMachineSnapshot {
-    VirtualMachineSnapshot {
-        api_version: Some("snapshot.kubevirt.io/v1beta1".into()),
-        kind: Some("VirtualMachineSnapshot".into()),
-        metadata: ObjectMeta {
+    crate::export::plan::owned_vm_snapshot(
+        ObjectMeta {
             name: Some(snapshot_name(backup, vm)),
             namespace: Some(ns.to_string()),
             owner_references: Some(vec![owner.clone()]),
             labels: Some([(BACKUP_LABEL.to_string(), backup.to_string())].into()),
             ..Default::default()
         },
-        spec: Some(SnapshotSpec {
-            source: TypedLocalObjectReference {
-                api_group: Some("kubevirt.io".into()),
-                kind: "VirtualMachine".into(),
-                name: vm.to_string(),
-            },
-            deletion_policy: Some("Delete".into()),
-            failure_deadline: None,
-        }),
-        status: None,
-    }
+        vm,
+    )
 }
 
 /// Where a claim is read from: its volume and the snapshot layer.

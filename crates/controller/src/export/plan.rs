@@ -104,22 +104,26 @@ pub fn owned_by(meta: &ObjectMeta, e: &VirtualMachineExport) -> bool {
 /// [`snapshot_name`], owned by the export (garbage-collected with it), `deletionPolicy:
 /// Delete` (its content and volume snapshots go with it).
 pub fn export_snapshot(e: &VirtualMachineExport, vm: &str) -> VirtualMachineSnapshot {
+    let name = e.metadata.name.clone().unwrap_or_default();
+    owned_vm_snapshot(
+        ObjectMeta {
+            name: Some(snapshot_name(&name)),
+            namespace: e.metadata.namespace.clone(),
+            owner_references: Some(vec![owner(e)]),
+            labels: Some([("export.kubevirt.io/export".to_string(), name)].into()),
+            ..Default::default()
+        },
+        vm,
+    )
+}
+
+/// A VirtualMachineSnapshot of VM `vm` with `metadata` (its owner and labels), `deletionPolicy:
+/// Delete`: what an export or a backup of a running VM takes and reads.
+pub fn owned_vm_snapshot(metadata: ObjectMeta, vm: &str) -> VirtualMachineSnapshot {
     VirtualMachineSnapshot {
         api_version: Some("snapshot.kubevirt.io/v1beta1".into()),
         kind: Some("VirtualMachineSnapshot".into()),
-        metadata: ObjectMeta {
-            name: Some(snapshot_name(e.metadata.name.as_deref().unwrap_or(""))),
-            namespace: e.metadata.namespace.clone(),
-            owner_references: Some(vec![owner(e)]),
-            labels: Some(
-                [(
-                    "export.kubevirt.io/export".to_string(),
-                    e.metadata.name.clone().unwrap_or_default(),
-                )]
-                .into(),
-            ),
-            ..Default::default()
-        },
+        metadata,
         spec: Some(SnapshotSpec {
             source: TypedLocalObjectReference {
                 api_group: Some("kubevirt.io".into()),
