@@ -119,6 +119,9 @@ pub enum Request {
     MigrationStatus,
     /// QMP `migrate_cancel`: the source runs on.
     MigrateCancel,
+    /// Statistics for metrics: `{"blockstats": <QMP query-blockstats, raw>}`. Added within
+    /// protocol version 1 (an older launcher answers it with an error: no such series).
+    Stats,
     /// Online snapshot (`crate::online_snapshot`): switch each disk to the empty qcow2 overlay
     /// the agent prepared over its current top, in one QMP transaction, under a guest-agent
     /// filesystem freeze bounded by `freezeTimeoutMs` and always thawed. Replies
@@ -415,6 +418,10 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Request::MigratedAway).unwrap(),
             r#"{"op":"migratedAway"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::Stats).unwrap(),
+            r#"{"op":"stats"}"#
         );
         assert_eq!(
             serde_json::to_string(&Reply::err("x")).unwrap(),
