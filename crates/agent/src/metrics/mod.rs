@@ -4,6 +4,8 @@
 //! turns the samples of a scrape into text (pure); [`collect`] gathers them from the
 //! launchers and `/proc`, bounded per launcher; [`parse`] holds the parsers.
 
+#[cfg(test)]
+mod bench;
 pub mod collect;
 pub mod parse;
 
@@ -59,6 +61,8 @@ pub fn phase_label(phase: ferrovirt_launcher::control::RunPhase) -> &'static str
 
 type Labels = Vec<(&'static str, String)>;
 type FloatCounter = Counter<f64, std::sync::atomic::AtomicU64>;
+/// A per-drive series: name (without `_total`), help, the counter it reads.
+type DriveSeries = (&'static str, &'static str, fn(&DriveStats) -> u64);
 
 /// A family registered under `name` (counters get `_total` appended by the encoder).
 fn family<M: Default>(reg: &mut Registry, name: &str, help: &str) -> Family<Labels, M>
@@ -98,7 +102,7 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
         "kubevirt_vmi_memory_domain_bytes",
         "The amount of memory in bytes allocated to the domain.",
     );
-    let counters: [(&str, &str, fn(&DriveStats) -> u64); 5] = [
+    let counters: [DriveSeries; 5] = [
         (
             "kubevirt_vmi_storage_read_traffic_bytes",
             "Storage read traffic in bytes.",
@@ -129,7 +133,7 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
         .iter()
         .map(|(name, help, get)| (family::<Counter>(&mut reg, name, help), *get))
         .collect();
-    let times: [(&str, &str, fn(&DriveStats) -> u64); 3] = [
+    let times: [DriveSeries; 3] = [
         (
             "kubevirt_vmi_storage_read_times_seconds",
             "Storage read operation time.",
