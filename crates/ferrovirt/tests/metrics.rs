@@ -4,7 +4,8 @@
 //! self-signed endpoint certificate as its CA, the admin token as its bearer credential)
 //! every second. Its query API must return `kubevirt_vmi_info` for the VM, a non-zero
 //! `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read bytes above zero (the
-//! guest booted from that disk), the resident memory and the guest memory size.
+//! guest booted from that disk) of its drive `root`, the resident memory, the guest memory
+//! size and one vCPU's time.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -189,6 +190,9 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
     let domain = first(&format!("kubevirt_vmi_memory_domain_bytes{{{name}}}"))?;
     assert_eq!(domain, Some(128.0 * 1024.0 * 1024.0));
     let vcpus = prom.query(&format!("kubevirt_vmi_vcpu_seconds_total{{{name}}}"))?;
-    eprintln!("vcpu series: {vcpus:?}");
+    // QEMU names its vCPU threads (`CPU 0/TCG`): one vCPU, one series.
+    assert_eq!(vcpus.len(), 1, "{vcpus:?}");
+    assert_eq!(vcpus[0].0["id"], "0", "{vcpus:?}");
+    assert!(vcpus[0].1 > 0.0, "{vcpus:?}");
     Ok(())
 }
