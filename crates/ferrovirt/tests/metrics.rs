@@ -1,17 +1,19 @@
-//! VMI metrics scraped by a real Prometheus (issue #20): one cluster with a running VM that
-//! boots the test guest from its disk; Debian's `prometheus`, started on loopback in the
+//! VMI metrics scraped by a real Prometheus (issue #20): one cluster on the pod network
+//! (its own node namespace) with a running VM that boots the test guest from its disk and
+//! takes a DHCP lease on its masquerade interface `default`; Debian's `prometheus`, started on loopback in the
 //! test's directory, scrapes the embedded agent's `/metrics` over HTTPS (the agent's
 //! self-signed endpoint certificate as its CA, the admin token as its bearer credential)
 //! every second. Its query API must return `kubevirt_vmi_info` for the VM, a non-zero
 //! `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read bytes above zero (the
 //! guest booted from that disk) of its drive `root`, the resident memory, the guest memory
-//! size and one vCPU's time.
+//! size, one vCPU's time and traffic both ways on interface `default` (the guest's DHCP).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use ferrovirt_testkit::netns::{Netns, token};
 use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest, free_port, http_get};
 
 const BOOT: Duration = Duration::from_secs(120);
@@ -31,6 +33,10 @@ spec:
         devices:
           disks:
           - {name: root, disk: {bus: virtio}}
+          interfaces:
+          - {name: default, masquerade: {}}
+      networks:
+      - {name: default, pod: {}}
       volumes:
       - {name: root, persistentVolumeClaim: {claimName: metered-root}}
 "#;
@@ -124,13 +130,28 @@ fn encode(s: &str) -> String {
 #[test]
 fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
     TestGuest::get()?;
-    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    let node_ns = Netns::new(&format!("fvm-{}", token()))?;
+    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
+    opts.extra_args = vec![
+        "--network-mode".into(),
+        "pod".into(),
+        "--pod-cidr".into(),
+        "10.244.0.0/24".into(),
+        "--node-netns".into(),
+        node_ns.name().to_string(),
+    ];
+    let c = Cluster::start(&opts)?;
     c.guest_disk_claim("metered-root")?;
     c.apply(VM)?;
     let vmi = c.wait_until("VMI metered Running", BOOT, || {
         let v = c.get_json(&["vmi", "metered"])?;
         Ok((v["status"]["phase"] == "Running").then_some(v))
     })?;
+    // Whatever happens below, the VMI's namespace does not outlive the test.
+    let _vmi_ns = Netns::guard(&format!(
+        "fv-{}",
+        vmi["metadata"]["uid"].as_str().unwrap_or("")
+    ));
     let node = vmi["status"]["nodeName"]
         .as_str()
         .unwrap_or_default()
@@ -157,8 +178,18 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
         let read = first(&format!(
             "sum(kubevirt_vmi_storage_read_traffic_bytes_total{{{name}}})"
         ))?;
-        Ok(match (info.first(), rate, read) {
-            (Some(i), Some(r), Some(b)) if r > 0.0 && b > 0.0 => Some((i.0.clone(), r, b)),
+        let net = |dir: &str| {
+            first(&format!(
+                r#"kubevirt_vmi_network_{dir}_bytes_total{{{name},interface="default"}}"#
+            ))
+        };
+        let (rx, tx) = (net("receive")?, net("transmit")?);
+        Ok(match (info.first(), rate, read, rx, tx) {
+            (Some(i), Some(r), Some(b), Some(rx), Some(tx))
+                if r > 0.0 && b > 0.0 && rx > 0.0 && tx > 0.0 =>
+            {
+                Some((i.0.clone(), r, b))
+            }
             _ => None,
         })
     });

@@ -49,6 +49,10 @@ pub struct LaunchMeta {
     /// Absent: the VM keeps running whatever happens to the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<crate::fence::FenceSpec>,
+    /// The VMI's interface names by index (`spec.domain.devices.interfaces[i].name`, NIC
+    /// `net<i>`): the `interface` label of the agent's network metrics.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<String>,
 }
 
 fn default_qemu() -> PathBuf {

@@ -79,6 +79,7 @@ async fn metrics_scrape_benchmark() {
             grace_seconds: 30,
             qemu_binary: "qemu-system-x86_64".into(),
             fence: None,
+            interfaces: vec!["default".into()],
         };
         std::fs::write(vmi.join(files::META), serde_json::to_vec(&meta).unwrap()).unwrap();
         std::fs::write(vmi.join(files::SPEC), br#"{"memoryMib": 128}"#).unwrap();

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ferrovirt_launcher::control::{LaunchMeta, LauncherClient, Request, files};
-use serde::Deserialize;
+use ferrovirt_launcher::spec::{LaunchSpec, NicBackend};
 
 use super::parse::{self, DriveStats};
 use super::{ProcessSample, VmiSample, phase_label};
@@ -19,13 +19,6 @@ use crate::launchers::LauncherConfig;
 /// How long one launcher may take for its handshake and its stats together (below a
 /// Prometheus scrape timeout of 1 s).
 pub const LAUNCHER_BUDGET: Duration = Duration::from_millis(750);
-
-/// The part of `spec.json` the metrics use.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SpecMemory {
-    memory_mib: u64,
-}
 
 /// Every VMI on this node that answers in time, sorted by namespace and name.
 pub async fn collect(cfg: &LauncherConfig) -> Vec<VmiSample> {
@@ -90,20 +83,56 @@ async fn from_launcher(dir: &Path) -> Option<FromLauncher> {
 fn finish(dir: &Path, l: FromLauncher) -> Option<VmiSample> {
     let meta: LaunchMeta =
         serde_json::from_slice(&std::fs::read(dir.join(files::META)).ok()?).ok()?;
-    let domain_bytes = std::fs::read(dir.join(files::SPEC))
+    let spec: Option<LaunchSpec> = std::fs::read(dir.join(files::SPEC))
         .ok()
-        .and_then(|b| serde_json::from_slice::<SpecMemory>(&b).ok())
-        .map(|s| s.memory_mib.saturating_mul(1 << 20));
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let proc = Path::new("/proc");
+    let interfaces = match (&spec, l.qemu_pid) {
+        (Some(s), Some(pid)) => interface_stats(proc, pid, s, &meta.interfaces),
+        _ => Vec::new(),
+    };
     Some(VmiSample {
         name: meta.name,
         namespace: meta.namespace,
         phase: l.phase.to_string(),
-        domain_bytes,
-        process: l
-            .qemu_pid
-            .and_then(|pid| process_sample(Path::new("/proc"), pid)),
+        domain_bytes: spec.map(|s| s.memory_mib.saturating_mul(1 << 20)),
+        process: l.qemu_pid.and_then(|pid| process_sample(proc, pid)),
         drives: l.drives,
+        interfaces,
     })
+}
+
+/// The counters of the VMI's tap-backed NICs, read from `<proc>/<pid>/net/dev`: QEMU runs
+/// in the VMI's network namespace, where its taps are.
+pub fn interface_stats(
+    proc: &Path,
+    pid: u32,
+    spec: &LaunchSpec,
+    names: &[String],
+) -> Vec<super::InterfaceStats> {
+    let taps: Vec<(&str, &str)> = spec
+        .nics
+        .iter()
+        .filter_map(|n| match &n.backend {
+            NicBackend::Tap { ifname } => Some((n.id.as_str(), ifname.as_str())),
+            _ => None,
+        })
+        .collect();
+    if taps.is_empty() {
+        return Vec::new();
+    }
+    let Ok(text) = std::fs::read_to_string(proc.join(pid.to_string()).join("net/dev")) else {
+        return Vec::new();
+    };
+    taps.into_iter()
+        .filter_map(|(id, tap)| {
+            let s = parse::parse_net_dev(&text, tap)?;
+            Some(super::InterfaceStats::from_tap(
+                &parse::interface_name(id, names),
+                &s,
+            ))
+        })
+        .collect()
 }
 
 /// QEMU's CPU time, resident memory and vCPU thread times from `<proc>/<pid>`.

@@ -14,7 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-pub use parse::DriveStats;
+pub use parse::{DriveStats, InterfaceStats};
 
 /// The `Content-Type` of [`render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -45,6 +45,8 @@ pub struct VmiSample {
     pub process: Option<ProcessSample>,
     /// Absent drives when the launcher did not answer the stats request.
     pub drives: Vec<DriveStats>,
+    /// The tap-backed interfaces (none on QEMU user networking).
+    pub interfaces: Vec<InterfaceStats>,
 }
 
 /// KubeVirt's VMI phase (lower case, as in `kubevirt_vmi_info`) for a launcher's run phase:
@@ -63,6 +65,51 @@ type Labels = Vec<(&'static str, String)>;
 type FloatCounter = Counter<f64, std::sync::atomic::AtomicU64>;
 /// A per-drive series: name (without `_total`), help, the counter it reads.
 type DriveSeries = (&'static str, &'static str, fn(&DriveStats) -> u64);
+/// A per-interface series: name (without `_total`), help, the counter it reads.
+type NetSeries = (&'static str, &'static str, fn(&InterfaceStats) -> u64);
+
+const NET: [NetSeries; 8] = [
+    (
+        "kubevirt_vmi_network_receive_bytes",
+        "Total network traffic received in bytes.",
+        |i| i.receive_bytes,
+    ),
+    (
+        "kubevirt_vmi_network_transmit_bytes",
+        "Total network traffic transmitted in bytes.",
+        |i| i.transmit_bytes,
+    ),
+    (
+        "kubevirt_vmi_network_receive_packets",
+        "Total network traffic received packets.",
+        |i| i.receive_packets,
+    ),
+    (
+        "kubevirt_vmi_network_transmit_packets",
+        "Total network traffic transmitted packets.",
+        |i| i.transmit_packets,
+    ),
+    (
+        "kubevirt_vmi_network_receive_errors",
+        "Total network received error packets.",
+        |i| i.receive_errors,
+    ),
+    (
+        "kubevirt_vmi_network_transmit_errors",
+        "Total network transmitted error packets.",
+        |i| i.transmit_errors,
+    ),
+    (
+        "kubevirt_vmi_network_receive_packets_dropped",
+        "The total number of rx packets dropped on vNIC interfaces.",
+        |i| i.receive_dropped,
+    ),
+    (
+        "kubevirt_vmi_network_transmit_packets_dropped",
+        "The total number of tx packets dropped on vNIC interfaces.",
+        |i| i.transmit_dropped,
+    ),
+];
 
 /// A family registered under `name` (counters get `_total` appended by the encoder).
 fn family<M: Default>(reg: &mut Registry, name: &str, help: &str) -> Family<Labels, M>
@@ -150,6 +197,10 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
             |d| d.flush_time_ns,
         ),
     ];
+    let net: Vec<_> = NET
+        .iter()
+        .map(|(name, help, get)| (family::<Counter>(&mut reg, name, help), *get))
+        .collect();
     let drive_times: Vec<_> = times
         .iter()
         .map(|(name, help, get)| (family::<FloatCounter>(&mut reg, name, help), *get))
@@ -198,6 +249,12 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
                 fam.get_or_create(&labels).inc_by(get(d) as f64 / 1e9);
             }
         }
+        for i in &v.interfaces {
+            let labels = with(&[("interface", i.interface.clone())]);
+            for (fam, get) in &net {
+                fam.get_or_create(&labels).inc_by(get(i));
+            }
+        }
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -235,6 +292,12 @@ mod tests {
                 write_time_ns: 0,
                 flush_time_ns: 0,
             }],
+            interfaces: vec![InterfaceStats {
+                interface: "default".into(),
+                receive_bytes: 900,
+                transmit_packets: 7,
+                ..Default::default()
+            }],
         }
     }
 
@@ -267,6 +330,15 @@ mod tests {
             format!(
                 r#"kubevirt_vmi_storage_read_times_seconds_total{{{base},drive="rootdisk"}} 1.5"#
             ),
+            format!(
+                r#"kubevirt_vmi_network_receive_bytes_total{{{base},interface="default"}} 900"#
+            ),
+            format!(
+                r#"kubevirt_vmi_network_transmit_packets_total{{{base},interface="default"}} 7"#
+            ),
+            format!(
+                r#"kubevirt_vmi_network_receive_packets_dropped_total{{{base},interface="default"}} 0"#
+            ),
         ] {
             assert!(
                 lines(&text).contains(&want.as_str()),
@@ -285,6 +357,7 @@ mod tests {
         let v = VmiSample {
             process: None,
             drives: vec![],
+            interfaces: vec![],
             domain_bytes: None,
             ..sample()
         };

@@ -1,7 +1,8 @@
 //! Pure parsers for the numbers behind the VMI metrics: a process's or thread's
 //! `/proc/<pid>/stat` line (CPU time, resident pages), QEMU's vCPU thread names
 //! (`CPU <n>/TCG`, `CPU <n>/KVM`, set by `-name …,debug-threads=on`) and QMP
-//! `query-blockstats` replies turned into per-drive counters.
+//! `query-blockstats` replies turned into per-drive counters, and `/proc/<pid>/net/dev`
+//! lines (the tap devices of QEMU's network namespace) turned into per-interface counters.
 
 use serde_json::Value;
 
@@ -112,6 +113,88 @@ pub fn parse_blockstats(reply: &Value) -> Vec<DriveStats> {
     out
 }
 
+/// One network device's counters from `/proc/<pid>/net/dev`, as the host sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetDevStats {
+    pub rx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_errors: u64,
+    pub rx_dropped: u64,
+    pub tx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_errors: u64,
+    pub tx_dropped: u64,
+}
+
+/// The counters of device `ifname` in a `/proc/net/dev` text (two header lines, then
+/// `name: rx bytes packets errs drop fifo frame compressed multicast tx bytes packets errs
+/// drop …`).
+pub fn parse_net_dev(text: &str, ifname: &str) -> Option<NetDevStats> {
+    text.lines().find_map(|line| {
+        let (name, rest) = line.split_once(':')?;
+        if name.trim() != ifname {
+            return None;
+        }
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        (f.len() >= 12).then(|| NetDevStats {
+            rx_bytes: f[0],
+            rx_packets: f[1],
+            rx_errors: f[2],
+            rx_dropped: f[3],
+            tx_bytes: f[8],
+            tx_packets: f[9],
+            tx_errors: f[10],
+            tx_dropped: f[11],
+        })
+    })
+}
+
+/// One guest interface's counters from the guest's point of view: what the host's tap
+/// device transmits the guest receives, and the other way round (as libvirt reports them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InterfaceStats {
+    /// The VMI's interface name (`spec.domain.devices.interfaces[].name`).
+    pub interface: String,
+    pub receive_bytes: u64,
+    pub receive_packets: u64,
+    pub receive_errors: u64,
+    pub receive_dropped: u64,
+    pub transmit_bytes: u64,
+    pub transmit_packets: u64,
+    pub transmit_errors: u64,
+    pub transmit_dropped: u64,
+}
+
+impl InterfaceStats {
+    /// The guest's view of a tap device's host-side counters.
+    pub fn from_tap(interface: &str, tap: &NetDevStats) -> InterfaceStats {
+        InterfaceStats {
+            interface: interface.to_string(),
+            receive_bytes: tap.tx_bytes,
+            receive_packets: tap.tx_packets,
+            receive_errors: tap.tx_errors,
+            receive_dropped: tap.tx_dropped,
+            transmit_bytes: tap.rx_bytes,
+            transmit_packets: tap.rx_packets,
+            transmit_errors: tap.rx_errors,
+            transmit_dropped: tap.rx_dropped,
+        }
+    }
+}
+
+/// The interface name of NIC `nic_id` (`net<i>` → `interfaces[i]`), else the NIC id.
+pub fn interface_name(nic_id: &str, interfaces: &[String]) -> String {
+    nic_id
+        .strip_prefix("net")
+        .and_then(|i| i.parse::<usize>().ok())
+        .and_then(|i| interfaces.get(i))
+        .cloned()
+        .unwrap_or_else(|| nic_id.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +214,30 @@ mod tests {
         assert_eq!(s.cpu_seconds(0), 300.0);
         assert_eq!(parse_proc_stat("12 (short) R 1 2"), None);
         assert_eq!(parse_proc_stat("garbage"), None);
+    }
+
+    #[test]
+    fn tap_counters_are_the_guests_view() {
+        let text = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+fv-tap0:    1000      10    1    2    0     0          0         0     5000      50    3    4    0     0       0          0
+";
+        let tap = parse_net_dev(text, "fv-tap0").unwrap();
+        assert_eq!(tap.rx_bytes, 1000);
+        assert_eq!(tap.tx_dropped, 4);
+        assert_eq!(parse_net_dev(text, "fv-tap"), None);
+        assert_eq!(parse_net_dev("x: 1 2 3", "x"), None);
+        let i = InterfaceStats::from_tap("default", &tap);
+        assert_eq!(i.interface, "default");
+        assert_eq!((i.receive_bytes, i.receive_packets), (5000, 50));
+        assert_eq!((i.receive_errors, i.receive_dropped), (3, 4));
+        assert_eq!((i.transmit_bytes, i.transmit_packets), (1000, 10));
+        assert_eq!((i.transmit_errors, i.transmit_dropped), (1, 2));
+        let names = vec!["default".to_string(), "blue".to_string()];
+        assert_eq!(interface_name("net1", &names), "blue");
+        assert_eq!(interface_name("net7", &names), "net7");
+        assert_eq!(interface_name("other", &names), "other");
     }
 
     #[test]

@@ -215,6 +215,12 @@ impl Agent {
             grace_seconds: decide::grace_seconds(vmi),
             qemu_binary: self.opts.qemu_binary.clone(),
             fence,
+            interfaces: vmi
+                .spec
+                .iter()
+                .flat_map(|s| s.domain.devices.interfaces.iter().flatten())
+                .map(|i| i.name.clone())
+                .collect(),
         };
         let t = boottime_us();
         self.launchers
