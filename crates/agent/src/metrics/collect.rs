@@ -1,7 +1,7 @@
 //! Gathering one scrape's [`VmiSample`]s on this node: for every VMI directory, who it is
 //! (`meta.json`) and its guest memory (`spec.json`), the launcher's run phase and QEMU pid
 //! (the control handshake) and its block statistics (the `stats` request), then QEMU's CPU
-//! time, resident memory and vCPU threads from `/proc`. Every launcher is asked at the same
+//! time, resident memory, vCPU threads and tap counters from `/proc`. Every launcher is asked at the same
 //! time and given [`LAUNCHER_BUDGET`] in all: a VMI whose launcher does not answer in time is
 //! left out of the scrape (a launcher that answers the handshake but not `stats` keeps its
 //! info, CPU and memory series and lacks the storage ones).
