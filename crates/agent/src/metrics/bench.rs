@@ -1,12 +1,14 @@
 //! The `/metrics` benchmark (`bench/metrics.sh`, an ignored test): N VMI directories, each
 //! with a stand-in launcher on its `control.sock` that answers the handshake and `stats` as a
 //! launcher does (a canned `query-blockstats` reply of two drives; this process as "QEMU",
-//! so `/proc` is read for real), then the scrape path (`collect` + `render`) timed M times
+//! so `/proc` is read for real, its `lo` as the VMI's tap), then the scrape path (`collect` + `render`) timed M times
 //! against a baseline of reading `/proc/<pid>/stat` N times. Prints medians and the size.
 
 use std::time::{Duration, Instant};
 
+use ferrovirt_launcher::LaunchSpec;
 use ferrovirt_launcher::control::{LaunchMeta, Reply, files};
+use ferrovirt_launcher::spec::{Nic, NicBackend};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::launchers::LauncherConfig;
@@ -82,7 +84,18 @@ async fn metrics_scrape_benchmark() {
             interfaces: vec!["default".into()],
         };
         std::fs::write(vmi.join(files::META), serde_json::to_vec(&meta).unwrap()).unwrap();
-        std::fs::write(vmi.join(files::SPEC), br#"{"memoryMib": 128}"#).unwrap();
+        // A real spec: 128 MiB and one tap NIC, played by this process's `lo`.
+        let mut spec = LaunchSpec::new(format!("vm-{i}"), uid.clone(), 128, vmi.join("qmp.sock"));
+        spec.nics.push(Nic {
+            id: "net0".into(),
+            mac: None,
+            model: Default::default(),
+            backend: NicBackend::Tap {
+                ifname: "lo".into(),
+            },
+            boot_order: None,
+        });
+        std::fs::write(vmi.join(files::SPEC), serde_json::to_vec(&spec).unwrap()).unwrap();
         let listener = tokio::net::UnixListener::bind(vmi.join(files::CONTROL)).unwrap();
         tokio::spawn(fake_launcher(listener, uid));
     }
@@ -98,6 +111,13 @@ async fn metrics_scrape_benchmark() {
         rendering.push(r.elapsed());
         scrape.push(t.elapsed());
         assert_eq!(samples.len(), n);
+        assert!(
+            samples.iter().all(|s| s.domain_bytes.is_some()
+                && s.interfaces.len() == 1
+                && s.drives.len() == 2),
+            "{:?}",
+            samples.first()
+        );
         size = text.len();
         series = text.lines().filter(|l| !l.starts_with('#')).count();
     }
