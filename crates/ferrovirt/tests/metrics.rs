@@ -3,10 +3,11 @@
 //! takes a DHCP lease on its masquerade interface `default`; Debian's `prometheus`, started on loopback in the
 //! test's directory, scrapes the embedded agent's `/metrics` over HTTPS (the agent's
 //! self-signed endpoint certificate as its CA, the admin token as its bearer credential)
-//! every second. Its query API must return `kubevirt_vmi_info` for the VM, a non-zero
+//! and the API server's `/metrics` (its CA, the same token) every second. Its query API must return `kubevirt_vmi_info` for the VM, a non-zero
 //! `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read bytes above zero (the
 //! guest booted from that disk) of its drive `root`, the resident memory, the guest memory
-//! size, one vCPU's time and traffic both ways on interface `default` (the guest's DHCP).
+//! size, one vCPU's time and traffic both ways on interface `default` (the guest's DHCP);
+//! and the API server's `apiserver_request_total`.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -55,8 +56,17 @@ impl Drop for Prometheus {
 }
 
 impl Prometheus {
-    /// Starts `prometheus` in `dir` scraping `target` (`host:port`) over HTTPS.
-    fn start(dir: &Path, target: &str, ca: &Path, token: &Path) -> anyhow::Result<Prometheus> {
+    /// Starts `prometheus` in `dir` scraping the agent at `target` (`host:port`, its
+    /// certificate `ca`) and the API server at `server` (its CA `server_ca`) over HTTPS, both
+    /// with the bearer token in `token`.
+    fn start(
+        dir: &Path,
+        target: &str,
+        ca: &Path,
+        server: &str,
+        server_ca: &Path,
+        token: &Path,
+    ) -> anyhow::Result<Prometheus> {
         let port = free_port()?;
         let config = dir.join("prometheus.yml");
         std::fs::write(
@@ -69,9 +79,16 @@ scrape_configs:
   authorization: {{credentials_file: "{}"}}
   tls_config: {{ca_file: "{}"}}
   static_configs: [{{targets: ["{target}"]}}]
+- job_name: ferrovirt-server
+  scheme: https
+  authorization: {{credentials_file: "{}"}}
+  tls_config: {{ca_file: "{}"}}
+  static_configs: [{{targets: ["{server}"]}}]
 "#,
                 token.display(),
-                ca.display()
+                ca.display(),
+                token.display(),
+                server_ca.display()
             ),
         )?;
         let log = std::fs::File::create(dir.join("prometheus.log"))?;
@@ -165,7 +182,9 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
     let token = c.data_dir.join("token");
 
     let t0 = Instant::now();
-    let prom = Prometheus::start(c.dir(), target, &ca, &token)?;
+    let server = format!("127.0.0.1:{}", c.port);
+    let server_ca = c.data_dir.join("tls").join("ca.crt");
+    let prom = Prometheus::start(c.dir(), target, &ca, &server, &server_ca, &token)?;
     let started = t0.elapsed();
     let name = r#"name="metered",namespace="default""#;
     let first =
@@ -184,9 +203,10 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
             ))
         };
         let (rx, tx) = (net("receive")?, net("transmit")?);
-        Ok(match (info.first(), rate, read, rx, tx) {
-            (Some(i), Some(r), Some(b), Some(rx), Some(tx))
-                if r > 0.0 && b > 0.0 && rx > 0.0 && tx > 0.0 =>
+        let api = first(r#"sum(apiserver_request_total{job="ferrovirt-server"})"#)?;
+        Ok(match (info.first(), rate, read, rx, tx, api) {
+            (Some(i), Some(r), Some(b), Some(rx), Some(tx), Some(api))
+                if r > 0.0 && b > 0.0 && rx > 0.0 && tx > 0.0 && api > 0.0 =>
             {
                 Some((i.0.clone(), r, b))
             }
