@@ -1,13 +1,14 @@
 //! VMI metrics scraped by a real Prometheus (issue #20): one cluster on the pod network
 //! (its own node namespace) with a running VM that boots the test guest from its disk and
-//! takes a DHCP lease on its masquerade interface `default`; Debian's `prometheus`, started on loopback in the
-//! test's directory, scrapes the embedded agent's `/metrics` over HTTPS (the agent's
-//! self-signed endpoint certificate as its CA, the admin token as its bearer credential)
-//! and the API server's `/metrics` (its CA, the same token) every second. Its query API must return `kubevirt_vmi_info` for the VM, a non-zero
-//! `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read bytes above zero (the
-//! guest booted from that disk) of its drive `root`, the resident memory, the guest memory
-//! size, one vCPU's time and traffic both ways on interface `default` (the guest's DHCP);
-//! and the API server's `apiserver_request_total`.
+//! takes a DHCP lease on its masquerade interface `default`. Debian's `prometheus`, started
+//! on loopback in the test's directory, scrapes every second the embedded agent's `/metrics`
+//! over HTTPS (the agent's self-signed endpoint certificate as its CA, the admin token as
+//! its bearer credential) and the API server's `/metrics` (its CA, the same token). Its query
+//! API must return `kubevirt_vmi_info` for the VM (`os` and `workload` from the template's
+//! annotations), a non-zero `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read
+//! bytes above zero (the guest booted from that disk) of its drive `root`, the resident
+//! memory, the guest memory size, one vCPU's time, traffic both ways on interface `default`
+//! (the guest's DHCP) and the API server's `apiserver_request_total`.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -27,6 +28,8 @@ metadata: {name: metered, namespace: default}
 spec:
   runStrategy: Always
   template:
+    metadata:
+      annotations: {vm.kubevirt.io/os: fedora, vm.kubevirt.io/workload: server}
     spec:
       terminationGracePeriodSeconds: 5
       domain:
@@ -227,6 +230,9 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64()
     );
     assert_eq!(info["phase"], "running", "{info}");
+    assert_eq!(info["os"], "fedora", "{info}");
+    assert_eq!(info["workload"], "server", "{info}");
+    assert_eq!(info["flavor"], "<none>", "{info}");
     assert_eq!(info["node"], node.as_str(), "{info}");
     assert_eq!(info["job"], "ferrovirt-agents", "{info}");
     let drives = prom.query(&format!(

@@ -53,6 +53,10 @@ pub struct LaunchMeta {
     /// `net<i>`): the `interface` label of the agent's network metrics.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<String>,
+    /// Labels of the VMI's `kubevirt_vmi_info` metric known when it started (`os`,
+    /// `workload`, `flavor`, `instance_type`, `preference`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub info_labels: std::collections::BTreeMap<String, String>,
 }
 
 fn default_qemu() -> PathBuf {

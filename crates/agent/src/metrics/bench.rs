@@ -82,6 +82,7 @@ async fn metrics_scrape_benchmark() {
             qemu_binary: "qemu-system-x86_64".into(),
             fence: None,
             interfaces: vec!["default".into()],
+            info_labels: Default::default(),
         };
         std::fs::write(vmi.join(files::META), serde_json::to_vec(&meta).unwrap()).unwrap();
         // A real spec: 128 MiB and one tap NIC, played by this process's `lo`.

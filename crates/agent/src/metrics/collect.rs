@@ -95,6 +95,7 @@ fn finish(dir: &Path, l: FromLauncher) -> Option<VmiSample> {
         name: meta.name,
         namespace: meta.namespace,
         phase: l.phase.to_string(),
+        info: meta.info_labels,
         domain_bytes: spec.map(|s| s.memory_mib.saturating_mul(1 << 20)),
         process: l.qemu_pid.and_then(|pid| process_sample(proc, pid)),
         drives: l.drives,

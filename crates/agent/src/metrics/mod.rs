@@ -22,6 +22,45 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 /// What KubeVirt writes for an info label it does not know.
 pub const NONE: &str = "<none>";
 
+/// The extra labels of `kubevirt_vmi_info`, in order, and the VMI annotations they are read
+/// from (first present wins), as KubeVirt reads them: the template's `vm.kubevirt.io/*`
+/// annotations and the instancetype/preference names.
+pub const INFO_LABELS: [(&str, &[&str]); 5] = [
+    ("os", &["vm.kubevirt.io/os"]),
+    ("workload", &["vm.kubevirt.io/workload"]),
+    ("flavor", &["vm.kubevirt.io/flavor"]),
+    (
+        "instance_type",
+        &[
+            "kubevirt.io/instancetype-name",
+            "kubevirt.io/cluster-instancetype-name",
+        ],
+    ),
+    (
+        "preference",
+        &[
+            "kubevirt.io/preference-name",
+            "kubevirt.io/cluster-preference-name",
+        ],
+    ),
+];
+
+/// The `kubevirt_vmi_info` labels known from a VMI's annotations (absent ones are left out
+/// and rendered `<none>`).
+pub fn info_labels(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    INFO_LABELS
+        .iter()
+        .filter_map(|(label, keys)| {
+            let v = keys
+                .iter()
+                .find_map(|k| annotations.get(*k).filter(|v| !v.is_empty()))?;
+            Some((label.to_string(), v.clone()))
+        })
+        .collect()
+}
+
 /// QEMU's own process: CPU time, resident memory, per-vCPU thread time.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProcessSample {
@@ -39,6 +78,8 @@ pub struct VmiSample {
     pub namespace: String,
     /// KubeVirt's VMI phase, lower case (`running`, `scheduled`, `succeeded`).
     pub phase: String,
+    /// `kubevirt_vmi_info` labels known for this VMI ([`info_labels`]).
+    pub info: std::collections::BTreeMap<String, String>,
     /// Guest memory size.
     pub domain_bytes: Option<u64>,
     /// Absent when QEMU's pid is unknown or its `/proc` entry is gone.
@@ -217,15 +258,12 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
             l.extend_from_slice(extra);
             l
         };
-        info.get_or_create(&with(&[
-            ("phase", v.phase.clone()),
-            ("os", NONE.into()),
-            ("workload", NONE.into()),
-            ("flavor", NONE.into()),
-            ("instance_type", NONE.into()),
-            ("preference", NONE.into()),
-        ]))
-        .set(1);
+        let mut info_set = vec![("phase", v.phase.clone())];
+        for (label, _) in INFO_LABELS {
+            let value = v.info.get(label).cloned();
+            info_set.push((label, value.unwrap_or_else(|| NONE.into())));
+        }
+        info.get_or_create(&with(&info_set)).set(1);
         if let Some(bytes) = v.domain_bytes {
             domain.get_or_create(&base).set(clamp(bytes));
         }
@@ -275,6 +313,7 @@ mod tests {
             name: "vm1".into(),
             namespace: "default".into(),
             phase: "running".into(),
+            info: Default::default(),
             domain_bytes: Some(128 << 20),
             process: Some(ProcessSample {
                 cpu_seconds: 2.5,
@@ -366,6 +405,34 @@ mod tests {
         assert_eq!(series.len(), 1, "{text}");
         assert!(series[0].starts_with("kubevirt_vmi_info{"), "{text}");
         assert!(lines(&render("n", &[])).is_empty());
+    }
+
+    #[test]
+    fn info_labels_come_from_annotations() {
+        let ann: std::collections::BTreeMap<String, String> = [
+            ("vm.kubevirt.io/os", "fedora"),
+            ("vm.kubevirt.io/workload", ""),
+            ("kubevirt.io/cluster-instancetype-name", "u1.small"),
+            ("kubevirt.io/preference-name", "fedora"),
+            ("other", "x"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let l = info_labels(&ann);
+        assert_eq!(l.len(), 3, "{l:?}");
+        assert_eq!(l["os"], "fedora");
+        assert_eq!(l["instance_type"], "u1.small");
+        assert_eq!(l["preference"], "fedora");
+        let v = VmiSample {
+            info: l,
+            ..sample()
+        };
+        let text = render("n", &[v]);
+        assert!(
+            text.contains(r#"phase="running",os="fedora",workload="<none>",flavor="<none>",instance_type="u1.small",preference="fedora"}"#),
+            "{text}"
+        );
     }
 
     #[test]

@@ -221,6 +221,12 @@ impl Agent {
                 .flat_map(|s| s.domain.devices.interfaces.iter().flatten())
                 .map(|i| i.name.clone())
                 .collect(),
+            info_labels: crate::metrics::info_labels(
+                vmi.metadata
+                    .annotations
+                    .as_ref()
+                    .unwrap_or(&Default::default()),
+            ),
         };
         let t = boottime_us();
         self.launchers
