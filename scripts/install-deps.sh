@@ -41,6 +41,7 @@ declare -A NEED=(
   [ssh]=openssh-client
   [ssh-keygen]=openssh-client
   [python3]=python3
+  [prometheus]=prometheus
 )
 
 # A real S3-protocol server for the backup tests (PyPI moto[server]; Debian's pip refuses

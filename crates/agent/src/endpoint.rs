@@ -5,7 +5,8 @@
 //! which the connection carries the raw bytes of the VMI's `serial.sock` / `vnc.sock`), and
 //! port forwards (`GET /vmis/{uid}/portforward/{port}`, upgraded the same way, carrying a TCP
 //! connection to the guest's port: see [`crate::portforward`]); and, for the controllers, the
-//! node's local volumes (`/storage/volumes/...`: see [`crate::nodestore`]).
+//! node's local volumes (`/storage/volumes/...`: see [`crate::nodestore`]); and, for
+//! Prometheus, the VMI metrics of this node (`GET /metrics`: see [`crate::metrics`]).
 //!
 //! It is served over TLS with the agent's self-signed certificate ([`crate::tls`]), whose
 //! SHA-256 the agent publishes on its Node next to the `https://` URL; the API server pins it.
@@ -163,15 +164,22 @@ fn launcher_error(e: &ferrovirt_launcher::Error) -> StatusCode {
 
 struct EndpointState {
     cfg: LauncherConfig,
+    /// This node's name (the `node` label of the metrics).
+    node: String,
     /// None: every request is refused (the agent was not given its token).
     token: Option<String>,
 }
 
 /// The endpoint's routes (without a listener; tests serve it themselves).
-pub fn router(cfg: LauncherConfig, token: Option<String>) -> Router {
+pub fn router(cfg: LauncherConfig, node: &str, token: Option<String>) -> Router {
     let storage = crate::nodestore::server::router(cfg.data_dir.clone());
-    let st = Arc::new(EndpointState { cfg, token });
+    let st = Arc::new(EndpointState {
+        cfg,
+        node: node.to_string(),
+        token,
+    });
     Router::new()
+        .route("/metrics", get(metrics))
         .route("/vmis/{uid}/{op}", get(get_op).post(post_op))
         .route("/vmis/{uid}/portforward/{port}", get(port_forward))
         .with_state(st.clone())
@@ -189,11 +197,12 @@ pub struct Endpoint {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Binds `listen` and serves the endpoint over TLS with `cert`. `advertise` is the host put
-/// into the URL when the listener is bound to an unspecified address.
+/// Binds `listen` and serves the endpoint of node `node` over TLS with `cert`. `advertise` is
+/// the host put into the URL when the listener is bound to an unspecified address.
 pub async fn serve(
     listen: SocketAddr,
     advertise: &str,
+    node: &str,
     cfg: LauncherConfig,
     token: Option<String>,
     cert: &AgentCert,
@@ -210,7 +219,7 @@ pub async fn serve(
     let url = endpoint_url(addr, advertise);
     let fingerprint = cert.fingerprint_hex();
     let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
-    let app = router(cfg, token);
+    let app = router(cfg, node, token);
     // The same accept loop as the API server's: connection caps, handshake and header-read
     // timeouts (until the task is aborted).
     let task = tokio::spawn(ferrovirt_serve::serve(
@@ -252,6 +261,13 @@ async fn authenticate(State(st): State<Arc<EndpointState>>, req: Request, next: 
         (Some(p), Some(t)) if constant_time_eq(p.as_bytes(), t.as_bytes()) => next.run(req).await,
         _ => error(StatusCode::UNAUTHORIZED, "Unauthorized"),
     }
+}
+
+/// `GET /metrics`: this node's VMI metrics in the Prometheus text format.
+async fn metrics(State(st): State<Arc<EndpointState>>) -> Response {
+    let samples = crate::metrics::collect::collect(&st.cfg).await;
+    let body = crate::metrics::render(&st.node, &samples);
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
 }
 
 async fn connect(st: &EndpointState, uid: &str) -> Result<LauncherClient, Response> {
@@ -512,6 +528,7 @@ mod tests {
         serve(
             "127.0.0.1:0".parse().unwrap(),
             "127.0.0.1",
+            "node1",
             tmp_cfg(dir),
             token.map(String::from),
             &cert,
@@ -572,6 +589,24 @@ mod tests {
         assert!(st.contains(" 401 "), "{st}");
         ep.task.abort();
         ep2.task.abort();
+    }
+
+    #[tokio::test]
+    async fn metrics_need_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let ep = start(Some("t"), dir.path()).await;
+        let (st, _) = raw(&ep, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(st.contains(" 401 "), "{st}");
+        let (st, rest) = raw(
+            &ep,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n\r\n",
+        )
+        .await;
+        assert!(st.contains(" 200 "), "{st}");
+        assert!(rest.contains("text/plain; version=0.0.4"), "{rest}");
+        // No VMI on this node: no series.
+        assert!(!rest.contains("kubevirt_vmi_info"), "{rest}");
+        ep.task.abort();
     }
 
     #[tokio::test]

@@ -32,6 +32,7 @@ pub mod hostpath;
 pub mod isolation;
 pub mod launchers;
 pub mod mapping;
+pub mod metrics;
 pub mod migration;
 pub mod network;
 pub mod node;

@@ -235,6 +235,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     let endpoint = crate::endpoint::serve(
         opts.endpoint_listen,
         &opts.address,
+        &opts.node_name,
         cfg.clone(),
         opts.api_token.clone(),
         &cert,

@@ -49,6 +49,14 @@ pub struct LaunchMeta {
     /// Absent: the VM keeps running whatever happens to the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<crate::fence::FenceSpec>,
+    /// The VMI's interface names by index (`spec.domain.devices.interfaces[i].name`, NIC
+    /// `net<i>`): the `interface` label of the agent's network metrics.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<String>,
+    /// Labels of the VMI's `kubevirt_vmi_info` metric known when it started (`os`,
+    /// `workload`, `flavor`, `instance_type`, `preference`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub info_labels: std::collections::BTreeMap<String, String>,
 }
 
 fn default_qemu() -> PathBuf {
@@ -119,6 +127,9 @@ pub enum Request {
     MigrationStatus,
     /// QMP `migrate_cancel`: the source runs on.
     MigrateCancel,
+    /// Statistics for metrics: `{"blockstats": <QMP query-blockstats, raw>}`. Added within
+    /// protocol version 1 (an older launcher answers it with an error: no such series).
+    Stats,
     /// Online snapshot (`crate::online_snapshot`): switch each disk to the empty qcow2 overlay
     /// the agent prepared over its current top, in one QMP transaction, under a guest-agent
     /// filesystem freeze bounded by `freezeTimeoutMs` and always thawed. Replies
@@ -415,6 +426,10 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Request::MigratedAway).unwrap(),
             r#"{"op":"migratedAway"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::Stats).unwrap(),
+            r#"{"op":"stats"}"#
         );
         assert_eq!(
             serde_json::to_string(&Reply::err("x")).unwrap(),

@@ -63,6 +63,7 @@ enum Command {
     MigrationStatus,
     MigrateCancel,
     MigratedAway,
+    Stats,
     OnlineSnapshot {
         disks: Vec<crate::online_snapshot::OverlayDisk>,
         freeze_timeout: Duration,
@@ -189,6 +190,8 @@ async fn fence_gate(meta: &LaunchMeta, incoming: bool) -> Option<ExitReport> {
     }
 }
 
+/// How long `query-blockstats` may take for a metrics scrape (the agent gives up sooner).
+const STATS_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a launcher waits for another VMI's storage lease to expire before it gives up.
 const STORAGE_LEASE_WAIT: Duration = Duration::from_secs(30);
 
@@ -344,6 +347,11 @@ async fn main_loop(
                     }
                     Command::Block(step) => crate::blockmig::run(&vm, step).await,
                     Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
+                    Command::Stats => vm
+                        .qmp()
+                        .execute_with_timeout("query-blockstats", None, STATS_TIMEOUT)
+                        .await
+                        .map(|b| serde_json::json!({ "blockstats": b })),
                     Command::OnlineSnapshot { disks, freeze_timeout } => {
                         let paused = state == VmState::Paused;
                         crate::online_snapshot::take(&vm, &mut tops, &disks, freeze_timeout, paused)
@@ -597,6 +605,7 @@ async fn connection(
                     Request::MigrationStatus => Command::MigrationStatus,
                     Request::MigrateCancel => Command::MigrateCancel,
                     Request::MigratedAway => Command::MigratedAway,
+                    Request::Stats => Command::Stats,
                     Request::OnlineSnapshot {
                         disks,
                         freeze_timeout_ms,

@@ -24,6 +24,7 @@ async fn start(dir: &Path) -> Endpoint {
     serve(
         "127.0.0.1:0".parse().unwrap(),
         "127.0.0.1",
+        "node1",
         cfg,
         Some("node-token".into()),
         &cert,

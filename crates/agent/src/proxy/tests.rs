@@ -269,6 +269,7 @@ async fn agent_connections_pin_the_published_certificate() {
     let ep = crate::endpoint::serve(
         "127.0.0.1:0".parse().unwrap(),
         "127.0.0.1",
+        "node1",
         cfg,
         Some("tok".into()),
         &cert,

@@ -215,6 +215,18 @@ impl Agent {
             grace_seconds: decide::grace_seconds(vmi),
             qemu_binary: self.opts.qemu_binary.clone(),
             fence,
+            interfaces: vmi
+                .spec
+                .iter()
+                .flat_map(|s| s.domain.devices.interfaces.iter().flatten())
+                .map(|i| i.name.clone())
+                .collect(),
+            info_labels: crate::metrics::info_labels(
+                vmi.metadata
+                    .annotations
+                    .as_ref()
+                    .unwrap_or(&Default::default()),
+            ),
         };
         let t = boottime_us();
         self.launchers

@@ -1,0 +1,255 @@
+//! VMI metrics scraped by a real Prometheus (issue #20): one cluster on the pod network
+//! (its own node namespace) with a running VM that boots the test guest from its disk and
+//! takes a DHCP lease on its masquerade interface `default`. Debian's `prometheus`, started
+//! on loopback in the test's directory, scrapes every second the embedded agent's `/metrics`
+//! over HTTPS (the agent's self-signed endpoint certificate as its CA, the admin token as
+//! its bearer credential) and the API server's `/metrics` (its CA, the same token). Its query
+//! API must return `kubevirt_vmi_info` for the VM (`os` and `workload` from the template's
+//! annotations), a non-zero `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read
+//! bytes above zero (the guest booted from that disk) of its drive `root`, the resident
+//! memory, the guest memory size, one vCPU's time, traffic both ways on interface `default`
+//! (the guest's DHCP) and the API server's `apiserver_request_total`.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ferrovirt_testkit::netns::{Netns, token};
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest, free_port, http_get};
+
+const BOOT: Duration = Duration::from_secs(120);
+const SCRAPED: Duration = Duration::from_secs(60);
+
+const VM: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: metered, namespace: default}
+spec:
+  runStrategy: Always
+  template:
+    metadata:
+      annotations: {vm.kubevirt.io/os: fedora, vm.kubevirt.io/workload: server}
+    spec:
+      terminationGracePeriodSeconds: 5
+      domain:
+        memory: {guest: 128Mi}
+        devices:
+          disks:
+          - {name: root, disk: {bus: virtio}}
+          interfaces:
+          - {name: default, masquerade: {}}
+      networks:
+      - {name: default, pod: {}}
+      volumes:
+      - {name: root, persistentVolumeClaim: {claimName: metered-root}}
+"#;
+
+/// A Prometheus server, killed when dropped.
+struct Prometheus {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Starts `prometheus` in `dir` scraping the agent at `target` (`host:port`, its
+    /// certificate `ca`) and the API server at `server` (its CA `server_ca`) over HTTPS, both
+    /// with the bearer token in `token`.
+    fn start(
+        dir: &Path,
+        target: &str,
+        ca: &Path,
+        server: &str,
+        server_ca: &Path,
+        token: &Path,
+    ) -> anyhow::Result<Prometheus> {
+        let port = free_port()?;
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"global: {{scrape_interval: 1s, scrape_timeout: 1s}}
+scrape_configs:
+- job_name: ferrovirt-agents
+  scheme: https
+  authorization: {{credentials_file: "{}"}}
+  tls_config: {{ca_file: "{}"}}
+  static_configs: [{{targets: ["{target}"]}}]
+- job_name: ferrovirt-server
+  scheme: https
+  authorization: {{credentials_file: "{}"}}
+  tls_config: {{ca_file: "{}"}}
+  static_configs: [{{targets: ["{server}"]}}]
+"#,
+                token.display(),
+                ca.display(),
+                token.display(),
+                server_ca.display()
+            ),
+        )?;
+        let log = std::fs::File::create(dir.join("prometheus.log"))?;
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting prometheus (Debian package `prometheus`)")?;
+        let p = Prometheus { child, port };
+        http_get(port, "/-/ready", Duration::from_secs(30)).context("prometheus ready")?;
+        Ok(p)
+    }
+
+    /// The samples of an instant query: (labels, value).
+    fn query(&self, q: &str) -> anyhow::Result<Vec<(serde_json::Value, f64)>> {
+        let body = http_get(
+            self.port,
+            &format!("/api/v1/query?query={}", encode(q)),
+            Duration::from_secs(10),
+        )?;
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        anyhow::ensure!(v["status"] == "success", "query {q}: {body}");
+        Ok(v["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| {
+                let value = s["value"][1].as_str().and_then(|x| x.parse().ok());
+                (s["metric"].clone(), value.unwrap_or(f64::NAN))
+            })
+            .collect())
+    }
+}
+
+/// Percent-encodes a query parameter value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
+    TestGuest::get()?;
+    let node_ns = Netns::new(&format!("fvm-{}", token()))?;
+    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
+    opts.extra_args = vec![
+        "--network-mode".into(),
+        "pod".into(),
+        "--pod-cidr".into(),
+        "10.244.0.0/24".into(),
+        "--node-netns".into(),
+        node_ns.name().to_string(),
+    ];
+    let c = Cluster::start(&opts)?;
+    c.guest_disk_claim("metered-root")?;
+    c.apply(VM)?;
+    let vmi = c.wait_until("VMI metered Running", BOOT, || {
+        let v = c.get_json(&["vmi", "metered"])?;
+        Ok((v["status"]["phase"] == "Running").then_some(v))
+    })?;
+    // Whatever happens below, the VMI's namespace does not outlive the test.
+    let _vmi_ns = Netns::guard(&format!(
+        "fv-{}",
+        vmi["metadata"]["uid"].as_str().unwrap_or("")
+    ));
+    let node = vmi["status"]["nodeName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let n = c.get_json(&["node", &node])?;
+    let url = n["metadata"]["annotations"]["ferrovirt.io/agent-endpoint"]
+        .as_str()
+        .context("the Node has no agent endpoint")?;
+    let target = url.strip_prefix("https://").context("endpoint not https")?;
+    let ca = c.agent_dir().join("endpoint-tls").join("tls.crt");
+    let token = c.data_dir.join("token");
+
+    let t0 = Instant::now();
+    let server = format!("127.0.0.1:{}", c.port);
+    let server_ca = c.data_dir.join("tls").join("ca.crt");
+    let prom = Prometheus::start(c.dir(), target, &ca, &server, &server_ca, &token)?;
+    let started = t0.elapsed();
+    let name = r#"name="metered",namespace="default""#;
+    let first =
+        |q: &str| -> anyhow::Result<Option<f64>> { Ok(prom.query(q)?.first().map(|(_, v)| *v)) };
+    let result = c.wait_until("Prometheus has the VM's series", SCRAPED, || {
+        let info = prom.query(&format!("kubevirt_vmi_info{{{name}}}"))?;
+        let rate = first(&format!(
+            "rate(kubevirt_vmi_cpu_usage_seconds_total{{{name}}}[10s])"
+        ))?;
+        let read = first(&format!(
+            "sum(kubevirt_vmi_storage_read_traffic_bytes_total{{{name}}})"
+        ))?;
+        let net = |dir: &str| {
+            first(&format!(
+                r#"kubevirt_vmi_network_{dir}_bytes_total{{{name},interface="default"}}"#
+            ))
+        };
+        let (rx, tx) = (net("receive")?, net("transmit")?);
+        let api = first(r#"sum(apiserver_request_total{job="ferrovirt-server"})"#)?;
+        Ok(match (info.first(), rate, read, rx, tx, api) {
+            (Some(i), Some(r), Some(b), Some(rx), Some(tx), Some(api))
+                if r > 0.0 && b > 0.0 && rx > 0.0 && tx > 0.0 && api > 0.0 =>
+            {
+                Some((i.0.clone(), r, b))
+            }
+            _ => None,
+        })
+    });
+    let (info, rate, read) = match result {
+        Ok(x) => x,
+        Err(e) => {
+            let targets =
+                http_get(prom.port, "/api/v1/targets", Duration::from_secs(5)).unwrap_or_default();
+            anyhow::bail!("{e:#}\ntargets: {targets}");
+        }
+    };
+    eprintln!(
+        "prometheus ready after {:.1} s; series complete {:.1} s after start; cpu rate {rate:.3}, read bytes {read}",
+        started.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(info["phase"], "running", "{info}");
+    assert_eq!(info["os"], "fedora", "{info}");
+    assert_eq!(info["workload"], "server", "{info}");
+    assert_eq!(info["flavor"], "<none>", "{info}");
+    assert_eq!(info["node"], node.as_str(), "{info}");
+    assert_eq!(info["job"], "ferrovirt-agents", "{info}");
+    let drives = prom.query(&format!(
+        "kubevirt_vmi_storage_read_traffic_bytes_total{{{name}}}"
+    ))?;
+    assert!(
+        drives.iter().any(|(l, _)| l["drive"] == "root"),
+        "{drives:?}"
+    );
+    let rss = first(&format!("kubevirt_vmi_memory_resident_bytes{{{name}}}"))?;
+    assert!(rss.is_some_and(|b| b > 16.0 * 1024.0 * 1024.0), "{rss:?}");
+    let domain = first(&format!("kubevirt_vmi_memory_domain_bytes{{{name}}}"))?;
+    assert_eq!(domain, Some(128.0 * 1024.0 * 1024.0));
+    let vcpus = prom.query(&format!("kubevirt_vmi_vcpu_seconds_total{{{name}}}"))?;
+    // QEMU names its vCPU threads (`CPU 0/TCG`): one vCPU, one series.
+    assert_eq!(vcpus.len(), 1, "{vcpus:?}");
+    assert_eq!(vcpus[0].0["id"], "0", "{vcpus:?}");
+    assert!(vcpus[0].1 > 0.0, "{vcpus:?}");
+    Ok(())
+}
