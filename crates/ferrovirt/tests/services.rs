@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::netns::{Netns, NodePair, pod_network_args};
+use ferrovirt_testkit::netns::{Netns, NodePair, netns_list, pod_network_args};
 use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest};
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -241,6 +241,25 @@ fn node_port_and_cluster_ip_reach_vms_and_follow_their_state() -> anyhow::Result
     for _ in 0..8 {
         assert_eq!(fetch_in(&node_a, &url).as_deref(), Some("web1"));
     }
+
+    // Deleting the VMs leaves no VMI network namespace behind.
+    let mut uids = Vec::new();
+    for vm in ["web1", "client"] {
+        let v = c.get_json(&["vmi", vm])?;
+        uids.push(v["metadata"]["uid"].as_str().unwrap_or("?").to_string());
+    }
+    c.kubectl_ok(&["delete", "vm", "web1", "web2", "client", "--timeout=120s"])?;
+    c.wait_until(
+        "the VMI namespaces removed",
+        Duration::from_secs(60),
+        || {
+            let list = netns_list();
+            Ok((!uids
+                .iter()
+                .any(|u| list.iter().any(|n| n.contains(u.as_str()))))
+            .then_some(()))
+        },
+    )?;
     eprintln!(
         "services e2e: VMs running after {booted:?}, whole test {:?}",
         started.elapsed()
