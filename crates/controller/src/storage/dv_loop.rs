@@ -84,7 +84,13 @@ pub(super) struct Ctx {
     opts: StorageOptions,
     recorder: EventRecorder,
     jobs: Mutex<HashMap<String, Arc<Job>>>,
-    retry_at: Mutex<HashMap<String, Instant>>,
+    /// When a failed population is tried again, and the restart count it had then.
+    retry_at: Mutex<HashMap<String, (Instant, i32)>>,
+    /// Populations that ended (Succeeded, or Failed for good), by uid, with their final stage
+    /// and restart count: a reconcile of an object the cache shows stale (a claim's or the
+    /// object's own earlier event queued it before the final status arrived) reports that
+    /// end again instead of starting the transfer over.
+    ended: Mutex<HashMap<String, (Stage, i32)>>,
     reported: Mutex<HashSet<(String, String)>>,
 }
 
@@ -96,6 +102,13 @@ impl Ctx {
     /// Whether a population job for `uid` exists (running or finished, not yet collected).
     pub(super) fn has_job(&self, uid: &str) -> bool {
         self.job(uid).is_some()
+    }
+
+    /// Forgets everything about `uid` (its object is being deleted).
+    pub(super) fn forget(&self, uid: &str) {
+        self.drop_job(uid);
+        self.retry_at.lock().expect("lock").remove(uid);
+        self.ended.lock().expect("lock").remove(uid);
     }
 
     pub(super) fn drop_job(&self, uid: &str) {
@@ -124,6 +137,7 @@ pub async fn run(
         opts,
         jobs: Mutex::new(HashMap::new()),
         retry_at: Mutex::new(HashMap::new()),
+        ended: Mutex::new(HashMap::new()),
         reported: Mutex::new(HashSet::new()),
     });
     let data_volumes = crate::runtime::drive(
@@ -224,7 +238,7 @@ async fn reconcile(dv: Arc<Dv>, ctx: Arc<Ctx>) -> Result<Action, ControllerError
         .clone()
         .unwrap_or_else(|| "default".into());
     if dv.metadata.deletion_timestamp.is_some() {
-        ctx.drop_job(&uid);
+        ctx.forget(&uid);
         return Ok(Action::await_change());
     }
     let phase = dv.status.as_ref().and_then(|s| s.phase.clone());
@@ -241,12 +255,6 @@ async fn reconcile(dv: Arc<Dv>, ctx: Arc<Ctx>) -> Result<Action, ControllerError
             return Err(e);
         }
     };
-    // The claim reports the stage too, as CDI's importer does on its claims.
-    if let Some(current) = &out.claim_annotations {
-        let desired = pvc_import::annotations_for(&out.stage, out.restarts, out.clone);
-        let changes = pvc_import::changed(Some(current), &desired);
-        pvc_import::report(&ctx.client, &ns, &name, &changes).await?;
-    }
     let status = dvd::status_for(dv.status.as_ref(), &name, &out.stage, out.restarts, &now());
     if dvd::status_changed(dv.status.as_ref(), &status) {
         let was_bound = dv
@@ -277,6 +285,13 @@ async fn reconcile(dv: Arc<Dv>, ctx: Arc<Ctx>) -> Result<Action, ControllerError
                 .event(&ctx, false, "Bound", &format!("PVC {name} Bound"))
                 .await;
         }
+    }
+    // The claim reports the stage too, as CDI's importer does on its claims (after the
+    // DataVolume's own status: the claim's change queues another reconcile).
+    if let Some(current) = &out.claim_annotations {
+        let desired = pvc_import::annotations_for(&out.stage, out.restarts, out.clone);
+        let changes = pvc_import::changed(Some(current), &desired);
+        pvc_import::report(&ctx.client, &ns, &name, &changes).await?;
     }
     Ok(out.requeue)
 }
@@ -376,6 +391,9 @@ pub(super) async fn populate(
     let ns = dv.metadata.namespace.as_deref().unwrap_or("default");
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let clone = matches!(source, SourceKind::Pvc { .. });
+    if let Some((stage, restarts)) = ctx.ended.lock().expect("lock").get(uid).cloned() {
+        return Ok(Outcome::new(stage, restarts, Duration::from_secs(300)));
+    }
     // Bound: find the volume's image and size.
     let volume = claim
         .spec
@@ -418,6 +436,10 @@ pub(super) async fn populate(
             Some(Ok(())) => {
                 ctx.drop_job(uid);
                 ctx.retry_at.lock().expect("lock").remove(uid);
+                ctx.ended
+                    .lock()
+                    .expect("lock")
+                    .insert(uid.into(), (Stage::Succeeded, restarts));
                 let (reason, what) = if clone {
                     ("CloneSucceeded", "cloned")
                 } else {
@@ -441,19 +463,24 @@ pub(super) async fn populate(
                         reason: "Error".into(),
                         message: f.message,
                     };
+                    ctx.ended
+                        .lock()
+                        .expect("lock")
+                        .insert(uid.into(), (stage.clone(), restarts));
                     Outcome::new(stage, restarts, Duration::from_secs(300))
                 } else {
                     let delay = dvd::retry_delay(ctx.opts.retry_backoff, restarts as u32);
                     ctx.retry_at
                         .lock()
                         .expect("lock")
-                        .insert(uid.into(), Instant::now() + delay);
+                        .insert(uid.into(), (Instant::now() + delay, restarts));
                     Outcome::new(Stage::Scheduled { clone }, restarts, delay)
                 }
             }
         });
     }
-    if let Some(at) = ctx.retry_at.lock().expect("lock").get(uid).copied()
+    let retry = ctx.retry_at.lock().expect("lock").get(uid).copied();
+    if let Some((at, restarts)) = retry
         && at > Instant::now()
     {
         return Ok(Outcome::new(
@@ -462,6 +489,8 @@ pub(super) async fn populate(
             at - Instant::now(),
         ));
     }
+    // The restart count of the last failure, not the (maybe stale) object's.
+    let restarts = retry.map_or(restarts, |(_, r)| r.max(restarts));
     let placement = pv.as_ref().map(nodes::placement);
     let remote = match &placement {
         Some(Placement::Node { node, volume }) => {

@@ -250,7 +250,7 @@ pub(super) async fn reconcile(
 ) -> Result<Action, ControllerError> {
     let uid = pvc.metadata.uid.clone().unwrap_or_default();
     if pvc.metadata.deletion_timestamp.is_some() {
-        ctx.drop_job(&uid);
+        ctx.forget(&uid);
         return Ok(Action::await_change());
     }
     let Some(request) = requested_spec(&pvc) else {
