@@ -157,6 +157,31 @@ fn imports_cannot_reach_loopback_unless_allowed() -> anyhow::Result<()> {
     assert_refused(&c, "by-name", "localhost")?;
     assert_refused(&c, "hop", "127.0.0.1")?;
     assert_refused(&c, "registry", "127.0.0.1")?;
+    // The same through CDI's annotated claim (no DataVolume): refused, naming the host.
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: annotated
+  namespace: default
+  annotations: {{cdi.kubevirt.io/storage.import.endpoint: "http://{inner}/disk.img"}}
+spec:
+  storageClassName: shared
+  accessModes: [ReadWriteMany]
+  resources: {{requests: {{storage: 16Mi}}}}
+"#
+    ))?;
+    let claim = c.wait_until("annotated claim Failed", IMPORT, || {
+        let v = c.get_json(&["pvc", "annotated", "-n", "default"])?;
+        let phase = v["metadata"]["annotations"]["cdi.kubevirt.io/storage.pod.phase"].clone();
+        Ok((phase == "Failed").then_some(v))
+    })?;
+    let m = claim["metadata"]["annotations"]["cdi.kubevirt.io/storage.condition.running.message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(m.contains("127.0.0.1") && m.contains("loopback"), "{claim}");
     assert_eq!(
         inner_seen.load(Ordering::SeqCst),
         0,
