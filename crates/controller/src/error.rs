@@ -21,6 +21,9 @@ pub enum ControllerError {
     /// The system random number generator failed (export tokens).
     #[error("the system random number generator failed")]
     Randomness,
+    /// A storage operation on a node or here failed (retried).
+    #[error("{0}")]
+    Storage(String),
     /// A controller task ended unexpectedly.
     #[error("controller {name} stopped: {reason}")]
     TaskStopped { name: &'static str, reason: String },

@@ -723,6 +723,61 @@ spec:
         let img = volume_dir(&c, &claim)?.join("disk.img");
         assert_eq!(std::fs::metadata(&img)?.len(), 8 << 20, "{class}");
     }
+    // Deleting the snapshots reclaims their layers: the later writes are committed into the
+    // raw image, the layer files go, and the claim can grow again.
+    for class in ["local", "shared"] {
+        let claim = format!("src-{class}");
+        let vs = c.get_json(&["volumesnapshot", &format!("vs-{class}"), "-n", "default"])?;
+        let content = vs["status"]["boundVolumeSnapshotContentName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let vsc = c.get_json(&["volumesnapshotcontent", &content])?;
+        assert!(
+            vsc["metadata"]["finalizers"]
+                .to_string()
+                .contains("snapshot.ferrovirt.io/layer-reclaim"),
+            "{vsc}"
+        );
+        c.kubectl_ok(&[
+            "delete",
+            "volumesnapshot",
+            &format!("vs-{class}"),
+            "-n",
+            "default",
+        ])?;
+        let dir = volume_dir(&c, &claim)?;
+        c.wait_until(&format!("{claim}: layers reclaimed"), STEP, || {
+            let gone = c
+                .kubectl(&["get", "volumesnapshotcontent", &content])?
+                .status
+                .code()
+                != Some(0);
+            Ok((gone && !dir.join("layer-000001.qcow2").exists()).then_some(()))
+        })?;
+        let chain = std::fs::read_to_string(dir.join("chain.json")).unwrap_or_default();
+        assert!(!chain.contains("qcow2"), "{class}: {chain}");
+        let img = dir.join("disk.img");
+        assert_eq!(
+            read_at(&img, 4)?,
+            [66; 4],
+            "{class}: the later write is kept"
+        );
+        c.kubectl_ok(&[
+            "patch",
+            "pvc",
+            &claim,
+            "-n",
+            "default",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"24Mi"}}}}"#,
+        ])?;
+        c.wait_until(&format!("{claim} grown"), STEP, || {
+            Ok((std::fs::metadata(&img)?.len() == 24 << 20).then_some(()))
+        })?;
+    }
     // A snapshot of a claim that does not exist says so.
     c.apply(
         r#"

@@ -253,6 +253,21 @@ impl NodeStorage {
             .map(drop)
     }
 
+    /// Records the deleted snapshots `release` of volume `name` and, with `merge` (no VM uses
+    /// the volume), drops every released layer.
+    pub async fn reclaim(
+        &self,
+        name: &str,
+        release: Vec<String>,
+        merge: bool,
+    ) -> Result<ferrovirt_storage::snapshot::reclaim::ReclaimReport, NodeStoreError> {
+        let req = super::ReclaimVolume { release, merge };
+        let body = self
+            .call(Method::POST, &volume_path(name, "/reclaim"), Some(&req))
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| self.unreachable(format!("bad answer: {e}")))
+    }
+
     /// Opens the raw bytes of volume `name` (its snapshot `handle` when given) for export:
     /// the answer's body is the stream, its `Content-Length` the size.
     pub async fn read_export(

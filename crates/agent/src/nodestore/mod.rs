@@ -106,6 +106,17 @@ pub struct RevertVolume {
     pub handle: String,
 }
 
+/// `POST /storage/volumes/{name}/reclaim`: record that the snapshots holding `release`
+/// (handles, i.e. frozen layer names) were deleted, then, when `merge` (no VM uses the
+/// volume), drop every released layer (docs/snapshots.md "Reclaiming layers").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReclaimVolume {
+    #[serde(default)]
+    pub release: Vec<String>,
+    #[serde(default)]
+    pub merge: bool,
+}
+
 /// `POST /storage/volumes/{name}/populate`: fill the volume of `capacity` bytes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Populate {

@@ -6,7 +6,10 @@
 //!   time whatever the disk's size. The volume must not be in use by a running VM (the
 //!   controller checks; online snapshots go through the VM's QEMU);
 //! - `POST /storage/volumes/{name}/revert` [`RevertVolume`]: point the volume back at one of
-//!   its snapshots with a fresh top (in-place restore).
+//!   its snapshots with a fresh top (in-place restore);
+//! - `POST /storage/volumes/{name}/reclaim` [`ReclaimVolume`]: record deleted snapshots'
+//!   layers as released and, asked to merge, drop them (`ferrovirt_storage::snapshot::reclaim`;
+//!   only a volume no running VM writes is merged, the controller checks).
 //!
 //! - `POST /storage/vmis/{uid}/snapshot`: an online snapshot of a running VMI's volumes
 //!   ([`super::online`]).
@@ -28,7 +31,7 @@ use http::StatusCode;
 use serde_json::json;
 use std::sync::Arc;
 
-use super::{RevertVolume, TakenSnapshot, volume_root};
+use super::{ReclaimVolume, RevertVolume, TakenSnapshot, volume_root};
 
 struct SnapState {
     data_dir: PathBuf,
@@ -39,6 +42,7 @@ pub fn router(data_dir: PathBuf) -> Router {
     Router::new()
         .route("/storage/volumes/{name}/snapshots", post(take))
         .route("/storage/volumes/{name}/revert", post(revert))
+        .route("/storage/volumes/{name}/reclaim", post(reclaim))
         .with_state(Arc::new(SnapState {
             data_dir: data_dir.clone(),
         }))
@@ -117,6 +121,36 @@ async fn revert(
     };
     match blocking(move || snapshot::revert(&dir, &req.handle)).await {
         Ok(()) => axum::Json(json!({})).into_response(),
+        Err(e) => answer(&e),
+    }
+}
+
+async fn reclaim(
+    State(st): State<Arc<SnapState>>,
+    UrlPath(name): UrlPath<String>,
+    body: Bytes,
+) -> Response {
+    let req: ReclaimVolume = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return answer(&StorageError::invalid("request body", e.to_string()));
+        }
+    };
+    let dir = match volume_dir(&st, &name) {
+        Ok(d) => d,
+        Err(r) => return *r,
+    };
+    let done = blocking(move || {
+        snapshot::release(&dir, &req.release)?;
+        if req.merge {
+            snapshot::reclaim(&dir)
+        } else {
+            Ok(Default::default())
+        }
+    })
+    .await;
+    match done {
+        Ok(report) => axum::Json(report).into_response(),
         Err(e) => answer(&e),
     }
 }

@@ -108,13 +108,16 @@ pub async fn run(
                     Some(ObjectRef::<Vm>::new(&vm).within(&ns))
                 },
             )
-            .run(reconcile_marks, error_policy, ctx),
+            .run(reconcile_marks, error_policy, ctx.clone()),
         COMPONENT,
         "VirtualMachine snapshot/restore marks",
     );
     let clones = super::clone_loop::run(client.clone());
+    let reclaim =
+        super::reclaim_loop::run(client.clone(), ctx.stores.clone(), ctx.agent_token.clone());
     tokio::select! {
         r = clones => r,
+        r = reclaim => r,
         r = vs => r,
         r = snaps => r,
         r = restores => r,
@@ -168,7 +171,7 @@ fn ns_of(meta: &ObjectMeta) -> (String, String) {
 }
 
 /// A VMI of the namespace that has not finished and uses claim `claim`.
-fn claim_user(stores: &Stores, ns: &str, claim: &str) -> Option<String> {
+pub(super) fn claim_user(stores: &Stores, ns: &str, claim: &str) -> Option<String> {
     stores
         .vmis
         .state()

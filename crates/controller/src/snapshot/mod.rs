@@ -11,7 +11,8 @@
 //! - [`populate`]: a claim provisioned from a VolumeSnapshot filled from its layers;
 //! - [`restore`]: the VirtualMachineRestore step (pure);
 //! - [`clone`]: the VirtualMachineClone step (pure), applied by `clone_loop`;
-//! - [`loops`]: the controllers that apply them;
+//! - [`loops`]: the controllers that apply them; [`reclaim_loop`]: deleted snapshots' layers
+//!   released and merged away;
 //! - [`resources`]: `kube::Resource` wrappers of the kinds.
 
 pub mod clone;
@@ -19,6 +20,7 @@ mod clone_loop;
 pub mod loops;
 pub mod online;
 pub mod populate;
+pub mod reclaim_loop;
 pub mod resources;
 pub mod restore;
 pub mod vm_snapshot;

@@ -49,11 +49,11 @@ pub enum ReadPlan {
 pub fn read_plan(chain: &Chain, handle: Option<&str>) -> Result<ReadPlan, StorageError> {
     let layers = match handle {
         Some(h) => prefix_to(chain, h)?,
-        None => &chain.layers[..],
+        None => chain.layers.clone(),
     };
-    match layers {
+    match &layers[..] {
         [one] if one.format == LayerFormat::Raw => Ok(ReadPlan::File(one.file.clone())),
-        _ => Ok(ReadPlan::Chain(layers.to_vec())),
+        _ => Ok(ReadPlan::Chain(layers)),
     }
 }
 

@@ -16,9 +16,10 @@
 //! claim); [`revert`] points the volume back at it with a fresh top layer (an in-place restore,
 //! also constant time).
 //!
-//! Layers above a reverted point, and frozen layers whose snapshot was deleted, stay on disk
-//! until the volume is deleted: a frozen layer may back the live top, and merging layers
-//! (`qemu-img commit`) is left for later (docs/snapshots.md).
+//! Frozen layers that a revert leaves above the reverted point stay readable as **detached**
+//! layers (recorded with their backing), so the snapshots they hold keep their bytes.
+//! [`reclaim`] (module [`reclaim`]) merges away the layers no snapshot holds any more, once
+//! the volume is not in use (docs/snapshots.md).
 //!
 //! The decisions ([`plan_snapshot`], [`prefix_to`], [`plan_revert`]) are pure; the I/O
 //! functions run `qemu-img` synchronously (callers on async runtimes use `spawn_blocking`).
@@ -30,6 +31,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::StorageError;
 use crate::provisioner::DISK_IMAGE;
+
+pub mod reclaim;
+pub use reclaim::{ReclaimPlan, held_layers, plan_reclaim, reclaim, release};
 
 /// The file recording a volume's layer chain inside its directory.
 pub const CHAIN_FILE: &str = "chain.json";
@@ -66,6 +70,22 @@ pub struct Chain {
     pub layers: Vec<Layer>,
     /// The number of the next layer file (`layer-<n>.qcow2`); never reused.
     pub next: u32,
+    /// Frozen layers no longer in the live chain (a revert went below them), kept while a
+    /// snapshot may hold them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub detached: Vec<Detached>,
+    /// Frozen layers (live or detached) whose snapshot was deleted: [`reclaim`] drops them
+    /// once the volume is not in use.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub released: std::collections::BTreeSet<String>,
+}
+
+/// A frozen qcow2 layer outside the live chain, with the layer it is backed by (a layer of
+/// the live chain or another detached one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Detached {
+    pub file: String,
+    pub backing: String,
 }
 
 impl Default for Chain {
@@ -77,6 +97,8 @@ impl Default for Chain {
                 format: LayerFormat::Raw,
             }],
             next: 1,
+            detached: Vec::new(),
+            released: Default::default(),
         }
     }
 }
@@ -124,35 +146,71 @@ pub fn plan_snapshot(chain: &Chain) -> SnapshotPlan {
     }
 }
 
-/// The layers that hold snapshot `handle`'s bytes: the chain up to and including it. A handle
-/// that is the live top (not frozen) or absent is refused.
-pub fn prefix_to<'a>(chain: &'a Chain, handle: &str) -> Result<&'a [Layer], StorageError> {
-    let pos = chain
-        .layers
-        .iter()
-        .position(|l| l.file == handle)
-        .ok_or_else(|| {
-            StorageError::invalid(
+/// The layers that hold snapshot `handle`'s bytes: the chain up to and including it (for a
+/// detached layer: the live layers below it, then its detached backings). A handle that is
+/// the live top (not frozen) or absent is refused.
+pub fn prefix_to(chain: &Chain, handle: &str) -> Result<Vec<Layer>, StorageError> {
+    if let Some(pos) = chain.layers.iter().position(|l| l.file == handle) {
+        if pos + 1 == chain.layers.len() {
+            return Err(StorageError::invalid(
                 "snapshot handle",
-                format!("{handle:?} is not a layer of this volume"),
-            )
-        })?;
-    if pos + 1 == chain.layers.len() {
-        return Err(StorageError::invalid(
-            "snapshot handle",
-            format!("{handle:?} is the volume's writable top, not a frozen snapshot"),
-        ));
+                format!("{handle:?} is the volume's writable top, not a frozen snapshot"),
+            ));
+        }
+        return Ok(chain.layers[..=pos].to_vec());
     }
-    Ok(&chain.layers[..=pos])
+    // A detached layer: follow its backings down to the live chain.
+    let mut above = Vec::new();
+    let mut at = handle;
+    while let Some(d) = chain.detached.iter().find(|d| d.file == at) {
+        if above.len() > chain.detached.len() {
+            break; // a loop in a hand-edited record
+        }
+        above.push(Layer {
+            file: d.file.clone(),
+            format: LayerFormat::Qcow2,
+        });
+        at = &d.backing;
+        if let Some(pos) = chain.layers.iter().position(|l| l.file == at) {
+            let mut layers = chain.layers[..=pos].to_vec();
+            layers.extend(above.into_iter().rev());
+            return Ok(layers);
+        }
+    }
+    Err(StorageError::invalid(
+        "snapshot handle",
+        format!("{handle:?} is not a layer of this volume"),
+    ))
 }
 
 /// What reverting a volume to snapshot `handle` does: the chain becomes the snapshot's prefix
 /// plus a new empty top over it.
+/// The frozen live layers above the reverted point become detached (a snapshot may hold
+/// them); the old writable top is dropped from the record (the caller deletes its file).
 pub fn plan_revert(chain: &Chain, handle: &str) -> Result<SnapshotPlan, StorageError> {
     let prefix = prefix_to(chain, handle)?;
+    // Detached layers the reverted point goes through are live again.
+    let mut detached: Vec<Detached> = chain
+        .detached
+        .iter()
+        .filter(|d| !prefix.iter().any(|p| p.file == d.file))
+        .cloned()
+        .collect();
+    // Live frozen layers above the reverted point (not the live top) leave the live chain.
+    let live_frozen = &chain.layers[..chain.layers.len() - 1];
+    for (i, l) in live_frozen.iter().enumerate().skip(1) {
+        if !prefix.iter().any(|p| p.file == l.file) {
+            detached.push(Detached {
+                file: l.file.clone(),
+                backing: live_frozen[i - 1].file.clone(),
+            });
+        }
+    }
     let base = Chain {
-        layers: prefix.to_vec(),
+        layers: prefix,
         next: chain.next,
+        detached,
+        released: chain.released.clone(),
     };
     let mut plan = plan_snapshot(&base);
     plan.handle = handle.to_string();
@@ -213,6 +271,18 @@ pub fn validate_chain(chain: &Chain) -> Result<(), StorageError> {
             ));
         }
     }
+    for d in &chain.detached {
+        for name in [&d.file, &d.backing] {
+            if !crate::provisioner::valid_volume_name(&name.to_ascii_lowercase())
+                || name.contains('/')
+            {
+                return Err(StorageError::invalid(
+                    "chain.json",
+                    format!("detached layer {name:?} is not a plain file name"),
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -228,7 +298,7 @@ pub fn disk_chain(dir: &Path) -> Result<Vec<(PathBuf, LayerFormat)>, StorageErro
         .collect())
 }
 
-fn write_chain(dir: &Path, chain: &Chain) -> Result<(), StorageError> {
+pub(crate) fn write_chain(dir: &Path, chain: &Chain) -> Result<(), StorageError> {
     let path = dir.join(CHAIN_FILE);
     let tmp = dir.join(".chain.json.tmp");
     let body = serde_json::to_vec_pretty(chain).expect("a chain serializes");
@@ -238,7 +308,7 @@ fn write_chain(dir: &Path, chain: &Chain) -> Result<(), StorageError> {
     std::fs::rename(&tmp, &path).map_err(|e| StorageError::io(&path, e))
 }
 
-fn qemu_img(args: &[&str]) -> Result<(), StorageError> {
+pub(crate) fn qemu_img(args: &[&str]) -> Result<(), StorageError> {
     let out = Command::new("qemu-img")
         .args(args)
         .output()
@@ -363,7 +433,13 @@ pub fn revert(dir: &Path, handle: &str) -> Result<(), StorageError> {
         .cloned()
         .expect("non-empty prefix");
     create_layer(dir, &plan.new_top, &frozen, size)?;
-    write_chain(dir, &plan.chain)
+    write_chain(dir, &plan.chain)?;
+    // The old writable top holds no snapshot: nothing reads it any more.
+    let old_top = chain.top();
+    if !plan.chain.layers.contains(old_top) && old_top.format == LayerFormat::Qcow2 {
+        let _ = std::fs::remove_file(dir.join(&old_top.file));
+    }
+    Ok(())
 }
 
 /// Write snapshot `handle` of the volume in `src_dir` (its live chain when `None`: a clone of
@@ -375,9 +451,9 @@ pub fn export_raw(src_dir: &Path, handle: Option<&str>, dest: &Path) -> Result<(
     let chain = read_chain(src_dir)?;
     let layers = match handle {
         Some(h) => prefix_to(&chain, h)?,
-        None => &chain.layers[..],
+        None => chain.layers.clone(),
     };
-    let spec = format!("json:{}", blockdev_json(src_dir, layers));
+    let spec = format!("json:{}", blockdev_json(src_dir, &layers));
     let d = dest.display().to_string();
     if let Ok(meta) = std::fs::metadata(dest) {
         let size = volume_size(src_dir, &chain)?;
@@ -454,7 +530,9 @@ mod tests {
         assert!(
             validate_chain(&Chain {
                 layers: vec![],
-                next: 1
+                next: 1,
+                detached: Vec::new(),
+                released: Default::default(),
             })
             .is_err()
         );
