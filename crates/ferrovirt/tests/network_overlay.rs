@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::netns::{Netns, NodePair, netns_list, pod_network_args, sh};
-use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest};
+use ferrovirt_testkit::netns::{Netns, NodePair, netns_list, sh};
+use ferrovirt_testkit::{SerialConsole, TestGuest};
 use serde_json::Value;
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -91,22 +91,12 @@ fn guest_wget(g: &Guest, url: &str) -> anyhow::Result<String> {
 fn two_nodes_overlay_bindings_and_cleanup() -> anyhow::Result<()> {
     let started = Instant::now();
     TestGuest::get()?;
+    let pair = NodePair::new("fvo", A_IP, B_IP)?;
+    let mut c = pair.start_cluster(env!("CARGO_BIN_EXE_ferrovirt"), [A_IP, B_IP], B_CIDR)?;
     let NodePair {
         a: node_a,
         b: node_b,
-    } = NodePair::new("fvo", A_IP, B_IP)?;
-
-    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
-    opts.node_name = Some("node-a".into());
-    opts.extra_args = pod_network_args(&node_a, A_IP, None)
-        .into_iter()
-        .map(String::from)
-        .collect();
-    let mut c = Cluster::start(&opts)?;
-    let mut b_args = pod_network_args(&node_b, B_IP, Some(B_CIDR));
-    // Listening on every address: the URL on the Node names --address (127.0.0.1).
-    b_args.extend(["--endpoint-listen", "0.0.0.0:0"]);
-    c.start_agent_with("node-b", &b_args)?;
+    } = pair;
 
     // Node subnets: A's from the node IPAM controller, B's recorded from --pod-cidr.
     let cidrs = c.wait_until("both nodes with a podCIDR", Duration::from_secs(60), || {

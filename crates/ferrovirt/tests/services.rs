@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::netns::{Netns, NodePair, netns_list, pod_network_args};
-use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest};
+use ferrovirt_testkit::netns::{Netns, NodePair, netns_list};
+use ferrovirt_testkit::{Cluster, SerialConsole, TestGuest};
 
 const BOOT: Duration = Duration::from_secs(180);
 const A_IP: &str = "192.168.252.1";
@@ -72,20 +72,12 @@ fn slice_addresses(c: &Cluster) -> anyhow::Result<Vec<String>> {
 fn node_port_and_cluster_ip_reach_vms_and_follow_their_state() -> anyhow::Result<()> {
     let started = Instant::now();
     TestGuest::get()?;
+    let pair = NodePair::new("fvs", A_IP, B_IP)?;
+    let c = pair.start_cluster(env!("CARGO_BIN_EXE_ferrovirt"), [A_IP, B_IP], B_CIDR)?;
     let NodePair {
         a: node_a,
-        b: node_b,
-    } = NodePair::new("fvs", A_IP, B_IP)?;
-    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
-    opts.node_name = Some("node-a".into());
-    opts.extra_args = pod_network_args(&node_a, A_IP, None)
-        .into_iter()
-        .map(String::from)
-        .collect();
-    let mut c = Cluster::start(&opts)?;
-    let mut b_args = pod_network_args(&node_b, B_IP, Some(B_CIDR));
-    b_args.extend(["--endpoint-listen", "0.0.0.0:0"]);
-    c.start_agent_with("node-b", &b_args)?;
+        b: _node_b,
+    } = pair;
     for (name, node, app) in [
         ("web1", "node-a", "web"),
         ("web2", "node-b", "web"),

@@ -593,6 +593,15 @@ fn read_at(path: &std::path::Path, len: usize) -> anyhow::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Asks for claim `claim` (in `default`) to hold `size`.
+fn resize(c: &Cluster, claim: &str, size: &str) -> anyhow::Result<()> {
+    let patch = format!(r#"{{"spec":{{"resources":{{"requests":{{"storage":"{size}"}}}}}}}}"#);
+    c.kubectl_ok(&[
+        "patch", "pvc", claim, "-n", "default", "--type", "merge", "-p", &patch,
+    ])?;
+    Ok(())
+}
+
 /// The Kubernetes way, without a VM: a VolumeSnapshot of a claim of each built-in class, then
 /// a claim with `dataSourceRef` naming it holds the bytes of the snapshot, not the later ones.
 #[test]
@@ -690,17 +699,7 @@ spec:
     for class in ["local", "shared"] {
         let claim = format!("src-{class}");
         let before = c.get_json(&["pvc", &claim, "-n", "default"])?["status"]["capacity"].clone();
-        c.kubectl_ok(&[
-            "patch",
-            "pvc",
-            &claim,
-            "-n",
-            "default",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"resources":{"requests":{"storage":"16Mi"}}}}"#,
-        ])?;
+        resize(&c, &claim, "16Mi")?;
         c.wait_until(&format!("{claim}: VolumeResizeFailed"), STEP, || {
             let ev = c.get_json(&[
                 "events",
@@ -763,17 +762,7 @@ spec:
             [66; 4],
             "{class}: the later write is kept"
         );
-        c.kubectl_ok(&[
-            "patch",
-            "pvc",
-            &claim,
-            "-n",
-            "default",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"resources":{"requests":{"storage":"24Mi"}}}}"#,
-        ])?;
+        resize(&c, &claim, "24Mi")?;
         c.wait_until(&format!("{claim} grown"), STEP, || {
             Ok((std::fs::metadata(&img)?.len() == 24 << 20).then_some(()))
         })?;

@@ -149,6 +149,28 @@ impl NodePair {
         )?;
         Ok(NodePair { a, b })
     }
+
+    /// A two-node pod-network cluster over the pair: the server (node `node-a`, its embedded
+    /// agent) in A at `ips[0]`, an agent `node-b` in B at `ips[1]` with pod subnet `b_cidr`,
+    /// listening on every address (the URL on its Node names `--address`, 127.0.0.1).
+    pub fn start_cluster(
+        &self,
+        bin: &str,
+        ips: [&str; 2],
+        b_cidr: &str,
+    ) -> anyhow::Result<crate::Cluster> {
+        let mut opts = crate::ClusterOptions::new(bin);
+        opts.node_name = Some("node-a".into());
+        opts.extra_args = pod_network_args(&self.a, ips[0], None)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let mut c = crate::Cluster::start(&opts)?;
+        let mut b_args = pod_network_args(&self.b, ips[1], Some(b_cidr));
+        b_args.extend(["--endpoint-listen", "0.0.0.0:0"]);
+        c.start_agent_with("node-b", &b_args)?;
+        Ok(c)
+    }
 }
 
 /// The server or agent arguments of a pod-network node living in `netns` with address `ip`

@@ -104,19 +104,29 @@ async fn take(State(st): State<Arc<SnapState>>, UrlPath(name): UrlPath<String>) 
     }
 }
 
+/// A request body of type `T` for volume `name` and the volume's directory, or the answer
+/// refusing them.
+fn request<T: serde::de::DeserializeOwned>(
+    st: &SnapState,
+    name: &str,
+    body: &[u8],
+) -> Result<(T, PathBuf), Box<Response>> {
+    let req = serde_json::from_slice(body).map_err(|e| {
+        Box::new(answer(&StorageError::invalid(
+            "request body",
+            e.to_string(),
+        )))
+    })?;
+    Ok((req, volume_dir(st, name)?))
+}
+
 async fn revert(
     State(st): State<Arc<SnapState>>,
     UrlPath(name): UrlPath<String>,
     body: Bytes,
 ) -> Response {
-    let req: RevertVolume = match serde_json::from_slice(&body) {
+    let (req, dir): (RevertVolume, _) = match request(&st, &name, &body) {
         Ok(r) => r,
-        Err(e) => {
-            return answer(&StorageError::invalid("request body", e.to_string()));
-        }
-    };
-    let dir = match volume_dir(&st, &name) {
-        Ok(d) => d,
         Err(r) => return *r,
     };
     match blocking(move || snapshot::revert(&dir, &req.handle)).await {
@@ -130,14 +140,8 @@ async fn reclaim(
     UrlPath(name): UrlPath<String>,
     body: Bytes,
 ) -> Response {
-    let req: ReclaimVolume = match serde_json::from_slice(&body) {
+    let (req, dir): (ReclaimVolume, _) = match request(&st, &name, &body) {
         Ok(r) => r,
-        Err(e) => {
-            return answer(&StorageError::invalid("request body", e.to_string()));
-        }
-    };
-    let dir = match volume_dir(&st, &name) {
-        Ok(d) => d,
         Err(r) => return *r,
     };
     let done = blocking(move || {
