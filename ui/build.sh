@@ -18,8 +18,13 @@ if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modu
   npm ci --no-audit --no-fund --loglevel=error >&2
 fi
 
+# One build at a time (cargo build and clippy may run the crate's build script together).
+if command -v flock >/dev/null 2>&1; then
+  exec 9>.build.lock
+  flock 9
+fi
 out="dist.tmp.$$"
-rm -rf dist.tmp.*
+rm -rf "$out"
 mkdir "$out"
 trap 'rm -rf "$out"' EXIT
 ./node_modules/.bin/esbuild src/main.js \
