@@ -1,10 +1,13 @@
 //! End-to-end test of the web console (`/ui/`) in a real headless Chromium driven through
 //! chromedriver (WebDriver, `fantoccini`), against the real server binary with its embedded
 //! agent and a VM on the test guest under TCG: a wrong token is refused at sign-in; the right one
-//! signs in; the list shows the VM Running (live, from the watch); the serial console tab
+//! signs in; the list shows the VM Running (live, from the watch); Overview and Events show
+//! it; Unpause of a running VM shows the API's error, Pause/Unpause their result and status;
+//! the serial console tab
 //! (xterm.js over the `console` websocket, token in the subprotocol) runs `echo web-$((6*7))`
 //! and shows `web-42`; the VNC tab's canvas (noVNC over the `vnc` websocket) is not blank; a
-//! YAML save with a stale resourceVersion shows the conflict; Stop turns the status Stopped.
+//! YAML save with a stale resourceVersion shows the conflict (and saves after Reload); the list
+//! is readable at phone width; Stop turns the status Stopped; Delete asks, then deletes.
 //! Screenshots are written under `target/webui-artifacts/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`: skipped with a message when they are
@@ -287,6 +290,28 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     wait_text(b, r#"dd[data-field="Node"]"#, "node1", STEP).await?;
     wait_text(b, r#"dd[data-field="Memory"]"#, "128Mi", STEP).await?;
 
+    // Events: the VM controller's SuccessfulCreate of the VMI.
+    b.goto(&format!("{base}#/vms/default/web/events")).await?;
+    wait_text(b, "#events", "SuccessfulCreate", STEP).await?;
+
+    // Actions show the API's error (unpausing a running VMI) or their result, and the status
+    // follows: Pause → Paused, Unpause → Running.
+    b.goto(&format!("{base}#/vms/default/web/overview")).await?;
+    b.wait()
+        .for_element(Locator::Css("#act-unpause"))
+        .await?
+        .click()
+        .await?;
+    wait_text(b, "#action-result", "Unpause failed: ", STEP).await?;
+    wait_text(b, "#action-result", "not paused", STEP).await?;
+    b.find(Locator::Css("#act-pause")).await?.click().await?;
+    wait_text(b, "#action-result", "Pause: accepted", STEP).await?;
+    wait_text(b, "#vm-status", "Paused", STEP).await?;
+    shot(b, "02-overview-paused.png").await?;
+    b.find(Locator::Css("#act-unpause")).await?.click().await?;
+    wait_text(b, "#action-result", "Unpause: accepted", STEP).await?;
+    wait_text(b, "#vm-status", "Running", STEP).await?;
+
     // Serial console.
     b.goto(&format!("{base}#/vms/default/web/console")).await?;
     wait_text(b, "#console-status", "Connected", STEP).await?;
@@ -352,5 +377,28 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     wait_text(b, &format!("{row} .status"), "Stopped", BOOT).await?;
     eprintln!("list shows Stopped {:?} after Stop", t0.elapsed());
     shot(b, "05-list-stopped.png").await?;
+
+    // Delete asks first; Cancel keeps the VM, Delete removes it from the list.
+    b.goto(&format!("{base}#/vms/default/web/overview")).await?;
+    b.wait()
+        .for_element(Locator::Css("#act-delete"))
+        .await?
+        .click()
+        .await?;
+    b.wait()
+        .for_element(Locator::Css("#confirm-cancel"))
+        .await?
+        .click()
+        .await?;
+    assert!(c.get_json(&["vm", "web"]).is_ok(), "Cancel must not delete");
+    b.find(Locator::Css("#act-delete")).await?.click().await?;
+    b.wait()
+        .for_element(Locator::Css("#confirm-ok"))
+        .await?
+        .click()
+        .await?;
+    wait_text(b, "#action-result", "Delete: accepted", STEP).await?;
+    b.goto(&format!("{base}#/vms")).await?;
+    wait_text(b, "#vm-list", "No VirtualMachines match", STEP).await?;
     Ok(())
 }
