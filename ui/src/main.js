@@ -1,5 +1,6 @@
-// ferrovirt web console: hash routing between the sign-in page, the VirtualMachines list and a
-// VM's details. Each page returns a cleanup function that stops its watches and sockets.
+// ferrovirt web console: hash routing between the sign-in page, the VirtualMachines list, the
+// Create VM form and a VM's details. Each page returns a cleanup function that stops its
+// watches and sockets.
 
 import '@xterm/xterm/css/xterm.css';
 import './app.css';
@@ -7,6 +8,7 @@ import { h, mount } from './dom.js';
 import { api, setToken, signOut, token } from './api.js';
 import { vmList } from './vms.js';
 import { vmDetails } from './vm.js';
+import { createPage } from './create.js';
 
 let cleanup = () => {};
 
@@ -63,6 +65,7 @@ function nav() {
   mount(
     el,
     h('a', { href: '#/vms' }, 'VirtualMachines'),
+    h('a#nav-create', { href: '#/create' }, 'Create VM'),
     user ? h('span.user', {}, user) : null,
     h('button.link#signout', { type: 'button', onclick: signOut }, 'Sign out'),
   );
@@ -79,6 +82,7 @@ function route() {
   }
   nav();
   if (parts[0] === 'login') cleanup = loginPage(main);
+  else if (parts[0] === 'create') cleanup = createPage(main);
   else if (parts[0] === 'vms' && parts.length >= 3) cleanup = vmDetails(main, parts[1], parts[2], parts[3] || 'overview');
   else cleanup = vmList(main);
 }

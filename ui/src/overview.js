@@ -1,5 +1,6 @@
-// The Overview tab: status, node, IPs, CPU and memory, disks, NICs and the guest OS (from the
-// VMI's guestOSInfo when its guest agent reports one), redrawn whenever the VM or VMI changes.
+// The Overview tab: status, node, IPs, CPU and memory, disks, the import progress of the VM's
+// DataVolumes, NICs and the guest OS (from the VMI's guestOSInfo when its guest agent reports
+// one), redrawn whenever the VM, its VMI or a DataVolume changes.
 
 import { h, mount } from './dom.js';
 
@@ -25,8 +26,23 @@ const dl = (pairs) =>
 const table = (cols, rows) =>
   h('div.scroll', {}, h('table.list', {}, h('thead', {}, h('tr', {}, cols.map((c) => h('th', { scope: 'col' }, c)))), h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', { colspan: cols.length }, 'None')))));
 
+function dataVolumes(vm, dvs) {
+  return (vm.spec?.dataVolumeTemplates || []).map((t) => {
+    const dv = dvs.get(`${vm.metadata.namespace}/${t.metadata?.name}`);
+    const phase = dv?.status?.phase || 'Pending';
+    const pct = parseFloat(dv?.status?.progress) || (phase === 'Succeeded' ? 100 : 0);
+    return h(
+      `tr#dv-${t.metadata?.name}`,
+      {},
+      h('td', {}, t.metadata?.name),
+      h('td.dv-phase', {}, phase),
+      h('td', {}, h('progress', { max: 100, value: pct, 'aria-label': `import progress of ${t.metadata?.name}` }), ` ${dv?.status?.progress || ''}`),
+    );
+  });
+}
+
 export function overview(panel, onState, ipsOf) {
-  onState(({ vm, vmi }) => {
+  onState(({ vm, vmi, dvs }) => {
     if (!vm) {
       mount(panel, h('p', {}, 'Loading…'));
       return;
@@ -64,6 +80,7 @@ export function overview(panel, onState, ipsOf) {
       ]),
       h('h3', {}, 'Disks'),
       table(['Name', 'Type', 'Bus', 'Source'], disks),
+      (vm.spec?.dataVolumeTemplates || []).length ? [h('h3', {}, 'DataVolumes'), table(['Name', 'Phase', 'Progress'], dataVolumes(vm, dvs))] : null,
       h('h3', {}, 'Network interfaces'),
       table(['Name', 'Binding', 'Network', 'MAC', 'IP addresses'], nics),
     );

@@ -1,6 +1,7 @@
 // A VirtualMachine's details: the header with its status and the actions (Start, Stop,
 // Restart, Pause, Unpause through subresources.kubevirt.io; Delete after a confirmation), and
-// the tabs Overview, YAML, Events, Console (serial) and VNC. The VM and its VMI are watched.
+// the tabs Overview, YAML, Events, Console (serial) and VNC. The VM, its VMI and the
+// namespace's DataVolumes (import progress) are watched.
 
 import { h, mount } from './dom.js';
 import { api, kv, sub } from './api.js';
@@ -21,7 +22,7 @@ const TABS = [
 
 export function vmDetails(main, ns, name, tab) {
   const base = `#/vms/${encodeURIComponent(ns)}/${encodeURIComponent(name)}`;
-  const state = { vm: null, vmi: null };
+  const state = { vm: null, vmi: null, dvs: new Map() };
   const statusEl = h('span.badge#vm-status', {}, '…');
   const result = h('p.result#action-result', { role: 'status', 'aria-live': 'polite' });
   const panel = h('section.panel#tab-panel', { role: 'tabpanel' });
@@ -107,6 +108,8 @@ export function vmDetails(main, ns, name, tab) {
   const watches = [
     listWatch(`${kv(ns)}/virtualmachines${field}`, (m) => { state.vm = m.get(`${ns}/${name}`) || null; refresh(); }, (e) => (result.textContent = e.message)),
     listWatch(`${kv(ns)}/virtualmachineinstances${field}`, (m) => { state.vmi = m.get(`${ns}/${name}`) || null; refresh(); }, () => {}),
+    // Import progress of the VM's own DataVolumes (its dataVolumeTemplates).
+    listWatch(`/apis/cdi.kubevirt.io/v1beta1/namespaces/${encodeURIComponent(ns)}/datavolumes`, (m) => { state.dvs = m; refresh(); }, () => {}),
   ];
   const onState = (f) => {
     listeners.push(f);

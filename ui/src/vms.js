@@ -91,6 +91,7 @@ export function vmList(main) {
   mount(
     main,
     h('h1', {}, 'VirtualMachines'),
+    h('p', {}, h('a.button#create-vm', { href: '#/create' }, 'Create VirtualMachine')),
     form,
     error,
     count,

@@ -7,7 +7,8 @@
 //! (xterm.js over the `console` websocket, token in the subprotocol) runs `echo web-$((6*7))`
 //! and shows `web-42`; the VNC tab's canvas (noVNC over the `vnc` websocket) is not blank; a
 //! YAML save with a stale resourceVersion shows the conflict (and saves after Reload); the list
-//! is readable at phone width; Stop turns the status Stopped; Delete asks, then deletes.
+//! is readable at phone width; Stop turns the status Stopped; Delete asks, then deletes; the
+//! Create VM form refuses a bad name and makes a VM importing its disk from a URL that boots.
 //! Screenshots are written under `target/webui-artifacts/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`: skipped with a message when they are
@@ -400,5 +401,40 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     wait_text(b, "#action-result", "Delete: accepted", STEP).await?;
     b.goto(&format!("{base}#/vms")).await?;
     wait_text(b, "#vm-list", "No VirtualMachines match", STEP).await?;
+
+    // Create VM: a bad name is refused naming the field; then the form makes a VM whose root
+    // disk is imported from a URL (a DataVolume it owns), shows the import, and it boots.
+    let guest = TestGuest::get()?;
+    let files = ferrovirt_testkit::serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2)])?;
+    b.goto(&format!("{base}#/create")).await?;
+    let name = b.wait().for_element(Locator::Css("#c-name")).await?;
+    name.send_keys("Bad_Name").await?;
+    let image = b.find(Locator::Css("#c-image")).await?;
+    image.send_keys(&format!("{files}/disk.qcow2")).await?;
+    let size = b.find(Locator::Css("#c-size")).await?;
+    size.clear().await?;
+    size.send_keys("64Mi").await?;
+    b.find(Locator::Css("#c-sshkey"))
+        .await?
+        .send_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdefg web@test")
+        .await?;
+    b.find(Locator::Css("#c-create")).await?.click().await?;
+    wait_text(b, "#create-result", "Name:", STEP).await?;
+    name.clear().await?;
+    name.send_keys("made").await?;
+    shot(b, "06-create-form.png").await?;
+    b.find(Locator::Css("#c-create")).await?.click().await?;
+    let t0 = Instant::now();
+    wait_text(b, "#dv-made-root .dv-phase", "Succeeded", BOOT).await?;
+    wait_text(b, "#vm-status", "Running", BOOT).await?;
+    shot(b, "07-created-vm.png").await?;
+    c.wait_booted("made", BOOT)?;
+    eprintln!("created VM booted {:?} after Create", t0.elapsed());
+    let vm = c.get_json(&["vm", "made"])?;
+    assert_eq!(
+        vm["spec"]["dataVolumeTemplates"][0]["spec"]["source"]["http"]["url"],
+        format!("{files}/disk.qcow2"),
+        "{vm}"
+    );
     Ok(())
 }
