@@ -1,5 +1,5 @@
 // ferrovirt web console: hash routing between the sign-in page, the VirtualMachines list, the
-// Create VM form and a VM's details. Each page returns a cleanup function that stops its
+// Create VM form, a VM's details, Storage and Nodes. Each page returns a cleanup function that stops its
 // watches and sockets.
 
 import '@xterm/xterm/css/xterm.css';
@@ -9,6 +9,8 @@ import { api, setToken, signOut, token } from './api.js';
 import { vmList } from './vms.js';
 import { vmDetails } from './vm.js';
 import { createPage } from './create.js';
+import { nodesPage } from './nodes.js';
+import { storagePage } from './storage.js';
 
 let cleanup = () => {};
 
@@ -66,6 +68,8 @@ function nav() {
     el,
     h('a', { href: '#/vms' }, 'VirtualMachines'),
     h('a#nav-create', { href: '#/create' }, 'Create VM'),
+    h('a#nav-storage', { href: '#/storage' }, 'Storage'),
+    h('a#nav-nodes', { href: '#/nodes' }, 'Nodes'),
     user ? h('span.user', {}, user) : null,
     h('button.link#signout', { type: 'button', onclick: signOut }, 'Sign out'),
   );
@@ -83,6 +87,8 @@ function route() {
   nav();
   if (parts[0] === 'login') cleanup = loginPage(main);
   else if (parts[0] === 'create') cleanup = createPage(main);
+  else if (parts[0] === 'nodes') cleanup = nodesPage(main);
+  else if (parts[0] === 'storage') cleanup = storagePage(main);
   else if (parts[0] === 'vms' && parts.length >= 3) cleanup = vmDetails(main, parts[1], parts[2], parts[3] || 'overview');
   else cleanup = vmList(main);
 }

@@ -3,6 +3,7 @@
 // one), redrawn whenever the VM, its VMI or a DataVolume changes.
 
 import { h, mount } from './dom.js';
+import { progressBar } from './table.js';
 
 function cpuOf(spec) {
   const cpu = spec?.domain?.cpu;
@@ -30,13 +31,12 @@ function dataVolumes(vm, dvs) {
   return (vm.spec?.dataVolumeTemplates || []).map((t) => {
     const dv = dvs.get(`${vm.metadata.namespace}/${t.metadata?.name}`);
     const phase = dv?.status?.phase || 'Pending';
-    const pct = parseFloat(dv?.status?.progress) || (phase === 'Succeeded' ? 100 : 0);
     return h(
       `tr#dv-${t.metadata?.name}`,
       {},
       h('td', {}, t.metadata?.name),
       h('td.dv-phase', {}, phase),
-      h('td', {}, h('progress', { max: 100, value: pct, 'aria-label': `import progress of ${t.metadata?.name}` }), ` ${dv?.status?.progress || ''}`),
+      h('td', {}, progressBar(dv?.status?.progress, phase, `import progress of ${t.metadata?.name}`)),
     );
   });
 }

@@ -8,7 +8,8 @@
 //! and shows `web-42`; the VNC tab's canvas (noVNC over the `vnc` websocket) is not blank; a
 //! YAML save with a stale resourceVersion shows the conflict (and saves after Reload); the list
 //! is readable at phone width; Stop turns the status Stopped; Delete asks, then deletes; the
-//! Create VM form refuses a bad name and makes a VM importing its disk from a URL that boots.
+//! Create VM form refuses a bad name and makes a VM importing its disk from a URL that boots;
+//! Storage shows its DataVolume and claim, Nodes shows node1 Ready with that one VMI.
 //! Screenshots are written under `target/webui-artifacts/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`: skipped with a message when they are
@@ -436,5 +437,31 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
         format!("{files}/disk.qcow2"),
         "{vm}"
     );
+
+    // Storage: the created VM's DataVolume and claim, and the built-in classes.
+    b.find(Locator::Css("#nav-storage")).await?.click().await?;
+    let dv_row = r#"#datavolumes tr[data-key="default/made-root"]"#;
+    wait_text(b, dv_row, "Succeeded", STEP).await?;
+    wait_text(b, dv_row, "100.0%", STEP).await?;
+    wait_text(
+        b,
+        r#"#pvcs tr[data-key="default/made-root"]"#,
+        "Bound",
+        STEP,
+    )
+    .await?;
+    wait_text(b, "#storageclasses", "local", STEP).await?;
+    shot(b, "08-storage.png").await?;
+
+    // Nodes: node1 is Ready and holds the one VMI.
+    b.find(Locator::Css("#nav-nodes")).await?.click().await?;
+    let node_row = r#"#nodes tr[data-key="node1"]"#;
+    wait_text(b, node_row, "Ready", STEP).await?;
+    until("node1 to count 1 VMI", STEP, || async {
+        let vmis = text_of(b, &format!("{node_row} td:nth-child(5)")).await?;
+        Ok((vmis == "1").then_some(()))
+    })
+    .await?;
+    shot(b, "09-nodes.png").await?;
     Ok(())
 }
