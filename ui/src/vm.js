@@ -1,6 +1,7 @@
 // A VirtualMachine's details: the header with its status and the actions (Start, Stop,
-// Restart, Pause, Unpause through subresources.kubevirt.io; Delete after a confirmation), and
-// the tabs Overview, YAML, Events, Console (serial) and VNC. The VM, its VMI and the
+// Restart, Pause, Unpause through subresources.kubevirt.io; Migrate: a
+// VirtualMachineInstanceMigration; Delete after a confirmation), and the tabs Overview, YAML,
+// Events, Console (serial), VNC and Snapshots. The VM, its VMI and the
 // namespace's DataVolumes (import progress) are watched.
 
 import { h, mount } from './dom.js';
@@ -11,6 +12,7 @@ import { overview } from './overview.js';
 import { yamlTab } from './yamltab.js';
 import { eventsTab } from './events.js';
 import { serialTab, vncTab } from './console.js';
+import { snapshotsTab } from './snapshots.js';
 
 const TABS = [
   ['overview', 'Overview'],
@@ -18,6 +20,7 @@ const TABS = [
   ['events', 'Events'],
   ['console', 'Console'],
   ['vnc', 'VNC'],
+  ['snapshots', 'Snapshots'],
 ];
 
 export function vmDetails(main, ns, name, tab) {
@@ -32,8 +35,8 @@ export function vmDetails(main, ns, name, tab) {
     result.className = 'result';
     result.textContent = `${label}…`;
     try {
-      await api(path, { method: 'PUT', body: opts.body ?? {}, ...opts });
-      result.textContent = `${label}: accepted`;
+      const out = await api(path, { method: 'PUT', body: {}, ...opts });
+      result.textContent = `${label}: accepted${out?.metadata?.name ? ` (${out.metadata.name})` : ''}`;
     } catch (e) {
       result.className = 'result error';
       result.textContent = `${label} failed: ${e.message}`;
@@ -76,6 +79,12 @@ export function vmDetails(main, ns, name, tab) {
     button('act-restart', 'Restart', () => act('Restart', `${vmPath}/restart`)),
     button('act-pause', 'Pause', () => act('Pause', `${vmiPath}/pause`)),
     button('act-unpause', 'Unpause', () => act('Unpause', `${vmiPath}/unpause`)),
+    button('act-migrate', 'Migrate', () =>
+      act('Migrate', `${kv(ns)}/virtualmachineinstancemigrations`, {
+        method: 'POST',
+        body: { apiVersion: 'kubevirt.io/v1', kind: 'VirtualMachineInstanceMigration', metadata: { generateName: `${name}-migration-` }, spec: { vmiName: name } },
+      }),
+    ),
     h('button.danger#act-delete', { type: 'button', onclick: () => dialog.showModal() }, 'Delete'),
   );
   const tabs = h(
@@ -129,6 +138,9 @@ export function vmDetails(main, ns, name, tab) {
       break;
     case 'vnc':
       stopTab = vncTab(panel, ns, name);
+      break;
+    case 'snapshots':
+      stopTab = snapshotsTab(panel, ns, name);
       break;
     default:
       stopTab = overview(panel, onState, ipsOf);

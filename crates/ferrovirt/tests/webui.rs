@@ -9,7 +9,9 @@
 //! YAML save with a stale resourceVersion shows the conflict (and saves after Reload); the list
 //! is readable at phone width; Stop turns the status Stopped; Delete asks, then deletes; the
 //! Create VM form refuses a bad name and makes a VM importing its disk from a URL that boots;
-//! Storage shows its DataVolume and claim, Nodes shows node1 Ready with that one VMI.
+//! Storage shows its DataVolume and claim, Nodes shows node1 Ready with that one VMI; Migrate
+//! creates a migration; the Snapshots tab takes a snapshot of the running VM, restores it into
+//! the stopped VM and deletes it.
 //! Screenshots are written under `target/webui-artifacts/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`: skipped with a message when they are
@@ -463,5 +465,53 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     })
     .await?;
     shot(b, "09-nodes.png").await?;
+
+    // Migrate creates a VirtualMachineInstanceMigration (one node: it has nowhere to go, but the
+    // request is accepted and named).
+    let made = format!("{base}#/vms/default/made");
+    b.goto(&format!("{made}/overview")).await?;
+    b.wait()
+        .for_element(Locator::Css("#act-migrate"))
+        .await?
+        .click()
+        .await?;
+    wait_text(
+        b,
+        "#action-result",
+        "Migrate: accepted (made-migration-",
+        STEP,
+    )
+    .await?;
+
+    // Snapshots: take one of the running VM, stop it, restore it, delete the snapshot.
+    b.goto(&format!("{made}/snapshots")).await?;
+    b.wait()
+        .for_element(Locator::Css("#snap-take"))
+        .await?
+        .click()
+        .await?;
+    wait_text(
+        b,
+        "#snap-result",
+        "Snapshot: accepted (made-snapshot-",
+        STEP,
+    )
+    .await?;
+    wait_text(b, "#snapshots .snap-phase", "Succeeded", BOOT).await?;
+    b.find(Locator::Css("#act-stop")).await?.click().await?;
+    wait_text(b, "#vm-status", "Stopped", BOOT).await?;
+    b.find(Locator::Css("#snapshots .snap-restore"))
+        .await?
+        .click()
+        .await?;
+    wait_text(b, "#snap-result", "accepted (made-restore-", STEP).await?;
+    wait_text(b, "#restores .restore-complete", "true", BOOT).await?;
+    shot(b, "10-snapshots.png").await?;
+    b.find(Locator::Css("#snapshots .snap-delete"))
+        .await?
+        .click()
+        .await?;
+    b.accept_alert().await?;
+    wait_text(b, "#snapshots", "None.", STEP).await?;
     Ok(())
 }
