@@ -1,5 +1,5 @@
 // ferrovirt web console: hash routing between the sign-in page, the VirtualMachines list, the
-// Create VM form, a VM's details, Storage and Nodes. Each page returns a cleanup function that stops its
+// Create VM form, a VM's details, Storage, Nodes and Settings. Each page returns a cleanup function that stops its
 // watches and sockets.
 
 import '@xterm/xterm/css/xterm.css';
@@ -11,6 +11,7 @@ import { vmDetails } from './vm.js';
 import { createPage } from './create.js';
 import { nodesPage } from './nodes.js';
 import { storagePage } from './storage.js';
+import { settingsPage } from './settings.js';
 
 let cleanup = () => {};
 
@@ -70,6 +71,7 @@ function nav() {
     h('a#nav-create', { href: '#/create' }, 'Create VM'),
     h('a#nav-storage', { href: '#/storage' }, 'Storage'),
     h('a#nav-nodes', { href: '#/nodes' }, 'Nodes'),
+    h('a#nav-settings', { href: '#/settings' }, 'Settings'),
     user ? h('span.user', {}, user) : null,
     h('button.link#signout', { type: 'button', onclick: signOut }, 'Sign out'),
   );
@@ -89,6 +91,7 @@ function route() {
   else if (parts[0] === 'create') cleanup = createPage(main);
   else if (parts[0] === 'nodes') cleanup = nodesPage(main);
   else if (parts[0] === 'storage') cleanup = storagePage(main);
+  else if (parts[0] === 'settings') cleanup = settingsPage(main);
   else if (parts[0] === 'vms' && parts.length >= 3) cleanup = vmDetails(main, parts[1], parts[2], parts[3] || 'overview');
   else cleanup = vmList(main);
 }

@@ -1,5 +1,5 @@
-// The YAML tab: the VM as YAML, editable; Save PUTs the text (application/yaml) with the
-// resourceVersion it was read at, so a change made meanwhile is answered 409 and shown, never
+// The YAML tab, and the YAML editor of other objects (Settings): the object as YAML, editable;
+// Save PUTs the text (application/yaml) with the resourceVersion it was read at, so a change made meanwhile is answered 409 and shown, never
 // overwritten. Reload reads the current object (dropping the edits).
 
 import YAML from 'yaml';
@@ -7,8 +7,12 @@ import { h, mount } from './dom.js';
 import { api, kv } from './api.js';
 
 export function yamlTab(panel, ns, name) {
-  const path = `${kv(ns)}/virtualmachines/${encodeURIComponent(name)}`;
-  const text = h('textarea#yaml-text', { spellcheck: 'false', rows: 28, 'aria-label': 'VirtualMachine YAML' });
+  return yamlEditor(panel, `${kv(ns)}/virtualmachines/${encodeURIComponent(name)}`, 'VirtualMachine');
+}
+
+/** The YAML view and editor of the object at API path `path`. */
+export function yamlEditor(panel, path, kind, heading = 'YAML') {
+  const text = h('textarea#yaml-text', { spellcheck: 'false', rows: 28, 'aria-label': `${kind} YAML` });
   const msg = h('p.result#yaml-result', { role: 'status', 'aria-live': 'polite' });
   const load = async () => {
     msg.className = 'result';
@@ -40,7 +44,7 @@ export function yamlTab(panel, ns, name) {
   };
   mount(
     panel,
-    h('h2', {}, 'YAML'),
+    h('h2', {}, heading),
     text,
     h('div.actions', {}, h('button#yaml-save', { type: 'button', onclick: save }, 'Save'), h('button#yaml-reload', { type: 'button', onclick: load }, 'Reload')),
     msg,

@@ -11,7 +11,7 @@
 //! Create VM form refuses a bad name and makes a VM importing its disk from a URL that boots;
 //! Storage shows its DataVolume and claim, Nodes shows node1 Ready with that one VMI; Migrate
 //! creates a migration; the Snapshots tab takes a snapshot of the running VM, restores it into
-//! the stopped VM and deletes it.
+//! the stopped VM and deletes it; Settings creates the HyperConverged object and saves its YAML.
 //! Screenshots are written under `target/webui-artifacts/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`: skipped with a message when they are
@@ -513,5 +513,30 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
         .await?;
     b.accept_alert().await?;
     wait_text(b, "#snapshots", "None.", STEP).await?;
+
+    // Settings: no HyperConverged yet; Create makes one, shown as YAML that saves.
+    b.find(Locator::Css("#nav-settings")).await?.click().await?;
+    b.wait()
+        .for_element(Locator::Css("#hco-create"))
+        .await?
+        .click()
+        .await?;
+    wait_text(b, "#yaml-result", "Read at resourceVersion", STEP).await?;
+    let yaml = b
+        .find(Locator::Css("#yaml-text"))
+        .await?
+        .prop("value")
+        .await?
+        .unwrap_or_default();
+    assert!(yaml.contains("kind: HyperConverged"), "{yaml}");
+    b.find(Locator::Css("#yaml-save")).await?.click().await?;
+    wait_text(b, "#yaml-result", "Saved", STEP).await?;
+    c.get_json(&[
+        "hyperconverged",
+        "kubevirt-hyperconverged",
+        "-n",
+        "kubevirt-hyperconverged",
+    ])?;
+    shot(b, "11-settings.png").await?;
     Ok(())
 }
