@@ -15,6 +15,13 @@ import { settingsPage } from './settings.js';
 
 let cleanup = () => {};
 
+// Content-Security-Policy violations are noted on the root element, so that they are visible
+// in the inspector and the end-to-end test can assert there are none.
+document.addEventListener('securitypolicyviolation', (e) => {
+  const el = document.documentElement;
+  el.dataset.cspViolations = `${el.dataset.cspViolations || ''} ${e.violatedDirective}:${e.blockedURI}`.trim();
+});
+
 function loginPage(main) {
   const input = h('input#token', {
     type: 'password',

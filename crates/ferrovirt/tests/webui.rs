@@ -11,7 +11,9 @@
 //! Create VM form refuses a bad name and makes a VM importing its disk from a URL that boots;
 //! Storage shows its DataVolume and claim, Nodes shows node1 Ready with that one VMI; Migrate
 //! creates a migration; the Snapshots tab takes a snapshot of the running VM, restores it into
-//! the stopped VM and deletes it; Settings creates the HyperConverged object and saves its YAML.
+//! the stopped VM and deletes it; Settings creates the HyperConverged object and saves its YAML;
+//! the whole run had no Content-Security-Policy violation, and an injected inline script is
+//! refused by the browser.
 //! Screenshots are written under `target/webui-artifacts/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver`: skipped with a message when they are
@@ -538,5 +540,35 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
         "kubevirt-hyperconverged",
     ])?;
     shot(b, "11-settings.png").await?;
+
+    // The whole run stayed within the Content-Security-Policy (one document throughout: every
+    // navigation above changed only the hash).
+    let violations = b
+        .execute(
+            "return document.documentElement.dataset.cspViolations || '';",
+            vec![],
+        )
+        .await?;
+    assert_eq!(violations, serde_json::json!(""), "CSP violations");
+    // The attack: an injected inline script is refused by the browser under that policy.
+    b.execute(
+        "const s = document.createElement('script'); \
+         s.textContent = 'window.injected = true'; document.body.append(s);",
+        vec![],
+    )
+    .await?;
+    let (ran, noted) = until("the CSP violation to be noted", STEP, || async {
+        let v = b
+            .execute(
+                "return [window.injected === true, document.documentElement.dataset.cspViolations || ''];",
+                vec![],
+            )
+            .await?;
+        let noted = v[1].as_str().unwrap_or_default().to_string();
+        Ok((!noted.is_empty()).then(|| (v[0] == serde_json::json!(true), noted)))
+    })
+    .await?;
+    assert!(!ran, "an inline script ran");
+    assert!(noted.contains("script-src"), "{noted}");
     Ok(())
 }
