@@ -42,6 +42,12 @@ declare -A NEED=(
   [ssh-keygen]=openssh-client
   [python3]=python3
   [prometheus]=prometheus
+  # The web console (ui/): bundled by npm + esbuild at build time (crates/webui's build.rs),
+  # tested in headless Chromium through chromedriver (crates/ferrovirt/tests/webui.rs).
+  [node]=nodejs
+  [npm]=npm
+  [chromium]=chromium
+  [chromedriver]=chromium-driver
 )
 
 # A real S3-protocol server for the backup tests (PyPI moto[server]; Debian's pip refuses

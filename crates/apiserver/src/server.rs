@@ -58,7 +58,8 @@ pub struct ServerOptions {
     /// `group/version`s served by `extra_routes`, listed in `/apis` discovery.
     pub extra_groups: Vec<String>,
     /// Routes served **without** the bearer-token check, each authenticating its requests
-    /// itself (VirtualMachineExport downloads: the export token). Paths they do not match go
+    /// itself (VirtualMachineExport downloads: the export token), or need none (the web
+    /// console's static files at `/ui/`). Paths they do not match go
     /// to the authenticated routes.
     pub public_routes: Option<Router>,
     /// The range Service ClusterIPs are allocated from (`--service-cidr`).

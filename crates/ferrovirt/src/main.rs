@@ -271,7 +271,9 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         );
     }
     let opts = ferrovirt_apiserver::ServerOptions {
-        public_routes: Some(exports),
+        // The web console's static files at /ui/ need no token (they hold no secrets); every
+        // API call the page makes carries the user's own.
+        public_routes: Some(exports.merge(ferrovirt_webui::router())),
         service_cidr: args.service_cidr,
         audit_log: args.audit_log_path.clone().map(|p| (p, args.audit_level)),
         data_dir: args.data_dir.clone(),

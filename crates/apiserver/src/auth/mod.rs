@@ -3,7 +3,8 @@
 //! token → `system:serviceaccount:NS:NAME`), then RBAC authorization of the request's
 //! attributes against the watch-fed policy, 401/403 as metav1.Status with Kubernetes'
 //! messages. Also the review endpoints: SelfSubjectReview (`kubectl auth whoami`),
-//! SelfSubjectAccessReview and SubjectAccessReview (`kubectl auth can-i`).
+//! SelfSubjectAccessReview and SubjectAccessReview (`kubectl auth can-i`). A websocket
+//! request may carry its bearer token in a subprotocol instead of a header ([`wsproto`]).
 
 pub mod attrs;
 pub mod cache;
@@ -13,6 +14,7 @@ pub mod escalation;
 pub mod rbac;
 mod reviews;
 pub mod tokens;
+pub mod wsproto;
 
 use std::sync::Arc;
 
@@ -150,6 +152,16 @@ pub(crate) fn check_rbac_write(
     })
 }
 
+/// 401 without keep-alive: an unauthenticated client's connection cannot linger.
+fn unauthorized() -> Response {
+    let mut resp = ApiError::unauthorized().into_response();
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    resp
+}
+
 /// The authentication and authorization layer: health checks pass; an unidentified request
 /// is answered 401 (and its connection closed); a request RBAC does not allow, 403. An
 /// allowed request carries its [`UserInfo`] as an extension.
@@ -157,8 +169,21 @@ pub(crate) async fn check(sh: &Shared, mut req: Request, next: Next) -> Response
     if matches!(req.uri().path(), "/healthz" | "/livez" | "/readyz") {
         return next.run(req).await;
     }
+    // A browser's websocket carries its token in a subprotocol; it is taken out of the request
+    // either way, so the handlers (and the protocol they choose) never see it.
+    let ws_token = match wsproto::extract(req.headers()) {
+        Ok(Some(t)) => {
+            wsproto::rewrite(req.headers_mut(), &t.remaining);
+            Some(t.token)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::debug!("websocket token refused: {e}");
+            return unauthorized();
+        }
+    };
     let identified = {
-        let token = bearer(&req).map(str::to_string);
+        let token = bearer(&req).map(str::to_string).or(ws_token);
         let cert = req
             .extensions()
             .get::<ferrovirt_serve::PeerCertificate>()
@@ -166,13 +191,7 @@ pub(crate) async fn check(sh: &Shared, mut req: Request, next: Next) -> Response
         authenticate(sh, token, cert).await
     };
     let Some(user) = identified else {
-        // No keep-alive for unauthenticated clients: their connections cannot linger.
-        let mut resp = ApiError::unauthorized().into_response();
-        resp.headers_mut().insert(
-            http::header::CONNECTION,
-            http::HeaderValue::from_static("close"),
-        );
-        return resp;
+        return unauthorized();
     };
     let user = match impersonate(sh, user, req.headers()) {
         Ok(u) => u,
