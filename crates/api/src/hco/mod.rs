@@ -1,5 +1,13 @@
 //! hco.kubevirt.io/v1beta1 HyperConverged: the one configuration object for the whole stack.
-//! Fields ferrovirt reads are typed; the rest are kept as given.
+//! Fields ferrovirt reads are typed; the rest are kept as given. The reconcile's pure parts
+//! live in the submodules: `desired` (defaults, the owned objects, drift), `admission` (honour
+//! or refuse), `status` (conditions from component health); `operands` types SSP and
+//! NetworkAddonsConfig.
+
+pub mod admission;
+pub mod desired;
+pub mod operands;
+pub mod status;
 
 use std::collections::BTreeMap;
 
