@@ -154,7 +154,8 @@ async fn first_value(ctx: &Ctx, gvp: (&str, &str, &str), ptr: &str) -> Option<St
         .find_map(|o| o.pointer(ptr).and_then(Value::as_str).map(str::to_string))
 }
 
-/// The cluster's eviction strategies: (KubeVirt CR, HyperConverged).
+/// The cluster's eviction strategies: (KubeVirt CR, HyperConverged). The HyperConverged's
+/// `evictionStrategy` reaches the KubeVirt CR through its reconcile, so only that is read.
 async fn cluster_strategies(ctx: &Ctx) -> (Option<String>, Option<String>) {
     (
         first_value(
@@ -163,12 +164,7 @@ async fn cluster_strategies(ctx: &Ctx) -> (Option<String>, Option<String>) {
             "/spec/configuration/evictionStrategy",
         )
         .await,
-        first_value(
-            ctx,
-            ("hco.kubevirt.io", "v1beta1", "hyperconvergeds"),
-            "/spec/evictionStrategy",
-        )
-        .await,
+        None,
     )
 }
 
