@@ -253,3 +253,32 @@ fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<(
     println!("whole test: {:?}", started.elapsed());
     Ok(())
 }
+
+/// `kubectl get pods -n kubevirt-hyperconverged` shows the platform's components.
+#[test]
+fn the_platform_namespace_shows_the_components_as_pods() -> anyhow::Result<()> {
+    let c = Cluster::with_nodes(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")), 2)?;
+    let table = c.wait_until("the virt-controller Pod", Duration::from_secs(30), || {
+        let t = c.kubectl_ok(&["get", "pods", "-n", NS])?;
+        Ok(t.contains("virt-controller-").then_some(t))
+    })?;
+    println!("{table}");
+    for name in ["virt-api-0", "virt-handler-node1", "virt-handler-node2"] {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing:\n{table}"));
+        assert!(row.contains("Running"), "{row}");
+    }
+    let pod = c.get_json(&["pod", "virt-handler-node2", "-n", NS])?;
+    assert_eq!(pod["metadata"]["labels"]["kubevirt.io/nodeName"], "node2");
+    // Not selected by `spec.nodeName` (what kubectl drain evicts).
+    let on_node2 = c.get_json(&["pods", "-A", "--field-selector", "spec.nodeName=node2"])?;
+    assert_eq!(on_node2["items"].as_array().map(Vec::len), Some(0));
+    assert!(
+        !c.kubectl(&["delete", "pod", "virt-api-0", "-n", NS])?
+            .status
+            .success()
+    );
+    Ok(())
+}
