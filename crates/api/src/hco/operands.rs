@@ -51,12 +51,20 @@ resource! {
 kstruct! {
     /// The network addons to deploy; an absent addon is not deployed.
     pub struct NetworkAddonsConfigSpec {
+        /// Multus, the meta CNI plugin for secondary networks.
         pub multus: Option<Map<String, Value>>,
+        /// The Linux bridge CNI plugin.
         pub linux_bridge: Option<Map<String, Value>>,
+        /// KubeMacPool: MAC addresses from a pool for VM interfaces.
         pub kube_mac_pool: Option<Map<String, Value>>,
+        /// The Open vSwitch CNI plugin.
         pub ovs: Option<Map<String, Value>>,
+        /// The macvtap CNI plugin.
         pub macvtap: Option<Map<String, Value>>,
+        /// DNS names for secondary interfaces.
+        #[serde(rename = "kubeSecondaryDNS")]
         pub kube_secondary_dns: Option<Map<String, Value>>,
+        /// Hot-plugging of secondary networks.
         pub multus_dynamic_networks: Option<Map<String, Value>>,
         /// Pull policy of the addon images.
         pub image_pull_policy: Option<String>,
