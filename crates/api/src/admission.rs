@@ -204,6 +204,9 @@ pub fn admit(
             typecheck_only(def, obj, &mut errors);
             if errors.len() == before {
                 core::default_core(def, obj);
+                if def.kind == "HyperConverged" {
+                    crate::hco::admission::default_object(obj);
+                }
                 errors.extend(others::validate(def, op, obj, old));
             }
         }
@@ -331,6 +334,10 @@ fn typecheck_only(def: &ResourceDef, obj: &mut Value, errors: &mut Vec<FieldErro
             parse_typed::<crate::network::NetworkAttachmentDefinition>(obj).map(drop)
         }
         (_, "HyperConverged") => parse_typed::<crate::hco::HyperConverged>(obj).map(drop),
+        ("ssp.kubevirt.io", "SSP") => parse_typed::<crate::hco::operands::Ssp>(obj).map(drop),
+        (_, "NetworkAddonsConfig") => {
+            parse_typed::<crate::hco::operands::NetworkAddonsConfig>(obj).map(drop)
+        }
         _ => Ok(()),
     };
     if let Err(e) = result {

@@ -1054,6 +1054,26 @@ fn cdi_and_other_resources() -> Vec<ResourceDef> {
         .short(&["hco", "hcos"])
         .all()
         .status(),
+        // The HyperConverged's operand kinds (`crate::hco::operands`).
+        Def::new(
+            "ssp.kubevirt.io",
+            "v1beta2",
+            "SSP",
+            "SSPList",
+            "ssps",
+            "ssp",
+        )
+        .status(),
+        Def::new(
+            "networkaddonsoperator.network.kubevirt.io",
+            "v1",
+            "NetworkAddonsConfig",
+            "NetworkAddonsConfigList",
+            "networkaddonsconfigs",
+            "networkaddonsconfig",
+        )
+        .cluster()
+        .status(),
     ]
     .into_iter()
     .map(|d| d.0)

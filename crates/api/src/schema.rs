@@ -185,6 +185,8 @@ fn generate(def: &ResourceDef) -> Value {
         (_, "CDI") => schema_of::<cdi::Cdi>(),
         (_, "NetworkAttachmentDefinition") => schema_of::<network::NetworkAttachmentDefinition>(),
         (_, "HyperConverged") => schema_of::<hco::HyperConverged>(),
+        ("ssp.kubevirt.io", "SSP") => schema_of::<hco::operands::Ssp>(),
+        (_, "NetworkAddonsConfig") => schema_of::<hco::operands::NetworkAddonsConfig>(),
         ("apiextensions.k8s.io", "CustomResourceDefinition") => crd_schema(),
         (crate::backup::GROUP, k) => crate::backup::schema(k).unwrap_or_else(free_form_object),
         _ => free_form_object(),

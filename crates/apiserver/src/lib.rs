@@ -43,6 +43,7 @@ mod objects;
 mod openapi;
 mod openapi_pb;
 pub mod patch;
+mod platform;
 mod printers;
 mod proto;
 mod quota;

@@ -274,6 +274,9 @@ impl Server {
         crate::auth::ensure_defaults(&shared)
             .await
             .map_err(|e| ServerError::Config(format!("writing the default RBAC roles: {e}")))?;
+        crate::platform::ensure_hyperconverged(&shared)
+            .await
+            .map_err(|e| ServerError::Config(format!("creating the HyperConverged: {e}")))?;
         shared.auth.policy.prime(shared.store.as_ref()).await?;
 
         let mut app = crate::auth::routes(shared.clone()).merge(handlers::router(shared.clone()));

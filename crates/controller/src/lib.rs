@@ -15,6 +15,7 @@ pub mod endpoints;
 pub mod error;
 pub mod evacuation;
 pub mod export;
+pub mod hco;
 pub mod migration;
 pub mod node_ipam;
 pub mod node_lifecycle;

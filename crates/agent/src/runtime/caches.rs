@@ -1,6 +1,7 @@
 //! Watch-fed caches of what a VMI start reads besides the VMI and its references: the
-//! HyperConverged and CDI objects (the `HostDisk` feature gate, insecure registries for
-//! containerDisk pulls), watched from the agent's start, and every VMI of the cluster (the
+//! HyperConverged objects (node failure timing), the KubeVirt objects (the `HostDisk` feature
+//! gate) and the CDI objects (insecure registries for containerDisk pulls), watched from the
+//! agent's start, and every VMI of the cluster (the
 //! duplicate-MAC check), watched from the first start of a VMI with an explicit MAC address
 //! (most nodes never need it, and each agent holding every VMI costs memory). Either way a
 //! start lists nothing: the watches list once when they begin, then follow events.
@@ -93,7 +94,9 @@ fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource
 /// The agent's caches of configuration objects and (on demand) of every VMI.
 pub(super) struct Caches {
     client: Client,
-    hco: Cache,
+    /// Followed only for its `on_change` (the node failure timing); never read here.
+    _hco: Cache,
+    kubevirt: Cache,
     cdi: Cache,
     all_vmis: OnceCell<Arc<Cache>>,
 }
@@ -104,7 +107,7 @@ impl Caches {
     pub(super) fn start(client: &Client, on_hco_change: OnChange) -> Caches {
         Caches {
             client: client.clone(),
-            hco: Cache::spawn(
+            _hco: Cache::spawn(
                 client.clone(),
                 resource(
                     "hco.kubevirt.io",
@@ -113,6 +116,11 @@ impl Caches {
                     "hyperconvergeds",
                 ),
                 Some(on_hco_change),
+            ),
+            kubevirt: Cache::spawn(
+                client.clone(),
+                resource("kubevirt.io", "v1", "KubeVirt", "kubevirts"),
+                None,
             ),
             cdi: Cache::spawn(
                 client.clone(),
@@ -123,15 +131,15 @@ impl Caches {
         }
     }
 
-    /// The HyperConverged and CDI objects (as JSON). A cache whose first list has not
+    /// The KubeVirt and CDI objects (as JSON). A cache whose first list has not
     /// completed within [`READY_WAIT`] counts as empty, as a failed read always did.
-    pub(super) async fn hco_and_cdi(&self) -> (Vec<Value>, Vec<Value>) {
-        for (c, what) in [(&self.hco, "hyperconvergeds"), (&self.cdi, "cdis")] {
+    pub(super) async fn kubevirt_and_cdi(&self) -> (Vec<Value>, Vec<Value>) {
+        for (c, what) in [(&self.kubevirt, "kubevirts"), (&self.cdi, "cdis")] {
             if !c.wait_ready(READY_WAIT).await {
                 tracing::warn!("the {what} cache is not filled yet: using what it holds");
             }
         }
-        (self.hco.values(), self.cdi.values())
+        (self.kubevirt.values(), self.cdi.values())
     }
 
     /// Every VMI of the cluster, from a watch started on the first call.

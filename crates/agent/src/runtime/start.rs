@@ -81,9 +81,9 @@ impl Agent {
                 c.path = path.clone();
             }
         }
-        let (hco, cdi) = self.caches.hco_and_cdi().await;
+        let (kubevirts, cdi) = self.caches.kubevirt_and_cdi().await;
         let policy = crate::hostpath::HostPathPolicy {
-            host_disk_gate: ferrovirt_api::hco::feature_gate_on(&hco, "HostDisk"),
+            host_disk_gate: ferrovirt_api::hco::feature_gate_on(&kubevirts, "HostDisk"),
             allowed_roots: self.opts.isolation.host_disk_roots.clone(),
             protected: self.protected_dirs(),
         };
@@ -115,7 +115,7 @@ impl Agent {
             steps.span("announce", t);
             Ok::<_, AgentError>(fence)
         };
-        let insecure = ferrovirt_api::hco::insecure_registries(&hco, &cdi);
+        let insecure = ferrovirt_api::hco::insecure_registries(&cdi);
         let volumes = async {
             let t = boottime_us();
             let container_disks = self

@@ -49,7 +49,10 @@ pub(super) fn validate(
         ));
     }
     match def.kind {
-        "HyperConverged" => validate_node_failure(obj, &mut e),
+        "HyperConverged" => {
+            validate_node_failure(obj, &mut e);
+            e.extend(crate::hco::admission::validate(obj, op));
+        }
         "StorageClass" => validate_storage_class(op, obj, old, &mut e),
         "VirtualMachineInstanceMigration"
             if str_at(obj, &["spec", "vmiName"]).unwrap_or("").is_empty() =>

@@ -6,11 +6,15 @@
 //! the VMI has left the node (its Pod is then gone: 404, which ends kubectl's retries); an
 //! eviction that stops the VMI deletes it. Creating, changing or deleting a Pod is refused:
 //! deleting a launcher Pod is not an eviction (it would bypass the VMI's evictionStrategy).
+//! The platform namespace also shows the components' Pod views
+//! ([`ferrovirt_api::platform_pod`]: list and get; not in watches, not evictable).
 
 use axum::body::Body;
 use axum::response::Response;
 use ferrovirt_api::eviction::{self, Answer, Subject};
+use ferrovirt_api::hco::desired::PLATFORM_NAMESPACE;
 use ferrovirt_api::launcher_pod;
+use ferrovirt_api::platform_pod::{self, LEADER_LEASE};
 use ferrovirt_api::registry::ResourceDef;
 use ferrovirt_store::StoreError;
 use http::{Method, StatusCode};
@@ -86,13 +90,58 @@ pub(crate) async fn views(ctx: &Ctx, ns: Option<&str>) -> Result<(Vec<Value>, i6
         },
     )
     .await?;
-    Ok((
-        listed
-            .items
-            .iter()
-            .flat_map(launcher_pod::pods_for)
-            .collect(),
-        listed.revision,
+    let mut pods: Vec<Value> = listed
+        .items
+        .iter()
+        .flat_map(launcher_pod::pods_for)
+        .collect();
+    if ns.is_none_or(|n| n == PLATFORM_NAMESPACE) {
+        pods.extend(platform_views(ctx).await?);
+    }
+    Ok((pods, listed.revision))
+}
+
+/// The platform's component Pods (`ferrovirt_api::platform_pod`), from the Nodes and the
+/// controllers' leader Lease.
+async fn platform_views(ctx: &Ctx) -> Result<Vec<Value>, ApiError> {
+    let Some(node_def) = ctx.sh.resources.lookup("", "v1", "nodes").cloned() else {
+        return Ok(Vec::new());
+    };
+    let (none_l, none_f) = (LabelSelector::default(), FieldSelector::default());
+    let nodes = list_objects(
+        ctx,
+        ListParams {
+            def: &node_def,
+            namespace: None,
+            labels: &none_l,
+            fields: &none_f,
+            limit: None,
+            cont: None,
+            revision: None,
+        },
+    )
+    .await?;
+    let lease = match ctx
+        .sh
+        .resources
+        .lookup("coordination.k8s.io", "v1", "leases")
+        .cloned()
+    {
+        Some(def) => load(&ctx.sh, &def, Some(LEADER_LEASE.0), LEADER_LEASE.1)
+            .await?
+            .map(|(l, _)| l),
+        None => None,
+    };
+    let since = match ctx.sh.resources.lookup("", "v1", "namespaces").cloned() {
+        Some(def) => load(&ctx.sh, &def, None, PLATFORM_NAMESPACE)
+            .await?
+            .and_then(|(n, _)| n.pointer("/metadata/creationTimestamp").cloned()),
+        None => None,
+    };
+    Ok(platform_pod::pods(
+        &nodes.items,
+        lease.as_ref(),
+        &since.unwrap_or(Value::Null),
     ))
 }
 
@@ -112,6 +161,14 @@ async fn list(ctx: &Ctx) -> Result<Response, ApiError> {
 /// The view named `name` with its VMI and the VMI's revision.
 async fn find(ctx: &Ctx, name: &str) -> Result<(Value, Value, i64), ApiError> {
     let not_found = || ApiError::not_found(&ctx.def, name);
+    if ctx.ns() == Some(PLATFORM_NAMESPACE) && name.starts_with("virt-") {
+        let pod = platform_views(ctx)
+            .await?
+            .into_iter()
+            .find(|p| p.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
+            .ok_or_else(not_found)?;
+        return Ok((pod, Value::Null, 0));
+    }
     let vmi_name = launcher_pod::vmi_name_of(name).ok_or_else(not_found)?;
     let def = vmi_def(&ctx.sh)?;
     let (vmi, rev) = load(&ctx.sh, &def, ctx.ns(), vmi_name)
@@ -154,7 +211,8 @@ async fn first_value(ctx: &Ctx, gvp: (&str, &str, &str), ptr: &str) -> Option<St
         .find_map(|o| o.pointer(ptr).and_then(Value::as_str).map(str::to_string))
 }
 
-/// The cluster's eviction strategies: (KubeVirt CR, HyperConverged).
+/// The cluster's eviction strategies: (KubeVirt CR, HyperConverged). The HyperConverged's
+/// `evictionStrategy` reaches the KubeVirt CR through its reconcile, so only that is read.
 async fn cluster_strategies(ctx: &Ctx) -> (Option<String>, Option<String>) {
     (
         first_value(
@@ -163,12 +221,7 @@ async fn cluster_strategies(ctx: &Ctx) -> (Option<String>, Option<String>) {
             "/spec/configuration/evictionStrategy",
         )
         .await,
-        first_value(
-            ctx,
-            ("hco.kubevirt.io", "v1beta1", "hyperconvergeds"),
-            "/spec/evictionStrategy",
-        )
-        .await,
+        None,
     )
 }
 
@@ -227,6 +280,13 @@ async fn evict(ctx: &Ctx, name: &str, body: Body) -> Result<Response, ApiError> 
     let (kv_strategy, hco_strategy) = cluster_strategies(ctx).await;
     for _ in 0..8 {
         let (pod, vmi, rev) = find(ctx, name).await?;
+        if vmi.is_null() {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("pods {name:?} is a view of a platform component and cannot be evicted"),
+            ));
+        }
         for (field, ptr) in [
             ("UID", "/metadata/uid"),
             ("ResourceVersion", "/metadata/resourceVersion"),

@@ -187,17 +187,8 @@ async fn cluster_settings(client: &kube::Client) -> (Option<String>, Option<Stri
         "/spec/configuration/evictionStrategy",
     )
     .await;
-    let hco = first_value(
-        client,
-        (
-            "hco.kubevirt.io",
-            "v1beta1",
-            "HyperConverged",
-            "hyperconvergeds",
-        ),
-        "/spec/evictionStrategy",
-    )
-    .await;
+    // The HyperConverged's `evictionStrategy` reaches the KubeVirt CR through its reconcile.
+    let hco = None;
     let c = super::migration_loop::cluster_configuration(client).await;
     let limits = (
         c.parallel_migrations_per_cluster

@@ -179,30 +179,20 @@ async fn list_all<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// The cluster's migration configuration: defaults ← HyperConverged ← KubeVirt CR.
+/// The cluster's migration configuration: defaults ← KubeVirt CR (the HyperConverged's
+/// `liveMigrationConfig` reaches it through its reconcile; the one it owns wins over others).
 pub(crate) async fn cluster_configuration(client: &kube::Client) -> MigrationConfiguration {
-    let hcos: Vec<ferrovirt_api::hco::HyperConverged> = list_all(
-        client,
-        &dynamic(
-            "hco.kubevirt.io",
-            "v1beta1",
-            "HyperConverged",
-            "hyperconvergeds",
-        ),
-    )
-    .await;
-    let kvs: Vec<ferrovirt_api::kubevirt::misc::KubeVirt> = list_all(
+    let mut kvs: Vec<ferrovirt_api::kubevirt::misc::KubeVirt> = list_all(
         client,
         &dynamic("kubevirt.io", "v1", "KubeVirt", "kubevirts"),
     )
     .await;
-    let hco = hcos
-        .iter()
-        .find_map(|h| h.spec.as_ref()?.live_migration_config.clone());
+    let owned = ferrovirt_api::hco::desired::OwnedKind::KubeVirt.name();
+    kvs.sort_by_key(|k| k.metadata.name.as_deref() != Some(owned));
     let kv = kvs
         .iter()
         .find_map(|k| k.spec.as_ref()?.configuration.as_ref()?.migrations.clone());
-    policy::cluster_configuration(hco.as_ref(), kv.as_ref())
+    policy::cluster_configuration(None, kv.as_ref())
 }
 
 /// The settings a migration of `vmi` runs with, and the policy's name.

@@ -1,5 +1,6 @@
 //! The controllers wired to an API server with kube-rs: the VM controller, the pool
-//! controller, the scheduler loop, the migration loop and the node lifecycle loop, run only while this instance holds the leader Lease.
+//! controller, the scheduler loop, the migration loop, the node lifecycle loop and the
+//! HyperConverged reconcile (`crate::hco`), run only while this instance holds the leader Lease.
 //!
 //! ```no_run
 //! # async fn start(client: kube::Client) -> Result<(), ferrovirt_controller::ControllerError> {
@@ -122,6 +123,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
         tasks.spawn({
             let (c, s) = (client.clone(), stores.clone());
             async move { ("endpoints", crate::endpoints::run(c, s).await) }
+        });
+        tasks.spawn({
+            let (c, s, l) = (client.clone(), stores.clone(), opts.leader_election.clone());
+            async move { ("hyperconverged", crate::hco::run(c, s, l).await) }
         });
         if let Some(ep) = opts.export.clone() {
             let c = client.clone();

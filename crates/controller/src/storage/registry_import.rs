@@ -98,10 +98,11 @@ pub async fn config_objects(
     Ok((hcos, cdis))
 }
 
-/// The insecure registries configured in the HyperConverged and CDI objects.
+/// The insecure registries configured in the CDI objects (the HyperConverged's reach them
+/// through its reconcile).
 pub async fn insecure_registries(client: &kube::Client) -> Result<Vec<String>, ControllerError> {
-    let (hcos, cdis) = config_objects(client).await?;
-    Ok(ferrovirt_api::hco::insecure_registries(&hcos, &cdis))
+    let (_, cdis) = config_objects(client).await?;
+    Ok(ferrovirt_api::hco::insecure_registries(&cdis))
 }
 
 /// The transfer limits of an import into a claim of `capacity` bytes: at most

@@ -1,5 +1,13 @@
 //! hco.kubevirt.io/v1beta1 HyperConverged: the one configuration object for the whole stack.
-//! Fields ferrovirt reads are typed; the rest are kept as given.
+//! Fields ferrovirt reads are typed; the rest are kept as given. The reconcile's pure parts
+//! live in the submodules: `desired` (defaults, the owned objects, drift), `admission` (honour
+//! or refuse), `status` (conditions from component health); `operands` types SSP and
+//! NetworkAddonsConfig.
+
+pub mod admission;
+pub mod desired;
+pub mod operands;
+pub mod status;
 
 use std::collections::BTreeMap;
 
@@ -130,17 +138,13 @@ pub fn transfer_timeouts(hcos: &[Value], cdis: &[Value]) -> (Option<u64>, Option
     )
 }
 
-/// The registries to reach over plain HTTP: `spec.storageImport.insecureRegistries` of every
-/// HyperConverged object and `spec.config.insecureRegistries` of every CDI object (both as
-/// JSON), without duplicates.
-pub fn insecure_registries(hcos: &[Value], cdis: &[Value]) -> Vec<String> {
-    let lists = hcos
+/// The registries to reach over plain HTTP: `spec.config.insecureRegistries` of every CDI
+/// object (as JSON; the HyperConverged's `spec.storageImport.insecureRegistries` reaches
+/// them through its reconcile), without duplicates.
+pub fn insecure_registries(cdis: &[Value]) -> Vec<String> {
+    let lists = cdis
         .iter()
-        .filter_map(|h| h.pointer("/spec/storageImport/insecureRegistries"))
-        .chain(
-            cdis.iter()
-                .filter_map(|c| c.pointer("/spec/config/insecureRegistries")),
-        );
+        .filter_map(|c| c.pointer("/spec/config/insecureRegistries"));
     let mut out: Vec<String> = Vec::new();
     for list in lists {
         for r in list
@@ -189,14 +193,14 @@ pub fn node_failure_timing(hcos: &[Value]) -> crate::fencing::FenceTiming {
     if t.validate().is_ok() { t } else { d }
 }
 
-/// Whether feature gate `gate` (e.g. `HostDisk`) is on in any HyperConverged object (as JSON):
-/// `spec.featureGates.<gate>: true`.
-pub fn feature_gate_on(hcos: &[Value], gate: &str) -> bool {
-    hcos.iter().any(|h| {
-        h.pointer("/spec/featureGates")
-            .and_then(|g| g.get(gate))
-            .and_then(Value::as_bool)
-            == Some(true)
+/// Whether KubeVirt feature gate `gate` (e.g. `HostDisk`) is on in any KubeVirt object (as
+/// JSON): listed in `spec.configuration.developerConfiguration.featureGates` (where the
+/// HyperConverged's `spec.featureGates` reaches through its reconcile).
+pub fn feature_gate_on(kubevirts: &[Value], gate: &str) -> bool {
+    kubevirts.iter().any(|k| {
+        k.pointer("/spec/configuration/developerConfiguration/featureGates")
+            .and_then(Value::as_array)
+            .is_some_and(|g| g.iter().any(|g| g.as_str() == Some(gate)))
     })
 }
 
@@ -233,8 +237,10 @@ mod tests {
 
     #[test]
     fn reads_feature_gates() {
-        let on = json!({"spec": {"featureGates": {"HostDisk": true}}});
-        let off = json!({"spec": {"featureGates": {"HostDisk": false}}});
+        let on = json!({"spec": {"configuration": {"developerConfiguration":
+            {"featureGates": ["Snapshot", "HostDisk"]}}}});
+        let off = json!({"spec": {"configuration": {"developerConfiguration":
+            {"featureGates": ["Snapshot"]}}}});
         assert!(super::feature_gate_on(&[json!({}), on], "HostDisk"));
         assert!(!super::feature_gate_on(&[off], "HostDisk"));
         assert!(!super::feature_gate_on(&[], "HostDisk"));
@@ -242,10 +248,10 @@ mod tests {
 
     #[test]
     fn collects_insecure_registries() {
-        let hco = json!({"spec": {"storageImport": {"insecureRegistries": ["a:5000", "b"]}}});
+        let a = json!({"spec": {"config": {"insecureRegistries": ["a:5000", "b"]}}});
         let cdi = json!({"spec": {"config": {"insecureRegistries": ["b", "c"]}}});
         assert_eq!(
-            super::insecure_registries(&[hco, json!({})], &[cdi]),
+            super::insecure_registries(&[a, json!({}), cdi]),
             vec!["a:5000", "b", "c"]
         );
         let typed: super::HyperConverged = serde_json::from_value(

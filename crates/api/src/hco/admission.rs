@@ -1,0 +1,264 @@
+//! HyperConverged admission, pure: HCO's defaults filled in, only the one HyperConverged
+//! (`kubevirt-hyperconverged` in `kubevirt-hyperconverged`, as HCO's webhook allows), and every
+//! spec field ferrovirt does not carry out refused naming the field (honour or refuse; the
+//! list is in docs/hyperconverged.md).
+
+use serde_json::Value;
+
+use super::desired::{
+    EXTENSION_KUBEVIRT_GATES, HARDCODED_KUBEVIRT_GATES, HCO_NAME, HCO_TO_KUBEVIRT_GATES,
+    PLATFORM_NAMESPACE, defaults, fill_defaults,
+};
+use crate::admission::{FieldError, Operation};
+
+/// HCO's feature gates (camelCase) that ferrovirt accepts only while off, with the reason.
+const HCO_GATES_OFF_ONLY: &[&str] = &[
+    "deployKubeSecondaryDNS",
+    "downwardMetrics",
+    "withHostPassthroughCPU",
+    "persistentReservation",
+    "autoResourceLimits",
+    "alignCPUs",
+    "decentralizedLiveMigration",
+    "enableApplicationAwareQuota",
+    "deployVmConsoleProxy",
+    "deployTektonTaskResources",
+    "enableManagedTenantQuota",
+    "nonRoot",
+    "sriovLiveMigration",
+    "primaryUserDefinedNetworkBinding",
+    "enableMultiArchBootImageImport",
+    "declarativeHotplugVolumes",
+    "videoConfig",
+    "objectGraph",
+];
+
+/// HCO gates whose `true` ferrovirt satisfies: no common boot images are published, so there
+/// is nothing to import; ferrovirt never configures mediated devices.
+const HCO_GATES_ANY: &[&str] = &["enableCommonBootImageImport", "disableMDevConfiguration"];
+
+/// Spec fields carried out (docs/hyperconverged.md lists what each does).
+const HONOURED: &[&str] = &[
+    "featureGates",
+    "liveMigrationConfig",
+    "evictionStrategy",
+    "storageImport",
+    "nodeFailure",
+    "commonTemplatesNamespace",
+    "infra",
+    "workloads",
+];
+
+/// `storageImport` fields carried out.
+const STORAGE_IMPORT: &[&str] = &[
+    "insecureRegistries",
+    "transferStallTimeoutSeconds",
+    "transferTimeoutSeconds",
+    "allowedImportCIDRs",
+];
+
+const EVICTION_STRATEGIES: &[&str] = &["None", "LiveMigrate", "LiveMigrateIfPossible", "External"];
+
+/// Fill HCO's defaults into a HyperConverged being admitted.
+pub fn default_object(obj: &mut Value) {
+    fill_defaults(obj);
+}
+
+/// Every problem of a (defaulted) HyperConverged being admitted.
+pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
+    let mut e = Vec::new();
+    if op == Operation::Create {
+        let name = obj.pointer("/metadata/name").and_then(Value::as_str);
+        let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
+        if ns != Some(PLATFORM_NAMESPACE) {
+            e.push(FieldError::invalid(
+                "metadata.namespace",
+                format!("the HyperConverged lives in the {PLATFORM_NAMESPACE} namespace"),
+            ));
+        }
+        if name != Some(HCO_NAME) {
+            e.push(FieldError::invalid(
+                "metadata.name",
+                format!("the one HyperConverged is named {HCO_NAME}"),
+            ));
+        }
+    }
+    let Some(spec) = obj.get("spec").and_then(Value::as_object) else {
+        return e;
+    };
+    let defaults = defaults();
+    for (k, v) in spec {
+        let field = format!("spec.{k}");
+        if v.is_null() {
+            continue;
+        }
+        if let Some(d) = defaults.get(k)
+            && !HONOURED.contains(&k.as_str())
+        {
+            if v != d {
+                e.push(FieldError::not_supported(
+                    field,
+                    format!("ferrovirt carries out only HCO's default here ({d})"),
+                ));
+            }
+            continue;
+        }
+        match k.as_str() {
+            "featureGates" => check_gates(v, &mut e),
+            "evictionStrategy" => {
+                if !v.as_str().is_some_and(|s| EVICTION_STRATEGIES.contains(&s)) {
+                    e.push(FieldError::not_supported(
+                        field,
+                        format!("supported values: {}", EVICTION_STRATEGIES.join(", ")),
+                    ));
+                }
+            }
+            "storageImport" => {
+                for key in v.as_object().into_iter().flat_map(|m| m.keys()) {
+                    if !STORAGE_IMPORT.contains(&key.as_str()) {
+                        e.push(FieldError::not_supported(
+                            format!("spec.storageImport.{key}"),
+                            "not carried out by ferrovirt",
+                        ));
+                    }
+                }
+            }
+            "infra" | "workloads" => {
+                let placement = v.get("nodePlacement").filter(|p| !p.is_null());
+                let empty = placement.is_none_or(|p| p.as_object().is_some_and(|m| m.is_empty()));
+                if !empty {
+                    e.push(FieldError::not_supported(
+                        format!("{field}.nodePlacement"),
+                        "ferrovirt's components run where the administrator starts them; \
+                         node placement is not carried out",
+                    ));
+                }
+            }
+            k if HONOURED.contains(&k) => {}
+            _ => e.push(FieldError::not_supported(
+                field,
+                "not carried out by ferrovirt (docs/hyperconverged.md lists what is)",
+            )),
+        }
+    }
+    e
+}
+
+fn check_gates(gates: &Value, e: &mut Vec<FieldError>) {
+    let Some(gates) = gates.as_object() else {
+        e.push(FieldError::type_invalid(
+            "spec.featureGates",
+            "featureGates is a map of gate names to booleans",
+        ));
+        return;
+    };
+    for (name, on) in gates {
+        let field = format!("spec.featureGates.{name}");
+        let Some(on) = on.as_bool() else {
+            e.push(FieldError::type_invalid(
+                field,
+                "a feature gate is true or false",
+            ));
+            continue;
+        };
+        let n = name.as_str();
+        let ok = if HCO_GATES_ANY.contains(&n) || EXTENSION_KUBEVIRT_GATES.contains(&n) {
+            true
+        } else if HARDCODED_KUBEVIRT_GATES.contains(&n) {
+            // Always on, as HCO has them.
+            on
+        } else if HCO_GATES_OFF_ONLY.contains(&n)
+            || HCO_TO_KUBEVIRT_GATES.iter().any(|(h, _)| *h == n)
+        {
+            !on
+        } else {
+            e.push(FieldError::not_supported(
+                field,
+                "unknown feature gate (HCO's gates are camelCase; ferrovirt also accepts the \
+                 KubeVirt gate HostDisk)",
+            ));
+            continue;
+        };
+        if !ok {
+            e.push(FieldError::not_supported(
+                field,
+                if on {
+                    "this feature is not carried out by ferrovirt"
+                } else {
+                    "this feature is always on"
+                },
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn admitted(spec: Value) -> Vec<String> {
+        let mut obj = json!({
+            "metadata": {"name": HCO_NAME, "namespace": PLATFORM_NAMESPACE},
+            "spec": spec,
+        });
+        default_object(&mut obj);
+        let mut fields: Vec<String> = validate(&obj, Operation::Create)
+            .into_iter()
+            .map(|f| f.field)
+            .collect();
+        fields.sort();
+        fields
+    }
+
+    #[test]
+    fn defaults_and_honoured_fields_pass() {
+        assert!(admitted(json!({})).is_empty());
+        assert!(
+            admitted(json!({
+                "featureGates": {"HostDisk": true, "enableCommonBootImageImport": false},
+                "liveMigrationConfig": {"parallelMigrationsPerCluster": 2, "bandwidthPerMigration": "64Mi"},
+                "storageImport": {"insecureRegistries": ["r:5000"]},
+                "evictionStrategy": "LiveMigrate",
+                "infra": {},
+                "nodeFailure": {"leaseDurationSeconds": 10},
+            }))
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn refuses_what_is_not_carried_out() {
+        assert_eq!(
+            admitted(json!({
+                "featureGates": {"downwardMetrics": true, "Snapshot": false, "Bogus": true},
+                "higherWorkloadDensity": {"memoryOvercommitPercentage": 150},
+                "defaultCPUModel": "Haswell",
+                "workloads": {"nodePlacement": {"nodeSelector": {"a": "b"}}},
+                "storageImport": {"insecureRegistries": [], "other": 1},
+                "evictionStrategy": "Sometimes",
+            })),
+            vec![
+                "spec.defaultCPUModel",
+                "spec.evictionStrategy",
+                "spec.featureGates.Bogus",
+                "spec.featureGates.Snapshot",
+                "spec.featureGates.downwardMetrics",
+                "spec.higherWorkloadDensity",
+                "spec.storageImport.other",
+                "spec.workloads.nodePlacement",
+            ]
+        );
+    }
+
+    #[test]
+    fn only_the_one_hyperconverged() {
+        let obj = json!({"metadata": {"name": "other", "namespace": "default"}, "spec": {}});
+        let fields: Vec<String> = validate(&obj, Operation::Create)
+            .into_iter()
+            .map(|f| f.field)
+            .collect();
+        assert_eq!(fields, vec!["metadata.namespace", "metadata.name"]);
+    }
+}

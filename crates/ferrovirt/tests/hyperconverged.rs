@@ -1,0 +1,284 @@
+//! The HyperConverged drives the platform (docs/hyperconverged.md). One cluster, two nodes
+//! (the server's embedded node1 and an agent process node2): the server made the one
+//! HyperConverged with HCO's defaults and the reconcile made the four objects it owns
+//! (`kubectl get kubevirt,cdi,ssp,networkaddonsconfig -A` lists them); an edit of the
+//! HyperConverged's liveMigrationConfig reaches the KubeVirt CR and one of its
+//! storageImport.insecureRegistries reaches the CDI; a direct edit of the KubeVirt CR is
+//! written back with an `Overwritten` Event; a field ferrovirt does not carry out is refused
+//! naming it; killing node2's agent turns the HyperConverged Degraded naming node2, and
+//! restarting it brings it back to Available.
+
+use std::time::{Duration, Instant};
+
+use ferrovirt_testkit::{Cluster, ClusterOptions};
+use serde_json::Value;
+
+const NS: &str = "kubevirt-hyperconverged";
+const HCO: &str = "kubevirt-hyperconverged";
+const KV: &str = "kubevirt-kubevirt-hyperconverged";
+const CDI: &str = "cdi-kubevirt-hyperconverged";
+
+fn hco(c: &Cluster) -> anyhow::Result<Value> {
+    c.get_json(&["hyperconverged", HCO, "-n", NS])
+}
+
+fn condition(hco: &Value, type_: &str) -> Option<(String, String, String)> {
+    hco["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or("").to_string();
+            (s("status"), s("reason"), s("message"))
+        })
+}
+
+fn patch_hco(c: &Cluster, patch: &str) -> anyhow::Result<String> {
+    c.kubectl_ok(&[
+        "patch",
+        "hyperconverged",
+        HCO,
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        patch,
+    ])
+}
+
+#[test]
+fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut c = Cluster::with_nodes(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")), 2)?;
+    // Shorter node leases (the shortest allowed) so a dead agent shows sooner.
+    patch_hco(
+        &c,
+        r#"{"spec":{"nodeFailure":{"leaseDurationSeconds":4,"fenceMarginSeconds":2}}}"#,
+    )?;
+
+    // The four owned objects, with HCO's names, labels and owner references.
+    let owned = c.wait_until("the four owned objects", Duration::from_secs(30), || {
+        let v = c.get_json(&["kubevirt,cdi,ssp,networkaddonsconfig", "-A"])?;
+        let items = v["items"].as_array().cloned().unwrap_or_default();
+        Ok((items.len() == 4).then_some(items))
+    })?;
+    let names: Vec<(&str, &str)> = owned
+        .iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap_or(""),
+                o["metadata"]["name"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    for want in [
+        ("KubeVirt", KV),
+        ("CDI", CDI),
+        ("SSP", "ssp-kubevirt-hyperconverged"),
+        ("NetworkAddonsConfig", "cluster"),
+    ] {
+        assert!(names.contains(&want), "{want:?} missing from {names:?}");
+    }
+    let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
+    assert_eq!(
+        kv["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "hco-operator"
+    );
+    assert_eq!(
+        kv["metadata"]["ownerReferences"][0]["kind"],
+        "HyperConverged"
+    );
+    assert_eq!(kv["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(
+        kv["spec"]["configuration"]["migrations"]["parallelMigrationsPerCluster"], 5,
+        "HCO's default"
+    );
+    let table = c.kubectl_ok(&["get", "kubevirt,cdi,ssp,networkaddonsconfig", "-A"])?;
+    for name in [KV, CDI, "ssp-kubevirt-hyperconverged", "cluster"] {
+        assert!(table.contains(name), "{name} not listed:\n{table}");
+    }
+    c.wait_until("HyperConverged Available", Duration::from_secs(30), || {
+        let h = hco(&c)?;
+        Ok(matches!(condition(&h, "Available"), Some((s, _, _)) if s == "True").then_some(()))
+    })?;
+    let h = hco(&c)?;
+    for t in ["Progressing", "Degraded"] {
+        assert_eq!(
+            condition(&h, t).map(|c| c.0).as_deref(),
+            Some("False"),
+            "{t}"
+        );
+    }
+    for t in ["ReconcileComplete", "Upgradeable"] {
+        assert_eq!(
+            condition(&h, t),
+            Some((
+                "True".into(),
+                "ReconcileCompleted".into(),
+                "Reconcile completed successfully".into()
+            )),
+            "{t}"
+        );
+    }
+
+    // liveMigrationConfig reaches the KubeVirt CR.
+    let t = Instant::now();
+    patch_hco(
+        &c,
+        r#"{"spec":{"liveMigrationConfig":{"parallelMigrationsPerCluster":3,"bandwidthPerMigration":"64Mi"}}}"#,
+    )?;
+    c.wait_until(
+        "migrations in the KubeVirt CR",
+        Duration::from_secs(20),
+        || {
+            let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
+            let m = &kv["spec"]["configuration"]["migrations"];
+            Ok(
+                (m["parallelMigrationsPerCluster"] == 3 && m["bandwidthPerMigration"] == "64Mi")
+                    .then_some(()),
+            )
+        },
+    )?;
+    println!(
+        "liveMigrationConfig reached the KubeVirt CR in {:?}",
+        t.elapsed()
+    );
+
+    // storageImport.insecureRegistries reaches the CDI.
+    let t = Instant::now();
+    patch_hco(
+        &c,
+        r#"{"spec":{"storageImport":{"insecureRegistries":["registry.test:5000"]}}}"#,
+    )?;
+    c.wait_until(
+        "insecureRegistries in the CDI",
+        Duration::from_secs(20),
+        || {
+            let cdi = c.get_json(&["cdi", CDI])?;
+            Ok((cdi["spec"]["config"]["insecureRegistries"]
+                == serde_json::json!(["registry.test:5000"]))
+            .then_some(()))
+        },
+    )?;
+    println!("insecureRegistries reached the CDI in {:?}", t.elapsed());
+
+    // A direct edit of the KubeVirt CR is reverted, with an Event saying so.
+    let t = Instant::now();
+    c.kubectl_ok(&[
+        "patch",
+        "kubevirt",
+        KV,
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"configuration":{"migrations":{"parallelMigrationsPerCluster":9}}}}"#,
+    ])?;
+    c.wait_until("the edit reverted", Duration::from_secs(20), || {
+        let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
+        Ok(
+            (kv["spec"]["configuration"]["migrations"]["parallelMigrationsPerCluster"] == 3)
+                .then_some(()),
+        )
+    })?;
+    println!("the direct edit was reverted in {:?}", t.elapsed());
+    let event = c.wait_until("the Overwritten event", Duration::from_secs(20), || {
+        let evs = c.get_json(&[
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            &format!("involvedObject.name={HCO}"),
+        ])?;
+        Ok(evs["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["reason"] == "Overwritten")
+            .cloned())
+    })?;
+    assert_eq!(event["type"], "Warning");
+    let msg = event["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(KV)
+            && msg.contains("spec.configuration.migrations.parallelMigrationsPerCluster"),
+        "{msg}"
+    );
+
+    // A field ferrovirt does not carry out is refused, naming it.
+    let out = c.kubectl(&[
+        "patch",
+        "hyperconverged",
+        HCO,
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"higherWorkloadDensity":{"memoryOvercommitPercentage":150}}}"#,
+    ])?;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("spec.higherWorkloadDensity"), "{err}");
+
+    // node2's agent dies: Degraded names node2; back to Available when it returns.
+    let t = Instant::now();
+    c.kill_agent("node2")?;
+    let (reason, message) =
+        c.wait_until("Degraded naming node2", Duration::from_secs(40), || {
+            let h = hco(&c)?;
+            Ok(match condition(&h, "Degraded") {
+                Some((s, r, m)) if s == "True" && m.contains("node2") => Some((r, m)),
+                _ => None,
+            })
+        })?;
+    println!(
+        "Degraded {:?} after the kill: {reason}: {message}",
+        t.elapsed()
+    );
+    assert_eq!(reason, "KubeVirtDegraded");
+    assert!(message.contains("virt-handler on node node2"), "{message}");
+    assert!(!message.contains("node1"), "{message}");
+    let t = Instant::now();
+    c.start_agent("node2")?;
+    c.wait_until("Available again", Duration::from_secs(40), || {
+        let h = hco(&c)?;
+        let avail = matches!(condition(&h, "Available"), Some((s, _, _)) if s == "True");
+        let degraded = matches!(condition(&h, "Degraded"), Some((s, _, _)) if s == "False");
+        Ok((avail && degraded).then_some(()))
+    })?;
+    println!("Available again {:?} after the restart", t.elapsed());
+    println!("whole test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// `kubectl get pods -n kubevirt-hyperconverged` shows the platform's components.
+#[test]
+fn the_platform_namespace_shows_the_components_as_pods() -> anyhow::Result<()> {
+    let c = Cluster::with_nodes(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")), 2)?;
+    let table = c.wait_until("the virt-controller Pod", Duration::from_secs(30), || {
+        let t = c.kubectl_ok(&["get", "pods", "-n", NS])?;
+        Ok(t.contains("virt-controller-").then_some(t))
+    })?;
+    println!("{table}");
+    for name in ["virt-api-0", "virt-handler-node1", "virt-handler-node2"] {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing:\n{table}"));
+        assert!(row.contains("Running"), "{row}");
+    }
+    let pod = c.get_json(&["pod", "virt-handler-node2", "-n", NS])?;
+    assert_eq!(pod["metadata"]["labels"]["kubevirt.io/nodeName"], "node2");
+    // Not selected by `spec.nodeName` (what kubectl drain evicts).
+    let on_node2 = c.get_json(&["pods", "-A", "--field-selector", "spec.nodeName=node2"])?;
+    assert_eq!(on_node2["items"].as_array().map(Vec::len), Some(0));
+    assert!(
+        !c.kubectl(&["delete", "pod", "virt-api-0", "-n", NS])?
+            .status
+            .success()
+    );
+    Ok(())
+}
