@@ -516,13 +516,10 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     b.accept_alert().await?;
     wait_text(b, "#snapshots", "None.", STEP).await?;
 
-    // Settings: no HyperConverged yet; Create makes one, shown as YAML that saves.
+    // Settings: the HyperConverged the server made at start, its conditions and its YAML,
+    // which saves.
     b.find(Locator::Css("#nav-settings")).await?.click().await?;
-    b.wait()
-        .for_element(Locator::Css("#hco-create"))
-        .await?
-        .click()
-        .await?;
+    wait_text(b, "#hco-conditions", "Available=True", STEP).await?;
     wait_text(b, "#yaml-result", "Read at resourceVersion", STEP).await?;
     let yaml = b
         .find(Locator::Css("#yaml-text"))
