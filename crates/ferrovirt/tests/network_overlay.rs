@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::netns::{Netns, NodePair, netns_list, sh};
+use ferrovirt_testkit::netns::{Netns, NodePair, sh, wait_vmi_netns_gone};
 use ferrovirt_testkit::{SerialConsole, TestGuest};
 use serde_json::Value;
 
@@ -383,17 +383,7 @@ fn two_nodes_overlay_bindings_and_cleanup() -> anyhow::Result<()> {
     let uids: Vec<String> = guests.values().map(|g| g.uid.clone()).collect();
     drop(guests);
     c.kubectl_ok(&["delete", "vmi", "a1", "a2", "b1", "--timeout=120s"])?;
-    c.wait_until(
-        "every VMI namespace removed",
-        Duration::from_secs(60),
-        || {
-            let list = netns_list();
-            Ok((!uids
-                .iter()
-                .any(|u| list.iter().any(|n| n.contains(u.as_str()))))
-            .then_some(()))
-        },
-    )?;
+    wait_vmi_netns_gone(&c, &uids, Duration::from_secs(60))?;
     for (i, node) in [&node_a, &node_b].into_iter().enumerate() {
         assert_eq!(rules(node)?, nft_before[i], "nft rules left behind");
         let links = c.wait_until("node veths removed", Duration::from_secs(30), || {

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::netns::{Netns, NodePair, netns_list};
+use ferrovirt_testkit::netns::{Netns, NodePair, wait_vmi_netns_gone};
 use ferrovirt_testkit::{Cluster, SerialConsole, TestGuest};
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -241,17 +241,7 @@ fn node_port_and_cluster_ip_reach_vms_and_follow_their_state() -> anyhow::Result
         uids.push(v["metadata"]["uid"].as_str().unwrap_or("?").to_string());
     }
     c.kubectl_ok(&["delete", "vm", "web1", "web2", "client", "--timeout=120s"])?;
-    c.wait_until(
-        "the VMI namespaces removed",
-        Duration::from_secs(60),
-        || {
-            let list = netns_list();
-            Ok((!uids
-                .iter()
-                .any(|u| list.iter().any(|n| n.contains(u.as_str()))))
-            .then_some(()))
-        },
-    )?;
+    wait_vmi_netns_gone(&c, &uids, Duration::from_secs(60))?;
     eprintln!(
         "services e2e: VMs running after {booted:?}, whole test {:?}",
         started.elapsed()

@@ -123,6 +123,22 @@ pub fn netns_list() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Waits up to `timeout` until no network namespace names one of the VMI `uids` (the pod
+/// network's per-VMI namespaces, removed when their VMIs go).
+pub fn wait_vmi_netns_gone(
+    c: &crate::Cluster,
+    uids: &[String],
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    c.wait_until("the VMI network namespaces removed", timeout, || {
+        let list = netns_list();
+        let left = uids
+            .iter()
+            .any(|u| list.iter().any(|n| n.contains(u.as_str())));
+        Ok((!left).then_some(()))
+    })
+}
+
 /// A short token for names that must not clash between concurrent test runs.
 pub fn token() -> String {
     format!("{:05}", std::process::id() % 100_000)

@@ -20,12 +20,11 @@ use ferrovirt_store::StoreError;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::read::{ListParams, list_body, list_objects, render_one, selectors};
+use super::read::{list_all, list_body, render_one, selectors};
 use super::{Ctx, DeleteOpts, delete_one, json_response, load, store_update};
 use crate::body::{content_type, parse_object, read_body};
 use crate::error::ApiError;
 use crate::events::{EventRecord, record_event};
-use crate::selectors::{FieldSelector, LabelSelector};
 use crate::server::Shared;
 
 /// The component named on the Events the eviction records (KubeVirt's webhook is virt-api).
@@ -76,20 +75,7 @@ pub(super) async fn serve(
 /// Every launcher Pod of the namespace (all when `None`), from the VMIs at one revision.
 pub(crate) async fn views(ctx: &Ctx, ns: Option<&str>) -> Result<(Vec<Value>, i64), ApiError> {
     let def = vmi_def(&ctx.sh)?;
-    let (none_l, none_f) = (LabelSelector::default(), FieldSelector::default());
-    let listed = list_objects(
-        ctx,
-        ListParams {
-            def: &def,
-            namespace: ns,
-            labels: &none_l,
-            fields: &none_f,
-            limit: None,
-            cont: None,
-            revision: None,
-        },
-    )
-    .await?;
+    let listed = list_all(ctx, &def, ns).await?;
     let mut pods: Vec<Value> = listed
         .items
         .iter()
@@ -107,20 +93,7 @@ async fn platform_views(ctx: &Ctx) -> Result<Vec<Value>, ApiError> {
     let Some(node_def) = ctx.sh.resources.lookup("", "v1", "nodes").cloned() else {
         return Ok(Vec::new());
     };
-    let (none_l, none_f) = (LabelSelector::default(), FieldSelector::default());
-    let nodes = list_objects(
-        ctx,
-        ListParams {
-            def: &node_def,
-            namespace: None,
-            labels: &none_l,
-            fields: &none_f,
-            limit: None,
-            cont: None,
-            revision: None,
-        },
-    )
-    .await?;
+    let nodes = list_all(ctx, &node_def, None).await?;
     let lease = match ctx
         .sh
         .resources
@@ -190,21 +163,7 @@ async fn get(ctx: &Ctx, name: &str) -> Result<Response, ApiError> {
 /// not served or the list fails).
 async fn first_value(ctx: &Ctx, gvp: (&str, &str, &str), ptr: &str) -> Option<String> {
     let def = ctx.sh.resources.lookup(gvp.0, gvp.1, gvp.2).cloned()?;
-    let (labels, fields) = (LabelSelector::default(), FieldSelector::default());
-    let listed = list_objects(
-        ctx,
-        ListParams {
-            def: &def,
-            namespace: None,
-            labels: &labels,
-            fields: &fields,
-            limit: None,
-            cont: None,
-            revision: None,
-        },
-    )
-    .await
-    .ok()?;
+    let listed = list_all(ctx, &def, None).await.ok()?;
     listed
         .items
         .iter()

@@ -76,6 +76,28 @@ pub(crate) struct Listed {
     pub cont: Option<String>,
 }
 
+/// Every object of `def` (in `namespace`, or all), unfiltered, in one page at the current
+/// revision.
+pub(crate) async fn list_all(
+    ctx: &Ctx,
+    def: &ResourceDef,
+    namespace: Option<&str>,
+) -> Result<Listed, ApiError> {
+    list_objects(
+        ctx,
+        ListParams {
+            def,
+            namespace,
+            labels: &LabelSelector::default(),
+            fields: &FieldSelector::default(),
+            limit: None,
+            cont: None,
+            revision: None,
+        },
+    )
+    .await
+}
+
 /// Lists matching objects, page by page, at one revision.
 pub(crate) async fn list_objects(ctx: &Ctx, p: ListParams<'_>) -> Result<Listed, ApiError> {
     let prefix = resources::list_prefix(p.def, p.namespace);

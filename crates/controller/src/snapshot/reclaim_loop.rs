@@ -16,6 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
@@ -201,16 +202,14 @@ async fn call(
 ) -> Result<Vec<String>, CallError> {
     match nodes::placement(volume) {
         Placement::Node { node, volume } => {
-            if !ctx
-                .stores
-                .node_list()
-                .iter()
-                .any(|n| n.metadata.name.as_deref() == Some(&node))
-            {
-                return Err(Gone);
-            }
-            let storage = nodes::storage_of(&ctx.stores, &node, ctx.agent_token.as_deref())
-                .map_err(Failed)?;
+            let storage = match nodes::storage_of(&ctx.stores, &node, ctx.agent_token.as_deref()) {
+                Ok(s) => s,
+                // A node that no longer exists holds nothing to release.
+                Err(_) if ctx.stores.nodes.get(&ObjectRef::new(&node)).is_none() => {
+                    return Err(Gone);
+                }
+                Err(e) => return Err(Failed(e)),
+            };
             storage
                 .reclaim(&volume, release, merge)
                 .await
@@ -255,12 +254,7 @@ async fn merge_pending(ctx: Arc<Ctx>) {
             .cloned()
             .collect();
         for pv in pending {
-            let Some(volume) = ctx
-                .stores
-                .pv_list()
-                .into_iter()
-                .find(|v| v.metadata.name.as_deref() == Some(&pv))
-            else {
+            let Some(volume) = ctx.stores.pvs.get(&ObjectRef::new(&pv)) else {
                 ctx.pending.lock().expect("pending lock").remove(&pv);
                 continue;
             };
