@@ -15,5 +15,7 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== cargo test"
-cargo test --workspace --locked --no-fail-fast
+echo "== cargo test (scripts/run-tests.py: the binaries of \`cargo test --workspace\`, two at a time)"
+python3 scripts/run-tests.py
+echo "== cargo test --doc"
+cargo test --workspace --locked --doc
