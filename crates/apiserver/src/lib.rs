@@ -30,6 +30,7 @@
 pub mod audit;
 pub mod auth;
 mod body;
+mod cluster_config;
 mod crd;
 mod discovery;
 mod error;

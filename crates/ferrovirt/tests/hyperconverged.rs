@@ -217,11 +217,13 @@ fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<(
         "--type",
         "merge",
         "-p",
-        r#"{"spec":{"higherWorkloadDensity":{"memoryOvercommitPercentage":150}}}"#,
+        r#"{"spec":{"defaultRuntimeClass":"kata"}}"#,
     ])?;
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("spec.higherWorkloadDensity"), "{err}");
+    assert!(err.contains("spec.defaultRuntimeClass"), "{err}");
+
+    overcommit_reaches_the_scheduler_and_admission(&c)?;
 
     // node2's agent dies: Degraded names node2; back to Available when it returns.
     let t = Instant::now();
@@ -251,6 +253,90 @@ fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<(
     })?;
     println!("Available again {:?} after the restart", t.elapsed());
     println!("whole test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// `higherWorkloadDensity.memoryOvercommitPercentage` gives a VMI that sets only its guest
+/// memory the overcommitted request; `resourceRequirements.vmiCPUAllocationRatio` decides how
+/// much CPU a VMI without a request asks per vCPU: at HCO's default 10 a VMI of 20 vCPUs per
+/// node CPU (2 CPUs per node CPU) fits nowhere, at 40 (half a CPU per node CPU) it is placed.
+/// The VMI starts paused, so QEMU never runs its vCPUs.
+fn overcommit_reaches_the_scheduler_and_admission(c: &Cluster) -> anyhow::Result<()> {
+    let t = Instant::now();
+    patch_hco(
+        c,
+        r#"{"spec":{"higherWorkloadDensity":{"memoryOvercommitPercentage":200}}}"#,
+    )?;
+    c.wait_until(
+        "memoryOvercommit in the KubeVirt CR",
+        Duration::from_secs(20),
+        || {
+            let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
+            let dev = &kv["spec"]["configuration"]["developerConfiguration"];
+            Ok((dev["memoryOvercommit"] == 200 && dev["cpuAllocationRatio"] == 10).then_some(()))
+        },
+    )?;
+    let node = c.get_json(&["node", "node1"])?;
+    let cpus: u64 = node["status"]["allocatable"]["cpu"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("node1 allocatable cpu: {}", node["status"]))?;
+    let vcpus = 20 * cpus;
+    c.apply(&format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: overcommit
+  namespace: default
+spec:
+  startStrategy: Paused
+  nodeSelector:
+    kubernetes.io/hostname: node1
+  domain:
+    cpu:
+      cores: {vcpus}
+    memory:
+      guest: 256Mi
+    devices: {{}}
+"#
+    ))?;
+    let vmi = c.get_json(&["vmi", "overcommit", "-n", "default"])?;
+    assert_eq!(
+        vmi["spec"]["domain"]["resources"]["requests"]["memory"], "128Mi",
+        "256Mi of guest memory at 200 % overcommit"
+    );
+    assert_eq!(vmi["spec"]["domain"]["memory"]["guest"], "256Mi");
+    let msg = c.wait_until("the VMI unschedulable", Duration::from_secs(20), || {
+        let v = c.get_json(&["vmi", "overcommit", "-n", "default"])?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
+            .and_then(|c| c["message"].as_str().map(String::from)))
+    })?;
+    assert!(msg.contains("Insufficient cpu"), "{msg}");
+    patch_hco(
+        c,
+        r#"{"spec":{"resourceRequirements":{"vmiCPUAllocationRatio":40}}}"#,
+    )?;
+    let placed = c.wait_until("the VMI placed", Duration::from_secs(30), || {
+        let v = c.get_json(&["vmi", "overcommit", "-n", "default"])?;
+        Ok(v["status"]["nodeName"].as_str().map(String::from))
+    })?;
+    assert_eq!(placed, "node1");
+    println!(
+        "overcommit: {vcpus} vCPUs on {cpus} CPUs placed at ratio 40 ({:?})",
+        t.elapsed()
+    );
+    c.kubectl_ok(&[
+        "delete",
+        "vmi",
+        "overcommit",
+        "-n",
+        "default",
+        "--wait=false",
+    ])?;
     Ok(())
 }
 

@@ -47,6 +47,8 @@ const HONOURED: &[&str] = &[
     "commonTemplatesNamespace",
     "infra",
     "workloads",
+    "resourceRequirements",
+    "higherWorkloadDensity",
 ];
 
 /// `storageImport` fields carried out.
@@ -123,6 +125,10 @@ pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
                     }
                 }
             }
+            "resourceRequirements" => check_sub(v, &field, &[("vmiCPUAllocationRatio", 1)], &mut e),
+            "higherWorkloadDensity" => {
+                check_sub(v, &field, &[("memoryOvercommitPercentage", 10)], &mut e)
+            }
             "infra" | "workloads" => {
                 let placement = v.get("nodePlacement").filter(|p| !p.is_null());
                 let empty = placement.is_none_or(|p| p.as_object().is_some_and(|m| m.is_empty()));
@@ -142,6 +148,39 @@ pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
         }
     }
     e
+}
+
+/// An object of integer settings, each with its minimum (HCO's CRD bounds); any other key set
+/// is refused (not carried out).
+fn check_sub(v: &Value, field: &str, known: &[(&str, u64)], e: &mut Vec<FieldError>) {
+    let Some(m) = v.as_object() else {
+        e.push(FieldError::type_invalid(field, "must be an object"));
+        return;
+    };
+    for (k, x) in m {
+        let f = format!("{field}.{k}");
+        match known.iter().find(|(name, _)| name == k) {
+            Some((_, min)) => {
+                if x.is_null() {
+                    continue;
+                }
+                match x.as_u64() {
+                    Some(n) if n >= *min && n <= u64::from(u32::MAX) => {}
+                    Some(_) => e.push(FieldError::invalid(
+                        f,
+                        format!("must be greater than or equal to {min}"),
+                    )),
+                    None => e.push(FieldError::type_invalid(f, "must be an integer")),
+                }
+            }
+            None => {
+                let empty = x.is_null() || x.as_object().is_some_and(|o| o.is_empty());
+                if !empty {
+                    e.push(FieldError::not_supported(f, "not carried out by ferrovirt"));
+                }
+            }
+        }
+    }
 }
 
 fn check_gates(gates: &Value, e: &mut Vec<FieldError>) {
@@ -223,6 +262,8 @@ mod tests {
                 "evictionStrategy": "LiveMigrate",
                 "infra": {},
                 "nodeFailure": {"leaseDurationSeconds": 10},
+                "resourceRequirements": {"vmiCPUAllocationRatio": 4},
+                "higherWorkloadDensity": {"memoryOvercommitPercentage": 150},
             }))
             .is_empty()
         );
@@ -233,7 +274,9 @@ mod tests {
         assert_eq!(
             admitted(json!({
                 "featureGates": {"downwardMetrics": true, "Snapshot": false, "Bogus": true},
-                "higherWorkloadDensity": {"memoryOvercommitPercentage": 150},
+                "higherWorkloadDensity": {"memoryOvercommitPercentage": 5},
+                "resourceRequirements": {"vmiCPUAllocationRatio": 4,
+                    "storageWorkloads": {"limits": {"cpu": "1"}}},
                 "defaultCPUModel": "Haswell",
                 "workloads": {"nodePlacement": {"nodeSelector": {"a": "b"}}},
                 "storageImport": {"insecureRegistries": [], "other": 1},
@@ -245,7 +288,8 @@ mod tests {
                 "spec.featureGates.Bogus",
                 "spec.featureGates.Snapshot",
                 "spec.featureGates.downwardMetrics",
-                "spec.higherWorkloadDensity",
+                "spec.higherWorkloadDensity.memoryOvercommitPercentage",
+                "spec.resourceRequirements.storageWorkloads",
                 "spec.storageImport.other",
                 "spec.workloads.nodePlacement",
             ]

@@ -6,6 +6,7 @@ pub mod domain;
 pub mod export;
 pub mod instancetype;
 pub mod misc;
+pub mod overcommit;
 pub mod pool;
 pub mod preset;
 pub mod snapshot;

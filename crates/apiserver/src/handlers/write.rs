@@ -278,6 +278,12 @@ pub(crate) async fn create(
         if super::presets::applies_to(def) {
             warnings.extend(super::presets::apply(sh, def, ns.unwrap_or_default(), &mut o).await?);
         }
+        if def.group == "kubevirt.io" && def.plural == "virtualmachineinstances" {
+            // KubeVirt's VMI mutating webhook: guest memory over the memoryOvercommit
+            // percentage becomes the request (before the defaulting copies guest over).
+            let oc = crate::cluster_config::overcommit(sh).await;
+            ferrovirt_api::kubevirt::overcommit::apply_memory_overcommit(&mut o, &oc);
+        }
         run_admission(def, Operation::Create, &mut o, None)?;
         let key = resources::object_key(def, ns, &name);
         if opts.dry_run {

@@ -89,7 +89,8 @@ pub(crate) async fn charge(
     if keys.is_empty() {
         return Ok(Vec::new());
     }
-    let requested = usage::charged(def.group, def.plural, obj);
+    let overcommit = crate::cluster_config::overcommit(sh).await;
+    let requested = usage::charged(def.group, def.plural, obj, &overcommit);
     let mut done: Vec<Charge> = Vec::new();
     for key in keys {
         match charge_one(sh, &key, &requested).await {
@@ -218,6 +219,7 @@ fn kinds_for<'a>(sh: &'a Shared, hard: &Usage) -> Vec<&'a ResourceDef> {
 
 /// Recounts one quota from the stored objects; writes `status` when it changed.
 async fn recount(sh: &Shared, key: &str) -> Result<(), ApiError> {
+    let overcommit = crate::cluster_config::overcommit(sh).await;
     for _ in 0..8 {
         let Some(kv) = sh.store.get(key).await.map_err(ApiError::from_store)? else {
             return Ok(());
@@ -248,7 +250,7 @@ async fn recount(sh: &Shared, key: &str) -> Result<(), ApiError> {
                 if def.plural == "virtualmachineinstances" && finished {
                     continue;
                 }
-                for (k, v) in usage::charged(def.group, def.plural, &obj) {
+                for (k, v) in usage::charged(def.group, def.plural, &obj, &overcommit) {
                     *total.entry(k).or_default() += v;
                 }
             }

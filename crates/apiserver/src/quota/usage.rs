@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use ferrovirt_api::kubevirt::overcommit::Overcommit;
 use serde_json::Value;
 
 /// Resource name → amount in thousandths.
@@ -75,19 +76,21 @@ fn add(u: &mut Usage, k: &str, m: i128) {
 }
 
 /// The number of vCPUs of a VMI spec (sockets × cores × threads, each defaulting to 1).
-fn vcpus(spec: &Value) -> i128 {
+fn vcpus(spec: &Value) -> u64 {
     let cpu = &spec["domain"]["cpu"];
-    let n = |k: &str| cpu[k].as_i64().filter(|v| *v > 0).unwrap_or(1) as i128;
-    n("sockets") * n("cores") * n("threads")
+    let n = |k: &str| cpu[k].as_u64().filter(|v| *v > 0).unwrap_or(1);
+    n("sockets")
+        .saturating_mul(n("cores"))
+        .saturating_mul(n("threads"))
 }
 
 /// What creating `obj` of `group`/`plural` charges against a namespace's quotas.
 ///
 /// A VMI is charged as its virt-launcher Pod would be: `pods`, `requests.cpu` (the VMI's
-/// `resources.requests.cpu`, else KubeVirt's default 100m per vCPU: allocation ratio 10) and
-/// `requests.memory` (`resources.requests.memory`, else `memory.guest`); without the
-/// launcher's memory overhead.
-pub fn charged(group: &str, plural: &str, obj: &Value) -> Usage {
+/// `resources.requests.cpu`, else the CPU share of its vCPUs under the KubeVirt CR's
+/// `cpuAllocationRatio`, [`Overcommit`]: 100m per vCPU by default) and `requests.memory`
+/// (`resources.requests.memory`, else `memory.guest`); without the launcher's memory overhead.
+pub fn charged(group: &str, plural: &str, obj: &Value, overcommit: &Overcommit) -> Usage {
     let mut u = Usage::new();
     let count = if group.is_empty() {
         format!("count/{plural}")
@@ -104,7 +107,10 @@ pub fn charged(group: &str, plural: &str, obj: &Value) -> Usage {
             add(&mut u, "pods", 1000);
             add(&mut u, "count/pods", 1000);
             let req = &spec["domain"]["resources"]["requests"];
-            let cpu = milli_of(&req["cpu"]).unwrap_or(100 * vcpus(spec));
+            let dedicated = spec["domain"]["cpu"]["dedicatedCpuPlacement"] == true;
+            let cpu = milli_of(&req["cpu"]).unwrap_or_else(|| {
+                i128::from(overcommit.cpu_request_millis(vcpus(spec), dedicated))
+            });
             let mem = milli_of(&req["memory"])
                 .or_else(|| milli_of(&spec["domain"]["memory"]["guest"]))
                 .unwrap_or(0);
@@ -200,22 +206,44 @@ mod tests {
     fn a_vmi_is_charged_as_its_launcher_pod() {
         let vmi = json!({"spec": {"domain": {"cpu": {"cores": 2},
             "resources": {"requests": {"memory": "1Gi"}}, "memory": {"guest": "512Mi"}}}});
-        let c = charged("kubevirt.io", "virtualmachineinstances", &vmi);
+        let c = charged(
+            "kubevirt.io",
+            "virtualmachineinstances",
+            &vmi,
+            &Overcommit::default(),
+        );
         assert_eq!(c["requests.cpu"], 200);
         assert_eq!(c["requests.memory"], 1000 * (1 << 30));
+        // The KubeVirt CR's cpuAllocationRatio 1: a CPU per vCPU.
+        let one = Overcommit {
+            cpu_allocation_ratio: 1,
+            ..Overcommit::default()
+        };
+        let c = charged("kubevirt.io", "virtualmachineinstances", &vmi, &one);
+        assert_eq!(c["requests.cpu"], 2000);
         assert_eq!(c["pods"], 1000);
         assert_eq!(c["count/virtualmachineinstances.kubevirt.io"], 1000);
         let guest_only = json!({"spec": {"domain": {"memory": {"guest": "128Mi"},
             "resources": {"requests": {"cpu": "1500m"}}}}});
-        let c = charged("kubevirt.io", "virtualmachineinstances", &guest_only);
+        let c = charged(
+            "kubevirt.io",
+            "virtualmachineinstances",
+            &guest_only,
+            &Overcommit::default(),
+        );
         assert_eq!(format("requests.memory", c["requests.memory"]), "128Mi");
         assert_eq!(format("requests.cpu", c["requests.cpu"]), "1500m");
         let pvc = json!({"spec": {"resources": {"requests": {"storage": "10Gi"}}}});
-        let c = charged("", "persistentvolumeclaims", &pvc);
+        let c = charged("", "persistentvolumeclaims", &pvc, &Overcommit::default());
         assert_eq!(format("requests.storage", c["requests.storage"]), "10Gi");
         assert_eq!(c["persistentvolumeclaims"], 1000);
         assert_eq!(c["count/persistentvolumeclaims"], 1000);
-        let vm = charged("kubevirt.io", "virtualmachines", &json!({}));
+        let vm = charged(
+            "kubevirt.io",
+            "virtualmachines",
+            &json!({}),
+            &Overcommit::default(),
+        );
         assert_eq!(
             vm.keys().collect::<Vec<_>>(),
             ["count/virtualmachines.kubevirt.io"]
@@ -228,7 +256,12 @@ mod tests {
             ("count/virtualmachines.kubevirt.io", "2"),
             ("requests.memory", "1Gi"),
         ]);
-        let vm = charged("kubevirt.io", "virtualmachines", &json!({}));
+        let vm = charged(
+            "kubevirt.io",
+            "virtualmachines",
+            &json!({}),
+            &Overcommit::default(),
+        );
         let used = admit("q", &hard, &Usage::new(), &vm).unwrap();
         let used = admit("q", &hard, &used, &vm).unwrap();
         assert_eq!(used["count/virtualmachines.kubevirt.io"], 2000);
@@ -239,7 +272,12 @@ mod tests {
         );
         // Memory: only the exceeded resource is named.
         let vmi = json!({"spec": {"domain": {"memory": {"guest": "768Mi"}}}});
-        let req = charged("kubevirt.io", "virtualmachineinstances", &vmi);
+        let req = charged(
+            "kubevirt.io",
+            "virtualmachineinstances",
+            &vmi,
+            &Overcommit::default(),
+        );
         let used = admit("q", &hard, &Usage::new(), &req).unwrap();
         assert_eq!(
             admit("q", &hard, &used, &req).unwrap_err(),

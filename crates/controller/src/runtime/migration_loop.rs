@@ -89,6 +89,11 @@ pub async fn run(
             } else {
                 policy::defaults()
             };
+            // The KubeVirt CR's overcommit settings as they are now (target fit).
+            let opts = SchedulerOptions {
+                overcommit: stores.overcommit(),
+                ..opts.clone()
+            };
             for m in &unfinished {
                 let limits = limits_for(&stores, &unfinished, &m.0, &cluster);
                 if let Err(e) = reconcile(&client, &recorder, &stores, &opts, m, limits).await {

@@ -70,6 +70,7 @@ const WAKE_ON: &[Kind] = &[
     Kind::PersistentVolumeClaim,
     Kind::PersistentVolume,
     Kind::StorageClass,
+    Kind::KubeVirt,
 ];
 
 /// Run the scheduler loop over the shared caches `stores` (whose task the caller drives) until
@@ -146,7 +147,12 @@ pub async fn run(
         // otherwise copies every Node for nothing).
         let node_list = stores.node_list();
         // One snapshot for the whole pass: every decision counts the ones before it.
-        let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &opts.scheduler);
+        // The KubeVirt CR's overcommit settings as they are now.
+        let sched_opts = SchedulerOptions {
+            overcommit: stores.overcommit(),
+            ..opts.scheduler.clone()
+        };
+        let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &sched_opts);
         for (v, node) in &assumed_here {
             snap.assume(v, node);
         }

@@ -21,6 +21,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, Taint, Toleration};
 
+use ferrovirt_api::kubevirt::overcommit::Overcommit;
 use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
 
 use interpod::Placed;
@@ -46,12 +47,15 @@ pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
 pub struct SchedulerOptions {
     /// Added to every VMI's memory request; see [`VMI_MEMORY_OVERHEAD_BYTES`].
     pub memory_overhead_bytes: u64,
+    /// The KubeVirt CR's overcommit settings (the CPU a VMI without a request asks per vCPU).
+    pub overcommit: Overcommit,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
         Self {
             memory_overhead_bytes: VMI_MEMORY_OVERHEAD_BYTES,
+            overcommit: Overcommit::default(),
         }
     }
 }
@@ -382,6 +386,7 @@ pub struct Snapshot<'a> {
     placed: Vec<Placed<'a>>,
     holders: Vec<Placed<'a>>,
     memory_overhead_bytes: u64,
+    overcommit: Overcommit,
 }
 
 impl<'a> Snapshot<'a> {
@@ -406,6 +411,7 @@ impl<'a> Snapshot<'a> {
             placed: Vec::new(),
             holders: Vec::new(),
             memory_overhead_bytes: opts.memory_overhead_bytes,
+            overcommit: opts.overcommit,
         };
         for vmi in vmis {
             if let Some(node) = is_bound(vmi) {
@@ -421,7 +427,7 @@ impl<'a> Snapshot<'a> {
         let Some((&name, &n)) = self.by_name.get_key_value(node) else {
             return;
         };
-        let mut r = resources::vmi_requests(vmi);
+        let mut r = resources::vmi_requests(vmi, &self.overcommit);
         r.memory_bytes = r.memory_bytes.saturating_add(self.memory_overhead_bytes);
         *self.used.entry(name).or_default() += r;
         let p = Placed { vmi, node: n };
@@ -440,7 +446,7 @@ impl<'a> Snapshot<'a> {
         volume_affinity: &[NodeSelector],
         shared_mounts: &[volumes::SharedMountNeed],
     ) -> Decision {
-        let mut want = resources::vmi_requests(vmi);
+        let mut want = resources::vmi_requests(vmi, &self.overcommit);
         want.memory_bytes = want.memory_bytes.saturating_add(self.memory_overhead_bytes);
         let ctx = Ctx {
             vmi,
@@ -709,6 +715,7 @@ mod tests {
             },
             &SchedulerOptions {
                 memory_overhead_bytes: 0,
+                ..SchedulerOptions::default()
             },
         );
         assert_eq!(bound(d), "a");
@@ -717,11 +724,27 @@ mod tests {
     #[test]
     fn cpu_insufficient() {
         let nodes = [node("a").alloc("2", "64Gi").build()];
-        let v = vmi("v").topology(2, 2, 1).build();
+        // 32 vCPUs at KubeVirt's default ratio 10 ask 3.2 CPUs; 4 vCPUs ask 400m and fit.
+        let v = vmi("v").topology(8, 4, 1).build();
         assert_eq!(
             message(run(&v, &nodes, &[])),
             "0/1 nodes are available: 1 Insufficient cpu."
         );
+        let four = vmi("w").topology(2, 2, 1).build();
+        assert_eq!(bound(run(&four, &nodes, &[])), "a");
+        // At ratio 1 a vCPU is a CPU: the 4 vCPUs no longer fit.
+        let one = SchedulerOptions {
+            overcommit: Overcommit {
+                cpu_allocation_ratio: 1,
+                ..Overcommit::default()
+            },
+            ..SchedulerOptions::default()
+        };
+        let snap = Snapshot::new(&nodes, [], &one);
+        assert!(matches!(
+            snap.schedule(&four, &[], &[]),
+            Decision::Unschedulable(_)
+        ));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use ferrovirt_api::kubevirt::overcommit::Overcommit;
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 
 /// Memory added to every VMI's request for what runs beside the guest: the launcher process,
@@ -48,9 +49,11 @@ fn bytes(q: &Quantity) -> Option<u64> {
 }
 
 /// What a VMI asks of its node: `spec.domain.resources.requests` when set, else guest memory
-/// (`domain.memory.guest`) and vCPUs (cores × sockets × threads, each defaulting to 1). The
-/// memory overhead is added by the caller ([`SchedulerOptions`](super::SchedulerOptions)).
-pub fn vmi_requests(vmi: &VirtualMachineInstance) -> Resources {
+/// (`domain.memory.guest`) and the CPU share of its vCPUs (cores × sockets × threads, each
+/// defaulting to 1) under the cluster's `cpuAllocationRatio` ([`Overcommit`]: 100m per vCPU by
+/// default, as KubeVirt's launcher pods request). The memory overhead is added by the caller
+/// ([`SchedulerOptions`](super::SchedulerOptions)).
+pub fn vmi_requests(vmi: &VirtualMachineInstance, overcommit: &Overcommit) -> Resources {
     let Some(spec) = vmi.spec.as_ref() else {
         return Resources::default();
     };
@@ -60,12 +63,12 @@ pub fn vmi_requests(vmi: &VirtualMachineInstance) -> Resources {
         .and_then(|r| r.get("cpu"))
         .and_then(millis)
         .unwrap_or_else(|| {
-            let cpu = domain.cpu.as_ref();
-            let n = |v: Option<u32>| u64::from(v.unwrap_or(1).max(1));
-            n(cpu.and_then(|c| c.cores))
-                * n(cpu.and_then(|c| c.sockets))
-                * n(cpu.and_then(|c| c.threads))
-                * 1000
+            let dedicated = domain
+                .cpu
+                .as_ref()
+                .and_then(|c| c.dedicated_cpu_placement)
+                .unwrap_or(false);
+            overcommit.cpu_request_millis(ferrovirt_api::expand::vcpus(spec), dedicated)
         });
     let memory_bytes = requests
         .and_then(|r| r.get("memory"))
@@ -183,28 +186,35 @@ mod tests {
 
     #[test]
     fn requests_from_resources_or_guest() {
+        let oc = Overcommit::default();
         let v = vmi("a").requests("1500m", "1Gi").build();
         assert_eq!(
-            vmi_requests(&v),
+            vmi_requests(&v, &oc),
             Resources {
                 cpu_millis: 1500,
                 memory_bytes: 1 << 30
             }
         );
+        // Four vCPUs at KubeVirt's default ratio 10: 400m.
         let v = vmi("b").guest("2Gi").topology(2, 2, 1).build();
         assert_eq!(
-            vmi_requests(&v),
+            vmi_requests(&v, &oc),
             Resources {
-                cpu_millis: 4000,
+                cpu_millis: 400,
                 memory_bytes: 2 << 30
             }
         );
         let v = vmi("c").build();
-        assert_eq!(vmi_requests(&v).cpu_millis, 1000);
+        assert_eq!(vmi_requests(&v, &oc).cpu_millis, 100);
+        let one = Overcommit {
+            cpu_allocation_ratio: 1,
+            ..oc
+        };
+        assert_eq!(vmi_requests(&v, &one).cpu_millis, 1000);
         // Exact: 9m stays 9 millicores (a float made it 10), 0.1Gi rounds up once.
         let v = vmi("d").requests("9m", "0.1Gi").build();
         assert_eq!(
-            vmi_requests(&v),
+            vmi_requests(&v, &oc),
             Resources {
                 cpu_millis: 9,
                 memory_bytes: 107_374_183

@@ -1,0 +1,42 @@
+//! The KubeVirt CR settings the API server itself applies: the overcommit settings
+//! ([`Overcommit`]) behind a VMI's memory request at admission (`memoryOvercommit`, as
+//! KubeVirt's VMI mutating webhook) and the launcher-pod CPU a quota charges
+//! (`cpuAllocationRatio`). Read from the store on each use: one small list (ferrovirt keeps
+//! one KubeVirt CR) on a VMI create or a quota recount.
+
+use ferrovirt_api::kubevirt::overcommit::Overcommit;
+use ferrovirt_store::ListOptions;
+use serde_json::Value;
+
+use crate::objects::decode;
+use crate::resources;
+use crate::server::Shared;
+
+/// The overcommit settings of the cluster's KubeVirt CRs (the oldest one's), the defaults when
+/// there is none or the store cannot be read.
+pub(crate) async fn overcommit(sh: &Shared) -> Overcommit {
+    let Some(def) = sh
+        .resources
+        .lookup("kubevirt.io", "v1", "kubevirts")
+        .cloned()
+    else {
+        return Overcommit::default();
+    };
+    let Ok(list) = sh
+        .store
+        .list(&resources::list_prefix(&def, None), ListOptions::default())
+        .await
+    else {
+        return Overcommit::default();
+    };
+    let mut crs: Vec<Value> = list.items.iter().filter_map(|kv| decode(kv).ok()).collect();
+    crs.sort_by(|a, b| {
+        let ts = |o: &Value| {
+            o["metadata"]["creationTimestamp"]
+                .as_str()
+                .map(String::from)
+        };
+        ts(a).cmp(&ts(b))
+    });
+    Overcommit::from_kubevirts(crs.iter())
+}
