@@ -37,6 +37,7 @@ pub mod migration;
 pub mod network;
 pub mod node;
 pub mod nodestore;
+pub mod platform;
 pub mod pod_routes;
 pub mod portforward;
 pub mod proxy;

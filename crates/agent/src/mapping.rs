@@ -72,6 +72,8 @@ pub struct MappingContext {
     /// Taps the node's pod network prepared, by interface name: such a masquerade or bridge
     /// interface gets a tap backend instead of user-mode networking.
     pub pod_taps: BTreeMap<String, PodTap>,
+    /// When the VM starts: the RTC base of a clock offset or time zone.
+    pub now: jiff::Timestamp,
 }
 
 /// A tap prepared by `ferrovirt_network::pod::setup` for one interface.
@@ -107,6 +109,7 @@ impl MappingContext {
             pids_max: None,
             serial_log_max_bytes: None,
             pod_taps: BTreeMap::new(),
+            now: jiff::Timestamp::now(),
         }
     }
 }
@@ -543,6 +546,9 @@ pub fn launch_spec(
             (Accel::Kvm, Some(m)) => CpuModel::Named(m.to_string()),
         },
     };
+    let (platform, video) = crate::platform::map(spec, ctx.accel, ctx.now)?;
+    ls.platform = platform;
+    ls.video = video;
     if ls.cpu.vcpus() > 512 {
         return Err(AgentError::invalid(
             "spec.domain.cpu",

@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 
+use crate::platform;
 use crate::spec::{
     Accel, CacheMode, CpuModel, Disk, DiskBus, DiskFormat, DiskSource, Firmware, ForwardProtocol,
     LaunchSpec, Nic, NicBackend,
@@ -55,7 +56,7 @@ pub fn qemu_command(spec: &LaunchSpec) -> Vec<String> {
     a.flag("-no-user-config");
     a.opt("-display", "none");
     a.opt("-smbios", smbios_opts(spec));
-    a.opt("-rtc", "base=utc");
+    a.opt("-rtc", platform::rtc_opts(&spec.platform));
     a.opt("-msg", "timestamp=on");
     if spec.start_paused {
         a.flag("-S");
@@ -102,6 +103,7 @@ pub fn qemu_command(spec: &LaunchSpec) -> Vec<String> {
     if spec.balloon {
         a.opt("-device", "virtio-balloon-pci,id=balloon0");
     }
+    a.0.extend(platform::device_args(&spec.platform, USB_CONTROLLER_ID));
     a.0.extend(spec.extra_args.iter().cloned());
     a.0
 }
@@ -160,21 +162,22 @@ impl Args {
 
 fn machine_opts(spec: &LaunchSpec) -> String {
     let mut m = spec.machine.clone();
+    let mut smm_forced = false;
     if let Firmware::Efi { secure_boot, .. } = &spec.firmware {
         m.push_str(",pflash0=fw-code,pflash1=fw-vars");
-        if *secure_boot {
-            m.push_str(",smm=on");
-        }
+        smm_forced = *secure_boot;
     }
+    m.push_str(&platform::machine_props(&spec.platform, smm_forced));
     m
 }
 
 fn cpu_model(spec: &LaunchSpec) -> String {
-    match (&spec.cpu.model, spec.accel) {
+    let model = match (&spec.cpu.model, spec.accel) {
         // `host` needs KVM; under TCG the closest is everything TCG can emulate.
         (CpuModel::Host, Accel::Tcg) => "max".to_string(),
         (model, _) => model.to_string(),
-    }
+    };
+    model + &platform::cpu_suffix(&spec.platform, spec.accel)
 }
 
 fn smbios_opts(spec: &LaunchSpec) -> String {
@@ -302,7 +305,7 @@ fn disk_args(spec: &LaunchSpec, a: &mut Args) {
             format!("virtio-scsi-pci,id={SCSI_CONTROLLER_ID}"),
         );
     }
-    if spec.disks.iter().any(|d| d.bus == DiskBus::Usb) {
+    if spec.disks.iter().any(|d| d.bus == DiskBus::Usb) || spec.platform.needs_usb() {
         a.opt("-device", format!("qemu-xhci,id={USB_CONTROLLER_ID}"));
     }
     let (mut sata, mut scsi) = (0usize, 0usize);

@@ -16,6 +16,7 @@ pub mod error;
 pub mod fence;
 pub mod lifecycle;
 pub mod online_snapshot;
+pub mod platform;
 pub mod process;
 pub mod qga;
 pub mod qmp;

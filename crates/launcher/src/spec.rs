@@ -74,6 +74,9 @@ pub struct LaunchSpec {
     /// stream is complete. The agent relays the source node's TCP connection to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incoming: Option<PathBuf>,
+    /// Features, clock, reboot policy, chassis, CPU flags, watchdog, panic, tablets, sound.
+    #[serde(default)]
+    pub platform: crate::platform::Platform,
     /// Extra arguments appended verbatim at the end (tests, debugging).
     #[serde(default)]
     pub extra_args: Vec<String>,
@@ -511,6 +514,7 @@ impl LaunchSpec {
             cgroup: None,
             serial_log_max_bytes: None,
             incoming: None,
+            platform: crate::platform::Platform::default(),
             extra_args: Vec::new(),
         }
     }

@@ -312,3 +312,67 @@ async fn invalid_spec_is_rejected_before_qemu_starts() {
     let err = Vm::start(spec, &StartOptions::default()).await.unwrap_err();
     assert!(matches!(err, Error::InvalidSpec(_)), "{err}");
 }
+
+/// Every platform option (machine properties, RTC base, CPU flags, watchdog, pvpanic, tablets,
+/// sound, chassis, -no-reboot) is accepted by real QEMU, and the devices exist under their ids.
+#[tokio::test]
+async fn real_qemu_accepts_every_platform_option() {
+    use ferrovirt_launcher::platform::{Chassis, Platform, SoundModel, TabletBus, WatchdogAction};
+    let guest = TestGuest::locate();
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = kernel_boot_spec(&guest, "platform", dir.path());
+    spec.kernel_boot = None;
+    spec.sandbox = true;
+    spec.platform = Platform {
+        no_reboot: true,
+        acpi: Some(true),
+        smm: Some(false),
+        hpet: Some(false),
+        rtc_base: Some("2001-09-09T02:46:40".into()),
+        rtc_catchup: true,
+        rtc_track_guest: true,
+        kvm_hidden: true,
+        pv_unhalt_off: true,
+        // `max` under TCG has SSE4.2; turning a flag off always works.
+        cpu_flags: vec!["+sse4.2".into(), "-avx512f".into()],
+        cpu_enforce: false,
+        watchdog: Some(WatchdogAction::Poweroff),
+        pvpanic: true,
+        tablets: vec![TabletBus::Usb, TabletBus::Virtio],
+        chassis: Some(Chassis {
+            manufacturer: Some("Acme, Inc".into()),
+            asset: Some("A-1".into()),
+            ..Chassis::default()
+        }),
+        sound: Some(SoundModel::Ich9),
+    };
+    let mut t = TestVm::start(spec, dir, false).await;
+    let qmp = t.vm.qmp();
+    let peripherals = qmp
+        .execute(
+            "qom-list",
+            Some(serde_json::json!({"path": "/machine/peripheral"})),
+        )
+        .await
+        .unwrap();
+    let names: HashSet<&str> = peripherals
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for id in ["watchdog0", "panic0", "tablet0", "tablet1", "sound0", "usb"] {
+        assert!(names.contains(id), "device {id} missing from {names:?}");
+    }
+    let hpet = qmp
+        .execute(
+            "qom-get",
+            Some(serde_json::json!({"path": "/machine", "property": "hpet"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(hpet, false);
+    qmp.quit().await.unwrap();
+    let status = t.vm.wait_exit(Duration::from_secs(20)).await.unwrap();
+    assert!(status.success(), "{status}");
+}
