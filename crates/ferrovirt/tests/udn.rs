@@ -1,10 +1,12 @@
 //! k8s.ovn.org user-defined networks through the public API (docs/networking.md "User-defined
-//! networks"), one server without node agents: a Primary Layer2 UserDefinedNetwork gets its
-//! NetworkAttachmentDefinition (OVN-K's label, finalizer, owner reference, ovn-k8s-cni-overlay
+//! networks"), one server with its embedded agent (no guest is booted): a Primary Layer2
+//! UserDefinedNetwork gets its NetworkAttachmentDefinition (OVN-K's label, finalizer, owner reference, ovn-k8s-cni-overlay
 //! config) and `NetworkCreated=True`; OVN-K's validation rules refuse bad networks with 422
 //! naming the field, and the network is immutable; a ClusterUserDefinedNetwork follows its
 //! namespace selector as labels change; deleting a UDN waits while a VMI in its namespace
-//! uses it, saying so in the condition; `kubectl get udn,cudn` prints the columns.
+//! uses it, saying so in the condition; `kubectl get udn,cudn` prints the columns. The Primary
+//! UDN data plane is not carried out: the node agent refuses a pod-network VMI in a namespace
+//! labelled `k8s.ovn.org/primary-user-defined-network`, naming the field.
 
 use std::time::{Duration, Instant};
 
@@ -58,9 +60,8 @@ spec:
 #[test]
 fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
-    opts.node_name = None;
-    let c = Cluster::start(&opts)?;
+    // One node (QEMU user networking): the VMI below is refused before any guest starts.
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
     c.apply(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: udn-a\n  labels: {k8s.ovn.org/primary-user-defined-network: \"\"}\n---\n\
          apiVersion: v1\nkind: Namespace\nmetadata:\n  name: udn-b\n  labels: {tenant: blue}\n---\n\
@@ -163,6 +164,17 @@ fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
     c.apply(
         "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: user, namespace: udn-a}\nspec:\n  domain:\n    devices: {}\n    resources: {requests: {memory: 64Mi}}\n",
     )?;
+    // The Primary UDN's data plane is not carried out: the agent refuses the VMI naming it.
+    let msg = c.wait_until("the VMI refused", Duration::from_secs(90), || {
+        let v = c.get_json(&["vmi", "user", "-n", "udn-a"])?;
+        let failed = v["status"]["phase"] == "Failed";
+        let text = v["status"]["conditions"].to_string();
+        Ok((failed && text.contains("primary-user-defined-network")).then_some(text))
+    })?;
+    assert!(
+        msg.contains("spec.networks") && msg.contains("Primary UserDefinedNetwork"),
+        "{msg}"
+    );
     c.kubectl_ok(&["delete", "udn", "tenant", "-n", "udn-a", "--wait=false"])?;
     let (status, _, message) = c.wait_until("the in-use condition", T, || {
         let cond = condition(&c.get_json(&["udn", "tenant", "-n", "udn-a"])?);
