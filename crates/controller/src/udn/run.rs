@@ -78,7 +78,8 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     config: u.0.spec.as_ref().and_then(|s| s.config()),
                 };
                 let targets = BTreeSet::from([ns]);
-                if let Err(e) = reconcile(&client, &owner, &targets, &all_nads, &vmis).await {
+                let old = conditions(u.0.status.as_ref());
+                if let Err(e) = reconcile(&client, &owner, &targets, &all_nads, &vmis, old).await {
                     tracing::warn!(error = %e, name = ?u.0.metadata.name, "UserDefinedNetwork reconcile failed");
                 }
             }
@@ -102,7 +103,8 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     })
                     .filter_map(|n| n.metadata.name.clone())
                     .collect();
-                if let Err(e) = reconcile(&client, &owner, &targets, &all_nads, &vmis).await {
+                let old = conditions(c.0.status.as_ref());
+                if let Err(e) = reconcile(&client, &owner, &targets, &all_nads, &vmis, old).await {
                     tracing::warn!(error = %e, name = ?c.0.metadata.name, "ClusterUserDefinedNetwork reconcile failed");
                 }
             }
@@ -123,12 +125,19 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     })
 }
 
+fn conditions(status: Option<&udn::NetworkStatus>) -> &[Condition] {
+    status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+}
+
 async fn reconcile(
     client: &kube::Client,
     owner: &Owner<'_>,
     targets: &BTreeSet<String>,
     all_nads: &[Arc<Nad>],
     vmis: &[&ferrovirt_api::kubevirt::vmi::VirtualMachineInstance],
+    old_conditions: &[Condition],
 ) -> Result<(), ControllerError> {
     let name = owner.meta.name.clone().unwrap_or_default();
     let role = owner.config.and_then(|c| c.role());
@@ -207,7 +216,7 @@ async fn reconcile(
         }
     }
     if let Some(cond) = &plan.condition {
-        write_condition(client, owner, cond).await?;
+        write_condition(client, owner, old_conditions, cond).await?;
     }
     if plan.remove_finalizer {
         let f: Vec<String> = owner
@@ -285,42 +294,31 @@ pub fn with_condition(
     Some(out)
 }
 
+/// Writes `NetworkCreated` when it differs from the cached conditions `old` (no read: the
+/// watch keeps the cache, and this controller is the conditions' only writer).
 async fn write_condition(
     client: &kube::Client,
     owner: &Owner<'_>,
+    old: &[Condition],
     cond: &CreatedCondition,
 ) -> Result<(), ControllerError> {
     let name = owner.meta.name.as_deref().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let Some(c) = with_condition(owner.meta, old, cond, now) else {
+        return Ok(());
+    };
     let pp = PatchParams::default();
-    let old =
-        |c: Option<&udn::NetworkStatus>| c.and_then(|s| s.conditions.clone()).unwrap_or_default();
+    let body = Patch::Merge(json!({"status": {"conditions": c}}));
     match owner.meta.namespace.as_deref() {
         Some(ns) if owner.kind == "UserDefinedNetwork" => {
-            let api = Api::<Udn>::namespaced(client.clone(), ns);
-            let cur = api.get(name).await?;
-            if let Some(c) = with_condition(&cur.0.metadata, &old(cur.0.status.as_ref()), cond, now)
-            {
-                api.patch_status(
-                    name,
-                    &pp,
-                    &Patch::Merge(json!({"status": {"conditions": c}})),
-                )
+            Api::<Udn>::namespaced(client.clone(), ns)
+                .patch_status(name, &pp, &body)
                 .await?;
-            }
         }
         _ => {
-            let api = Api::<Cudn>::all(client.clone());
-            let cur = api.get(name).await?;
-            if let Some(c) = with_condition(&cur.0.metadata, &old(cur.0.status.as_ref()), cond, now)
-            {
-                api.patch_status(
-                    name,
-                    &pp,
-                    &Patch::Merge(json!({"status": {"conditions": c}})),
-                )
+            Api::<Cudn>::all(client.clone())
+                .patch_status(name, &pp, &body)
                 .await?;
-            }
         }
     }
     Ok(())
