@@ -19,6 +19,7 @@
 //!   the controllers (server routes and the controllers' client).
 //! - [`blockmig`]: node-local disks in a block migration (what can be copied, the target's
 //!   fresh copies, the PV's move).
+//! - [`udn`]: VMIs in namespaces that ask for a Primary user-defined network (refused).
 //! - [`resize`]: online growth of running VMIs' claim disks after their volumes grew.
 
 pub mod blockmig;
@@ -45,6 +46,7 @@ pub mod resize;
 pub mod runtime;
 pub mod services;
 pub mod tls;
+pub mod udn;
 pub mod volumes;
 
 pub use error::AgentError;

@@ -548,6 +548,9 @@ impl AgentNet {
         opts: &AttachOptions,
     ) -> Result<Attachment, AgentError> {
         let secondaries = secondary_interfaces(vmi)?;
+        if !opts.incoming {
+            crate::udn::check(client, vmi).await?;
+        }
         let Some(node) = self.node.get() else {
             if let Some(s) = secondaries.first() {
                 return Err(AgentError::unsupported(

@@ -26,6 +26,7 @@ pub mod scale;
 pub mod schema;
 pub mod service;
 pub mod shared_mount;
+pub mod udn;
 pub mod volumesnapshot;
 pub mod yaml;
 

@@ -162,6 +162,7 @@ pub fn resources() -> Vec<ResourceDef> {
     v.extend(cdi_and_other_resources());
     v.extend(volume_snapshot_resources());
     v.extend(crate::backup::resources());
+    v.extend(crate::udn::resources());
     let legacy = legacy_versions(&v);
     v.extend(legacy);
     v

@@ -5,7 +5,8 @@
 //! [`storage`] holds the StorageClass/PVC/DataVolume controllers, [`snapshot`] the
 //! VolumeSnapshot, VirtualMachineSnapshot and VirtualMachineRestore controllers, [`export`]
 //! VirtualMachineExport (controller and download routes), [`endpoints`] the EndpointSlices and
-//! Endpoints of Services in front of VMIs.
+//! Endpoints of Services in front of VMIs, [`udn`] the NetworkAttachmentDefinitions of
+//! k8s.ovn.org user-defined networks.
 //!
 //! Start everything with [`run`]`(client, ControllerOptions::default())`.
 
@@ -24,6 +25,7 @@ pub mod runtime;
 pub mod scheduler;
 pub mod snapshot;
 pub mod storage;
+pub mod udn;
 pub mod vm;
 
 pub use error::ControllerError;

@@ -125,6 +125,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
             async move { ("endpoints", crate::endpoints::run(c, s).await) }
         });
         tasks.spawn({
+            let (c, s) = (client.clone(), stores.clone());
+            async move { ("user-defined-network", crate::udn::run(c, s).await) }
+        });
+        tasks.spawn({
             let (c, s, l) = (client.clone(), stores.clone(), opts.leader_election.clone());
             async move { ("hyperconverged", crate::hco::run(c, s, l).await) }
         });

@@ -1,0 +1,204 @@
+//! k8s.ovn.org user-defined networks through the public API (docs/networking.md "User-defined
+//! networks"), one server with its embedded agent (no guest is booted): a Primary Layer2
+//! UserDefinedNetwork gets its NetworkAttachmentDefinition (OVN-K's label, finalizer, owner reference, ovn-k8s-cni-overlay
+//! config) and `NetworkCreated=True`; OVN-K's validation rules refuse bad networks with 422
+//! naming the field, and the network is immutable; a ClusterUserDefinedNetwork follows its
+//! namespace selector as labels change; deleting a UDN waits while a VMI in its namespace
+//! uses it, saying so in the condition; `kubectl get udn,cudn` prints the columns. The Primary
+//! UDN data plane is not carried out: the node agent refuses a pod-network VMI in a namespace
+//! labelled `k8s.ovn.org/primary-user-defined-network`, naming the field.
+
+use std::time::{Duration, Instant};
+
+use ferrovirt_testkit::{Cluster, ClusterOptions};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+fn condition(obj: &Value) -> Option<(String, String, String)> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "NetworkCreated")
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or("").to_string();
+            (s("status"), s("reason"), s("message"))
+        })
+}
+
+fn refused(c: &Cluster, yaml: &str, field: &str, message: &str) -> anyhow::Result<()> {
+    let err = c.apply(yaml).expect_err("an invalid network was accepted");
+    let err = format!("{err:#}");
+    anyhow::ensure!(
+        err.contains(field) && err.contains(message),
+        "expected a refusal naming {field} ({message}), got: {err}"
+    );
+    Ok(())
+}
+
+fn nad(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<Option<Value>> {
+    let out = c.kubectl(&["get", "net-attach-def", name, "-n", ns, "-o", "json"])?;
+    Ok(out
+        .status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout))
+        .transpose()?)
+}
+
+const UDN_A: &str = r#"
+apiVersion: k8s.ovn.org/v1
+kind: UserDefinedNetwork
+metadata: {name: tenant, namespace: udn-a}
+spec:
+  topology: Layer2
+  layer2:
+    role: Primary
+    subnets: ["10.100.0.0/24"]
+    ipam: {lifecycle: Persistent}
+"#;
+
+#[test]
+fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
+    let started = Instant::now();
+    // One node (QEMU user networking): the VMI below is refused before any guest starts.
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    c.apply(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: udn-a\n  labels: {k8s.ovn.org/primary-user-defined-network: \"\"}\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata:\n  name: udn-b\n  labels: {tenant: blue}\n---\n\
+         apiVersion: v1\nkind: Namespace\nmetadata:\n  name: udn-c\n",
+    )?;
+
+    // A Primary Layer2 UDN: its NAD and condition.
+    c.apply(UDN_A)?;
+    let n = c.wait_until("the UDN's NAD", T, || nad(&c, "udn-a", "tenant"))?;
+    assert!(n["metadata"]["labels"]["k8s.ovn.org/user-defined-network"].is_string());
+    assert_eq!(
+        n["metadata"]["finalizers"][0],
+        "k8s.ovn.org/user-defined-network-protection"
+    );
+    assert_eq!(
+        n["metadata"]["ownerReferences"][0]["kind"],
+        "UserDefinedNetwork"
+    );
+    let cfg: Value = serde_json::from_str(n["spec"]["config"].as_str().unwrap_or("{}"))?;
+    assert_eq!(cfg["type"], "ovn-k8s-cni-overlay");
+    assert_eq!(cfg["role"], "primary");
+    assert_eq!(cfg["topology"], "layer2");
+    assert_eq!(cfg["subnets"], "10.100.0.0/24");
+    assert_eq!(cfg["netAttachDefName"], "udn-a/tenant");
+    let (status, reason, _) = c.wait_until("NetworkCreated", T, || {
+        Ok(condition(&c.get_json(&["udn", "tenant", "-n", "udn-a"])?))
+    })?;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "NetworkAttachmentDefinitionCreated")
+    );
+    let udn = c.get_json(&["udn", "tenant", "-n", "udn-a"])?;
+    assert_eq!(
+        udn["metadata"]["finalizers"][0],
+        "k8s.ovn.org/user-defined-network-protection"
+    );
+
+    // Validation as OVN-K publishes it, 422 naming the field.
+    refused(
+        &c,
+        "apiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\nmetadata: {name: ln, namespace: udn-a}\nspec: {topology: Localnet}\n",
+        "spec.topology",
+        "Localnet is only supported on a ClusterUserDefinedNetwork",
+    )?;
+    refused(
+        &c,
+        "apiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\nmetadata: {name: bad, namespace: udn-a}\nspec:\n  topology: Layer2\n  layer2: {role: Primary, ipam: {mode: Disabled}}\n",
+        "spec.layer2.ipam.mode",
+        "only supported for Secondary network",
+    )?;
+    refused(
+        &c,
+        "apiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\nmetadata: {name: bad, namespace: udn-a}\nspec:\n  topology: Layer3\n  layer2: {role: Primary, subnets: [10.0.0.0/24]}\n",
+        "spec.layer3",
+        "required when topology is Layer3",
+    )?;
+    refused(
+        &c,
+        "apiVersion: k8s.ovn.org/v1\nkind: ClusterUserDefinedNetwork\nmetadata: {name: badln}\nspec:\n  namespaceSelector: {}\n  network:\n    topology: Localnet\n    localnet: {role: Primary, physicalNetworkName: physnet}\n",
+        "spec.network.localnet.role",
+        "Secondary only",
+    )?;
+    refused(
+        &c,
+        &UDN_A.replace("10.100.0.0/24", "10.101.0.0/24"),
+        "spec",
+        "Spec is immutable",
+    )?;
+
+    // A CUDN follows its namespace selector.
+    c.apply(
+        "apiVersion: k8s.ovn.org/v1\nkind: ClusterUserDefinedNetwork\nmetadata: {name: shared}\nspec:\n  namespaceSelector: {matchLabels: {tenant: blue}}\n  network:\n    topology: Layer2\n    layer2: {role: Secondary, subnets: [10.200.0.0/24]}\n",
+    )?;
+    c.wait_until("the CUDN's NAD in udn-b", T, || nad(&c, "udn-b", "shared"))?;
+    c.kubectl_ok(&["label", "namespace", "udn-c", "tenant=blue"])?;
+    c.wait_until("the CUDN's NAD in udn-c", T, || nad(&c, "udn-c", "shared"))?;
+    c.kubectl_ok(&["label", "namespace", "udn-b", "tenant-"])?;
+    c.wait_until("the CUDN's NAD gone from udn-b", T, || {
+        Ok(nad(&c, "udn-b", "shared")?.is_none().then_some(()))
+    })?;
+    c.wait_until("the CUDN's condition listing udn-c", T, || {
+        let cond = condition(&c.get_json(&["cudn", "shared"])?);
+        Ok(cond.filter(|(s, _, m)| s == "True" && m.ends_with("[udn-c]")))
+    })?;
+
+    let table = c.kubectl_ok(&["get", "udn,cudn", "-A"])?;
+    for want in [
+        "TOPOLOGY",
+        "CREATED",
+        "REASON",
+        "tenant",
+        "shared",
+        "Layer2",
+        "NetworkAttachmentDefinitionCreated",
+    ] {
+        assert!(table.contains(want), "no {want} in:\n{table}");
+    }
+
+    // Deleting a UDN waits while a VMI of its namespace is on the network.
+    c.apply(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: user, namespace: udn-a}\nspec:\n  domain:\n    devices: {}\n    resources: {requests: {memory: 64Mi}}\n",
+    )?;
+    // The Primary UDN's data plane is not carried out: the agent refuses the VMI naming it.
+    let msg = c.wait_until("the VMI refused", Duration::from_secs(90), || {
+        let v = c.get_json(&["vmi", "user", "-n", "udn-a"])?;
+        let failed = v["status"]["phase"] == "Failed";
+        let text = v["status"]["conditions"].to_string();
+        Ok((failed && text.contains("primary-user-defined-network")).then_some(text))
+    })?;
+    assert!(
+        msg.contains("spec.networks") && msg.contains("Primary UserDefinedNetwork"),
+        "{msg}"
+    );
+    c.kubectl_ok(&["delete", "udn", "tenant", "-n", "udn-a", "--wait=false"])?;
+    let (status, _, message) = c.wait_until("the in-use condition", T, || {
+        let cond = condition(&c.get_json(&["udn", "tenant", "-n", "udn-a"])?);
+        Ok(cond.filter(|(s, _, _)| s == "False"))
+    })?;
+    assert!(
+        message.contains("in use") && message.contains("udn-a/user"),
+        "{status}: {message}"
+    );
+    assert!(
+        nad(&c, "udn-a", "tenant")?.is_some(),
+        "the NAD went while in use"
+    );
+    c.kubectl_ok(&["delete", "vmi", "user", "-n", "udn-a"])?;
+    c.wait_until("the UDN gone", T, || {
+        let out = c.kubectl(&["get", "udn", "tenant", "-n", "udn-a"])?;
+        Ok((!out.status.success()).then_some(()))
+    })?;
+    c.wait_until("the UDN's NAD gone", T, || {
+        Ok(nad(&c, "udn-a", "tenant")?.is_none().then_some(()))
+    })?;
+    eprintln!(
+        "user-defined networks API test took {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
