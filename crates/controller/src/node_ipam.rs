@@ -5,9 +5,12 @@
 //! and Nodes whose subnets overlap reported with a Warning Event (`CIDRNotAvailable`) instead of
 //! being touched. Agents started with `--pod-cidr` record their own subnet; this controller
 //! keeps it. Nodes come from the shared reflector cache ([`crate::runtime::stores`]): a pass
-//! runs on every Node change (and every `resync`), never listing.
+//! runs on every Node change (and every `resync`), never listing. A subnet written is
+//! remembered until the cache shows it (a Node's `podCIDR` is never changed once set), so a
+//! cache that lags its own writes does not make this controller write again (a refused PATCH
+//! and a GET per Node per pass).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -68,15 +71,55 @@ pub async fn run(
     let mut changes = stores.changes();
     stores.ready().await;
     let mut reported = HashSet::new();
+    let mut written = Written::new();
     loop {
         // The cache's own copies (no Node is cloned per pass: 100 nodes patching their
         // status every 10 s would otherwise copy every Node ten times a second).
         let nodes = stores.nodes.state();
-        if let Err(e) = pass(&api, &nodes, &ipam, &recorder, &mut reported).await {
+        if let Err(e) = pass(&api, &nodes, &ipam, &recorder, &mut reported, &mut written).await {
             tracing::warn!(error = %e, "node IPAM pass failed");
         }
         let _ = tokio::time::timeout(opts.resync, changes.wait_for(&[Kind::Node])).await;
     }
+}
+
+/// Subnets written (or found written) that the cache may not show yet: node name → (uid,
+/// subnet).
+type Written = HashMap<String, (Option<String>, String)>;
+
+/// A Node's subnet as the object says.
+fn node_cidr(n: &Node) -> Option<String> {
+    n.spec.as_ref().and_then(|s| {
+        s.pod_cidr
+            .clone()
+            .or_else(|| s.pod_cidrs.as_ref().and_then(|c| c.first().cloned()))
+    })
+}
+
+/// Every cached Node with its subnet (pure): the cached one, else one `written` for that
+/// same Node (uid) that the cache does not show yet. `written` keeps only those: a subnet
+/// the cache shows, or of a Node gone or replaced, is forgotten.
+fn current_cidrs(
+    nodes: &[std::sync::Arc<Node>],
+    written: &mut Written,
+) -> Vec<(String, Option<String>)> {
+    let mut still = Written::new();
+    let current = nodes
+        .iter()
+        .map(|n| {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let cidr = node_cidr(n).or_else(|| {
+                let (uid, cidr) = written.remove(&name)?;
+                (uid == n.metadata.uid).then(|| {
+                    still.insert(name.clone(), (uid, cidr.clone()));
+                    cidr
+                })
+            });
+            (name, cidr)
+        })
+        .collect();
+    *written = still;
+    current
 }
 
 async fn pass(
@@ -85,18 +128,9 @@ async fn pass(
     ipam: &ferrovirt_network::Ipam,
     recorder: &EventRecorder,
     reported: &mut HashSet<(String, String)>,
+    written: &mut Written,
 ) -> Result<(), ControllerError> {
-    let current: Vec<(String, Option<String>)> = nodes
-        .iter()
-        .map(|n| {
-            let cidr = n.spec.as_ref().and_then(|s| {
-                s.pod_cidr
-                    .clone()
-                    .or_else(|| s.pod_cidrs.as_ref().and_then(|c| c.first().cloned()))
-            });
-            (n.metadata.name.clone().unwrap_or_default(), cidr)
-        })
-        .collect();
+    let current = current_cidrs(nodes, written);
     let decision = match ferrovirt_network::node_cidrs::assign(ipam, &current) {
         Ok(d) => d,
         Err(e) => {
@@ -123,7 +157,11 @@ async fn pass(
         else {
             continue;
         };
-        if assign_one(api, n, &cidr.to_string()).await? {
+        let outcome = assign_one(api, n, &cidr.to_string()).await?;
+        if let Some(now) = outcome.cidr {
+            written.insert(name.clone(), (n.metadata.uid.clone(), now));
+        }
+        if outcome.wrote {
             tracing::info!(node = %name, %cidr, "assigned node pod CIDR");
             let r = object_ref("v1", "Node", &n.metadata);
             recorder
@@ -139,11 +177,17 @@ async fn pass(
     Ok(())
 }
 
-/// Writes `cidr` into node `n` if it still has none: with the cached resourceVersion first, and
-/// after a conflict (the agent wrote the Node meanwhile, or the cache lags) with the Node read
-/// again, a few times, so one lost race never leaves a Node waiting for its next change.
-/// Whether it was assigned.
-async fn assign_one(api: &Api<Node>, n: &Node, cidr: &str) -> Result<bool, ControllerError> {
+/// What [`assign_one`] did: whether it wrote the subnet, and the Node's subnet as the API
+/// has it now (ours, or one found set already), `None` when unknown or the Node is gone.
+#[derive(Debug)]
+struct Assigned {
+    wrote: bool,
+    cidr: Option<String>,
+}
+
+/// Writes `cidr` into the Node guarded by its resourceVersion; on a conflict reads the Node
+/// again: a subnet set meanwhile is kept (and reported), otherwise it retries a few times.
+async fn assign_one(api: &Api<Node>, n: &Node, cidr: &str) -> Result<Assigned, ControllerError> {
     let name = n.metadata.name.clone().unwrap_or_default();
     let mut rv = n.metadata.resource_version.clone();
     for _ in 0..5 {
@@ -155,24 +199,88 @@ async fn assign_one(api: &Api<Node>, n: &Node, cidr: &str) -> Result<bool, Contr
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => return Ok(true),
+            Ok(_) => {
+                return Ok(Assigned {
+                    wrote: true,
+                    cidr: Some(cidr.to_string()),
+                });
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let Some(fresh) = api.get_opt(&name).await? else {
-                    return Ok(false);
+                    return Ok(Assigned {
+                        wrote: false,
+                        cidr: None,
+                    });
                 };
-                let has = fresh.spec.as_ref().is_some_and(|s| {
-                    s.pod_cidr.is_some() || s.pod_cidrs.as_ref().is_some_and(|c| !c.is_empty())
-                });
-                if has {
-                    // The agent recorded its own (`--pod-cidr`) meanwhile.
-                    return Ok(false);
+                if let Some(has) = node_cidr(&fresh) {
+                    // Set meanwhile (by its agent's `--pod-cidr`, or by us before the cache
+                    // showed it): kept.
+                    return Ok(Assigned {
+                        wrote: false,
+                        cidr: Some(has),
+                    });
                 }
                 tracing::info!(node = %name, "node IPAM: conflict, retrying with the Node read again");
                 rv = fresh.metadata.resource_version;
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Ok(Assigned {
+                    wrote: false,
+                    cidr: None,
+                });
+            }
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(false)
+    Ok(Assigned {
+        wrote: false,
+        cidr: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, uid: &str, cidr: Option<&str>) -> std::sync::Arc<Node> {
+        std::sync::Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "uid": uid},
+                "spec": {"podCIDR": cidr},
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_written_subnet_counts_until_the_cache_shows_it() {
+        let mut written = Written::new();
+        written.insert("a".into(), (Some("ua".into()), "10.244.1.0/24".into()));
+        written.insert("b".into(), (Some("ub".into()), "10.244.2.0/24".into()));
+        written.insert("gone".into(), (Some("ug".into()), "10.244.3.0/24".into()));
+        written.insert("c".into(), (Some("old".into()), "10.244.4.0/24".into()));
+        // a: the cache lags our write; b: the cache shows it; c: replaced by a new Node of
+        // that name; gone: deleted.
+        let nodes = [
+            node("a", "ua", None),
+            node("b", "ub", Some("10.244.2.0/24")),
+            node("c", "new", None),
+        ];
+        let current = current_cidrs(&nodes, &mut written);
+        assert_eq!(
+            current,
+            vec![
+                ("a".into(), Some("10.244.1.0/24".into())),
+                ("b".into(), Some("10.244.2.0/24".into())),
+                ("c".into(), None),
+            ]
+        );
+        // Only the subnet the cache does not show yet is still remembered.
+        assert_eq!(written.len(), 1);
+        assert!(written.contains_key("a"));
+        // Once the cache shows it, it is forgotten.
+        let nodes = [node("a", "ua", Some("10.244.1.0/24"))];
+        let _ = current_cidrs(&nodes, &mut written);
+        assert!(written.is_empty());
+    }
 }

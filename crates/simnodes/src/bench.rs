@@ -18,11 +18,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use crate::procstat::{self, Sample};
+use crate::requests;
 use crate::sim::{PROBE_ANNOTATION, Probes, SimError, SimNode, SimNodeOptions};
 use crate::stats::{self, line, ms};
 
 /// The label every benchmark VMI carries.
 pub const BENCH_LABEL: &str = "bench.ferrovirt.io/scale";
+/// How long after all VMIs are Running the create phase's request count is taken.
+const SETTLE: Duration = Duration::from_secs(3);
 /// The store key prefix of VMIs (see the apiserver's `resources` module).
 pub const VMI_PREFIX: &str = "/registry/kubevirt.io/virtualmachineinstances/";
 
@@ -189,6 +192,7 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // 3. Create every VMI, bounded concurrency.
+    let requests_before = metrics_text(&driver).await;
     let before = sample(opts.server_pid)?;
     let store_before = opts.store_pid.and_then(procstat::sample);
     let start = Instant::now();
@@ -229,6 +233,13 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     let busy_wall = start.elapsed();
     let after = sample(opts.server_pid)?;
     let store_after = opts.store_pid.and_then(procstat::sample);
+    // The requests of the create → Running phase, with a few seconds for the writes that
+    // follow Running (conditions, Events) to land.
+    tokio::time::sleep(SETTLE).await;
+    let requests_busy = requests::between(
+        &requests::parse(&requests_before.unwrap_or_default()),
+        &requests::parse(&metrics_text(&driver).await.unwrap_or_default()),
+    );
     let (bound, running) = {
         let s = seen.lock().unwrap_or_else(|p| p.into_inner());
         (s.bound.clone(), s.running.clone())
@@ -314,7 +325,8 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     // 6. Idle: everything Running, every node heartbeating and watching. The API requests
     // served meanwhile (from /metrics) give the CPU per request; FV_SCALE_PERF_IDLE_FILE
     // records a perf profile of the server for this window only.
-    let req0 = request_total(&driver).await;
+    let idle_text0 = metrics_text(&driver).await;
+    let req0 = idle_text0.as_deref().map(parse_request_total);
     let perf = idle_profile(opts.server_pid, opts.idle);
     let idle0 = sample(opts.server_pid)?;
     let idle_store0 = opts.store_pid.and_then(procstat::sample);
@@ -323,7 +335,8 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     let idle_wall = t_idle.elapsed();
     let idle1 = sample(opts.server_pid)?;
     let idle_store1 = opts.store_pid.and_then(procstat::sample);
-    let req1 = request_total(&driver).await;
+    let idle_text1 = metrics_text(&driver).await;
+    let req1 = idle_text1.as_deref().map(parse_request_total);
     if let Some(mut p) = perf {
         let _ = p.wait();
     }
@@ -516,6 +529,23 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
         ms(probe_wall),
         opts.list_runs
     );
+    println!(
+        "# API requests from the first create until all Running (+{} s), by component, verb and resource: count, per VMI",
+        SETTLE.as_secs()
+    );
+    for row in requests::table(&requests_busy, opts.vmis) {
+        println!("#   {row}");
+    }
+    if let (Some(a), Some(b)) = (idle_text0, idle_text1) {
+        println!(
+            "# API requests in the idle window ({:.0} s): count, per VMI",
+            idle_wall.as_secs_f64()
+        );
+        let idle = requests::between(&requests::parse(&a), &requests::parse(&b));
+        for row in requests::table(&idle, opts.vmis) {
+            println!("#   {row}");
+        }
+    }
     Ok(())
 }
 
@@ -536,11 +566,10 @@ pub fn cpu_per_request(cpu: Duration, requests: u64) -> String {
     format!("{:.2} ms", cpu.as_secs_f64() * 1000.0 / requests as f64)
 }
 
-/// Every API request the server has counted so far (`None`: /metrics unreadable).
-async fn request_total(client: &kube::Client) -> Option<u64> {
+/// The server's `/metrics` text: every API request it has counted so far (`None`: unreadable).
+async fn metrics_text(client: &kube::Client) -> Option<String> {
     let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
-    let text = client.request_text(req).await.ok()?;
-    Some(parse_request_total(&text))
+    client.request_text(req).await.ok()
 }
 
 /// `perf record` of the server for the idle window, when `FV_SCALE_PERF_IDLE_FILE` names the file

@@ -13,9 +13,10 @@
 //! annotations are the requests the real agent makes for a VMI that starts.
 //!
 //! [`bench`] drives a server through the figures the issue asks for; [`stats`] and
-//! [`procstat`] are the pure parts (percentiles, /proc parsing) with unit tests.
+//! [`procstat`] and [`requests`] (API requests by component, verb and resource per VMI) are the pure parts (percentiles, /proc parsing) with unit tests.
 
 pub mod bench;
 pub mod procstat;
+pub mod requests;
 pub mod sim;
 pub mod stats;

@@ -28,6 +28,27 @@ fn component(
     }
 }
 
+/// What [`node_agents`] reads of each Node (pure): its name and its Ready condition's status,
+/// reason and message. The reconcile runs again on a Node change only when this changed (an
+/// agent's heartbeat rewrites its Node every few seconds and changes none of it).
+pub fn node_readiness(nodes: &[std::sync::Arc<Node>]) -> Vec<NodeReadiness> {
+    nodes
+        .iter()
+        .map(|n| {
+            let ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+            (n.metadata.name.clone().unwrap_or_default(), ready)
+        })
+        .collect()
+}
+
+/// A Node's name and its Ready condition's (status, reason, message).
+pub type NodeReadiness = (String, Option<(String, Option<String>, Option<String>)>);
+
 /// The node agents' health from the Nodes (pure): one entry per Node (`virt-handler on node
 /// N`), plus a critical one when no agent is Ready at all.
 pub fn node_agents(nodes: &[Node]) -> Vec<ComponentHealth> {
@@ -138,6 +159,26 @@ mod tests {
     use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
 
     use super::*;
+
+    #[test]
+    fn a_heartbeat_leaves_the_readiness_as_it_was() {
+        let node = |status: &str, beat: &str| -> std::sync::Arc<Node> {
+            std::sync::Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "n1"},
+                    "status": {"conditions": [{"type": "Ready", "status": status,
+                        "reason": "AgentReady", "lastHeartbeatTime": beat}]}
+                }))
+                .unwrap(),
+            )
+        };
+        let a = node_readiness(&[node("True", "2026-01-01T00:00:00Z")]);
+        let b = node_readiness(&[node("True", "2026-01-01T00:00:10Z")]);
+        let c = node_readiness(&[node("Unknown", "2026-01-01T00:00:10Z")]);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, node_readiness(&[]));
+    }
 
     fn node(name: &str, ready: &str, reason: &str) -> Node {
         Node {

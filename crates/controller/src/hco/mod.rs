@@ -3,7 +3,8 @@
 //! NetworkAddonsConfig objects it owns (`ferrovirt_api::hco::desired`, pure), a direct edit of
 //! one of them is written back with an `Overwritten` Event on the HyperConverged, and its
 //! status conditions report every component's health (`health`, `ferrovirt_api::hco::status`).
-//! Woken by watches of the HyperConverged, the four owned kinds and the Nodes; no polling.
+//! Woken by watches of the HyperConverged, the four owned kinds and the Nodes (a change of a
+//! Node's readiness, not every heartbeat); no polling.
 
 pub mod health;
 
@@ -110,10 +111,19 @@ pub async fn run(
     }
     let nodes_wake = wake.clone();
     let mut changes = stores.changes();
+    let node_cache = stores.nodes.clone();
+    // Only a change of what the status reads of the Nodes (their readiness) runs the
+    // reconcile: the agents' heartbeats rewrite every Node every few seconds and would
+    // otherwise each cost a reconcile (and its Lease read).
     let follow_nodes = async move {
+        let mut seen = None;
         while changes.wait_for(&[Kind::Node]).await.is_some() {
             changes.drain();
-            nodes_wake.notify_one();
+            let now = health::node_readiness(&node_cache.state());
+            if seen.as_ref() != Some(&now) {
+                seen = Some(now);
+                nodes_wake.notify_one();
+            }
         }
     };
     let recorder = EventRecorder::new(client.clone(), COMPONENT);

@@ -2,7 +2,8 @@
 //! `kube-node-lease`) in the shared caches ([`super::stores`]), and when a lease is due to
 //! expire, reads Nodes, Leases, PVC access modes and VMIs from those caches (no API list),
 //! applies [`crate::node_lifecycle`]'s decisions (Ready condition, taints) and fails, marks
-//! Unknown or evicts VMIs bound to unresponsive or NoExecute-tainted nodes, with Events.
+//! Unknown or evicts VMIs bound to unresponsive or NoExecute-tainted nodes, with Events. A
+//! Node write refused as stale is not decided again until the cache shows a newer version.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,9 +46,10 @@ pub async fn run(
     let configured = Arc::new(std::sync::Mutex::new(None));
     tokio::spawn(follow_node_failure(client.clone(), configured.clone()));
     stores.ready().await;
+    let mut refused = Refused::new();
     loop {
         let opts = effective_options(&opts, *configured.lock().unwrap_or_else(|p| p.into_inner()));
-        let wait = match pass(&client, &stores, &recorder, &opts).await {
+        let wait = match pass(&client, &stores, &recorder, &opts, &mut refused).await {
             Ok(wait) => wait,
             Err(e) => {
                 tracing::warn!(error = %e, "node lifecycle pass failed");
@@ -122,11 +124,24 @@ fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
+/// Nodes whose write was refused as stale, with the cached resourceVersion it was decided
+/// on: node name → resourceVersion.
+type Refused = HashMap<String, String>;
+
+/// Whether a Node's writes are decided on this pass (pure): not while the cache still shows
+/// the very version a write was already refused for (the cache lags; deciding on it again
+/// only repeats the refused PATCH, on every Lease renewal of every node). A newer version is
+/// decided on again.
+fn may_write(refused: &Refused, name: &str, resource_version: Option<&str>) -> bool {
+    refused.get(name).map(String::as_str) != resource_version
+}
+
 async fn pass(
     client: &kube::Client,
     stores: &Stores,
     recorder: &EventRecorder,
     opts: &NodeLifecycleOptions,
+    refused: &mut Refused,
 ) -> Result<Duration, ControllerError> {
     let nodes: Api<Node> = Api::all(client.clone());
     // Shared handles on the cached objects, not copies: a pass runs on every Lease renewal
@@ -150,6 +165,11 @@ async fn pass(
         next = next.min(decision.requeue_after);
         let node_ref = object_ref("v1", "Node", &node.metadata);
         let mut resource_version = node.metadata.resource_version.clone();
+        if !may_write(refused, &name, resource_version.as_deref()) {
+            continue;
+        }
+        refused.remove(&name);
+        let cached_version = resource_version.clone().unwrap_or_default();
         if let Some(cond) = &decision.ready_condition {
             let mut conds = node
                 .status
@@ -168,7 +188,10 @@ async fn pass(
                 .await
             {
                 Ok(n) => n,
-                Err(e) if is_conflict(&e) => continue,
+                Err(e) if is_conflict(&e) => {
+                    refused.insert(name.clone(), cached_version.clone());
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
             };
             resource_version = updated.metadata.resource_version;
@@ -204,7 +227,10 @@ async fn pass(
                 .await
             {
                 Ok(_) => {}
-                Err(e) if is_conflict(&e) => continue,
+                Err(e) if is_conflict(&e) => {
+                    refused.insert(name.clone(), cached_version.clone());
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -357,5 +383,17 @@ mod tests {
         assert_eq!(o.fence_margin, Duration::from_secs(6));
         assert_eq!(o.default_lease_duration, Duration::from_secs(20));
         assert_eq!(o.resync, base.resync);
+    }
+
+    #[test]
+    fn a_refused_version_is_not_decided_on_again() {
+        let mut refused = super::Refused::new();
+        assert!(super::may_write(&refused, "n1", Some("10")));
+        refused.insert("n1".into(), "10".into());
+        // The cache still shows the version the write was refused for: no new PATCH.
+        assert!(!super::may_write(&refused, "n1", Some("10")));
+        // It moved on: decide again; other nodes are not affected.
+        assert!(super::may_write(&refused, "n1", Some("11")));
+        assert!(super::may_write(&refused, "n2", Some("10")));
     }
 }

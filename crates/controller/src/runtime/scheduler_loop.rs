@@ -5,14 +5,17 @@
 //! `kubevirt.io/nodeName` label in one patch guarded by resourceVersion; a VMI that fits nowhere gets phase Pending, condition
 //! PodScheduled=False reason Unschedulable with Kubernetes' message, and a FailedScheduling
 //! Event (only when the message changes). Bindings not yet seen in the cache are "assumed"
-//! so a VMI is never bound twice and its resources count at once.
+//! so a VMI is never bound twice and its resources count at once: an assumption lasts until the
+//! cache shows that VMI (same uid) bound or gone, however long the cache lags (a binding is
+//! never undone, so there is nothing to time out; a timeout let a lagging cache make the
+//! scheduler bind again: a refused PATCH and a GET per VMI).
 //!
 //! A pass decides every pending VMI in creation order over one [`Snapshot`] of the cluster
 //! (built once: a decision costs a pass over the nodes, not over every VMI), then writes the
 //! binds concurrently ([`WRITE_CONCURRENCY`] in flight) with their `Scheduled` Events.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -33,8 +36,6 @@ use crate::vm::template::{KUBEVIRT_API_VERSION, LABEL_NODE_NAME};
 
 /// Component name on Events (Kubernetes' scheduler reports as `default-scheduler`).
 pub const COMPONENT: &str = "default-scheduler";
-/// How long a binding may stay unseen in the cache before it is forgotten.
-const ASSUME_TTL: Duration = Duration::from_secs(30);
 /// Binds (and unschedulable marks) of one pass in flight at once.
 const WRITE_CONCURRENCY: usize = 32;
 
@@ -53,6 +54,31 @@ impl Default for SchedulerLoopOptions {
             resync: Duration::from_secs(5),
         }
     }
+}
+
+/// A binding written (or being written) that the cache may not show yet: the VMI's uid and
+/// the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Assumed {
+    uid: Option<String>,
+    node: String,
+}
+
+impl Assumed {
+    fn of(vmi: &VirtualMachineInstance, node: String) -> Assumed {
+        Assumed {
+            uid: vmi.metadata.uid.clone(),
+            node,
+        }
+    }
+}
+
+/// Whether an assumed binding must still be remembered, given the VMI of that name as the
+/// cache shows it now (pure): while the cache shows the same VMI still waiting for a node.
+/// Once it shows the binding (or the VMI finished, is being deleted, was replaced by another
+/// of the same name, or is gone) the cache answers by itself.
+fn keep_assumption(assumed: &Assumed, cached: Option<&VirtualMachineInstance>) -> bool {
+    cached.is_some_and(|v| v.metadata.uid == assumed.uid && needs_scheduling(v))
 }
 
 fn key(vmi: &VirtualMachineInstance) -> String {
@@ -85,7 +111,7 @@ pub async fn run(
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
     stores.ready().await;
     let vmis = &stores.vmis;
-    let mut assumed: HashMap<String, (String, Instant)> = HashMap::new();
+    let mut assumed: HashMap<String, Assumed> = HashMap::new();
     // Whether the last pass found VMIs to place; with none, a wake-up in which no VMI changed
     // (a Node status patch: ten a second with a hundred nodes) has nothing to place either.
     let mut had_pending = true;
@@ -98,14 +124,13 @@ pub async fn run(
             }
             continue;
         }
-        // Bindings the cache has not caught up with count as made; old ones, and those the
-        // cache now shows, are forgotten (looked up by key: no pass over every VMI).
-        assumed.retain(|k, (_, at)| {
-            at.elapsed() < ASSUME_TTL
-                && k.split_once('/').is_some_and(|(ns, name)| {
-                    let r = reflector::ObjectRef::<Vmi>::new(name).within(ns);
-                    vmis.get(&r).is_some_and(|v| needs_scheduling(&v.0))
-                })
+        // Bindings the cache has not caught up with count as made; those the cache now
+        // shows are forgotten (looked up by key: no pass over every VMI).
+        assumed.retain(|k, a| {
+            k.split_once('/').is_some_and(|(ns, name)| {
+                let r = reflector::ObjectRef::<Vmi>::new(name).within(ns);
+                keep_assumption(a, vmis.get(&r).as_deref().map(|v| &v.0))
+            })
         });
         // Nothing to place (looked up in place, no copy of every handle): wait.
         if vmis
@@ -129,7 +154,7 @@ pub async fn run(
         let mut assumed_here: Vec<(&VirtualMachineInstance, String)> = Vec::new();
         for v in cached.iter().map(|v| &v.0).filter(|v| needs_scheduling(v)) {
             match assumed.get(&key(v)) {
-                Some((node, _)) => assumed_here.push((v, node.clone())),
+                Some(a) => assumed_here.push((v, a.node.clone())),
                 None => pending.push(v),
             }
         }
@@ -172,7 +197,7 @@ pub async fn run(
             match snap.schedule(v, &affinity, &shared_mounts) {
                 Decision::Bind { node } => {
                     snap.assume(v, &node);
-                    assumed.insert(key(v), (node.clone(), Instant::now()));
+                    assumed.insert(key(v), Assumed::of(v, node.clone()));
                     binds.push((v, node));
                 }
                 Decision::Unschedulable(fit) => unschedulable.push((v, fit.to_string())),
@@ -194,13 +219,13 @@ pub async fn run(
         while let Some(o) = inflight.next().await {
             outcomes.push(o);
         }
-        // A binding counts from when it was written (a long pass must not age it out before
-        // the cache has had time to show it); a VMI found bound already counts where it is.
-        let now = Instant::now();
+        // A VMI found bound already counts where it is; a failed bind is decided again.
         for (k, outcome) in outcomes {
             match outcome {
                 BindOutcome::Bound(node) => {
-                    assumed.insert(k, (node, now));
+                    if let Some(a) = assumed.get_mut(&k) {
+                        a.node = node;
+                    }
                 }
                 BindOutcome::Failed => {
                     assumed.remove(&k);
@@ -580,6 +605,31 @@ mod tests {
         // Finished: neither.
         v.status.as_mut().unwrap().phase = Some(VmiPhase::Succeeded);
         assert_eq!(super::after_conflict(Some(&v)), None);
+    }
+
+    #[test]
+    fn an_assumed_binding_lasts_until_the_cache_shows_it_however_late() {
+        use ferrovirt_api::kubevirt::vmi::{VirtualMachineInstance, VmiPhase};
+        let waiting: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u1"},
+            "spec": {"domain": {"devices": {}}}
+        }))
+        .unwrap();
+        let a = super::Assumed::of(&waiting, "n1".into());
+        // The cache still shows the VMI waiting (it lags our bind): keep it, with no time
+        // limit, so the VMI is not bound a second time.
+        assert!(super::keep_assumption(&a, Some(&waiting)));
+        // The cache shows the binding: forget it.
+        let mut bound = waiting.clone();
+        let st = bound.status.get_or_insert_default();
+        st.node_name = Some("n1".into());
+        st.phase = Some(VmiPhase::Scheduled);
+        assert!(!super::keep_assumption(&a, Some(&bound)));
+        // Gone, or replaced by another VMI of the same name: forget it.
+        assert!(!super::keep_assumption(&a, None));
+        let mut other = waiting.clone();
+        other.metadata.uid = Some("u2".into());
+        assert!(!super::keep_assumption(&a, Some(&other)));
     }
 
     #[test]
