@@ -10,7 +10,7 @@ use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 use ferrovirt_api::kubevirt::volumes::Network;
 use ferrovirt_launcher::spec::{
     Accel, CacheMode, CpuModel, CpuSpec, Disk, DiskBus, DiskFormat, DiskSource, Firmware,
-    HostForward, LaunchSpec, Nic, NicBackend, NicModel, SocketPaths,
+    HostForward, LaunchSpec, MAX_NIC_QUEUES, Nic, NicBackend, NicModel, SocketPaths,
 };
 
 use crate::error::AgentError;
@@ -392,6 +392,29 @@ pub fn pod_interface(vmi: &VirtualMachineInstance) -> Result<Option<PodInterface
     Ok(None)
 }
 
+/// Queue pairs of a VMI interface, as KubeVirt gives them: with
+/// `spec.domain.devices.networkInterfaceMultiqueue: true` a virtio interface gets one per vCPU
+/// (capped at [`MAX_NIC_QUEUES`]); other models, and the flag unset, get one.
+pub fn nic_queues(vmi: &VirtualMachineInstance, iface: &str) -> u32 {
+    let Some(spec) = vmi.spec.as_ref() else {
+        return 1;
+    };
+    let multiqueue = spec.domain.devices.network_interface_multiqueue == Some(true);
+    let virtio = spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .flatten()
+        .find(|i| i.name == iface)
+        .is_some_and(|i| matches!(i.model.as_deref(), None | Some("virtio")));
+    if !multiqueue || !virtio {
+        return 1;
+    }
+    let vcpus = ferrovirt_api::expand::vcpus(spec);
+    u32::try_from(vcpus.min(u64::from(MAX_NIC_QUEUES))).unwrap_or(1)
+}
+
 fn map_nic(
     i: usize,
     iface: &Interface,
@@ -430,6 +453,7 @@ fn map_nic(
         // The node's pod network: a tap in the VMI's network namespace.
         NicBackend::Tap {
             ifname: t.ifname.clone(),
+            queues: nic_queues(vmi, &iface.name),
         }
     } else if net.pod.is_some() && (iface.masquerade.is_some() || iface.slirp.is_some()) {
         // Masquerade semantics on QEMU's user-mode stack: the guest gets 10.0.2.2/24 with
@@ -667,6 +691,42 @@ mod tests {
         })
     }
 
+    #[test]
+    fn multiqueue_nics_get_a_queue_pair_per_vcpu() {
+        let mut v = base();
+        assert_eq!(nic_queues(&vmi(v.clone()), "default"), 1);
+        v["spec"]["domain"]["devices"]["networkInterfaceMultiqueue"] = json!(true);
+        assert_eq!(nic_queues(&vmi(v.clone()), "default"), 2);
+        v["spec"]["domain"]["cpu"] = json!({"sockets": 2, "cores": 2, "threads": 2});
+        assert_eq!(nic_queues(&vmi(v.clone()), "default"), 8);
+        v["spec"]["domain"]["cpu"] = json!({"sockets": 300});
+        assert_eq!(nic_queues(&vmi(v.clone()), "default"), MAX_NIC_QUEUES);
+        // Other models ignore it; so does an unknown interface.
+        assert_eq!(nic_queues(&vmi(v.clone()), "other"), 1);
+        v["spec"]["domain"]["devices"]["interfaces"][0]["model"] = json!("e1000e");
+        assert_eq!(nic_queues(&vmi(v.clone()), "default"), 1);
+        // The tap backend carries the count into the launch spec.
+        let mut v = base();
+        v["spec"]["domain"]["devices"]["networkInterfaceMultiqueue"] = json!(true);
+        let mut c = ctx();
+        c.pod_taps.insert(
+            "default".into(),
+            PodTap {
+                ifname: "tap0".into(),
+                mac: "02:00:00:00:00:01".into(),
+            },
+        );
+        let ls = launch_spec(&vmi(v), &c).unwrap();
+        assert_eq!(
+            ls.nics[0].backend,
+            NicBackend::Tap {
+                ifname: "tap0".into(),
+                queues: 2,
+            }
+        );
+        ls.validate().unwrap();
+    }
+
     fn ctx() -> MappingContext {
         let mut c = MappingContext::new("/run/fv/vmi1", Accel::Tcg);
         c.volumes.insert(
@@ -878,7 +938,8 @@ mod tests {
         assert_eq!(
             ls.nics[0].backend,
             NicBackend::Tap {
-                ifname: "tap0".into()
+                ifname: "tap0".into(),
+                queues: 1,
             }
         );
         assert_eq!(ls.nics[0].mac, Some(pi.mac.to_string()));

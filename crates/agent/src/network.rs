@@ -595,6 +595,7 @@ impl AgentNet {
                             ferrovirt_network::PodRequest::new(uid, &ns, &name, pi.binding.clone());
                         req.interface = pi.name.clone();
                         req.mac = Some(pi.mac);
+                        req.queues = mapping::nic_queues(vmi, &pi.name);
                         req.used = self
                             .cfg
                             .local_uids()
@@ -671,6 +672,7 @@ impl AgentNet {
                 config,
                 index: k as u32 + 1,
                 mac: s.mac,
+                queues: mapping::nic_queues(vmi, &s.name),
             };
             let mut plan = SecondaryPlan::build(node, &req).map_err(net_err)?;
             plan.netns = match &pod_netns {

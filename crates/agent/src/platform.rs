@@ -379,8 +379,7 @@ fn devices(spec: &VirtualMachineInstanceSpec, p: &mut Platform) -> Result<VideoM
             ));
         }
     };
-    let vcpus = ferrovirt_api::expand::vcpus(spec);
-    let refusals: [(bool, &str, &str); 8] = [
+    let refusals: [(bool, &str, &str); 7] = [
         (
             dev.tpm.as_ref().is_some_and(|t| t.enabled != Some(false)),
             "tpm",
@@ -416,17 +415,13 @@ fn devices(spec: &VirtualMachineInstanceSpec, p: &mut Platform) -> Result<VideoM
             "logSerialConsole",
             "ferrovirt always keeps the serial console's log (bounded, see --serial-log-max-bytes)",
         ),
-        (
-            // One vCPU has one queue anyway.
-            dev.network_interface_multiqueue == Some(true) && vcpus > 1,
-            "networkInterfaceMultiqueue",
-            "multi-queue NICs are not carried out by ferrovirt's launcher",
-        ),
     ];
     if let Some((_, field, why)) = refusals.iter().find(|(set, _, _)| *set) {
         return Err(refuse(format!("{dd}.{field}"), *why));
     }
     // blockMultiQueue: QEMU gives a virtio-blk disk one queue per vCPU by default.
+    // networkInterfaceMultiqueue: a virtio tap NIC gets a queue pair per vCPU
+    // (mapping::nic_queues, the network plans' multi_queue taps).
     // disableHotplug: the launcher reserves no hotplug ports in the first place.
     Ok(video)
 }

@@ -2,7 +2,8 @@
 //! `--pod-network` the agent gives a VMI its own namespace on the node bridge; the guest leases
 //! 10.0.2.2/24 via 10.0.2.1 from the agent's DHCP server (masquerade binding), the VMI reports
 //! its pod address, the node reaches the guest's HTTP server through that address, and deleting
-//! the VMI removes its namespace. The "node" is a network namespace this test creates, so
+//! the VMI removes its namespace. The VMI has two vCPUs and `networkInterfaceMultiqueue: true`:
+//! its virtio NIC (a multi-queue tap) shows two queue pairs in the guest. The "node" is a network namespace this test creates, so
 //! nothing touches the host's own interfaces.
 
 use std::time::Duration;
@@ -46,14 +47,16 @@ fn masquerade_vmi_gets_a_pod_address_reachable_from_its_node() -> anyhow::Result
     );
     c.guest_disk_claim("net-root")?;
     c.apply(
-        r#"
+        r##"
 apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance
 metadata: {name: web, namespace: default}
 spec:
   domain:
+    cpu: {cores: 2}
     memory: {guest: 128Mi}
     devices:
+      networkInterfaceMultiqueue: true
       disks:
       - {name: root, disk: {bus: virtio}}
       interfaces:
@@ -64,7 +67,8 @@ spec:
   - {name: default, pod: {}}
   volumes:
   - {name: root, persistentVolumeClaim: {claimName: net-root}}
-"#,
+  - {name: ci, cloudInitNoCloud: {userData: "#!/bin/sh\necho FERROVIRT-QUEUES $(ls /sys/class/net/eth0/queues)\n"}}
+"##,
     )?;
     let v = c.wait_until("VMI Running with its pod address", BOOT, || {
         let v = c.get_json(&["vmi", "web"])?;
@@ -96,6 +100,18 @@ spec:
         lease.contains("ip=10.0.2.2/24") && lease.contains("router=10.0.2.1"),
         "{lease}"
     );
+    // Two vCPUs, multi-queue: the guest's virtio NIC has two queue pairs.
+    let queues = c.wait_until("the guest's NIC queues", BOOT, || {
+        let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
+        Ok(text
+            .lines()
+            .find(|l| l.contains("FERROVIRT-QUEUES"))
+            .map(String::from))
+    })?;
+    assert!(
+        queues.contains("rx-0 rx-1 tx-0 tx-1"),
+        "two queue pairs: {queues}"
+    );
     // The node reaches the guest's port 80 through the VMI's pod address.
     let url = format!("http://{addr}/");
     let body = c.wait_until(
@@ -107,7 +123,8 @@ spec:
             Ok(body.contains("hostname=").then_some(body))
         },
     )?;
-    assert!(body.contains("hostname=ferrovirt-guest"), "{body}");
+    // The NoCloud data source names the guest after the VMI.
+    assert!(body.contains("hostname=web"), "{body}");
     // Deleting the VMI tears its namespace down.
     c.kubectl_ok(&["delete", "vmi", "web", "--timeout=120s"])?;
     c.wait_until(

@@ -450,14 +450,15 @@ fn nic_args(nic: &Nic, a: &mut Args) {
             a.opt("-netdev", o);
             true
         }
-        NicBackend::Tap { ifname } => {
-            a.opt(
-                "-netdev",
-                format!(
-                    "tap,id={netdev},ifname={},script=no,downscript=no",
-                    esc(ifname)
-                ),
+        NicBackend::Tap { ifname, queues } => {
+            let mut o = format!(
+                "tap,id={netdev},ifname={},script=no,downscript=no",
+                esc(ifname)
             );
+            if *queues > 1 {
+                o.push_str(&format!(",queues={queues}"));
+            }
+            a.opt("-netdev", o);
             true
         }
         NicBackend::None => false,
@@ -465,6 +466,12 @@ fn nic_args(nic: &Nic, a: &mut Args) {
     let mut dev = format!("{},id={}", nic.model.qemu_device(), nic.id);
     if has_netdev {
         dev.push_str(&format!(",netdev={netdev}"));
+    }
+    if let NicBackend::Tap { queues, .. } = &nic.backend
+        && *queues > 1
+    {
+        // One MSI-X vector per queue (rx and tx) plus config and control.
+        dev.push_str(&format!(",mq=on,vectors={}", 2 * queues + 2));
     }
     if let Some(mac) = &nic.mac {
         dev.push_str(&format!(",mac={mac}"));

@@ -498,6 +498,7 @@ fn tap_and_unconnected_nics() {
         model: NicModel::E1000e,
         backend: NicBackend::Tap {
             ifname: "tap-vm1".into(),
+            queues: 1,
         },
         boot_order: None,
     });
@@ -572,4 +573,42 @@ fn migration_target_waits_for_the_incoming_stream() {
     assert_eq!(argv[i + 1], "unix:/run/vmi/migration-in.sock");
     // The target never boots on its own: no -S needed, the guest runs when the stream ends.
     assert!(!argv.iter().any(|a| a == "-S"));
+}
+
+#[test]
+fn multi_queue_tap_nic() {
+    let mut s = spec();
+    s.nics.push(Nic {
+        id: "default".into(),
+        mac: None,
+        model: NicModel::VirtioNetPci,
+        backend: NicBackend::Tap {
+            ifname: "tap0".into(),
+            queues: 2,
+        },
+        boot_order: None,
+    });
+    s.validate().unwrap();
+    let argv = qemu_command(&s);
+    assert_eq!(
+        values_of(&argv, "-netdev"),
+        vec!["tap,id=net-default,ifname=tap0,script=no,downscript=no,queues=2"]
+    );
+    assert!(
+        values_of(&argv, "-device")
+            .contains(&"virtio-net-pci,id=default,netdev=net-default,mq=on,vectors=6,romfile=")
+    );
+    // Multiple queues need virtio; 0 and more than KubeVirt's cap are refused.
+    for (model, queues) in [
+        (NicModel::E1000e, 2),
+        (NicModel::VirtioNetPci, 0),
+        (NicModel::VirtioNetPci, 257),
+    ] {
+        s.nics[0].model = model;
+        s.nics[0].backend = NicBackend::Tap {
+            ifname: "tap0".into(),
+            queues,
+        };
+        assert!(s.validate().is_err(), "{model:?} {queues}");
+    }
 }

@@ -571,6 +571,7 @@ mod tests {
             "tap0",
             NicBackend::Tap {
                 ifname: "tap0".into(),
+                queues: 1,
             },
         ));
         assert_eq!(user_netdev(&spec), None);

@@ -375,7 +375,13 @@ pub enum NicBackend {
     },
     /// An existing tap device prepared by the agent.
     #[serde(rename_all = "camelCase")]
-    Tap { ifname: String },
+    Tap {
+        ifname: String,
+        /// Queue pairs (KubeVirt `networkInterfaceMultiqueue`): more than 1 needs a tap
+        /// created `multi_queue` and a virtio-net model; QEMU gets `queues=N` and `mq=on`.
+        #[serde(default = "one_queue", skip_serializing_if = "is_one_queue")]
+        queues: u32,
+    },
     /// A NIC with no host connection.
     #[default]
     None,
@@ -393,6 +399,17 @@ pub struct HostForward {
     pub host_port: u16,
     pub guest_port: u16,
 }
+
+fn one_queue() -> u32 {
+    1
+}
+
+fn is_one_queue(q: &u32) -> bool {
+    *q == 1
+}
+
+/// The most queue pairs a NIC may have (KubeVirt's cap, `multiQueueMaxQueues`).
+pub const MAX_NIC_QUEUES: u32 = 256;
 
 fn default_forward_addr() -> String {
     "127.0.0.1".to_string()
@@ -607,8 +624,22 @@ impl LaunchSpec {
                 return bad(format!("boot order {o} used twice"));
             }
             match &n.backend {
-                NicBackend::Tap { ifname } if ifname.is_empty() || ifname.contains(',') => {
+                NicBackend::Tap { ifname, .. } if ifname.is_empty() || ifname.contains(',') => {
                     return bad(format!("nic {:?}: invalid tap name {ifname:?}", n.id));
+                }
+                NicBackend::Tap { queues, .. } if *queues == 0 || *queues > MAX_NIC_QUEUES => {
+                    return bad(format!(
+                        "nic {:?}: {queues} queues (1 to {MAX_NIC_QUEUES})",
+                        n.id
+                    ));
+                }
+                NicBackend::Tap { queues, .. }
+                    if *queues > 1 && n.model != NicModel::VirtioNetPci =>
+                {
+                    return bad(format!(
+                        "nic {:?}: multiple queues need the virtio model",
+                        n.id
+                    ));
                 }
                 NicBackend::User { forwards }
                     if forwards

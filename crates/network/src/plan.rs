@@ -195,6 +195,9 @@ pub struct PodRequest {
     /// An incoming live migration: `address` is kept even outside this node's subnet (it
     /// stays the VMI's; the routes follow it, see [`crate::routes`]).
     pub migrated: bool,
+    /// Queue pairs of the guest NIC (KubeVirt `networkInterfaceMultiqueue`); more than 1
+    /// makes a multi-queue tap.
+    pub queues: u32,
 }
 
 impl PodRequest {
@@ -209,6 +212,7 @@ impl PodRequest {
             address: None,
             mac: None,
             migrated: false,
+            queues: 1,
         }
     }
 }
@@ -239,10 +243,22 @@ pub struct PodPlan {
     pub pod_bridge_addr: (Ipv4Addr, u8),
     /// The tap QEMU opens (`NicBackend::Tap { ifname }`).
     pub tap: String,
+    /// Queue pairs of the tap; more than 1: created `multi_queue` (the kernel refuses a
+    /// single-queue open of a multi-queue tap and the other way round).
+    #[serde(default = "one_queue", skip_serializing_if = "is_one_queue")]
+    pub queues: u32,
     /// The guest NIC's MAC (QEMU `mac=`); the DHCP server answers only it.
     pub guest_mac: MacAddr,
     /// What the DHCP server on `pod_bridge` offers.
     pub lease: LeaseConfig,
+}
+
+pub(crate) fn one_queue() -> u32 {
+    1
+}
+
+pub(crate) fn is_one_queue(q: &u32) -> bool {
+    *q <= 1
 }
 
 pub(crate) fn hash_hex(s: &str) -> String {
@@ -334,6 +350,7 @@ impl PodPlan {
             pod_bridge: POD_BRIDGE.into(),
             pod_bridge_addr,
             tap: POD_TAP.into(),
+            queues: req.queues.max(1),
             guest_mac,
             lease,
         })

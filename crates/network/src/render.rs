@@ -91,6 +91,16 @@ pub(crate) fn add_veth_pair(
     }
 }
 
+/// `ip tuntap add` arguments for a tap with `queues` queue pairs: `multi_queue` when more
+/// than one (QEMU then opens one file descriptor per queue pair).
+pub(crate) fn tuntap_add_args(tap: &str, queues: u32) -> Vec<String> {
+    let mut v = strs(&["tuntap", "add", "dev", tap, "mode", "tap"]);
+    if queues > 1 {
+        v.push("multi_queue".into());
+    }
+    v
+}
+
 pub(crate) fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
@@ -410,7 +420,7 @@ pub fn pod_phases(plan: &PodPlan) -> PodPhases {
         Action::AddLink {
             netns: pod.clone(),
             name: tap.into(),
-            args: strs(&["tuntap", "add", "dev", tap, "mode", "tap"]),
+            args: tuntap_add_args(tap, plan.queues),
         },
         ip(&pod, &["link", "set", tap, "master", br, "mtu", &mtu, "up"]),
         ip(&pod, &["addr", "replace", &br_addr, "dev", br]),
@@ -487,6 +497,24 @@ mod tests {
         let mut req = PodRequest::new("uid-1", "default", "vm1", binding);
         req.address = Some("10.244.1.20".parse().unwrap());
         PodPlan::build(&node(), &req).unwrap()
+    }
+
+    #[test]
+    fn multi_queue_pod_tap() {
+        let mut req = PodRequest::new("uid-1", "default", "vm1", Binding::Bridge);
+        req.address = Some("10.244.1.20".parse().unwrap());
+        req.queues = 2;
+        let p = PodPlan::build(&node(), &req).unwrap();
+        let a: Vec<String> = pod_actions(&p).iter().map(Action::command_line).collect();
+        assert!(
+            a.contains(&"ip -n fv-uid-1 tuntap add dev tap0 mode tap multi_queue".to_string()),
+            "{a:?}"
+        );
+        // One queue: a plain tap, and the plan's JSON has no queues field (old plans read back).
+        let one = plan(Binding::Bridge);
+        assert_eq!(one.queues, 1);
+        assert!(serde_json::to_value(&one).unwrap().get("queues").is_none());
+        assert_eq!(tuntap_add_args("t", 1).len(), 6);
     }
 
     #[test]

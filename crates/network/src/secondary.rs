@@ -91,6 +91,8 @@ pub struct SecondaryRequest {
     /// 1 for the first secondary interface of the VMI, 2 for the next… (`net1`, `tap1`).
     pub index: u32,
     pub mac: MacAddr,
+    /// Queue pairs of the guest NIC; more than 1 makes a multi-queue tap.
+    pub queues: u32,
 }
 
 /// Everything to create for one secondary interface.
@@ -116,6 +118,12 @@ pub struct SecondaryPlan {
     pub pod_bridge: String,
     /// The tap QEMU opens (`tap<index>`).
     pub tap: String,
+    /// Queue pairs of the tap; more than 1: created `multi_queue`.
+    #[serde(
+        default = "crate::plan::one_queue",
+        skip_serializing_if = "crate::plan::is_one_queue"
+    )]
+    pub queues: u32,
     pub mac: MacAddr,
     pub mtu: u16,
 }
@@ -148,6 +156,7 @@ impl SecondaryPlan {
             pod_veth: format!("net{}", req.index),
             pod_bridge: format!("k6t-net{}", req.index),
             tap: format!("tap{}", req.index),
+            queues: req.queues.max(1),
             mac: req.mac,
             mtu: req.config.mtu.unwrap_or(node.mtu),
         })
@@ -220,7 +229,7 @@ pub fn secondary_actions(plan: &SecondaryPlan) -> Vec<Action> {
         Action::AddLink {
             netns: pod.clone(),
             name: tap.into(),
-            args: strs(&["tuntap", "add", "dev", tap, "mode", "tap"]),
+            args: crate::render::tuntap_add_args(tap, plan.queues),
         },
         ip(&pod, &["link", "set", tap, "master", br, "mtu", &mtu, "up"]),
         ip(
@@ -261,7 +270,30 @@ mod tests {
             config,
             index: 1,
             mac: "02:00:00:00:00:01".parse().unwrap(),
+            queues: 1,
         }
+    }
+
+    #[test]
+    fn multi_queue_secondary_tap() {
+        let mut r = req(BridgeConfig {
+            bridge: "br-test".into(),
+            vlan: None,
+            mtu: None,
+        });
+        r.queues = 4;
+        let p = SecondaryPlan::build(&node(), &r).unwrap();
+        assert_eq!(p.queues, 4);
+        let a: Vec<String> = secondary_actions(&p).iter().map(render).collect();
+        assert!(
+            a.contains(&"ip -n fv-uid-1 tuntap add dev tap1 mode tap multi_queue".to_string()),
+            "{a:?}"
+        );
+        // A plan recorded before queues existed reads back as one queue.
+        let mut v = serde_json::to_value(&p).unwrap();
+        v.as_object_mut().unwrap().remove("queues");
+        let old: SecondaryPlan = serde_json::from_value(v).unwrap();
+        assert_eq!(old.queues, 1);
     }
 
     fn render(a: &Action) -> String {

@@ -93,6 +93,7 @@ async fn metrics_scrape_benchmark() {
             model: Default::default(),
             backend: NicBackend::Tap {
                 ifname: "lo".into(),
+                queues: 1,
             },
             boot_order: None,
         });

@@ -115,7 +115,7 @@ pub fn interface_stats(
         .nics
         .iter()
         .filter_map(|n| match &n.backend {
-            NicBackend::Tap { ifname } => Some((n.id.as_str(), ifname.as_str())),
+            NicBackend::Tap { ifname, .. } => Some((n.id.as_str(), ifname.as_str())),
             _ => None,
         })
         .collect();

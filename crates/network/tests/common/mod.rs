@@ -202,6 +202,7 @@ impl Guest {
             model: NicModel::VirtioNetPci,
             backend: NicBackend::Tap {
                 ifname: attached.tap.clone(),
+                queues: 1,
             },
             boot_order: None,
         });
