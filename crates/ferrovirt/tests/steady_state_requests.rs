@@ -17,42 +17,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use ferrovirt_testkit::requests::{Counts, between, parse};
 use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
 
 const BOOT: Duration = Duration::from_secs(240);
-
-/// (verb, resource, user agent) → count.
-type Counts = BTreeMap<(String, String, String), u64>;
-
-/// Parses `apiserver_request_total{verb="…",resource="…",user_agent="…"} N` lines.
-fn parse(text: &str) -> Counts {
-    let mut out = Counts::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, n)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let mut verb = String::new();
-        let mut resource = String::new();
-        let mut agent = String::new();
-        for part in labels.split("\",") {
-            let Some((k, v)) = part.split_once("=\"") else {
-                continue;
-            };
-            let v = v.trim_end_matches('"').to_string();
-            match k {
-                "verb" => verb = v,
-                "resource" => resource = v,
-                "user_agent" => agent = v,
-                _ => {}
-            }
-        }
-        out.insert((verb, resource, agent), n.trim().parse().unwrap_or(0));
-    }
-    out
-}
 
 /// The counters (`kubectl get --raw /metrics` is no resource request: it counts nothing),
 /// retried on a transient kubectl failure.
@@ -100,21 +68,10 @@ spec:
     ))
 }
 
-/// The requests made between two reads of the counters (keys with none left out).
-fn between(before: &Counts, after: &Counts) -> Counts {
-    after
-        .iter()
-        .filter_map(|(k, n)| {
-            let d = n.saturating_sub(before.get(k).copied().unwrap_or(0));
-            (d > 0).then(|| (k.clone(), d))
-        })
-        .collect()
-}
-
 /// The controllers' requests of `counts` by (verb, resource).
 fn controllers(counts: &Counts) -> BTreeMap<(String, String), u64> {
     let mut out = BTreeMap::new();
-    for ((verb, resource, agent), n) in counts {
+    for ((agent, verb, resource), n) in counts {
         if agent == CONTROLLER {
             *out.entry((verb.clone(), resource.clone())).or_default() += n;
         }
@@ -168,7 +125,7 @@ fn agents_and_controllers_make_no_list_requests_in_steady_state() -> anyhow::Res
         if d == 0 {
             continue;
         }
-        let (verb, resource, agent) = key;
+        let (agent, verb, resource) = key;
         *per_agent.entry(agent.clone()).or_default() += d;
         eprintln!("  {agent:28} {verb:8} {resource:48} {d}");
         if verb == "LIST" && is_ours(agent) {
@@ -230,10 +187,10 @@ fn agents_and_controllers_make_no_list_requests_in_steady_state() -> anyhow::Res
     let after = metrics(&c)?;
     let started_lists: Vec<String> = after
         .iter()
-        .filter(|((verb, _, agent), _)| verb == "LIST" && agent == "ferrovirt-agent/node1")
+        .filter(|((agent, verb, _), _)| verb == "LIST" && agent == "ferrovirt-agent/node1")
         .filter_map(|(key, n)| {
             let d = n - before.get(key).copied().unwrap_or(0);
-            (d > 0).then(|| format!("{} {d}×", key.1))
+            (d > 0).then(|| format!("{} {d}×", key.2))
         })
         .collect();
     assert!(

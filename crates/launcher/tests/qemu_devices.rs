@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ferrovirt_launcher::Error;
-use ferrovirt_launcher::qmp::RunState;
+use ferrovirt_launcher::qmp::{QmpClient, RunState};
 use ferrovirt_launcher::spec::{
     CacheMode, Disk, DiskBus, DiskFormat, DiskSource, ForwardProtocol, HostForward, KernelBoot,
     Nic, NicBackend, NicModel,
@@ -38,6 +38,21 @@ fn t_dir_file(dir: &std::path::Path, name: &str, size: u64) -> std::path::PathBu
     let path = dir.join(name);
     std::fs::File::create(&path).unwrap().set_len(size).unwrap();
     path
+}
+
+/// The ids of the devices under `/machine/peripheral` (every `-device` given an id).
+async fn peripheral_ids(qmp: &QmpClient) -> HashSet<String> {
+    qmp.execute(
+        "qom-list",
+        Some(serde_json::json!({"path": "/machine/peripheral"})),
+    )
+    .await
+    .unwrap()
+    .as_array()
+    .unwrap()
+    .iter()
+    .filter_map(|p| p["name"].as_str().map(str::to_string))
+    .collect()
 }
 
 #[tokio::test]
@@ -149,19 +164,7 @@ async fn real_qemu_accepts_every_device_kind_and_reports_them_over_qmp() {
     assert_eq!(cpus.as_array().unwrap().len(), 2);
 
     // every device we asked for exists under its id
-    let peripherals = qmp
-        .execute(
-            "qom-list",
-            Some(serde_json::json!({"path": "/machine/peripheral"})),
-        )
-        .await
-        .unwrap();
-    let names: HashSet<&str> = peripherals
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let names = peripheral_ids(qmp).await;
     for id in [
         "root",
         "sata0",
@@ -348,19 +351,7 @@ async fn real_qemu_accepts_every_platform_option() {
     };
     let mut t = TestVm::start(spec, dir, false).await;
     let qmp = t.vm.qmp();
-    let peripherals = qmp
-        .execute(
-            "qom-list",
-            Some(serde_json::json!({"path": "/machine/peripheral"})),
-        )
-        .await
-        .unwrap();
-    let names: HashSet<&str> = peripherals
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["name"].as_str())
-        .collect();
+    let names = peripheral_ids(qmp).await;
     for id in ["watchdog0", "panic0", "tablet0", "tablet1", "sound0", "usb"] {
         assert!(names.contains(id), "device {id} missing from {names:?}");
     }

@@ -13,10 +13,12 @@
 //! annotations are the requests the real agent makes for a VMI that starts.
 //!
 //! [`bench`] drives a server through the figures the issue asks for; [`stats`] and
-//! [`procstat`] and [`requests`] (API requests by component, verb and resource per VMI) are the pure parts (percentiles, /proc parsing) with unit tests.
+//! [`procstat`] are the pure parts (percentiles, /proc parsing) with unit tests; [`requests`]
+//! (API requests by component, verb and resource per VMI) is testkit's, shared with the
+//! request-count test.
 
 pub mod bench;
 pub mod procstat;
-pub mod requests;
+pub use ferrovirt_testkit::requests;
 pub mod sim;
 pub mod stats;

@@ -15,6 +15,7 @@ pub mod netns;
 pub mod qemu;
 pub mod qmp;
 pub mod registry;
+pub mod requests;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use console::SerialConsole;

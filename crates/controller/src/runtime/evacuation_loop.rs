@@ -1,20 +1,18 @@
 //! The evacuation loop: on every change of VMIs, Nodes or VirtualMachineInstanceMigrations (and
 //! every two seconds, for backoffs) applies [`crate::evacuation::plan`] when a VMI is marked
 //! for evacuation or a node has the drain taint (`kubevirt.io/drain`, or the KubeVirt CR's
-//! `migrations.nodeDrainTaintKey`, followed with a watch): marks and clears
-//! `status.evacuationNodeName` (guarded by the VMI's resourceVersion) and creates the
-//! evacuation migrations, with Events on the VMI. The cluster's `evictionStrategy` and
-//! migration limits are read only when there is such work. Every VMI is looked at only when a
+//! `migrations.nodeDrainTaintKey`): marks and clears `status.evacuationNodeName` (guarded by
+//! the VMI's resourceVersion) and creates the evacuation migrations, with Events on the VMI.
+//! The drain key, the cluster's `evictionStrategy` and the migration limits come from the
+//! shared stores' KubeVirt settings (a change of them wakes the loop). Every VMI is looked at only when a
 //! VMI changed (or on the resync); a wake-up by Nodes alone looks at the Nodes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -50,18 +48,16 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     let vmis_changed = Arc::new(AtomicBool::new(true));
     let flag = vmis_changed.clone();
     let follow = async move {
-        while let Some(c) = changes.next_batch(&[Kind::Vmi, Kind::Node]).await {
+        while let Some(c) = changes
+            .next_batch(&[Kind::Vmi, Kind::Node, Kind::KubeVirt])
+            .await
+        {
             if c.contains(Kind::Vmi) {
                 flag.store(true, Ordering::Release);
             }
             w.notify_one();
         }
     };
-    // `nodeDrainTaintKey` from the KubeVirt CRs, followed with a watch (no polling).
-    let drain_key = Arc::new(std::sync::Mutex::new(
-        ferrovirt_api::eviction::DRAIN_TAINT.to_string(),
-    ));
-    let key_follower = follow_drain_key(client.clone(), drain_key.clone(), wake.clone());
     let recorder = EventRecorder::new(client.clone(), COMPONENT);
     let work = async {
         let _ = vmims.wait_until_ready().await;
@@ -79,25 +75,34 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     .is_some();
             }
             let node_state = stores.nodes.state();
-            // Cloned only when there is work (the loop wakes on every VMI and Node change).
-            let drain_key = drain_key.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let kv = stores.kubevirt();
+            let drain_key = kv.drain_key.as_str();
             if vmis_marked
-                || evacuation::nodes_have_work(node_state.iter().map(|n| n.as_ref()), &drain_key)
+                || evacuation::nodes_have_work(node_state.iter().map(|n| n.as_ref()), drain_key)
             {
                 let state = stores.vmis.state();
                 let nodes: Vec<_> = node_state.iter().map(|n| (**n).clone()).collect();
                 let vmis: Vec<VirtualMachineInstance> = state.iter().map(|v| v.0.clone()).collect();
                 let migrations: Vec<_> = vmims.state().iter().map(|m| m.0.clone()).collect();
-                let (kv, hco, limits) = cluster_settings(&client).await;
+                // The HyperConverged's `evictionStrategy` reaches the KubeVirt CR through its
+                // reconcile.
+                let limits = (
+                    kv.migrations
+                        .parallel_migrations_per_cluster
+                        .unwrap_or(policy::DEFAULT_PARALLEL_PER_CLUSTER),
+                    kv.migrations
+                        .parallel_outbound_migrations_per_node
+                        .unwrap_or(policy::DEFAULT_PARALLEL_OUTBOUND_PER_NODE),
+                );
                 let actions = evacuation::plan(&Inputs {
                     vmis: &vmis,
                     nodes: &nodes,
                     migrations: &migrations,
-                    cluster_strategy: (kv.as_deref(), hco.as_deref()),
+                    cluster_strategy: (kv.eviction_strategy.as_deref(), None),
                     per_cluster: limits.0,
                     per_node: limits.1,
                     now: Timestamp::now().as_second(),
-                    drain_key: &drain_key,
+                    drain_key,
                 });
                 for a in actions {
                     if let Err(e) = apply(&client, &recorder, &vmis, &a).await {
@@ -111,92 +116,8 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     tokio::select! {
         _ = pump => Err(ControllerError::TaskStopped { name: "evacuation", reason: "watch stream ended".into() }),
         _ = follow => Err(ControllerError::TaskStopped { name: "evacuation", reason: "caches ended".into() }),
-        _ = key_follower => Err(ControllerError::TaskStopped { name: "evacuation", reason: "kubevirts watch ended".into() }),
         _ = work => Ok(()),
     }
-}
-
-/// Keeps `key` at the KubeVirt CRs' `nodeDrainTaintKey` (the first that sets one, else the
-/// default), following them with a watch; wakes the loop when it changes.
-async fn follow_drain_key(
-    client: kube::Client,
-    key: Arc<std::sync::Mutex<String>>,
-    wake: Arc<Notify>,
-) {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("kubevirt.io", "v1", "KubeVirt"),
-        "kubevirts",
-    );
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
-    let writer = reflector::store::Writer::<DynamicObject>::new(ar);
-    let store = writer.as_reader();
-    let mut events = std::pin::pin!(
-        reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects()
-    );
-    while let Some(ev) = events.next().await {
-        if let Err(e) = ev {
-            tracing::debug!("watching kubevirts: {e}");
-            continue;
-        }
-        let specs: Vec<Value> = store
-            .state()
-            .iter()
-            .filter_map(|o| o.data.get("spec").cloned())
-            .collect();
-        let found = specs
-            .iter()
-            .map(|s| ferrovirt_api::eviction::drain_taint_key(Some(s)))
-            .find(|k| k != ferrovirt_api::eviction::DRAIN_TAINT)
-            .unwrap_or_else(|| ferrovirt_api::eviction::DRAIN_TAINT.to_string());
-        let mut cur = key.lock().unwrap_or_else(|p| p.into_inner());
-        if *cur != found {
-            tracing::info!(key = %found, "drain taint key");
-            *cur = found;
-            wake.notify_one();
-        }
-    }
-}
-
-/// The first value at `ptr` among all objects of a cluster kind.
-async fn first_value(
-    client: &kube::Client,
-    gvk: (&str, &str, &str, &str),
-    ptr: &str,
-) -> Option<String> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(gvk.0, gvk.1, gvk.2), gvk.3);
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    let list = api.list(&ListParams::default()).await.ok()?;
-    list.items.into_iter().find_map(|o| {
-        serde_json::to_value(o)
-            .ok()?
-            .pointer(ptr)
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    })
-}
-
-/// (KubeVirt CR strategy, HyperConverged strategy, (per cluster, per node) limits).
-async fn cluster_settings(client: &kube::Client) -> (Option<String>, Option<String>, (u32, u32)) {
-    let kv = first_value(
-        client,
-        ("kubevirt.io", "v1", "KubeVirt", "kubevirts"),
-        "/spec/configuration/evictionStrategy",
-    )
-    .await;
-    // The HyperConverged's `evictionStrategy` reaches the KubeVirt CR through its reconcile.
-    let hco = None;
-    let c = super::migration_loop::cluster_configuration(client).await;
-    let limits = (
-        c.parallel_migrations_per_cluster
-            .unwrap_or(policy::DEFAULT_PARALLEL_PER_CLUSTER),
-        c.parallel_outbound_migrations_per_node
-            .unwrap_or(policy::DEFAULT_PARALLEL_OUTBOUND_PER_NODE),
-    );
-    (kv, hco, limits)
 }
 
 async fn apply(

@@ -5,8 +5,9 @@
 //! A VMI whose unfinished migration state names a migration that no longer exists (deleted:
 //! `kubectl delete vmim`, `ferrovirt migrate-cancel`) gets its migration aborted
 //! ([`migration::cancel_patch`]; every VMI is looked at for that only after a VMI or migration
-//! changed, or while orphans were left, not on a Node change). The settings (HyperConverged, KubeVirt CR, MigrationPolicy)
-//! are read when a migration is admitted or scheduled, not cached.
+//! changed, or while orphans were left, not on a Node change). The cluster migration
+//! configuration comes from the shared stores' KubeVirt settings; MigrationPolicies are read
+//! when a migration is scheduled.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,7 +86,7 @@ pub async fn run(
                 .iter()
                 .any(|m| migration::current_phase(&m.0) == MigrationPhase::Pending)
             {
-                cluster_configuration(&client).await
+                stores.kubevirt().migrations.clone()
             } else {
                 policy::defaults()
             };
@@ -184,28 +185,13 @@ async fn list_all<T: serde::de::DeserializeOwned>(
     }
 }
 
-/// The cluster's migration configuration: defaults ← KubeVirt CR (the HyperConverged's
-/// `liveMigrationConfig` reaches it through its reconcile; the one it owns wins over others).
-pub(crate) async fn cluster_configuration(client: &kube::Client) -> MigrationConfiguration {
-    let mut kvs: Vec<ferrovirt_api::kubevirt::misc::KubeVirt> = list_all(
-        client,
-        &dynamic("kubevirt.io", "v1", "KubeVirt", "kubevirts"),
-    )
-    .await;
-    let owned = ferrovirt_api::hco::desired::OwnedKind::KubeVirt.name();
-    kvs.sort_by_key(|k| k.metadata.name.as_deref() != Some(owned));
-    let kv = kvs
-        .iter()
-        .find_map(|k| k.spec.as_ref()?.configuration.as_ref()?.migrations.clone());
-    policy::cluster_configuration(None, kv.as_ref())
-}
-
 /// The settings a migration of `vmi` runs with, and the policy's name.
 async fn settings(
     client: &kube::Client,
+    stores: &Stores,
     vmi: &VirtualMachineInstance,
 ) -> (serde_json::Value, Option<String>) {
-    let cluster = cluster_configuration(client).await;
+    let cluster = stores.kubevirt().migrations.clone();
     let policies: Vec<MigrationPolicy> = list_all(
         client,
         &dynamic(
@@ -313,7 +299,7 @@ async fn reconcile(
         _ => (Vec::new(), Vec::new()),
     };
     let (configuration, policy_name) = match (picking, vmi) {
-        (true, Some(v)) => settings(client, v).await,
+        (true, Some(v)) => settings(client, stores, v).await,
         _ => (serde_json::Value::Null, None),
     };
     let nodes = if picking {

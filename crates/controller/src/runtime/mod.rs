@@ -11,6 +11,7 @@
 
 pub mod evacuation_loop;
 pub mod events;
+pub mod kubevirt_config;
 pub mod leader;
 pub mod migration_loop;
 pub mod node_loop;

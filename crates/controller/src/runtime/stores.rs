@@ -1,8 +1,8 @@
 //! Reflector caches shared by the controllers: one list-then-watch per kind (kube-rs watcher
 //! with its default backoff) for Nodes, node Leases (namespace `kube-node-lease`),
-//! PersistentVolumes, PersistentVolumeClaims, StorageClasses and VMIs, plus the KubeVirt CR's
-//! overcommit settings ([`Stores::overcommit`], from a watch of `kubevirts`; a change rings
-//! [`Kind::KubeVirt`], and the settings are not part of readiness). Reconcilers read these
+//! PersistentVolumes, PersistentVolumeClaims, StorageClasses and VMIs, plus the KubeVirt CRs'
+//! settings ([`Stores::kubevirt`], [`super::kubevirt_config`]: from a watch of `kubevirts`; a
+//! change rings [`Kind::KubeVirt`], and the settings are not part of readiness). Reconcilers read these
 //! instead of listing on every pass; loops that are not kube-runtime controllers wait on
 //! [`Stores::changes`] to run when one of their kinds changed ([`Changes::next_batch`] also
 //! says which kinds a wake-up's batch touched, so a loop can skip its pass over every VMI when
@@ -33,6 +33,7 @@ use tokio::sync::broadcast;
 
 use ferrovirt_api::kubevirt::overcommit::Overcommit;
 
+use super::kubevirt_config::{self, KubeVirtConfig};
 use super::resources::Vmi;
 use crate::node_lifecycle::NODE_LEASE_NAMESPACE;
 
@@ -45,7 +46,7 @@ pub enum Kind {
     PersistentVolumeClaim,
     StorageClass,
     Vmi,
-    /// The KubeVirt CR's overcommit settings changed.
+    /// The KubeVirt CRs' settings ([`KubeVirtConfig`]) changed.
     KubeVirt,
 }
 
@@ -59,8 +60,8 @@ pub struct Stores {
     pub pvcs: Store<PersistentVolumeClaim>,
     pub classes: Store<StorageClass>,
     pub vmis: Store<Vmi>,
-    /// The KubeVirt CR's overcommit settings (the defaults until the first CR is seen).
-    pub overcommit: tokio::sync::watch::Receiver<Overcommit>,
+    /// The KubeVirt CRs' settings (the defaults until the first CR is seen).
+    pub kubevirt: tokio::sync::watch::Receiver<Arc<KubeVirtConfig>>,
     changed: Arc<broadcast::Sender<Kind>>,
     /// True once every cache holds its first complete list. kube-rs's
     /// `Store::wait_until_ready` wakes only one of several tasks waiting at once (its oneshot
@@ -212,7 +213,7 @@ impl Stores {
         let (tx, _) = broadcast::channel(1024);
         let changed = Arc::new(tx);
         let (ready_tx, ready) = tokio::sync::watch::channel(false);
-        let (overcommit_tx, overcommit) = tokio::sync::watch::channel(Overcommit::default());
+        let (kubevirt_tx, kubevirt) = tokio::sync::watch::channel(Arc::default());
         let stores = Stores {
             nodes,
             leases,
@@ -220,7 +221,7 @@ impl Stores {
             pvcs,
             classes,
             vmis,
-            overcommit,
+            kubevirt,
             changed: changed.clone(),
             ready,
         };
@@ -277,15 +278,20 @@ impl Stores {
                     Kind::Vmi,
                     changed.clone()
                 ),
-                follow_overcommit(c.clone(), overcommit_tx, changed.clone()),
+                kubevirt_config::follow(c.clone(), kubevirt_tx, changed.clone()),
             );
         };
         (stores, task)
     }
 
-    /// The KubeVirt CR's overcommit settings now.
+    /// The KubeVirt CRs' overcommit settings now.
     pub fn overcommit(&self) -> Overcommit {
-        *self.overcommit.borrow()
+        self.kubevirt.borrow().overcommit
+    }
+
+    /// The KubeVirt CRs' settings now.
+    pub fn kubevirt(&self) -> Arc<KubeVirtConfig> {
+        self.kubevirt.borrow().clone()
     }
 
     /// Subscribes to changes (from now on).
@@ -322,42 +328,6 @@ impl Stores {
     /// Every cached Node (cloned out of the cache).
     pub fn node_list(&self) -> Vec<Node> {
         self.nodes.state().iter().map(|n| (**n).clone()).collect()
-    }
-}
-
-/// Keeps `tx` at the overcommit settings of the cluster's KubeVirt CRs (a watch of
-/// `kubevirts` with its own small cache), ringing [`Kind::KubeVirt`] when they change.
-async fn follow_overcommit(
-    client: kube::Client,
-    tx: tokio::sync::watch::Sender<Overcommit>,
-    changed: Arc<broadcast::Sender<Kind>>,
-) {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("kubevirt.io", "v1", "KubeVirt"),
-        "kubevirts",
-    );
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
-    let writer = reflector::store::Writer::<DynamicObject>::new(ar);
-    let store = writer.as_reader();
-    let mut events = std::pin::pin!(
-        reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects()
-    );
-    while let Some(ev) = events.next().await {
-        if let Err(e) = ev {
-            tracing::debug!("watching kubevirts: {e}");
-            continue;
-        }
-        let mut crs = store.state();
-        // The oldest first: the one ferrovirt keeps when there are several.
-        crs.sort_by_key(|o| o.metadata.creation_timestamp.clone());
-        let now = Overcommit::from_kubevirts(crs.iter().map(|o| &o.data));
-        if tx.send_if_modified(|cur| std::mem::replace(cur, now) != now) {
-            tracing::info!(?now, "KubeVirt overcommit settings");
-            let _ = changed.send(Kind::KubeVirt);
-        }
     }
 }
 

@@ -1,9 +1,10 @@
 //! API requests by (component, verb, resource) between two reads of the server's `/metrics`
-//! (`apiserver_request_total`, by user agent): the benchmark prints them per VMI for the
-//! create → Running phase and as totals for the idle window, so that a change in what each
-//! VMI costs the control plane shows as a count, which the machine's load does not distort.
-//! The simulated nodes' user agents (`ferrovirt-simnodes/sim-042`) fold into one component
-//! (`ferrovirt-simnodes/sim-*`).
+//! (`apiserver_request_total`, by user agent), shared by the request-count test
+//! (`steady_state_requests`) and the scale benchmark (`ferrovirt-simnodes`), which prints them
+//! per VMI for the create → Running phase and as totals for the idle window, so that a change
+//! in what each VMI costs the control plane shows as a count, which the machine's load does
+//! not distort. The benchmark's simulated nodes' user agents (`ferrovirt-simnodes/sim-042`)
+//! fold into one component (`ferrovirt-simnodes/sim-*`).
 
 use std::collections::BTreeMap;
 
