@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes crates/api/tests/corpus/valid/common-instancetypes.yaml: the matrix of KubeVirt's
+"""Writes crates/api/assets/common-instancetypes.yaml: the matrix of KubeVirt's
 common cluster instancetypes (series x size) as its README describes them (facts: series,
 vCPU/memory ratios and the attributes each series sets); the manifests are our own."""
 import pathlib
@@ -51,7 +51,7 @@ for series, (sizes, per_cpu, cpu_extra, mem_extra) in SERIES.items():
                                    "instancetype.kubevirt.io/displayName": name}},
                "spec": {"cpu": {"guest": cpus, **cpu_extra}, "memory": {"guest": mem, **mem_extra}}}
         out.append(y(doc, 0).lstrip("\n"))
-p = pathlib.Path(__file__).resolve().parent.parent / "crates/api/tests/corpus/valid/common-instancetypes.yaml"
+p = pathlib.Path(__file__).resolve().parent.parent / "crates/api/assets/common-instancetypes.yaml"
 p.write_text("\n---\n".join(out[1:]).join([out[0] + "\n", "\n"]))
 
 # Preferences: KubeVirt's common cluster preferences (names, architecture requirement, and the
@@ -106,5 +106,5 @@ for name, base, cpu, mem in PREFS:
         spec["requirements"] = {"architecture": "amd64", "cpu": {"guest": int(cpu)}, "memory": {"guest": mem}}
         pout.append(y({"apiVersion": "instancetype.kubevirt.io/v1beta1", "kind": "VirtualMachineClusterPreference",
                        "metadata": {"name": f"{name}.virtio"}, "spec": spec}, 0).lstrip("\n"))
-p = pathlib.Path(__file__).resolve().parent.parent / "crates/api/tests/corpus/valid/common-preferences.yaml"
+p = pathlib.Path(__file__).resolve().parent.parent / "crates/api/assets/common-preferences.yaml"
 p.write_text("\n---\n".join(pout[1:]).join([pout[0] + "\n", "\n"]))

@@ -38,8 +38,16 @@ fn docs(sub: &str) -> Vec<Doc> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/corpus")
         .join(sub);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("corpus dir")
+    // The common instancetypes and preferences the controllers deploy are valid manifests too.
+    let assets = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets");
+    let dirs = if sub == "valid" {
+        vec![dir, assets]
+    } else {
+        vec![dir]
+    };
+    let mut files: Vec<_> = dirs
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).expect("corpus dir"))
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();

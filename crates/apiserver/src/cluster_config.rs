@@ -12,7 +12,8 @@ use crate::objects::decode;
 use crate::resources;
 use crate::server::Shared;
 
-/// The overcommit settings of the cluster's KubeVirt CRs (the oldest one's), the defaults when
+/// The overcommit settings of the cluster's KubeVirt CRs (the HyperConverged's own, else the
+/// oldest one's: `order_kubevirts`, as the controllers read them), the defaults when
 /// there is none or the store cannot be read.
 pub(crate) async fn overcommit(sh: &Shared) -> Overcommit {
     let Some(def) = sh
@@ -29,14 +30,8 @@ pub(crate) async fn overcommit(sh: &Shared) -> Overcommit {
     else {
         return Overcommit::default();
     };
-    let mut crs: Vec<Value> = list.items.iter().filter_map(|kv| decode(kv).ok()).collect();
-    crs.sort_by(|a, b| {
-        let ts = |o: &Value| {
-            o["metadata"]["creationTimestamp"]
-                .as_str()
-                .map(String::from)
-        };
-        ts(a).cmp(&ts(b))
-    });
-    Overcommit::from_kubevirts(crs.iter())
+    let crs: Vec<Value> = list.items.iter().filter_map(|kv| decode(kv).ok()).collect();
+    let mut ordered: Vec<&Value> = crs.iter().collect();
+    ferrovirt_api::hco::desired::order_kubevirts(&mut ordered);
+    Overcommit::from_kubevirts(ordered)
 }

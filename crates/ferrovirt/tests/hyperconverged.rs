@@ -368,3 +368,147 @@ fn the_platform_namespace_shows_the_components_as_pods() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// KubeVirt's common cluster instancetypes and preferences are deployed and kept
+/// (`hco::common`): `kubectl get virtualmachineclusterinstancetype u1.small` finds it, a direct
+/// edit is written back with an `Overwritten` Event, a VM of `u1.nano` with the `alpine`
+/// preference boots; `commonInstancetypesDeployment.enabled: false` in the HyperConverged removes
+/// ours and leaves a same-kind object someone else made.
+#[test]
+fn common_instancetypes_are_deployed_kept_and_boot_a_vm() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    let small = c.wait_until("u1.small", Duration::from_secs(30), || {
+        let out = c.kubectl(&[
+            "get",
+            "virtualmachineclusterinstancetype",
+            "u1.small",
+            "-o",
+            "json",
+        ])?;
+        Ok(out
+            .status
+            .success()
+            .then(|| serde_json::from_slice::<Value>(&out.stdout))
+            .transpose()?)
+    })?;
+    println!("u1.small deployed {:?} after the start", started.elapsed());
+    assert_eq!(small["spec"]["cpu"]["guest"], 1);
+    assert_eq!(small["spec"]["memory"]["guest"], "2Gi");
+    assert_eq!(
+        small["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "virt-operator"
+    );
+    let count = |kind: &str| -> anyhow::Result<usize> {
+        let l = c.get_json(&[kind, "-l", "app.kubernetes.io/managed-by=virt-operator"])?;
+        Ok(l["items"].as_array().map_or(0, Vec::len))
+    };
+    c.wait_until(
+        "every instancetype and preference",
+        Duration::from_secs(30),
+        || {
+            Ok((count("virtualmachineclusterinstancetypes")? == 35
+                && count("virtualmachineclusterpreferences")? >= 30)
+                .then_some(()))
+        },
+    )?;
+
+    // A direct edit is written back.
+    c.kubectl_ok(&[
+        "patch",
+        "virtualmachineclusterinstancetype",
+        "u1.small",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"cpu":{"guest":64}}}"#,
+    ])?;
+    let t = Instant::now();
+    c.wait_until("u1.small written back", Duration::from_secs(20), || {
+        let v = c.get_json(&["virtualmachineclusterinstancetype", "u1.small"])?;
+        Ok((v["spec"]["cpu"]["guest"] == 1).then_some(()))
+    })?;
+    println!("edit reverted in {:?}", t.elapsed());
+    c.wait_until("the Overwritten Event", Duration::from_secs(20), || {
+        let ev = c.kubectl_ok(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            "reason=Overwritten",
+        ])?;
+        Ok(ev.contains("u1.small").then_some(()))
+    })?;
+
+    // A VM of a common instancetype and preference boots.
+    c.guest_disk_claim("common-root")?;
+    c.apply(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: common, namespace: default}
+spec:
+  runStrategy: Always
+  instancetype: {name: u1.nano}
+  preference: {name: alpine}
+  template:
+    spec:
+      terminationGracePeriodSeconds: 5
+      domain:
+        devices:
+          disks: [{name: root, disk: {}}]
+      volumes:
+      - name: root
+        persistentVolumeClaim: {claimName: common-root}
+"#,
+    )?;
+    let t = Instant::now();
+    c.wait_booted("common", Duration::from_secs(180))?;
+    println!("u1.nano + alpine VM booted in {:?}", t.elapsed());
+    let vmi = c.get_json(&["vmi", "common", "-n", "default"])?;
+    assert_eq!(vmi["spec"]["domain"]["memory"]["guest"], "512Mi");
+    assert_eq!(
+        vmi["spec"]["domain"]["devices"]["disks"][0]["disk"]["bus"],
+        "virtio"
+    );
+
+    // Turned off: ours go, someone else's stays.
+    c.apply(
+        r#"apiVersion: instancetype.kubevirt.io/v1beta1
+kind: VirtualMachineClusterInstancetype
+metadata: {name: mine.small}
+spec:
+  cpu: {guest: 1}
+  memory: {guest: 256Mi}
+"#,
+    )?;
+    patch_hco(
+        &c,
+        r#"{"spec":{"commonInstancetypesDeployment":{"enabled":false}}}"#,
+    )?;
+    c.wait_until("ours removed", Duration::from_secs(30), || {
+        Ok((count("virtualmachineclusterinstancetypes")? == 0
+            && count("virtualmachineclusterpreferences")? == 0)
+            .then_some(()))
+    })?;
+    c.get_json(&["virtualmachineclusterinstancetype", "mine.small"])?;
+    let refused = c.kubectl(&[
+        "patch",
+        "hyperconverged",
+        HCO,
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"commonInstancetypesDeployment":{"enabled":"yes"}}}"#,
+    ])?;
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("spec.commonInstancetypesDeployment.enabled"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    println!("whole test: {:?}", started.elapsed());
+    Ok(())
+}

@@ -154,7 +154,7 @@ fn agents_and_controllers_make_no_list_requests_in_steady_state() -> anyhow::Res
         "ferrovirt-controller",
     ] {
         assert!(
-            after.keys().any(|(v, _, a)| v == "WATCH" && a == agent),
+            after.keys().any(|(a, v, _)| v == "WATCH" && a == agent),
             "no watch counted for {agent}"
         );
     }

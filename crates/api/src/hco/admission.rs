@@ -49,6 +49,7 @@ const HONOURED: &[&str] = &[
     "workloads",
     "resourceRequirements",
     "higherWorkloadDensity",
+    "commonInstancetypesDeployment",
 ];
 
 /// `storageImport` fields carried out.
@@ -129,6 +130,21 @@ pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
             "higherWorkloadDensity" => {
                 check_sub(v, &field, &[("memoryOvercommitPercentage", 10)], &mut e)
             }
+            "commonInstancetypesDeployment" => match v.as_object() {
+                Some(m) => {
+                    for (key, x) in m {
+                        let f = format!("{field}.{key}");
+                        match key.as_str() {
+                            "enabled" if x.is_boolean() || x.is_null() => {}
+                            "enabled" => e.push(FieldError::type_invalid(f, "must be a boolean")),
+                            _ => {
+                                e.push(FieldError::not_supported(f, "not carried out by ferrovirt"))
+                            }
+                        }
+                    }
+                }
+                None => e.push(FieldError::type_invalid(field, "must be an object")),
+            },
             "infra" | "workloads" => {
                 let placement = v.get("nodePlacement").filter(|p| !p.is_null());
                 let empty = placement.is_none_or(|p| p.as_object().is_some_and(|m| m.is_empty()));
@@ -264,6 +280,7 @@ mod tests {
                 "nodeFailure": {"leaseDurationSeconds": 10},
                 "resourceRequirements": {"vmiCPUAllocationRatio": 4},
                 "higherWorkloadDensity": {"memoryOvercommitPercentage": 150},
+                "commonInstancetypesDeployment": {"enabled": false},
             }))
             .is_empty()
         );
@@ -281,8 +298,11 @@ mod tests {
                 "workloads": {"nodePlacement": {"nodeSelector": {"a": "b"}}},
                 "storageImport": {"insecureRegistries": [], "other": 1},
                 "evictionStrategy": "Sometimes",
+                "commonInstancetypesDeployment": {"enabled": "no", "source": "x"},
             })),
             vec![
+                "spec.commonInstancetypesDeployment.enabled",
+                "spec.commonInstancetypesDeployment.source",
                 "spec.defaultCPUModel",
                 "spec.evictionStrategy",
                 "spec.featureGates.Bogus",

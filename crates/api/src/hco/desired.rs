@@ -214,6 +214,21 @@ impl OwnedKind {
     }
 }
 
+/// Orders the cluster's KubeVirt CRs (whole objects) the way every component reads them: the
+/// HyperConverged's own (`kubevirt-kubevirt-hyperconverged`) first, then the others oldest first.
+pub fn order_kubevirts(crs: &mut [&Value]) {
+    let owned = OwnedKind::KubeVirt.name();
+    crs.sort_by_key(|o| {
+        let name = o.pointer("/metadata/name").and_then(Value::as_str);
+        let created = o
+            .pointer("/metadata/creationTimestamp")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        (name != Some(owned), created)
+    });
+}
+
 /// HCO's labels on an owned object.
 pub fn labels(hco_name: &str, kind: OwnedKind) -> Map<String, Value> {
     let mut m = Map::new();
@@ -285,6 +300,11 @@ pub fn kubevirt_spec(spec: &Value, namespace: &str) -> Value {
         &mut config,
         "evictionStrategy",
         at(spec, "/evictionStrategy"),
+    );
+    put(
+        &mut config,
+        "commonInstancetypesDeployment",
+        at(spec, "/commonInstancetypesDeployment"),
     );
     put(&mut config, "cpuModel", at(spec, "/defaultCPUModel"));
     put(

@@ -1,10 +1,12 @@
 //! hco.kubevirt.io/v1beta1 HyperConverged: the one configuration object for the whole stack.
 //! Fields ferrovirt reads are typed; the rest are kept as given. The reconcile's pure parts
-//! live in the submodules: `desired` (defaults, the owned objects, drift), `admission` (honour
+//! live in the submodules: `desired` (defaults, the owned objects, drift), `common` (the common
+//! instancetypes and preferences deployed), `admission` (honour
 //! or refuse), `status` (conditions from component health); `operands` types SSP and
 //! NetworkAddonsConfig.
 
 pub mod admission;
+pub mod common;
 pub mod desired;
 pub mod operands;
 pub mod status;

@@ -4,8 +4,10 @@
 //! one of them is written back with an `Overwritten` Event on the HyperConverged, and its
 //! status conditions report every component's health (`health`, `ferrovirt_api::hco::status`).
 //! Woken by watches of the HyperConverged, the four owned kinds and the Nodes (a change of a
-//! Node's readiness, not every heartbeat); no polling.
+//! Node's readiness, not every heartbeat); no polling. `common` keeps the common
+//! instancetypes and preferences deployed.
 
+pub mod common;
 pub mod health;
 
 use std::collections::HashMap;

@@ -2,7 +2,7 @@
 //! in the shared stores ([`super::stores::Stores::kubevirt`]): the overcommit settings (the
 //! scheduler and the migration target fit), the drain taint key and the cluster eviction
 //! strategy (evacuation), and the cluster migration configuration (admission of migrations and
-//! their settings). A change rings [`Kind::KubeVirt`]; no reconcile lists `kubevirts`.
+//! their settings), whether the common instancetypes are deployed. A change rings [`Kind::KubeVirt`]; no reconcile lists `kubevirts`.
 //!
 //! Which CR counts: the HyperConverged's own (`kubevirt-kubevirt-hyperconverged`) first, then
 //! the others oldest first ([`KubeVirtConfig::from_crs`], pure); each setting is taken from the
@@ -33,6 +33,9 @@ pub struct KubeVirtConfig {
     pub eviction_strategy: Option<String>,
     /// The cluster migration configuration: defaults ← `configuration.migrations`.
     pub migrations: MigrationConfiguration,
+    /// `configuration.commonInstancetypesDeployment.enabled` (default true): the common
+    /// instancetypes and preferences are deployed (`crate::hco::common`).
+    pub common_instancetypes: bool,
 }
 
 impl Default for KubeVirtConfig {
@@ -45,17 +48,8 @@ impl KubeVirtConfig {
     /// The settings of `crs` (whole objects as JSON): the HyperConverged's own CR first, then
     /// the oldest; each setting from the first CR that sets it, the defaults without any.
     pub fn from_crs(crs: &[&Value]) -> Self {
-        let owned = ferrovirt_api::hco::desired::OwnedKind::KubeVirt.name();
         let mut ordered: Vec<&Value> = crs.to_vec();
-        ordered.sort_by_key(|o| {
-            let name = o.pointer("/metadata/name").and_then(Value::as_str);
-            let created = o
-                .pointer("/metadata/creationTimestamp")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            (name != Some(owned), created)
-        });
+        ferrovirt_api::hco::desired::order_kubevirts(&mut ordered);
         let specs: Vec<Option<&Value>> = ordered.iter().map(|o| o.get("spec")).collect();
         let overcommit = specs
             .first()
@@ -81,6 +75,9 @@ impl KubeVirtConfig {
             drain_key,
             eviction_strategy,
             migrations: migration_policy::cluster_configuration(None, migrations.as_ref()),
+            common_instancetypes: ferrovirt_api::hco::common::enabled(
+                specs.first().copied().flatten(),
+            ),
         }
     }
 }
@@ -179,6 +176,7 @@ mod tests {
         assert_eq!(c.overcommit, Overcommit::default());
         assert_eq!(c.drain_key, ferrovirt_api::eviction::DRAIN_TAINT);
         assert_eq!(c.eviction_strategy, None);
+        assert!(c.common_instancetypes);
         assert_eq!(
             c.migrations,
             migration_policy::cluster_configuration(None, None)

@@ -133,6 +133,10 @@ pub async fn run(client: kube::Client, opts: ControllerOptions) -> Result<(), Co
             let (c, s, l) = (client.clone(), stores.clone(), opts.leader_election.clone());
             async move { ("hyperconverged", crate::hco::run(c, s, l).await) }
         });
+        tasks.spawn({
+            let (c, s) = (client.clone(), stores.clone());
+            async move { ("common-instancetypes", crate::hco::common::run(c, s).await) }
+        });
         if let Some(ep) = opts.export.clone() {
             let c = client.clone();
             tasks.spawn(async move { ("export", crate::export::run(c, ep).await) });
