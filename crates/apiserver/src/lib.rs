@@ -31,6 +31,7 @@ pub mod audit;
 pub mod auth;
 mod body;
 mod cluster_config;
+mod cluster_metrics;
 mod crd;
 mod discovery;
 mod error;

@@ -1,18 +1,66 @@
-//! Request counters by verb, resource and client (`User-Agent`), served as Prometheus text at
-//! `/metrics` (behind the same token as everything else). They let tests (and operators) see
-//! which component lists what, e.g. that node agents in steady state only watch.
+//! Request counters by verb, resource and client (`User-Agent`) and request latencies by verb
+//! and resource (`apiserver_request_duration_seconds`, a histogram through `prometheus-client`),
+//! served as Prometheus text at `/metrics` (behind the same token as everything else), with the
+//! cluster series of `crate::cluster_metrics`. The counters let tests (and operators) see which
+//! component lists what, e.g. that node agents in steady state only watch. The counters keep
+//! their own bounded map (a client chooses its user agent: at most [`MAX_KEYS`] keys).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Instant;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Kubernetes' buckets for `apiserver_request_duration_seconds`.
+const BUCKETS: [f64; 20] = [
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
+    10.0, 15.0, 30.0,
+];
+
+type DurationLabels = Vec<(&'static str, String)>;
+type Durations = Family<DurationLabels, Histogram, fn() -> Histogram>;
+
+fn new_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+/// Records a request's latency into the histogram when dropped (at the end of its handling;
+/// a watch is not timed: it lasts as long as the client wants).
+pub(crate) struct RequestTimer {
+    durations: Option<(Durations, DurationLabels)>,
+    started: Instant,
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        if let Some((d, labels)) = self.durations.take() {
+            d.get_or_create(&labels)
+                .observe(self.started.elapsed().as_secs_f64());
+        }
+    }
+}
 
 /// One counter's key: verb (`LIST`, `WATCH`, `GET`, `CREATE`, `UPDATE`, `PATCH`, `DELETE`,
 /// `DELETECOLLECTION`), `group/resource` (core resources have an empty group) and user agent.
 type Key = (&'static str, String, String);
 
-/// Counts resource requests.
-#[derive(Debug, Default)]
+/// Counts resource requests and times them.
+#[derive(Debug)]
 pub(crate) struct RequestCounter {
     counts: Mutex<BTreeMap<Key, u64>>,
+    durations: Durations,
+}
+
+impl Default for RequestCounter {
+    fn default() -> Self {
+        RequestCounter {
+            counts: Mutex::default(),
+            durations: Family::new_with_constructor(new_histogram),
+        }
+    }
 }
 
 /// The longest user agent kept (longer ones are cut; a client cannot grow the map's keys).
@@ -21,8 +69,14 @@ const MAX_AGENT: usize = 128;
 const MAX_KEYS: usize = 4096;
 
 impl RequestCounter {
-    /// Counts one request.
-    pub fn count(&self, verb: &'static str, group: &str, resource: &str, user_agent: &str) {
+    /// Counts one request; the timer returned records its latency when dropped.
+    pub fn count(
+        &self,
+        verb: &'static str,
+        group: &str,
+        resource: &str,
+        user_agent: &str,
+    ) -> RequestTimer {
         let agent: String = user_agent
             .chars()
             .filter(|c| c.is_ascii_graphic() || *c == ' ')
@@ -33,12 +87,22 @@ impl RequestCounter {
         } else {
             format!("{resource}.{group}")
         };
+        let timed = (verb != "WATCH").then(|| {
+            (
+                self.durations.clone(),
+                vec![("verb", verb.to_string()), ("resource", resource.clone())],
+            )
+        });
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let mut key = (verb, resource, agent);
         if counts.len() >= MAX_KEYS && !counts.contains_key(&key) {
             key.2 = "other".into();
         }
         *counts.entry(key).or_default() += 1;
+        RequestTimer {
+            durations: timed,
+            started: Instant::now(),
+        }
     }
 
     /// The counters in Prometheus text format (`apiserver_request_total`).
@@ -54,6 +118,18 @@ impl RequestCounter {
                 escape(resource),
                 escape(agent)
             ));
+        }
+        drop(counts);
+        let mut reg = Registry::default();
+        reg.register(
+            "apiserver_request_duration_seconds",
+            "Response latency distribution in seconds for each verb and resource (watches not \
+             timed).",
+            self.durations.clone(),
+        );
+        let mut text = String::new();
+        if encode(&mut text, &reg).is_ok() {
+            out.push_str(text.trim_end().trim_end_matches("# EOF"));
         }
         out
     }
@@ -100,6 +176,18 @@ mod tests {
         );
         c.count("WATCH", "", "nodes", "x\"y");
         let text = c.render();
+        // LISTs are timed, watches are not.
+        assert!(
+            text.contains(
+                "apiserver_request_duration_seconds_count{verb=\"LIST\",resource=\"virtualmachineinstances.kubevirt.io\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("verb=\"WATCH\",resource=\"nodes\"} "),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
         assert!(text.contains(
             "apiserver_request_total{verb=\"LIST\",resource=\"virtualmachineinstances.kubevirt.io\",user_agent=\"ferrovirt-agent/n1\"} 2\n"
         ));

@@ -8,7 +8,10 @@
 //! annotations), a non-zero `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read
 //! bytes above zero (the guest booted from that disk) of its drive `root`, the resident
 //! memory, the guest memory size, one vCPU's time, traffic both ways on interface `default`
-//! (the guest's DHCP) and the API server's `apiserver_request_total`.
+//! (the guest's DHCP) and the API server's `apiserver_request_total`, and from the API
+//! server the VMI in `kubevirt_vmi_phase_count`, the VM in `kubevirt_number_of_vms`, timed
+//! LISTs in `apiserver_request_duration_seconds` and the `local` class's StorageProfile in
+//! `kubevirt_cdi_storageprofile_info`.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -251,5 +254,24 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
     assert_eq!(vcpus.len(), 1, "{vcpus:?}");
     assert_eq!(vcpus[0].0["id"], "0", "{vcpus:?}");
     assert!(vcpus[0].1 > 0.0, "{vcpus:?}");
+    // The API server's cluster series (computed from the store at each scrape).
+    let phases = prom.query(r#"kubevirt_vmi_phase_count{job="ferrovirt-server"}"#)?;
+    assert!(
+        phases
+            .iter()
+            .any(|(l, v)| l["phase"] == "running" && l["node"] == node.as_str() && *v == 1.0),
+        "{phases:?}"
+    );
+    let vms = first(r#"kubevirt_number_of_vms{job="ferrovirt-server",namespace="default"}"#)?;
+    assert_eq!(vms, Some(1.0));
+    let lists = first(
+        r#"sum(apiserver_request_duration_seconds_count{job="ferrovirt-server",verb="LIST"})"#,
+    )?;
+    assert!(lists.is_some_and(|n| n > 0.0), "{lists:?}");
+    let profiles = prom.query(r#"kubevirt_cdi_storageprofile_info{job="ferrovirt-server"}"#)?;
+    assert!(
+        profiles.iter().any(|(l, _)| l["storageclass"] == "local"),
+        "{profiles:?}"
+    );
     Ok(())
 }

@@ -92,7 +92,12 @@ async fn dispatch(State(sh): State<Arc<Shared>>, req: Request) -> Response {
         _ if !is_get => Err(ApiError::method_not_allowed(parts.method.as_str())),
         Route::Health => Ok("ok".into_response()),
         Route::Metrics => {
-            let mut resp = sh.requests.render().into_response();
+            let mut text = sh.requests.render();
+            text.push_str(&crate::cluster_metrics::render(
+                &crate::cluster_metrics::gather(&sh).await,
+            ));
+            text.push('\n');
+            let mut resp = text.into_response();
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -167,7 +172,8 @@ async fn resource(
         .get(http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    sh.requests.count(
+    // Records the request's latency when the handling below ends.
+    let _timer = sh.requests.count(
         crate::metrics::verb(method.as_str(), p.name.is_some(), watching),
         def.group,
         def.plural,
