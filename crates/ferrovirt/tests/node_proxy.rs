@@ -6,17 +6,36 @@
 //! upgrade to the agent's console stream, a write) and none reaches the agent; a
 //! ServiceAccount bound to `view` is refused 403 with Kubernetes' message and, once bound to
 //! `system:kubelet-api-admin`, gets the metrics; an unknown node is 404, a node that is not
-//! Ready or whose agent does not answer is 503 naming the node. No VM is needed.
+//! Ready or whose agent does not answer is 503 naming the node. One VM (the test guest under
+//! TCG) runs so that the agent has series to serve.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use base64::Engine;
-use ferrovirt_testkit::{Cluster, ClusterOptions};
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const STEP: Duration = Duration::from_secs(30);
+const BOOT: Duration = Duration::from_secs(120);
+const VM: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: px, namespace: default}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 5
+      domain:
+        memory: {guest: 128Mi}
+        devices:
+          disks:
+          - {name: root, disk: {bus: virtio}}
+      volumes:
+      - {name: root, persistentVolumeClaim: {claimName: px-root}}
+"#;
 const METRICS: &str = "/api/v1/nodes/node1/proxy/metrics";
 
 /// The server's port and a TLS connector trusting the cluster CA.
@@ -119,18 +138,25 @@ where
 #[test]
 fn node_proxy_forwards_metrics_only_and_is_authorised() -> anyhow::Result<()> {
     let started = Instant::now();
+    TestGuest::get()?;
     let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
     let admin = std::fs::read_to_string(c.data_dir.join("token"))?
         .trim()
         .to_string();
     // The embedded agent has registered node1 with its endpoint.
-    let ready = c.wait_until("node1 with an agent endpoint", STEP, || {
-        let n = c.get_json(&["node", "node1"]).ok()?;
-        n["metadata"]["annotations"]["ferrovirt.io/agent-endpoint-sha256"]
+    c.wait_until("node1 with an agent endpoint", STEP, || {
+        let n = c.get_json(&["node", "node1"])?;
+        Ok(n["metadata"]["annotations"]["ferrovirt.io/agent-endpoint-sha256"]
             .as_str()
-            .map(|_| ())
-    });
-    ready?;
+            .map(|_| ()))
+    })?;
+    // A running VM, so that the agent has series to serve.
+    c.guest_disk_claim("px-root")?;
+    c.apply(VM)?;
+    c.wait_until("the VMI px Running", BOOT, || {
+        let vmi = c.get_json(&["vmi", "px"]).ok();
+        Ok(vmi.filter(|v| v["status"]["phase"] == "Running").map(|_| ()))
+    })?;
     let conn = Conn::new(&c)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -146,16 +172,24 @@ fn node_proxy_forwards_metrics_only_and_is_authorised() -> anyhow::Result<()> {
 
 async fn run(c: &Cluster, conn: &Conn, admin: &str) -> anyhow::Result<()> {
     // The allowed paths: the agent's answer, its content type.
-    let a = conn.call("GET", METRICS, admin, "").await?;
-    assert_eq!(a.code, 200, "{a:?}");
-    assert!(a.head.contains("content-type: text/plain"), "{a:?}");
-    assert!(a.body.contains("# HELP kubevirt_vmi_info"), "{a:?}");
+    let series = r#"kubevirt_vmi_cpu_usage_seconds_total{name="px",namespace="default",node="node1"}"#;
+    let a = until("px's series through the proxy", || async {
+        let a = conn.call("GET", METRICS, admin, "").await?;
+        assert_eq!(a.code, 200, "{a:?}");
+        Ok(a.body.contains(series).then_some(a))
+    })
+    .await?;
+    assert!(
+        a.head
+            .contains("content-type: text/plain; version=0.0.4; charset=utf-8"),
+        "{a:?}"
+    );
     let h = conn
         .call("GET", "/api/v1/nodes/node1/proxy/healthz", admin, "")
         .await?;
     assert_eq!((h.code, h.body.trim()), (200, "ok"), "{h:?}");
     let raw = c.kubectl_ok(&["get", "--raw", METRICS])?;
-    assert!(raw.contains("# HELP kubevirt_vmi_cpu_usage_seconds"), "{raw}");
+    assert!(raw.contains(series), "{raw}");
 
     // The attacks: each refused 403 naming what was asked, never forwarded.
     let uid = "00000000-0000-0000-0000-000000000000";
@@ -214,7 +248,7 @@ async fn run(c: &Cluster, conn: &Conn, admin: &str) -> anyhow::Result<()> {
     ])?;
     until("the kubelet-api-admin binding to allow the proxy", || async {
         let a = conn.call("GET", METRICS, robot, "").await?;
-        Ok((a.code == 200 && a.body.contains("# HELP kubevirt_vmi_info")).then_some(()))
+        Ok((a.code == 200 && a.body.contains(series)).then_some(()))
     })
     .await?;
 
@@ -239,21 +273,34 @@ metadata:
         "ab".repeat(32)
     ))?;
     let dead = "/api/v1/nodes/deadnode/proxy/metrics";
+    let ready = |status: &str| {
+        c.kubectl_ok(&[
+            "patch",
+            "node",
+            "deadnode",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                r#"{{"status":{{"conditions":[{{"type":"Ready","status":"{status}","reason":"Test"}}]}}}}"#
+            ),
+        ])
+    };
+    ready("False")?;
     let a = conn.call("GET", dead, admin, "").await?;
     assert_eq!(a.code, 503, "{a:?}");
-    assert!(a.body.contains("node deadnode is not ready"), "{a:?}");
-    c.kubectl_ok(&[
-        "patch",
-        "node",
-        "deadnode",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"conditions":[{"type":"Ready","status":"True","reason":"Test"}]}}"#,
-    ])?;
+    assert!(
+        a.body.contains("node deadnode is not ready (Ready=False)"),
+        "{a:?}"
+    );
+    ready("True")?;
     let a = conn.call("GET", dead, admin, "").await?;
     assert_eq!(a.code, 503, "{a:?}");
-    assert!(a.body.contains("node deadnode"), "{a:?}");
-    eprintln!("unreachable node: {}", a.body);
+    assert!(
+        a.body.contains(&format!(
+            "node deadnode: agent at https://127.0.0.1:{port} unreachable"
+        )),
+        "{a:?}"
+    );
     Ok(())
 }
