@@ -146,16 +146,20 @@ fn node_proxy_forwards_metrics_only_and_is_authorised() -> anyhow::Result<()> {
     // The embedded agent has registered node1 with its endpoint.
     c.wait_until("node1 with an agent endpoint", STEP, || {
         let n = c.get_json(&["node", "node1"])?;
-        Ok(n["metadata"]["annotations"]["ferrovirt.io/agent-endpoint-sha256"]
-            .as_str()
-            .map(|_| ()))
+        Ok(
+            n["metadata"]["annotations"]["ferrovirt.io/agent-endpoint-sha256"]
+                .as_str()
+                .map(|_| ()),
+        )
     })?;
     // A running VM, so that the agent has series to serve.
     c.guest_disk_claim("px-root")?;
     c.apply(VM)?;
     c.wait_until("the VMI px Running", BOOT, || {
         let vmi = c.get_json(&["vmi", "px"]).ok();
-        Ok(vmi.filter(|v| v["status"]["phase"] == "Running").map(|_| ()))
+        Ok(vmi
+            .filter(|v| v["status"]["phase"] == "Running")
+            .map(|_| ()))
     })?;
     let conn = Conn::new(&c)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -172,7 +176,8 @@ fn node_proxy_forwards_metrics_only_and_is_authorised() -> anyhow::Result<()> {
 
 async fn run(c: &Cluster, conn: &Conn, admin: &str) -> anyhow::Result<()> {
     // The allowed paths: the agent's answer, its content type.
-    let series = r#"kubevirt_vmi_cpu_usage_seconds_total{name="px",namespace="default",node="node1"}"#;
+    let series =
+        r#"kubevirt_vmi_cpu_usage_seconds_total{name="px",namespace="default",node="node1"}"#;
     let a = until("px's series through the proxy", || async {
         let a = conn.call("GET", METRICS, admin, "").await?;
         assert_eq!(a.code, 200, "{a:?}");
@@ -194,14 +199,46 @@ async fn run(c: &Cluster, conn: &Conn, admin: &str) -> anyhow::Result<()> {
     // The attacks: each refused 403 naming what was asked, never forwarded.
     let uid = "00000000-0000-0000-0000-000000000000";
     let attacks: Vec<(String, &str, &str)> = vec![
-        (format!("/api/v1/nodes/node1/proxy/vmis/{uid}/console"), "", "vmis/"),
-        (format!("/api/v1/nodes/node1/proxy/metrics/../vmis/{uid}/vnc"), "", "metrics/../vmis/"),
-        (format!("/api/v1/nodes/node1/proxy/../proxy/vmis/{uid}/vnc"), "", "../proxy/vmis/"),
-        (format!("/api/v1/nodes/node1/proxy/..%2Fvmis%2F{uid}%2Fconsole"), "", "..%2Fvmis%2F"),
-        ("/api/v1/nodes/node1/proxy/metrics%2F..%2Fstorage%2Fvolumes".into(), "", "metrics%2F..%2Fstorage"),
-        ("/api/v1/nodes/node1/proxy/%6detrics".into(), "", "%6detrics"),
-        ("/api/v1/nodes/node1/proxy/metrics?path=/vmis/x/console".into(), "", "path=/vmis/x/console"),
-        ("/api/v1/nodes/node1/proxy/storage/volumes".into(), "", "storage/volumes"),
+        (
+            format!("/api/v1/nodes/node1/proxy/vmis/{uid}/console"),
+            "",
+            "vmis/",
+        ),
+        (
+            format!("/api/v1/nodes/node1/proxy/metrics/../vmis/{uid}/vnc"),
+            "",
+            "metrics/../vmis/",
+        ),
+        (
+            format!("/api/v1/nodes/node1/proxy/../proxy/vmis/{uid}/vnc"),
+            "",
+            "../proxy/vmis/",
+        ),
+        (
+            format!("/api/v1/nodes/node1/proxy/..%2Fvmis%2F{uid}%2Fconsole"),
+            "",
+            "..%2Fvmis%2F",
+        ),
+        (
+            "/api/v1/nodes/node1/proxy/metrics%2F..%2Fstorage%2Fvolumes".into(),
+            "",
+            "metrics%2F..%2Fstorage",
+        ),
+        (
+            "/api/v1/nodes/node1/proxy/%6detrics".into(),
+            "",
+            "%6detrics",
+        ),
+        (
+            "/api/v1/nodes/node1/proxy/metrics?path=/vmis/x/console".into(),
+            "",
+            "path=/vmis/x/console",
+        ),
+        (
+            "/api/v1/nodes/node1/proxy/storage/volumes".into(),
+            "",
+            "storage/volumes",
+        ),
         ("/api/v1/nodes/node1/proxy/".into(), "", "\\\"\\\""),
         (
             format!("/api/v1/nodes/node1/proxy/vmis/{uid}/console"),
@@ -213,7 +250,10 @@ async fn run(c: &Cluster, conn: &Conn, admin: &str) -> anyhow::Result<()> {
         let a = conn.call("GET", target, admin, extra).await?;
         assert_eq!(a.code, 403, "{target}: {a:?}");
         assert!(a.body.contains("\"kind\":\"Status\""), "{target}: {a:?}");
-        assert!(a.body.contains("\"reason\":\"Forbidden\""), "{target}: {a:?}");
+        assert!(
+            a.body.contains("\"reason\":\"Forbidden\""),
+            "{target}: {a:?}"
+        );
         assert!(a.body.contains(named), "{target} must be named: {a:?}");
         assert!(a.body.contains("only metrics, healthz"), "{target}: {a:?}");
     }
@@ -246,10 +286,13 @@ async fn run(c: &Cluster, conn: &Conn, admin: &str) -> anyhow::Result<()> {
         "--clusterrole=system:kubelet-api-admin",
         "--serviceaccount=default:robot",
     ])?;
-    until("the kubelet-api-admin binding to allow the proxy", || async {
-        let a = conn.call("GET", METRICS, robot, "").await?;
-        Ok((a.code == 200 && a.body.contains(series)).then_some(()))
-    })
+    until(
+        "the kubelet-api-admin binding to allow the proxy",
+        || async {
+            let a = conn.call("GET", METRICS, robot, "").await?;
+            Ok((a.code == 200 && a.body.contains(series)).then_some(()))
+        },
+    )
     .await?;
 
     // An unknown node.
@@ -257,7 +300,10 @@ async fn run(c: &Cluster, conn: &Conn, admin: &str) -> anyhow::Result<()> {
         .call("GET", "/api/v1/nodes/ghost/proxy/metrics", admin, "")
         .await?;
     assert_eq!(ghost.code, 404, "{ghost:?}");
-    assert!(ghost.body.contains("nodes \\\"ghost\\\" not found"), "{ghost:?}");
+    assert!(
+        ghost.body.contains("nodes \\\"ghost\\\" not found"),
+        "{ghost:?}"
+    );
 
     // A node that is not Ready, then one whose agent does not answer (a closed loopback port).
     let port = ferrovirt_testkit::free_port()?;

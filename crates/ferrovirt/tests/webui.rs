@@ -434,12 +434,16 @@ async fn drive_short(
     .await?;
 
     b.goto(&format!("{page}/metrics")).await?;
-    until("a CPU chart with 2+ points and usage above 0", STEP, || async {
-        let fig = b.find(Locator::Css("#chart-cpu")).await?;
-        let points: usize = fig.attr("data-points").await?.unwrap_or_default().parse()?;
-        let last: f64 = fig.attr("data-last").await?.unwrap_or_default().parse()?;
-        Ok((points >= 2 && last > 0.0).then_some(()))
-    })
+    until(
+        "a CPU chart with 2+ points and usage above 0",
+        STEP,
+        || async {
+            let fig = b.find(Locator::Css("#chart-cpu")).await?;
+            let points: usize = fig.attr("data-points").await?.unwrap_or_default().parse()?;
+            let last: f64 = fig.attr("data-last").await?.unwrap_or_default().parse()?;
+            Ok((points >= 2 && last > 0.0).then_some(()))
+        },
+    )
     .await?;
     shot(b, &format!("{tag}-04-metrics.png")).await?;
 
@@ -454,7 +458,10 @@ async fn drive_short(
     let t0 = Instant::now();
     let new_uid = until("a new VMI after Restart", BOOT, || async {
         let vmi = c.get_json(&["vmi", vm])?;
-        let u = vmi["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        let u = vmi["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let running = vmi["status"]["phase"] == "Running";
         Ok((running && !u.is_empty() && u != uid).then_some(u))
     })
@@ -564,12 +571,16 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     // chart gets two or more rate points with a value above zero (TCG keeps a vCPU busy).
     b.goto(&format!("{base}#/vms/default/web/metrics")).await?;
     let t0 = Instant::now();
-    let (points, cpu) = until("a CPU chart with 2+ points and usage above 0", STEP, || async {
-        let fig = b.find(Locator::Css("#chart-cpu")).await?;
-        let points: usize = fig.attr("data-points").await?.unwrap_or_default().parse()?;
-        let last: f64 = fig.attr("data-last").await?.unwrap_or_default().parse()?;
-        Ok((points >= 2 && last > 0.0).then_some((points, last)))
-    })
+    let (points, cpu) = until(
+        "a CPU chart with 2+ points and usage above 0",
+        STEP,
+        || async {
+            let fig = b.find(Locator::Css("#chart-cpu")).await?;
+            let points: usize = fig.attr("data-points").await?.unwrap_or_default().parse()?;
+            let last: f64 = fig.attr("data-last").await?.unwrap_or_default().parse()?;
+            Ok((points >= 2 && last > 0.0).then_some((points, last)))
+        },
+    )
     .await?;
     eprintln!(
         "metrics chart: {points} CPU points, last {cpu:.3} cores, after {:?}",
@@ -718,7 +729,11 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     b.find(Locator::Css("#nav-nodes")).await?.click().await?;
     let node_row = r#"#nodes tr[data-key="node1"]"#;
     wait_text(b, node_row, "Ready", STEP).await?;
-    let want = if c.get_json(&["vm", "fox"]).is_ok() { "2" } else { "1" };
+    let want = if c.get_json(&["vm", "fox"]).is_ok() {
+        "2"
+    } else {
+        "1"
+    };
     until(&format!("node1 to count {want} VMIs"), STEP, || async {
         let vmis = text_of(b, &format!("{node_row} td:nth-child(5)")).await?;
         Ok((vmis == want).then_some(()))

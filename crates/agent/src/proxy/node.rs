@@ -169,14 +169,20 @@ async fn forward(client: &kube::Client, token: &str, t: &Target) -> Result<Respo
         .map_err(|_| {
             ApiErr::new(
                 504,
-                format!("node {}: the agent did not answer within {PROXY_TIMEOUT:?}", t.node),
+                format!(
+                    "node {}: the agent did not answer within {PROXY_TIMEOUT:?}",
+                    t.node
+                ),
             )
         })??;
     if status == StatusCode::UNAUTHORIZED {
         // Passed back as is, the client would read it as its own credentials refused.
         return Err(ApiErr::new(
             502,
-            format!("node {}: the agent refused the server's credentials", t.node),
+            format!(
+                "node {}: the agent refused the server's credentials",
+                t.node
+            ),
         ));
     }
     let mut resp = Response::new(Body::from(body));
@@ -216,8 +222,14 @@ mod tests {
         for (path, named) in [
             ("/api/v1/nodes/node1/proxy/vmis/u/console", "vmis/u/console"),
             ("/api/v1/nodes/node1/proxy/../vmis/u/vnc", "../vmis/u/vnc"),
-            ("/api/v1/nodes/node1/proxy/metrics/../vmis/u/vnc", "metrics/../vmis/u/vnc"),
-            ("/api/v1/nodes/node1/proxy/metrics%2F..%2Fvmis", "metrics%2F..%2Fvmis"),
+            (
+                "/api/v1/nodes/node1/proxy/metrics/../vmis/u/vnc",
+                "metrics/../vmis/u/vnc",
+            ),
+            (
+                "/api/v1/nodes/node1/proxy/metrics%2F..%2Fvmis",
+                "metrics%2F..%2Fvmis",
+            ),
             ("/api/v1/nodes/node1/proxy/%6detrics", "%6detrics"),
             ("/api/v1/nodes/node1/proxy/metrics/", "metrics/"),
             ("/api/v1/nodes/node1/proxy//metrics", "/metrics"),
@@ -241,14 +253,27 @@ mod tests {
             code(Method::POST, "/api/v1/nodes/node1/proxy/metrics", None).0,
             405
         );
-        assert_eq!(code(Method::GET, "/api/v1/nodes/node1/proxyx/metrics", None).0, 404);
-        assert_eq!(code(Method::GET, "/api/v1/nodes/..%2F/proxy/metrics", None).0, 400);
-        assert_eq!(code(Method::GET, "/api/v1/nodes/../proxy/metrics", None).0, 400);
-        assert_eq!(code(Method::GET, "/api/v1/pods/p/proxy/metrics", None).0, 404);
+        assert_eq!(
+            code(Method::GET, "/api/v1/nodes/node1/proxyx/metrics", None).0,
+            404
+        );
+        assert_eq!(
+            code(Method::GET, "/api/v1/nodes/..%2F/proxy/metrics", None).0,
+            400
+        );
+        assert_eq!(
+            code(Method::GET, "/api/v1/nodes/../proxy/metrics", None).0,
+            400
+        );
+        assert_eq!(
+            code(Method::GET, "/api/v1/pods/p/proxy/metrics", None).0,
+            404
+        );
     }
 
     fn node(ready: Option<&str>, endpoint: Option<&str>) -> Node {
-        let mut v = serde_json::json!({"metadata": {"name": "n1", "annotations": {}}, "status": {}});
+        let mut v =
+            serde_json::json!({"metadata": {"name": "n1", "annotations": {}}, "status": {}});
         if let Some(r) = ready {
             v["status"]["conditions"] = serde_json::json!([{"type": "Ready", "status": r}]);
         }
@@ -260,7 +285,10 @@ mod tests {
 
     #[test]
     fn only_ready_nodes_with_an_endpoint_are_proxied() {
-        assert_eq!(unavailable(&node(Some("True"), Some("https://127.0.0.1:1"))), None);
+        assert_eq!(
+            unavailable(&node(Some("True"), Some("https://127.0.0.1:1"))),
+            None
+        );
         assert_eq!(
             unavailable(&node(Some("Unknown"), Some("https://127.0.0.1:1"))).unwrap(),
             "node n1 is not ready (Ready=Unknown)"
