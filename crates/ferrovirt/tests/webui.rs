@@ -14,11 +14,14 @@
 //! creates a migration; the Snapshots tab takes a snapshot of the running VM, restores it into
 //! the stopped VM and deletes it; Settings creates the HyperConverged object and saves its YAML;
 //! the whole run had no Content-Security-Policy violation, and an injected inline script is
-//! refused by the browser.
+//! refused by the browser. Then a shorter run in headless Firefox (geckodriver) on a second VM:
+//! sign in, Running, `web-42`, VNC, Metrics, a `view` account's Metrics refused with the API's
+//! 403, Restart (a new VMI, Running again), Stop.
 //! Screenshots are written under `target/webui-artifacts/`.
 //!
-//! Needs Debian's `chromium` and `chromium-driver`: skipped with a message when they are
-//! missing, except under `CI=true`, where their absence fails the test.
+//! Needs Debian's `chromium` and `chromium-driver` (and for the Firefox part `firefox-esr` and
+//! geckodriver from crates.io): skipped with a message when they are missing, except under
+//! `CI=true`, where their absence fails the test.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -379,7 +382,7 @@ fn web_console_signs_in_lists_consoles_and_stops_a_vm() -> anyhow::Result<()> {
 
 /// The short run for a second browser, on its own VM `vm`: sign in; the list shows the VM
 /// Running; the serial console answers `web-42`; the VNC canvas is not blank; the Metrics CPU
-/// chart has data; Restart gives a new VMI (another launcher) that comes back Running; Stop
+/// chart has data, and a `view` ServiceAccount's Metrics tab shows the API's 403; Restart gives a new VMI (another launcher) that comes back Running; Stop
 /// turns the list's status Stopped. Screenshots are named `<tag>-…`.
 async fn drive_short(
     c: &Cluster,
@@ -446,6 +449,37 @@ async fn drive_short(
     )
     .await?;
     shot(b, &format!("{tag}-04-metrics.png")).await?;
+
+    // A user without `nodes/proxy` (a ServiceAccount with `view`) sees the API's refusal.
+    c.kubectl_ok(&["create", "serviceaccount", "viewer", "-n", "default"])?;
+    c.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "viewer-view",
+        "--clusterrole=view",
+        "--serviceaccount=default:viewer",
+    ])?;
+    let viewer = c.kubectl_ok(&["create", "token", "viewer", "-n", "default"])?;
+    b.find(Locator::Css("#signout")).await?.click().await?;
+    let field = b.wait().for_element(Locator::Css("#token")).await?;
+    field.send_keys(viewer.trim()).await?;
+    b.find(Locator::Css("#signin")).await?.click().await?;
+    wait_text(b, &format!("{row} .status"), "Running", STEP).await?;
+    b.goto(&format!("{page}/metrics")).await?;
+    wait_text(b, "#metrics-status", "Metrics unavailable: ", STEP).await?;
+    wait_text(
+        b,
+        "#metrics-status",
+        "cannot get resource \"nodes/proxy\"",
+        STEP,
+    )
+    .await?;
+    shot(b, &format!("{tag}-04-metrics-refused.png")).await?;
+    b.find(Locator::Css("#signout")).await?.click().await?;
+    let field = b.wait().for_element(Locator::Css("#token")).await?;
+    field.send_keys(token).await?;
+    b.find(Locator::Css("#signin")).await?.click().await?;
+    wait_text(b, &format!("{row} .status"), "Running", STEP).await?;
 
     // Restart: a new VMI (new uid, new launcher) that is Running again.
     b.goto(&format!("{page}/overview")).await?;
