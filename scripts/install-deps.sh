@@ -48,6 +48,8 @@ declare -A NEED=(
   [npm]=npm
   [chromium]=chromium
   [chromedriver]=chromium-driver
+  # ... and in headless Firefox through geckodriver (below: not packaged in Debian).
+  [firefox-esr]=firefox-esr
 )
 
 # A real S3-protocol server for the backup tests (PyPI moto[server]; Debian's pip refuses
@@ -66,6 +68,21 @@ install_moto() {
   $SUDO "$MOTO_VENV/bin/pip" install -q 'moto[server]>=5,<6' >&2
 }
 
+# geckodriver, Firefox's WebDriver server, is not packaged in Debian: it comes from crates.io
+# (built from source, a few minutes on 2 cores) into cargo's bin directory, where the webui e2e
+# test also looks for it. Skipped when one is on PATH or already there.
+GECKODRIVER_VERSION=0.37.1
+install_geckodriver() {
+  command -v geckodriver >/dev/null 2>&1 && return 0
+  [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/geckodriver" ] && return 0
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "install-deps: cargo is missing, so geckodriver is not installed (the webui e2e's Firefox run needs it)" >&2
+    return 0
+  fi
+  echo "install-deps: cargo install --locked geckodriver@$GECKODRIVER_VERSION" >&2
+  cargo install --locked --quiet "geckodriver@$GECKODRIVER_VERSION" >&2
+}
+
 missing=()
 for what in "${!NEED[@]}"; do
   if [[ "$what" == /* ]]; then
@@ -77,6 +94,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   install_moto
+  install_geckodriver
   exit 0
 fi
 
@@ -100,3 +118,4 @@ fi
 $SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades "${pkgs[@]}" >/dev/null
 echo "install-deps: done" >&2
 install_moto
+install_geckodriver

@@ -51,6 +51,17 @@ export async function api(path, { method = 'GET', body, contentType = 'applicati
   return text ? JSON.parse(text) : null;
 }
 
+/** One GET whose answer is text (e.g. Prometheus metrics); errors as for `api`. */
+export async function apiText(path, { signal } = {}) {
+  const resp = await fetch(path, { headers: headers({ Accept: 'text/plain' }), signal });
+  if (resp.status === 401) {
+    signOut();
+    throw new ApiError(401, 'Unauthorized', 'the token was not accepted: sign in again');
+  }
+  if (!resp.ok) throw await toError(resp);
+  return resp.text();
+}
+
 /** Yields the events of a watch from `resourceVersion` until the stream ends. */
 export async function* watch(path, resourceVersion, signal) {
   const sep = path.includes('?') ? '&' : '?';

@@ -1,7 +1,7 @@
 // A VirtualMachine's details: the header with its status and the actions (Start, Stop,
 // Restart, Pause, Unpause through subresources.kubevirt.io; Migrate: a
 // VirtualMachineInstanceMigration; Delete after a confirmation), and the tabs Overview, YAML,
-// Events, Console (serial), VNC and Snapshots. The VM, its VMI and the
+// Events, Console (serial), VNC, Snapshots and Metrics (charts from the node's metrics). The VM, its VMI and the
 // namespace's DataVolumes (import progress) are watched.
 
 import { h, mount } from './dom.js';
@@ -13,6 +13,7 @@ import { yamlTab } from './yamltab.js';
 import { eventsTab } from './events.js';
 import { serialTab, vncTab } from './console.js';
 import { snapshotsTab } from './snapshots.js';
+import { metricsTab } from './metrics.js';
 
 const TABS = [
   ['overview', 'Overview'],
@@ -21,11 +22,12 @@ const TABS = [
   ['console', 'Console'],
   ['vnc', 'VNC'],
   ['snapshots', 'Snapshots'],
+  ['metrics', 'Metrics'],
 ];
 
 export function vmDetails(main, ns, name, tab) {
   const base = `#/vms/${encodeURIComponent(ns)}/${encodeURIComponent(name)}`;
-  const state = { vm: null, vmi: null, dvs: new Map() };
+  const state = { vm: null, vmi: null, vmiListed: false, dvs: new Map() };
   const statusEl = h('span.badge#vm-status', {}, '…');
   const result = h('p.result#action-result', { role: 'status', 'aria-live': 'polite' });
   const panel = h('section.panel#tab-panel', { role: 'tabpanel' });
@@ -116,7 +118,7 @@ export function vmDetails(main, ns, name, tab) {
   const field = `?fieldSelector=${encodeURIComponent(`metadata.name=${name}`)}`;
   const watches = [
     listWatch(`${kv(ns)}/virtualmachines${field}`, (m) => { state.vm = m.get(`${ns}/${name}`) || null; refresh(); }, (e) => (result.textContent = e.message)),
-    listWatch(`${kv(ns)}/virtualmachineinstances${field}`, (m) => { state.vmi = m.get(`${ns}/${name}`) || null; refresh(); }, () => {}),
+    listWatch(`${kv(ns)}/virtualmachineinstances${field}`, (m) => { state.vmi = m.get(`${ns}/${name}`) || null; state.vmiListed = true; refresh(); }, () => {}),
     // Import progress of the VM's own DataVolumes (its dataVolumeTemplates).
     listWatch(`/apis/cdi.kubevirt.io/v1beta1/namespaces/${encodeURIComponent(ns)}/datavolumes`, (m) => { state.dvs = m; refresh(); }, () => {}),
   ];
@@ -141,6 +143,9 @@ export function vmDetails(main, ns, name, tab) {
       break;
     case 'snapshots':
       stopTab = snapshotsTab(panel, ns, name);
+      break;
+    case 'metrics':
+      stopTab = metricsTab(panel, ns, name, onState);
       break;
     default:
       stopTab = overview(panel, onState, ipsOf);

@@ -6,7 +6,8 @@
 //! port forwards (`GET /vmis/{uid}/portforward/{port}`, upgraded the same way, carrying a TCP
 //! connection to the guest's port: see [`crate::portforward`]); and, for the controllers, the
 //! node's local volumes (`/storage/volumes/...`: see [`crate::nodestore`]); and, for
-//! Prometheus, the VMI metrics of this node (`GET /metrics`: see [`crate::metrics`]).
+//! Prometheus, the VMI metrics of this node (`GET /metrics`: see [`crate::metrics`]), and
+//! `GET /healthz` (`ok`); both also through the API server's Node proxy ([`crate::proxy::node`]).
 //!
 //! It is served over TLS with the agent's self-signed certificate ([`crate::tls`]), whose
 //! SHA-256 the agent publishes on its Node next to the `https://` URL; the API server pins it.
@@ -180,6 +181,7 @@ pub fn router(cfg: LauncherConfig, node: &str, token: Option<String>) -> Router 
     });
     Router::new()
         .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
         .route("/vmis/{uid}/{op}", get(get_op).post(post_op))
         .route("/vmis/{uid}/portforward/{port}", get(port_forward))
         .with_state(st.clone())

@@ -5,7 +5,8 @@
 //! it; Unpause of a running VM shows the API's error, Pause/Unpause their result and status;
 //! the serial console tab
 //! (xterm.js over the `console` websocket, token in the subprotocol) runs `echo web-$((6*7))`
-//! and shows `web-42`; the VNC tab's canvas (noVNC over the `vnc` websocket) is not blank; a
+//! and shows `web-42`; the Metrics tab (node1's metrics through the Node proxy) charts CPU
+//! usage with 2+ points above zero, memory and storage, and says so once the VM is stopped; the VNC tab's canvas (noVNC over the `vnc` websocket) is not blank; a
 //! YAML save with a stale resourceVersion shows the conflict (and saves after Reload); the list
 //! is readable at phone width; Stop turns the status Stopped; Delete asks, then deletes; the
 //! Create VM form refuses a bad name and makes a VM importing its disk from a URL that boots;
@@ -13,11 +14,14 @@
 //! creates a migration; the Snapshots tab takes a snapshot of the running VM, restores it into
 //! the stopped VM and deletes it; Settings creates the HyperConverged object and saves its YAML;
 //! the whole run had no Content-Security-Policy violation, and an injected inline script is
-//! refused by the browser.
+//! refused by the browser. Then a shorter run in headless Firefox (geckodriver) on a second VM:
+//! sign in, Running, `web-42`, VNC, Metrics, a `view` account's Metrics refused with the API's
+//! 403, Restart (a new VMI, Running again), Stop.
 //! Screenshots are written under `target/webui-artifacts/`.
 //!
-//! Needs Debian's `chromium` and `chromium-driver`: skipped with a message when they are
-//! missing, except under `CI=true`, where their absence fails the test.
+//! Needs Debian's `chromium` and `chromium-driver` (and for the Firefox part `firefox-esr` and
+//! geckodriver from crates.io): skipped with a message when they are missing, except under
+//! `CI=true`, where their absence fails the test.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -33,11 +37,56 @@ const BOOT: Duration = Duration::from_secs(180);
 const STEP: Duration = Duration::from_secs(60);
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const FIREFOX: &str = "/usr/bin/firefox-esr";
 
 fn artifacts() -> anyhow::Result<PathBuf> {
     let dir = ferrovirt_testkit::repo_root().join("target/webui-artifacts");
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// Where geckodriver is: `$GECKODRIVER`, `PATH`, or cargo's bin directory (scripts/install-deps.sh
+/// installs it with `cargo install --locked geckodriver`).
+fn geckodriver() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GECKODRIVER") {
+        return Some(PathBuf::from(p));
+    }
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain(cargo_home.map(|c| c.join("bin")))
+        .map(|d| d.join("geckodriver"))
+        .find(|p| p.is_file())
+}
+
+/// Whether Firefox and geckodriver are here; missing ones fail under CI and skip elsewhere.
+fn firefox_present() -> anyhow::Result<Option<PathBuf>> {
+    let driver = geckodriver();
+    let mut missing = Vec::new();
+    if !Path::new(FIREFOX).exists() {
+        missing.push(FIREFOX);
+    }
+    if driver.is_none() {
+        missing.push("geckodriver");
+    }
+    if missing.is_empty() {
+        return Ok(driver);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        bail!(
+            "{} missing under CI=true: scripts/install-deps.sh installs firefox-esr and geckodriver",
+            missing.join(", ")
+        );
+    }
+    eprintln!(
+        "SKIPPED the Firefox part of the webui e2e: {} not installed (apt-get install firefox-esr; cargo install --locked geckodriver; required under CI=true)",
+        missing.join(", ")
+    );
+    Ok(None)
 }
 
 /// Whether the browser is here; a missing one fails under CI and skips elsewhere.
@@ -86,10 +135,30 @@ fn start_driver() -> anyhow::Result<Driver> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting chromedriver")?;
+    listening(child, port, "chromedriver")
+}
+
+/// geckodriver on a free loopback port (its log, with Firefox's console, in the artifacts).
+fn start_geckodriver(bin: &Path) -> anyhow::Result<Driver> {
+    let port = ferrovirt_testkit::free_port()?;
+    let log = std::fs::File::create(artifacts()?.join("geckodriver.log"))?;
+    let child = Command::new(bin)
+        .arg(format!("--port={port}"))
+        .arg("--host=127.0.0.1")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    listening(child, port, "geckodriver")
+}
+
+fn listening(mut child: Child, port: u16, what: &str) -> anyhow::Result<Driver> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > deadline {
-            bail!("chromedriver did not listen on {port}");
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{what} did not listen on {port}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -122,6 +191,37 @@ async fn browser(driver: &Driver) -> anyhow::Result<Client> {
         .connect(&format!("http://127.0.0.1:{}", driver.port))
         .await
         .context("starting a chromium session through chromedriver")?;
+    Ok(client)
+}
+
+/// A headless Firefox session through geckodriver (its own fresh profile).
+async fn firefox(driver: &Driver) -> anyhow::Result<Client> {
+    let caps = json!({
+        "browserName": "firefox",
+        "acceptInsecureCerts": true,
+        "moz:firefoxOptions": {
+            "binary": FIREFOX,
+            "args": ["-headless", "-width=1280", "-height=900"],
+            "prefs": {
+                "app.update.enabled": false,
+                "browser.shell.checkDefaultBrowser": false,
+                "datareporting.policy.dataSubmissionEnabled": false,
+                "toolkit.telemetry.enabled": false,
+                "network.captive-portal-service.enabled": false,
+                "network.connectivity-service.enabled": false,
+                "browser.safebrowsing.malware.enabled": false,
+                "browser.safebrowsing.phishing.enabled": false,
+                "extensions.update.enabled": false,
+                "remote.prefs.recommended": true,
+            },
+        },
+    });
+    let caps = caps.as_object().cloned().unwrap_or_default();
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .context("starting a Firefox session through geckodriver")?;
     Ok(client)
 }
 
@@ -229,8 +329,13 @@ fn web_console_signs_in_lists_consoles_and_stops_a_vm() -> anyhow::Result<()> {
     }
     let started = Instant::now();
     TestGuest::get()?;
+    let gecko = firefox_present()?;
     let c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
     c.apply(&vm_manifest(&c, "web")?)?;
+    if gecko.is_some() {
+        // Firefox's VM boots while Chromium drives the other.
+        c.apply(&vm_manifest(&c, "fox")?)?;
+    }
     let token = std::fs::read_to_string(c.data_dir.join("token"))
         .context("reading the admin token")?
         .trim()
@@ -249,11 +354,171 @@ fn web_console_signs_in_lists_consoles_and_stops_a_vm() -> anyhow::Result<()> {
         let _ = b.close().await;
         r
     });
+    drop(driver);
+    eprintln!("webui e2e (Chromium) took {:?}", started.elapsed());
+    let result = result.and_then(|()| {
+        let Some(bin) = &gecko else { return Ok(()) };
+        let t0 = Instant::now();
+        let driver = start_geckodriver(bin)?;
+        let r = rt.block_on(async {
+            let b = firefox(&driver).await?;
+            let r = drive_short(&c, &b, &token, "fox", "firefox").await;
+            if r.is_err() {
+                let _ = shot(&b, "firefox-failure.png").await;
+            }
+            let _ = b.close().await;
+            r
+        });
+        eprintln!("webui e2e (Firefox) took {:?}", t0.elapsed());
+        r.context("in Firefox")
+    });
     if result.is_err() {
         eprintln!("server log:\n{}", c.server_log());
     }
     result?;
     eprintln!("webui e2e took {:?}", started.elapsed());
+    Ok(())
+}
+
+/// The short run for a second browser, on its own VM `vm`: sign in; the list shows the VM
+/// Running; the serial console answers `web-42`; the VNC canvas is not blank; the Metrics CPU
+/// chart has data, and a `view` ServiceAccount's Metrics tab shows the API's 403; Restart gives a new VMI (another launcher) that comes back Running; Stop
+/// turns the list's status Stopped. Screenshots are named `<tag>-…`.
+async fn drive_short(
+    c: &Cluster,
+    b: &Client,
+    token: &str,
+    vm: &str,
+    tag: &str,
+) -> anyhow::Result<()> {
+    let base = format!("https://127.0.0.1:{}/ui/", c.port);
+    let page = format!("{base}#/vms/default/{vm}");
+    b.goto(&base).await?;
+    let field = b.wait().for_element(Locator::Css("#token")).await?;
+    field.send_keys(token).await?;
+    b.find(Locator::Css("#signin")).await?.click().await?;
+    let row = format!(r#"tr[data-vm="default/{vm}"]"#);
+    wait_text(b, &format!("{row} .status"), "Running", BOOT).await?;
+    shot(b, &format!("{tag}-01-list-running.png")).await?;
+
+    let uid = c.wait_booted(vm, BOOT)?;
+    let log = c.agent_dir().join("vmis").join(&uid).join("serial.log");
+    until("FERROVIRT-READY on the serial console", BOOT, || async {
+        let text = std::fs::read(&log).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&text)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })
+    .await?;
+
+    b.goto(&format!("{page}/console")).await?;
+    wait_text(b, "#console-status", "Connected", STEP).await?;
+    b.find(Locator::Css("#serial .xterm"))
+        .await?
+        .click()
+        .await?;
+    until("web-42 in the terminal", STEP, || async {
+        type_keys(b, "\u{E007}echo web-$((6*7))\u{E007}").await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let t = text_of(b, "#serial .xterm-rows").await?;
+        Ok(t.contains("web-42").then_some(()))
+    })
+    .await?;
+    shot(b, &format!("{tag}-02-serial-console.png")).await?;
+
+    b.goto(&format!("{page}/vnc")).await?;
+    wait_text(b, "#vnc-status", "Connected", STEP).await?;
+    until("a VNC canvas that is not blank", STEP, || async {
+        let canvas = b.find(Locator::Css("#vnc-screen canvas")).await?;
+        let png = canvas.screenshot().await?;
+        std::fs::write(artifacts()?.join(format!("{tag}-03-vnc-canvas.png")), &png)?;
+        Ok((distinct_colours(&png)? > 1).then_some(()))
+    })
+    .await?;
+
+    b.goto(&format!("{page}/metrics")).await?;
+    until(
+        "a CPU chart with 2+ points and usage above 0",
+        STEP,
+        || async {
+            let fig = b.find(Locator::Css("#chart-cpu")).await?;
+            let points: usize = fig.attr("data-points").await?.unwrap_or_default().parse()?;
+            let last: f64 = fig.attr("data-last").await?.unwrap_or_default().parse()?;
+            Ok((points >= 2 && last > 0.0).then_some(()))
+        },
+    )
+    .await?;
+    shot(b, &format!("{tag}-04-metrics.png")).await?;
+
+    // A user without `nodes/proxy` (a ServiceAccount with `view`) sees the API's refusal.
+    c.kubectl_ok(&["create", "serviceaccount", "viewer", "-n", "default"])?;
+    c.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "viewer-view",
+        "--clusterrole=view",
+        "--serviceaccount=default:viewer",
+    ])?;
+    let viewer = c.kubectl_ok(&["create", "token", "viewer", "-n", "default"])?;
+    b.find(Locator::Css("#signout")).await?.click().await?;
+    let field = b.wait().for_element(Locator::Css("#token")).await?;
+    field.send_keys(viewer.trim()).await?;
+    b.find(Locator::Css("#signin")).await?.click().await?;
+    wait_text(b, &format!("{row} .status"), "Running", STEP).await?;
+    b.goto(&format!("{page}/metrics")).await?;
+    wait_text(b, "#metrics-status", "Metrics unavailable: ", STEP).await?;
+    wait_text(
+        b,
+        "#metrics-status",
+        "cannot get resource \"nodes/proxy\"",
+        STEP,
+    )
+    .await?;
+    shot(b, &format!("{tag}-04-metrics-refused.png")).await?;
+    b.find(Locator::Css("#signout")).await?.click().await?;
+    let field = b.wait().for_element(Locator::Css("#token")).await?;
+    field.send_keys(token).await?;
+    b.find(Locator::Css("#signin")).await?.click().await?;
+    wait_text(b, &format!("{row} .status"), "Running", STEP).await?;
+
+    // Restart: a new VMI (new uid, new launcher) that is Running again.
+    b.goto(&format!("{page}/overview")).await?;
+    b.wait()
+        .for_element(Locator::Css("#act-restart"))
+        .await?
+        .click()
+        .await?;
+    wait_text(b, "#action-result", "Restart: accepted", STEP).await?;
+    let t0 = Instant::now();
+    let new_uid = until("a new VMI after Restart", BOOT, || async {
+        let vmi = c.get_json(&["vmi", vm])?;
+        let u = vmi["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let running = vmi["status"]["phase"] == "Running";
+        Ok((running && !u.is_empty() && u != uid).then_some(u))
+    })
+    .await?;
+    wait_text(b, "#vm-status", "Running", BOOT).await?;
+    eprintln!(
+        "{tag}: Restart gave VMI {new_uid} (was {uid}), Running after {:?}",
+        t0.elapsed()
+    );
+    shot(b, &format!("{tag}-05-restarted.png")).await?;
+
+    b.find(Locator::Css("#act-stop")).await?.click().await?;
+    wait_text(b, "#action-result", "Stop: accepted", STEP).await?;
+    b.goto(&format!("{base}#/vms")).await?;
+    wait_text(b, &format!("{row} .status"), "Stopped", BOOT).await?;
+    shot(b, &format!("{tag}-06-list-stopped.png")).await?;
+    let violations = b
+        .execute(
+            "return document.documentElement.dataset.cspViolations || '';",
+            vec![],
+        )
+        .await?;
+    assert_eq!(violations, serde_json::json!(""), "CSP violations");
     Ok(())
 }
 
@@ -336,6 +601,31 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     eprintln!("serial console answered after {:?}", t0.elapsed());
     shot(b, "02-serial-console.png").await?;
 
+    // Metrics: the tab polls node1's metrics through the Node proxy and charts them; the CPU
+    // chart gets two or more rate points with a value above zero (TCG keeps a vCPU busy).
+    b.goto(&format!("{base}#/vms/default/web/metrics")).await?;
+    let t0 = Instant::now();
+    let (points, cpu) = until(
+        "a CPU chart with 2+ points and usage above 0",
+        STEP,
+        || async {
+            let fig = b.find(Locator::Css("#chart-cpu")).await?;
+            let points: usize = fig.attr("data-points").await?.unwrap_or_default().parse()?;
+            let last: f64 = fig.attr("data-last").await?.unwrap_or_default().parse()?;
+            Ok((points >= 2 && last > 0.0).then_some((points, last)))
+        },
+    )
+    .await?;
+    eprintln!(
+        "metrics chart: {points} CPU points, last {cpu:.3} cores, after {:?}",
+        t0.elapsed()
+    );
+    wait_text(b, "#chart-memory", "domain: 128.0 MiB", STEP).await?;
+    wait_text(b, "#chart-memory", "resident: ", STEP).await?;
+    wait_text(b, "#chart-storage", "root read: ", STEP).await?;
+    wait_text(b, "#metrics-status", "Node node1: ", STEP).await?;
+    shot(b, "03-metrics.png").await?;
+
     // VNC: the canvas shows the guest's screen (the firmware and boot loader text).
     b.goto(&format!("{base}#/vms/default/web/vnc")).await?;
     wait_text(b, "#vnc-status", "Connected", STEP).await?;
@@ -383,6 +673,9 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     wait_text(b, &format!("{row} .status"), "Stopped", BOOT).await?;
     eprintln!("list shows Stopped {:?} after Stop", t0.elapsed());
     shot(b, "05-list-stopped.png").await?;
+    // The Metrics tab of a stopped VM says so instead of charting.
+    b.goto(&format!("{base}#/vms/default/web/metrics")).await?;
+    wait_text(b, "#metrics-status", "The VM is not running", STEP).await?;
 
     // Delete asks first; Cancel keeps the VM, Delete removes it from the list.
     b.goto(&format!("{base}#/vms/default/web/overview")).await?;
@@ -405,7 +698,16 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
         .await?;
     wait_text(b, "#action-result", "Delete: accepted", STEP).await?;
     b.goto(&format!("{base}#/vms")).await?;
-    wait_text(b, "#vm-list", "No VirtualMachines match", STEP).await?;
+    if c.get_json(&["vm", "fox"]).is_ok() {
+        // The list has loaded (the Firefox run's VM), without web.
+        wait_text(b, r#"tr[data-vm="default/fox"]"#, "fox", STEP).await?;
+    } else {
+        wait_text(b, "#vm-list", "No VirtualMachines match", STEP).await?;
+    }
+    until("web to leave the list", STEP, || async {
+        Ok(b.find(Locator::Css(row)).await.is_err().then_some(()))
+    })
+    .await?;
 
     // Create VM: a bad name is refused naming the field; then the form makes a VM whose root
     // disk is imported from a URL (a DataVolume it owns), shows the import, and it boots.
@@ -457,13 +759,18 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     wait_text(b, "#storageclasses", "local", STEP).await?;
     shot(b, "08-storage.png").await?;
 
-    // Nodes: node1 is Ready and holds the one VMI.
+    // Nodes: node1 is Ready and holds the created VM's VMI (and the Firefox run's).
     b.find(Locator::Css("#nav-nodes")).await?.click().await?;
     let node_row = r#"#nodes tr[data-key="node1"]"#;
     wait_text(b, node_row, "Ready", STEP).await?;
-    until("node1 to count 1 VMI", STEP, || async {
+    let want = if c.get_json(&["vm", "fox"]).is_ok() {
+        "2"
+    } else {
+        "1"
+    };
+    until(&format!("node1 to count {want} VMIs"), STEP, || async {
         let vmis = text_of(b, &format!("{node_row} td:nth-child(5)")).await?;
-        Ok((vmis == "1").then_some(()))
+        Ok((vmis == want).then_some(()))
     })
     .await?;
     shot(b, "09-nodes.png").await?;

@@ -20,6 +20,8 @@
 //!   VMI) into JSON patches (run strategy flip or `status.stateChangeRequests`) or a 409; the VM
 //!   controller acts on the result.
 //! - Discovery: `/apis/subresources.kubevirt.io` and `/apis/subresources.kubevirt.io/v1`.
+//! - The Node subresource `GET /api/v1/nodes/{name}/proxy/{metrics|healthz}` ([`node`]): the
+//!   agent's answer passed back; every other path refused 403.
 //!
 //! Errors are metav1.Status objects.
 
@@ -71,6 +73,7 @@ impl ApiErr {
         let reason = match code {
             400 => "BadRequest",
             401 => "Unauthorized",
+            403 => "Forbidden",
             404 => "NotFound",
             405 => "MethodNotAllowed",
             409 => "Conflict",
@@ -235,6 +238,7 @@ pub fn api_group() -> Value {
            "preferredVersion": v})
 }
 
+pub mod node;
 mod plan;
 mod portforward;
 #[cfg(test)]
@@ -314,6 +318,10 @@ pub fn deferred() -> (Router, ProxyHandle) {
             ),
             get(portforward::handle_with_protocol),
         )
+        // The Node proxy subresource (metrics only): see [`node`].
+        .route("/api/v1/nodes/{name}/proxy", any(node::handle))
+        .route("/api/v1/nodes/{name}/proxy/", any(node::handle))
+        .route("/api/v1/nodes/{name}/proxy/{*path}", any(node::handle))
         .route(
             &format!("{base}/{{*rest}}"),
             any(|| async { ApiErr::new(404, "the server could not find the requested resource") }),

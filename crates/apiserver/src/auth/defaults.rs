@@ -2,8 +2,9 @@
 //! `cluster-admin`, `admin`, `edit`, `view` (aggregated from roles labelled
 //! `rbac.authorization.k8s.io/aggregate-to-{admin,edit,view}`), `system:discovery`,
 //! `system:basic-user`, `system:public-info-viewer` and their bindings to
-//! `system:authenticated`; KubeVirt's `kubevirt.io:{admin,edit,view}` (aggregated into
-//! admin/edit/view as KubeVirt labels them), `kubevirt.io:migrate` (not aggregated, as since
+//! `system:authenticated`, `system:kubelet-api-admin` (`nodes/proxy`, bound to nobody);
+//! KubeVirt's `kubevirt.io:{admin,edit,view}` (aggregated into admin/edit/view as KubeVirt
+//! labels them), `kubevirt.io:migrate` (not aggregated, as since
 //! KubeVirt 1.5) and `kubevirt.io:default`; CDI's DataVolume rights in the same way.
 //!
 //! Reconciliation follows Kubernetes' `rbac.authorization.kubernetes.io/autoupdate`
@@ -395,6 +396,27 @@ pub fn objects() -> Vec<Value> {
                 &["/healthz", "/livez", "/readyz", "/version", "/version/"],
             )],
         ),
+        // Kubernetes' role for full access to the nodes' APIs (the `nodes/proxy` subresource:
+        // ferrovirt forwards only the agents' metrics and healthz); bound to nobody by default.
+        cluster_role(
+            "system:kubelet-api-admin",
+            boot(),
+            vec![
+                rule(READ, &[""], &["nodes"]),
+                rule(&["proxy"], &[""], &["nodes"]),
+                rule(
+                    &["*"],
+                    &[""],
+                    &[
+                        "nodes/proxy",
+                        "nodes/metrics",
+                        "nodes/spec",
+                        "nodes/stats",
+                        "nodes/log",
+                    ],
+                ),
+            ],
+        ),
         binding("cluster-admin", "cluster-admin", &["system:masters"]),
         binding(
             "system:discovery",
@@ -551,6 +573,12 @@ mod tests {
             ""
         ));
         assert!(can("cluster-admin", "delete", "", "nodes", ""));
+        // The Node proxy: cluster-admin and system:kubelet-api-admin, not admin/edit/view.
+        assert!(can("cluster-admin", "get", "", "nodes", "proxy"));
+        assert!(can("system:kubelet-api-admin", "get", "", "nodes", "proxy"));
+        for role in ["admin", "edit", "view", "kubevirt.io:admin"] {
+            assert!(!can(role, "get", "", "nodes", "proxy"), "{role}");
+        }
     }
 
     #[test]
