@@ -9,7 +9,8 @@
 //! usage with 2+ points above zero, memory and storage, and says so once the VM is stopped; the VNC tab's canvas (noVNC over the `vnc` websocket) is not blank; a
 //! YAML save with a stale resourceVersion shows the conflict (and saves after Reload); the list
 //! is readable at phone width; Stop turns the status Stopped; Delete asks, then deletes; the
-//! Create VM form refuses a bad name and makes a VM importing its disk from a URL that boots;
+//! Create VM form refuses a bad name and makes a VM of the common instancetype `u1.nano` and
+//! preference `alpine`, importing its disk from a URL, that boots;
 //! Storage shows its DataVolume and claim, Nodes shows node1 Ready with that one VMI; Migrate
 //! creates a migration; the Snapshots tab takes a snapshot of the running VM, restores it into
 //! the stopped VM and deletes it; Settings creates the HyperConverged object and saves its YAML;
@@ -721,6 +722,17 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     let size = b.find(Locator::Css("#c-size")).await?;
     size.clear().await?;
     size.send_keys("64Mi").await?;
+    // A common instancetype and preference (deployed by the controllers) size the VM.
+    for (select, value) in [("#c-instancetype", "u1.nano"), ("#c-preference", "alpine")] {
+        b.wait()
+            .at_most(STEP)
+            .for_element(Locator::Css(&format!("{select} option[value='{value}']")))
+            .await?;
+        b.find(Locator::Css(select))
+            .await?
+            .select_by_value(value)
+            .await?;
+    }
     b.find(Locator::Css("#c-sshkey"))
         .await?
         .send_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdefg web@test")
@@ -738,6 +750,10 @@ async fn drive(c: &Cluster, b: &Client, token: &str) -> anyhow::Result<()> {
     c.wait_booted("made", BOOT)?;
     eprintln!("created VM booted {:?} after Create", t0.elapsed());
     let vm = c.get_json(&["vm", "made"])?;
+    assert_eq!(vm["spec"]["instancetype"]["name"], "u1.nano", "{vm}");
+    assert_eq!(vm["spec"]["preference"]["name"], "alpine", "{vm}");
+    let vmi = c.get_json(&["vmi", "made"])?;
+    assert_eq!(vmi["spec"]["domain"]["memory"]["guest"], "512Mi", "{vmi}");
     assert_eq!(
         vm["spec"]["dataVolumeTemplates"][0]["spec"]["source"]["http"]["url"],
         format!("{files}/disk.qcow2"),
