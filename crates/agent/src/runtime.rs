@@ -206,7 +206,8 @@ struct Agent {
     caches: caches::Caches,
     /// Live migration ([`migration`]): VMIs whose target launcher is being prepared here.
     preparing: Mutex<HashSet<String>>,
-    /// The incoming relays of the migration targets here, by VMI uid.
+    /// The tasks receiving the migrations to this node (the stream's hand-over, the NBD
+    /// relays), by VMI uid (`<uid>#nbd<i>` for the relays).
     relays: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     /// VMI uid → migration uid of the VMIs this node migrated away (until the watch shows it).
     moved: std::sync::Mutex<HashMap<String, String>>,

@@ -9,6 +9,8 @@
 //! moves, a probe asks both launchers every few ms whether their QEMU runs the guest: never
 //! both at once (one writer per disk). A migration slowed by a MigrationPolicy is cancelled
 //! mid-way, then one has its target launcher and QEMU killed mid-way: the source runs on.
+//! While the slowed migration runs, its TCP connection between the nodes is held by the two
+//! QEMUs and by no other process: the agents are not in the stream's path.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -528,6 +530,89 @@ fn launcher_pid(dir: &std::path::Path) -> Option<u32> {
         .ok()
 }
 
+/// The socket inodes among `pid`'s open files.
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// The established TCP sockets in `pid`'s network namespace: (local port, remote port, inode).
+fn established(pid: u32) -> Vec<(u16, u16, u64)> {
+    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f.get(3) == Some(&"01")).then_some(())?;
+                    Some((port(f.get(1)?)?, port(f.get(2)?)?, f.get(9)?.parse().ok()?))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The processes holding socket `inode`.
+fn holders(inode: u64) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| socket_inodes(*p).contains(&inode))
+        .collect()
+}
+
+/// The migration stream's connection (to the target's `port`, from the `st` of a running
+/// migration) is held by the source QEMU and the target QEMU, and by no other process.
+fn stream_held_by_the_qemus_only(src_qemu: u32, dst: &std::path::Path, st: &Value) {
+    let port: u16 = st["targetDirectMigrationNodePorts"]
+        .as_object()
+        .and_then(|m| m.iter().find(|(_, v)| **v == 0))
+        .and_then(|(p, _)| p.parse().ok())
+        .expect("the stream's port");
+    let held = |pid: u32, want: &dyn Fn(&(u16, u16, u64)) -> bool| -> Option<u64> {
+        let mine = socket_inodes(pid);
+        established(pid)
+            .into_iter()
+            .find(|c| want(c) && mine.contains(&c.2))
+            .map(|c| c.2)
+    };
+    let check = || -> Result<(), String> {
+        let dst_qemu = qemu_in(dst).ok_or("no target QEMU")?;
+        let out = held(src_qemu, &|c| c.1 == port).ok_or("the source QEMU holds no stream")?;
+        let inn = held(dst_qemu, &|c| c.0 == port).ok_or("the target QEMU holds no stream")?;
+        let (ho, hi) = (holders(out), holders(inn));
+        if ho != vec![src_qemu] || hi != vec![dst_qemu] {
+            return Err(format!(
+                "the stream's ends are held by {ho:?} and {hi:?}, not only the QEMUs \
+                 {src_qemu} and {dst_qemu}"
+            ));
+        }
+        Ok(())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(e) if Instant::now() > deadline => panic!("{e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
 /// Waits until migration `name` is Running and sending; returns the VMI's migration state.
 fn sending(c: &Cluster, name: &str) -> anyhow::Result<Value> {
     c.wait_until(&format!("migration {name} Running"), MIGRATE, || {
@@ -586,6 +671,8 @@ spec:
         "{st}"
     );
     std::thread::sleep(Duration::from_secs(1));
+    // QEMU to QEMU: the agents only set the stream up.
+    stream_held_by_the_qemus_only(qemu, &dst, &st);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
         .args(["migrate-cancel", "mig", "--kubeconfig"])
         .arg(&c.kubeconfig)
