@@ -100,9 +100,15 @@ async fn migrate_with(
         assert!(!me.contains(&ai) && !me.contains(&bi), "nobody else does");
     }
     let deadline = tokio::time::Instant::now() + MIGRATE;
+    let mut final_tries = 0;
     loop {
         let v = src.vm.qmp().execute("query-migrate", None).await.unwrap();
         match v["status"].as_str() {
+            // QEMU fills the figures in a moment after the state.
+            Some("completed") if v["total-time"].as_u64().unwrap_or(0) == 0 && final_tries < 20 => {
+                final_tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             Some("completed") | Some("failed") | Some("cancelled") => return v,
             _ if tokio::time::Instant::now() > deadline => panic!("migration stuck: {v}"),
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -139,6 +145,7 @@ async fn two_qemus_migrate_over_passed_fds_with_tls_from_ephemeral_certs() {
     )
     .await;
     assert_eq!(v["status"], "failed", "{v}");
+    eprintln!("a target expecting another source: {}", v["error-desc"]);
     assert_eq!(src.vm.status().await.unwrap().status, ferrovirt_launcher::qmp::RunState::Running);
     guest_answers(&mut console, "STILL-HERE").await;
     drop(tgt);
@@ -156,6 +163,7 @@ async fn two_qemus_migrate_over_passed_fds_with_tls_from_ephemeral_certs() {
     )
     .await;
     assert_eq!(v["status"], "failed", "{v}");
+    eprintln!("a source expecting another target: {}", v["error-desc"]);
     assert_eq!(src.vm.status().await.unwrap().status, ferrovirt_launcher::qmp::RunState::Running);
     guest_answers(&mut console, "STILL-HERE-2").await;
     drop(tgt);
