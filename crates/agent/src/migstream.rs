@@ -214,8 +214,16 @@ mod tests {
         };
         assert_eq!(check_hello(&h(Some("C"), 5), true), Ok(()));
         assert_eq!(check_hello(&h(None, 5), false), Ok(()));
-        assert!(check_hello(&h(None, 5), true).unwrap_err().contains("no certificate"));
-        assert!(check_hello(&h(Some("C"), 5), false).unwrap_err().contains("disableTLS"));
+        assert!(
+            check_hello(&h(None, 5), true)
+                .unwrap_err()
+                .contains("no certificate")
+        );
+        assert!(
+            check_hello(&h(Some("C"), 5), false)
+                .unwrap_err()
+                .contains("disableTLS")
+        );
         assert!(check_hello(&h(Some("C"), 0), true).is_err());
         let wire = serde_json::to_string(&h(Some("C"), 7)).unwrap();
         assert_eq!(wire, r#"{"cert":"C","dataPort":7}"#);
@@ -243,22 +251,38 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let src_ip: IpAddr = "127.0.0.1".parse().unwrap();
         let tgt = tokio::spawn(async move {
-            let mut ch = accept_channel(&listener, src_ip, Some(server)).await.unwrap();
-            let hello: Hello = recv(&mut ch).await.unwrap();
-            check_hello(&hello, true).unwrap();
-            send(&mut ch, &Reply { cert: Some("TARGET".into()), error: None })
+            let mut ch = accept_channel(&listener, src_ip, Some(server))
                 .await
                 .unwrap();
-            let data = accept_data(&listener, src_ip, hello.data_port).await.unwrap();
+            let hello: Hello = recv(&mut ch).await.unwrap();
+            check_hello(&hello, true).unwrap();
+            send(
+                &mut ch,
+                &Reply {
+                    cert: Some("TARGET".into()),
+                    error: None,
+                },
+            )
+            .await
+            .unwrap();
+            let data = accept_data(&listener, src_ip, hello.data_port)
+                .await
+                .unwrap();
             send(&mut ch, &Reply::default()).await.unwrap();
             (hello, data)
         });
         let (mut ch, local) = connect_channel(None, addr, Some(client)).await.unwrap();
         let sock = data_socket(None, local.ip()).await.unwrap();
         let port = sock.local_addr().unwrap().port();
-        send(&mut ch, &Hello { cert: Some("SOURCE".into()), data_port: port })
-            .await
-            .unwrap();
+        send(
+            &mut ch,
+            &Hello {
+                cert: Some("SOURCE".into()),
+                data_port: port,
+            },
+        )
+        .await
+        .unwrap();
         let answer: Reply = recv(&mut ch).await.unwrap();
         assert_eq!(answer.cert.as_deref(), Some("TARGET"));
         // Someone else on the source's address connects first: not the data connection.
@@ -283,12 +307,10 @@ mod tests {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let task = hand_over(&path, OwnedFd::from(b)).unwrap();
         let p = path.clone();
-        let got = tokio::task::spawn_blocking(move || {
-            ferrovirt_launcher::migrate::receive_fd(&p)
-        })
-        .await
-        .unwrap()
-        .unwrap();
+        let got = tokio::task::spawn_blocking(move || ferrovirt_launcher::migrate::receive_fd(&p))
+            .await
+            .unwrap()
+            .unwrap();
         task.await.unwrap().unwrap();
         use std::io::{Read, Write};
         let mut got = std::os::unix::net::UnixStream::from(got);

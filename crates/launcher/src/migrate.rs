@@ -63,7 +63,8 @@ pub fn source_parameters(o: &Outgoing) -> Value {
 /// Receives the one file descriptor the agent sends on the unix socket at `path`.
 pub fn receive_fd(path: &Path) -> Result<OwnedFd> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
-    let io = |e: std::io::Error| Error::io(format!("receiving the connection on {}", path.display()), e);
+    let io =
+        |e: std::io::Error| Error::io(format!("receiving the connection on {}", path.display()), e);
     let conn = std::os::unix::net::UnixStream::connect(path).map_err(io)?;
     conn.set_read_timeout(Some(HAND_OVER)).map_err(io)?;
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
@@ -98,7 +99,12 @@ pub fn send_fd(stream: &std::os::unix::net::UnixStream, fd: BorrowedFd<'_>) -> s
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     control.push(SendAncillaryMessage::ScmRights(&fds));
-    sendmsg(stream, &[IoSlice::new(b"F")], &mut control, SendFlags::empty())?;
+    sendmsg(
+        stream,
+        &[IoSlice::new(b"F")],
+        &mut control,
+        SendFlags::empty(),
+    )?;
     Ok(())
 }
 
@@ -176,7 +182,10 @@ pub async fn start_incoming(
     vm.qmp()
         .execute(
             "migrate-set-parameters",
-            Some(migtls::tls_parameters(peer_cert.is_some(), Endpoint::Server)),
+            Some(migtls::tls_parameters(
+                peer_cert.is_some(),
+                Endpoint::Server,
+            )),
         )
         .await?;
     vm.qmp()
@@ -233,7 +242,10 @@ mod tests {
         assert_eq!(p["tls-hostname"], migtls::TARGET_HOSTNAME);
         assert_eq!(p["max-bandwidth"], 1 << 20);
         let c = capabilities(&o);
-        assert_eq!(c["capabilities"][1], json!({"capability": "auto-converge", "state": true}));
+        assert_eq!(
+            c["capabilities"][1],
+            json!({"capability": "auto-converge", "state": true})
+        );
         assert_eq!(c["capabilities"][2]["state"], false);
         // disableTLS: plain, and an earlier attempt's credentials are not used.
         let plain = source_parameters(&Outgoing::default());

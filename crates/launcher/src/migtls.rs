@@ -155,9 +155,8 @@ pub fn runas_owner(run_as: Option<&str>, passwd: &str) -> Result<Option<(u32, u3
 pub fn creds_base() -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let run = PathBuf::from(CREDS_BASE);
-    let made = std::fs::create_dir_all(&run).and_then(|_| {
-        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o711))
-    });
+    let made = std::fs::create_dir_all(&run)
+        .and_then(|_| std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o711)));
     match made {
         Ok(()) => run,
         Err(_) => std::env::temp_dir(),
@@ -240,10 +239,7 @@ mod tests {
         let ours = EphemeralCert::generate(Endpoint::Server).unwrap();
         let files = creds_files(&ours, "PEER");
         let names: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
-        assert_eq!(
-            names,
-            ["ca-cert.pem", "server-cert.pem", "server-key.pem"]
-        );
+        assert_eq!(names, ["ca-cert.pem", "server-cert.pem", "server-key.pem"]);
         assert_eq!(files[0].1, "PEER");
         assert!(files[1].1.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(files[2].1.contains("PRIVATE KEY"));
@@ -295,7 +291,10 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&dir.path), 0o700);
         assert_eq!(mode(&dir.path.join("a.pem")), 0o400);
-        assert_eq!(std::fs::read_to_string(dir.path.join("a.pem")).unwrap(), "A");
+        assert_eq!(
+            std::fs::read_to_string(dir.path.join("a.pem")).unwrap(),
+            "A"
+        );
         let p = dir.path.clone();
         drop(dir);
         assert!(!p.exists());

@@ -94,8 +94,14 @@ async fn migrate_with(
         let (sp, tp) = (src.vm.pid().unwrap(), tgt.vm.pid().unwrap());
         let ai = tcp_inode(a_port).expect("the source end is established");
         let bi = tcp_inode(b_port).expect("the target end is established");
-        assert!(socket_inodes(sp).contains(&ai), "the source QEMU holds its end");
-        assert!(socket_inodes(tp).contains(&bi), "the target QEMU holds its end");
+        assert!(
+            socket_inodes(sp).contains(&ai),
+            "the source QEMU holds its end"
+        );
+        assert!(
+            socket_inodes(tp).contains(&bi),
+            "the target QEMU holds its end"
+        );
         let me = socket_inodes(std::process::id());
         assert!(!me.contains(&ai) && !me.contains(&bi), "nobody else does");
     }
@@ -117,7 +123,10 @@ async fn migrate_with(
 }
 
 async fn guest_answers(console: &mut ferrovirt_launcher::console::SerialConsole, word: &str) {
-    let out = console.exec(&format!("echo {word}-$((40+2))"), EXEC).await.unwrap();
+    let out = console
+        .exec(&format!("echo {word}-$((40+2))"), EXEC)
+        .await
+        .unwrap();
     assert_eq!(out.exit_code, 0, "{out:?}");
     assert!(out.output.contains(&format!("{word}-42")), "{out:?}");
 }
@@ -146,7 +155,10 @@ async fn two_qemus_migrate_over_passed_fds_with_tls_from_ephemeral_certs() {
     .await;
     assert_eq!(v["status"], "failed", "{v}");
     eprintln!("a target expecting another source: {}", v["error-desc"]);
-    assert_eq!(src.vm.status().await.unwrap().status, ferrovirt_launcher::qmp::RunState::Running);
+    assert_eq!(
+        src.vm.status().await.unwrap().status,
+        ferrovirt_launcher::qmp::RunState::Running
+    );
     guest_answers(&mut console, "STILL-HERE").await;
     drop(tgt);
 
@@ -164,7 +176,10 @@ async fn two_qemus_migrate_over_passed_fds_with_tls_from_ephemeral_certs() {
     .await;
     assert_eq!(v["status"], "failed", "{v}");
     eprintln!("a source expecting another target: {}", v["error-desc"]);
-    assert_eq!(src.vm.status().await.unwrap().status, ferrovirt_launcher::qmp::RunState::Running);
+    assert_eq!(
+        src.vm.status().await.unwrap().status,
+        ferrovirt_launcher::qmp::RunState::Running
+    );
     guest_answers(&mut console, "STILL-HERE-2").await;
     drop(tgt);
 
@@ -186,7 +201,10 @@ async fn two_qemus_migrate_over_passed_fds_with_tls_from_ephemeral_certs() {
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tgt.vm.status().await.unwrap().status != ferrovirt_launcher::qmp::RunState::Running {
-        assert!(tokio::time::Instant::now() < deadline, "the target never ran");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the target never ran"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(console);
