@@ -817,3 +817,80 @@ fn a_killed_launcher_does_not_leave_its_qemu_running() -> anyhow::Result<()> {
     })?;
     Ok(())
 }
+
+/// The source agent (a process of its own, node2) is killed mid-way through a slowed
+/// migration and started again: the stream is QEMU's own and goes on; the restarted agent
+/// asks its launcher's QEMU (`query-migrate`), follows it again and switches over. The
+/// migration ends Succeeded, the VMI names node1, the guest kept its uptime, one QEMU runs.
+#[test]
+fn a_source_agent_restarted_mid_migration_picks_it_up_and_switches_over() -> anyhow::Result<()> {
+    let mut c = two_nodes()?;
+    claim(&c, "mig-disk", true)?;
+    // The VM starts on node2 (node1, the embedded agent, cannot be restarted alone).
+    c.kubectl_ok(&["cordon", "node1"])?;
+    c.apply(&vm("mig", "mig-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    assert_eq!(node, "node2");
+    c.kubectl_ok(&["uncordon", "node1"])?;
+    let src = node_dir(&c, "node2").join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let before = uptime(&src)?;
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  bandwidthPerMigration: 2Mi
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    c.apply(&migration("mig-restart", "mig"))?;
+    let st = sending(&c, "mig-restart")?;
+    assert_eq!(st["migrationPolicyName"], "slow", "{st}");
+    // QEMU sends (Running is written before the stream's setup): the connection is the QEMUs'.
+    let qemu = qemu_in(&src).expect("the source QEMU");
+    let dst = node_dir(&c, "node1").join("vmis").join(&uid);
+    stream_held_by_the_qemus_only(qemu, &dst, &st);
+    std::thread::sleep(Duration::from_secs(1));
+    // The agent alone: its launchers and QEMUs are processes of their own.
+    let pid = c.agent_pid("node2").expect("the node2 agent");
+    ferrovirt_testkit::cluster::signal(pid, "KILL");
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        qemu_in(&src),
+        Some(qemu),
+        "the source QEMU survives its agent"
+    );
+    let m = c.get_json(&["vmim", "mig-restart"])?;
+    assert_eq!(m["status"]["phase"], "Running", "{}", m["status"]);
+    c.start_agent("node2")?;
+    let m = finished(&c, "mig-restart", Duration::from_secs(240))?;
+    eprintln!(
+        "agent restart to Succeeded: {:?}; {}",
+        killed.elapsed(),
+        m["status"]["migrationState"]
+    );
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    check_moved(&c, &uid, "node2", "node1", before)?;
+    // check_moved: no QEMU left on node2 (the one that sent, `qemu`), one on node1.
+    assert!(qemu_in(&src).is_none(), "the source QEMU {qemu} is gone");
+    let log = c.agent_log("node2");
+    assert!(
+        log.contains("resuming a migration after a restart"),
+        "the restarted agent picked the migration up:\n{log}"
+    );
+    let events = c.kubectl(&["get", "events", "-o", "json"])?;
+    assert!(
+        String::from_utf8_lossy(&events.stdout).contains("MigrationResumed"),
+        "a MigrationResumed Event"
+    );
+    Ok(())
+}

@@ -52,6 +52,7 @@ pub(super) async fn target_loop(agent: Arc<Agent>) {
         .touched_objects()
         .boxed();
     let mut resync = tokio::time::interval(agent.opts.resync_interval);
+    let mut synced = false;
     loop {
         tokio::select! {
             ev = events.next() => match ev {
@@ -60,6 +61,8 @@ pub(super) async fn target_loop(agent: Arc<Agent>) {
                 None => return,
             },
             _ = resync.tick() => {}
+            // The first list is in (possibly empty): mark the targets known.
+            _ = store.wait_until_ready(), if !synced => {}
         }
         let vmis: Vec<VirtualMachineInstance> = store
             .state()
@@ -77,6 +80,14 @@ pub(super) async fn target_loop(agent: Arc<Agent>) {
             targets.extend(uids.iter().cloned());
             gone
         };
+        if !synced
+            && futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+        {
+            synced = true;
+            agent
+                .targets_synced
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         for vmi in vmis {
             agent.reconcile_target(&vmi).await;
         }
@@ -360,6 +371,12 @@ impl Agent {
             migration_uid,
         } = mig::source_step(vmi, &self.opts.node_name, driving)
         else {
+            // A migration this node was sending before the agent restarted.
+            if crate::migresume::resumable(vmi, &self.opts.node_name, driving) {
+                self.busy.lock().await.insert(uid.clone());
+                tokio::spawn(self.clone().resume_out(vmi.clone()));
+                return true;
+            }
             return false;
         };
         self.busy.lock().await.insert(uid.clone());
@@ -370,22 +387,30 @@ impl Agent {
                 .migrate_out(&vmi, target, &target_node, &migration_uid)
                 .await;
             if let Err(reason) = outcome {
-                tracing::warn!(uid = %uid, "migration failed: {reason}");
-                if !mig::read_block_volumes(&me.cfg.vmi_dir(&uid)).is_empty() {
-                    me.cancel_mirrors(&uid).await;
-                }
-                me.event(&vmi, "Warning", "FailedMigration", &reason).await;
-                let mut patch = mig::failed_patch(&reason, &now_string());
-                if me.abort_requested(&vmi).await {
-                    patch["migrationState"]["abortStatus"] = json!("Succeeded");
-                }
-                if let Err(e) = me.patch_status(&vmi, patch).await {
-                    tracing::warn!("recording the failed migration: {e}");
-                }
+                me.fail_out(&vmi, &reason).await;
             }
             me.busy.lock().await.remove(&uid);
         });
         true
+    }
+
+    /// Records a failed migration this node was sending (the source runs on): the disk
+    /// mirrors cancelled, a `FailedMigration` Event, `failed` with the reason (and
+    /// `abortStatus: Succeeded` when it was cancelled on request).
+    pub(super) async fn fail_out(&self, vmi: &VirtualMachineInstance, reason: &str) {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        tracing::warn!(uid = %uid, "migration failed: {reason}");
+        if !mig::read_block_volumes(&self.cfg.vmi_dir(&uid)).is_empty() {
+            self.cancel_mirrors(&uid).await;
+        }
+        self.event(vmi, "Warning", "FailedMigration", reason).await;
+        let mut patch = mig::failed_patch(reason, &now_string());
+        if self.abort_requested(vmi).await {
+            patch["migrationState"]["abortStatus"] = json!("Succeeded");
+        }
+        if let Err(e) = self.patch_status(vmi, patch).await {
+            tracing::warn!("recording the failed migration: {e}");
+        }
     }
 
     /// Sends the VM to `target`, switches over, lets the source launcher go. `Err`: why it
@@ -469,10 +494,38 @@ impl Agent {
         launchers::request(&self.cfg, &uid, &req, SETUP_STEP)
             .await
             .map_err(|e| format!("starting the migration: {e}"))?;
+        self.follow_out(FollowOut {
+            vmi,
+            target_node,
+            migration_uid,
+            block: &block,
+            copy_started,
+            abort: None,
+        })
+        .await
+    }
+
+    /// Follows the migration QEMU sends (`query-migrate` every [`POLL`]: the block
+    /// switch-over, timeouts, a cancel), then switches over: the VMI moves to the target in
+    /// one write, the launcher is told `MigratedAway` and its directory removed. `Err`: why
+    /// it failed (the source runs on). Used by the original path and by a restarted agent
+    /// ([`crate::migresume`]).
+    pub(super) async fn follow_out(&self, f: FollowOut<'_>) -> Result<(), String> {
+        let FollowOut {
+            vmi,
+            target_node,
+            migration_uid,
+            block,
+            copy_started,
+            abort,
+        } = f;
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let dir = self.cfg.vmi_dir(&uid);
+        let config = mig::configuration(vmi);
         let started = Instant::now();
         let mut progress = mig::Progress::default();
         let mut last_check = Instant::now();
-        let mut abort: Option<String> = None;
+        let mut abort = abort;
         let mut final_tries = 0;
         let mut switched = false;
         let info = loop {
@@ -733,6 +786,19 @@ impl Agent {
             .get(uid)
             .is_some_and(|m| Some(m.as_str()) == current)
     }
+}
+
+/// What [`Agent::follow_out`] follows.
+pub(super) struct FollowOut<'a> {
+    pub(super) vmi: &'a VirtualMachineInstance,
+    pub(super) target_node: &'a str,
+    pub(super) migration_uid: &'a str,
+    /// The node-local disks mirrored (empty: shared storage only).
+    pub(super) block: &'a [ferrovirt_api::migration::BlockVolume],
+    /// When the disks' copy (or, without disks, the sending) started, for the Event.
+    pub(super) copy_started: Instant,
+    /// Already being cancelled, for this reason.
+    pub(super) abort: Option<String>,
 }
 
 /// The VMI's current (source) node.
