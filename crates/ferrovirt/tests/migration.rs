@@ -10,7 +10,9 @@
 //! both at once (one writer per disk). A migration slowed by a MigrationPolicy is cancelled
 //! mid-way, then one has its target launcher and QEMU killed mid-way: the source runs on.
 //! While the slowed migration runs, its TCP connection between the nodes is held by the two
-//! QEMUs and by no other process: the agents are not in the stream's path.
+//! QEMUs and by no other process: the agents are not in the stream's path. The source agent,
+//! then the target agent, is killed mid-way through a slowed migration and started again:
+//! the migration still succeeds (the restarted source picks it up from its QEMU).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -846,7 +848,7 @@ apiVersion: migrations.kubevirt.io/v1alpha1
 kind: MigrationPolicy
 metadata: {name: slow}
 spec:
-  bandwidthPerMigration: 2Mi
+  bandwidthPerMigration: 4Mi
   selectors:
     virtualMachineInstanceSelector: {speed: slow}
 "#,
@@ -891,6 +893,58 @@ spec:
     assert!(
         String::from_utf8_lossy(&events.stdout).contains("MigrationResumed"),
         "a MigrationResumed Event"
+    );
+    Ok(())
+}
+
+/// The target agent (node2) is killed mid-way and started again: the target QEMU receives on,
+/// the source switches over, and the restarted agent keeps the launcher (no orphan: its watch
+/// of incoming migrations lists before anything is collected) and reports the VMI Running.
+#[test]
+fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Result<()> {
+    let mut c = two_nodes()?;
+    claim(&c, "mig-disk", true)?;
+    c.kubectl_ok(&["cordon", "node2"])?;
+    c.apply(&vm("mig", "mig-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    assert_eq!(node, "node1");
+    c.kubectl_ok(&["uncordon", "node2"])?;
+    let src = node_dir(&c, "node1").join("vmis").join(&uid);
+    let dst = node_dir(&c, "node2").join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let before = uptime(&src)?;
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  bandwidthPerMigration: 4Mi
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    c.apply(&migration("mig-restart", "mig"))?;
+    let st = sending(&c, "mig-restart")?;
+    let qemu = qemu_in(&src).expect("the source QEMU");
+    stream_held_by_the_qemus_only(qemu, &dst, &st);
+    let target_qemu = qemu_in(&dst).expect("the target QEMU");
+    let pid = c.agent_pid("node2").expect("the node2 agent");
+    ferrovirt_testkit::cluster::signal(pid, "KILL");
+    std::thread::sleep(Duration::from_secs(2));
+    c.start_agent("node2")?;
+    let m = finished(&c, "mig-restart", Duration::from_secs(240))?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    check_moved(&c, &uid, "node1", "node2", before)?;
+    assert_eq!(
+        qemu_in(&dst),
+        Some(target_qemu),
+        "the QEMU that received the VM runs it"
     );
     Ok(())
 }
