@@ -2,6 +2,7 @@
 """Live migration through ferrovirt vs a raw QEMU-to-QEMU migration of the same guest.
 
 Usage: bench/migration.py [--runs N] [--binary target/debug/ferrovirt] [--memory-mib 128] [--local]
+                          [--no-tls] [--bare]
 
 ferrovirt: a server (node1) and an agent (node2) on 127.0.0.1, one VM on a ReadWriteMany claim
 holding the test guest's disk (target/test-guest), migrated back and forth N times with
@@ -10,10 +11,15 @@ source's final `query-migrate`, which the agent puts into its `Migrated` Event) 
 VMIM's create -> Succeeded wall time.
 Raw: two QEMUs started by hand with ferrovirt's exact QEMU command line (the VMI's
 `qemu-argv.json`, its sockets moved to a directory of the bench, its disk replaced by a copy,
-no -runas), the target with `-incoming unix:`, `migrate` over QMP, `query-migrate` polled
-every 50 ms until completed. Bare: the same with a minimal QEMU (no serial, guest agent, VNC,
-balloon ...), to separate the device set's cost from ferrovirt's.
-Prints medians and the ratios (goal: total <= 1.1x raw, downtime <= raw + 50 ms).
+no -runas), the target with `-incoming defer`, the two ends of a loopback TCP connection
+passed to them (`getfd`, `migrate-incoming fd:` and `migrate fd:`, as ferrovirt does),
+`query-migrate` polled every 50 ms until completed; twice per run: plain, and with QEMU's TLS
+set up as ferrovirt does (a fresh self-signed P-256 leaf per side, made with openssl, each
+side's `ca-cert.pem` the other's certificate, `tls-creds-x509` with `sanity-check=off`,
+`tls-hostname` on the source). --bare: also a minimal QEMU (no serial, guest agent, VNC,
+balloon ...), plain, to separate the device set's cost from ferrovirt's.
+Prints medians and the ratios of ferrovirt against raw plain and raw TLS (goal: total <= 1.1x
+raw, downtime <= raw + 50 ms).
 --local: the VM's disk is a node-local (`local` class) volume of 1 GiB, block-migrated; ours is
 the VMIM's create -> Succeeded wall time (mirror + memory) and QEMU's downtime, raw is two
 plain QEMUs doing the same by hand: an NBD export on the target, `blockdev-mirror` to it,
@@ -70,8 +76,12 @@ class Qmp:
         except OSError:
             return False
 
-    def cmd(self, _command, **args):
-        self.f.write(json.dumps({"execute": _command, "arguments": args}) + "\n"); self.f.flush()
+    def cmd(self, _command, _fd=None, **args):
+        line = json.dumps({"execute": _command, "arguments": args}) + "\n"
+        if _fd is None:
+            self.f.write(line); self.f.flush()
+        else:  # the descriptor rides on the command (SCM_RIGHTS), as `getfd` wants
+            socket.send_fds(self.s, [line.encode()], [_fd])
         while True:
             m = json.loads(self.f.readline())
             if "return" in m or "error" in m:
@@ -110,11 +120,48 @@ def find_argv(tmp):
     return None
 
 
-def raw_run(tmp, memory_mib, local=False, recorded=None):
+def ephemeral_cert(d, name):
+    """A fresh P-256 key and self-signed leaf for `name` in `d` (cert.pem, key.pem)."""
+    os.makedirs(d, exist_ok=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{d}/key.pem",
+                    "-out", f"{d}/cert.pem", "-days", "1", "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}",
+                    "-addext", "basicConstraints=critical,CA:FALSE",
+                    "-addext", "keyUsage=critical,digitalSignature",
+                    "-addext", "extendedKeyUsage=serverAuth,clientAuth"],
+                   check=True, capture_output=True)
+    return open(f"{d}/cert.pem").read(), open(f"{d}/key.pem").read()
+
+
+def raw_tls(tmp, q, d):
+    """QEMU's TLS on both raw QEMUs as ferrovirt sets it up (docs/migration.md)."""
+    host = "migration-target.ferrovirt.invalid"
+    sc, sk = ephemeral_cert(os.path.join(tmp, "tls-src-gen"), "migration-source.ferrovirt.invalid")
+    tc, tk = ephemeral_cert(os.path.join(tmp, "tls-dst-gen"), host)
+    for qmp, side, ours, key, peer in ((q, "client", sc, sk, tc), (d, "server", tc, tk, sc)):
+        creds = os.path.join(tmp, f"tls-{side}")
+        shutil.rmtree(creds, ignore_errors=True)
+        os.makedirs(creds)
+        for n, text in (("ca-cert.pem", peer), (f"{side}-cert.pem", ours), (f"{side}-key.pem", key)):
+            open(os.path.join(creds, n), "w").write(text)
+        qmp.cmd("object-del", id="mig-tls")
+        r = qmp.cmd("object-add", **{"qom-type": "tls-creds-x509", "id": "mig-tls",
+                                    "endpoint": side, "dir": creds, "verify-peer": True,
+                                    "sanity-check": False})
+        if "error" in r:
+            sys.exit(f"raw TLS credentials: {r}")
+        shutil.rmtree(creds)
+    q.cmd("migrate-set-parameters", **{"tls-creds": "mig-tls", "tls-hostname": host})
+    d.cmd("migrate-set-parameters", **{"tls-creds": "mig-tls"})
+
+
+def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
     """One raw QEMU-to-QEMU migration; (total ms, downtime ms). `local`: each QEMU has its
     own disk, mirrored over NBD before the memory; total is the wall time of both.
     `recorded`: (argv, VMI directory, disk path) of ferrovirt's QEMU, replayed on both
-    sides; else a bare QEMU with the same disk and memory."""
+    sides; else a bare QEMU with the same disk and memory. `tls`: QEMU's TLS with ephemeral
+    certificates on the stream."""
     disk = os.path.join(tmp, "raw-disk.img")
     if not os.path.exists(disk):
         shutil.copy(os.path.join(GUEST, "disk.raw"), disk)
@@ -133,8 +180,7 @@ def raw_run(tmp, memory_mib, local=False, recorded=None):
             "-device", "virtio-blk-pci,drive=d", "-netdev", "user,id=n,restrict=on",
             "-device", "virtio-net-pci,netdev=n"]
     src_qmp, dst_qmp = os.path.join(tmp, "src.qmp"), os.path.join(tmp, "dst.qmp")
-    incoming = os.path.join(tmp, "in.sock")
-    for p in (src_qmp, dst_qmp, incoming):
+    for p in (src_qmp, dst_qmp):
         if os.path.exists(p):
             os.unlink(p)
     if recorded:
@@ -148,13 +194,12 @@ def raw_run(tmp, memory_mib, local=False, recorded=None):
         src_argv, src_qmp = replay(argv, vmi_dir, dirs[0], their_disk, disk)
         dst_argv, dst_qmp = replay(argv, vmi_dir, dirs[1], their_disk, copy if local else disk)
         src = subprocess.Popen(src_argv, stderr=subprocess.DEVNULL)
-        dst = subprocess.Popen(dst_argv + ["-incoming", f"unix:{incoming}"],
-                               stderr=subprocess.DEVNULL)
+        dst = subprocess.Popen(dst_argv + ["-incoming", "defer"], stderr=subprocess.DEVNULL)
     else:
         src = subprocess.Popen(base + ["-qmp", f"unix:{src_qmp},server=on,wait=off"])
         dst_base = [x.replace(disk, copy) if local else x for x in base]
         dst = subprocess.Popen(dst_base + ["-qmp", f"unix:{dst_qmp},server=on,wait=off",
-                                           "-incoming", f"unix:{incoming}"])
+                                           "-incoming", "defer"])
     try:
         q = Qmp(src_qmp)
         d = Qmp(dst_qmp)
@@ -183,7 +228,19 @@ def raw_run(tmp, memory_mib, local=False, recorded=None):
                 "query-block-jobs")["return"]), every=0.05)
             q.cmd("migrate-set-capabilities", capabilities=[
                 {"capability": "pause-before-switchover", "state": True}])
-        q.cmd("migrate", uri=f"unix:{incoming}")
+        if tls:
+            raw_tls(tmp, q, d)
+        # The two ends of one TCP connection, handed to the QEMUs as ferrovirt's agents do.
+        lst = socket.socket(); lst.bind(("127.0.0.1", 0)); lst.listen(1)
+        out_end = socket.create_connection(lst.getsockname()); in_end, _ = lst.accept()
+        lst.close()
+        d.cmd("getfd", _fd=in_end.fileno(), fdname="migration")
+        r = d.cmd("migrate-incoming", uri="fd:migration")
+        if "error" in r:
+            sys.exit(f"raw migrate-incoming: {r}")
+        q.cmd("getfd", _fd=out_end.fileno(), fdname="migration")
+        in_end.close(); out_end.close()
+        q.cmd("migrate", uri="fd:migration")
         if local:
             wait("pre-switchover", 120, lambda: q.cmd("query-migrate")["return"].get(
                 "status") == "pre-switchover", every=0.05)
@@ -214,6 +271,8 @@ def main():
                     help="a node-local disk, block-migrated (vs a raw NBD mirror + migrate)")
     ap.add_argument("--no-tls", action="store_true",
                     help="a KubeVirt CR with configuration.migrations.disableTLS: true")
+    ap.add_argument("--bare", action="store_true",
+                    help="also a raw migration of a minimal QEMU (plain)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="fv-bench-migration-")
     procs = []
@@ -325,7 +384,7 @@ spec:
         if not found_argv:
             sys.exit("the VMI's qemu-argv.json was not found")
         recorded = (found_argv[0], found_argv[1], os.path.join(pv, "disk.img"))
-        ours, wall, seen, raw, bare = [], [], set(), [], []
+        ours, wall, seen, raw, raw_t, bare = [], [], set(), [], [], []
         for i in range(a.runs):
             name = f"bench-{i}"
             t0 = time.time()
@@ -355,7 +414,9 @@ spec:
             # Interleaved, so that the three see the same load on this shared machine (the
             # raw guests boot for 8 s, time enough for the target to report Running).
             raw.append(raw_run(tmp, a.memory_mib, a.local, recorded))
-            bare.append(raw_run(tmp, a.memory_mib, a.local))
+            raw_t.append(raw_run(tmp, a.memory_mib, a.local, recorded, tls=True))
+            if a.bare:
+                bare.append(raw_run(tmp, a.memory_mib, a.local))
     finally:
         for p in procs:
             p.terminate()
@@ -370,20 +431,20 @@ spec:
         shutil.rmtree(tmp, ignore_errors=True)
     med = lambda xs: statistics.median(xs)
     o_total, o_down = med([t for t, _ in ours]), med([d for _, d in ours])
-    r_total, r_down = med([t for t, _ in raw]), med([d for _, d in raw])
-    b_total, b_down = med([t for t, _ in bare]), med([d for _, d in bare])
     print(f"runs: {a.runs}, guest memory {a.memory_mib} MiB, TCG, "
-          f"migration stream {'plain' if a.no_tls else 'mutual TLS'}"
+          f"ferrovirt's stream {'plain (disableTLS)' if a.no_tls else 'QEMU TLS'}"
           + (", node-local 1 GiB disk block-migrated (totals: mirror start -> completed)"
              if a.local else ""))
-    print(f"ferrovirt: total {o_total} ms, downtime {o_down} ms (VMIM create -> Succeeded {med(wall):.0f} ms)")
-    print(f"raw QEMU : total {r_total} ms, downtime {r_down} ms (ferrovirt's QEMU command line replayed)")
-    print(f"bare QEMU: total {b_total} ms, downtime {b_down} ms (a minimal device set)")
-    print(f"ratio total {o_total / r_total:.2f}x (goal <= 1.1x), downtime {o_down - r_down:+} ms (goal <= +50 ms)")
-    print(f"replayed vs bare: total {r_total / b_total:.2f}x, downtime {r_down - b_down:+} ms")
+    print(f"ferrovirt    : total {o_total} ms, downtime {o_down} ms "
+          f"(VMIM create -> Succeeded {med(wall):.0f} ms)")
+    sides = [("raw plain", raw), ("raw QEMU TLS", raw_t)] + ([("bare plain", bare)] if bare else [])
+    for label, xs in sides:
+        t, d = med([t for t, _ in xs]), med([d for _, d in xs])
+        print(f"{label:13}: total {t} ms, downtime {d} ms; ferrovirt/{label}: total "
+              f"{o_total / t:.2f}x (goal <= 1.1x), downtime {o_down - d:+} ms (goal <= +50 ms)")
     print(f"all ferrovirt (total, downtime): {ours}")
-    print(f"all raw (total, downtime): {raw}")
-    print(f"all bare (total, downtime): {bare}")
+    for label, xs in sides:
+        print(f"all {label} (total, downtime): {xs}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ pub mod launchers;
 pub mod mapping;
 pub mod metrics;
 pub mod migration;
+pub mod migresume;
+pub mod migstream;
 pub mod network;
 pub mod node;
 pub mod nodestore;

@@ -1,12 +1,13 @@
 //! Live migration on the node (docs/migration.md): the pure per-VMI decisions of the target
 //! side ([`target_step`]: start a launcher that waits for the incoming stream, or abandon it)
 //! and of the source side ([`source_step`]: send the VM once the target is ready), the
-//! status patches they write, and the relays that carry the stream between nodes: QEMU on
-//! both sides speaks to a unix socket in its VMI directory (so a VM in a network namespace of
-//! its own migrates the same way), the target agent listens on its node address and accepts
-//! exactly one connection, from the source node's address, and the source agent connects to it.
-//! Between the nodes the stream is mutual TLS with the agents' endpoint certificates, each
-//! side pinning the other node's published fingerprint, unless the settings say `disableTLS`.
+//! status patches they write, the node-namespace sockets, and the relays that carry a block
+//! migration's NBD connections between nodes: QEMU on both sides speaks to a unix socket in
+//! its VMI directory, the target agent listens on its node address and accepts exactly one
+//! connection, from the source node's address, and the source agent connects to it; between
+//! the nodes that is mutual TLS with the agents' endpoint certificates, each side pinning the
+//! other node's published fingerprint, unless the settings say `disableTLS`. The memory
+//! stream itself does not pass through the agents ([`crate::migstream`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -15,16 +16,17 @@ use ferrovirt_api::kubevirt::vmi::{MigrationState, VirtualMachineInstance};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-/// The target QEMU's incoming socket in its VMI directory.
+/// The target agent's unix socket in the VMI directory on which its launcher receives the
+/// migration's data connection ([`crate::migstream::hand_over`]).
 pub const INCOMING_SOCKET: &str = "migration-in.sock";
-/// The source relay's socket in the VMI directory (QEMU `migrate` connects to it).
+/// The same on the source.
 pub const OUTGOING_SOCKET: &str = "migration-out.sock";
 
 /// Copy buffer of each relay direction: the stream is bulk data, large reads keep the relay's
 /// share of the CPU small.
 const RELAY_BUFFER: usize = 256 * 1024;
 
-/// The incoming socket of a VMI directory.
+/// The target's hand-over socket in a VMI directory.
 pub fn incoming_socket(dir: &Path) -> PathBuf {
     dir.join(INCOMING_SOCKET)
 }
@@ -212,9 +214,10 @@ where
     }
 }
 
-/// The target's relay: accepts one connection from `source` on `listener` (with `tls`: a
-/// mutual-TLS session whose client is the source node's pinned certificate) and joins it to
-/// the waiting QEMU's incoming socket. Connections from other addresses are closed.
+/// The target's relay (a block migration's NBD connection): accepts one connection from
+/// `source` on `listener` (with `tls`: a mutual-TLS session whose client is the source
+/// node's pinned certificate) and joins it to the unix socket `qemu`. Connections from other
+/// addresses are closed.
 pub async fn relay_incoming(
     listener: TcpListener,
     source: IpAddr,
@@ -261,7 +264,7 @@ pub async fn relay_incoming(
 /// Runs `f` on a blocking thread inside the named network namespace `netns` (the agent's
 /// own when `None`): node-to-node sockets of a node played by a namespace (`--node-netns`)
 /// are made where the node's addresses are.
-async fn in_netns<T: Send + 'static>(
+pub(crate) async fn in_netns<T: Send + 'static>(
     netns: Option<String>,
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> std::io::Result<T> {
@@ -298,8 +301,8 @@ pub async fn connect_in(netns: Option<String>, target: SocketAddr) -> std::io::R
     TcpStream::from_std(s)
 }
 
-/// The source's relay: accepts QEMU's one connection on `listener` and joins it to the
-/// target node's relay at `target`, connecting from the node's namespace `netns` (with
+/// The source's relay (a block migration's NBD connection): accepts QEMU's one connection on
+/// `listener` and joins it to the target node's relay at `target`, connecting from the node's namespace `netns` (with
 /// `tls`: the target's pinned certificate, ours as the client's).
 pub async fn relay_outgoing(
     listener: UnixListener,

@@ -41,6 +41,7 @@ use crate::volumes::ResolvedRefs;
 mod blockmig;
 mod caches;
 mod migration;
+mod migresume;
 mod mounts;
 mod refs;
 mod start;
@@ -206,12 +207,16 @@ struct Agent {
     caches: caches::Caches,
     /// Live migration ([`migration`]): VMIs whose target launcher is being prepared here.
     preparing: Mutex<HashSet<String>>,
-    /// The incoming relays of the migration targets here, by VMI uid.
+    /// The tasks receiving the migrations to this node (the stream's hand-over, the NBD
+    /// relays), by VMI uid (`<uid>#nbd<i>` for the relays).
     relays: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     /// VMI uid → migration uid of the VMIs this node migrated away (until the watch shows it).
     moved: std::sync::Mutex<HashMap<String, String>>,
     /// VMIs migrating to this node (their launchers are no orphans).
     targets: std::sync::Mutex<HashSet<String>>,
+    /// The incoming-migration watch has listed once: until then `targets` may miss a target
+    /// launcher this node runs (after an agent restart), so no launcher is an orphan yet.
+    targets_synced: std::sync::atomic::AtomicBool,
     /// VMIs bound to this node as the sync loop last saw them.
     bound_uids: std::sync::Mutex<HashSet<String>>,
 }
@@ -273,6 +278,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         relays: Mutex::new(HashMap::new()),
         moved: std::sync::Mutex::new(HashMap::new()),
         targets: std::sync::Mutex::new(HashSet::new()),
+        targets_synced: std::sync::atomic::AtomicBool::new(false),
         bound_uids: std::sync::Mutex::new(HashSet::new()),
         opts,
     });
@@ -784,6 +790,13 @@ impl Agent {
 
     /// Launchers whose VMI no longer exists (deleted while the agent was away): stop and remove.
     async fn collect_orphans(self: &Arc<Self>, known: &HashSet<String>) {
+        if !self
+            .targets_synced
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            // A restarted agent: a launcher receiving a migration is not known yet.
+            return;
+        }
         for uid in self.cfg.local_uids() {
             if known.contains(&uid)
                 || self.busy.lock().await.contains(&uid)

@@ -9,6 +9,10 @@
 //! moves, a probe asks both launchers every few ms whether their QEMU runs the guest: never
 //! both at once (one writer per disk). A migration slowed by a MigrationPolicy is cancelled
 //! mid-way, then one has its target launcher and QEMU killed mid-way: the source runs on.
+//! While the slowed migration runs, its TCP connection between the nodes is held by the two
+//! QEMUs and by no other process: the agents are not in the stream's path. The source agent,
+//! then the target agent, is killed mid-way through a slowed migration and started again:
+//! the migration still succeeds (the restarted source picks it up from its QEMU).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -528,6 +532,89 @@ fn launcher_pid(dir: &std::path::Path) -> Option<u32> {
         .ok()
 }
 
+/// The socket inodes among `pid`'s open files.
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// The established TCP sockets in `pid`'s network namespace: (local port, remote port, inode).
+fn established(pid: u32) -> Vec<(u16, u16, u64)> {
+    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f.get(3) == Some(&"01")).then_some(())?;
+                    Some((port(f.get(1)?)?, port(f.get(2)?)?, f.get(9)?.parse().ok()?))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The processes holding socket `inode`.
+fn holders(inode: u64) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| socket_inodes(*p).contains(&inode))
+        .collect()
+}
+
+/// The migration stream's connection (to the target's `port`, from the `st` of a running
+/// migration) is held by the source QEMU and the target QEMU, and by no other process.
+fn stream_held_by_the_qemus_only(src_qemu: u32, dst: &std::path::Path, st: &Value) {
+    let port: u16 = st["targetDirectMigrationNodePorts"]
+        .as_object()
+        .and_then(|m| m.iter().find(|(_, v)| **v == 0))
+        .and_then(|(p, _)| p.parse().ok())
+        .expect("the stream's port");
+    let held = |pid: u32, want: &dyn Fn(&(u16, u16, u64)) -> bool| -> Option<u64> {
+        let mine = socket_inodes(pid);
+        established(pid)
+            .into_iter()
+            .find(|c| want(c) && mine.contains(&c.2))
+            .map(|c| c.2)
+    };
+    let check = || -> Result<(), String> {
+        let dst_qemu = qemu_in(dst).ok_or("no target QEMU")?;
+        let out = held(src_qemu, &|c| c.1 == port).ok_or("the source QEMU holds no stream")?;
+        let inn = held(dst_qemu, &|c| c.0 == port).ok_or("the target QEMU holds no stream")?;
+        let (ho, hi) = (holders(out), holders(inn));
+        if ho != vec![src_qemu] || hi != vec![dst_qemu] {
+            return Err(format!(
+                "the stream's ends are held by {ho:?} and {hi:?}, not only the QEMUs \
+                 {src_qemu} and {dst_qemu}"
+            ));
+        }
+        Ok(())
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(e) if Instant::now() > deadline => panic!("{e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
 /// Waits until migration `name` is Running and sending; returns the VMI's migration state.
 fn sending(c: &Cluster, name: &str) -> anyhow::Result<Value> {
     c.wait_until(&format!("migration {name} Running"), MIGRATE, || {
@@ -586,6 +673,8 @@ spec:
         "{st}"
     );
     std::thread::sleep(Duration::from_secs(1));
+    // QEMU to QEMU: the agents only set the stream up.
+    stream_held_by_the_qemus_only(qemu, &dst, &st);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
         .args(["migrate-cancel", "mig", "--kubeconfig"])
         .arg(&c.kubeconfig)
@@ -728,5 +817,134 @@ fn a_killed_launcher_does_not_leave_its_qemu_running() -> anyhow::Result<()> {
             || qemu_in(&dir) != Some(qemu))
         .then_some(()))
     })?;
+    Ok(())
+}
+
+/// The source agent (a process of its own, node2) is killed mid-way through a slowed
+/// migration and started again: the stream is QEMU's own and goes on; the restarted agent
+/// asks its launcher's QEMU (`query-migrate`), follows it again and switches over. The
+/// migration ends Succeeded, the VMI names node1, the guest kept its uptime, one QEMU runs.
+#[test]
+fn a_source_agent_restarted_mid_migration_picks_it_up_and_switches_over() -> anyhow::Result<()> {
+    let mut c = two_nodes()?;
+    claim(&c, "mig-disk", true)?;
+    // The VM starts on node2 (node1, the embedded agent, cannot be restarted alone).
+    c.kubectl_ok(&["cordon", "node1"])?;
+    c.apply(&vm("mig", "mig-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    assert_eq!(node, "node2");
+    c.kubectl_ok(&["uncordon", "node1"])?;
+    let src = node_dir(&c, "node2").join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let before = uptime(&src)?;
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  bandwidthPerMigration: 4Mi
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    c.apply(&migration("mig-restart", "mig"))?;
+    let st = sending(&c, "mig-restart")?;
+    assert_eq!(st["migrationPolicyName"], "slow", "{st}");
+    // QEMU sends (Running is written before the stream's setup): the connection is the QEMUs'.
+    let qemu = qemu_in(&src).expect("the source QEMU");
+    let dst = node_dir(&c, "node1").join("vmis").join(&uid);
+    stream_held_by_the_qemus_only(qemu, &dst, &st);
+    std::thread::sleep(Duration::from_secs(1));
+    // The agent alone: its launchers and QEMUs are processes of their own.
+    let pid = c.agent_pid("node2").expect("the node2 agent");
+    ferrovirt_testkit::cluster::signal(pid, "KILL");
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        qemu_in(&src),
+        Some(qemu),
+        "the source QEMU survives its agent"
+    );
+    let m = c.get_json(&["vmim", "mig-restart"])?;
+    assert_eq!(m["status"]["phase"], "Running", "{}", m["status"]);
+    c.start_agent("node2")?;
+    let m = finished(&c, "mig-restart", Duration::from_secs(240))?;
+    eprintln!(
+        "agent restart to Succeeded: {:?}; {}",
+        killed.elapsed(),
+        m["status"]["migrationState"]
+    );
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    check_moved(&c, &uid, "node2", "node1", before)?;
+    // check_moved: no QEMU left on node2 (the one that sent, `qemu`), one on node1.
+    assert!(qemu_in(&src).is_none(), "the source QEMU {qemu} is gone");
+    let log = c.agent_log("node2");
+    assert!(
+        log.contains("resuming a migration after a restart"),
+        "the restarted agent picked the migration up:\n{log}"
+    );
+    let events = c.kubectl(&["get", "events", "-o", "json"])?;
+    assert!(
+        String::from_utf8_lossy(&events.stdout).contains("MigrationResumed"),
+        "a MigrationResumed Event"
+    );
+    Ok(())
+}
+
+/// The target agent (node2) is killed mid-way and started again: the target QEMU receives on,
+/// the source switches over, and the restarted agent keeps the launcher (no orphan: its watch
+/// of incoming migrations lists before anything is collected) and reports the VMI Running.
+#[test]
+fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Result<()> {
+    let mut c = two_nodes()?;
+    claim(&c, "mig-disk", true)?;
+    c.kubectl_ok(&["cordon", "node2"])?;
+    c.apply(&vm("mig", "mig-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    assert_eq!(node, "node1");
+    c.kubectl_ok(&["uncordon", "node2"])?;
+    let src = node_dir(&c, "node1").join("vmis").join(&uid);
+    let dst = node_dir(&c, "node2").join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let before = uptime(&src)?;
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  bandwidthPerMigration: 4Mi
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    c.apply(&migration("mig-restart", "mig"))?;
+    let st = sending(&c, "mig-restart")?;
+    let qemu = qemu_in(&src).expect("the source QEMU");
+    stream_held_by_the_qemus_only(qemu, &dst, &st);
+    let target_qemu = qemu_in(&dst).expect("the target QEMU");
+    let pid = c.agent_pid("node2").expect("the node2 agent");
+    ferrovirt_testkit::cluster::signal(pid, "KILL");
+    std::thread::sleep(Duration::from_secs(2));
+    c.start_agent("node2")?;
+    let m = finished(&c, "mig-restart", Duration::from_secs(240))?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    check_moved(&c, &uid, "node1", "node2", before)?;
+    assert_eq!(
+        qemu_in(&dst),
+        Some(target_qemu),
+        "the QEMU that received the VM runs it"
+    );
     Ok(())
 }

@@ -61,9 +61,9 @@ pub fn qemu_command(spec: &LaunchSpec) -> Vec<String> {
     if spec.start_paused {
         a.flag("-S");
     }
-    if let Some(path) = &spec.incoming {
-        // QEMU's own `unix:` URI syntax (no option parsing: a comma is not special here).
-        a.opt("-incoming", format!("unix:{}", path.display()));
+    if spec.incoming {
+        // The connection comes later, over QMP (`migrate-incoming fd:`).
+        a.opt("-incoming", "defer");
     }
     if spec.sandbox {
         // Dropping to another user (-runas) needs set*id once; after the drop QEMU holds no

@@ -100,14 +100,25 @@ pub enum Request {
         disk: String,
         bytes: u64,
     },
-    /// Live migration, source side: sends the VM's state to `uri` (QMP `migrate`; `unix:PATH`,
-    /// the agent's relay to the target node), at most `maxBandwidth` bytes per second when
-    /// given, throttling the guest's vCPUs when it does not converge if `autoConverge`.
-    /// Replies as soon as the migration started; follow it with
-    /// [`Request::MigrationStatus`].
+    /// Live migration, either side: makes this side's ephemeral TLS certificate for one
+    /// migration (a fresh key pair kept in the launcher, [`crate::migtls`]) and replies
+    /// [`MigrationCert`]; the agents exchange the certificates over their authenticated
+    /// channel.
+    MigrationCert {
+        endpoint: crate::migtls::Endpoint,
+    },
+    /// Live migration, source side: the launcher connects to `fdSocket` (the agent's unix
+    /// socket in the VMI directory), receives the TCP connection to the target node on it
+    /// (SCM_RIGHTS) and hands it to QEMU (`getfd`, `migrate fd:`); with `peerCert` (the
+    /// target's ephemeral certificate) QEMU encrypts the stream with TLS trusting exactly
+    /// it. At most `maxBandwidth` bytes per second when given, throttling the guest's vCPUs
+    /// when it does not converge if `autoConverge`. Replies as soon as the migration
+    /// started; follow it with [`Request::MigrationStatus`].
     #[serde(rename_all = "camelCase")]
     Migrate {
-        uri: String,
+        fd_socket: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer_cert: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_bandwidth: Option<u64>,
         #[serde(default)]
@@ -116,6 +127,16 @@ pub enum Request {
         /// so the disk mirrors finish first ([`BlockOp::SwitchOver`]).
         #[serde(default)]
         block: bool,
+    },
+    /// Live migration, target side (QEMU started with `-incoming defer`): receives the
+    /// source node's accepted TCP connection on `fdSocket` as [`Request::Migrate`] does and
+    /// starts `migrate-incoming` on it; with `peerCert` (the source's ephemeral
+    /// certificate) QEMU's TLS requires exactly it from the source.
+    #[serde(rename_all = "camelCase")]
+    MigrateIncoming {
+        fd_socket: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer_cert: Option<String>,
     },
     /// A step of a block migration (node-local disks mirrored over NBD,
     /// [`crate::blockmig`]).
@@ -183,6 +204,14 @@ pub struct ResizedDisk {
     pub bytes: u64,
     /// False when the disk already had at least the asked size.
     pub grown: bool,
+}
+
+/// The reply to [`Request::MigrationCert`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationCert {
+    /// PEM.
+    pub cert: String,
 }
 
 /// The reply to [`Request::OpenPort`].
@@ -408,13 +437,29 @@ mod tests {
         );
         assert_eq!(
             serde_json::to_string(&Request::Migrate {
-                uri: "unix:/x".into(),
+                fd_socket: "/x".into(),
+                peer_cert: None,
                 max_bandwidth: Some(1024),
                 auto_converge: false,
                 block: true,
             })
             .unwrap(),
-            r#"{"op":"migrate","uri":"unix:/x","maxBandwidth":1024,"autoConverge":false,"block":true}"#
+            r#"{"op":"migrate","fdSocket":"/x","maxBandwidth":1024,"autoConverge":false,"block":true}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::MigrateIncoming {
+                fd_socket: "/y".into(),
+                peer_cert: Some("P".into()),
+            })
+            .unwrap(),
+            r#"{"op":"migrateIncoming","fdSocket":"/y","peerCert":"P"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::MigrationCert {
+                endpoint: crate::migtls::Endpoint::Server
+            })
+            .unwrap(),
+            r#"{"op":"migrationCert","endpoint":"server"}"#
         );
         assert_eq!(
             serde_json::to_string(&Request::Block {

@@ -53,11 +53,14 @@ enum Command {
         disk: String,
         bytes: u64,
     },
+    MigrationCert(crate::migtls::Endpoint),
     Migrate {
-        uri: String,
-        max_bandwidth: Option<u64>,
-        auto_converge: bool,
-        block: bool,
+        fd_socket: PathBuf,
+        outgoing: crate::migrate::Outgoing,
+    },
+    MigrateIncoming {
+        fd_socket: PathBuf,
+        peer_cert: Option<String>,
     },
     Block(crate::control::BlockOp),
     MigrationStatus,
@@ -202,7 +205,7 @@ async fn start_and_supervise(
     opts: &StartOptions,
     mut timing: crate::timing::Timeline,
 ) -> Result<ExitReport> {
-    let incoming = spec.incoming.is_some();
+    let incoming = spec.incoming;
     let gate_start = crate::timing::boottime_us();
     let gate = fence_gate(meta, incoming).await;
     timing.span("fence_gate", gate_start);
@@ -291,7 +294,7 @@ async fn main_loop(
     holding: Arc<std::sync::atomic::AtomicBool>,
 ) -> ExitReport {
     use std::sync::atomic::Ordering;
-    let incoming = vm.spec().incoming.is_some();
+    let incoming = vm.spec().incoming;
     let mut migrated_away = false;
     let mut events = vm.qmp().subscribe();
     let mut state = run_phase_state(&status).await;
@@ -302,6 +305,8 @@ async fn main_loop(
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut qga_tick = tokio::time::interval(Duration::from_secs(5));
     let mut tops = crate::online_snapshot::Tops::default();
+    // This side's ephemeral migration certificate, between `MigrationCert` and the start.
+    let mut mig_cert: Option<crate::migtls::EphemeralCert> = None;
     let exit_status = loop {
         tokio::select! {
             ev = events.recv() => {
@@ -310,7 +315,7 @@ async fn main_loop(
                     if kind == EventKind::Shutdown && ev.guest_initiated() == Some(true) {
                         guest_shutdown = true;
                     }
-                    if migration_completed(&ev) && !incoming {
+                    if crate::migrate::migration_completed(&ev) && !incoming {
                         // The source's state is on the target: it never writes the disks again.
                         holding.store(false, Ordering::SeqCst);
                     }
@@ -342,8 +347,24 @@ async fn main_loop(
                         .resize_disk(&disk, bytes)
                         .await
                         .map(|r| serde_json::json!(r)),
-                    Command::Migrate { uri, max_bandwidth, auto_converge, block } => {
-                        start_migration(&vm, &uri, max_bandwidth, auto_converge, block).await
+                    Command::MigrationCert(endpoint) => {
+                        crate::migtls::EphemeralCert::generate(endpoint).map(|c| {
+                            let cert = c.cert_pem.clone();
+                            mig_cert = Some(c);
+                            serde_json::json!(crate::control::MigrationCert { cert })
+                        })
+                    }
+                    Command::Migrate { fd_socket, outgoing } => {
+                        let cert = mig_cert.take();
+                        crate::migrate::outgoing_from(&vm, &fd_socket, cert.as_ref(), &outgoing)
+                            .await
+                            .map(|_| serde_json::Value::Null)
+                    }
+                    Command::MigrateIncoming { fd_socket, peer_cert } => {
+                        let cert = mig_cert.take();
+                        crate::migrate::incoming_from(&vm, &fd_socket, cert.as_ref(), peer_cert.as_deref())
+                            .await
+                            .map(|_| serde_json::Value::Null)
                     }
                     Command::Block(step) => crate::blockmig::run(&vm, step).await,
                     Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
@@ -477,64 +498,6 @@ async fn shutdown(vm: &mut Vm, grace: Duration) -> ShutdownOutcome {
     }
 }
 
-/// The name QEMU knows the outgoing migration connection by (`getfd`).
-const MIGRATION_FD: &str = "migration";
-
-/// Whether a QMP event is the `MIGRATION` event of a completed migration.
-pub fn migration_completed(ev: &crate::qmp::QmpEvent) -> bool {
-    ev.event == "MIGRATION" && ev.data.get("status").and_then(|s| s.as_str()) == Some("completed")
-}
-
-/// Starts an outgoing migration to `uri`: MIGRATION events on (so the launcher sees the
-/// completion itself), the bandwidth cap when given, then `migrate`. A `unix:PATH` URI is
-/// connected here and the connection handed to QEMU (`getfd`, `migrate fd:`): QEMU runs under
-/// its own uid and cannot reach the VMI directory after it dropped root.
-async fn start_migration(
-    vm: &Vm,
-    uri: &str,
-    max_bandwidth: Option<u64>,
-    auto_converge: bool,
-    block: bool,
-) -> Result<serde_json::Value> {
-    let caps = serde_json::json!({"capabilities": [
-        {"capability": "events", "state": true},
-        {"capability": "auto-converge", "state": auto_converge},
-        {"capability": "pause-before-switchover", "state": block},
-    ]});
-    vm.qmp()
-        .execute("migrate-set-capabilities", Some(caps))
-        .await?;
-    if let Some(bw) = max_bandwidth {
-        vm.qmp()
-            .execute(
-                "migrate-set-parameters",
-                Some(serde_json::json!({"max-bandwidth": bw})),
-            )
-            .await?;
-    }
-    let uri = match uri.strip_prefix("unix:") {
-        Some(path) => {
-            use std::os::fd::AsFd;
-            let conn = std::os::unix::net::UnixStream::connect(path)
-                .map_err(|e| Error::io(format!("connecting to {path}"), e))?;
-            vm.qmp()
-                .execute_with_fd(
-                    "getfd",
-                    Some(serde_json::json!({"fdname": MIGRATION_FD})),
-                    conn.as_fd(),
-                )
-                .await?;
-            // QEMU holds its own copy now; ours closes when `conn` drops.
-            format!("fd:{MIGRATION_FD}")
-        }
-        None => uri.to_string(),
-    };
-    vm.qmp()
-        .execute("migrate", Some(serde_json::json!({"uri": uri})))
-        .await?;
-    Ok(serde_json::Value::Null)
-}
-
 async fn guest_info(vm: &Vm) -> Result<serde_json::Value> {
     let mut g = vm.guest_agent().await?;
     let os = g.os_info().await.ok();
@@ -590,16 +553,28 @@ async fn connection(
                     Request::OpenPort { port } => Command::OpenPort { port },
                     Request::ClosePort { host_port } => Command::ClosePort { host_port },
                     Request::ResizeDisk { disk, bytes } => Command::ResizeDisk { disk, bytes },
+                    Request::MigrationCert { endpoint } => Command::MigrationCert(endpoint),
                     Request::Migrate {
-                        uri,
+                        fd_socket,
+                        peer_cert,
                         max_bandwidth,
                         auto_converge,
                         block,
                     } => Command::Migrate {
-                        uri,
-                        max_bandwidth,
-                        auto_converge,
-                        block,
+                        fd_socket,
+                        outgoing: crate::migrate::Outgoing {
+                            peer_cert,
+                            max_bandwidth,
+                            auto_converge,
+                            block,
+                        },
+                    },
+                    Request::MigrateIncoming {
+                        fd_socket,
+                        peer_cert,
+                    } => Command::MigrateIncoming {
+                        fd_socket,
+                        peer_cert,
                     },
                     Request::Block { step } => Command::Block(step),
                     Request::MigrationStatus => Command::MigrationStatus,

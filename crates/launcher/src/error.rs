@@ -40,6 +40,9 @@ pub enum Error {
     /// A block migration step could not be carried out (the VM keeps its own disks).
     #[error("block migration: {0}")]
     BlockMigration(String),
+    /// A live-migration step could not be carried out (the source keeps running).
+    #[error("migration: {0}")]
+    Migration(String),
     /// A console pattern is not a valid regular expression.
     #[error("invalid pattern: {0}")]
     Pattern(#[from] regex::Error),

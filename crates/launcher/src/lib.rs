@@ -15,6 +15,8 @@ pub mod daemon;
 pub mod error;
 pub mod fence;
 pub mod lifecycle;
+pub mod migrate;
+pub mod migtls;
 pub mod online_snapshot;
 pub mod platform;
 pub mod process;

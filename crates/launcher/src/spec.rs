@@ -69,11 +69,12 @@ pub struct LaunchSpec {
     /// rotated to `<name>.1` (replacing an older one). Unset: [`DEFAULT_SERIAL_LOG_MAX`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial_log_max_bytes: Option<u64>,
-    /// Live-migration target: QEMU waits for the incoming migration stream on this unix
-    /// socket (`-incoming unix:PATH`) instead of booting the guest; the guest runs once the
-    /// stream is complete. The agent relays the source node's TCP connection to it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub incoming: Option<PathBuf>,
+    /// Live-migration target: QEMU waits for the incoming migration stream (`-incoming
+    /// defer`) instead of booting the guest; `migrate-incoming` on the connection the agent
+    /// hands over starts it ([`crate::migrate::start_incoming`]) and the guest runs once the
+    /// stream is complete.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incoming: bool,
     /// Features, clock, reboot policy, chassis, CPU flags, watchdog, panic, tablets, sound.
     #[serde(default)]
     pub platform: crate::platform::Platform,
@@ -530,7 +531,7 @@ impl LaunchSpec {
             run_as: None,
             cgroup: None,
             serial_log_max_bytes: None,
-            incoming: None,
+            incoming: false,
             platform: crate::platform::Platform::default(),
             extra_args: Vec::new(),
         }

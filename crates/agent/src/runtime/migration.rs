@@ -2,8 +2,10 @@
 //! [`crate::migration`]'s): a second VMI watch, on `status.migrationState.targetNode=<node>`,
 //! finds the migrations this node receives; the target prepares a launcher whose QEMU waits
 //! for the stream and reports where to send it; the source, seeing that address on its VMI,
-//! sends the VM through the relays, moves the VMI to the target in one write once QEMU reports
-//! the migration completed, and lets its launcher go without the VMI ever looking failed.
+//! sets the stream up with the target agent ([`crate::migstream`]: certificates exchanged,
+//! the data connection handed to both launchers, QEMU to QEMU with QEMU's own TLS), moves the
+//! VMI to the target in one write once QEMU reports the migration completed, and lets its
+//! launcher go without the VMI ever looking failed.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -25,11 +27,15 @@ use crate::decide::Observed;
 use crate::error::AgentError;
 use crate::launchers;
 use crate::migration::{self as mig, SourceStep, TargetStep};
+use crate::migstream as ms;
+use ferrovirt_launcher::migtls::Endpoint;
 
 /// How often the source asks its launcher how the migration goes.
 const POLL: Duration = Duration::from_millis(50);
 /// How long the target's QEMU may take to come up waiting for the stream.
 const TARGET_START: Duration = Duration::from_secs(30);
+/// How long each step of the stream's setup between the agents may take.
+const SETUP_STEP: Duration = Duration::from_secs(30);
 
 /// The field selector of the VMIs migrating to `node`.
 pub fn target_selector(node: &str) -> String {
@@ -46,6 +52,7 @@ pub(super) async fn target_loop(agent: Arc<Agent>) {
         .touched_objects()
         .boxed();
     let mut resync = tokio::time::interval(agent.opts.resync_interval);
+    let mut synced = false;
     loop {
         tokio::select! {
             ev = events.next() => match ev {
@@ -54,6 +61,8 @@ pub(super) async fn target_loop(agent: Arc<Agent>) {
                 None => return,
             },
             _ = resync.tick() => {}
+            // The first list is in (possibly empty): mark the targets known.
+            _ = store.wait_until_ready(), if !synced => {}
         }
         let vmis: Vec<VirtualMachineInstance> = store
             .state()
@@ -71,6 +80,14 @@ pub(super) async fn target_loop(agent: Arc<Agent>) {
             targets.extend(uids.iter().cloned());
             gone
         };
+        if !synced
+            && futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+        {
+            synced = true;
+            agent
+                .targets_synced
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         for vmi in vmis {
             agent.reconcile_target(&vmi).await;
         }
@@ -133,14 +150,13 @@ impl Agent {
         }
     }
 
-    /// Starts the launcher waiting for the incoming stream, the relay in front of it, and
-    /// reports the address on the VMI.
+    /// Starts the launcher waiting for the incoming stream and the task that receives it
+    /// ([`Agent::receive_stream`]), and reports the address on the VMI.
     async fn prepare_target(
         self: &Arc<Self>,
         vmi: &VirtualMachineInstance,
     ) -> Result<(), AgentError> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let dir = self.cfg.vmi_dir(&uid);
         self.event(
             vmi,
             "Normal",
@@ -151,21 +167,20 @@ impl Agent {
             ),
         )
         .await;
-        let incoming = mig::incoming_socket(&dir);
         // Node-local disks: empty copies here, filled by the source's mirrors.
         let block = self.prepare_block_target(vmi).await?;
         self.start_with(
             vmi,
             &mut ferrovirt_launcher::timing::Timeline::default(),
-            Some(incoming.clone()),
+            true,
             &block.claim_paths,
         )
         .await?;
-        // QEMU is up once the launcher answers; its incoming socket exists then.
+        // QEMU waits (`-incoming defer`) once the launcher answers.
         let deadline = Instant::now() + TARGET_START;
         loop {
             match launchers::observe(&self.cfg, &uid).await {
-                Observed::Running(_) if incoming.exists() => break,
+                Observed::Running(_) => break,
                 Observed::Exited(rep) => {
                     return Err(AgentError::Reference(format!(
                         "the target launcher exited: {}",
@@ -209,11 +224,17 @@ impl Agent {
         let nbd_ports = self
             .export_block_target(&uid, &block, ip, source, tls.clone())
             .await?;
-        let relay = tokio::spawn(mig::relay_incoming(listener, source, incoming, tls));
+        let me = self.clone();
+        let u = uid.clone();
+        let receiver = tokio::spawn(async move {
+            if let Err(e) = me.receive_stream(&u, listener, source, tls).await {
+                tracing::warn!(uid = %u, "receiving the migration: {e}");
+            }
+        });
         self.relays
             .lock()
             .await
-            .insert(uid.clone(), relay.abort_handle());
+            .insert(uid.clone(), receiver.abort_handle());
         self.patch_status(
             vmi,
             mig::target_ready_patch(ip, port, &nbd_ports, &now_string()),
@@ -224,6 +245,72 @@ impl Agent {
             tokio::spawn(self.clone().finish_block_target(vmi.clone()));
         }
         Ok(())
+    }
+
+    /// Target: the stream's setup with the source agent ([`crate::migstream`]): the
+    /// authenticated channel from the source node, the certificates exchanged, the announced
+    /// data connection handed to the launcher, whose QEMU starts `migrate-incoming` on it.
+    /// An error after the channel is up is told to the source.
+    async fn receive_stream(
+        &self,
+        uid: &str,
+        listener: tokio::net::TcpListener,
+        source: IpAddr,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Result<(), String> {
+        let encrypted = tls.is_some();
+        let mut ch = ms::accept_channel(&listener, source, tls)
+            .await
+            .map_err(|e| format!("the source's channel: {e}"))?;
+        let steps = async {
+            let hello: ms::Hello = timeout(ms::recv(&mut ch)).await?;
+            ms::check_hello(&hello, encrypted)?;
+            let cert = match encrypted {
+                true => Some(self.launcher_cert(uid, Endpoint::Server).await?),
+                false => None,
+            };
+            timeout(ms::send(&mut ch, &ms::Reply { cert, error: None })).await?;
+            let data = timeout(ms::accept_data(&listener, source, hello.data_port)).await?;
+            drop(listener);
+            let sock = mig::incoming_socket(&self.cfg.vmi_dir(uid));
+            let conn = ms::into_fd(data).map_err(|e| e.to_string())?;
+            let _hand_over = AbortOnDrop(
+                ms::hand_over(&sock, conn)
+                    .map_err(|e| format!("{}: {e}", sock.display()))?
+                    .abort_handle(),
+            );
+            let req = Request::MigrateIncoming {
+                fd_socket: sock,
+                peer_cert: hello.cert,
+            };
+            launchers::request(&self.cfg, uid, &req, SETUP_STEP)
+                .await
+                .map_err(|e| format!("the target launcher: {e}"))?;
+            Ok::<_, String>(())
+        }
+        .await;
+        let reply = ms::Reply {
+            cert: None,
+            error: steps.clone().err(),
+        };
+        let _ = timeout(ms::send(&mut ch, &reply)).await;
+        steps
+    }
+
+    /// This side's ephemeral migration certificate, made by its launcher (which keeps the
+    /// key).
+    async fn launcher_cert(&self, uid: &str, endpoint: Endpoint) -> Result<String, String> {
+        let v = launchers::request(
+            &self.cfg,
+            uid,
+            &Request::MigrationCert { endpoint },
+            SETUP_STEP,
+        )
+        .await
+        .map_err(|e| format!("the launcher's migration certificate: {e}"))?;
+        serde_json::from_value::<ferrovirt_launcher::control::MigrationCert>(v)
+            .map(|c| c.cert)
+            .map_err(|e| format!("the launcher's migration certificate: {e}"))
     }
 
     /// A node's InternalIP and published certificate fingerprint (if any).
@@ -284,6 +371,12 @@ impl Agent {
             migration_uid,
         } = mig::source_step(vmi, &self.opts.node_name, driving)
         else {
+            // A migration this node was sending before the agent restarted.
+            if crate::migresume::resumable(vmi, &self.opts.node_name, driving) {
+                self.busy.lock().await.insert(uid.clone());
+                tokio::spawn(self.clone().resume_out(vmi.clone()));
+                return true;
+            }
             return false;
         };
         self.busy.lock().await.insert(uid.clone());
@@ -294,22 +387,30 @@ impl Agent {
                 .migrate_out(&vmi, target, &target_node, &migration_uid)
                 .await;
             if let Err(reason) = outcome {
-                tracing::warn!(uid = %uid, "migration failed: {reason}");
-                if !mig::read_block_volumes(&me.cfg.vmi_dir(&uid)).is_empty() {
-                    me.cancel_mirrors(&uid).await;
-                }
-                me.event(&vmi, "Warning", "FailedMigration", &reason).await;
-                let mut patch = mig::failed_patch(&reason, &now_string());
-                if me.abort_requested(&vmi).await {
-                    patch["migrationState"]["abortStatus"] = json!("Succeeded");
-                }
-                if let Err(e) = me.patch_status(&vmi, patch).await {
-                    tracing::warn!("recording the failed migration: {e}");
-                }
+                me.fail_out(&vmi, &reason).await;
             }
             me.busy.lock().await.remove(&uid);
         });
         true
+    }
+
+    /// Records a failed migration this node was sending (the source runs on): the disk
+    /// mirrors cancelled, a `FailedMigration` Event, `failed` with the reason (and
+    /// `abortStatus: Succeeded` when it was cancelled on request).
+    pub(super) async fn fail_out(&self, vmi: &VirtualMachineInstance, reason: &str) {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        tracing::warn!(uid = %uid, "migration failed: {reason}");
+        if !mig::read_block_volumes(&self.cfg.vmi_dir(&uid)).is_empty() {
+            self.cancel_mirrors(&uid).await;
+        }
+        self.event(vmi, "Warning", "FailedMigration", reason).await;
+        let mut patch = mig::failed_patch(reason, &now_string());
+        if self.abort_requested(vmi).await {
+            patch["migrationState"]["abortStatus"] = json!("Succeeded");
+        }
+        if let Err(e) = self.patch_status(vmi, patch).await {
+            tracing::warn!("recording the failed migration: {e}");
+        }
     }
 
     /// Sends the VM to `target`, switches over, lets the source launcher go. `Err`: why it
@@ -323,11 +424,6 @@ impl Agent {
     ) -> Result<(), String> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
-        let sock = dir.join(mig::OUTGOING_SOCKET);
-        let _ = std::fs::remove_file(&sock);
-        let listener = tokio::net::UnixListener::bind(&sock)
-            .map_err(|e| format!("migration socket {}: {e}", sock.display()))?;
-        // The launcher connects to it and hands the connection to QEMU.
         let config = mig::configuration(vmi);
         if mig::post_copy_refused(&config) {
             return Err(mig::POST_COPY_REFUSED.into());
@@ -348,13 +444,6 @@ impl Agent {
             })?;
             Some(crate::tls::migration_client_config(&self.cert, pin).map_err(|e| e.to_string())?)
         };
-        let relay = tokio::spawn(mig::relay_outgoing(
-            listener,
-            target,
-            self.net.node_netns(),
-            tls.clone(),
-        ));
-        let _abort = AbortOnDrop(relay.abort_handle());
         let start = json!({"migrationState": {"startTimestamp": now_string()},
             "migrationMethod": super::blockmig::method_patch(!block.is_empty())});
         self.patch_status(vmi, start)
@@ -385,21 +474,58 @@ impl Agent {
                 ),
             )
             .await;
-            self.mirror_out(vmi, &block, target.ip(), tls).await?
+            self.mirror_out(vmi, &block, target.ip(), tls.clone())
+                .await?
         };
+        let (conn, peer_cert) = self.open_stream(&uid, target, tls).await?;
+        let sock = dir.join(mig::OUTGOING_SOCKET);
+        let _hand_over = AbortOnDrop(
+            ms::hand_over(&sock, conn)
+                .map_err(|e| format!("{}: {e}", sock.display()))?
+                .abort_handle(),
+        );
         let req = Request::Migrate {
-            uri: format!("unix:{}", sock.display()),
+            fd_socket: sock,
+            peer_cert,
             max_bandwidth: ferrovirt_api::migration_policy::bandwidth_bytes(&config),
             auto_converge: config.allow_auto_converge == Some(true),
             block: !block.is_empty(),
         };
-        launchers::request(&self.cfg, &uid, &req, Duration::from_secs(10))
+        launchers::request(&self.cfg, &uid, &req, SETUP_STEP)
             .await
             .map_err(|e| format!("starting the migration: {e}"))?;
+        self.follow_out(FollowOut {
+            vmi,
+            target_node,
+            migration_uid,
+            block: &block,
+            copy_started,
+            abort: None,
+        })
+        .await
+    }
+
+    /// Follows the migration QEMU sends (`query-migrate` every [`POLL`]: the block
+    /// switch-over, timeouts, a cancel), then switches over: the VMI moves to the target in
+    /// one write, the launcher is told `MigratedAway` and its directory removed. `Err`: why
+    /// it failed (the source runs on). Used by the original path and by a restarted agent
+    /// ([`crate::migresume`]).
+    pub(super) async fn follow_out(&self, f: FollowOut<'_>) -> Result<(), String> {
+        let FollowOut {
+            vmi,
+            target_node,
+            migration_uid,
+            block,
+            copy_started,
+            abort,
+        } = f;
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let dir = self.cfg.vmi_dir(&uid);
+        let config = mig::configuration(vmi);
         let started = Instant::now();
         let mut progress = mig::Progress::default();
         let mut last_check = Instant::now();
-        let mut abort: Option<String> = None;
+        let mut abort = abort;
         let mut final_tries = 0;
         let mut switched = false;
         let info = loop {
@@ -574,6 +700,49 @@ impl Agent {
         Ok(())
     }
 
+    /// Source: the stream's setup with the target agent ([`crate::migstream`]): the
+    /// authenticated channel, our launcher's ephemeral certificate for the target's, the data
+    /// connection opened from the announced port once the target accepts it. Returns the
+    /// data connection and the target's certificate (`None` with `disableTLS`).
+    async fn open_stream(
+        &self,
+        uid: &str,
+        target: std::net::SocketAddr,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Result<(std::os::fd::OwnedFd, Option<String>), String> {
+        let encrypted = tls.is_some();
+        let netns = self.net.node_netns();
+        let (mut ch, local) = timeout(ms::connect_channel(netns.clone(), target, tls))
+            .await
+            .map_err(|e| format!("the target agent at {target}: {e}"))?;
+        let socket = ms::data_socket(netns, local.ip())
+            .await
+            .map_err(|e| format!("the migration's data socket: {e}"))?;
+        let data_port = socket.local_addr().map_err(|e| e.to_string())?.port();
+        let cert = match encrypted {
+            true => Some(self.launcher_cert(uid, Endpoint::Client).await?),
+            false => None,
+        };
+        timeout(ms::send(&mut ch, &ms::Hello { cert, data_port })).await?;
+        let answer: ms::Reply = timeout(ms::recv(&mut ch)).await?;
+        if let Some(e) = answer.error {
+            return Err(format!("the target: {e}"));
+        }
+        if encrypted && answer.cert.is_none() {
+            return Err("the target sent no certificate for an encrypted migration".into());
+        }
+        let data = timeout(socket.connect(target))
+            .await
+            .map_err(|e| format!("the migration's data connection to {target}: {e}"))?;
+        let _ = data.set_nodelay(true);
+        let ready: ms::Reply = timeout(ms::recv(&mut ch)).await?;
+        if let Some(e) = ready.error {
+            return Err(format!("the target: {e}"));
+        }
+        let conn = ms::into_fd(data).map_err(|e| e.to_string())?;
+        Ok((conn, answer.cert))
+    }
+
     /// Whether the VMI (read now) asks for its migration to be aborted.
     pub(super) async fn abort_requested(&self, vmi: &VirtualMachineInstance) -> bool {
         let (ns, name) = ns_name(vmi);
@@ -619,12 +788,35 @@ impl Agent {
     }
 }
 
+/// What [`Agent::follow_out`] follows.
+pub(super) struct FollowOut<'a> {
+    pub(super) vmi: &'a VirtualMachineInstance,
+    pub(super) target_node: &'a str,
+    pub(super) migration_uid: &'a str,
+    /// The node-local disks mirrored (empty: shared storage only).
+    pub(super) block: &'a [ferrovirt_api::migration::BlockVolume],
+    /// When the disks' copy (or, without disks, the sending) started, for the Event.
+    pub(super) copy_started: Instant,
+    /// Already being cancelled, for this reason.
+    pub(super) abort: Option<String>,
+}
+
 /// The VMI's current (source) node.
 fn source_node(vmi: &VirtualMachineInstance) -> String {
     vmi.status
         .as_ref()
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default()
+}
+
+/// `f` bounded by [`SETUP_STEP`]; its error as text.
+async fn timeout<T, E: std::fmt::Display>(
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(SETUP_STEP, f).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {SETUP_STEP:?}")),
+    }
 }
 
 /// Aborts its task when dropped.

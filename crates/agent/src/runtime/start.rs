@@ -40,26 +40,26 @@ impl Agent {
         vmi: &VirtualMachineInstance,
         timing: &mut Timeline,
     ) -> Result<(), AgentError> {
-        self.start_with(vmi, timing, None, &Default::default())
+        self.start_with(vmi, timing, false, &Default::default())
             .await
     }
 
     /// [`Agent::start`]; with `incoming`, the launcher of a live-migration target whose QEMU
-    /// waits for the stream on that socket. A target's VMI already carries the source's
+    /// waits for the stream (`-incoming defer`). A target's VMI already carries the source's
     /// finalizer and fencing announcement: neither is written again. `claim_paths`: claims
     /// whose volume is the block-migration target's fresh copy here, not the PV's path.
     pub(super) async fn start_with(
         &self,
         vmi: &VirtualMachineInstance,
         timing: &mut Timeline,
-        incoming: Option<PathBuf>,
+        incoming: bool,
         claim_paths: &std::collections::BTreeMap<String, PathBuf>,
     ) -> Result<(), AgentError> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         let steps = Steps(std::sync::Mutex::new(std::mem::take(timing)));
         let finalizer = async {
-            if incoming.is_some() {
+            if incoming {
                 return;
             }
             let t = boottime_us();
@@ -97,7 +97,7 @@ impl Agent {
             let t = boottime_us();
             let fence = self.fence_spec(vmi, &refs).await?;
             steps.span("fence_spec", t);
-            if incoming.is_some() {
+            if incoming {
                 // A migration target's VMI keeps the source's announcement until it moves.
                 return Ok::<_, AgentError>(fence);
             }
@@ -149,7 +149,7 @@ impl Agent {
             }
             let t = boottime_us();
             let mut net_opts = crate::network::AttachOptions {
-                incoming: incoming.is_some(),
+                incoming,
                 ..Default::default()
             };
             if self.net.enabled() {
@@ -187,16 +187,17 @@ impl Agent {
         ctx.sandbox = true;
         // A migration target has a cgroup of its own: on one host (tests) the source's
         // holds the source QEMU until the switch-over.
-        ctx.cgroup_name = match &incoming {
-            Some(_) => vmi.metadata.uid.as_ref().map(|u| format!("{u}.in")),
-            None => vmi.metadata.uid.clone(),
+        ctx.cgroup_name = if incoming {
+            vmi.metadata.uid.as_ref().map(|u| format!("{u}.in"))
+        } else {
+            vmi.metadata.uid.clone()
         };
         ctx.pids_max = Some(self.opts.isolation.pids_max);
         ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
         ctx.pod_taps = attachment.taps;
         let exec_prefix = attachment.exec_prefix;
         let mut spec = mapping::launch_spec(vmi, &ctx)?;
-        spec.incoming = incoming.clone();
+        spec.incoming = incoming;
         spec.validate()?;
         // LiveMigratable, decided now that the claims' access modes are known; the running
         // status reports it (`decide::Report::migratable`).

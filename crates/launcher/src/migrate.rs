@@ -1,0 +1,279 @@
+//! Live migration in the launcher (docs/migration.md): the QMP sequences of the source
+//! (`migrate` on the TCP connection the agent hands over, with QEMU's own TLS from ephemeral
+//! certificates, the bandwidth cap, auto-converge, and `pause-before-switchover` for a block
+//! migration) and of the target (QEMU started with `-incoming defer`: `migrate-incoming` on
+//! the connection its agent accepted), and the hand-over of those connections from the agent
+//! (SCM_RIGHTS over a unix socket in the VMI directory). The QEMUs talk to each other
+//! directly: no agent copies the stream. The argument builders are pure and unit-tested.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::lifecycle::Vm;
+use crate::migtls::{self, Endpoint, EphemeralCert};
+
+/// The name QEMU knows the migration connection by (`getfd`).
+pub const MIGRATION_FD: &str = "migration";
+/// The URI of the passed connection.
+pub const MIGRATION_URI: &str = "fd:migration";
+/// How long the launcher waits for the agent to hand the connection over.
+const HAND_OVER: Duration = Duration::from_secs(10);
+
+/// Whether a QMP event is the `MIGRATION` event of a completed migration.
+pub fn migration_completed(ev: &crate::qmp::QmpEvent) -> bool {
+    ev.event == "MIGRATION" && ev.data.get("status").and_then(|s| s.as_str()) == Some("completed")
+}
+
+/// How the source migrates.
+#[derive(Debug, Clone, Default)]
+pub struct Outgoing {
+    /// The target's ephemeral certificate (PEM): QEMU's TLS trusting exactly it. `None`:
+    /// plain (`disableTLS`).
+    pub peer_cert: Option<String>,
+    pub max_bandwidth: Option<u64>,
+    pub auto_converge: bool,
+    /// A block migration: pause before the switch-over so the mirrors complete first.
+    pub block: bool,
+}
+
+/// `migrate-set-capabilities` of the source.
+pub fn capabilities(o: &Outgoing) -> Value {
+    json!({"capabilities": [
+        {"capability": "events", "state": true},
+        {"capability": "auto-converge", "state": o.auto_converge},
+        {"capability": "pause-before-switchover", "state": o.block},
+    ]})
+}
+
+/// `migrate-set-parameters` of the source: TLS (or explicitly none) and the bandwidth cap.
+pub fn source_parameters(o: &Outgoing) -> Value {
+    let mut p = migtls::tls_parameters(o.peer_cert.is_some(), Endpoint::Client);
+    if let Some(bw) = o.max_bandwidth {
+        p["max-bandwidth"] = json!(bw);
+    }
+    p
+}
+
+/// Receives the one file descriptor the agent sends on the unix socket at `path`.
+pub fn receive_fd(path: &Path) -> Result<OwnedFd> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+    let io =
+        |e: std::io::Error| Error::io(format!("receiving the connection on {}", path.display()), e);
+    let conn = std::os::unix::net::UnixStream::connect(path).map_err(io)?;
+    conn.set_read_timeout(Some(HAND_OVER)).map_err(io)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    recvmsg(
+        &conn,
+        &mut [IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(|e| io(e.into()))?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(got) = m {
+            fds.extend(got);
+        }
+    }
+    match fds.len() {
+        1 => Ok(fds.remove(0)),
+        n => Err(Error::Migration(format!(
+            "the agent handed over {n} file descriptors on {}, expected one",
+            path.display()
+        ))),
+    }
+}
+
+/// Sends `fd` on `stream` (the agent's side of [`receive_fd`]).
+pub fn send_fd(stream: &std::os::unix::net::UnixStream, fd: BorrowedFd<'_>) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let fds = [fd];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    sendmsg(
+        stream,
+        &[IoSlice::new(b"F")],
+        &mut control,
+        SendFlags::empty(),
+    )?;
+    Ok(())
+}
+
+/// Gives QEMU this migration's TLS credentials: our ephemeral pair and the peer's
+/// certificate, in a directory only QEMU's uid can read, removed once QEMU has read it
+/// (`object-add` loads the files). An older credentials object (an earlier attempt) is
+/// replaced.
+async fn install_creds(vm: &Vm, ours: &EphemeralCert, peer_cert: &str) -> Result<()> {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let owner = migtls::runas_owner(vm.spec().run_as.as_deref(), &passwd)?;
+    let files = migtls::creds_files(ours, peer_cert);
+    let dir = migtls::write_creds_dir(&migtls::creds_base(), &files, owner)?;
+    let _ = vm
+        .qmp()
+        .execute("object-del", Some(json!({"id": migtls::CREDS_ID})))
+        .await;
+    vm.qmp()
+        .execute(
+            "object-add",
+            Some(migtls::creds_object(ours.endpoint, &dir.path)),
+        )
+        .await?;
+    drop(dir);
+    Ok(())
+}
+
+fn needs_cert(cert: Option<&EphemeralCert>, endpoint: Endpoint) -> Result<&EphemeralCert> {
+    cert.filter(|c| c.endpoint == endpoint).ok_or_else(|| {
+        Error::Migration(
+            "no ephemeral migration certificate for this side: ask for one (migrationCert) first"
+                .into(),
+        )
+    })
+}
+
+/// Source: starts sending the VM on `conn` (a connected TCP socket to the target node).
+/// `cert`: this side's ephemeral certificate, required with `o.peer_cert`. Returns once
+/// QEMU accepted `migrate`; QEMU holds its own copy of `conn`.
+pub async fn start_outgoing(
+    vm: &Vm,
+    conn: BorrowedFd<'_>,
+    cert: Option<&EphemeralCert>,
+    o: &Outgoing,
+) -> Result<()> {
+    vm.qmp()
+        .execute("migrate-set-capabilities", Some(capabilities(o)))
+        .await?;
+    if let Some(peer) = &o.peer_cert {
+        install_creds(vm, needs_cert(cert, Endpoint::Client)?, peer).await?;
+    }
+    vm.qmp()
+        .execute("migrate-set-parameters", Some(source_parameters(o)))
+        .await?;
+    vm.qmp()
+        .execute_with_fd("getfd", Some(json!({"fdname": MIGRATION_FD})), conn)
+        .await?;
+    vm.qmp()
+        .execute("migrate", Some(json!({"uri": MIGRATION_URI})))
+        .await?;
+    Ok(())
+}
+
+/// Target (QEMU waiting with `-incoming defer`): receives the VM on `conn` (the source
+/// node's accepted TCP connection); with `peer_cert`, QEMU's TLS requires exactly the
+/// source's ephemeral certificate.
+pub async fn start_incoming(
+    vm: &Vm,
+    conn: BorrowedFd<'_>,
+    cert: Option<&EphemeralCert>,
+    peer_cert: Option<&str>,
+) -> Result<()> {
+    if let Some(peer) = peer_cert {
+        install_creds(vm, needs_cert(cert, Endpoint::Server)?, peer).await?;
+    }
+    vm.qmp()
+        .execute(
+            "migrate-set-parameters",
+            Some(migtls::tls_parameters(
+                peer_cert.is_some(),
+                Endpoint::Server,
+            )),
+        )
+        .await?;
+    vm.qmp()
+        .execute_with_fd("getfd", Some(json!({"fdname": MIGRATION_FD})), conn)
+        .await?;
+    vm.qmp()
+        .execute("migrate-incoming", Some(json!({"uri": MIGRATION_URI})))
+        .await?;
+    Ok(())
+}
+
+/// [`start_outgoing`] on the connection handed over on `fd_socket`.
+pub async fn outgoing_from(
+    vm: &Vm,
+    fd_socket: &Path,
+    cert: Option<&EphemeralCert>,
+    o: &Outgoing,
+) -> Result<()> {
+    let path = fd_socket.to_path_buf();
+    let conn = tokio::task::spawn_blocking(move || receive_fd(&path))
+        .await
+        .map_err(|e| Error::Migration(e.to_string()))??;
+    start_outgoing(vm, conn.as_fd(), cert, o).await
+}
+
+/// [`start_incoming`] on the connection handed over on `fd_socket`.
+pub async fn incoming_from(
+    vm: &Vm,
+    fd_socket: &Path,
+    cert: Option<&EphemeralCert>,
+    peer_cert: Option<&str>,
+) -> Result<()> {
+    let path = fd_socket.to_path_buf();
+    let conn = tokio::task::spawn_blocking(move || receive_fd(&path))
+        .await
+        .map_err(|e| Error::Migration(e.to_string()))??;
+    start_incoming(vm, conn.as_fd(), cert, peer_cert).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_source_sets_tls_and_the_cap_before_migrating() {
+        let o = Outgoing {
+            peer_cert: Some("PEM".into()),
+            max_bandwidth: Some(1 << 20),
+            auto_converge: true,
+            block: false,
+        };
+        let p = source_parameters(&o);
+        assert_eq!(p["tls-creds"], migtls::CREDS_ID);
+        assert_eq!(p["tls-hostname"], migtls::TARGET_HOSTNAME);
+        assert_eq!(p["max-bandwidth"], 1 << 20);
+        let c = capabilities(&o);
+        assert_eq!(
+            c["capabilities"][1],
+            json!({"capability": "auto-converge", "state": true})
+        );
+        assert_eq!(c["capabilities"][2]["state"], false);
+        // disableTLS: plain, and an earlier attempt's credentials are not used.
+        let plain = source_parameters(&Outgoing::default());
+        assert_eq!(plain["tls-creds"], "");
+        assert!(plain.get("max-bandwidth").is_none());
+        assert!(needs_cert(None, Endpoint::Client).is_err());
+        let server = EphemeralCert::generate(Endpoint::Server).unwrap();
+        assert!(needs_cert(Some(&server), Endpoint::Client).is_err());
+        assert!(needs_cert(Some(&server), Endpoint::Server).is_ok());
+    }
+
+    #[test]
+    fn a_descriptor_passes_over_the_unix_socket() {
+        use std::io::{Read, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("fd.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sender = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            send_fd(&s, b.as_fd()).unwrap();
+        });
+        let got = receive_fd(&sock).unwrap();
+        sender.join().unwrap();
+        let mut got = std::os::unix::net::UnixStream::from(got);
+        a.write_all(b"hi").unwrap();
+        let mut buf = [0u8; 2];
+        got.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
+    }
+}
