@@ -91,10 +91,7 @@ spec:
     let log = c.agent_dir().join("vmis").join(&uid).join("serial.log");
     let lease = c.wait_until("the guest's DHCP lease", BOOT, || {
         let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
-        Ok(text
-            .lines()
-            .find(|l| l.contains("FERROVIRT-DHCP"))
-            .map(String::from))
+        Ok(complete_line(&text, "FERROVIRT-DHCP"))
     })?;
     assert!(
         lease.contains("ip=10.0.2.2/24") && lease.contains("router=10.0.2.1"),
@@ -103,10 +100,7 @@ spec:
     // Two vCPUs, multi-queue: the guest's virtio NIC has two queue pairs.
     let queues = c.wait_until("the guest's NIC queues", BOOT, || {
         let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
-        Ok(text
-            .lines()
-            .find(|l| l.contains("FERROVIRT-QUEUES"))
-            .map(String::from))
+        Ok(complete_line(&text, "FERROVIRT-QUEUES"))
     })?;
     assert!(
         queues.contains("rx-0 rx-1 tx-0 tx-1"),
@@ -133,4 +127,13 @@ spec:
         || Ok((!netns_list().iter().any(|n| n.contains(&uid))).then_some(())),
     )?;
     Ok(())
+}
+
+/// The first whole line (ended by a newline: the serial log may be read while the guest is
+/// still writing it) that contains `marker`.
+fn complete_line(text: &str, marker: &str) -> Option<String> {
+    text.split_inclusive('\n')
+        .filter(|l| l.ends_with('\n'))
+        .find(|l| l.contains(marker))
+        .map(|l| l.trim_end().to_string())
 }
