@@ -12,7 +12,10 @@
 //! It is served over TLS with the agent's self-signed certificate ([`crate::tls`]), whose
 //! SHA-256 the agent publishes on its Node next to the `https://` URL; the API server pins it.
 //! Every request must also carry `Authorization: Bearer <the agent's API token>`; anything else
-//! is answered 401. Errors are JSON `{"code": N, "message": "..."}`.
+//! is answered 401, except that `/metrics` and `/healthz` also take another bearer token that
+//! the API server vouches for ([`crate::delegated`]: TokenReview, then SubjectAccessReview of
+//! `nodes/metrics`), answered 401 or 403 otherwise. Errors are JSON
+//! `{"code": N, "message": "..."}`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -163,21 +166,39 @@ fn launcher_error(e: &ferrovirt_launcher::Error) -> StatusCode {
     }
 }
 
+/// Who the endpoint lets in.
+#[derive(Debug, Default)]
+pub struct EndpointAuth {
+    /// The agent's API token, the API server's credential for every route. None: every
+    /// request it would be needed for is refused (the agent was not given its token).
+    pub token: Option<String>,
+    /// Other bearer tokens on the scrape routes, reviewed with the API server.
+    pub delegated: Option<Arc<crate::delegated::DelegatedAuth>>,
+}
+
+impl From<Option<String>> for EndpointAuth {
+    fn from(token: Option<String>) -> EndpointAuth {
+        EndpointAuth {
+            token,
+            delegated: None,
+        }
+    }
+}
+
 struct EndpointState {
     cfg: LauncherConfig,
     /// This node's name (the `node` label of the metrics).
     node: String,
-    /// None: every request is refused (the agent was not given its token).
-    token: Option<String>,
+    auth: EndpointAuth,
 }
 
 /// The endpoint's routes (without a listener; tests serve it themselves).
-pub fn router(cfg: LauncherConfig, node: &str, token: Option<String>) -> Router {
+pub fn router(cfg: LauncherConfig, node: &str, auth: impl Into<EndpointAuth>) -> Router {
     let storage = crate::nodestore::server::router(cfg.data_dir.clone());
     let st = Arc::new(EndpointState {
         cfg,
         node: node.to_string(),
-        token,
+        auth: auth.into(),
     });
     Router::new()
         .route("/metrics", get(metrics))
@@ -206,10 +227,11 @@ pub async fn serve(
     advertise: &str,
     node: &str,
     cfg: LauncherConfig,
-    token: Option<String>,
+    auth: impl Into<EndpointAuth>,
     cert: &AgentCert,
 ) -> Result<Endpoint, AgentError> {
-    if token.is_none() {
+    let auth = auth.into();
+    if auth.token.is_none() {
         tracing::warn!("the agent has no API token: its endpoint refuses every request");
     }
     let listener = TcpListener::bind(listen)
@@ -221,7 +243,7 @@ pub async fn serve(
     let url = endpoint_url(addr, advertise);
     let fingerprint = cert.fingerprint_hex();
     let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
-    let app = router(cfg, node, token);
+    let app = router(cfg, node, auth);
     // The same accept loop as the API server's: connection caps, handshake and header-read
     // timeouts (until the task is aborted).
     let task = tokio::spawn(ferrovirt_serve::serve(
@@ -259,10 +281,34 @@ async fn authenticate(State(st): State<Arc<EndpointState>>, req: Request, next: 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token);
-    match (presented, st.token.as_deref()) {
-        (Some(p), Some(t)) if constant_time_eq(p.as_bytes(), t.as_bytes()) => next.run(req).await,
-        _ => error(StatusCode::UNAUTHORIZED, "Unauthorized"),
+    let Some(p) = presented else {
+        return error(StatusCode::UNAUTHORIZED, "Unauthorized");
+    };
+    if let Some(t) = st.auth.token.as_deref()
+        && constant_time_eq(p.as_bytes(), t.as_bytes())
+    {
+        return next.run(req).await;
     }
+    // A scraper's own token (Prometheus with a ServiceAccount), vouched for by the API server.
+    let scrape = crate::delegated::scrape_subresource(req.uri().path())
+        .filter(|_| req.method() == http::Method::GET);
+    if let (Some(sub), Some(d)) = (scrape, st.auth.delegated.as_ref()) {
+        return match d.check(p, sub).await {
+            Ok(crate::delegated::Decision::Allowed) => next.run(req).await,
+            Ok(crate::delegated::Decision::Forbidden(msg)) => error(StatusCode::FORBIDDEN, msg),
+            Ok(crate::delegated::Decision::Unauthenticated) => {
+                error(StatusCode::UNAUTHORIZED, "Unauthorized")
+            }
+            Err(e) => {
+                tracing::warn!("cannot review a scrape token: {e}");
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the API server could not review the token",
+                )
+            }
+        };
+    }
+    error(StatusCode::UNAUTHORIZED, "Unauthorized")
 }
 
 /// `GET /metrics`: this node's VMI metrics in the Prometheus text format.

@@ -26,6 +26,7 @@ pub mod blockmig;
 pub mod cloudinit;
 pub mod containerdisk;
 pub mod decide;
+pub mod delegated;
 pub mod endpoint;
 pub mod error;
 pub mod fencing;

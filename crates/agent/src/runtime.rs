@@ -242,7 +242,13 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         &opts.address,
         &opts.node_name,
         cfg.clone(),
-        opts.api_token.clone(),
+        crate::endpoint::EndpointAuth {
+            token: opts.api_token.clone(),
+            delegated: Some(Arc::new(crate::delegated::DelegatedAuth::new(
+                client.clone(),
+                &opts.node_name,
+            ))),
+        },
         &cert,
     )
     .await?;

@@ -597,6 +597,13 @@ fn access_resources() -> Vec<Def> {
             "selfsubjectreview",
         ),
         review(
+            "authentication.k8s.io",
+            "TokenReview",
+            "TokenReviewList",
+            "tokenreviews",
+            "tokenreview",
+        ),
+        review(
             "authorization.k8s.io",
             "SelfSubjectAccessReview",
             "SelfSubjectAccessReviewList",

@@ -27,6 +27,15 @@ pub fn schema_of<T: JsonSchema>() -> Value {
         obj.remove("$defs");
     }
     normalize(&mut v);
+    // Kubernetes' published schemas never require `metadata` (k8s-openapi's structs hold it
+    // unconditionally, so kubectl's validation refused `kubectl create -f` of a TokenReview
+    // sent without one).
+    if let Some(Value::Array(req)) = v.get_mut("required") {
+        req.retain(|r| r != "metadata");
+        if req.is_empty() {
+            v.as_object_mut().map(|o| o.remove("required"));
+        }
+    }
     v
 }
 
@@ -123,6 +132,7 @@ fn generate(def: &ResourceDef) -> Value {
         ("authentication.k8s.io", "SelfSubjectReview") => {
             schema_of::<authentication::v1::SelfSubjectReview>()
         }
+        ("authentication.k8s.io", "TokenReview") => schema_of::<authentication::v1::TokenReview>(),
         ("authorization.k8s.io", "SelfSubjectAccessReview") => {
             schema_of::<authorization::v1::SelfSubjectAccessReview>()
         }

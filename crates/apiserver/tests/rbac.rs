@@ -2,7 +2,8 @@
 //! ServiceAccount token from `kubectl create token`, RoleBindings to KubeVirt's default
 //! roles made with `kubectl create rolebinding`, 403s with Kubernetes' messages, `kubectl
 //! auth can-i` agreeing with what the server does, a client-certificate identity, `kubectl
-//! auth whoami`, and tokens that stop working when their ServiceAccount is deleted.
+//! auth whoami`, tokens that stop working when their ServiceAccount is deleted, and
+//! TokenReviews.
 
 mod common;
 
@@ -486,6 +487,126 @@ async fn service_accounts_roles_and_client_certificates() -> Result<()> {
         )
         .await?;
     assert_eq!(r.status, 401, "{}", r.text());
+    t.shutdown().await;
+    Ok(())
+}
+
+/// TokenReview (authentication.k8s.io/v1), as the agents use it to let Prometheus scrape
+/// with a ServiceAccount token: `kubectl create -f` of a review names the token's user and
+/// groups; a forged token and a token for another audience are not authenticated (the latter
+/// is, when the review asks for that audience); the admin token is the API's only; and a
+/// ServiceAccount without `system:auth-delegator` may not review tokens at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_reviews_authenticate_for_delegating_servers() -> Result<()> {
+    common::require_kubectl();
+    let t = common::start().await?;
+    t.kubectl_ok(&["create", "namespace", "a"]).await?;
+    t.kubectl_ok(&["-n", "a", "create", "serviceaccount", "prom"])
+        .await?;
+    let review = |token: &str, audiences: &[&str]| {
+        serde_json::json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences}})
+        .to_string()
+    };
+    let ask = |body: String| {
+        let t = &t;
+        async move {
+            let out = t
+                .kubectl_stdin(&["create", "-f", "-", "-o", "json"], Some(&body))
+                .await?;
+            let (stdout, stderr) = text(&out);
+            anyhow::ensure!(out.status.success(), "{stderr}");
+            Ok::<_, anyhow::Error>(serde_json::from_str::<serde_json::Value>(&stdout)?)
+        }
+    };
+    let token = t
+        .kubectl_ok(&["-n", "a", "create", "token", "prom"])
+        .await?;
+    let r = ask(review(token.trim(), &[])).await?;
+    assert_eq!(r["kind"], "TokenReview", "{r}");
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    assert_eq!(
+        r["status"]["user"]["username"],
+        "system:serviceaccount:a:prom"
+    );
+    let groups = r["status"]["user"]["groups"].to_string();
+    assert!(
+        groups.contains("system:serviceaccounts:a") && groups.contains("system:authenticated"),
+        "{groups}"
+    );
+    assert_eq!(
+        r["status"]["audiences"],
+        serde_json::json!(["https://kubernetes.default.svc.cluster.local"])
+    );
+    // A forged token: not authenticated, with an error.
+    let forged = format!("{}x", token.trim());
+    let r = ask(review(&forged, &[])).await?;
+    assert_eq!(r["status"]["authenticated"], false, "{r}");
+    assert!(r["status"]["user"].is_null(), "{r}");
+    // A token for another service is that service's only.
+    let other = t
+        .kubectl_ok(&["-n", "a", "create", "token", "prom", "--audience", "other"])
+        .await?;
+    let r = ask(review(other.trim(), &[])).await?;
+    assert_eq!(r["status"]["authenticated"], false, "{r}");
+    let r = ask(review(other.trim(), &["other", "more"])).await?;
+    assert_eq!(r["status"]["authenticated"], true, "{r}");
+    assert_eq!(r["status"]["audiences"], serde_json::json!(["other"]));
+    // The admin token is valid for the API server only.
+    let admin = t.srv().token.clone();
+    let r = ask(review(admin.trim(), &[])).await?;
+    assert_eq!(r["status"]["user"]["username"], "system:admin", "{r}");
+    let r = ask(review(admin.trim(), &["other"])).await?;
+    assert_eq!(r["status"]["authenticated"], false, "{r}");
+    // No token: refused naming it.
+    let out = t
+        .kubectl_stdin(&["create", "-f", "-"], Some(&review("", &[])))
+        .await?;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).1.contains("token is required"),
+        "{:?}",
+        text(&out)
+    );
+    // prom itself may not review tokens (no system:auth-delegator) …
+    let prom = token_kubeconfig(&t, "prom.yaml", token.trim())?;
+    let body = review(token.trim(), &[]);
+    let out = kubectl_as(
+        &t,
+        &prom,
+        &["create", "--validate=false", "-f", "-"],
+        Some(&body),
+    )
+    .await?;
+    assert!(!out.status.success());
+    assert!(
+        text(&out).1.contains(
+            "cannot create resource \"tokenreviews\" in API group \"authentication.k8s.io\""
+        ),
+        "{:?}",
+        text(&out)
+    );
+    // … until it is bound to it.
+    t.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "prom-delegator",
+        "--clusterrole=system:auth-delegator",
+        "--serviceaccount=a:prom",
+    ])
+    .await?;
+    eventually("prom may review tokens", || async {
+        Ok(kubectl_as(
+            &t,
+            &prom,
+            &["create", "--validate=false", "-f", "-"],
+            Some(&body),
+        )
+        .await?
+        .status
+        .success())
+    })
+    .await?;
     t.shutdown().await;
     Ok(())
 }

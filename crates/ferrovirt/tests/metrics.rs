@@ -2,8 +2,11 @@
 //! (its own node namespace) with a running VM that boots the test guest from its disk and
 //! takes a DHCP lease on its masquerade interface `default`. Debian's `prometheus`, started
 //! on loopback in the test's directory, scrapes every second the embedded agent's `/metrics`
-//! over HTTPS (the agent's self-signed endpoint certificate as its CA, the admin token as
-//! its bearer credential) and the API server's `/metrics` (its CA, the same token). Its query
+//! over HTTPS (the agent's self-signed endpoint certificate as its CA) and the API server's
+//! `/metrics` (its CA), both with the token of a ServiceAccount bound to
+//! `ferrovirt:metrics-reader` (the agent reviews it with the API server). Before that, the
+//! attacks: another ServiceAccount's token gets 403 from both, a forged one 401 from the
+//! agent, and the reader's token opens no other agent route. Its query
 //! API must return `kubevirt_vmi_info` for the VM (`os` and `workload` from the template's
 //! annotations), a non-zero `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read
 //! bytes above zero (the guest booted from that disk) of its drive `root`, the resident
@@ -137,6 +140,77 @@ scrape_configs:
     }
 }
 
+/// A token of ServiceAccount `name` (made here, in `default`), written to a file in the
+/// test's directory; `reader`: bound to `ferrovirt:metrics-reader`.
+fn scrape_token(c: &Cluster, name: &str, reader: bool) -> anyhow::Result<std::path::PathBuf> {
+    c.kubectl_ok(&["-n", "default", "create", "serviceaccount", name])?;
+    if reader {
+        c.kubectl_ok(&[
+            "create",
+            "clusterrolebinding",
+            name,
+            "--clusterrole=ferrovirt:metrics-reader",
+            &format!("--serviceaccount=default:{name}"),
+        ])?;
+    }
+    let token = c.kubectl_ok(&["-n", "default", "create", "token", name])?;
+    let path = c.dir().join(format!("{name}.token"));
+    std::fs::write(&path, token.trim())?;
+    Ok(path)
+}
+
+/// The HTTP status of `GET https://{target}{path}` (CA `ca`) with `token`, by curl.
+fn status_of(target: &str, path: &str, ca: &Path, token: &str) -> anyhow::Result<String> {
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "10",
+        ])
+        .arg("--cacert")
+        .arg(ca)
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {token}"))
+        .arg(format!("https://{target}{path}"))
+        .output()
+        .context("curl")?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The attacks on the scrape endpoints: a ServiceAccount without the metrics reader role is
+/// refused (403) by the agent and the API server, a forged token is unauthenticated (401), and
+/// even the reader's token opens none of the agent's other routes (only the API server's
+/// token does).
+fn refuses_other_scrapers(c: &Cluster, target: &str, ca: &Path) -> anyhow::Result<()> {
+    let nobody = std::fs::read_to_string(scrape_token(c, "nobody", false)?)?;
+    let reader = std::fs::read_to_string(c.dir().join("prom.token"))?;
+    let server = format!("127.0.0.1:{}", c.port);
+    let server_ca = c.data_dir.join("tls").join("ca.crt");
+    assert_eq!(status_of(target, "/metrics", ca, &nobody)?, "403");
+    assert_eq!(status_of(&server, "/metrics", &server_ca, &nobody)?, "403");
+    assert_eq!(
+        status_of(target, "/metrics", ca, &format!("{reader}x"))?,
+        "401"
+    );
+    assert_eq!(status_of(target, "/healthz", ca, &reader)?, "403");
+    assert_eq!(
+        status_of(
+            target,
+            "/vmis/00000000-0000-0000-0000-000000000000/guestinfo",
+            ca,
+            &reader
+        )?,
+        "401"
+    );
+    assert_eq!(status_of(target, "/metrics", ca, &reader)?, "200");
+    assert_eq!(status_of(&server, "/metrics", &server_ca, &reader)?, "200");
+    Ok(())
+}
+
 /// Percent-encodes a query parameter value.
 fn encode(s: &str) -> String {
     s.bytes()
@@ -185,7 +259,10 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
         .context("the Node has no agent endpoint")?;
     let target = url.strip_prefix("https://").context("endpoint not https")?;
     let ca = c.agent_dir().join("endpoint-tls").join("tls.crt");
-    let token = c.data_dir.join("token");
+    // Prometheus scrapes with a ServiceAccount of its own bound to the metrics reader role,
+    // not the admin token; the agent has the API server vouch for it.
+    let token = scrape_token(&c, "prom", true)?;
+    refuses_other_scrapers(&c, target, &ca)?;
 
     let t0 = Instant::now();
     let server = format!("127.0.0.1:{}", c.port);

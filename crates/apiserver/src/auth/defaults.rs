@@ -2,7 +2,9 @@
 //! `cluster-admin`, `admin`, `edit`, `view` (aggregated from roles labelled
 //! `rbac.authorization.k8s.io/aggregate-to-{admin,edit,view}`), `system:discovery`,
 //! `system:basic-user`, `system:public-info-viewer` and their bindings to
-//! `system:authenticated`, `system:kubelet-api-admin` (`nodes/proxy`, bound to nobody);
+//! `system:authenticated`, `system:kubelet-api-admin` (`nodes/proxy`, bound to nobody),
+//! `system:monitoring` (bound to that group), `system:auth-delegator` (bound to nobody) and
+//! ferrovirt's `ferrovirt:metrics-reader` (the server's and the agents' `/metrics`);
 //! KubeVirt's `kubevirt.io:{admin,edit,view}` (aggregated into admin/edit/view as KubeVirt
 //! labels them), `kubevirt.io:migrate` (not aggregated, as since
 //! KubeVirt 1.5) and `kubevirt.io:default`; CDI's DataVolume rights in the same way.
@@ -24,6 +26,9 @@ fn rule(verbs: &[&str], groups: &[&str], resources: &[&str]) -> Value {
 fn urls(verbs: &[&str], urls: &[&str]) -> Value {
     json!({"verbs": verbs, "nonResourceURLs": urls})
 }
+
+/// The ClusterRole that lets Prometheus scrape the API server and the agents.
+pub const METRICS_READER: &str = "ferrovirt:metrics-reader";
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
@@ -417,7 +422,58 @@ pub fn objects() -> Vec<Value> {
                 ),
             ],
         ),
+        // Kubernetes' role for the API server's metrics and health endpoints, bound to the
+        // group `system:monitoring`.
+        cluster_role(
+            "system:monitoring",
+            boot(),
+            vec![urls(
+                &["get"],
+                &[
+                    "/healthz",
+                    "/healthz/*",
+                    "/livez",
+                    "/livez/*",
+                    "/metrics",
+                    "/metrics/slis",
+                    "/readyz",
+                    "/readyz/*",
+                ],
+            )],
+        ),
+        // Kubernetes' role for delegated authentication and authorization (TokenReview,
+        // SubjectAccessReview); bound to nobody.
+        cluster_role(
+            "system:auth-delegator",
+            boot(),
+            vec![
+                rule(&["create"], &["authentication.k8s.io"], &["tokenreviews"]),
+                rule(
+                    &["create"],
+                    &["authorization.k8s.io"],
+                    &["subjectaccessreviews"],
+                ),
+            ],
+        ),
+        // ferrovirt's role for Prometheus: the API server's `/metrics`, every agent's
+        // `/metrics` (`nodes/metrics`, which the agent checks through a TokenReview and a
+        // SubjectAccessReview, as a kubelet does) and the Nodes to find the agents; bound to
+        // nobody.
+        cluster_role(
+            METRICS_READER,
+            boot(),
+            vec![
+                urls(&["get"], &["/metrics"]),
+                rule(&["get"], &[""], &["nodes/metrics"]),
+                rule(READ, &[""], &["nodes"]),
+            ],
+        ),
         binding("cluster-admin", "cluster-admin", &["system:masters"]),
+        binding(
+            "system:monitoring",
+            "system:monitoring",
+            &["system:monitoring"],
+        ),
         binding(
             "system:discovery",
             "system:discovery",
@@ -579,6 +635,18 @@ mod tests {
         for role in ["admin", "edit", "view", "kubevirt.io:admin"] {
             assert!(!can(role, "get", "", "nodes", "proxy"), "{role}");
         }
+        // The metrics reader: the agents' metrics, not their proxy; the delegator reviews.
+        assert!(can(METRICS_READER, "get", "", "nodes", "metrics"));
+        assert!(can(METRICS_READER, "list", "", "nodes", ""));
+        assert!(!can(METRICS_READER, "get", "", "nodes", "proxy"));
+        assert!(!can(METRICS_READER, "get", "", "secrets", ""));
+        assert!(can(
+            "system:auth-delegator",
+            "create",
+            "authentication.k8s.io",
+            "tokenreviews",
+            ""
+        ));
     }
 
     #[test]

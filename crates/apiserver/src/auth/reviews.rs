@@ -29,6 +29,10 @@ pub(crate) fn routes(sh: Arc<Shared>) -> Router {
             post(self_subject_review),
         )
         .route(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            post(token_review),
+        )
+        .route(
             "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
             post(self_subject_access_review),
         )
@@ -71,6 +75,76 @@ async fn self_subject_review(Extension(user): Extension<Arc<UserInfo>>) -> Respo
             "status": {"userInfo": user_info_json(&user)},
         }),
     )
+}
+
+/// The audiences a TokenReview asks about: its `spec.audiences`, else the API server's.
+pub fn review_audiences(spec: &Value) -> Vec<String> {
+    let asked: Vec<String> = spec["audiences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().filter(|a| !a.is_empty()).map(str::to_string))
+        .collect();
+    if asked.is_empty() {
+        vec![super::tokens::ISSUER.to_string()]
+    } else {
+        asked
+    }
+}
+
+/// `POST tokenreviews` (authentication.k8s.io/v1 TokenReview, as a kubelet or a metrics
+/// endpoint delegates authentication; its caller needs `create` on `tokenreviews`, checked
+/// like any request): the token of `spec.token` authenticated as a request's bearer token
+/// would be, for one of `spec.audiences` (the API server's when none). The admin token is
+/// valid for the API server's audience only.
+async fn token_review(State(sh): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
+    let r = async {
+        let mut review = read_object(&sh, &headers, body).await?;
+        let token = review["spec"]["token"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if token.is_empty() {
+            return Err(ApiError::new(
+                400,
+                "BadRequest",
+                "token is required for TokenReview in authentication",
+            ));
+        }
+        let audiences = review_audiences(&review["spec"]);
+        let wanted: Vec<&str> = audiences.iter().map(String::as_str).collect();
+        let admin = super::constant_time_eq(token.as_bytes(), sh.auth.admin_token.as_bytes());
+        let user = if admin {
+            wanted
+                .contains(&super::tokens::ISSUER)
+                .then(|| (super::admin_user(), vec![super::tokens::ISSUER.to_string()]))
+        } else {
+            super::tokens::authenticate_for(&sh, &token, &wanted).await
+        };
+        let status = match user {
+            Some((mut u, named)) => {
+                if !u.groups.iter().any(|g| g == super::AUTHENTICATED) {
+                    u.groups.push(super::AUTHENTICATED.into());
+                }
+                // Which of the asked audiences the token names.
+                let valid: Vec<String> = named
+                    .into_iter()
+                    .filter(|a| wanted.contains(&a.as_str()))
+                    .collect();
+                json!({"authenticated": true, "user": user_info_json(&u), "audiences": valid})
+            }
+            None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        };
+        review["apiVersion"] = json!("authentication.k8s.io/v1");
+        review["kind"] = json!("TokenReview");
+        if !review["metadata"].is_object() {
+            review["metadata"] = json!({});
+        }
+        review["metadata"]["creationTimestamp"] = Value::Null;
+        review["status"] = status;
+        Ok(json_response(StatusCode::CREATED, &review))
+    };
+    r.await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `(group, resource)` of a review: a resource named `plural.group` with an empty group is

@@ -126,8 +126,18 @@ impl TokenKeys {
     /// The claims of a token signed by this key, unexpired (at `now`), from [`ISSUER`], for
     /// the API audience.
     pub fn verify(&self, token: &str, now: i64) -> Result<Claims, TokenError> {
+        self.verify_for(token, now, &[ISSUER])
+    }
+
+    /// [`Self::verify`] for a token that must name one of `audiences` (a TokenReview's).
+    pub fn verify_for(
+        &self,
+        token: &str,
+        now: i64,
+        audiences: &[&str],
+    ) -> Result<Claims, TokenError> {
         let mut v = Validation::new(Algorithm::HS256);
-        v.set_audience(&[ISSUER]);
+        v.set_audience(audiences);
         v.set_issuer(&[ISSUER]);
         v.leeway = 0;
         v.validate_exp = false; // checked below against `now`
@@ -171,7 +181,17 @@ fn now_secs() -> i64 {
 /// The identity of a ServiceAccount token, if it is valid and its ServiceAccount still exists
 /// (same uid).
 pub(crate) async fn authenticate(sh: &Shared, token: &str) -> Option<UserInfo> {
-    let c = match sh.auth.tokens.verify(token, now_secs()) {
+    authenticate_for(sh, token, &[ISSUER]).await.map(|(u, _)| u)
+}
+
+/// [`authenticate`] for a token that must name one of `audiences`; with the audiences the
+/// token names.
+pub(crate) async fn authenticate_for(
+    sh: &Shared,
+    token: &str,
+    audiences: &[&str],
+) -> Option<(UserInfo, Vec<String>)> {
+    let c = match sh.auth.tokens.verify_for(token, now_secs(), audiences) {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!("bearer token refused: {e}");
@@ -190,7 +210,7 @@ pub(crate) async fn authenticate(sh: &Shared, token: &str) -> Option<UserInfo> {
         tracing::debug!("bearer token refused: its ServiceAccount is gone");
         return None;
     }
-    Some(user_of(&c))
+    Some((user_of(&c), c.aud.clone()))
 }
 
 /// The lifetime a TokenRequest asks for, checked as Kubernetes does.
