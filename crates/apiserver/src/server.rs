@@ -66,6 +66,8 @@ pub struct ServerOptions {
     pub service_cidr: ferrovirt_api::service::ServiceCidr,
     /// Where the audit log is appended (`--audit-log-path`; None: no audit log) and its level.
     pub audit_log: Option<(PathBuf, crate::audit::Level)>,
+    /// More Prometheus text for `/metrics` from the same process (the controllers' series).
+    pub extra_metrics: Option<fn() -> String>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -99,6 +101,7 @@ impl Default for ServerOptions {
             extra_groups: Vec::new(),
             public_routes: None,
             audit_log: None,
+            extra_metrics: None,
             service_cidr: ferrovirt_api::service::DEFAULT_SERVICE_CIDR
                 .parse()
                 .expect("the default service CIDR parses"),
@@ -122,6 +125,8 @@ pub(crate) struct Shared {
     pub shutdown: watch::Receiver<bool>,
     /// Resource requests by verb, resource and user agent (`/metrics`).
     pub requests: crate::metrics::RequestCounter,
+    /// [`ServerOptions::extra_metrics`].
+    pub extra_metrics: Option<fn() -> String>,
     /// Store events decoded once for all watches ([`crate::watch_decode`]).
     pub decoded: crate::watch_decode::DecodeCache,
     /// The range Service ClusterIPs are allocated from.
@@ -262,6 +267,7 @@ impl Server {
             gc_kick: Notify::new(),
             shutdown,
             requests: Default::default(),
+            extra_metrics: opts.extra_metrics,
             decoded: Default::default(),
             openapi: Default::default(),
         });

@@ -276,6 +276,9 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         public_routes: Some(exports.merge(ferrovirt_webui::router())),
         service_cidr: args.service_cidr,
         audit_log: args.audit_log_path.clone().map(|p| (p, args.audit_level)),
+        // The controllers run in this process: their workqueue series join the server's.
+        extra_metrics: (!args.disable_controllers)
+            .then_some(ferrovirt_controller::runtime::metrics::render as fn() -> String),
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),

@@ -13,8 +13,9 @@
 //! memory, the guest memory size, one vCPU's time, traffic both ways on interface `default`
 //! (the guest's DHCP) and the API server's `apiserver_request_total`, and from the API
 //! server the VMI in `kubevirt_vmi_phase_count`, the VM in `kubevirt_number_of_vms`, timed
-//! LISTs in `apiserver_request_duration_seconds` and the `local` class's StorageProfile in
-//! `kubevirt_cdi_storageprofile_info`.
+//! LISTs in `apiserver_request_duration_seconds`, the `local` class's StorageProfile in
+//! `kubevirt_cdi_storageprofile_info`, and the controllers' `kubevirt_workqueue_*` series
+//! (the VM controller's reconciles timed and counted, the scheduler's queue empty).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -345,6 +346,15 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
         r#"sum(apiserver_request_duration_seconds_count{job="ferrovirt-server",verb="LIST"})"#,
     )?;
     assert!(lists.is_some_and(|n| n > 0.0), "{lists:?}");
+    // The controllers' workqueue series (they run in the server's process).
+    let reconciles = first(
+        r#"kubevirt_workqueue_work_duration_seconds_count{job="ferrovirt-server",name="VM"}"#,
+    )?;
+    assert!(reconciles.is_some_and(|n| n > 0.0), "{reconciles:?}");
+    let adds = first(r#"kubevirt_workqueue_adds_total{job="ferrovirt-server",name="VM"}"#)?;
+    assert!(adds.is_some_and(|n| n > 0.0), "{adds:?}");
+    let depth = first(r#"kubevirt_workqueue_depth{job="ferrovirt-server",name="scheduler"}"#)?;
+    assert_eq!(depth, Some(0.0));
     let profiles = prom.query(r#"kubevirt_cdi_storageprofile_info{job="ferrovirt-server"}"#)?;
     assert!(
         profiles.iter().any(|(l, _)| l["storageclass"] == "local"),

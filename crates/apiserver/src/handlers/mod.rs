@@ -96,6 +96,10 @@ async fn dispatch(State(sh): State<Arc<Shared>>, req: Request) -> Response {
             text.push_str(&crate::cluster_metrics::render(
                 &crate::cluster_metrics::gather(&sh).await,
             ));
+            if let Some(extra) = sh.extra_metrics {
+                text.push('\n');
+                text.push_str(extra().trim_end());
+            }
             text.push('\n');
             let mut resp = text.into_response();
             resp.headers_mut().insert(

@@ -63,7 +63,11 @@ pub async fn run(client: kube::Client, agent_token: Option<String>) -> Result<()
             Api::<BackupRun>::all(client.clone()),
             watcher::Config::default(),
         )
-        .run(reconcile, error_policy, ctx.clone()),
+        .run(
+            crate::runtime::metrics::timed("Backup", reconcile),
+            error_policy,
+            ctx.clone(),
+        ),
         super::COMPONENT,
         "Backup",
     );
@@ -512,7 +516,11 @@ async fn check_targets(ctx: Arc<Ctx>) -> Result<(), ControllerError> {
             Api::<resources::Target>::all(ctx.client.clone()),
             watcher::Config::default(),
         )
-        .run(check_target, target_error_policy, ctx),
+        .run(
+            crate::runtime::metrics::timed("BackupTarget", check_target),
+            target_error_policy,
+            ctx,
+        ),
         super::COMPONENT,
         "BackupTarget",
     )

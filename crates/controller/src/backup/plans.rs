@@ -52,7 +52,11 @@ pub async fn run(client: kube::Client) -> Result<(), ControllerError> {
                 Api::<BackupRun>::all(client.clone()),
                 watcher::Config::default(),
             )
-            .run(reconcile, error_policy, ctx),
+            .run(
+                crate::runtime::metrics::timed("BackupPlan", reconcile),
+                error_policy,
+                ctx,
+            ),
         "backupplan-controller",
         "BackupPlan",
     )

@@ -43,7 +43,11 @@ pub async fn run(client: kube::Client, endpoint: Endpoint) -> Result<(), Control
             Api::<VmExport>::all(client.clone()),
             watcher::Config::default(),
         )
-        .run(reconcile, error_policy, ctx),
+        .run(
+            crate::runtime::metrics::timed("VirtualMachineExport", reconcile),
+            error_policy,
+            ctx,
+        ),
         super::COMPONENT,
         "VirtualMachineExport",
     )

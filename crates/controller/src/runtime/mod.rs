@@ -13,6 +13,7 @@ pub mod evacuation_loop;
 pub mod events;
 pub mod kubevirt_config;
 pub mod leader;
+pub mod metrics;
 pub mod migration_loop;
 pub mod node_loop;
 pub mod pool_controller;
@@ -205,7 +206,10 @@ where
             match res {
                 Ok((obj, _)) => tracing::debug!(name = %obj.name, "{what} reconciled"),
                 Err(kube::runtime::controller::Error::ObjectNotFound(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "{what} reconcile failed"),
+                Err(e) => {
+                    metrics::retried(what);
+                    tracing::warn!(error = %e, "{what} reconcile failed")
+                }
             }
         })
         .await;

@@ -39,7 +39,11 @@ pub async fn run(client: kube::Client) -> Result<(), ControllerError> {
     crate::runtime::drive(
         Controller::new(pools, watcher::Config::default())
             .owns(vms, watcher::Config::default())
-            .run(reconcile, error_policy, ctx),
+            .run(
+                crate::runtime::metrics::timed("VirtualMachinePool", reconcile),
+                error_policy,
+                ctx,
+            ),
         COMPONENT,
         "VirtualMachinePool",
     )

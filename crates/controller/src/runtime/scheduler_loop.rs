@@ -138,6 +138,7 @@ pub async fn run(
             .is_none()
         {
             had_pending = false;
+            crate::runtime::metrics::set_depth("scheduler", 0);
             match wait(&mut changes, opts.resync).await {
                 Some(v) => vmis_changed = v,
                 None => return Ok(()),
@@ -159,6 +160,7 @@ pub async fn run(
             }
         }
         let pass_us = boottime_us();
+        crate::runtime::metrics::set_depth("scheduler", pending.len());
         had_pending = !pending.is_empty();
         if pending.is_empty() {
             // Nothing to place: no snapshot (a pass over every VMI) on this wake-up.

@@ -53,7 +53,11 @@ pub async fn run(client: kube::Client, opts: VmOptions) -> Result<(), Controller
     crate::runtime::drive(
         Controller::new(vms, watcher::Config::default())
             .owns(vmis, watcher::Config::default())
-            .run(reconcile, error_policy, ctx),
+            .run(
+                crate::runtime::metrics::timed("VM", reconcile),
+                error_policy,
+                ctx,
+            ),
         COMPONENT,
         "VM",
     )

@@ -27,7 +27,7 @@ pub async fn run(client: kube::Client) -> Result<(), ControllerError> {
     });
     crate::runtime::drive(
         Controller::new(Api::<VmClone>::all(client), watcher::Config::default()).run(
-            reconcile,
+            crate::runtime::metrics::timed("VirtualMachineClone", reconcile),
             |_o, err, _ctx| {
                 tracing::debug!(error = %err, "clone reconcile failed");
                 Action::requeue(Duration::from_secs(2))

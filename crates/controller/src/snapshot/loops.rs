@@ -63,7 +63,11 @@ pub async fn run(
             Api::<VolSnap>::all(client.clone()),
             watcher::Config::default(),
         )
-        .run(reconcile_vs, error_policy, ctx.clone()),
+        .run(
+            crate::runtime::metrics::timed("VolumeSnapshot", reconcile_vs),
+            error_policy,
+            ctx.clone(),
+        ),
         COMPONENT,
         "VolumeSnapshot",
     );
@@ -72,7 +76,11 @@ pub async fn run(
             Api::<VmSnapshot>::all(client.clone()),
             watcher::Config::default(),
         )
-        .run(reconcile_snapshot, error_policy, ctx.clone()),
+        .run(
+            crate::runtime::metrics::timed("VirtualMachineSnapshot", reconcile_snapshot),
+            error_policy,
+            ctx.clone(),
+        ),
         COMPONENT,
         "VirtualMachineSnapshot",
     );
@@ -81,7 +89,11 @@ pub async fn run(
             Api::<VmRestore>::all(client.clone()),
             watcher::Config::default(),
         )
-        .run(reconcile_restore, error_policy, ctx.clone()),
+        .run(
+            crate::runtime::metrics::timed("VirtualMachineRestore", reconcile_restore),
+            error_policy,
+            ctx.clone(),
+        ),
         COMPONENT,
         "VirtualMachineRestore",
     );
@@ -108,7 +120,14 @@ pub async fn run(
                     Some(ObjectRef::<Vm>::new(&vm).within(&ns))
                 },
             )
-            .run(reconcile_marks, error_policy, ctx.clone()),
+            .run(
+                crate::runtime::metrics::timed(
+                    "VirtualMachine snapshot/restore marks",
+                    reconcile_marks,
+                ),
+                error_policy,
+                ctx.clone(),
+            ),
         COMPONENT,
         "VirtualMachine snapshot/restore marks",
     );

@@ -106,7 +106,11 @@ pub async fn run(
             Api::<VolSnapContent>::all(client.clone()),
             watcher::Config::default(),
         )
-        .run(reconcile, error_policy, ctx.clone()),
+        .run(
+            crate::runtime::metrics::timed("VolumeSnapshotContent layer reclaim", reconcile),
+            error_policy,
+            ctx.clone(),
+        ),
         super::loops::COMPONENT,
         "VolumeSnapshotContent layer reclaim",
     );

@@ -199,7 +199,7 @@ pub async fn run(client: kube::Client) -> Result<(), ControllerError> {
     let api: Api<Ds> = Api::all(client.clone());
     crate::runtime::drive(
         Controller::new(api, watcher::Config::default()).run(
-            reconcile,
+            crate::runtime::metrics::timed("DataSource", reconcile),
             |_, _, _| Action::requeue(Duration::from_secs(3)),
             Arc::new(client),
         ),

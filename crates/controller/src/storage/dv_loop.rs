@@ -144,7 +144,7 @@ pub async fn run(
         Controller::new(dvs, watcher::Config::default())
             .owns(pvcs.clone(), watcher::Config::default())
             .run(
-                reconcile,
+                crate::runtime::metrics::timed("DataVolume", reconcile),
                 |_, _, _| Action::requeue(Duration::from_secs(2)),
                 ctx.clone(),
             ),
@@ -154,7 +154,7 @@ pub async fn run(
     // CDI's annotated claims (no DataVolume), populated with the same jobs.
     let annotated = crate::runtime::drive(
         Controller::new(pvcs, watcher::Config::default()).run(
-            pvc_import::reconcile,
+            crate::runtime::metrics::timed("PersistentVolumeClaim", pvc_import::reconcile),
             |_, _, _| Action::requeue(Duration::from_secs(2)),
             ctx,
         ),

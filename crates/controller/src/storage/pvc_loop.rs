@@ -114,7 +114,7 @@ pub async fn run(
                     .map(move |c| ObjectRef::<PersistentVolumeClaim>::new(&c).within(&ns))
             })
             .run(
-                reconcile,
+                crate::runtime::metrics::timed("PVC", reconcile),
                 |_, _, _| Action::requeue(Duration::from_secs(2)),
                 ctx,
             ),
