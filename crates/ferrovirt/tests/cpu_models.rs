@@ -52,7 +52,10 @@ spec:
 
 fn node_labels(c: &Cluster) -> anyhow::Result<serde_json::Map<String, Value>> {
     let n = c.get_json(&["node", "node1"])?;
-    Ok(n["metadata"]["labels"].as_object().cloned().unwrap_or_default())
+    Ok(n["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default())
 }
 
 fn patch_hco(c: &Cluster, patch: &str) -> anyhow::Result<String> {
@@ -121,7 +124,8 @@ fn named_cpu_models_label_default_boot_and_obsolete() -> anyhow::Result<()> {
     // The node labels: what TCG runs, without KubeVirt's default obsolete models.
     let labels = c.wait_until("the CPU-model labels", Duration::from_secs(30), || {
         let l = node_labels(&c)?;
-        Ok(l.contains_key(&format!("{MODEL_LABEL}Westmere")).then_some(l))
+        Ok(l.contains_key(&format!("{MODEL_LABEL}Westmere"))
+            .then_some(l))
     })?;
     let models: Vec<&str> = labels
         .keys()
@@ -212,7 +216,10 @@ fn named_cpu_models_label_default_boot_and_obsolete() -> anyhow::Result<()> {
             && l.contains_key(&format!("{MODEL_LABEL}Westmere")))
         .then_some(()))
     })?;
-    println!("obsoleteCPUs reached the Node's labels in {:?}", t.elapsed());
+    println!(
+        "obsoleteCPUs reached the Node's labels in {:?}",
+        t.elapsed()
+    );
     let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
     assert_eq!(
         kv["spec"]["configuration"]["obsoleteCPUModels"]["Nehalem"],
