@@ -95,3 +95,34 @@ async fn patch(
         .map_err(kube_err)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_obsolete_list_follows_the_hyperconvergeds_kubevirt() {
+        let (tx, mut rx) = watch::channel(cpu_model::obsolete_models([]));
+        rx.borrow_and_update();
+        // No CR sets a list: KubeVirt's default, no change.
+        follow_obsolete(&[json!({"metadata": {"name": "x"}, "spec": {}})], &tx);
+        assert!(!rx.has_changed().unwrap());
+        let owned = json!({"metadata": {"name": "kubevirt-kubevirt-hyperconverged"},
+            "spec": {"configuration": {"obsoleteCPUModels": {"Nehalem": true}}}});
+        let other = json!({"metadata": {"name": "a", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"configuration": {"obsoleteCPUModels": {"Penryn": true}}}});
+        follow_obsolete(&[other.clone(), owned.clone()], &tx);
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(
+            rx.borrow_and_update().iter().collect::<Vec<_>>(),
+            ["Nehalem"]
+        );
+        follow_obsolete(&[owned, other], &tx);
+        assert!(
+            !rx.has_changed().unwrap(),
+            "the same list is not sent again"
+        );
+    }
+}
