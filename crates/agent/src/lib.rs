@@ -8,6 +8,8 @@
 //! - [`decide`]: the pure per-VMI decision (start, stop, status to write, cleanup).
 //! - [`network`]: pod network, overlay and secondary networks of the node and its VMIs.
 //! - [`node`]: host facts and the Node / Lease objects.
+//! - [`cpu_models`]: the named CPU models this node's QEMU runs (probed over QMP) and what a
+//!   VMI's CPU model becomes on the QEMU command line.
 //! - [`launchers`]: starting, finding and talking to launcher processes.
 //! - [`runtime`]: the kube-rs loop that applies all of it against the API server.
 //! - [`services`]: the node's Service data plane (ClusterIP/NodePort nft table from watches).
@@ -25,6 +27,7 @@
 pub mod blockmig;
 pub mod cloudinit;
 pub mod containerdisk;
+pub mod cpu_models;
 pub mod decide;
 pub mod delegated;
 pub mod endpoint;

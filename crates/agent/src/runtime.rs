@@ -40,6 +40,7 @@ use crate::volumes::ResolvedRefs;
 
 mod blockmig;
 mod caches;
+mod cpu_labels;
 mod migration;
 mod migresume;
 mod mounts;
@@ -205,6 +206,9 @@ struct Agent {
     shared_mounts: Mutex<Option<k8s_openapi::api::core::v1::NodeCondition>>,
     /// HyperConverged/CDI objects and (on demand) every VMI, from watches ([`caches`]).
     caches: caches::Caches,
+    /// The named CPU models this node's QEMU runs under `accel` ([`crate::cpu_models`],
+    /// probed once at start), labelled on the Node unless obsolete ([`cpu_labels`]).
+    cpu_models: std::collections::BTreeSet<String>,
     /// Live migration ([`migration`]): VMIs whose target launcher is being prepared here.
     preparing: Mutex<HashSet<String>>,
     /// The tasks receiving the migrations to this node (the stream's hand-over, the NBD
@@ -254,12 +258,19 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     .await?;
     let default_lease = u32::try_from(opts.lease_duration.as_secs()).unwrap_or(u32::MAX);
     let lease_seconds = Arc::new(std::sync::atomic::AtomicU32::new(default_lease));
-    let caches = caches::Caches::start(&client, {
-        let lease_seconds = lease_seconds.clone();
-        Box::new(move |hcos| {
-            crate::fencing::follow_lease_duration(hcos, &lease_seconds, default_lease)
-        })
-    });
+    let cpu_models = cpu_labels::probe(&opts.qemu_binary, accel).await;
+    let (obsolete_tx, obsolete) =
+        tokio::sync::watch::channel(ferrovirt_api::kubevirt::cpu_model::obsolete_models([]));
+    let caches = caches::Caches::start(
+        &client,
+        {
+            let lease_seconds = lease_seconds.clone();
+            Box::new(move |hcos| {
+                crate::fencing::follow_lease_duration(hcos, &lease_seconds, default_lease)
+            })
+        },
+        Box::new(move |kubevirts| cpu_labels::follow_obsolete(kubevirts, &obsolete_tx)),
+    );
     let agent = Arc::new(Agent {
         endpoint_url: endpoint.url.clone(),
         endpoint_fingerprint: endpoint.fingerprint.clone(),
@@ -280,6 +291,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         disk_sizes: Mutex::new(HashMap::new()),
         shared_mounts: Mutex::new(None),
         caches,
+        cpu_models,
         preparing: Mutex::new(HashSet::new()),
         relays: Mutex::new(HashMap::new()),
         moved: std::sync::Mutex::new(HashMap::new()),
@@ -290,6 +302,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     });
     agent.register_node().await?;
     tracing::info!(node = %agent.opts.node_name, accel = %accel, "agent registered its node");
+    tokio::spawn(cpu_labels::run(agent.clone(), obsolete));
     agent.net.init(&agent.client, &agent.opts.node_name).await?;
     let overlay = tokio::spawn({
         let agent = agent.clone();
@@ -342,6 +355,14 @@ impl Agent {
             ferrovirt_network::mode::NODE_LABEL.to_string(),
             self.net.mode().to_string(),
         );
+        // The CPU-model labels at KubeVirt's default obsolete list; `cpu_labels::run` follows
+        // the KubeVirt CR's from here on.
+        let obsolete = ferrovirt_api::kubevirt::cpu_model::obsolete_models([]);
+        for (k, v) in ferrovirt_api::kubevirt::cpu_model::node_labels(&self.cpu_models, &obsolete) {
+            if let Some(v) = v {
+                desired.metadata.labels.get_or_insert_default().insert(k, v);
+            }
+        }
         let nodes: Api<Node> = Api::all(self.client.clone());
         match nodes
             .get_opt(&self.opts.node_name)

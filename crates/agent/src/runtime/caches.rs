@@ -1,6 +1,6 @@
 //! Watch-fed caches of what a VMI start reads besides the VMI and its references: the
 //! HyperConverged objects (node failure timing), the KubeVirt objects (the `HostDisk` feature
-//! gate) and the CDI objects (insecure registries for containerDisk pulls), watched from the
+//! gate, the obsolete CPU models) and the CDI objects (insecure registries for containerDisk pulls), watched from the
 //! agent's start, and every VMI of the cluster (the
 //! duplicate-MAC check), watched from the first start of a VMI with an explicit MAC address
 //! (most nodes never need it, and each agent holding every VMI costs memory). Either way a
@@ -102,9 +102,13 @@ pub(super) struct Caches {
 }
 
 impl Caches {
-    /// Starts the HyperConverged and CDI watches; `on_hco_change` sees the HyperConverged
-    /// objects after each change.
-    pub(super) fn start(client: &Client, on_hco_change: OnChange) -> Caches {
+    /// Starts the HyperConverged, KubeVirt and CDI watches; `on_hco_change` sees the
+    /// HyperConverged objects after each change, `on_kubevirt_change` the KubeVirt ones.
+    pub(super) fn start(
+        client: &Client,
+        on_hco_change: OnChange,
+        on_kubevirt_change: OnChange,
+    ) -> Caches {
         Caches {
             client: client.clone(),
             _hco: Cache::spawn(
@@ -120,7 +124,7 @@ impl Caches {
             kubevirt: Cache::spawn(
                 client.clone(),
                 resource("kubevirt.io", "v1", "KubeVirt", "kubevirts"),
-                None,
+                Some(on_kubevirt_change),
             ),
             cdi: Cache::spawn(
                 client.clone(),

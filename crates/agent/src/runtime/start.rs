@@ -184,6 +184,7 @@ impl Agent {
         ctx.run_as = run_as;
         ctx.volumes = prepared;
         ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
+        ctx.cpu_models = self.cpu_models.clone();
         ctx.sandbox = true;
         // A migration target has a cgroup of its own: on one host (tests) the source's
         // holds the source QEMU until the switch-over.

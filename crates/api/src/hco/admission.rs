@@ -10,6 +10,7 @@ use super::desired::{
     PLATFORM_NAMESPACE, defaults, fill_defaults,
 };
 use crate::admission::{FieldError, Operation};
+use crate::kubevirt::cpu_model;
 
 /// HCO's feature gates (camelCase) that ferrovirt accepts only while off, with the reason.
 const HCO_GATES_OFF_ONLY: &[&str] = &[
@@ -50,6 +51,8 @@ const HONOURED: &[&str] = &[
     "resourceRequirements",
     "higherWorkloadDensity",
     "commonInstancetypesDeployment",
+    "defaultCPUModel",
+    "obsoleteCPUs",
 ];
 
 /// `storageImport` fields carried out.
@@ -145,6 +148,12 @@ pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
                 }
                 None => e.push(FieldError::type_invalid(field, "must be an object")),
             },
+            "defaultCPUModel" => match v.as_str() {
+                Some(m) if cpu_model::valid_name(m) => {}
+                Some(_) => e.push(FieldError::invalid(field, CPU_MODEL_NAME)),
+                None => e.push(FieldError::type_invalid(field, "must be a string")),
+            },
+            "obsoleteCPUs" => check_obsolete_cpus(v, &field, &mut e),
             "infra" | "workloads" => {
                 let placement = v.get("nodePlacement").filter(|p| !p.is_null());
                 let empty = placement.is_none_or(|p| p.as_object().is_some_and(|m| m.is_empty()));
@@ -164,6 +173,39 @@ pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
         }
     }
     e
+}
+
+/// What a CPU model name must look like (it becomes a Node label name and a QEMU `-cpu`).
+const CPU_MODEL_NAME: &str = "a CPU model name is 1-63 letters, digits, '-', '_' or '.', \
+     beginning and ending with a letter or digit";
+
+/// `obsoleteCPUs`: `cpuModels` (honoured: no node offers them) and `minCPUModel` (refused:
+/// ferrovirt's node labelling has no minimal model).
+fn check_obsolete_cpus(v: &Value, field: &str, e: &mut Vec<FieldError>) {
+    let Some(m) = v.as_object() else {
+        e.push(FieldError::type_invalid(field, "must be an object"));
+        return;
+    };
+    for (k, x) in m {
+        let f = format!("{field}.{k}");
+        if x.is_null() {
+            continue;
+        }
+        match k.as_str() {
+            "cpuModels" => match x.as_array() {
+                Some(models) => {
+                    for (i, model) in models.iter().enumerate() {
+                        if !model.as_str().is_some_and(cpu_model::valid_name) {
+                            e.push(FieldError::invalid(format!("{f}[{i}]"), CPU_MODEL_NAME));
+                        }
+                    }
+                }
+                None => e.push(FieldError::type_invalid(f, "must be a list of CPU models")),
+            },
+            "minCPUModel" if x.as_str() == Some("") => {}
+            _ => e.push(FieldError::not_supported(f, "not carried out by ferrovirt")),
+        }
+    }
 }
 
 /// An object of integer settings, each with its minimum (HCO's CRD bounds); any other key set
@@ -281,9 +323,14 @@ mod tests {
                 "resourceRequirements": {"vmiCPUAllocationRatio": 4},
                 "higherWorkloadDensity": {"memoryOvercommitPercentage": 150},
                 "commonInstancetypesDeployment": {"enabled": false},
+                "defaultCPUModel": "Westmere",
+                "obsoleteCPUs": {"cpuModels": ["Nehalem", "Opteron_G1"]},
             }))
             .is_empty()
         );
+        for model in ["host-model", "host-passthrough"] {
+            assert!(admitted(json!({"defaultCPUModel": model})).is_empty());
+        }
     }
 
     #[test]
@@ -294,7 +341,8 @@ mod tests {
                 "higherWorkloadDensity": {"memoryOvercommitPercentage": 5},
                 "resourceRequirements": {"vmiCPUAllocationRatio": 4,
                     "storageWorkloads": {"limits": {"cpu": "1"}}},
-                "defaultCPUModel": "Haswell",
+                "defaultCPUModel": "Has,well",
+                "obsoleteCPUs": {"cpuModels": ["ok", 7], "minCPUModel": "Penryn"},
                 "workloads": {"nodePlacement": {"nodeSelector": {"a": "b"}}},
                 "storageImport": {"insecureRegistries": [], "other": 1},
                 "evictionStrategy": "Sometimes",
@@ -309,6 +357,8 @@ mod tests {
                 "spec.featureGates.Snapshot",
                 "spec.featureGates.downwardMetrics",
                 "spec.higherWorkloadDensity.memoryOvercommitPercentage",
+                "spec.obsoleteCPUs.cpuModels[1]",
+                "spec.obsoleteCPUs.minCPUModel",
                 "spec.resourceRequirements.storageWorkloads",
                 "spec.storageImport.other",
                 "spec.workloads.nodePlacement",

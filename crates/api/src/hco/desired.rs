@@ -48,24 +48,9 @@ pub const HCO_TO_KUBEVIRT_GATES: &[(&str, &str)] = &[
 /// `spec.featureGates` (a ferrovirt extension: HCO's API has no such entries) and carries out.
 pub const EXTENSION_KUBEVIRT_GATES: &[&str] = &["HostDisk"];
 
-/// CPU models HCO always lists as obsolete.
-pub const HARDCODED_OBSOLETE_CPU_MODELS: &[&str] = &[
-    "486",
-    "pentium",
-    "pentium2",
-    "pentium3",
-    "pentiumpro",
-    "coreduo",
-    "n270",
-    "core2duo",
-    "Conroe",
-    "athlon",
-    "phenom",
-    "qemu64",
-    "qemu32",
-    "kvm64",
-    "kvm32",
-];
+/// CPU models HCO always lists as obsolete (the same list as KubeVirt's default).
+pub const HARDCODED_OBSOLETE_CPU_MODELS: &[&str] =
+    crate::kubevirt::cpu_model::DEFAULT_OBSOLETE_CPU_MODELS;
 
 /// HCO's published defaults of the HyperConverged spec (what its CRD fills in).
 pub fn defaults() -> Value {

@@ -33,9 +33,14 @@ kstruct! {
         pub eviction_strategy: Option<String>,
         pub infra: Option<HcoComponentConfig>,
         pub workloads: Option<HcoComponentConfig>,
-        /// CPU model VMs get when they name none.
+        /// CPU model VMs get when they name none (KubeVirt's `configuration.cpuModel`,
+        /// applied to a VMI without `spec.domain.cpu.model` when it is created).
         #[serde(rename = "defaultCPUModel")]
         pub default_cpu_model: Option<String>,
+        /// CPU models no node offers (added to HCO's fixed list in KubeVirt's
+        /// `configuration.obsoleteCPUModels`).
+        #[serde(rename = "obsoleteCPUs")]
+        pub obsolete_cpus: Option<ObsoleteCpus>,
         /// Runtime class VMs get when they name none.
         pub default_runtime_class: Option<String>,
         /// Storage class for persistent VM state (TPM, EFI variables).
@@ -67,6 +72,19 @@ kstruct! {
         pub network: Option<String>,
         pub allow_auto_converge: Option<bool>,
         pub allow_post_copy: Option<bool>,
+    }
+}
+
+kstruct! {
+    /// Obsolete CPU models.
+    pub struct ObsoleteCpus {
+        /// Named CPU models VMs may not use: they are left off the Nodes'
+        /// `cpu-model.node.kubevirt.io/<model>` labels, so a VMI asking for one stays
+        /// unschedulable.
+        pub cpu_models: Option<Vec<String>>,
+        /// KubeVirt's minimal CPU model of the node labeller (not carried out by ferrovirt).
+        #[serde(rename = "minCPUModel")]
+        pub min_cpu_model: Option<String>,
     }
 }
 

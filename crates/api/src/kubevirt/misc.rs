@@ -160,7 +160,11 @@ kstruct! {
         pub vm_rollout_strategy: Option<String>,
         pub migrations: Option<MigrationConfiguration>,
         pub machine_type: Option<String>,
+        /// CPU model a VMI without `spec.domain.cpu.model` gets when it is created.
         pub cpu_model: Option<String>,
+        /// Named CPU models no node offers (model → true).
+        #[serde(rename = "obsoleteCPUModels")]
+        pub obsolete_cpu_models: Option<std::collections::BTreeMap<String, bool>>,
         #[serde(flatten)]
         pub other: Map<String, Value>,
     }

@@ -1,6 +1,7 @@
 //! kubevirt.io/v1 kinds and their sibling groups (instancetype, snapshot, migrations, pool).
 
 pub mod clone;
+pub mod cpu_model;
 pub mod devices;
 pub mod domain;
 pub mod export;

@@ -280,9 +280,11 @@ pub(crate) async fn create(
         }
         if def.group == "kubevirt.io" && def.plural == "virtualmachineinstances" {
             // KubeVirt's VMI mutating webhook: guest memory over the memoryOvercommit
-            // percentage becomes the request (before the defaulting copies guest over).
-            let oc = crate::cluster_config::overcommit(sh).await;
-            ferrovirt_api::kubevirt::overcommit::apply_memory_overcommit(&mut o, &oc);
+            // percentage becomes the request (before the defaulting copies guest over), and
+            // a VMI without a CPU model gets the cluster's default one.
+            let d = crate::cluster_config::VmiDefaults::read(sh).await;
+            ferrovirt_api::kubevirt::overcommit::apply_memory_overcommit(&mut o, &d.overcommit);
+            ferrovirt_api::kubevirt::cpu_model::apply_default_model(&mut o, d.cpu_model.as_deref());
         }
         run_admission(def, Operation::Create, &mut o, None)?;
         let key = resources::object_key(def, ns, &name);

@@ -473,10 +473,8 @@ pub fn missing_cpu_features(source: &Node, target: &Node) -> Vec<String> {
         .collect()
 }
 
-/// KubeVirt's label of a node that can run the named CPU model.
-pub const CPU_MODEL_LABEL: &str = "cpu-model.node.kubevirt.io/";
-/// KubeVirt's label naming a node's own CPU model (what `host-model` becomes there).
-pub const HOST_MODEL_LABEL: &str = "host-model-cpu.node.kubevirt.io/";
+/// KubeVirt's CPU model labels (the agent writes them: `ferrovirt_api::kubevirt::cpu_model`).
+pub use ferrovirt_api::kubevirt::cpu_model::{CPU_MODEL_LABEL, HOST_MODEL_LABEL};
 
 /// Why `target` cannot run the guest's CPU model, as KubeVirt decides it (`None`: it can).
 /// An explicit `spec.domain.cpu.model` needs the target's `cpu-model.node.kubevirt.io/<model>`

@@ -2,7 +2,8 @@
 //! in the shared stores ([`super::stores::Stores::kubevirt`]): the overcommit settings (the
 //! scheduler and the migration target fit), the drain taint key and the cluster eviction
 //! strategy (evacuation), and the cluster migration configuration (admission of migrations and
-//! their settings), whether the common instancetypes are deployed. A change rings [`Kind::KubeVirt`]; no reconcile lists `kubevirts`.
+//! their settings), whether the common instancetypes are deployed, the obsolete CPU models
+//! (the scheduler). A change rings [`Kind::KubeVirt`]; no reconcile lists `kubevirts`.
 //!
 //! Which CR counts: the HyperConverged's own (`kubevirt-kubevirt-hyperconverged`) first, then
 //! the others oldest first ([`KubeVirtConfig::from_crs`], pure); each setting is taken from the
@@ -36,6 +37,9 @@ pub struct KubeVirtConfig {
     /// `configuration.commonInstancetypesDeployment.enabled` (default true): the common
     /// instancetypes and preferences are deployed (`crate::hco::common`).
     pub common_instancetypes: bool,
+    /// `configuration.obsoleteCPUModels` (KubeVirt's default list without one): a VMI naming
+    /// one is unschedulable.
+    pub obsolete_cpu_models: std::collections::BTreeSet<String>,
 }
 
 impl Default for KubeVirtConfig {
@@ -77,6 +81,9 @@ impl KubeVirtConfig {
             migrations: migration_policy::cluster_configuration(None, migrations.as_ref()),
             common_instancetypes: ferrovirt_api::hco::common::enabled(
                 specs.first().copied().flatten(),
+            ),
+            obsolete_cpu_models: ferrovirt_api::kubevirt::cpu_model::obsolete_models(
+                ordered.iter().copied(),
             ),
         }
     }
@@ -150,6 +157,7 @@ mod tests {
             "kubevirt-kubevirt-hyperconverged",
             "2026-06-01T00:00:00Z",
             json!({"evictionStrategy": "LiveMigrate",
+                   "obsoleteCPUModels": {"Nehalem": true},
                    "developerConfiguration": {"cpuAllocationRatio": 20},
                    "migrations": {"parallelMigrationsPerCluster": 3}}),
         );
@@ -157,6 +165,10 @@ mod tests {
         assert_eq!(c.overcommit.cpu_allocation_ratio, 20);
         assert_eq!(c.eviction_strategy.as_deref(), Some("LiveMigrate"));
         assert_eq!(c.migrations.parallel_migrations_per_cluster, Some(3));
+        assert_eq!(
+            c.obsolete_cpu_models.iter().collect::<Vec<_>>(),
+            ["Nehalem"]
+        );
         // The owned CR keeps the default key: the first CR that names another one gives it.
         assert_eq!(c.drain_key, "example.com/drain");
         // Without the owned one, the oldest.
@@ -177,6 +189,7 @@ mod tests {
         assert_eq!(c.drain_key, ferrovirt_api::eviction::DRAIN_TAINT);
         assert_eq!(c.eviction_strategy, None);
         assert!(c.common_instancetypes);
+        assert!(c.obsolete_cpu_models.contains("qemu64"));
         assert_eq!(
             c.migrations,
             migration_policy::cluster_configuration(None, None)

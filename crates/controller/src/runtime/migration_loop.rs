@@ -93,6 +93,7 @@ pub async fn run(
             // The KubeVirt CR's overcommit settings as they are now (target fit).
             let opts = SchedulerOptions {
                 overcommit: stores.overcommit(),
+                obsolete_cpu_models: stores.obsolete_cpu_models(),
                 ..opts.clone()
             };
             for m in &unfinished {

@@ -177,6 +177,7 @@ pub async fn run(
         // The KubeVirt CR's overcommit settings as they are now.
         let sched_opts = SchedulerOptions {
             overcommit: stores.overcommit(),
+            obsolete_cpu_models: stores.obsolete_cpu_models(),
             ..opts.scheduler.clone()
         };
         let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &sched_opts);

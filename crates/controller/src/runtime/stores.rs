@@ -289,6 +289,11 @@ impl Stores {
         self.kubevirt.borrow().overcommit
     }
 
+    /// The KubeVirt CRs' obsolete CPU models now.
+    pub fn obsolete_cpu_models(&self) -> std::collections::BTreeSet<String> {
+        self.kubevirt.borrow().obsolete_cpu_models.clone()
+    }
+
     /// The KubeVirt CRs' settings now.
     pub fn kubevirt(&self) -> Arc<KubeVirtConfig> {
         self.kubevirt.borrow().clone()

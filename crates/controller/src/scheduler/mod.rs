@@ -1,5 +1,6 @@
 //! The VMI scheduler as pure functions: filter each Node (readiness, `spec.unschedulable`,
-//! taints, nodeSelector and node affinity, resources and KVM, VMI affinity), score the
+//! taints, nodeSelector and node affinity, named CPU models, resources and KVM, VMI affinity),
+//! score the
 //! feasible ones (least requested, preferred node affinity, PreferNoSchedule taints,
 //! preferred VMI affinity) and pick the best, or explain why none fits in Kubernetes' words:
 //! `0/3 nodes are available: 1 node(s) didn't match node selector, 2 Insufficient memory.`
@@ -8,6 +9,7 @@
 //! the first filter it fails, so the counts in the message add up to the node count.
 
 pub mod capabilities;
+pub mod cpu_model;
 pub mod interpod;
 pub mod resources;
 pub mod selectors;
@@ -16,7 +18,7 @@ pub mod taints;
 pub(crate) mod testutil;
 pub mod volumes;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, Taint, Toleration};
@@ -49,6 +51,8 @@ pub struct SchedulerOptions {
     pub memory_overhead_bytes: u64,
     /// The KubeVirt CR's overcommit settings (the CPU a VMI without a request asks per vCPU).
     pub overcommit: Overcommit,
+    /// The KubeVirt CR's `obsoleteCPUModels`: a VMI naming one fits no node.
+    pub obsolete_cpu_models: BTreeSet<String>,
 }
 
 impl Default for SchedulerOptions {
@@ -56,6 +60,7 @@ impl Default for SchedulerOptions {
         Self {
             memory_overhead_bytes: VMI_MEMORY_OVERHEAD_BYTES,
             overcommit: Overcommit::default(),
+            obsolete_cpu_models: ferrovirt_api::kubevirt::cpu_model::obsolete_models([]),
         }
     }
 }
@@ -182,6 +187,7 @@ struct Ctx<'a> {
     shared_mounts: &'a [volumes::SharedMountNeed],
     want: Resources,
     needs_kvm: bool,
+    obsolete_cpu_models: &'a BTreeSet<String>,
     placed: &'a [Placed<'a>],
     /// The placed VMIs that declare required anti-affinity (a subset of `placed`).
     holders: &'a [Placed<'a>],
@@ -243,6 +249,10 @@ fn filter_node(ctx: &Ctx<'_>, state: &NodeState<'_>) -> Result<(), Vec<String>> 
         .is_none_or(|req| selectors::matches_node_selector(req, node));
     if !(selector_ok && affinity_ok) {
         return Err(vec![REASON_NODE_SELECTOR.to_string()]);
+    }
+    // The named CPU model (KubeVirt puts it into the launcher Pod's node selector).
+    if let Some(reason) = cpu_model::unmet(ctx.vmi, node, ctx.obsolete_cpu_models) {
+        return Err(vec![reason]);
     }
     // NodeResourcesFit, with KVM as an extended resource.
     let mut reasons =
@@ -387,6 +397,7 @@ pub struct Snapshot<'a> {
     holders: Vec<Placed<'a>>,
     memory_overhead_bytes: u64,
     overcommit: Overcommit,
+    obsolete_cpu_models: BTreeSet<String>,
 }
 
 impl<'a> Snapshot<'a> {
@@ -412,6 +423,7 @@ impl<'a> Snapshot<'a> {
             holders: Vec::new(),
             memory_overhead_bytes: opts.memory_overhead_bytes,
             overcommit: opts.overcommit,
+            obsolete_cpu_models: opts.obsolete_cpu_models.clone(),
         };
         for vmi in vmis {
             if let Some(node) = is_bound(vmi) {
@@ -454,6 +466,7 @@ impl<'a> Snapshot<'a> {
             shared_mounts,
             want,
             needs_kvm: resources::vmi_needs_kvm(vmi),
+            obsolete_cpu_models: &self.obsolete_cpu_models,
             placed: &self.placed,
             holders: &self.holders,
         };
