@@ -6,7 +6,9 @@
 //! the guest's /proc/cpuinfo shows QEMU's name for that model. `obsoleteCPUs.cpuModels:
 //! [Nehalem]` takes the Nehalem label off the Node without a restart, and a VMI asking for
 //! Nehalem stays Pending, unschedulable, the condition and the Event naming the model; so does
-//! a VMI asking for a model TCG cannot run (Haswell).
+//! a VMI asking for a model TCG cannot run (Haswell). Then the workloads placement
+//! (`spec.workloads.nodePlacement`): a VMI waits, unschedulable naming it, until the node
+//! carries the selected label; tolerations are refused naming the field.
 
 use std::time::{Duration, Instant};
 
@@ -241,6 +243,56 @@ fn named_cpu_models_label_default_boot_and_obsolete() -> anyhow::Result<()> {
 
     c.kubectl_ok(&["delete", "vmi", "old-cpu", "new-cpu", "-n", "default"])?;
     c.halt_vm("westy", Duration::from_secs(120))?;
+    workloads_placement_keeps_vms_to_its_nodes(&c)?;
     println!("whole test: {:?}", started.elapsed());
+    Ok(())
+}
+
+/// HyperConverged `spec.workloads.nodePlacement` (KubeVirt's: where virt-handler runs, so where
+/// VMs can run): a VMI waits, unschedulable naming it, until the node carries the selected
+/// label, then is placed there; tolerations are refused naming the field.
+fn workloads_placement_keeps_vms_to_its_nodes(c: &Cluster) -> anyhow::Result<()> {
+    patch_hco(
+        c,
+        r#"{"spec":{"workloads":{"nodePlacement":{"nodeSelector":{"example.com/vms":"yes"}}}}}"#,
+    )?;
+    c.wait_until(
+        "the placement in the KubeVirt CR",
+        Duration::from_secs(20),
+        || {
+            let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
+            Ok(
+                (kv["spec"]["workloads"]["nodePlacement"]["nodeSelector"]["example.com/vms"]
+                    == "yes")
+                    .then_some(()),
+            )
+        },
+    )?;
+    c.apply(&pinned_vmi("placed", "Westmere"))?;
+    let msg = wait_unschedulable(c, "placed", "didn't match the workloads placement")?;
+    println!("placed: {msg}");
+    c.kubectl_ok(&["label", "node", "node1", "example.com/vms=yes"])?;
+    c.wait_until("placed bound to node1", Duration::from_secs(30), || {
+        let v = c.get_json(&["vmi", "placed", "-n", "default"])?;
+        Ok((v["status"]["nodeName"] == "node1").then_some(()))
+    })?;
+    let out = c.kubectl(&[
+        "patch",
+        "hyperconverged",
+        HCO,
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"workloads":{"nodePlacement":{"tolerations":[{"operator":"Exists"}]}}}}"#,
+    ])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("spec.workloads.nodePlacement.tolerations"),
+        "{err}"
+    );
+    c.kubectl_ok(&["delete", "vmi", "placed", "-n", "default"])?;
     Ok(())
 }

@@ -154,7 +154,8 @@ pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
                 None => e.push(FieldError::type_invalid(field, "must be a string")),
             },
             "obsoleteCPUs" => check_obsolete_cpus(v, &field, &mut e),
-            "infra" | "workloads" => {
+            "workloads" => check_workloads_placement(v, &field, &mut e),
+            "infra" => {
                 let placement = v.get("nodePlacement").filter(|p| !p.is_null());
                 let empty = placement.is_none_or(|p| p.as_object().is_some_and(|m| m.is_empty()));
                 if !empty {
@@ -173,6 +174,51 @@ pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
         }
     }
     e
+}
+
+/// `workloads.nodePlacement`: `nodeSelector` (a string map) and `affinity.nodeAffinity`
+/// (its required terms are honoured by the scheduler: VMs run only on the nodes they select;
+/// preferred terms would only say where the handler prefers to run, which changes nothing)
+/// pass; `tolerations` and pod (anti-)affinity are refused: ferrovirt's agents run where the
+/// administrator starts them.
+fn check_workloads_placement(v: &Value, field: &str, e: &mut Vec<FieldError>) {
+    let Some(p) = v.get("nodePlacement").filter(|p| !p.is_null()) else {
+        return;
+    };
+    let field = format!("{field}.nodePlacement");
+    let Some(m) = p.as_object() else {
+        e.push(FieldError::type_invalid(field, "must be an object"));
+        return;
+    };
+    for (k, x) in m {
+        let f = format!("{field}.{k}");
+        match k.as_str() {
+            "nodeSelector" => {
+                let strings = x
+                    .as_object()
+                    .is_some_and(|m| m.values().all(Value::is_string));
+                if !strings && !x.is_null() {
+                    e.push(FieldError::type_invalid(f, "must be a map of strings"));
+                }
+            }
+            "affinity" => {
+                for (a, _) in x.as_object().into_iter().flatten() {
+                    if a != "nodeAffinity" {
+                        e.push(FieldError::not_supported(
+                            format!("{f}.{a}"),
+                            "only nodeAffinity places VMs (ferrovirt's agents run where the \
+                             administrator starts them)",
+                        ));
+                    }
+                }
+            }
+            _ => e.push(FieldError::not_supported(
+                f,
+                "ferrovirt's agents run where the administrator starts them; only nodeSelector \
+                 and affinity.nodeAffinity (which nodes run VMs) are carried out",
+            )),
+        }
+    }
 }
 
 /// What a CPU model name must look like (it becomes a Node label name and a QEMU `-cpu`).
@@ -325,6 +371,8 @@ mod tests {
                 "commonInstancetypesDeployment": {"enabled": false},
                 "defaultCPUModel": "Westmere",
                 "obsoleteCPUs": {"cpuModels": ["Nehalem", "Opteron_G1"]},
+                "workloads": {"nodePlacement": {"nodeSelector": {"role": "vms"},
+                    "affinity": {"nodeAffinity": {}}}},
             }))
             .is_empty()
         );
@@ -343,7 +391,8 @@ mod tests {
                     "storageWorkloads": {"limits": {"cpu": "1"}}},
                 "defaultCPUModel": "Has,well",
                 "obsoleteCPUs": {"cpuModels": ["ok", 7], "minCPUModel": "Penryn"},
-                "workloads": {"nodePlacement": {"nodeSelector": {"a": "b"}}},
+                "workloads": {"nodePlacement": {"nodeSelector": {"a": "b"},
+                    "tolerations": [{"operator": "Exists"}]}},
                 "storageImport": {"insecureRegistries": [], "other": 1},
                 "evictionStrategy": "Sometimes",
                 "commonInstancetypesDeployment": {"enabled": "no", "source": "x"},
@@ -361,7 +410,7 @@ mod tests {
                 "spec.obsoleteCPUs.minCPUModel",
                 "spec.resourceRequirements.storageWorkloads",
                 "spec.storageImport.other",
-                "spec.workloads.nodePlacement",
+                "spec.workloads.nodePlacement.tolerations",
             ]
         );
     }

@@ -3,7 +3,7 @@
 //! scheduler and the migration target fit), the drain taint key and the cluster eviction
 //! strategy (evacuation), and the cluster migration configuration (admission of migrations and
 //! their settings), whether the common instancetypes are deployed, the obsolete CPU models
-//! (the scheduler). A change rings [`Kind::KubeVirt`]; no reconcile lists `kubevirts`.
+//! (the scheduler), the workloads placement (the scheduler). A change rings [`Kind::KubeVirt`]; no reconcile lists `kubevirts`.
 //!
 //! Which CR counts: the HyperConverged's own (`kubevirt-kubevirt-hyperconverged`) first, then
 //! the others oldest first ([`KubeVirtConfig::from_crs`], pure); each setting is taken from the
@@ -40,6 +40,8 @@ pub struct KubeVirtConfig {
     /// `configuration.obsoleteCPUModels` (KubeVirt's default list without one): a VMI naming
     /// one is unschedulable.
     pub obsolete_cpu_models: std::collections::BTreeSet<String>,
+    /// `workloads.nodePlacement`: the nodes VMs may run on (the scheduler).
+    pub workloads: Option<crate::scheduler::placement::WorkloadsPlacement>,
 }
 
 impl Default for KubeVirtConfig {
@@ -85,6 +87,9 @@ impl KubeVirtConfig {
             obsolete_cpu_models: ferrovirt_api::kubevirt::cpu_model::obsolete_models(
                 ordered.iter().copied(),
             ),
+            workloads: specs.iter().find_map(|s| {
+                crate::scheduler::placement::WorkloadsPlacement::from_kubevirt_spec(*s)
+            }),
         }
     }
 }

@@ -94,6 +94,7 @@ pub async fn run(
             let opts = SchedulerOptions {
                 overcommit: stores.overcommit(),
                 obsolete_cpu_models: stores.obsolete_cpu_models(),
+                workloads: stores.kubevirt().workloads.clone(),
                 ..opts.clone()
             };
             for m in &unfinished {

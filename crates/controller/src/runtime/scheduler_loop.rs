@@ -178,6 +178,7 @@ pub async fn run(
         let sched_opts = SchedulerOptions {
             overcommit: stores.overcommit(),
             obsolete_cpu_models: stores.obsolete_cpu_models(),
+            workloads: stores.kubevirt().workloads.clone(),
             ..opts.scheduler.clone()
         };
         let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &sched_opts);

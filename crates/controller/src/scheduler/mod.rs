@@ -11,6 +11,7 @@
 pub mod capabilities;
 pub mod cpu_model;
 pub mod interpod;
+pub mod placement;
 pub mod resources;
 pub mod selectors;
 pub mod taints;
@@ -53,6 +54,8 @@ pub struct SchedulerOptions {
     pub overcommit: Overcommit,
     /// The KubeVirt CR's `obsoleteCPUModels`: a VMI naming one fits no node.
     pub obsolete_cpu_models: BTreeSet<String>,
+    /// The KubeVirt CR's workloads placement: the nodes VMs may run on (None: all).
+    pub workloads: Option<placement::WorkloadsPlacement>,
 }
 
 impl Default for SchedulerOptions {
@@ -61,6 +64,7 @@ impl Default for SchedulerOptions {
             memory_overhead_bytes: VMI_MEMORY_OVERHEAD_BYTES,
             overcommit: Overcommit::default(),
             obsolete_cpu_models: ferrovirt_api::kubevirt::cpu_model::obsolete_models([]),
+            workloads: None,
         }
     }
 }
@@ -188,6 +192,7 @@ struct Ctx<'a> {
     want: Resources,
     needs_kvm: bool,
     obsolete_cpu_models: &'a BTreeSet<String>,
+    workloads: Option<&'a placement::WorkloadsPlacement>,
     placed: &'a [Placed<'a>],
     /// The placed VMIs that declare required anti-affinity (a subset of `placed`).
     holders: &'a [Placed<'a>],
@@ -249,6 +254,10 @@ fn filter_node(ctx: &Ctx<'_>, state: &NodeState<'_>) -> Result<(), Vec<String>> 
         .is_none_or(|req| selectors::matches_node_selector(req, node));
     if !(selector_ok && affinity_ok) {
         return Err(vec![REASON_NODE_SELECTOR.to_string()]);
+    }
+    // The workloads placement (where KubeVirt would run virt-handler).
+    if let Some(reason) = placement::unmet(ctx.workloads, node) {
+        return Err(vec![reason]);
     }
     // The named CPU model (KubeVirt puts it into the launcher Pod's node selector).
     if let Some(reason) = cpu_model::unmet(ctx.vmi, node, ctx.obsolete_cpu_models) {
@@ -398,6 +407,7 @@ pub struct Snapshot<'a> {
     memory_overhead_bytes: u64,
     overcommit: Overcommit,
     obsolete_cpu_models: BTreeSet<String>,
+    workloads: Option<placement::WorkloadsPlacement>,
 }
 
 impl<'a> Snapshot<'a> {
@@ -424,6 +434,7 @@ impl<'a> Snapshot<'a> {
             memory_overhead_bytes: opts.memory_overhead_bytes,
             overcommit: opts.overcommit,
             obsolete_cpu_models: opts.obsolete_cpu_models.clone(),
+            workloads: opts.workloads.clone(),
         };
         for vmi in vmis {
             if let Some(node) = is_bound(vmi) {
@@ -467,6 +478,7 @@ impl<'a> Snapshot<'a> {
             want,
             needs_kvm: resources::vmi_needs_kvm(vmi),
             obsolete_cpu_models: &self.obsolete_cpu_models,
+            workloads: self.workloads.as_ref(),
             placed: &self.placed,
             holders: &self.holders,
         };
