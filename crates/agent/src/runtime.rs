@@ -43,6 +43,7 @@ mod caches;
 mod migration;
 mod migresume;
 mod mounts;
+mod postcopy;
 mod refs;
 mod start;
 mod sync;
