@@ -35,10 +35,11 @@ HINTS = {
     "network_overlay": 32, "steady_state_requests": 30, "drain": 30, "fuzz_requests": 27,
     "migration_containerdisk": 26, "services": 25, "migration_network": 24, "kubectl": 22,
     "online_resize": 22, "upload": 21, "pod_network": 21, "user_net_isolation": 20,
-    "network_secondary": 20, "cli": 18, "online_snapshot": 17, "migration_tls": 17,
+    "network_secondary": 20, "cli": 18, "online_snapshot": 17, "migration_tls": 31,
     "access_control": 17,
     "crd": 16, "shared_mount": 15, "hostile": 15, "conformance": 15, "metrics": 14,
     "empty_cdrom": 14, "port_forward": 13, "hyperconverged": 35, "node_proxy": 17,
+    "migration_postcopy": 41,
 }
 DEFAULT_E2E = 30
 DEFAULT_OTHER = 5

@@ -6,9 +6,7 @@
 
 use serde_json::{Value, json};
 
-/// KubeVirt's `migrationState.mode` values.
-pub const MODE_PRE_COPY: &str = "PreCopy";
-pub const MODE_POST_COPY: &str = "PostCopy";
+pub use ferrovirt_api::migration::MODE_POST_COPY;
 
 /// VMI `status.reason` when the guest was lost by a post-copy migration that broke.
 pub const REASON_LOST: &str = "MigrationFailedInPostCopy";

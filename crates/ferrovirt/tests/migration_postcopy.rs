@@ -106,6 +106,11 @@ spec:
     let st = &v["status"]["migrationState"];
     eprintln!("post-copy migration: VMIM create → Succeeded {took:?}; {st}");
     assert_eq!(st["mode"], "PostCopy", "{st}");
+    assert_eq!(
+        m["status"]["migrationState"]["mode"], "PostCopy",
+        "the VMIM too: {}",
+        m["status"]
+    );
     // 1 MiB/s for a 128 MiB guest: pre-copy alone would need far longer than this.
     assert!(
         took < Duration::from_secs(60),

@@ -542,6 +542,7 @@ impl Agent {
         };
         let mut post_copy = false;
         let mut cancel_refused = false;
+        let mut start_refusals = 0u32;
         let info = loop {
             tokio::time::sleep(POLL).await;
             let v = launchers::request(
@@ -646,16 +647,37 @@ impl Agent {
                 }
                 postcopy::Action::StartPostCopy => {
                     tracing::info!(uid = %uid, "completion timeout: switching to post-copy");
-                    launchers::request(
+                    match launchers::request(
                         &self.cfg,
                         &uid,
                         &Request::StartPostCopy,
                         Duration::from_secs(10),
                     )
                     .await
-                    .map_err(|e| format!("switching to post-copy: {e}"))?;
-                    post_copy = true;
-                    self.record_post_copy(vmi, target_node).await;
+                    {
+                        Ok(_) => {
+                            post_copy = true;
+                            self.record_post_copy(vmi, target_node).await;
+                        }
+                        // Whether QEMU switched is read at the next poll (a post-copy state is
+                        // followed, never cancelled); one that stays in pre-copy after a few
+                        // refusals is cancelled, which is safe while it is pre-copy.
+                        Err(e) if start_refusals < 2 => {
+                            start_refusals += 1;
+                            tracing::warn!(uid = %uid, "switching to post-copy: {e}");
+                        }
+                        Err(e) => {
+                            let why = format!("switching to post-copy: {e}");
+                            let _ = launchers::request(
+                                &self.cfg,
+                                &uid,
+                                &Request::MigrateCancel,
+                                Duration::from_secs(10),
+                            )
+                            .await;
+                            abort = Some(why);
+                        }
+                    }
                 }
                 postcopy::Action::RefuseCancel => {
                     if !cancel_refused {
