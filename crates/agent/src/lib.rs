@@ -47,6 +47,7 @@ pub mod nodestore;
 pub mod platform;
 pub mod pod_routes;
 pub mod portforward;
+pub mod postcopy;
 pub mod proxy;
 pub mod resize;
 pub mod runtime;

@@ -98,12 +98,6 @@ pub fn target_endpoint(st: &MigrationState) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
-/// Why a migration allowed to switch to post-copy is refused: the target's QEMU would need
-/// userfaultfd for kernel faults, which an unprivileged QEMU does not get
-/// (`vm.unprivileged_userfaultfd=0`), and a failure after the switch loses the guest.
-pub const POST_COPY_REFUSED: &str = "allowPostCopy: post-copy migration is not supported \
-     (the migration policy allows it; set allowPostCopy to false to migrate with pre-copy)";
-
 /// The value marking a block-migration (NBD) port in `targetDirectMigrationNodePorts`
 /// (KubeVirt's libvirt block-migration port; the migration stream's port maps to 0).
 pub const NBD_PORT_MARK: i32 = 49153;
@@ -340,10 +334,13 @@ pub async fn relay_outgoing(
     }
 }
 
-/// Whether the migration must be refused because its settings allow post-copy
-/// ([`POST_COPY_REFUSED`]): refused, never silently run as pre-copy.
-pub fn post_copy_refused(c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration) -> bool {
-    c.allow_post_copy == Some(true)
+/// Whether the settings allow switching to post-copy (`allowPostCopy`; [`crate::postcopy`]).
+/// A block migration never switches: both QEMUs then run without `postcopy-ram`.
+pub fn post_copy_allowed(
+    c: &ferrovirt_api::kubevirt::misc::MigrationConfiguration,
+    block: bool,
+) -> bool {
+    c.allow_post_copy == Some(true) && !block
 }
 
 /// Whether the migration's settings turn TLS off (KubeVirt's `disableTLS`).
@@ -498,14 +495,14 @@ mod tests {
     }
 
     #[test]
-    fn post_copy_is_refused_when_allowed_and_pre_copy_runs_otherwise() {
+    fn post_copy_only_when_allowed_and_never_for_a_block_migration() {
         let mut c = ferrovirt_api::kubevirt::misc::MigrationConfiguration::default();
-        assert!(!post_copy_refused(&c));
+        assert!(!post_copy_allowed(&c, false));
         c.allow_post_copy = Some(false);
-        assert!(!post_copy_refused(&c));
+        assert!(!post_copy_allowed(&c, false));
         c.allow_post_copy = Some(true);
-        assert!(post_copy_refused(&c));
-        assert!(POST_COPY_REFUSED.starts_with("allowPostCopy"));
+        assert!(post_copy_allowed(&c, false));
+        assert!(!post_copy_allowed(&c, true));
     }
 
     #[test]

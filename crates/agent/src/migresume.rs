@@ -35,6 +35,9 @@ pub enum Resume {
     Fail(String),
     /// Ask the launcher again at the next reconcile.
     Retry,
+    /// The stream broke in post-copy: the guest is lost, the VMI fails
+    /// ([`crate::postcopy::Action::Lost`]).
+    Lost(String),
 }
 
 /// Whether `vmi` is a migration this node (`node`) started sending and that is not finished,
@@ -78,9 +81,15 @@ pub fn resume_step(
         LauncherView::Answered(v) => v,
     };
     let status = v["status"].as_str().unwrap_or("none");
+    let post_copy = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.migration_state.as_ref())
+        .and_then(|m| m.mode.as_deref())
+        == Some(crate::postcopy::MODE_POST_COPY);
     match status {
         "completed" => Resume::SwitchOver,
-        "failed" | "cancelled" => Resume::Fail(format!(
+        "failed" | "cancelled" if !post_copy => Resume::Fail(format!(
             "QEMU: migration {status}: {}",
             v["error-desc"].as_str().unwrap_or("no reason given")
         )),
@@ -91,6 +100,20 @@ pub fn resume_step(
         ),
         // Already stopping: following it sees it end.
         "cancelling" => Resume::Follow,
+        // Post-copy: the guest runs on the target, so QEMU is followed to completion, never
+        // cancelled, and the source is never resumed (`cont`); a stream broken after the
+        // switch (QEMU's post-copy pause, or a failure once the VMI says post-copy) lost the
+        // guest.
+        s if crate::postcopy::in_post_copy(s) || post_copy => {
+            match crate::postcopy::decide(&crate::postcopy::Poll {
+                qemu_status: s,
+                post_copy_requested: post_copy,
+                ..Default::default()
+            }) {
+                crate::postcopy::Action::Lost(why) => Resume::Lost(why),
+                _ => Resume::Follow,
+            }
+        }
         _ if block => Resume::Cancel(
             "the source agent restarted during a block migration: the disk mirrors' \
              connections went through it and are gone"
@@ -212,6 +235,49 @@ mod tests {
         );
         assert!(resumable(&v, "n1", false));
         assert!(!resumable(&v, "n2", false));
+    }
+
+    /// In post-copy the guest runs on the target: a restarted source follows QEMU to the end,
+    /// never cancels it (not even a block migration's) and never resumes the source; a broken
+    /// post-copy stream loses the guest.
+    #[test]
+    fn a_restarted_source_in_post_copy_follows_it_and_never_resumes_the_source() {
+        for mode in [None, Some("PostCopy")] {
+            let st = match mode {
+                Some(m) => with(started(), "mode", json!(m)),
+                None => started(),
+            };
+            let v = vmi("n1", st);
+            for block in [false, true] {
+                let q = json!({"status": "postcopy-active"});
+                assert_eq!(
+                    resume_step(&v, "n1", false, block, LauncherView::Answered(&q)),
+                    Resume::Follow,
+                    "{mode:?} block={block}"
+                );
+                let q = json!({"status": "completed"});
+                assert_eq!(
+                    resume_step(&v, "n1", false, block, LauncherView::Answered(&q)),
+                    Resume::SwitchOver
+                );
+                for s in ["postcopy-paused", "postcopy-recover"] {
+                    let q = json!({"status": s});
+                    match resume_step(&v, "n1", false, block, LauncherView::Answered(&q)) {
+                        Resume::Lost(why) => assert!(why.contains("lost"), "{why}"),
+                        other => panic!("{s}: {other:?}"),
+                    }
+                }
+            }
+        }
+        // QEMU failed after the VMI recorded the switch: lost, not "the source runs on".
+        let v = vmi("n1", with(started(), "mode", json!("PostCopy")));
+        for s in ["failed", "cancelled"] {
+            let q = json!({"status": s, "error-desc": "boom"});
+            assert!(matches!(
+                resume_step(&v, "n1", false, false, LauncherView::Answered(&q)),
+                Resume::Lost(_)
+            ));
+        }
     }
 
     /// A restarted target agent ([`crate::migration::target_step`]): its launcher is there

@@ -44,6 +44,7 @@ mod cpu_labels;
 mod migration;
 mod migresume;
 mod mounts;
+mod postcopy;
 mod refs;
 mod start;
 mod sync;

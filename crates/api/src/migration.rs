@@ -221,8 +221,11 @@ pub fn state_of<'a>(
 pub const METHOD_LIVE: &str = "LiveMigration";
 /// `status.migrationMethod` when node-local disks are copied too (a block mirror over NBD).
 pub const METHOD_BLOCK: &str = "BlockMigration";
-/// `migrationState.mode`: pre-copy (post-copy is refused, docs/migration.md).
+/// `migrationState.mode`: pre-copy (until the migration switches to post-copy).
 pub const MODE_PRE_COPY: &str = "PreCopy";
+/// `migrationState.mode` once an `allowPostCopy` migration switched to post-copy
+/// (docs/migration.md "Post-copy").
+pub const MODE_POST_COPY: &str = "PostCopy";
 
 #[cfg(test)]
 mod tests {

@@ -127,6 +127,10 @@ pub enum Request {
         /// so the disk mirrors finish first ([`BlockOp::SwitchOver`]).
         #[serde(default)]
         block: bool,
+        /// Post-copy allowed: the `postcopy-ram` capability is set (the target must have it
+        /// too, [`Request::MigrateIncoming`]), so that [`Request::StartPostCopy`] may switch.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        post_copy: bool,
     },
     /// Live migration, target side (QEMU started with `-incoming defer`): receives the
     /// source node's accepted TCP connection on `fdSocket` as [`Request::Migrate`] does and
@@ -137,7 +141,16 @@ pub enum Request {
         fd_socket: PathBuf,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peer_cert: Option<String>,
+        /// Post-copy allowed: the `postcopy-ram` capability is set before `migrate-incoming`
+        /// (QEMU then needs userfaultfd: `vm.unprivileged_userfaultfd=1` for a QEMU that
+        /// dropped root).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        post_copy: bool,
     },
+    /// QMP `migrate-start-postcopy` on the source of a migration started with `postCopy`:
+    /// the guest runs on the target from then on and pages it lacks are fetched from the
+    /// source on demand. The source can no longer resume the guest.
+    StartPostCopy,
     /// A step of a block migration (node-local disks mirrored over NBD,
     /// [`crate::blockmig`]).
     Block {
@@ -442,6 +455,7 @@ mod tests {
                 max_bandwidth: Some(1024),
                 auto_converge: false,
                 block: true,
+                post_copy: false,
             })
             .unwrap(),
             r#"{"op":"migrate","fdSocket":"/x","maxBandwidth":1024,"autoConverge":false,"block":true}"#
@@ -450,9 +464,24 @@ mod tests {
             serde_json::to_string(&Request::MigrateIncoming {
                 fd_socket: "/y".into(),
                 peer_cert: Some("P".into()),
+                post_copy: false,
             })
             .unwrap(),
             r#"{"op":"migrateIncoming","fdSocket":"/y","peerCert":"P"}"#
+        );
+        let pc: Request =
+            serde_json::from_str(r#"{"op":"migrateIncoming","fdSocket":"/y","postCopy":true}"#)
+                .unwrap();
+        assert!(matches!(
+            pc,
+            Request::MigrateIncoming {
+                post_copy: true,
+                ..
+            }
+        ));
+        assert_eq!(
+            serde_json::to_string(&Request::StartPostCopy).unwrap(),
+            r#"{"op":"startPostCopy"}"#
         );
         assert_eq!(
             serde_json::to_string(&Request::MigrationCert {

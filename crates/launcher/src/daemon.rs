@@ -61,7 +61,9 @@ enum Command {
     MigrateIncoming {
         fd_socket: PathBuf,
         peer_cert: Option<String>,
+        post_copy: bool,
     },
+    StartPostCopy,
     Block(crate::control::BlockOp),
     MigrationStatus,
     MigrateCancel,
@@ -360,12 +362,19 @@ async fn main_loop(
                             .await
                             .map(|_| serde_json::Value::Null)
                     }
-                    Command::MigrateIncoming { fd_socket, peer_cert } => {
+                    Command::MigrateIncoming { fd_socket, peer_cert, post_copy } => {
                         let cert = mig_cert.take();
-                        crate::migrate::incoming_from(&vm, &fd_socket, cert.as_ref(), peer_cert.as_deref())
+                        let incoming = crate::migrate::Incoming {
+                            peer_cert,
+                            post_copy,
+                        };
+                        crate::migrate::incoming_from(&vm, &fd_socket, cert.as_ref(), &incoming)
                             .await
                             .map(|_| serde_json::Value::Null)
                     }
+                    Command::StartPostCopy => crate::migrate::start_post_copy(&vm)
+                        .await
+                        .map(|_| serde_json::Value::Null),
                     Command::Block(step) => crate::blockmig::run(&vm, step).await,
                     Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
                     Command::Stats => vm
@@ -560,6 +569,7 @@ async fn connection(
                         max_bandwidth,
                         auto_converge,
                         block,
+                        post_copy,
                     } => Command::Migrate {
                         fd_socket,
                         outgoing: crate::migrate::Outgoing {
@@ -567,15 +577,19 @@ async fn connection(
                             max_bandwidth,
                             auto_converge,
                             block,
+                            post_copy,
                         },
                     },
                     Request::MigrateIncoming {
                         fd_socket,
                         peer_cert,
+                        post_copy,
                     } => Command::MigrateIncoming {
                         fd_socket,
                         peer_cert,
+                        post_copy,
                     },
+                    Request::StartPostCopy => Command::StartPostCopy,
                     Request::Block { step } => Command::Block(step),
                     Request::MigrationStatus => Command::MigrationStatus,
                     Request::MigrateCancel => Command::MigrateCancel,

@@ -3,7 +3,9 @@
 //! certificates, the bandwidth cap, auto-converge, and `pause-before-switchover` for a block
 //! migration) and of the target (QEMU started with `-incoming defer`: `migrate-incoming` on
 //! the connection its agent accepted), and the hand-over of those connections from the agent
-//! (SCM_RIGHTS over a unix socket in the VMI directory). The QEMUs talk to each other
+//! (SCM_RIGHTS over a unix socket in the VMI directory); post-copy when allowed (the
+//! `postcopy-ram` capability on both QEMUs before the stream starts, `migrate-start-postcopy`
+//! on the source when its agent asks). The QEMUs talk to each other
 //! directly: no agent copies the stream. The argument builders are pure and unit-tested.
 
 use std::io::{IoSlice, IoSliceMut};
@@ -40,6 +42,17 @@ pub struct Outgoing {
     pub auto_converge: bool,
     /// A block migration: pause before the switch-over so the mirrors complete first.
     pub block: bool,
+    /// Post-copy allowed: `postcopy-ram` (QEMU opens the return path it needs itself).
+    pub post_copy: bool,
+}
+
+/// How the target receives.
+#[derive(Debug, Clone, Default)]
+pub struct Incoming {
+    /// The source's ephemeral certificate (PEM); `None`: plain (`disableTLS`).
+    pub peer_cert: Option<String>,
+    /// Post-copy allowed: `postcopy-ram` before `migrate-incoming`.
+    pub post_copy: bool,
 }
 
 /// `migrate-set-capabilities` of the source.
@@ -48,7 +61,23 @@ pub fn capabilities(o: &Outgoing) -> Value {
         {"capability": "events", "state": true},
         {"capability": "auto-converge", "state": o.auto_converge},
         {"capability": "pause-before-switchover", "state": o.block},
+        {"capability": "postcopy-ram", "state": o.post_copy},
     ]})
+}
+
+/// `migrate-set-capabilities` of the target (only when post-copy is allowed).
+pub fn incoming_capabilities() -> Value {
+    json!({"capabilities": [{"capability": "postcopy-ram", "state": true}]})
+}
+
+/// The target's error when QEMU refuses `postcopy-ram`, naming the field and, for the
+/// refusal QEMU 7.2 gives a QEMU that dropped root without userfaultfd, the node setting.
+pub fn post_copy_refused(qemu: &str) -> String {
+    format!(
+        "allowPostCopy: the target's QEMU refuses post-copy ({qemu}); QEMU needs userfaultfd, \
+         which a QEMU running as an unprivileged user gets only with the node's sysctl \
+         vm.unprivileged_userfaultfd=1"
+    )
 }
 
 /// `migrate-set-parameters` of the source: TLS (or explicitly none) and the bandwidth cap.
@@ -174,8 +203,15 @@ pub async fn start_incoming(
     vm: &Vm,
     conn: BorrowedFd<'_>,
     cert: Option<&EphemeralCert>,
-    peer_cert: Option<&str>,
+    incoming: &Incoming,
 ) -> Result<()> {
+    let peer_cert = incoming.peer_cert.as_deref();
+    if incoming.post_copy {
+        vm.qmp()
+            .execute("migrate-set-capabilities", Some(incoming_capabilities()))
+            .await
+            .map_err(|e| Error::Migration(post_copy_refused(&e.to_string())))?;
+    }
     if let Some(peer) = peer_cert {
         install_creds(vm, needs_cert(cert, Endpoint::Server)?, peer).await?;
     }
@@ -194,6 +230,13 @@ pub async fn start_incoming(
     vm.qmp()
         .execute("migrate-incoming", Some(json!({"uri": MIGRATION_URI})))
         .await?;
+    Ok(())
+}
+
+/// Source: switches a running migration (started with [`Outgoing::post_copy`]) to
+/// post-copy. The guest runs on the target from here on; the source never resumes it.
+pub async fn start_post_copy(vm: &Vm) -> Result<()> {
+    vm.qmp().execute("migrate-start-postcopy", None).await?;
     Ok(())
 }
 
@@ -216,13 +259,13 @@ pub async fn incoming_from(
     vm: &Vm,
     fd_socket: &Path,
     cert: Option<&EphemeralCert>,
-    peer_cert: Option<&str>,
+    incoming: &Incoming,
 ) -> Result<()> {
     let path = fd_socket.to_path_buf();
     let conn = tokio::task::spawn_blocking(move || receive_fd(&path))
         .await
         .map_err(|e| Error::Migration(e.to_string()))??;
-    start_incoming(vm, conn.as_fd(), cert, peer_cert).await
+    start_incoming(vm, conn.as_fd(), cert, incoming).await
 }
 
 #[cfg(test)]
@@ -236,6 +279,7 @@ mod tests {
             max_bandwidth: Some(1 << 20),
             auto_converge: true,
             block: false,
+            post_copy: true,
         };
         let p = source_parameters(&o);
         assert_eq!(p["tls-creds"], migtls::CREDS_ID);
@@ -247,6 +291,16 @@ mod tests {
             json!({"capability": "auto-converge", "state": true})
         );
         assert_eq!(c["capabilities"][2]["state"], false);
+        assert_eq!(
+            c["capabilities"][3],
+            json!({"capability": "postcopy-ram", "state": true})
+        );
+        assert_eq!(
+            capabilities(&Outgoing::default())["capabilities"][3]["state"],
+            false
+        );
+        assert!(post_copy_refused("Postcopy is not supported").starts_with("allowPostCopy:"));
+        assert!(post_copy_refused("x").contains("vm.unprivileged_userfaultfd=1"));
         // disableTLS: plain, and an earlier attempt's credentials are not used.
         let plain = source_parameters(&Outgoing::default());
         assert_eq!(plain["tls-creds"], "");

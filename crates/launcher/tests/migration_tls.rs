@@ -6,7 +6,10 @@
 //! The attacks: a target that expects another source certificate, and a source that expects
 //! another target certificate — the migration fails and the source's guest runs on. Then the
 //! real pair: the stream's connection is held by the QEMUs only, the migration completes
-//! and the guest answers on the target's console.
+//! and the guest answers on the target's console. Post-copy over the same transport: a
+//! migration throttled to 1 MiB/s with `postcopy-ram` on both QEMUs is switched with
+//! `migrate-start-postcopy` while most of the memory is still on the source; it completes,
+//! the target runs the guest, the source is left paused.
 
 mod common;
 
@@ -75,7 +78,11 @@ async fn migrate_with(
     let (a, b) = tcp_pair();
     let a_port = a.local_addr().unwrap().port();
     let b_port = b.local_addr().unwrap().port();
-    migrate::start_incoming(&tgt.vm, b.as_fd(), Some(certs.1), Some(trusts.1))
+    let incoming = migrate::Incoming {
+        peer_cert: Some(trusts.1.to_string()),
+        post_copy: false,
+    };
+    migrate::start_incoming(&tgt.vm, b.as_fd(), Some(certs.1), &incoming)
         .await
         .unwrap();
     drop(b);
@@ -210,4 +217,80 @@ async fn two_qemus_migrate_over_passed_fds_with_tls_from_ephemeral_certs() {
     drop(console);
     let mut on_target = tgt.vm.console(Duration::from_secs(10)).await.unwrap();
     guest_answers(&mut on_target, "MOVED").await;
+}
+
+#[tokio::test]
+async fn a_throttled_migration_switched_to_post_copy_completes_over_tls() {
+    let guest = TestGuest::locate();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = kernel_boot_spec(&guest, "postcopy", dir.path());
+    let src = TestVm::start(spec, dir, true).await;
+    let (mut console, _events) = src.console_and_run().await;
+    wait_ready(&mut console).await;
+    let src_cert = EphemeralCert::generate(Endpoint::Client).unwrap();
+    let tgt_cert = EphemeralCert::generate(Endpoint::Server).unwrap();
+    let tgt = target(&guest).await;
+    let (a, b) = tcp_pair();
+    let incoming = migrate::Incoming {
+        peer_cert: Some(src_cert.cert_pem.clone()),
+        post_copy: true,
+    };
+    migrate::start_incoming(&tgt.vm, b.as_fd(), Some(&tgt_cert), &incoming)
+        .await
+        .unwrap();
+    drop(b);
+    let o = Outgoing {
+        peer_cert: Some(tgt_cert.cert_pem.clone()),
+        // Far too slow for pre-copy to finish: the switch comes with most pages unsent.
+        max_bandwidth: Some(1 << 20),
+        post_copy: true,
+        ..Outgoing::default()
+    };
+    migrate::start_outgoing(&src.vm, a.as_fd(), Some(&src_cert), &o)
+        .await
+        .unwrap();
+    drop(a);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = src.vm.qmp().execute("query-migrate", None).await.unwrap();
+    assert_eq!(before["status"], "active", "{before}");
+    let remaining = before["ram"]["remaining"].as_u64().unwrap();
+    assert!(remaining > 32 << 20, "pre-copy nearly done: {before}");
+    migrate::start_post_copy(&src.vm).await.unwrap();
+    let deadline = tokio::time::Instant::now() + MIGRATE;
+    let v = loop {
+        let v = src.vm.qmp().execute("query-migrate", None).await.unwrap();
+        match v["status"].as_str() {
+            Some("completed") | Some("failed") | Some("cancelled") => break v,
+            _ if tokio::time::Instant::now() > deadline => panic!("migration stuck: {v}"),
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(v["status"], "completed", "{v}");
+    eprintln!(
+        "post-copy over QEMU TLS: {} MiB left at the switch, total {} ms, downtime {} ms, \
+         post-copy {} bytes, {} page requests",
+        remaining >> 20,
+        v["total-time"],
+        v["downtime"],
+        v["ram"]["postcopy-bytes"],
+        v["ram"]["postcopy-requests"]
+    );
+    assert!(v["ram"]["postcopy-bytes"].as_u64().unwrap() > 0, "{v}");
+    assert_ne!(
+        src.vm.status().await.unwrap().status,
+        ferrovirt_launcher::qmp::RunState::Running,
+        "the source never runs the guest again"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tgt.vm.status().await.unwrap().status != ferrovirt_launcher::qmp::RunState::Running {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the target never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(console);
+    let mut on_target = tgt.vm.console(Duration::from_secs(10)).await.unwrap();
+    guest_answers(&mut on_target, "POSTCOPY").await;
 }

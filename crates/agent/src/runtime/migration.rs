@@ -28,6 +28,7 @@ use crate::error::AgentError;
 use crate::launchers;
 use crate::migration::{self as mig, SourceStep, TargetStep};
 use crate::migstream as ms;
+use crate::postcopy;
 use ferrovirt_launcher::migtls::Endpoint;
 
 /// How often the source asks its launcher how the migration goes.
@@ -226,8 +227,15 @@ impl Agent {
             .await?;
         let me = self.clone();
         let u = uid.clone();
+        let post_copy = mig::post_copy_allowed(&mig::configuration(vmi), !block.disks.is_empty());
         let receiver = tokio::spawn(async move {
-            if let Err(e) = me.receive_stream(&u, listener, source, tls).await {
+            let stream = Stream {
+                listener,
+                source,
+                tls,
+                post_copy,
+            };
+            if let Err(e) = me.receive_stream(&u, stream).await {
                 tracing::warn!(uid = %u, "receiving the migration: {e}");
             }
         });
@@ -251,13 +259,13 @@ impl Agent {
     /// authenticated channel from the source node, the certificates exchanged, the announced
     /// data connection handed to the launcher, whose QEMU starts `migrate-incoming` on it.
     /// An error after the channel is up is told to the source.
-    async fn receive_stream(
-        &self,
-        uid: &str,
-        listener: tokio::net::TcpListener,
-        source: IpAddr,
-        tls: Option<Arc<rustls::ServerConfig>>,
-    ) -> Result<(), String> {
+    async fn receive_stream(&self, uid: &str, stream: Stream) -> Result<(), String> {
+        let Stream {
+            listener,
+            source,
+            tls,
+            post_copy,
+        } = stream;
         let encrypted = tls.is_some();
         let mut ch = ms::accept_channel(&listener, source, tls)
             .await
@@ -282,6 +290,7 @@ impl Agent {
             let req = Request::MigrateIncoming {
                 fd_socket: sock,
                 peer_cert: hello.cert,
+                post_copy,
             };
             launchers::request(&self.cfg, uid, &req, SETUP_STEP)
                 .await
@@ -425,9 +434,6 @@ impl Agent {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         let config = mig::configuration(vmi);
-        if mig::post_copy_refused(&config) {
-            return Err(mig::POST_COPY_REFUSED.into());
-        }
         let block = mig::read_block_volumes(&dir);
         let tls = if mig::tls_disabled(&config) {
             None
@@ -490,6 +496,7 @@ impl Agent {
             max_bandwidth: ferrovirt_api::migration_policy::bandwidth_bytes(&config),
             auto_converge: config.allow_auto_converge == Some(true),
             block: !block.is_empty(),
+            post_copy: mig::post_copy_allowed(&config, !block.is_empty()),
         };
         launchers::request(&self.cfg, &uid, &req, SETUP_STEP)
             .await
@@ -528,6 +535,14 @@ impl Agent {
         let mut abort = abort;
         let mut final_tries = 0;
         let mut switched = false;
+        let allow_post_copy = mig::post_copy_allowed(&config, !block.is_empty());
+        let no_completion_timeout = ferrovirt_api::kubevirt::misc::MigrationConfiguration {
+            completion_timeout_per_gib: None,
+            ..config.clone()
+        };
+        let mut post_copy = false;
+        let mut cancel_refused = false;
+        let mut start_refusals = 0u32;
         let info = loop {
             tokio::time::sleep(POLL).await;
             let v = launchers::request(
@@ -538,18 +553,24 @@ impl Agent {
             )
             .await
             .map_err(|e| format!("following the migration: {e}"))?;
-            match v["status"].as_str() {
+            let status = v["status"].as_str().unwrap_or_default();
+            if postcopy::in_post_copy(status) && !post_copy {
+                // Switched (by this loop, or before an agent restart): recorded once.
+                post_copy = true;
+                self.record_post_copy(vmi, target_node).await;
+            }
+            match status {
                 // QEMU sets the figures a moment after the state: ask again until they are in.
-                Some("completed") if mig::figures(&v).0.unwrap_or(0) > 0 || final_tries >= 10 => {
+                "completed" if mig::figures(&v).0.unwrap_or(0) > 0 || final_tries >= 10 => {
                     break v;
                 }
-                Some("completed") => {
+                "completed" => {
                     final_tries += 1;
                     continue;
                 }
                 // Paused before the switch-over (block migration): the mirrors complete
                 // (a last copy), then the last round of memory goes.
-                Some("pre-switchover") if !switched && abort.is_none() => {
+                "pre-switchover" if !switched && abort.is_none() => {
                     switched = true;
                     if let Err(e) = launchers::request(
                         &self.cfg,
@@ -573,11 +594,10 @@ impl Agent {
                     }
                     continue;
                 }
-                Some("failed") | Some("cancelled") => {
+                "failed" | "cancelled" if !post_copy => {
                     return Err(abort.unwrap_or_else(|| {
                         format!(
-                            "QEMU: migration {}: {}",
-                            v["status"].as_str().unwrap_or_default(),
+                            "QEMU: migration {status}: {}",
                             v["error-desc"].as_str().unwrap_or("no reason given")
                         )
                     }));
@@ -588,12 +608,9 @@ impl Agent {
                 continue;
             }
             progress.observe(&v, started.elapsed());
-            let timeout = ferrovirt_api::migration_policy::timed_out(
-                &config,
-                v["ram"]["total"].as_u64().unwrap_or(0),
-                started.elapsed().as_secs(),
-                progress.stalled_for(started.elapsed()).as_secs(),
-            );
+            let elapsed = started.elapsed().as_secs();
+            let memory = v["ram"]["total"].as_u64().unwrap_or(0);
+            use ferrovirt_api::migration_policy::timed_out;
             // A cancel (the VMIM deleted) shows as abortRequested on the VMI.
             let cancelled = if last_check.elapsed() >= Duration::from_millis(500) {
                 last_check = Instant::now();
@@ -601,17 +618,84 @@ impl Agent {
             } else {
                 false
             };
-            let why = timeout.or_else(|| cancelled.then(|| "the migration was cancelled".into()));
-            if let Some(why) = why {
-                tracing::info!(uid = %uid, "aborting the migration: {why}");
-                let _ = launchers::request(
-                    &self.cfg,
-                    &uid,
-                    &Request::MigrateCancel,
-                    Duration::from_secs(10),
-                )
-                .await;
-                abort = Some(why);
+            let poll = postcopy::Poll {
+                qemu_status: status,
+                completion_timeout: timed_out(&config, memory, elapsed, 0),
+                progress_timeout: timed_out(
+                    &no_completion_timeout,
+                    memory,
+                    elapsed,
+                    progress.stalled_for(started.elapsed()).as_secs(),
+                ),
+                cancelled,
+                allow_post_copy,
+                block: !block.is_empty(),
+                post_copy_requested: post_copy,
+            };
+            match postcopy::decide(&poll) {
+                postcopy::Action::Continue => {}
+                postcopy::Action::Cancel(why) => {
+                    tracing::info!(uid = %uid, "aborting the migration: {why}");
+                    let _ = launchers::request(
+                        &self.cfg,
+                        &uid,
+                        &Request::MigrateCancel,
+                        Duration::from_secs(10),
+                    )
+                    .await;
+                    abort = Some(why);
+                }
+                postcopy::Action::StartPostCopy => {
+                    tracing::info!(uid = %uid, "completion timeout: switching to post-copy");
+                    match launchers::request(
+                        &self.cfg,
+                        &uid,
+                        &Request::StartPostCopy,
+                        Duration::from_secs(10),
+                    )
+                    .await
+                    {
+                        Ok(_) => {
+                            post_copy = true;
+                            self.record_post_copy(vmi, target_node).await;
+                        }
+                        // Whether QEMU switched is read at the next poll (a post-copy state is
+                        // followed, never cancelled); one that stays in pre-copy after a few
+                        // refusals is cancelled, which is safe while it is pre-copy.
+                        Err(e) if start_refusals < 2 => {
+                            start_refusals += 1;
+                            tracing::warn!(uid = %uid, "switching to post-copy: {e}");
+                        }
+                        Err(e) => {
+                            let why = format!("switching to post-copy: {e}");
+                            let _ = launchers::request(
+                                &self.cfg,
+                                &uid,
+                                &Request::MigrateCancel,
+                                Duration::from_secs(10),
+                            )
+                            .await;
+                            abort = Some(why);
+                        }
+                    }
+                }
+                postcopy::Action::RefuseCancel => {
+                    if !cancel_refused {
+                        cancel_refused = true;
+                        self.event(
+                            vmi,
+                            "Warning",
+                            "MigrationAbortRefused",
+                            "The migration runs in post-copy: the guest runs on the target and \
+                             can no longer return to the source, so it cannot be cancelled",
+                        )
+                        .await;
+                    }
+                }
+                postcopy::Action::Lost(why) => {
+                    self.lose_guest(vmi, &why).await;
+                    return Ok(());
+                }
             }
         };
         // Switch-over: the VMI belongs to the target from this write on. The source QEMU is
@@ -786,6 +870,16 @@ impl Agent {
             .get(uid)
             .is_some_and(|m| Some(m.as_str()) == current)
     }
+}
+
+/// What the target's [`Agent::receive_stream`] receives on.
+struct Stream {
+    listener: tokio::net::TcpListener,
+    /// The source node's address: the only peer accepted.
+    source: IpAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    /// `postcopy-ram` on the target's QEMU ([`mig::post_copy_allowed`]).
+    post_copy: bool,
 }
 
 /// What [`Agent::follow_out`] follows.

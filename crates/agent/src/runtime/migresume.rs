@@ -65,6 +65,10 @@ impl Agent {
                 self.fail_out(&vmi, &reason).await;
                 return;
             }
+            Resume::Lost(reason) => {
+                self.lose_guest(&vmi, &reason).await;
+                return;
+            }
             Resume::Follow | Resume::SwitchOver => None,
             Resume::Cancel(why) => {
                 let _ = launchers::request(

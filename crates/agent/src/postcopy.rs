@@ -1,0 +1,229 @@
+//! Post-copy live migration (docs/migration.md "Post-copy"), the pure decisions: what the
+//! source's follow loop does when a limit is reached (cancel, or switch to post-copy when the
+//! settings allow it, as KubeVirt does at the completion timeout), what it does once the
+//! migration runs in post-copy (never cancel, never resume the source; a broken stream loses
+//! the guest and the VMI fails), and the VMI status written for each.
+
+use serde_json::{Value, json};
+
+pub use ferrovirt_api::migration::MODE_POST_COPY;
+
+/// VMI `status.reason` when the guest was lost by a post-copy migration that broke.
+pub const REASON_LOST: &str = "MigrationFailedInPostCopy";
+
+/// Whether QEMU's `query-migrate` status is one of post-copy's (the guest runs on the target
+/// and part of its memory is still on the source).
+pub fn in_post_copy(qemu_status: &str) -> bool {
+    qemu_status.starts_with("postcopy")
+}
+
+/// What the follow loop saw in one poll.
+#[derive(Debug, Clone, Default)]
+pub struct Poll<'a> {
+    /// QEMU's `query-migrate` status.
+    pub qemu_status: &'a str,
+    /// The completion timeout's reason when it is exceeded (`completionTimeoutPerGiB`).
+    pub completion_timeout: Option<String>,
+    /// The progress timeout's reason when it is exceeded (`progressTimeout`).
+    pub progress_timeout: Option<String>,
+    /// The migration was cancelled (`abortRequested`).
+    pub cancelled: bool,
+    /// The settings allow post-copy (`allowPostCopy`).
+    pub allow_post_copy: bool,
+    /// Node-local disks are mirrored (block migration).
+    pub block: bool,
+    /// This loop asked QEMU to switch to post-copy, or saw it in post-copy.
+    pub post_copy_requested: bool,
+}
+
+/// What the follow loop does about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Keep following.
+    Continue,
+    /// `migrate_cancel` with this reason: the source runs on.
+    Cancel(String),
+    /// `migrate-start-postcopy`: the guest runs on the target from here on.
+    StartPostCopy,
+    /// In post-copy a cancel cannot be honoured (the source no longer has the whole guest):
+    /// keep following and say so once.
+    RefuseCancel,
+    /// The stream broke after the switch: neither QEMU holds the whole guest, it is lost;
+    /// the VMI fails and both QEMUs are stopped.
+    Lost(String),
+}
+
+/// The follow loop's decision (KubeVirt's order: once in post-copy nothing is aborted; a
+/// cancel and the progress timeout abort; the completion timeout switches to post-copy when
+/// allowed, else aborts).
+pub fn decide(p: &Poll<'_>) -> Action {
+    let broke_after_switch =
+        p.post_copy_requested && matches!(p.qemu_status, "failed" | "cancelled");
+    if broke_after_switch || matches!(p.qemu_status, "postcopy-paused" | "postcopy-recover") {
+        return Action::Lost(format!(
+            "the migration stream broke in post-copy (QEMU: {}): the guest ran on the target \
+             with part of its memory still on the source, so it is lost; the VMI failed \
+             (allowPostCopy accepts this risk)",
+            p.qemu_status
+        ));
+    }
+    if in_post_copy(p.qemu_status) || p.post_copy_requested {
+        return if p.cancelled {
+            Action::RefuseCancel
+        } else {
+            Action::Continue
+        };
+    }
+    if p.cancelled {
+        return Action::Cancel("the migration was cancelled".into());
+    }
+    if let Some(why) = &p.progress_timeout {
+        return Action::Cancel(why.clone());
+    }
+    match &p.completion_timeout {
+        None => Action::Continue,
+        Some(_) if p.allow_post_copy && !p.block => Action::StartPostCopy,
+        Some(why) if p.allow_post_copy => Action::Cancel(format!(
+            "{why}; allowPostCopy: post-copy is not carried out for a block migration \
+             (node-local disks), so it was cancelled"
+        )),
+        Some(why) => Action::Cancel(why.clone()),
+    }
+}
+
+/// The VMI status patch recording the switch to post-copy.
+pub fn mode_patch() -> Value {
+    json!({"migrationState": {"mode": MODE_POST_COPY}})
+}
+
+/// The VMI status patch of a guest lost in post-copy: the migration failed and the VMI with
+/// it (never a state in which a QEMU could run the guest again on either node).
+pub fn lost_patch(reason: &str, now: &str) -> Value {
+    json!({
+        "phase": "Failed",
+        "reason": REASON_LOST,
+        "migrationState": {"failed": true, "failureReason": reason, "endTimestamp": now},
+        "conditions": [{
+            "type": "Ready", "status": "False", "reason": REASON_LOST, "message": reason,
+            "lastTransitionTime": now, "lastProbeTime": null,
+        }],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll(status: &str) -> Poll<'_> {
+        Poll {
+            qemu_status: status,
+            ..Poll::default()
+        }
+    }
+
+    #[test]
+    fn the_completion_timeout_switches_to_post_copy_only_when_allowed() {
+        let hit = Some("the migration did not complete within 150 s".to_string());
+        let mut p = Poll {
+            completion_timeout: hit.clone(),
+            ..poll("active")
+        };
+        assert_eq!(
+            decide(&p),
+            Action::Cancel(hit.clone().unwrap()),
+            "not allowed: cancelled, the source runs on"
+        );
+        p.allow_post_copy = true;
+        assert_eq!(decide(&p), Action::StartPostCopy);
+        // Asked once: the next polls (QEMU may still say active) only follow.
+        p.post_copy_requested = true;
+        assert_eq!(decide(&p), Action::Continue);
+        // A block migration does not switch: cancelled, naming the field.
+        p.post_copy_requested = false;
+        p.block = true;
+        match decide(&p) {
+            Action::Cancel(why) => assert!(why.contains("allowPostCopy"), "{why}"),
+            a => panic!("{a:?}"),
+        }
+        // Within the time nothing happens.
+        assert_eq!(
+            decide(&Poll {
+                allow_post_copy: true,
+                ..poll("active")
+            }),
+            Action::Continue
+        );
+    }
+
+    #[test]
+    fn a_cancel_or_no_progress_aborts_pre_copy_even_when_post_copy_is_allowed() {
+        let p = Poll {
+            cancelled: true,
+            allow_post_copy: true,
+            completion_timeout: Some("late".into()),
+            ..poll("active")
+        };
+        assert_eq!(
+            decide(&p),
+            Action::Cancel("the migration was cancelled".into())
+        );
+        let p = Poll {
+            progress_timeout: Some("no progress".into()),
+            allow_post_copy: true,
+            completion_timeout: Some("late".into()),
+            ..poll("active")
+        };
+        assert_eq!(decide(&p), Action::Cancel("no progress".into()));
+    }
+
+    #[test]
+    fn in_post_copy_nothing_is_cancelled_and_a_broken_stream_loses_the_guest() {
+        for s in ["postcopy-active", "completed"] {
+            let mut p = Poll {
+                completion_timeout: Some("late".into()),
+                progress_timeout: Some("stalled".into()),
+                allow_post_copy: true,
+                post_copy_requested: true,
+                ..poll(s)
+            };
+            assert_eq!(decide(&p), Action::Continue, "{s}");
+            p.cancelled = true;
+            assert_eq!(decide(&p), Action::RefuseCancel, "{s}");
+        }
+        // QEMU says post-copy even if this loop did not ask (a restarted agent).
+        let p = Poll {
+            cancelled: true,
+            ..poll("postcopy-active")
+        };
+        assert_eq!(decide(&p), Action::RefuseCancel);
+        for s in ["postcopy-paused", "postcopy-recover"] {
+            match decide(&poll(s)) {
+                Action::Lost(why) => assert!(why.contains("lost") && why.contains(s), "{why}"),
+                a => panic!("{s}: {a:?}"),
+            }
+        }
+        // A failure once the switch was asked for: never resumed on the source either.
+        for s in ["failed", "cancelled"] {
+            let p = Poll {
+                post_copy_requested: true,
+                ..poll(s)
+            };
+            match decide(&p) {
+                Action::Lost(why) => assert!(why.contains("lost") && why.contains(s), "{why}"),
+                a => panic!("{s}: {a:?}"),
+            }
+        }
+        assert!(in_post_copy("postcopy-active") && !in_post_copy("active"));
+    }
+
+    #[test]
+    fn the_patches() {
+        assert_eq!(mode_patch()["migrationState"]["mode"], "PostCopy");
+        let l = lost_patch("broke", "T");
+        assert_eq!(l["phase"], "Failed");
+        assert_eq!(l["reason"], REASON_LOST);
+        assert_eq!(l["migrationState"]["failed"], true);
+        assert_eq!(l["migrationState"]["failureReason"], "broke");
+        assert_eq!(l["conditions"][0]["status"], "False");
+    }
+}
