@@ -33,29 +33,12 @@ fn condition(hco: &Value, type_: &str) -> Option<(String, String, String)> {
         })
 }
 
-fn patch_hco(c: &Cluster, patch: &str) -> anyhow::Result<String> {
-    c.kubectl_ok(&[
-        "patch",
-        "hyperconverged",
-        HCO,
-        "-n",
-        NS,
-        "--type",
-        "merge",
-        "-p",
-        patch,
-    ])
-}
-
 #[test]
 fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut c = Cluster::with_nodes(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")), 2)?;
     // Shorter node leases (the shortest allowed) so a dead agent shows sooner.
-    patch_hco(
-        &c,
-        r#"{"spec":{"nodeFailure":{"leaseDurationSeconds":4,"fenceMarginSeconds":2}}}"#,
-    )?;
+    c.patch_hco(r#"{"spec":{"nodeFailure":{"leaseDurationSeconds":4,"fenceMarginSeconds":2}}}"#)?;
 
     // The four owned objects, with HCO's names, labels and owner references.
     let owned = c.wait_until("the four owned objects", Duration::from_secs(30), || {
@@ -124,9 +107,7 @@ fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<(
 
     // liveMigrationConfig reaches the KubeVirt CR.
     let t = Instant::now();
-    patch_hco(
-        &c,
-        r#"{"spec":{"liveMigrationConfig":{"parallelMigrationsPerCluster":3,"bandwidthPerMigration":"64Mi"}}}"#,
+    c.patch_hco(r#"{"spec":{"liveMigrationConfig":{"parallelMigrationsPerCluster":3,"bandwidthPerMigration":"64Mi"}}}"#,
     )?;
     c.wait_until(
         "migrations in the KubeVirt CR",
@@ -147,10 +128,7 @@ fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<(
 
     // storageImport.insecureRegistries reaches the CDI.
     let t = Instant::now();
-    patch_hco(
-        &c,
-        r#"{"spec":{"storageImport":{"insecureRegistries":["registry.test:5000"]}}}"#,
-    )?;
+    c.patch_hco(r#"{"spec":{"storageImport":{"insecureRegistries":["registry.test:5000"]}}}"#)?;
     c.wait_until(
         "insecureRegistries in the CDI",
         Duration::from_secs(20),
@@ -208,19 +186,7 @@ fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<(
     );
 
     // A field ferrovirt does not carry out is refused, naming it.
-    let out = c.kubectl(&[
-        "patch",
-        "hyperconverged",
-        HCO,
-        "-n",
-        NS,
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"defaultRuntimeClass":"kata"}}"#,
-    ])?;
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = c.hco_patch_refused(r#"{"spec":{"defaultRuntimeClass":"kata"}}"#)?;
     assert!(err.contains("spec.defaultRuntimeClass"), "{err}");
 
     overcommit_reaches_the_scheduler_and_admission(&c)?;
@@ -263,10 +229,7 @@ fn hyperconverged_owns_configures_and_reports_the_platform() -> anyhow::Result<(
 /// The VMI starts paused, so QEMU never runs its vCPUs.
 fn overcommit_reaches_the_scheduler_and_admission(c: &Cluster) -> anyhow::Result<()> {
     let t = Instant::now();
-    patch_hco(
-        c,
-        r#"{"spec":{"higherWorkloadDensity":{"memoryOvercommitPercentage":200}}}"#,
-    )?;
+    c.patch_hco(r#"{"spec":{"higherWorkloadDensity":{"memoryOvercommitPercentage":200}}}"#)?;
     c.wait_until(
         "memoryOvercommit in the KubeVirt CR",
         Duration::from_secs(20),
@@ -316,10 +279,7 @@ spec:
             .and_then(|c| c["message"].as_str().map(String::from)))
     })?;
     assert!(msg.contains("Insufficient cpu"), "{msg}");
-    patch_hco(
-        c,
-        r#"{"spec":{"resourceRequirements":{"vmiCPUAllocationRatio":40}}}"#,
-    )?;
+    c.patch_hco(r#"{"spec":{"resourceRequirements":{"vmiCPUAllocationRatio":40}}}"#)?;
     let placed = c.wait_until("the VMI placed", Duration::from_secs(30), || {
         let v = c.get_json(&["vmi", "overcommit", "-n", "default"])?;
         Ok(v["status"]["nodeName"].as_str().map(String::from))
@@ -481,33 +441,18 @@ spec:
   memory: {guest: 256Mi}
 "#,
     )?;
-    patch_hco(
-        &c,
-        r#"{"spec":{"commonInstancetypesDeployment":{"enabled":false}}}"#,
-    )?;
+    c.patch_hco(r#"{"spec":{"commonInstancetypesDeployment":{"enabled":false}}}"#)?;
     c.wait_until("ours removed", Duration::from_secs(30), || {
         Ok((count("virtualmachineclusterinstancetypes")? == 0
             && count("virtualmachineclusterpreferences")? == 0)
             .then_some(()))
     })?;
     c.get_json(&["virtualmachineclusterinstancetype", "mine.small"])?;
-    let refused = c.kubectl(&[
-        "patch",
-        "hyperconverged",
-        HCO,
-        "-n",
-        NS,
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"commonInstancetypesDeployment":{"enabled":"yes"}}}"#,
-    ])?;
-    assert!(!refused.status.success());
+    let refused =
+        c.hco_patch_refused(r#"{"spec":{"commonInstancetypesDeployment":{"enabled":"yes"}}}"#)?;
     assert!(
-        String::from_utf8_lossy(&refused.stderr)
-            .contains("spec.commonInstancetypesDeployment.enabled"),
-        "{}",
-        String::from_utf8_lossy(&refused.stderr)
+        refused.contains("spec.commonInstancetypesDeployment.enabled"),
+        "{refused}"
     );
     println!("whole test: {:?}", started.elapsed());
     Ok(())

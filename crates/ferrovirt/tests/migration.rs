@@ -602,21 +602,29 @@ fn a_killed_launcher_does_not_leave_its_qemu_running() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The source agent (a process of its own, node2) is killed mid-way through a slowed
-/// migration and started again: the stream is QEMU's own and goes on; the restarted agent
-/// asks its launcher's QEMU (`query-migrate`), follows it again and switches over. The
-/// migration ends Succeeded, the VMI names node1, the guest kept its uptime, one QEMU runs.
-#[test]
-fn a_source_agent_restarted_mid_migration_picks_it_up_and_switches_over() -> anyhow::Result<()> {
-    let mut c = two_nodes()?;
-    claim(&c, "mig-disk", true)?;
-    // The VM starts on node2 (node1, the embedded agent, cannot be restarted alone).
-    c.kubectl_ok(&["cordon", "node1"])?;
+/// A migration in flight ([`throttled_migration_in_flight`]): the VMI uid, the source and
+/// target VMI dirs, the guest's uptime before it, the source QEMU.
+struct InFlight {
+    uid: String,
+    src: PathBuf,
+    dst: PathBuf,
+    before: f64,
+    qemu: u32,
+}
+
+/// A throttled migration (the 4 MiB/s policy `slow`) `mig-restart` of VM `mig` from `from` to
+/// the other node, in flight: the VM started on `from`, its guest ready, the stream held by
+/// the two QEMUs alone.
+fn throttled_migration_in_flight(c: &Cluster, from: &str) -> anyhow::Result<InFlight> {
+    let to = other(from);
+    claim(c, "mig-disk", true)?;
+    c.kubectl_ok(&["cordon", to])?;
     c.apply(&vm("mig", "mig-disk"))?;
-    let (uid, node) = running(&c, "mig")?;
-    assert_eq!(node, "node2");
-    c.kubectl_ok(&["uncordon", "node1"])?;
-    let src = node_dir(&c, "node2").join("vmis").join(&uid);
+    let (uid, node) = running(c, "mig")?;
+    assert_eq!(node, from);
+    c.kubectl_ok(&["uncordon", to])?;
+    let src = node_dir(c, from).join("vmis").join(&uid);
+    let dst = node_dir(c, to).join("vmis").join(&uid);
     c.wait_until("the guest ready", BOOT, || {
         let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
         Ok(String::from_utf8_lossy(&log)
@@ -636,12 +644,35 @@ spec:
 "#,
     )?;
     c.apply(&migration("mig-restart", "mig"))?;
-    let st = sending(&c, "mig-restart")?;
+    let st = sending(c, "mig-restart")?;
     assert_eq!(st["migrationPolicyName"], "slow", "{st}");
     // QEMU sends (Running is written before the stream's setup): the connection is the QEMUs'.
     let qemu = qemu_in(&src).expect("the source QEMU");
-    let dst = node_dir(&c, "node1").join("vmis").join(&uid);
     stream_held_by_the_qemus_only(qemu, &dst, &st);
+    Ok(InFlight {
+        uid,
+        src,
+        dst,
+        before,
+        qemu,
+    })
+}
+
+/// The source agent (a process of its own, node2) is killed mid-way through a slowed
+/// migration and started again: the stream is QEMU's own and goes on; the restarted agent
+/// asks its launcher's QEMU (`query-migrate`), follows it again and switches over. The
+/// migration ends Succeeded, the VMI names node1, the guest kept its uptime, one QEMU runs.
+#[test]
+fn a_source_agent_restarted_mid_migration_picks_it_up_and_switches_over() -> anyhow::Result<()> {
+    let mut c = two_nodes()?;
+    // The VM starts on node2 (node1, the embedded agent, cannot be restarted alone).
+    let InFlight {
+        uid,
+        src,
+        before,
+        qemu,
+        ..
+    } = throttled_migration_in_flight(&c, "node2")?;
     std::thread::sleep(Duration::from_secs(1));
     // The agent alone: its launchers and QEMUs are processes of their own.
     let pid = c.agent_pid("node2").expect("the node2 agent");
@@ -685,36 +716,9 @@ spec:
 #[test]
 fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Result<()> {
     let mut c = two_nodes()?;
-    claim(&c, "mig-disk", true)?;
-    c.kubectl_ok(&["cordon", "node2"])?;
-    c.apply(&vm("mig", "mig-disk"))?;
-    let (uid, node) = running(&c, "mig")?;
-    assert_eq!(node, "node1");
-    c.kubectl_ok(&["uncordon", "node2"])?;
-    let src = node_dir(&c, "node1").join("vmis").join(&uid);
-    let dst = node_dir(&c, "node2").join("vmis").join(&uid);
-    c.wait_until("the guest ready", BOOT, || {
-        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
-        Ok(String::from_utf8_lossy(&log)
-            .contains("FERROVIRT-READY")
-            .then_some(()))
-    })?;
-    let before = uptime(&src)?;
-    c.apply(
-        r#"
-apiVersion: migrations.kubevirt.io/v1alpha1
-kind: MigrationPolicy
-metadata: {name: slow}
-spec:
-  bandwidthPerMigration: 4Mi
-  selectors:
-    virtualMachineInstanceSelector: {speed: slow}
-"#,
-    )?;
-    c.apply(&migration("mig-restart", "mig"))?;
-    let st = sending(&c, "mig-restart")?;
-    let qemu = qemu_in(&src).expect("the source QEMU");
-    stream_held_by_the_qemus_only(qemu, &dst, &st);
+    let InFlight {
+        uid, dst, before, ..
+    } = throttled_migration_in_flight(&c, "node1")?;
     let target_qemu = qemu_in(&dst).expect("the target QEMU");
     let pid = c.agent_pid("node2").expect("the node2 agent");
     ferrovirt_testkit::cluster::signal(pid, "KILL");

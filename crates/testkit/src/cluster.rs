@@ -335,6 +335,35 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// A merge patch of the HyperConverged object (`kubevirt-hyperconverged` in its
+    /// namespace); fails when kubectl does.
+    pub fn patch_hco(&self, patch: &str) -> anyhow::Result<String> {
+        self.kubectl_ok(&Self::hco_patch_args(patch))
+    }
+
+    /// The same patch, expected to be refused: kubectl's stderr (an error if it passed).
+    pub fn hco_patch_refused(&self, patch: &str) -> anyhow::Result<String> {
+        let out = self.kubectl(&Self::hco_patch_args(patch))?;
+        if out.status.success() {
+            bail!("the HyperConverged patch {patch} was not refused");
+        }
+        Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    fn hco_patch_args(patch: &str) -> [&str; 9] {
+        [
+            "patch",
+            "hyperconverged",
+            "kubevirt-hyperconverged",
+            "-n",
+            "kubevirt-hyperconverged",
+            "--type",
+            "merge",
+            "-p",
+            patch,
+        ]
+    }
+
     /// `kubectl apply -f -` with `yaml` on stdin.
     pub fn apply(&self, yaml: &str) -> anyhow::Result<String> {
         use std::io::Write;

@@ -109,6 +109,21 @@ pub(super) async fn target_loop(agent: Arc<Agent>) {
 }
 
 impl Agent {
+    /// Asks VMI `uid`'s launcher to cancel its outgoing migration (QMP `migrate_cancel`); an
+    /// error is left to the follow loop, which sees the migration's state at its next poll.
+    pub(super) async fn cancel_migration(&self, uid: &str) {
+        if let Err(e) = launchers::request(
+            &self.cfg,
+            uid,
+            &Request::MigrateCancel,
+            Duration::from_secs(10),
+        )
+        .await
+        {
+            tracing::debug!(%uid, "cancelling the migration: {e}");
+        }
+    }
+
     /// Whether the VMI with `uid` is bound to this node (its reflector says so).
     fn runs_here(&self, uid: &str) -> bool {
         self.bound_uids
@@ -583,13 +598,7 @@ impl Agent {
                     .await
                     {
                         let why = format!("completing the disk mirrors: {e}");
-                        let _ = launchers::request(
-                            &self.cfg,
-                            &uid,
-                            &Request::MigrateCancel,
-                            Duration::from_secs(10),
-                        )
-                        .await;
+                        self.cancel_migration(&uid).await;
                         abort = Some(why);
                     }
                     continue;
@@ -636,13 +645,7 @@ impl Agent {
                 postcopy::Action::Continue => {}
                 postcopy::Action::Cancel(why) => {
                     tracing::info!(uid = %uid, "aborting the migration: {why}");
-                    let _ = launchers::request(
-                        &self.cfg,
-                        &uid,
-                        &Request::MigrateCancel,
-                        Duration::from_secs(10),
-                    )
-                    .await;
+                    self.cancel_migration(&uid).await;
                     abort = Some(why);
                 }
                 postcopy::Action::StartPostCopy => {
@@ -668,13 +671,7 @@ impl Agent {
                         }
                         Err(e) => {
                             let why = format!("switching to post-copy: {e}");
-                            let _ = launchers::request(
-                                &self.cfg,
-                                &uid,
-                                &Request::MigrateCancel,
-                                Duration::from_secs(10),
-                            )
-                            .await;
+                            self.cancel_migration(&uid).await;
                             abort = Some(why);
                         }
                     }

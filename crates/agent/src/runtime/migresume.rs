@@ -71,13 +71,7 @@ impl Agent {
             }
             Resume::Follow | Resume::SwitchOver => None,
             Resume::Cancel(why) => {
-                let _ = launchers::request(
-                    &self.cfg,
-                    &uid,
-                    &Request::MigrateCancel,
-                    Duration::from_secs(10),
-                )
-                .await;
+                self.cancel_migration(&uid).await;
                 Some(why)
             }
         };
