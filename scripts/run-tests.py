@@ -39,7 +39,7 @@ HINTS = {
     "access_control": 17,
     "crd": 16, "shared_mount": 15, "hostile": 15, "conformance": 15, "metrics": 14,
     "empty_cdrom": 14, "port_forward": 13, "hyperconverged": 35, "node_proxy": 17,
-    "cpu_models": 40,
+    "cpu_models": 30,
     "migration_postcopy": 78,
 }
 DEFAULT_E2E = 30

@@ -10,7 +10,8 @@
 //! API must return `kubevirt_vmi_info` for the VM (`os` and `workload` from the template's
 //! annotations), a non-zero `rate()` of `kubevirt_vmi_cpu_usage_seconds_total`, storage read
 //! bytes above zero (the guest booted from that disk) of its drive `root`, the resident
-//! memory, the guest memory size, one vCPU's time, traffic both ways on interface `default`
+//! memory, the guest memory size, the guest's own memory view from its balloon driver (usable
+//! and total memory, minor page faults), one vCPU's time, traffic both ways on interface `default`
 //! (the guest's DHCP) and the API server's `apiserver_request_total`, and from the API
 //! server the VMI in `kubevirt_vmi_phase_count`, the VM in `kubevirt_number_of_vms`, timed
 //! LISTs in `apiserver_request_duration_seconds`, the `local` class's StorageProfile in
@@ -327,6 +328,19 @@ fn prometheus_scrapes_vmi_metrics_from_the_agent() -> anyhow::Result<()> {
     assert!(rss.is_some_and(|b| b > 16.0 * 1024.0 * 1024.0), "{rss:?}");
     let domain = first(&format!("kubevirt_vmi_memory_domain_bytes{{{name}}}"))?;
     assert_eq!(domain, Some(128.0 * 1024.0 * 1024.0));
+    // The guest's own view of its memory, from its virtio balloon driver (QEMU polls it every
+    // 5 s from the first scrape on).
+    let (usable, total) = c.wait_until("the guest memory series", SCRAPED, || {
+        let usable = first(&format!("kubevirt_vmi_memory_usable_bytes{{{name}}}"))?;
+        let total = first(&format!("kubevirt_vmi_memory_available_bytes{{{name}}}"))?;
+        Ok(usable.zip(total))
+    })?;
+    assert!(
+        usable > 0.0 && usable <= total && total <= 128.0 * 1024.0 * 1024.0,
+        "usable {usable}, total {total}"
+    );
+    let faults = first(&format!("kubevirt_vmi_memory_pgminfault_total{{{name}}}"))?;
+    assert!(faults.is_some_and(|f| f > 0.0), "{faults:?}");
     let vcpus = prom.query(&format!("kubevirt_vmi_vcpu_seconds_total{{{name}}}"))?;
     // QEMU names its vCPU threads (`CPU 0/TCG`): one vCPU, one series.
     assert_eq!(vcpus.len(), 1, "{vcpus:?}");

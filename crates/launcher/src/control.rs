@@ -161,8 +161,10 @@ pub enum Request {
     MigrationStatus,
     /// QMP `migrate_cancel`: the source runs on.
     MigrateCancel,
-    /// Statistics for metrics: `{"blockstats": <QMP query-blockstats, raw>}`. Added within
-    /// protocol version 1 (an older launcher answers it with an error: no such series).
+    /// Statistics for metrics: `{"blockstats": <QMP query-blockstats, raw>}`, with the guest's
+    /// memory statistics from the balloon when there are some (`guestStats`, `balloon`:
+    /// [`crate::stats`]). Added within protocol version 1 (an older launcher answers it with
+    /// an error: no such series).
     Stats,
     /// Online snapshot (`crate::online_snapshot`): switch each disk to the empty qcow2 overlay
     /// the agent prepared over its current top, in one QMP transaction, under a guest-agent

@@ -307,6 +307,8 @@ async fn main_loop(
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut qga_tick = tokio::time::interval(Duration::from_secs(5));
     let mut tops = crate::online_snapshot::Tops::default();
+    // The balloon's statistics polling, switched on by the first `stats` request.
+    let mut balloon_polling = false;
     // This side's ephemeral migration certificate, between `MigrationCert` and the start.
     let mut mig_cert: Option<crate::migtls::EphemeralCert> = None;
     let exit_status = loop {
@@ -377,11 +379,9 @@ async fn main_loop(
                         .map(|_| serde_json::Value::Null),
                     Command::Block(step) => crate::blockmig::run(&vm, step).await,
                     Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
-                    Command::Stats => vm
-                        .qmp()
-                        .execute_with_timeout("query-blockstats", None, STATS_TIMEOUT)
-                        .await
-                        .map(|b| serde_json::json!({ "blockstats": b })),
+                    Command::Stats => {
+                        crate::stats::gather(&vm, STATS_TIMEOUT, &mut balloon_polling).await
+                    }
                     Command::OnlineSnapshot { disks, freeze_timeout } => {
                         let paused = state == VmState::Paused;
                         crate::online_snapshot::take(&vm, &mut tops, &disks, freeze_timeout, paused)

@@ -24,6 +24,7 @@ pub mod qga;
 pub mod qmp;
 pub mod seriallog;
 pub mod spec;
+pub mod stats;
 pub mod timing;
 
 pub use cmdline::{detect_accel, qemu_command};

@@ -51,30 +51,36 @@ pub async fn collect(cfg: &LauncherConfig) -> Vec<VmiSample> {
     samples
 }
 
-/// What the launcher said: run phase, QEMU's pid, drives (when `stats` answered).
+/// What the launcher said: run phase, QEMU's pid, drives and the guest's memory (when
+/// `stats` answered).
 struct FromLauncher {
     phase: &'static str,
     qemu_pid: Option<u32>,
     drives: Vec<DriveStats>,
+    guest_memory: Option<parse::GuestMemory>,
 }
 
 async fn from_launcher(dir: &Path) -> Option<FromLauncher> {
     let mut client = LauncherClient::connect(dir, LAUNCHER_BUDGET).await.ok()?;
     let hello = client.hello.clone();
-    let drives = match client
+    let (drives, guest_memory) = match client
         .request_with_timeout(&Request::Stats, LAUNCHER_BUDGET)
         .await
     {
-        Ok(v) => parse::parse_blockstats(v.get("blockstats").unwrap_or(&serde_json::Value::Null)),
+        Ok(v) => (
+            parse::parse_blockstats(v.get("blockstats").unwrap_or(&serde_json::Value::Null)),
+            parse::parse_guest_memory(&v),
+        ),
         Err(e) => {
             tracing::debug!(dir = %dir.display(), "no block stats: {e}");
-            Vec::new()
+            (Vec::new(), None)
         }
     };
     Some(FromLauncher {
         phase: phase_label(hello.phase),
         qemu_pid: hello.qemu_pid,
         drives,
+        guest_memory,
     })
 }
 
@@ -100,6 +106,7 @@ fn finish(dir: &Path, l: FromLauncher) -> Option<VmiSample> {
         process: l.qemu_pid.and_then(|pid| process_sample(proc, pid)),
         drives: l.drives,
         interfaces,
+        guest_memory: l.guest_memory,
     })
 }
 

@@ -14,7 +14,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-pub use parse::{DriveStats, InterfaceStats};
+pub use parse::{DriveStats, GuestMemory, InterfaceStats};
 
 /// The `Content-Type` of [`render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -88,6 +88,8 @@ pub struct VmiSample {
     pub drives: Vec<DriveStats>,
     /// The tap-backed interfaces (none on QEMU user networking).
     pub interfaces: Vec<InterfaceStats>,
+    /// The guest's memory from its balloon driver (absent without one, or before it reports).
+    pub guest_memory: Option<GuestMemory>,
 }
 
 /// KubeVirt's VMI phase (lower case, as in `kubevirt_vmi_info`) for a launcher's run phase:
@@ -106,6 +108,8 @@ type Labels = Vec<(&'static str, String)>;
 type FloatCounter = Counter<f64, std::sync::atomic::AtomicU64>;
 /// A per-drive series: name (without `_total`), help, the counter it reads.
 type DriveSeries = (&'static str, &'static str, fn(&DriveStats) -> u64);
+/// What a guest memory series reads (None: the guest does not give it).
+type GuestRead = fn(&GuestMemory) -> Option<u64>;
 /// A per-interface series: name (without `_total`), help, the counter it reads.
 type NetSeries = (&'static str, &'static str, fn(&InterfaceStats) -> u64);
 
@@ -190,6 +194,63 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
         "kubevirt_vmi_memory_domain_bytes",
         "The amount of memory in bytes allocated to the domain.",
     );
+    let guest_gauges: Vec<(Family<Labels, Gauge>, GuestRead)> = [
+        (
+            "kubevirt_vmi_memory_available_bytes",
+            "Amount of usable memory as seen by the domain.",
+            (|m| m.total) as GuestRead,
+        ),
+        (
+            "kubevirt_vmi_memory_usable_bytes",
+            "The amount of memory which can be reclaimed by balloon without pushing the guest \
+             system to swap, corresponds to 'Available' in /proc/meminfo.",
+            |m| m.available,
+        ),
+        (
+            "kubevirt_vmi_memory_unused_bytes",
+            "The amount of memory left completely unused by the system.",
+            |m| m.free,
+        ),
+        (
+            "kubevirt_vmi_memory_cached_bytes",
+            "The amount of memory that is being used to cache I/O and is available to be \
+             reclaimed.",
+            |m| m.cached,
+        ),
+        (
+            "kubevirt_vmi_memory_swap_in_traffic_bytes",
+            "The total amount of data read from swap space of the guest in bytes.",
+            |m| m.swap_in,
+        ),
+        (
+            "kubevirt_vmi_memory_swap_out_traffic_bytes",
+            "The total amount of memory written out to swap space of the guest in bytes.",
+            |m| m.swap_out,
+        ),
+        (
+            "kubevirt_vmi_memory_actual_balloon_bytes",
+            "Current balloon size in bytes.",
+            |m| m.balloon_actual,
+        ),
+    ]
+    .into_iter()
+    .map(|(name, help, get)| (family::<Gauge>(&mut reg, name, help), get))
+    .collect();
+    let guest_counters: Vec<(Family<Labels, Counter>, GuestRead)> = [
+        (
+            "kubevirt_vmi_memory_pgmajfault",
+            "The number of page faults when disk IO was required.",
+            (|m| m.major_faults) as GuestRead,
+        ),
+        (
+            "kubevirt_vmi_memory_pgminfault",
+            "The number of other page faults, when disk IO was not required.",
+            |m| m.minor_faults,
+        ),
+    ]
+    .into_iter()
+    .map(|(name, help, get)| (family::<Counter>(&mut reg, name, help), get))
+    .collect();
     let counters: [DriveSeries; 5] = [
         (
             "kubevirt_vmi_storage_read_traffic_bytes",
@@ -287,6 +348,18 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
                 fam.get_or_create(&labels).inc_by(get(d) as f64 / 1e9);
             }
         }
+        if let Some(m) = &v.guest_memory {
+            for (fam, get) in &guest_gauges {
+                if let Some(x) = get(m) {
+                    fam.get_or_create(&base).set(clamp(x));
+                }
+            }
+            for (fam, get) in &guest_counters {
+                if let Some(x) = get(m) {
+                    fam.get_or_create(&base).inc_by(x);
+                }
+            }
+        }
         for i in &v.interfaces {
             let labels = with(&[("interface", i.interface.clone())]);
             for (fam, get) in &net {
@@ -337,6 +410,14 @@ mod tests {
                 transmit_packets: 7,
                 ..Default::default()
             }],
+            guest_memory: Some(GuestMemory {
+                total: Some(120 << 20),
+                available: Some(90 << 20),
+                free: Some(80 << 20),
+                minor_faults: Some(3400),
+                cached: None,
+                ..Default::default()
+            }),
         }
     }
 
@@ -378,6 +459,10 @@ mod tests {
             format!(
                 r#"kubevirt_vmi_network_receive_packets_dropped_total{{{base},interface="default"}} 0"#
             ),
+            format!("kubevirt_vmi_memory_available_bytes{{{base}}} 125829120"),
+            format!("kubevirt_vmi_memory_usable_bytes{{{base}}} 94371840"),
+            format!("kubevirt_vmi_memory_unused_bytes{{{base}}} 83886080"),
+            format!("kubevirt_vmi_memory_pgminfault_total{{{base}}} 3400"),
         ] {
             assert!(
                 lines(&text).contains(&want.as_str()),
@@ -389,6 +474,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE kubevirt_vmi_info gauge"), "{text}");
+        // A statistic the guest does not give is no series.
+        assert!(
+            !text.contains(&format!("kubevirt_vmi_memory_cached_bytes{{{base}}}")),
+            "{text}"
+        );
     }
 
     #[test]
@@ -398,6 +488,7 @@ mod tests {
             drives: vec![],
             interfaces: vec![],
             domain_bytes: None,
+            guest_memory: None,
             ..sample()
         };
         let text = render("n", &[v]);

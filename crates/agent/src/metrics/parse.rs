@@ -195,6 +195,51 @@ pub fn interface_name(nic_id: &str, interfaces: &[String]) -> String {
         .unwrap_or_else(|| nic_id.to_string())
 }
 
+/// The guest's memory as its virtio balloon driver reports it (QOM `guest-stats`, in bytes;
+/// QEMU writes -1 for a statistic the guest does not give, left out here), and the balloon's
+/// size (`query-balloon` `actual`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GuestMemory {
+    /// `stat-total-memory`: memory the guest sees.
+    pub total: Option<u64>,
+    /// `stat-available-memory`: what the guest can use without swapping (MemAvailable).
+    pub available: Option<u64>,
+    /// `stat-free-memory`: left completely unused (MemFree).
+    pub free: Option<u64>,
+    /// `stat-disk-caches`.
+    pub cached: Option<u64>,
+    pub swap_in: Option<u64>,
+    pub swap_out: Option<u64>,
+    pub major_faults: Option<u64>,
+    pub minor_faults: Option<u64>,
+    /// The balloon's current size.
+    pub balloon_actual: Option<u64>,
+}
+
+/// The guest memory in the launcher's `stats` reply (`guestStats`, `balloon`); None when
+/// neither says anything (no balloon, or a guest that has not reported).
+pub fn parse_guest_memory(reply: &Value) -> Option<GuestMemory> {
+    let stats = &reply["guestStats"]["stats"];
+    let stat = |k: &str| {
+        stats
+            .get(k)
+            .and_then(Value::as_i64)
+            .and_then(|v| u64::try_from(v).ok())
+    };
+    let m = GuestMemory {
+        total: stat("stat-total-memory"),
+        available: stat("stat-available-memory"),
+        free: stat("stat-free-memory"),
+        cached: stat("stat-disk-caches"),
+        swap_in: stat("stat-swap-in"),
+        swap_out: stat("stat-swap-out"),
+        major_faults: stat("stat-major-faults"),
+        minor_faults: stat("stat-minor-faults"),
+        balloon_actual: reply["balloon"]["actual"].as_u64(),
+    };
+    (m != GuestMemory::default()).then_some(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,5 +325,32 @@ fv-tap0:    1000      10    1    2    0     0          0         0     5000     
         assert_eq!(d[0].read_bytes, 7);
         assert_eq!(d[0].write_bytes, 0);
         assert!(parse_blockstats(&json!({"not": "an array"})).is_empty());
+    }
+
+    #[test]
+    fn guest_memory_from_the_balloon() {
+        let reply = serde_json::json!({
+            "blockstats": [],
+            "guestStats": {"last-update": 1700000000, "stats": {
+                "stat-total-memory": 127_000_000, "stat-available-memory": 90_000_000,
+                "stat-free-memory": 80_000_000, "stat-disk-caches": 5_000_000,
+                "stat-swap-in": 0, "stat-swap-out": 0, "stat-major-faults": 12,
+                "stat-minor-faults": 3400, "stat-htlb-pgalloc": -1}},
+            "balloon": {"actual": 134_217_728u64}});
+        let m = parse_guest_memory(&reply).unwrap();
+        assert_eq!(m.total, Some(127_000_000));
+        assert_eq!(m.available, Some(90_000_000));
+        assert_eq!(m.free, Some(80_000_000));
+        assert_eq!(m.minor_faults, Some(3400));
+        assert_eq!(m.balloon_actual, Some(134_217_728));
+        // A statistic the guest does not give (-1) is left out, not reported as huge.
+        let mut r = reply.clone();
+        r["guestStats"]["stats"]["stat-disk-caches"] = serde_json::json!(-1);
+        assert_eq!(parse_guest_memory(&r).unwrap().cached, None);
+        // No balloon, or a guest that never reported: nothing.
+        assert_eq!(
+            parse_guest_memory(&serde_json::json!({"blockstats": []})),
+            None
+        );
     }
 }
