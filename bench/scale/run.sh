@@ -11,7 +11,8 @@
 #                           [--concurrency 32] [--idle 30] [--probes 1000] [--smoke]
 #                           [--binary target/release/ferrovirt] [--no-build]
 # FV_SCALE_KEEP_LOGS=DIR keeps the server's log (server-BACKEND.log) and SQLite database in DIR.
-# FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR.
+# FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR
+# (FV_SCALE_PERF_ARGS replaces its `-F 499`, e.g. "-F 99 --call-graph dwarf,16384").
 # FV_SCALE_PERF_IDLE=DIR records one of the idle window only (perf-idle-BACKEND.data).
 # FV_SCALE_SERVER_LOG=filter sets the server's RUST_LOG (default warn).
 # FV_SCALE_SIM=PATH runs another harness binary (e.g. target/debug/ferrovirt-simnodes).
@@ -92,7 +93,7 @@ run_one() {
   local perf_pid=""
   if [ -n "${FV_SCALE_PERF:-}" ]; then
     mkdir -p "$FV_SCALE_PERF"
-    perf record -q -F 499 -p "$server_pid" -o "$FV_SCALE_PERF/perf-$backend.data" >/dev/null 2>&1 &
+    perf record -q ${FV_SCALE_PERF_ARGS:--F 499} -p "$server_pid" -o "$FV_SCALE_PERF/perf-$backend.data" >/dev/null 2>&1 &
     perf_pid=$!
   fi
   local idle_perf=""
