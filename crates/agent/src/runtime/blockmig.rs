@@ -290,6 +290,7 @@ impl Agent {
             return Err("the target offers no NBD port for the disks to copy".into());
         };
         let at = SocketAddr::new(target, port);
+        let t0 = Instant::now();
         let mut hand_overs = Vec::new();
         let mut disks = Vec::new();
         for (i, b) in block.iter().enumerate() {
@@ -318,6 +319,7 @@ impl Agent {
         .await
         .map_err(|e| format!("starting the disk mirrors: {e}"))?;
         drop(hand_overs);
+        tracing::info!(uid = %uid, "block migration: mirrors started in {} ms", t0.elapsed().as_millis());
         let started = Instant::now();
         let mut last_check = Instant::now();
         loop {

@@ -294,15 +294,19 @@ impl Agent {
             .await
             .map_err(|e| format!("the source's channel: {e}"))?;
         let steps = async {
+            let t0 = Instant::now();
             let hello: ms::Hello = timeout(ms::recv(&mut ch)).await?;
             ms::check_hello(&hello, encrypted)?;
             let cert = match encrypted {
                 true => Some(self.launcher_cert(uid, Endpoint::Server).await?),
                 false => None,
             };
+            let t_cert = t0.elapsed().as_millis();
             if let Some(nbd) = nbd {
                 // QEMU's NBD server, with QEMU's TLS trusting only the source's certificate.
                 self.export_disks(uid, nbd, hello.cert.clone()).await?;
+                tracing::info!(uid = %uid, "block migration: hello and certificate in {t_cert} ms, NBD export in {} ms",
+                    t0.elapsed().as_millis() - t_cert);
             }
             timeout(ms::send(&mut ch, &ms::Reply { cert, error: None })).await?;
             let data = timeout_for(
@@ -512,6 +516,10 @@ impl Agent {
         // is known): every mirror in sync before the memory moves.
         let copy_started = Instant::now();
         let (conn, peer_cert) = self.open_stream(vmi, target, tls, &block).await?;
+        if !block.is_empty() {
+            tracing::info!(uid = %uid, "block migration: disks in sync and the stream connected {} ms after the start",
+                copy_started.elapsed().as_millis());
+        }
         let sock = dir.join(mig::OUTGOING_SOCKET);
         let _hand_over = AbortOnDrop(
             ms::hand_over(&sock, conn)
@@ -600,6 +608,7 @@ impl Agent {
                 // (a last copy), then the last round of memory goes.
                 "pre-switchover" if !switched && abort.is_none() => {
                     switched = true;
+                    let paused = Instant::now();
                     if let Err(e) = launchers::request(
                         &self.cfg,
                         &uid,
@@ -614,6 +623,9 @@ impl Agent {
                         self.cancel_migration(&uid).await;
                         abort = Some(why);
                     }
+                    tracing::info!(uid = %uid,
+                        "block migration: pre-switchover {} ms after the memory started, mirrors completed in {} ms",
+                        started.elapsed().as_millis(), paused.elapsed().as_millis());
                     continue;
                 }
                 "failed" | "cancelled" if !post_copy => {
