@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod migration;
 pub mod migresume;
 pub mod migstream;
+pub mod nbdpeer;
 pub mod network;
 pub mod node;
 pub mod nodestore;

@@ -1,30 +1,22 @@
 //! Live migration on the node (docs/migration.md): the pure per-VMI decisions of the target
 //! side ([`target_step`]: start a launcher that waits for the incoming stream, or abandon it)
 //! and of the source side ([`source_step`]: send the VM once the target is ready), the
-//! status patches they write, the node-namespace sockets, and the relays that carry a block
-//! migration's NBD connections between nodes: QEMU on both sides speaks to a unix socket in
-//! its VMI directory, the target agent listens on its node address and accepts exactly one
-//! connection, from the source node's address, and the source agent connects to it; between
-//! the nodes that is mutual TLS with the agents' endpoint certificates, each side pinning the
-//! other node's published fingerprint, unless the settings say `disableTLS`. The memory
-//! stream itself does not pass through the agents ([`crate::migstream`]).
+//! status patches they write and the node-namespace sockets. Neither the memory stream
+//! ([`crate::migstream`]) nor a block migration's NBD connections ([`crate::nbdpeer`]) pass
+//! through the agents: both are QEMU to QEMU.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use ferrovirt_api::kubevirt::vmi::{MigrationState, VirtualMachineInstance};
 use serde_json::{Value, json};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream};
 
 /// The target agent's unix socket in the VMI directory on which its launcher receives the
 /// migration's data connection ([`crate::migstream::hand_over`]).
 pub const INCOMING_SOCKET: &str = "migration-in.sock";
 /// The same on the source.
 pub const OUTGOING_SOCKET: &str = "migration-out.sock";
-
-/// Copy buffer of each relay direction: the stream is bulk data, large reads keep the relay's
-/// share of the CPU small.
-const RELAY_BUFFER: usize = 256 * 1024;
 
 /// The target's hand-over socket in a VMI directory.
 pub fn incoming_socket(dir: &Path) -> PathBuf {
@@ -102,7 +94,7 @@ pub fn target_endpoint(st: &MigrationState) -> Option<SocketAddr> {
 /// (KubeVirt's libvirt block-migration port; the migration stream's port maps to 0).
 pub const NBD_PORT_MARK: i32 = 49153;
 
-/// The target's NBD relay ports (one per disk copied), in order.
+/// The target's NBD ports (one for all the disks copied), in order.
 pub fn block_ports(st: &MigrationState) -> Vec<u16> {
     let mut ports: Vec<u16> = st
         .target_direct_migration_node_ports
@@ -118,7 +110,7 @@ pub fn block_ports(st: &MigrationState) -> Vec<u16> {
 /// What the source node does about a VMI bound to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceStep {
-    /// Send the VM to the target's relay.
+    /// Send the VM to the target.
     Migrate {
         target: SocketAddr,
         target_node: String,
@@ -190,69 +182,10 @@ pub fn switch_over_patch(uid: Option<&str>, target_node: &str, now: &str) -> Val
     })
 }
 
-/// Whether the target's relay accepts a connection from `peer`: only the source node's
-/// address may feed the waiting QEMU a migration stream.
+/// Whether the target accepts a channel connection from `peer`: only the source node's
+/// address may set up a migration stream.
 pub fn accept_peer(peer: IpAddr, source: IpAddr) -> bool {
     peer == source
-}
-
-/// Copies both ways until both sides are done.
-async fn pipe<A, B>(a: &mut A, b: &mut B, what: &str)
-where
-    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    if let Err(e) = tokio::io::copy_bidirectional_with_sizes(a, b, RELAY_BUFFER, RELAY_BUFFER).await
-    {
-        tracing::info!("migration relay ({what}) ended: {e}");
-    }
-}
-
-/// The target's relay (a block migration's NBD connection): accepts one connection from
-/// `source` on `listener` (with `tls`: a mutual-TLS session whose client is the source
-/// node's pinned certificate) and joins it to the unix socket `qemu`. Connections from other
-/// addresses are closed.
-pub async fn relay_incoming(
-    listener: TcpListener,
-    source: IpAddr,
-    qemu: PathBuf,
-    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
-) {
-    let tcp = loop {
-        let Ok((tcp, peer)) = listener.accept().await else {
-            return;
-        };
-        if accept_peer(peer.ip(), source) {
-            break tcp;
-        }
-        tracing::warn!(%peer, "migration relay: refused a connection not from the source node");
-    };
-    drop(listener);
-    let _ = tcp.set_nodelay(true);
-    // The handshake first: QEMU's incoming socket is connected only for the authenticated
-    // source (a connection that closes at once would fail the waiting QEMU).
-    let connect = || async {
-        UnixStream::connect(&qemu)
-            .await
-            .map_err(|e| tracing::warn!("migration relay: {}: {e}", qemu.display()))
-            .ok()
-    };
-    match tls {
-        None => {
-            let mut tcp = tcp;
-            if let Some(mut unix) = connect().await {
-                pipe(&mut tcp, &mut unix, "incoming").await;
-            }
-        }
-        Some(cfg) => match tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await {
-            Ok(mut s) => {
-                if let Some(mut unix) = connect().await {
-                    pipe(&mut s, &mut unix, "incoming, TLS").await;
-                }
-            }
-            Err(e) => tracing::warn!("migration relay: TLS handshake with the source: {e}"),
-        },
-    }
 }
 
 /// Runs `f` on a blocking thread inside the named network namespace `netns` (the agent's
@@ -293,45 +226,6 @@ pub async fn connect_in(netns: Option<String>, target: SocketAddr) -> std::io::R
     })
     .await?;
     TcpStream::from_std(s)
-}
-
-/// The source's relay (a block migration's NBD connection): accepts QEMU's one connection on
-/// `listener` and joins it to the target node's relay at `target`, connecting from the node's namespace `netns` (with
-/// `tls`: the target's pinned certificate, ours as the client's).
-pub async fn relay_outgoing(
-    listener: UnixListener,
-    target: SocketAddr,
-    netns: Option<String>,
-    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
-) {
-    let Ok((mut unix, _)) = listener.accept().await else {
-        return;
-    };
-    drop(listener);
-    let tcp = match connect_in(netns, target).await {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!("migration relay: connecting to {target}: {e}");
-            return;
-        }
-    };
-    let _ = tcp.set_nodelay(true);
-    match tls {
-        None => {
-            let mut tcp = tcp;
-            pipe(&mut unix, &mut tcp, "outgoing").await;
-        }
-        Some(cfg) => {
-            let name = rustls::pki_types::ServerName::IpAddress(target.ip().into());
-            match tokio_rustls::TlsConnector::from(cfg)
-                .connect(name, tcp)
-                .await
-            {
-                Ok(mut s) => pipe(&mut unix, &mut s, "outgoing, TLS").await,
-                Err(e) => tracing::warn!("migration relay: TLS handshake with {target}: {e}"),
-            }
-        }
-    }
 }
 
 /// Whether the settings allow switching to post-copy (`allowPostCopy`; [`crate::postcopy`]).
@@ -526,45 +420,8 @@ mod tests {
             target_endpoint(&st),
             Some("127.0.0.1:4321".parse().unwrap())
         );
-        // The NBD relays' ports are told apart from the stream's.
+        // The NBD ports are told apart from the stream's.
         assert_eq!(block_ports(&st), vec![5001, 5002]);
-    }
-
-    #[tokio::test]
-    async fn the_incoming_relay_refuses_other_addresses_and_carries_the_source() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join(INCOMING_SOCKET);
-        let qemu = UnixListener::bind(&sock).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        // The "source" is 127.0.0.2: a connection from 127.0.0.1 is an attacker's.
-        let relay = tokio::spawn(relay_incoming(
-            listener,
-            "127.0.0.2".parse().unwrap(),
-            sock.clone(),
-            None,
-        ));
-        let mut attacker = TcpStream::connect(addr).await.unwrap();
-        let _ = attacker.write_all(b"QEVM forged stream").await;
-        let mut buf = [0u8; 8];
-        let n = attacker.read(&mut buf).await.unwrap_or(0);
-        assert_eq!(n, 0, "the attacker's connection is closed");
-        let accepted =
-            tokio::time::timeout(std::time::Duration::from_millis(300), qemu.accept()).await;
-        assert!(accepted.is_err(), "nothing reached QEMU's incoming socket");
-        // The real source (bound to 127.0.0.2) gets through.
-        let sock2 = tokio::net::TcpSocket::new_v4().unwrap();
-        sock2.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-        let mut source = sock2.connect(addr).await.unwrap();
-        source.write_all(b"QEVM").await.unwrap();
-        let (mut q, _) = qemu.accept().await.unwrap();
-        let mut got = [0u8; 4];
-        q.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"QEVM");
-        drop(source);
-        drop(q);
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), relay).await;
     }
 
     #[test]
@@ -583,47 +440,34 @@ mod tests {
         assert_eq!(p.stalled_for(Duration::from_secs(7)), Duration::ZERO);
     }
 
-    /// A target relay serving `target`'s certificate and pinned to `source`'s, fed by an
-    /// outgoing relay presenting `client` and pinning `expected`: whether bytes reach the
-    /// waiting QEMU.
-    async fn tls_relay_carries(
+    /// The target's channel serving `target`'s certificate and pinned to `source`'s, opened
+    /// by a client presenting `client` and pinning `expected`: whether the hello arrives.
+    async fn channel_carries(
         target: &crate::tls::AgentCert,
         source: &crate::tls::AgentCert,
         client: &crate::tls::AgentCert,
         expected: crate::tls::Fingerprint,
     ) -> bool {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let dir = tempfile::tempdir().unwrap();
-        let qemu_sock = dir.path().join(INCOMING_SOCKET);
-        let qemu = UnixListener::bind(&qemu_sock).unwrap();
+        use std::time::Duration;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = crate::tls::migration_server_config(target, source.fingerprint()).unwrap();
-        tokio::spawn(relay_incoming(
-            listener,
-            "127.0.0.1".parse().unwrap(),
-            qemu_sock,
-            Some(server),
-        ));
-        let out_sock = dir.path().join(OUTGOING_SOCKET);
-        let out = UnixListener::bind(&out_sock).unwrap();
+        let accepted = tokio::spawn(async move {
+            let from = "127.0.0.1".parse().unwrap();
+            let mut ch = crate::migstream::accept_channel(&listener, from, Some(server))
+                .await
+                .ok()?;
+            crate::migstream::recv::<String>(&mut ch).await.ok()
+        });
         let cfg = crate::tls::migration_client_config(client, expected).unwrap();
-        tokio::spawn(relay_outgoing(out, addr, None, Some(cfg)));
-        let mut src = UnixStream::connect(&out_sock).await.unwrap();
-        let _ = src.write_all(b"QEVM").await;
-        // `false` only when nothing even connected to QEMU's socket.
-        let got = tokio::time::timeout(std::time::Duration::from_millis(1500), async {
-            let (mut q, _) = qemu.accept().await.ok()?;
-            let mut buf = [0u8; 4];
-            q.read_exact(&mut buf).await.ok()?;
-            Some(buf)
-        })
-        .await;
-        match got {
-            Ok(Some(b)) => &b == b"QEVM",
-            Ok(None) => panic!("QEMU's socket was connected but got no stream"),
-            Err(_) => false,
+        let conn = crate::migstream::connect_channel(None, addr, Some(cfg));
+        if let Ok(Ok((mut ch, _))) = tokio::time::timeout(Duration::from_millis(1500), conn).await {
+            let _ = crate::migstream::send(&mut ch, &"QEVM".to_string()).await;
         }
+        let abort = accepted.abort_handle();
+        let got = tokio::time::timeout(Duration::from_millis(1500), accepted).await;
+        abort.abort();
+        matches!(got, Ok(Ok(Some(s))) if s == "QEVM")
     }
 
     #[tokio::test]
@@ -632,14 +476,14 @@ mod tests {
         let source = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
         let attacker = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
         let pin = target.fingerprint();
-        assert!(tls_relay_carries(&target, &source, &source, pin).await);
+        assert!(channel_carries(&target, &source, &source, pin).await);
         assert!(
-            !tls_relay_carries(&target, &source, &attacker, pin).await,
+            !channel_carries(&target, &source, &attacker, pin).await,
             "a client without the source node's certificate reaches nothing"
         );
         assert!(
-            !tls_relay_carries(&attacker, &source, &source, pin).await,
-            "the source sends nothing to a relay without the target node's certificate"
+            !channel_carries(&attacker, &source, &source, pin).await,
+            "the source sends nothing to a target without the target node's certificate"
         );
     }
 

@@ -3,7 +3,9 @@
 //! says and what its launcher's QEMU says (`query-migrate`). The stream is QEMU's own and
 //! survives the restart; the agent picks up following it exactly as the original path does,
 //! and where nothing can be known it fails safe (the migration failed, the target abandons
-//! its launcher: never a guest running on a node the VMI does not name).
+//! its launcher: never a guest running on a node the VMI does not name). And, on the target
+//! of a block migration, whether the copies still have to be taken over once the guest runs
+//! there ([`target_finish_pending`]).
 
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 use serde_json::Value;
@@ -121,6 +123,30 @@ pub fn resume_step(
         ),
         _ => Resume::Follow,
     }
+}
+
+/// Target of a block migration: whether this node (`node`) must still take its copies over
+/// (unmark them, move the PVs, stop the NBD server once the guest runs here) — after an agent
+/// restart nothing else remembers it. `launcher`: this node has the VMI's launcher directory;
+/// `marked`: copies marked for the VMI are in this node's volume root; `busy`: this agent
+/// already does it (or is still preparing the target). Not for a failed migration (the
+/// copies are abandoned) or a deleted VMI.
+pub fn target_finish_pending(
+    vmi: &VirtualMachineInstance,
+    node: &str,
+    launcher: bool,
+    marked: bool,
+    busy: bool,
+) -> bool {
+    let Some(st) = vmi.status.as_ref().and_then(|s| s.migration_state.as_ref()) else {
+        return false;
+    };
+    launcher
+        && marked
+        && !busy
+        && st.target_node.as_deref() == Some(node)
+        && st.failed != Some(true)
+        && vmi.metadata.deletion_timestamp.is_none()
 }
 
 #[cfg(test)]
@@ -306,5 +332,47 @@ mod tests {
             target_step(&vmi("n1", failed), "n2", true, false),
             TargetStep::Abandon
         );
+    }
+
+    #[test]
+    fn a_restarted_target_takes_its_copies_over_once() {
+        let vmi = |state: Value, bound: &str| -> VirtualMachineInstance {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "v", "namespace": "d", "uid": "u"},
+                "spec": {"domain": {"devices": {}}},
+                "status": {"nodeName": bound, "migrationState": state}
+            }))
+            .unwrap()
+        };
+        let receiving = vmi(
+            serde_json::json!({"sourceNode": "n1", "targetNode": "n2"}),
+            "n1",
+        );
+        let switched = vmi(
+            serde_json::json!({"sourceNode": "n1", "targetNode": "n2", "completed": true}),
+            "n2",
+        );
+        let failed = vmi(
+            serde_json::json!({"sourceNode": "n1", "targetNode": "n2", "failed": true}),
+            "n1",
+        );
+        // Still receiving, or switched over (the restart came after the switch): take over.
+        assert!(target_finish_pending(&receiving, "n2", true, true, false));
+        assert!(target_finish_pending(&switched, "n2", true, true, false));
+        // Once: not while this agent does it, not when the copies are already unmarked.
+        assert!(!target_finish_pending(&switched, "n2", true, true, true));
+        assert!(!target_finish_pending(&switched, "n2", true, false, false));
+        // Not on another node, not without the launcher, not for a failed migration.
+        assert!(!target_finish_pending(&switched, "n3", true, true, false));
+        assert!(!target_finish_pending(&receiving, "n2", false, true, false));
+        assert!(!target_finish_pending(&failed, "n2", true, true, false));
+        let mut deleted = switched.clone();
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-01-01T00:00:00Z".parse().unwrap(),
+            ));
+        assert!(!target_finish_pending(&deleted, "n2", true, true, false));
+        let bare = vmi(Value::Null, "n2");
+        assert!(!target_finish_pending(&bare, "n2", true, true, false));
     }
 }

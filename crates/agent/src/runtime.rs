@@ -212,9 +212,12 @@ struct Agent {
     cpu_models: std::collections::BTreeSet<String>,
     /// Live migration ([`migration`]): VMIs whose target launcher is being prepared here.
     preparing: Mutex<HashSet<String>>,
-    /// The tasks receiving the migrations to this node (the stream's hand-over, the NBD
-    /// relays), by VMI uid (`<uid>#nbd<i>` for the relays).
+    /// The tasks receiving the migrations to this node (the stream's setup and hand-over),
+    /// by VMI uid.
     relays: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// Block migrations to this node whose copies are being taken over once the guest runs
+    /// here (`finish_block_target`), by VMI uid.
+    finishing: Mutex<HashSet<String>>,
     /// VMI uid → migration uid of the VMIs this node migrated away (until the watch shows it).
     moved: std::sync::Mutex<HashMap<String, String>>,
     /// VMIs migrating to this node (their launchers are no orphans).
@@ -294,6 +297,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         caches,
         cpu_models,
         preparing: Mutex::new(HashSet::new()),
+        finishing: Mutex::new(HashSet::new()),
         relays: Mutex::new(HashMap::new()),
         moved: std::sync::Mutex::new(HashMap::new()),
         targets: std::sync::Mutex::new(HashSet::new()),

@@ -228,6 +228,13 @@ fn a_vm_on_a_node_local_disk_is_block_migrated_with_its_disk() -> anyhow::Result
     c.apply(&migration("mig-local", "mig"))?;
     let m = finished(&c, "mig-local", Duration::from_secs(300))?;
     eprintln!("block migration took {:?}", t0.elapsed());
+    for l in c
+        .server_log()
+        .lines()
+        .filter(|l| l.contains("block migration:") || l.contains("disk mirrors in sync"))
+    {
+        eprintln!("{l}");
+    }
     assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
     let v = c.get_json(&["vmi", "mig"])?;
     assert_eq!(v["status"]["migrationMethod"], "BlockMigration");
@@ -380,9 +387,15 @@ fn holders(inode: u64) -> Vec<u32> {
 /// The migration stream's connection (to the target's `port`, from the `st` of a running
 /// migration) is held by the source QEMU and the target QEMU, and by no other process.
 fn stream_held_by_the_qemus_only(src_qemu: u32, dst: &std::path::Path, st: &Value) {
+    port_held_by_the_qemus_only(src_qemu, dst, st, 0)
+}
+
+/// [`stream_held_by_the_qemus_only`] for the target port marked `mark` in
+/// `targetDirectMigrationNodePorts` (0: the stream; 49153: a block migration's NBD socket).
+fn port_held_by_the_qemus_only(src_qemu: u32, dst: &std::path::Path, st: &Value, mark: i64) {
     let port: u16 = st["targetDirectMigrationNodePorts"]
         .as_object()
-        .and_then(|m| m.iter().find(|(_, v)| **v == 0))
+        .and_then(|m| m.iter().find(|(_, v)| **v == mark))
         .and_then(|(p, _)| p.parse().ok())
         .expect("the stream's port");
     let held = |pid: u32, want: &dyn Fn(&(u16, u16, u64)) -> bool| -> Option<u64> {
@@ -731,6 +744,100 @@ fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Res
         qemu_in(&dst),
         Some(target_qemu),
         "the QEMU that received the VM runs it"
+    );
+    Ok(())
+}
+
+/// The target agent (node2) of a block migration is killed mid-way (the disks mirrored, the
+/// memory throttled to 4 MiB/s) and started again: the NBD connections and the stream are
+/// the QEMUs' own and go on, the source switches over, and the restarted agent takes the
+/// copies over (`migresume::target_finish_pending`): the PV names node2 and its path, the
+/// copy is unmarked, the source copy deleted, the guest kept its uptime.
+#[test]
+fn a_target_agent_restarted_mid_block_migration_takes_the_copies_over() -> anyhow::Result<()> {
+    let mut c = two_nodes()?;
+    let src_vol = local_claim(&c, "local-disk", "node1")?;
+    c.apply(&vm("mig", "local-disk"))?;
+    let (uid, node) = running(&c, "mig")?;
+    assert_eq!(node, "node1", "the VM runs where its volume is");
+    let src = node_dir(&c, "node1").join("vmis").join(&uid);
+    let dst = node_dir(&c, "node2").join("vmis").join(&uid);
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(src.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    let before = uptime(&src)?;
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  bandwidthPerMigration: 4Mi
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    c.apply(&migration("mig-local", "mig"))?;
+    let st = sending(&c, "mig-local")?;
+    // The mirrors in sync, the memory flowing (node1's agent is the server's own); the
+    // disk's NBD connection and the stream are held by the two QEMUs and nobody else.
+    c.wait_until("the disk mirrors in sync", MIGRATE, || {
+        let m = c.get_json(&["vmim", "mig-local"])?;
+        anyhow::ensure!(m["status"]["phase"] == "Running", "{}", m["status"]);
+        Ok(c.server_log()
+            .contains("disk mirrors in sync")
+            .then_some(()))
+    })?;
+    let src_qemu = qemu_in(&src).expect("the source QEMU");
+    port_held_by_the_qemus_only(src_qemu, &dst, &st, 49153);
+    stream_held_by_the_qemus_only(src_qemu, &dst, &st);
+    // The stream's setup ends with the target's answer after `migrate-incoming`.
+    std::thread::sleep(Duration::from_secs(1));
+    let target_qemu = qemu_in(&dst).expect("the target QEMU");
+    let pid = c.agent_pid("node2").expect("the node2 agent");
+    ferrovirt_testkit::cluster::signal(pid, "KILL");
+    std::thread::sleep(Duration::from_secs(2));
+    c.start_agent("node2")?;
+    let m = finished(&c, "mig-local", Duration::from_secs(240))?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["migrationMethod"], "BlockMigration");
+    assert_eq!(v["status"]["nodeName"], "node2");
+    assert_eq!(v["metadata"]["uid"], uid.as_str());
+    assert_eq!(
+        qemu_in(&dst),
+        Some(target_qemu),
+        "the QEMU that received the VM runs it"
+    );
+    let dst_vol = node_dir(&c, "node2").join("volumes").join("pv-local-disk");
+    let pv = c.wait_until("the PV on node2", Duration::from_secs(60), || {
+        let pv = c.get_json(&["pv", "pv-local-disk"])?;
+        Ok((pv["spec"]["local"]["path"] == dst_vol.display().to_string()).then_some(pv))
+    })?;
+    assert_eq!(
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+            [0],
+        "node2"
+    );
+    assert!(
+        !dst_vol.join(".ferrovirt-migrating-in").exists(),
+        "unmarked"
+    );
+    c.wait_until("node1's copy deleted", Duration::from_secs(60), || {
+        Ok((!src_vol.exists()).then_some(()))
+    })?;
+    c.wait_until("the source QEMU gone", Duration::from_secs(20), || {
+        Ok(qemu_in(&src).is_none().then_some(()))
+    })?;
+    let after = uptime(&dst)?;
+    assert!(after > before, "no reboot: uptime {before} s → {after} s");
+    let log = c.agent_log("node2");
+    assert!(
+        log.contains("taking over the block migration's copies"),
+        "the restarted agent took the copies over:\n{log}"
     );
     Ok(())
 }

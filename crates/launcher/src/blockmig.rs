@@ -1,11 +1,13 @@
 //! Block migration in the launcher (docs/migration.md "Node-local disks"): the QMP side of
-//! copying node-local disks to the migration target. The target's QEMU (waiting with
-//! `-incoming`) serves its fresh, same-sized disks writable over NBD on a unix socket the
-//! launcher creates and passes in; the source's QEMU opens an NBD client per disk on a
-//! connection the launcher passes in (the agent relays it to the target node over mutual
-//! TLS), mirrors each disk with `blockdev-mirror`, and, paused before the switch-over,
-//! completes the mirrors (a last copy, no pivot: the source keeps its own disks) before the
-//! memory's last round is sent. The argument builders are pure and unit-tested.
+//! copying node-local disks to the migration target, QEMU to QEMU. The target's QEMU
+//! (waiting with `-incoming`) serves its fresh, same-sized disks writable over NBD on the
+//! listening TCP socket its agent bound on the node address and hands over; the source's
+//! QEMU opens an NBD client per disk on a connection its agent made and hands over, both with
+//! QEMU's own TLS from the migration's ephemeral certificates (`tls-creds-x509`, the peer's
+//! certificate the only one trusted), mirrors each disk with `blockdev-mirror`, and, paused
+//! before the switch-over, completes the mirrors (a last copy, no pivot: the source keeps its
+//! own disks) before the memory's last round is sent. No agent copies a byte. The argument
+//! builders are pure and unit-tested.
 
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -16,6 +18,7 @@ use crate::cmdline::disk_node_name;
 use crate::control::{BlockOp, MirrorDisk};
 use crate::error::{Error, Result};
 use crate::lifecycle::Vm;
+use crate::migtls::{self, EphemeralCert};
 
 /// The NBD client node the source mirrors `disk` into.
 pub fn client_node(disk: &str) -> String {
@@ -33,10 +36,28 @@ pub fn export_args(disk: &str) -> Value {
            "name": disk, "writable": true})
 }
 
-/// `blockdev-add` of the NBD client for `disk` on the connection passed as `fdname`.
-pub fn client_args(disk: &str, fdname: &str) -> Value {
-    json!({"driver": "nbd", "node-name": client_node(disk),
-           "server": {"type": "fd", "str": fdname}, "export": disk})
+/// `blockdev-add` of the NBD client for `disk` on the connection passed as `fdname`; with
+/// `tls`, QEMU's TLS under the NBD credentials object, the target's certificate required to
+/// name [`migtls::TARGET_HOSTNAME`] (mandatory on an fd: there is no host name to check).
+pub fn client_args(disk: &str, fdname: &str, tls: bool) -> Value {
+    let mut a = json!({"driver": "nbd", "node-name": client_node(disk),
+           "server": {"type": "fd", "str": fdname}, "export": disk});
+    if tls {
+        a["tls-creds"] = json!(migtls::NBD_CREDS_ID);
+        a["tls-hostname"] = json!(migtls::TARGET_HOSTNAME);
+    }
+    a
+}
+
+/// `nbd-server-start` on the listening socket passed as `fdname`, at most one connection
+/// per disk; with `tls`, only a client completing QEMU's TLS with the source's certificate.
+pub fn server_args(fdname: &str, disks: usize, tls: bool) -> Value {
+    let mut a = json!({"addr": {"type": "fd", "data": {"str": fdname}},
+                       "max-connections": disks});
+    if tls {
+        a["tls-creds"] = json!(migtls::NBD_CREDS_ID);
+    }
+    a
 }
 
 /// `blockdev-mirror` of `disk` (what the guest sees, its format node) to its NBD client;
@@ -71,13 +92,20 @@ pub fn all_ready(jobs: &Value, disks: &[String]) -> std::result::Result<bool, St
     Ok(ready)
 }
 
-/// Runs one block-migration step on `vm`.
-pub async fn run(vm: &Vm, step: BlockOp) -> Result<Value> {
+/// Runs one block-migration step on `vm`; `cert`: this side's ephemeral migration pair
+/// (needed when the step names the peer's certificate).
+pub async fn run(vm: &Vm, step: BlockOp, cert: Option<&EphemeralCert>) -> Result<Value> {
     match step {
-        BlockOp::Export { socket, disks } => {
-            let _ = std::fs::remove_file(&socket);
-            let listener = std::os::unix::net::UnixListener::bind(&socket)
-                .map_err(|e| Error::io(socket.display().to_string(), e))?;
+        BlockOp::Export {
+            fd_socket,
+            disks,
+            peer_cert,
+        } => {
+            let listener = receive(&fd_socket).await?;
+            if let Some(peer) = &peer_cert {
+                let ours = crate::migrate::needs_cert(cert, migtls::Endpoint::Server)?;
+                crate::migrate::install_creds_as(vm, migtls::NBD_CREDS_ID, ours, peer).await?;
+            }
             vm.qmp()
                 .execute_with_fd(
                     "getfd",
@@ -88,7 +116,7 @@ pub async fn run(vm: &Vm, step: BlockOp) -> Result<Value> {
             vm.qmp()
                 .execute(
                     "nbd-server-start",
-                    Some(json!({"addr": {"type": "fd", "data": {"str": "nbd-listen"}}})),
+                    Some(server_args("nbd-listen", disks.len(), peer_cert.is_some())),
                 )
                 .await?;
             for d in &disks {
@@ -98,7 +126,13 @@ pub async fn run(vm: &Vm, step: BlockOp) -> Result<Value> {
             }
             Ok(Value::Null)
         }
-        BlockOp::Mirror { disks } => mirror(vm, &disks).await,
+        BlockOp::Mirror { disks, peer_cert } => {
+            if let Some(peer) = &peer_cert {
+                let ours = crate::migrate::needs_cert(cert, migtls::Endpoint::Client)?;
+                crate::migrate::install_creds_as(vm, migtls::NBD_CREDS_ID, ours, peer).await?;
+            }
+            mirror(vm, &disks, peer_cert.is_some()).await
+        }
         BlockOp::Jobs => vm.qmp().execute("query-block-jobs", None).await,
         BlockOp::SwitchOver => switch_over(vm).await,
         BlockOp::Cancel => {
@@ -109,17 +143,30 @@ pub async fn run(vm: &Vm, step: BlockOp) -> Result<Value> {
     }
 }
 
-async fn mirror(vm: &Vm, disks: &[MirrorDisk]) -> Result<Value> {
+/// The socket the agent hands over on `path`.
+async fn receive(path: &std::path::Path) -> Result<std::os::fd::OwnedFd> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::migrate::receive_fd(&path))
+        .await
+        .map_err(|e| Error::BlockMigration(e.to_string()))?
+}
+
+async fn mirror(vm: &Vm, disks: &[MirrorDisk], tls: bool) -> Result<Value> {
     for d in disks {
-        let conn = std::os::unix::net::UnixStream::connect(&d.socket)
-            .map_err(|e| Error::io(d.socket.display().to_string(), e))?;
+        let conn = receive(&d.socket).await?;
         let fdname = format!("nbd-{}", d.disk);
         vm.qmp()
             .execute_with_fd("getfd", Some(json!({"fdname": fdname})), conn.as_fd())
             .await?;
-        vm.qmp()
-            .execute("blockdev-add", Some(client_args(&d.disk, &fdname)))
-            .await?;
+        drop(conn);
+        if let Err(e) = vm
+            .qmp()
+            .execute("blockdev-add", Some(client_args(&d.disk, &fdname, tls)))
+            .await
+        {
+            cancel(vm).await;
+            return Err(e);
+        }
         let nodes = vm
             .qmp()
             .execute("query-named-block-nodes", Some(json!({"flat": true})))
@@ -261,8 +308,28 @@ mod tests {
         assert_eq!(export_args("root")["node-name"], "fmt-root");
         assert_eq!(export_args("root")["writable"], true);
         assert_eq!(
-            client_args("root", "nbd-root")["server"],
+            client_args("root", "nbd-root", false)["server"],
             json!({"type": "fd", "str": "nbd-root"})
+        );
+        assert!(
+            client_args("root", "nbd-root", false)
+                .get("tls-creds")
+                .is_none()
+        );
+        let tls = client_args("root", "nbd-root", true);
+        assert_eq!(tls["tls-creds"], "nbd-tls");
+        assert_eq!(tls["tls-hostname"], migtls::TARGET_HOSTNAME);
+        let srv = server_args("nbd-listen", 2, true);
+        assert_eq!(
+            srv["addr"],
+            json!({"type": "fd", "data": {"str": "nbd-listen"}})
+        );
+        assert_eq!(srv["max-connections"], 2);
+        assert_eq!(srv["tls-creds"], "nbd-tls");
+        assert!(
+            server_args("nbd-listen", 1, false)
+                .get("tls-creds")
+                .is_none()
         );
         let m = mirror_args("root");
         assert_eq!(m["device"], "fmt-root");

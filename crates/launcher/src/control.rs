@@ -185,14 +185,29 @@ pub enum Request {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum BlockOp {
-    /// Target: serves `disks` (disk ids) writable over NBD on a unix socket the launcher
-    /// creates at `socket` (QMP `nbd-server-start` on the passed listening socket,
-    /// `block-export-add` named after each disk).
-    Export { socket: PathBuf, disks: Vec<String> },
-    /// Source: mirrors each disk to the target's export through the unix socket given for
-    /// it (the agent's relay): `blockdev-add` of an NBD client on the passed connection,
-    /// the same size checked, `blockdev-mirror` with `sync: full`.
-    Mirror { disks: Vec<MirrorDisk> },
+    /// Target: serves `disks` (disk ids) writable over NBD on the listening TCP socket the
+    /// agent hands over on `fdSocket` (SCM_RIGHTS; the agent bound it on the node address
+    /// and filtered it to the source node): `nbd-server-start` on it, at most one
+    /// connection per disk, `block-export-add` named after each disk. With `peerCert` (the
+    /// source's ephemeral certificate) QEMU's TLS requires exactly it from the client, with
+    /// this side's ephemeral pair ([`Request::MigrationCert`] first).
+    #[serde(rename_all = "camelCase")]
+    Export {
+        fd_socket: PathBuf,
+        disks: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer_cert: Option<String>,
+    },
+    /// Source: mirrors each disk to the target's export on the TCP connection handed over
+    /// for it: `blockdev-add` of an NBD client on the passed connection (with `peerCert`,
+    /// the target's ephemeral certificate: QEMU's TLS trusting exactly it), the same size
+    /// checked, `blockdev-mirror` with `sync: full`.
+    #[serde(rename_all = "camelCase")]
+    Mirror {
+        disks: Vec<MirrorDisk>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer_cert: Option<String>,
+    },
     /// Source: the mirror jobs, raw (`query-block-jobs`).
     Jobs,
     /// Source, paused before the switch-over: completes every mirror (a final copy of the
@@ -204,7 +219,8 @@ pub enum BlockOp {
     StopExport,
 }
 
-/// A disk to mirror: its id and the unix socket leading to the target's NBD server.
+/// A disk to mirror: its id and the unix socket on which the agent hands over the TCP
+/// connection to the target's NBD server (SCM_RIGHTS).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MirrorDisk {

@@ -377,7 +377,7 @@ async fn main_loop(
                     Command::StartPostCopy => crate::migrate::start_post_copy(&vm)
                         .await
                         .map(|_| serde_json::Value::Null),
-                    Command::Block(step) => crate::blockmig::run(&vm, step).await,
+                    Command::Block(step) => crate::blockmig::run(&vm, step, mig_cert.as_ref()).await,
                     Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
                     Command::Stats => {
                         crate::stats::gather(&vm, STATS_TIMEOUT, &mut balloon_polling).await

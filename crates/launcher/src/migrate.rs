@@ -142,25 +142,39 @@ pub fn send_fd(stream: &std::os::unix::net::UnixStream, fd: BorrowedFd<'_>) -> s
 /// (`object-add` loads the files). An older credentials object (an earlier attempt) is
 /// replaced.
 async fn install_creds(vm: &Vm, ours: &EphemeralCert, peer_cert: &str) -> Result<()> {
+    install_creds_as(vm, migtls::CREDS_ID, ours, peer_cert).await
+}
+
+/// [`install_creds`] under the object id `id` (the NBD side of a block migration has its
+/// own object from the same pair).
+pub(crate) async fn install_creds_as(
+    vm: &Vm,
+    id: &str,
+    ours: &EphemeralCert,
+    peer_cert: &str,
+) -> Result<()> {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
     let owner = migtls::runas_owner(vm.spec().run_as.as_deref(), &passwd)?;
     let files = migtls::creds_files(ours, peer_cert);
     let dir = migtls::write_creds_dir(&migtls::creds_base(), &files, owner)?;
     let _ = vm
         .qmp()
-        .execute("object-del", Some(json!({"id": migtls::CREDS_ID})))
+        .execute("object-del", Some(json!({"id": id})))
         .await;
     vm.qmp()
         .execute(
             "object-add",
-            Some(migtls::creds_object(ours.endpoint, &dir.path)),
+            Some(migtls::creds_object(id, ours.endpoint, &dir.path)),
         )
         .await?;
     drop(dir);
     Ok(())
 }
 
-fn needs_cert(cert: Option<&EphemeralCert>, endpoint: Endpoint) -> Result<&EphemeralCert> {
+pub(crate) fn needs_cert(
+    cert: Option<&EphemeralCert>,
+    endpoint: Endpoint,
+) -> Result<&EphemeralCert> {
     cert.filter(|c| c.endpoint == endpoint).ok_or_else(|| {
         Error::Migration(
             "no ephemeral migration certificate for this side: ask for one (migrationCert) first"

@@ -17,6 +17,8 @@ use crate::error::{Error, Result};
 
 /// The id of the migration's `tls-creds-x509` object in QEMU.
 pub const CREDS_ID: &str = "mig-tls";
+/// The id of the same credentials for a block migration's NBD server or clients.
+pub const NBD_CREDS_ID: &str = "nbd-tls";
 /// The name in the target's ephemeral certificate; the source's QEMU checks it
 /// (`tls-hostname`, mandatory with the `fd:` transport).
 pub const TARGET_HOSTNAME: &str = "migration-target.ferrovirt.invalid";
@@ -117,8 +119,8 @@ pub fn creds_files(ours: &EphemeralCert, peer_cert_pem: &str) -> Vec<(String, St
 /// side trusts exactly the other's self-signed leaf); the handshake's verification of the
 /// peer (`verify-peer`, gnutls against `ca-cert.pem`, and the hostname on the client) is
 /// unaffected.
-pub fn creds_object(endpoint: Endpoint, dir: &Path) -> Value {
-    json!({"qom-type": "tls-creds-x509", "id": CREDS_ID, "endpoint": endpoint.name(),
+pub fn creds_object(id: &str, endpoint: Endpoint, dir: &Path) -> Value {
+    json!({"qom-type": "tls-creds-x509", "id": id, "endpoint": endpoint.name(),
            "dir": dir.display().to_string(), "verify-peer": true, "sanity-check": false})
 }
 
@@ -251,8 +253,13 @@ mod tests {
 
     #[test]
     fn qmp_arguments() {
-        let o = creds_object(Endpoint::Server, Path::new("/tmp/x"));
+        let o = creds_object(CREDS_ID, Endpoint::Server, Path::new("/tmp/x"));
+        assert_eq!(o["id"], "mig-tls");
         assert_eq!(o["endpoint"], "server");
+        assert_eq!(
+            creds_object(NBD_CREDS_ID, Endpoint::Client, Path::new("/tmp/x"))["id"],
+            "nbd-tls"
+        );
         assert_eq!(o["dir"], "/tmp/x");
         assert_eq!(o["verify-peer"], true);
         assert_eq!(o["sanity-check"], false);

@@ -1,14 +1,16 @@
 //! Block migration at run time (docs/migration.md "Node-local disks"; the decisions are
 //! [`crate::blockmig`]'s and [`ferrovirt_launcher::blockmig`]'s). Target: empty copies of the
-//! node-local claims in its own volume root (the PV's size), its QEMU exporting every copied
-//! disk over NBD, one relay per disk that accepts only the source node (mutual TLS), and —
-//! once the guest runs here — the copies kept, the PVs moved to this node and the export
-//! stopped. Source: one outgoing relay per disk, the mirrors started and followed until all
-//! are in sync, and after the switch-over its own copies deleted once the PV names the
-//! target's.
+//! node-local claims in its own volume root (the PV's size), one listening socket on the node
+//! address that only the source node can reach ([`crate::nbdpeer`]), handed to its QEMU's NBD
+//! server with QEMU's TLS once the source's ephemeral certificate is known, and — once the
+//! guest runs here — the copies kept, the PVs moved to this node and the export stopped.
+//! Source: one connection per disk to that socket, handed to its QEMU's NBD clients, the
+//! mirrors started and followed until all are in sync, and after the switch-over its own
+//! copies deleted once the PV names the target's. The agents never copy the disks' bytes.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,10 +28,11 @@ use crate::error::AgentError;
 use crate::launchers;
 use crate::migration as mig;
 
-/// The target's NBD server socket in the VMI directory.
+/// The unix socket in the VMI directory on which the target agent hands its NBD listening
+/// socket to the launcher.
 pub const NBD_SOCKET: &str = "nbd-in.sock";
 /// How long the mirrors may take to get in sync.
-const MIRROR_SYNC: Duration = Duration::from_secs(600);
+pub(super) const MIRROR_SYNC: Duration = Duration::from_secs(600);
 
 /// What the target prepared for a block migration.
 #[derive(Debug, Default)]
@@ -38,6 +41,13 @@ pub(super) struct BlockTarget {
     pub disks: Vec<String>,
     /// Claims whose volume is the fresh copy here.
     pub claim_paths: BTreeMap<String, PathBuf>,
+}
+
+/// The target's NBD socket until the source's certificate is known.
+#[derive(Debug)]
+pub(super) struct NbdListener {
+    pub listener: OwnedFd,
+    pub disks: Vec<String>,
 }
 
 impl Agent {
@@ -109,53 +119,112 @@ impl Agent {
         Ok(out)
     }
 
-    /// Target, QEMU up: exports the disks and starts one relay per disk (only `source`, with
-    /// `tls`); returns the relays' ports.
-    pub(super) async fn export_block_target(
+    /// Target, QEMU up: the NBD listening socket on `ip` that only `source` can reach, and
+    /// its port (`None` without disks to copy). QEMU gets it from [`Agent::export_disks`].
+    pub(super) async fn nbd_listener(
         &self,
-        uid: &str,
         block: &BlockTarget,
         ip: IpAddr,
         source: IpAddr,
-        tls: Option<Arc<rustls::ServerConfig>>,
-    ) -> Result<Vec<u16>, AgentError> {
+    ) -> Result<Option<(NbdListener, u16)>, AgentError> {
         if block.disks.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
-        let sock = self.cfg.vmi_dir(uid).join(NBD_SOCKET);
-        let step = BlockOp::Export {
-            socket: sock.clone(),
+        let l = mig::in_netns(self.net.node_netns(), move || {
+            crate::nbdpeer::listen_for(ip, source)
+        })
+        .await
+        .map_err(|e| AgentError::Reference(format!("NBD socket on {ip}: {e}")))?;
+        let port = l
+            .local_addr()
+            .map_err(|e| AgentError::Reference(e.to_string()))?
+            .port();
+        let listener = NbdListener {
+            listener: OwnedFd::from(l),
             disks: block.disks.clone(),
+        };
+        Ok(Some((listener, port)))
+    }
+
+    /// Target, the source's certificate known (`None`: `disableTLS`): the NBD listening
+    /// socket handed to QEMU, which serves the disks on it.
+    pub(super) async fn export_disks(
+        &self,
+        uid: &str,
+        nbd: NbdListener,
+        peer_cert: Option<String>,
+    ) -> Result<(), String> {
+        let sock = self.cfg.vmi_dir(uid).join(NBD_SOCKET);
+        let _hand_over = super::migration::AbortOnDrop(
+            crate::migstream::hand_over(&sock, nbd.listener)
+                .map_err(|e| format!("{}: {e}", sock.display()))?
+                .abort_handle(),
+        );
+        let step = BlockOp::Export {
+            fd_socket: sock,
+            disks: nbd.disks,
+            peer_cert,
         };
         launchers::request(
             &self.cfg,
             uid,
             &Request::Block { step },
-            Duration::from_secs(10),
+            Duration::from_secs(30),
         )
-        .await?;
-        let mut ports = Vec::new();
-        for i in 0..block.disks.len() {
-            let listener = mig::bind_in(self.net.node_netns(), ip)
-                .await
-                .map_err(|e| AgentError::Reference(format!("NBD relay on {ip}: {e}")))?;
-            let port = listener
-                .local_addr()
-                .map_err(|e| AgentError::Reference(e.to_string()))?
-                .port();
-            let relay = tokio::spawn(mig::relay_incoming(
-                listener,
-                source,
-                sock.clone(),
-                tls.clone(),
-            ));
-            self.relays
-                .lock()
-                .await
-                .insert(format!("{uid}#nbd{i}"), relay.abort_handle());
-            ports.push(port);
+        .await
+        .map_err(|e| format!("the target's NBD server: {e}"))?;
+        Ok(())
+    }
+
+    /// Target: [`Agent::finish_block_target`] once per VMI (the original path, and a restarted
+    /// agent that finds copies still marked, [`crate::migresume::target_finish_pending`]).
+    pub(super) async fn spawn_finish_block_target(self: &Arc<Self>, vmi: &VirtualMachineInstance) {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        if !self.finishing.lock().await.insert(uid.clone()) {
+            return;
         }
-        Ok(ports)
+        let me = self.clone();
+        let vmi = vmi.clone();
+        tokio::spawn(async move {
+            me.clone().finish_block_target(vmi).await;
+            me.finishing.lock().await.remove(&uid);
+        });
+    }
+
+    /// Target: a block migration whose copies this agent must still take over (it restarted
+    /// while receiving, or before the guest ran here): the same task as the original path.
+    pub(super) async fn resume_block_target(
+        self: &Arc<Self>,
+        vmi: &VirtualMachineInstance,
+        launcher: bool,
+        preparing: bool,
+    ) {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let busy = preparing || self.finishing.lock().await.contains(&uid);
+        if busy || !launcher {
+            return;
+        }
+        let marked = !bm::marked_for(&self.volume_root(), &uid).is_empty();
+        if crate::migresume::target_finish_pending(
+            vmi,
+            &self.opts.node_name,
+            launcher,
+            marked,
+            busy,
+        ) {
+            tracing::info!(uid = %uid, "taking over the block migration's copies");
+            self.event(
+                vmi,
+                "Normal",
+                "MigrationResumed",
+                &format!(
+                    "{} takes over the copied disks once the guest runs here",
+                    self.opts.node_name
+                ),
+            )
+            .await;
+            self.spawn_finish_block_target(vmi).await;
+        }
     }
 
     /// Target: once the guest runs here (the migration completed), the copies are the VM's
@@ -194,67 +263,53 @@ impl Agent {
             Duration::from_secs(10),
         )
         .await;
-        for k in (0..16).map(|i| format!("{uid}#nbd{i}")) {
-            if let Some(r) = self.relays.lock().await.remove(&k) {
-                r.abort();
-            }
-        }
     }
 
     /// Target: a migration that will not complete here leaves no partial copies.
     pub(super) async fn abandon_block_target(&self, uid: &str) {
-        for k in (0..16).map(|i| format!("{uid}#nbd{i}")) {
-            if let Some(r) = self.relays.lock().await.remove(&k) {
-                r.abort();
-            }
-        }
         for d in bm::remove_target_volumes(&self.volume_root(), uid) {
             tracing::info!(uid, "removed the partial copy {}", d.display());
         }
     }
 
-    /// Source: relays to the target's NBD ports, the mirrors started and followed until all
-    /// are in sync. Returns the relays (dropping them stops them). `Err`: why (the mirrors
-    /// are cancelled, the VM keeps its disks).
+    /// Source: one connection per disk to the target's NBD socket, handed to QEMU's NBD
+    /// clients (with `peer_cert`, the target's ephemeral certificate: QEMU's TLS), the
+    /// mirrors started and followed until all are in sync. `Err`: why (the mirrors are
+    /// cancelled, the VM keeps its disks).
     pub(super) async fn mirror_out(
         &self,
         vmi: &VirtualMachineInstance,
         block: &[BlockVolume],
         target: IpAddr,
-        tls: Option<Arc<rustls::ClientConfig>>,
-    ) -> Result<Vec<super::migration::AbortOnDrop>, String> {
+        peer_cert: Option<String>,
+    ) -> Result<(), String> {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         let state = vmi.status.as_ref().and_then(|s| s.migration_state.as_ref());
-        let ports = state.map(mig::block_ports).unwrap_or_default();
-        if ports.len() < block.len() {
-            return Err(format!(
-                "the target offers {} NBD relays for {} disks to copy",
-                ports.len(),
-                block.len()
-            ));
-        }
-        let mut relays = Vec::new();
+        let Some(port) = state.and_then(|s| mig::block_ports(s).first().copied()) else {
+            return Err("the target offers no NBD port for the disks to copy".into());
+        };
+        let at = SocketAddr::new(target, port);
+        let t0 = Instant::now();
+        let mut hand_overs = Vec::new();
         let mut disks = Vec::new();
-        for (i, (b, port)) in block.iter().zip(ports).enumerate() {
+        for (i, b) in block.iter().enumerate() {
+            let conn = mig::connect_in(self.net.node_netns(), at)
+                .await
+                .map_err(|e| format!("the target's NBD socket {at}: {e}"))?;
+            let _ = conn.set_nodelay(true);
+            let conn = crate::migstream::into_fd(conn).map_err(|e| e.to_string())?;
             let sock = dir.join(format!("nbd-out-{i}.sock"));
-            let _ = std::fs::remove_file(&sock);
-            let listener = tokio::net::UnixListener::bind(&sock)
-                .map_err(|e| format!("NBD socket {}: {e}", sock.display()))?;
-            let relay = tokio::spawn(mig::relay_outgoing(
-                listener,
-                SocketAddr::new(target, port),
-                self.net.node_netns(),
-                tls.clone(),
-            ));
-            relays.push(super::migration::AbortOnDrop(relay.abort_handle()));
+            let task = crate::migstream::hand_over(&sock, conn)
+                .map_err(|e| format!("{}: {e}", sock.display()))?;
+            hand_overs.push(super::migration::AbortOnDrop(task.abort_handle()));
             disks.push(MirrorDisk {
                 disk: crate::mapping::disk_id(&b.volume),
                 socket: sock,
             });
         }
         let ids: Vec<String> = disks.iter().map(|d| d.disk.clone()).collect();
-        let step = BlockOp::Mirror { disks };
+        let step = BlockOp::Mirror { disks, peer_cert };
         launchers::request(
             &self.cfg,
             &uid,
@@ -263,6 +318,8 @@ impl Agent {
         )
         .await
         .map_err(|e| format!("starting the disk mirrors: {e}"))?;
+        drop(hand_overs);
+        tracing::info!(uid = %uid, "block migration: mirrors started in {} ms", t0.elapsed().as_millis());
         let started = Instant::now();
         let mut last_check = Instant::now();
         loop {
@@ -295,7 +352,7 @@ impl Agent {
             }
         }
         tracing::info!(uid = %uid, "disk mirrors in sync after {:?}", started.elapsed());
-        Ok(relays)
+        Ok(())
     }
 
     /// Source, after a failed block migration: the mirrors stop, the VM keeps its disks.

@@ -136,6 +136,8 @@ impl Agent {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let launcher = self.cfg.vmi_dir(&uid).exists();
         let preparing = self.preparing.lock().await.contains(&uid);
+        // A block migration's copies to take over (also after this agent restarted).
+        self.resume_block_target(vmi, launcher, preparing).await;
         match mig::target_step(vmi, &self.opts.node_name, launcher, preparing) {
             TargetStep::Nothing => {}
             TargetStep::Abandon => {
@@ -237,9 +239,8 @@ impl Agent {
             .local_addr()
             .map_err(|e| AgentError::Reference(e.to_string()))?
             .port();
-        let nbd_ports = self
-            .export_block_target(&uid, &block, ip, source, tls.clone())
-            .await?;
+        let nbd = self.nbd_listener(&block, ip, source).await?;
+        let nbd_ports: Vec<u16> = nbd.iter().map(|n| n.1).collect();
         let me = self.clone();
         let u = uid.clone();
         let post_copy = mig::post_copy_allowed(&mig::configuration(vmi), !block.disks.is_empty());
@@ -249,6 +250,7 @@ impl Agent {
                 source,
                 tls,
                 post_copy,
+                nbd: nbd.map(|n| n.0),
             };
             if let Err(e) = me.receive_stream(&u, stream).await {
                 tracing::warn!(uid = %u, "receiving the migration: {e}");
@@ -265,7 +267,7 @@ impl Agent {
         .await?;
         tracing::info!(uid = %uid, "migration target ready on {ip}:{port}");
         if !block.disks.is_empty() {
-            tokio::spawn(self.clone().finish_block_target(vmi.clone()));
+            self.spawn_finish_block_target(vmi).await;
         }
         Ok(())
     }
@@ -280,20 +282,38 @@ impl Agent {
             source,
             tls,
             post_copy,
+            nbd,
         } = stream;
+        // With disks to copy, the source mirrors them before it opens the data connection.
+        let data_wait = match nbd {
+            Some(_) => super::blockmig::MIRROR_SYNC + SETUP_STEP,
+            None => SETUP_STEP,
+        };
         let encrypted = tls.is_some();
         let mut ch = ms::accept_channel(&listener, source, tls)
             .await
             .map_err(|e| format!("the source's channel: {e}"))?;
         let steps = async {
+            let t0 = Instant::now();
             let hello: ms::Hello = timeout(ms::recv(&mut ch)).await?;
             ms::check_hello(&hello, encrypted)?;
             let cert = match encrypted {
                 true => Some(self.launcher_cert(uid, Endpoint::Server).await?),
                 false => None,
             };
+            let t_cert = t0.elapsed().as_millis();
+            if let Some(nbd) = nbd {
+                // QEMU's NBD server, with QEMU's TLS trusting only the source's certificate.
+                self.export_disks(uid, nbd, hello.cert.clone()).await?;
+                tracing::info!(uid = %uid, "block migration: hello and certificate in {t_cert} ms, NBD export in {} ms",
+                    t0.elapsed().as_millis() - t_cert);
+            }
             timeout(ms::send(&mut ch, &ms::Reply { cert, error: None })).await?;
-            let data = timeout(ms::accept_data(&listener, source, hello.data_port)).await?;
+            let data = timeout_for(
+                data_wait,
+                ms::accept_data(&listener, source, hello.data_port),
+            )
+            .await?;
             drop(listener);
             let sock = mig::incoming_socket(&self.cfg.vmi_dir(uid));
             let conn = ms::into_fd(data).map_err(|e| e.to_string())?;
@@ -480,11 +500,7 @@ impl Agent {
             ),
         )
         .await;
-        // Node-local disks first: every mirror in sync before the memory moves.
-        let copy_started = Instant::now();
-        let _nbd_relays = if block.is_empty() {
-            Vec::new()
-        } else {
+        if !block.is_empty() {
             self.event(
                 vmi,
                 "Normal",
@@ -495,10 +511,15 @@ impl Agent {
                 ),
             )
             .await;
-            self.mirror_out(vmi, &block, target.ip(), tls.clone())
-                .await?
-        };
-        let (conn, peer_cert) = self.open_stream(&uid, target, tls).await?;
+        }
+        // Node-local disks first (inside the stream's setup, once the target's certificate
+        // is known): every mirror in sync before the memory moves.
+        let copy_started = Instant::now();
+        let (conn, peer_cert) = self.open_stream(vmi, target, tls, &block).await?;
+        if !block.is_empty() {
+            tracing::info!(uid = %uid, "block migration: disks in sync and the stream connected {} ms after the start",
+                copy_started.elapsed().as_millis());
+        }
         let sock = dir.join(mig::OUTGOING_SOCKET);
         let _hand_over = AbortOnDrop(
             ms::hand_over(&sock, conn)
@@ -587,6 +608,7 @@ impl Agent {
                 // (a last copy), then the last round of memory goes.
                 "pre-switchover" if !switched && abort.is_none() => {
                     switched = true;
+                    let paused = Instant::now();
                     if let Err(e) = launchers::request(
                         &self.cfg,
                         &uid,
@@ -601,6 +623,9 @@ impl Agent {
                         self.cancel_migration(&uid).await;
                         abort = Some(why);
                     }
+                    tracing::info!(uid = %uid,
+                        "block migration: pre-switchover {} ms after the memory started, mirrors completed in {} ms",
+                        started.elapsed().as_millis(), paused.elapsed().as_millis());
                     continue;
                 }
                 "failed" | "cancelled" if !post_copy => {
@@ -784,13 +809,18 @@ impl Agent {
     /// Source: the stream's setup with the target agent ([`crate::migstream`]): the
     /// authenticated channel, our launcher's ephemeral certificate for the target's, the data
     /// connection opened from the announced port once the target accepts it. Returns the
-    /// data connection and the target's certificate (`None` with `disableTLS`).
+    /// data connection and the target's certificate (`None` with `disableTLS`). With `block`
+    /// volumes, the disks are mirrored ([`Agent::mirror_out`]) between the certificates'
+    /// exchange and the data connection.
     async fn open_stream(
         &self,
-        uid: &str,
+        vmi: &VirtualMachineInstance,
         target: std::net::SocketAddr,
         tls: Option<Arc<rustls::ClientConfig>>,
+        block: &[ferrovirt_api::migration::BlockVolume],
     ) -> Result<(std::os::fd::OwnedFd, Option<String>), String> {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let uid = uid.as_str();
         let encrypted = tls.is_some();
         let netns = self.net.node_netns();
         let (mut ch, local) = timeout(ms::connect_channel(netns.clone(), target, tls))
@@ -811,6 +841,10 @@ impl Agent {
         }
         if encrypted && answer.cert.is_none() {
             return Err("the target sent no certificate for an encrypted migration".into());
+        }
+        if !block.is_empty() {
+            self.mirror_out(vmi, block, target.ip(), answer.cert.clone())
+                .await?;
         }
         let data = timeout(socket.connect(target))
             .await
@@ -877,6 +911,8 @@ struct Stream {
     tls: Option<Arc<rustls::ServerConfig>>,
     /// `postcopy-ram` on the target's QEMU ([`mig::post_copy_allowed`]).
     post_copy: bool,
+    /// A block migration's NBD socket, handed to QEMU once the source's certificate is known.
+    nbd: Option<super::blockmig::NbdListener>,
 }
 
 /// What [`Agent::follow_out`] follows.
@@ -904,9 +940,17 @@ fn source_node(vmi: &VirtualMachineInstance) -> String {
 async fn timeout<T, E: std::fmt::Display>(
     f: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(SETUP_STEP, f).await {
+    timeout_for(SETUP_STEP, f).await
+}
+
+/// `f` bounded by `limit`; its error as text.
+async fn timeout_for<T, E: std::fmt::Display>(
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, f).await {
         Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("no answer within {SETUP_STEP:?}")),
+        Err(_) => Err(format!("no answer within {limit:?}")),
     }
 }
 
