@@ -110,7 +110,7 @@ pub fn running_chain<'a>(disk: &str, names: impl IntoIterator<Item = &'a str>) -
             overlays.push((k, n.to_string()));
         }
     }
-    backs.sort_by(|a, b| b.0.cmp(&a.0));
+    backs.sort_by_key(|b| std::cmp::Reverse(b.0));
     overlays.sort();
     let mut out: Vec<String> = backs.into_iter().map(|(_, n)| n).collect();
     if has_top {
