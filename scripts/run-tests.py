@@ -41,7 +41,7 @@ HINTS = {
     "crd": 16, "shared_mount": 15, "hostile": 15, "conformance": 15, "metrics": 14,
     "empty_cdrom": 14, "port_forward": 13, "hyperconverged": 35, "node_proxy": 17,
     "cpu_models": 30,
-    "migration_postcopy": 78,
+    "migration_postcopy": 78, "snapshot_reclaim_online": 45, "online_reclaim": 11,
 }
 DEFAULT_E2E = 30
 DEFAULT_OTHER = 5

@@ -175,6 +175,12 @@ pub enum Request {
         disks: Vec<crate::online_snapshot::OverlayDisk>,
         freeze_timeout_ms: u64,
     },
+    /// Merge released snapshot layers of one disk under the running VM
+    /// (`crate::online_reclaim`): QEMU `block-stream`/`block-commit` jobs followed to their
+    /// end, the dropped nodes deleted. Replies [`crate::online_reclaim::MergeDone`].
+    MergeLayers {
+        merge: crate::online_reclaim::MergeRequest,
+    },
     /// The VM now runs on the migration target and the VMI was moved there: this launcher
     /// stops holding the disks (no more storage-lease renewals, none released) and quits
     /// QEMU; its exit report says [`ExitReason::Migrated`].

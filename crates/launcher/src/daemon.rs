@@ -73,6 +73,7 @@ enum Command {
         disks: Vec<crate::online_snapshot::OverlayDisk>,
         freeze_timeout: Duration,
     },
+    MergeLayers(crate::online_reclaim::MergeRequest),
 }
 
 type Responder = oneshot::Sender<Reply>;
@@ -388,6 +389,11 @@ async fn main_loop(
                             .await
                             .map(|d| serde_json::json!(d))
                     }
+                    Command::MergeLayers(req) => {
+                        crate::online_reclaim::merge(&vm, &mut tops, &req)
+                            .await
+                            .map(|d| serde_json::json!(d))
+                    }
                     Command::MigrateCancel => {
                         vm.qmp().execute("migrate_cancel", None).await.map(|_| serde_json::Value::Null)
                     }
@@ -602,6 +608,7 @@ async fn connection(
                         disks,
                         freeze_timeout: Duration::from_millis(freeze_timeout_ms),
                     },
+                    Request::MergeLayers { merge } => Command::MergeLayers(merge),
                     Request::Hello { .. } | Request::Status => continue,
                 };
                 let (rtx, rrx) = oneshot::channel();

@@ -17,6 +17,7 @@ pub mod fence;
 pub mod lifecycle;
 pub mod migrate;
 pub mod migtls;
+pub mod online_reclaim;
 pub mod online_snapshot;
 pub mod platform;
 pub mod process;

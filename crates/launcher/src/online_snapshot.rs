@@ -141,6 +141,9 @@ pub fn transaction(pairs: &[(String, String)]) -> Value {
 pub struct Tops {
     nodes: BTreeMap<String, String>,
     seq: u32,
+    /// Format node → its protocol node, where it is not the `file-…` twin of the format
+    /// node's name (a node reopened writable by `crate::online_reclaim`).
+    pub(crate) files: BTreeMap<String, String>,
 }
 
 impl Tops {
@@ -152,7 +155,20 @@ impl Tops {
             .unwrap_or_else(|| disk_node_name(disk))
     }
 
-    fn next_seq(&mut self) -> u32 {
+    /// Records that disk `disk` now writes `node` (an active commit pivoted to it).
+    pub(crate) fn set_top(&mut self, disk: &str, node: &str) {
+        self.nodes.insert(disk.to_string(), node.to_string());
+    }
+
+    /// The protocol node under format node `fmt`.
+    pub(crate) fn file_of(&self, fmt: &str) -> String {
+        self.files
+            .get(fmt)
+            .cloned()
+            .unwrap_or_else(|| format!("file-{}", fmt.strip_prefix("fmt-").unwrap_or(fmt)))
+    }
+
+    pub(crate) fn next_seq(&mut self) -> u32 {
         self.seq += 1;
         self.seq
     }
@@ -183,7 +199,7 @@ pub fn check_disks(spec: &crate::spec::LaunchSpec, disks: &[OverlayDisk]) -> Res
 }
 
 /// Opens an overlay for QEMU: read-write, no symlink followed, a regular file.
-fn open_overlay(path: &std::path::Path) -> Result<std::fs::File> {
+pub(crate) fn open_overlay(path: &std::path::Path) -> Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let ctx = || format!("opening overlay {}", path.display());
     let f = std::fs::OpenOptions::new()

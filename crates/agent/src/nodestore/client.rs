@@ -243,6 +243,26 @@ impl NodeStorage {
         serde_json::from_slice(&body).map_err(|e| self.unreachable(format!("bad answer: {e}")))
     }
 
+    /// Merges the released snapshot layers of volume `volume` of the running VMI `uid` in
+    /// its QEMU (docs/snapshots.md "Reclaiming layers while the VM runs").
+    pub async fn reclaim_online(
+        &self,
+        uid: &str,
+        volume: &str,
+    ) -> Result<ferrovirt_storage::snapshot::OnlineReport, NodeStoreError> {
+        let req = super::online_reclaim::ReclaimOnline {
+            volume: volume.to_string(),
+        };
+        let body = self
+            .call(
+                Method::POST,
+                &format!("/storage/vmis/{uid}/reclaim"),
+                Some(&req),
+            )
+            .await?;
+        serde_json::from_slice(&body).map_err(|e| self.unreachable(format!("bad answer: {e}")))
+    }
+
     /// Points volume `name` back at its snapshot `handle`.
     pub async fn revert(&self, name: &str, handle: &str) -> Result<(), NodeStoreError> {
         let req = super::RevertVolume {

@@ -21,6 +21,7 @@ mod attack_tests;
 pub mod client;
 pub mod export;
 pub mod online;
+pub mod online_reclaim;
 pub mod server;
 pub mod snapshots;
 

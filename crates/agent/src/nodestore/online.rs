@@ -112,7 +112,7 @@ pub fn plan_disks(spec: &LaunchSpec, volumes: &[String]) -> Result<Vec<PlannedDi
 
 /// The image the VMI started with must be a layer of its directory's recorded chain: only a
 /// claim volume (never a container disk's or a host disk's image) is snapshotted.
-fn check_volume_dir(p: &PlannedDisk) -> Result<(), String> {
+pub(super) fn check_volume_dir(p: &PlannedDisk) -> Result<(), String> {
     if ferrovirt_storage::block::is_block_volume(&p.dir) {
         return Err(format!(
             "volume {} is a Block-mode volume: snapshots of Block volumes are not supported",
@@ -137,22 +137,27 @@ fn check_volume_dir(p: &PlannedDisk) -> Result<(), String> {
     Ok(())
 }
 
-struct OnlineState {
-    data_dir: PathBuf,
-    one_at_a_time: Mutex<()>,
+pub(super) struct OnlineState {
+    pub(super) data_dir: PathBuf,
+    /// One online snapshot or online merge at a time on the node.
+    pub(super) one_at_a_time: Mutex<()>,
 }
 
 /// The route; the caller adds authentication.
 pub fn router(data_dir: PathBuf) -> Router {
     Router::new()
         .route("/storage/vmis/{uid}/snapshot", post(take))
+        .route(
+            "/storage/vmis/{uid}/reclaim",
+            post(super::online_reclaim::reclaim),
+        )
         .with_state(Arc::new(OnlineState {
             data_dir,
             one_at_a_time: Mutex::new(()),
         }))
 }
 
-fn refuse(code: StatusCode, message: impl Into<String>) -> Response {
+pub(super) fn refuse(code: StatusCode, message: impl Into<String>) -> Response {
     let body = json!({"code": code.as_u16(), "message": message.into()});
     (code, axum::Json(body)).into_response()
 }

@@ -21,6 +21,7 @@ pub mod loops;
 pub mod online;
 pub mod populate;
 pub mod reclaim_loop;
+pub mod reclaim_online;
 pub mod resources;
 pub mod restore;
 pub mod vm_snapshot;

@@ -4,8 +4,9 @@
 //! the finalizer [`FINALIZER`]. When such a content is deleted, its frozen layer is released
 //! where the volume's bytes are (the node's agent for `local` volumes, here for `shared` ones)
 //! and the finalizer is dropped; when no running VM uses the volume the released layers are
-//! merged away at once, otherwise the volume is remembered and merged once its VM has stopped
-//! (woken by VMI changes in the shared caches). A content whose volume or node is gone, or
+//! merged away at once, when one runs they are merged in its QEMU through its node's agent
+//! ([`super::reclaim_online`]); a merge that cannot happen now (the VMI not running yet, a
+//! failure: a Warning Event on the claim names it) is retried on VMI changes and every 30 s. A content whose volume or node is gone, or
 //! whose handle another content still names, is let go without a release. [`decide`] is the
 //! pure decision.
 
@@ -22,8 +23,10 @@ use serde_json::json;
 
 use ferrovirt_api::volumesnapshot::{DRIVER, SHARED_DRIVER, VolumeSnapshotContent};
 
+use super::reclaim_online::{self, Where};
 use super::resources::VolSnapContent;
 use crate::error::ControllerError;
+use crate::runtime::events::EventRecorder;
 use crate::runtime::stores::{Kind, Stores};
 use crate::storage::nodes::{self, Placement};
 
@@ -84,8 +87,9 @@ struct Ctx {
     client: kube::Client,
     stores: Stores,
     agent_token: Option<String>,
-    /// Volumes with released layers whose merge waits for their VM to stop.
+    /// Volumes with released layers whose merge has not happened yet.
     pending: Mutex<BTreeSet<String>>,
+    recorder: EventRecorder,
 }
 
 /// Run the reclaim controller until its watch ends or the future is dropped.
@@ -100,6 +104,7 @@ pub async fn run(
         stores,
         agent_token,
         pending: Mutex::new(BTreeSet::new()),
+        recorder: EventRecorder::new(client.clone(), super::loops::COMPONENT),
     });
     let contents = crate::runtime::drive(
         Controller::new(
@@ -170,7 +175,7 @@ async fn release(ctx: &Ctx, content: &str, pv: &str, layer: &str) -> Result<(), 
     if shared {
         return Ok(());
     }
-    let merge = !in_use(&ctx.stores, &volume);
+    let merge = where_merged(&ctx.stores, &volume) == Where::Offline;
     match call(ctx, &volume, vec![layer.to_string()], merge).await {
         Ok(dropped) => {
             tracing::info!(pv, layer, merge, ?dropped, "snapshot layer released");
@@ -179,6 +184,8 @@ async fn release(ctx: &Ctx, content: &str, pv: &str, layer: &str) -> Result<(), 
                     .lock()
                     .expect("pending lock")
                     .insert(pv.to_string());
+                // A running VM: merge in its QEMU now (retried by `merge_pending`).
+                merge_one(ctx, &volume).await;
             }
             Ok(())
         }
@@ -235,21 +242,94 @@ async fn call(
     }
 }
 
-/// Whether an unfinished VMI uses the volume's claim.
-fn in_use(stores: &Stores, volume: &PersistentVolume) -> bool {
+/// Where the volume's released layers are merged: offline when no unfinished VMI uses its
+/// claim, else in that VMI's QEMU.
+fn where_merged(stores: &Stores, volume: &PersistentVolume) -> Where {
     let Some(claim) = volume.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) else {
-        return false;
+        return Where::Offline;
     };
     let (Some(ns), Some(name)) = (claim.namespace.as_deref(), claim.name.as_deref()) else {
-        return false;
+        return Where::Offline;
     };
-    super::loops::claim_user(stores, ns, name).is_some()
+    let Some(user) = super::loops::claim_user(stores, ns, name) else {
+        return Where::Offline;
+    };
+    let vmi = stores
+        .vmis
+        .get(&ObjectRef::new(&user).within(ns))
+        .map(|v| v.0.clone());
+    reclaim_online::decide(vmi.as_ref(), name)
 }
 
-/// Merge the pending volumes whose VM has stopped, on every VMI change.
+/// Merges the released layers of a pending volume where [`where_merged`] says; a merge done
+/// (or a volume gone) leaves the pending set. A failure is logged and, online, recorded as a
+/// Warning Event on the claim; the layers stay as they are.
+async fn merge_one(ctx: &Ctx, volume: &PersistentVolume) {
+    let pv = volume.metadata.name.clone().unwrap_or_default();
+    let done = |ctx: &Ctx| {
+        ctx.pending.lock().expect("pending lock").remove(&pv);
+    };
+    match where_merged(&ctx.stores, volume) {
+        Where::Wait(why) => tracing::debug!(pv, "merging released layers waits: {why}"),
+        Where::Offline => match call(ctx, volume, Vec::new(), true).await {
+            Ok(dropped) => {
+                tracing::info!(pv, ?dropped, "released snapshot layers merged");
+                done(ctx);
+            }
+            Err(Gone) => done(ctx),
+            Err(Failed(e)) => tracing::warn!(pv, error = %e, "merging released layers"),
+        },
+        Where::Online {
+            node,
+            uid,
+            volume: name,
+        } => {
+            match reclaim_online::merge_online(
+                &ctx.stores,
+                ctx.agent_token.as_deref(),
+                &node,
+                &uid,
+                &name,
+            )
+            .await
+            {
+                Ok(dropped) => {
+                    tracing::info!(pv, %uid, ?dropped, "released snapshot layers merged online");
+                    done(ctx);
+                }
+                Err(e) => {
+                    tracing::warn!(pv, %uid, error = %e, "merging released layers online");
+                    if let Some(claim) = volume.spec.as_ref().and_then(|s| s.claim_ref.clone()) {
+                        let object = k8s_openapi::api::core::v1::ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("PersistentVolumeClaim".into()),
+                            ..claim
+                        };
+                        let message = format!(
+                            "merging the released snapshot layers of volume {pv} under the \
+                             running VM failed (the layers stay; retried): {e}"
+                        );
+                        ctx.recorder
+                            .record(&object, true, "SnapshotLayerMergeFailed", &message)
+                            .await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How often pending merges are retried besides VMI changes.
+const RETRY_EVERY: Duration = Duration::from_secs(30);
+
+/// Merge the pending volumes, on every VMI change and every [`RETRY_EVERY`].
 async fn merge_pending(ctx: Arc<Ctx>) {
     let mut changes = ctx.stores.changes();
-    while changes.next_batch(&[Kind::Vmi]).await.is_some() {
+    loop {
+        tokio::select! {
+            b = changes.next_batch(&[Kind::Vmi]) => if b.is_none() { return },
+            () = tokio::time::sleep(RETRY_EVERY) => {}
+        }
         let pending: Vec<String> = ctx
             .pending
             .lock()
@@ -262,19 +342,7 @@ async fn merge_pending(ctx: Arc<Ctx>) {
                 ctx.pending.lock().expect("pending lock").remove(&pv);
                 continue;
             };
-            if in_use(&ctx.stores, &volume) {
-                continue;
-            }
-            match call(&ctx, &volume, Vec::new(), true).await {
-                Ok(dropped) => {
-                    tracing::info!(pv, ?dropped, "released snapshot layers merged");
-                    ctx.pending.lock().expect("pending lock").remove(&pv);
-                }
-                Err(Gone) => {
-                    ctx.pending.lock().expect("pending lock").remove(&pv);
-                }
-                Err(Failed(e)) => tracing::warn!(pv, error = %e, "merging released layers"),
-            }
+            merge_one(&ctx, &volume).await;
         }
     }
 }

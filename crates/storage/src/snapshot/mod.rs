@@ -33,7 +33,9 @@ use crate::error::StorageError;
 use crate::provisioner::DISK_IMAGE;
 
 pub mod reclaim;
-pub use reclaim::{ReclaimPlan, held_layers, plan_reclaim, reclaim, release};
+pub use reclaim::{
+    OnlineReport, ReclaimPlan, finish_online, held_layers, plan_reclaim, reclaim, release,
+};
 
 /// The file recording a volume's layer chain inside its directory.
 pub const CHAIN_FILE: &str = "chain.json";

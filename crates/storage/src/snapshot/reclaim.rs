@@ -199,6 +199,64 @@ pub fn reclaim(dir: &Path) -> Result<ReclaimReport, StorageError> {
     })
 }
 
+/// Records an online reclaim of the volume in `dir` once QEMU has carried out `plan`'s steps
+/// under the running VM (`planned` is the chain the plan was made from), then deletes the
+/// dropped layer files QEMU no longer has open (`open`, file names; one still open is kept:
+/// a later reclaim's stray sweep takes it once the VM stopped). Order (docs/snapshots.md):
+/// QEMU's job first, then `chain.json` replaced atomically, files deleted last; layers
+/// released meanwhile (a concurrent release) stay released. A chain that changed otherwise
+/// since the plan is refused and left as it is.
+pub fn finish_online(
+    dir: &Path,
+    planned: &Chain,
+    plan: &ReclaimPlan,
+    open: &[String],
+) -> Result<OnlineReport, StorageError> {
+    let now = read_chain(dir)?;
+    if now.layers != planned.layers || now.detached != planned.detached || now.next != planned.next
+    {
+        return Err(StorageError::invalid(
+            "chain.json",
+            "the volume's chain changed while its layers were merged online".to_string(),
+        ));
+    }
+    let mut chain = plan.chain.clone();
+    for r in now.released.difference(&planned.released) {
+        if is_frozen(&chain, r) {
+            chain.released.insert(r.clone());
+        }
+    }
+    if !plan.is_empty() {
+        write_chain(dir, &chain)?;
+    }
+    let mut report = OnlineReport {
+        plain: chain.is_plain(),
+        ..OnlineReport::default()
+    };
+    for f in &plan.delete {
+        if open.contains(f) {
+            report.kept_open.push(f.clone());
+            continue;
+        }
+        let _ = std::fs::remove_file(dir.join(f));
+        report.dropped.push(f.clone());
+    }
+    Ok(report)
+}
+
+/// What [`finish_online`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OnlineReport {
+    /// Layer files merged away and deleted.
+    pub dropped: Vec<String>,
+    /// Layer files merged away that QEMU still had open: not deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_open: Vec<String>,
+    /// Whether the volume is a single raw image again.
+    pub plain: bool,
+}
+
 /// Layer files below the chain's next number that the record does not name: left by a crash
 /// between a step and the record's rewrite (or by a revert before detached layers were
 /// recorded; no snapshot could read those). Files numbered from `next` on may be an online

@@ -229,3 +229,51 @@ fn reclaim_on_disk_keeps_every_held_snapshot_and_the_live_bytes() {
     assert!(left.is_empty(), "{left:?}");
     crate::snapshot::check_growable(&dir).unwrap();
 }
+
+#[test]
+fn an_online_merge_records_the_plan_keeps_late_releases_and_open_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    // disk.img, layer-1, layer-2 frozen under the top layer-3; layer-1 released.
+    let mut c = Chain::default();
+    for _ in 0..3 {
+        c = plan_snapshot(&c).chain;
+    }
+    c.released.insert("layer-000001.qcow2".into());
+    write_chain(&dir, &c).unwrap();
+    for l in &c.layers {
+        std::fs::write(dir.join(&l.file), b"x").unwrap();
+    }
+    let plan = plan_reclaim(&c, &held_layers(&c));
+    assert_eq!(plan.delete, ["layer-000001.qcow2"]);
+    // Released while QEMU ran the job: stays released.
+    release(&dir, &["layer-000002.qcow2".into()]).unwrap();
+    let r = finish_online(&dir, &c, &plan, &[]).unwrap();
+    assert_eq!(r.dropped, ["layer-000001.qcow2"]);
+    assert!(!dir.join("layer-000001.qcow2").exists());
+    let now = read_chain(&dir).unwrap();
+    assert_eq!(
+        files(&now),
+        ["disk.img", "layer-000002.qcow2", "layer-000003.qcow2"]
+    );
+    assert_eq!(now.released, held(&["layer-000002.qcow2"]));
+
+    // Everything released: a file QEMU still holds is kept, the record moves on.
+    release(&dir, &["disk.img".into()]).unwrap();
+    let now = read_chain(&dir).unwrap();
+    let plan = plan_reclaim(&now, &held_layers(&now));
+    let r = finish_online(&dir, &now, &plan, &["layer-000003.qcow2".into()]).unwrap();
+    assert!(r.plain);
+    assert_eq!(r.dropped, ["layer-000002.qcow2"]);
+    assert_eq!(r.kept_open, ["layer-000003.qcow2"]);
+    assert!(dir.join("layer-000003.qcow2").exists());
+    assert!(read_chain(&dir).unwrap().is_plain());
+
+    // A chain that changed since the plan (a snapshot meanwhile) is refused, untouched.
+    let before = read_chain(&dir).unwrap();
+    let snap = plan_snapshot(&before).chain;
+    write_chain(&dir, &snap).unwrap();
+    let e = finish_online(&dir, &before, &plan_reclaim(&before, &held(&[])), &[]).unwrap_err();
+    assert!(e.to_string().contains("changed"), "{e}");
+    assert_eq!(read_chain(&dir).unwrap(), snap);
+}
