@@ -12,7 +12,7 @@
 #                           [--binary target/release/ferrovirt] [--no-build]
 # FV_SCALE_KEEP_LOGS=DIR keeps the server's log (server-BACKEND.log) and SQLite database in DIR.
 # FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR
-# (FV_SCALE_PERF_ARGS replaces its `-F 499`, e.g. "-F 99 --call-graph dwarf,16384").
+# (FV_SCALE_PERF_ARGS replaces its `-F 499`, and the idle one's `-F 999`, e.g. "-F 99 --call-graph dwarf,16384").
 # FV_SCALE_PERF_IDLE=DIR records one of the idle window only (perf-idle-BACKEND.data).
 # FV_SCALE_SERVER_LOG=filter sets the server's RUST_LOG (default warn).
 # FV_SCALE_SIM=PATH runs another harness binary (e.g. target/debug/ferrovirt-simnodes).

@@ -27,17 +27,18 @@ pub struct Ipv4Cidr {
 impl Ipv4Cidr {
     /// A CIDR from its network address; fails when host bits are set or the prefix is > 32.
     pub fn new(network: Ipv4Addr, prefix: u8) -> Result<Self> {
-        let input = format!("{network}/{prefix}");
+        // The input is formatted only for an error: this runs for every node subnet.
+        let input = || format!("{network}/{prefix}");
         if prefix > 32 {
             return Err(Error::InvalidCidr {
-                input,
+                input: input(),
                 reason: "prefix length must be at most 32".into(),
             });
         }
         let c = Ipv4Cidr { network, prefix };
         if u32::from(network) & !c.mask_bits() != 0 {
             return Err(Error::InvalidCidr {
-                input,
+                input: input(),
                 reason: format!("host bits are set (did you mean {}?)", c.truncated()),
             });
         }

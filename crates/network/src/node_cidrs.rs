@@ -22,6 +22,25 @@ pub struct Assignment {
 /// kept (and reported when they conflict); new ones are hashed from the node name
 /// ([`Ipam::allocate_node_subnet`]), probing past every subnet in use, in name order so the
 /// result does not depend on list order.
+/// The indices of the node subnets of `ipam` that `c` overlaps (pure arithmetic: no walk over
+/// every node subnet of the cluster CIDR, which a pass per Node change used to make).
+fn touched_subnets(ipam: &Ipam, c: Ipv4Cidr) -> std::ops::Range<u32> {
+    let np = u32::from(ipam.node_prefix);
+    let base = u64::from(u32::from(ipam.cluster.network()));
+    let count = ipam.node_subnet_count();
+    let lo = u64::from(u32::from(c.network()));
+    let hi = lo + (1u64 << (32 - u32::from(c.prefix()))); // exclusive
+    let first = lo.max(base);
+    let end = hi.min(base + (count << (32 - np)));
+    if first >= end {
+        return 0..0;
+    }
+    let step = 1u64 << (32 - np);
+    let a = (first - base) / step;
+    let b = (end - base).div_ceil(step);
+    (a as u32)..(b.min(count) as u32)
+}
+
 pub fn assign(ipam: &Ipam, nodes: &[(String, Option<String>)]) -> Result<Assignment> {
     let mut out = Assignment::default();
     let mut sorted: Vec<&(String, Option<String>)> = nodes.iter().collect();
@@ -58,11 +77,8 @@ pub fn assign(ipam: &Ipam, nodes: &[(String, Option<String>)]) -> Result<Assignm
         }
         taken.push((name.clone(), c));
         // Every node-sized subnet the existing one touches is in use.
-        for i in 0..ipam.node_subnet_count().min(u64::from(u32::MAX)) {
-            let s = ipam.node_subnet(i as u32)?;
-            if s.overlaps(c) {
-                used.insert(s);
-            }
+        for i in touched_subnets(ipam, c) {
+            used.insert(ipam.node_subnet(i)?);
         }
     }
     for (name, cidr) in &sorted {
@@ -102,6 +118,38 @@ mod tests {
 
     fn n(name: &str, cidr: Option<&str>) -> (String, Option<String>) {
         (name.into(), cidr.map(String::from))
+    }
+
+    #[test]
+    fn touched_subnets_are_the_ones_a_walk_finds() {
+        for (cluster, np) in [
+            ("10.244.0.0/16", 24u8),
+            ("10.0.0.0/14", 20),
+            ("10.0.0.0/24", 26),
+        ] {
+            let ipam = Ipam::new(cluster.parse().unwrap(), np).unwrap();
+            for c in [
+                "10.244.7.0/24",
+                "10.244.7.128/25",
+                "10.244.6.0/23",
+                "10.244.0.0/16",
+                "10.0.0.0/8",
+                "10.245.0.0/24",
+                "10.0.0.64/26",
+                "10.0.3.0/24",
+                "192.168.0.0/24",
+                "10.243.255.0/24",
+                "0.0.0.0/0",
+                "10.0.0.0/32",
+            ] {
+                let c: Ipv4Cidr = c.parse().unwrap();
+                let walk: Vec<u32> = (0..ipam.node_subnet_count() as u32)
+                    .filter(|i| ipam.node_subnet(*i).unwrap().overlaps(c))
+                    .collect();
+                let got: Vec<u32> = touched_subnets(&ipam, c).collect();
+                assert_eq!(got, walk, "{cluster} /{np} {c}");
+            }
+        }
     }
 
     #[test]

@@ -577,8 +577,12 @@ async fn metrics_text(client: &kube::Client) -> Option<String> {
 fn idle_profile(pid: u32, window: Duration) -> Option<std::process::Child> {
     let out = std::env::var_os("FV_SCALE_PERF_IDLE_FILE").filter(|v| !v.is_empty())?;
     let (pid, secs) = (pid.to_string(), window.as_secs().to_string());
+    // FV_SCALE_PERF_ARGS (e.g. "-F 99 --call-graph dwarf,16384") replaces `-F 999`.
+    let args = std::env::var("FV_SCALE_PERF_ARGS").unwrap_or_else(|_| "-F 999".into());
     let child = std::process::Command::new("perf")
-        .args(["record", "-q", "-F", "999", "-p", pid.as_str(), "-o"])
+        .args(["record", "-q"])
+        .args(args.split_whitespace())
+        .args(["-p", pid.as_str(), "-o"])
         .arg(&out)
         .args(["--", "sleep", secs.as_str()])
         .stdout(std::process::Stdio::null())

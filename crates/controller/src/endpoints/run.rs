@@ -4,7 +4,7 @@
 //! this loop last wrote (a GET, then a replace or create). Nothing is listed after the
 //! reflector's first list; the objects go with their Service (owner references).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -73,14 +73,24 @@ async fn pass(
     services: &Store<Service>,
     written: &mut HashMap<String, Desired>,
 ) {
-    let vmis: Vec<Value> = stores
-        .vmis
-        .state()
-        .iter()
-        .filter_map(|v| serde_json::to_value(&**v).ok())
-        .collect();
+    let services = services.state();
+    // Only the VMIs of namespaces with a selecting Service are turned into JSON (with
+    // 10,000 VMIs and no Service, a pass per VMI change used to serialise every VMI).
+    let namespaces = selecting_namespaces(&services);
+    let vmis: Vec<Value> = if namespaces.is_empty() {
+        Vec::new()
+    } else {
+        stores
+            .vmis
+            .state_filter(|v| {
+                namespaces.contains(v.0.metadata.namespace.as_deref().unwrap_or("default"))
+            })
+            .iter()
+            .filter_map(|v| serde_json::to_value(&**v).ok())
+            .collect()
+    };
     let mut seen = Vec::new();
-    for svc in services.state() {
+    for svc in services {
         let Ok(sv) = serde_json::to_value(&*svc) else {
             continue;
         };
@@ -109,6 +119,26 @@ async fn pass(
         }
     }
     written.retain(|uid, _| seen.contains(uid));
+}
+
+/// The namespaces holding a Service with a non-empty selector: only their VMIs can be endpoints
+/// (a Service without a selector gets no managed endpoints, see [`desired`]).
+fn selecting_namespaces(services: &[std::sync::Arc<Service>]) -> HashSet<String> {
+    services
+        .iter()
+        .filter(|s| {
+            s.spec
+                .as_ref()
+                .and_then(|sp| sp.selector.as_ref())
+                .is_some_and(|sel| !sel.is_empty())
+        })
+        .map(|s| {
+            s.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into())
+        })
+        .collect()
 }
 
 /// Creates `obj` or replaces the stored one when its content differs.
@@ -145,5 +175,34 @@ where
                 .await
                 .map(drop)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(ns: &str, selector: Option<&[(&str, &str)]>) -> std::sync::Arc<Service> {
+        let mut v = serde_json::json!({"metadata": {"name": "s", "namespace": ns}, "spec": {}});
+        if let Some(sel) = selector {
+            let m: serde_json::Map<String, Value> = sel
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect();
+            v["spec"]["selector"] = Value::Object(m);
+        }
+        std::sync::Arc::new(serde_json::from_value(v).unwrap())
+    }
+
+    #[test]
+    fn only_namespaces_with_a_selecting_service_count() {
+        let got = selecting_namespaces(&[
+            svc("a", Some(&[("app", "x")])),
+            svc("b", None),
+            svc("c", Some(&[])),
+            svc("a", Some(&[("app", "y")])),
+        ]);
+        assert_eq!(got, HashSet::from(["a".to_string()]));
+        assert!(selecting_namespaces(&[]).is_empty());
     }
 }

@@ -37,7 +37,7 @@ use crate::vm::template::{KUBEVIRT_API_VERSION, LABEL_NODE_NAME};
 /// Component name on Events (Kubernetes' scheduler reports as `default-scheduler`).
 pub const COMPONENT: &str = "default-scheduler";
 /// Binds (and unschedulable marks) of one pass in flight at once.
-const WRITE_CONCURRENCY: usize = 32;
+const WRITE_CONCURRENCY: usize = 64;
 
 /// Tunables of the scheduler loop.
 #[derive(Debug, Clone)]
@@ -337,7 +337,12 @@ async fn bind_and_record(
                 &vmi.metadata,
             );
             let msg = format!("Successfully assigned {} to {node}", key(vmi));
-            recorder.record(&reference, false, "Scheduled", &msg).await;
+            // Recorded beside the pass, not in it: the next binds do not wait for the Event's
+            // round trip (the pass's throughput was 32 / (bind + Event) a second).
+            let recorder = recorder.clone();
+            tokio::spawn(async move {
+                recorder.record(&reference, false, "Scheduled", &msg).await;
+            });
             (key(vmi), BindOutcome::Bound(node))
         }
         Err(e) => {

@@ -85,22 +85,17 @@ fn key_string(name: Vec<u8>) -> Result<String, StoreError> {
 /// The latest revision (0 before the first write).
 pub(super) fn current_revision(conn: &Connection) -> Result<Revision, StoreError> {
     let seq: Option<i64> = conn
-        .query_row(
-            "SELECT seq FROM sqlite_sequence WHERE name = 'kv_log'",
-            [],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT seq FROM sqlite_sequence WHERE name = 'kv_log'")?
+        .query_row([], |r| r.get(0))
         .optional()?;
     Ok(seq.unwrap_or(0))
 }
 
 /// The compaction marker (0 when never compacted).
 pub(super) fn compacted_revision(conn: &Connection) -> Result<Revision, StoreError> {
-    Ok(conn.query_row(
-        "SELECT value FROM kv_meta WHERE name = 'compact_revision'",
-        [],
-        |r| r.get(0),
-    )?)
+    Ok(conn
+        .prepare_cached("SELECT value FROM kv_meta WHERE name = 'compact_revision'")?
+        .query_row([], |r| r.get(0))?)
 }
 
 /// The newest row of `key`, tombstone or not.

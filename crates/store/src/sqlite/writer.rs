@@ -142,19 +142,26 @@ fn run(mut conn: Connection, rx: mpsc::Receiver<Job>, events: Arc<Hub>, stats: &
     }
 }
 
+/// Runs one parameterless statement through the connection's statement cache (parsed once,
+/// not per write: `execute_batch` parses every time).
+pub(super) fn exec_cached(conn: &Connection, sql: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
+
 /// Applies `batch` in one transaction, one savepoint per write; publishes the events and
 /// answers every caller after the commit.
 fn commit_batch(conn: &Connection, batch: Vec<WriteFn>, events: &Hub, stats: &Stats) {
     let mut applied = Vec::with_capacity(batch.len());
     let outcome = (|| -> Result<(), StoreError> {
-        conn.execute_batch("BEGIN IMMEDIATE")?;
+        exec_cached(conn, "BEGIN IMMEDIATE")?;
         let mut batch = batch.into_iter();
         for write in batch.by_ref() {
-            conn.execute_batch("SAVEPOINT w")?;
+            exec_cached(conn, "SAVEPOINT w")?;
             match catch_unwind(AssertUnwindSafe(|| write(conn))) {
                 Ok(a) => {
                     if a.event.is_some() {
-                        conn.execute_batch("RELEASE w")?;
+                        exec_cached(conn, "RELEASE w")?;
                     } else {
                         conn.execute_batch("ROLLBACK TO w; RELEASE w")?;
                     }
@@ -170,7 +177,7 @@ fn commit_batch(conn: &Connection, batch: Vec<WriteFn>, events: &Hub, stats: &St
                 ));
             }
         }
-        conn.execute_batch("COMMIT")?;
+        exec_cached(conn, "COMMIT")?;
         Ok(())
     })();
     match outcome {
