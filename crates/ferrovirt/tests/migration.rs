@@ -12,7 +12,9 @@
 //! While the slowed migration runs, its TCP connection between the nodes is held by the two
 //! QEMUs and by no other process: the agents are not in the stream's path. The source agent,
 //! then the target agent, is killed mid-way through a slowed migration and started again:
-//! the migration still succeeds (the restarted source picks it up from its QEMU).
+//! the migration still succeeds (the restarted source picks it up from its QEMU). Mid-way
+//! through the latter, the source node's `/metrics` has the migration's progress series, and
+//! after it the server's has `kubevirt_vmi_migration_succeeded` (docs/metrics.md).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -726,6 +728,8 @@ fn a_source_agent_restarted_mid_migration_picks_it_up_and_switches_over() -> any
 /// The target agent (node2) is killed mid-way and started again: the target QEMU receives on,
 /// the source switches over, and the restarted agent keeps the launcher (no orphan: its watch
 /// of incoming migrations lists before anything is collected) and reports the VMI Running.
+/// Before the kill, the source's progress series are scraped through the Node proxy; after
+/// it, the server's migration series.
 #[test]
 fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Result<()> {
     let mut c = two_nodes()?;
