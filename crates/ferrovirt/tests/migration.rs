@@ -775,6 +775,15 @@ fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Res
         Some(0.0),
         "{text}"
     );
+    // Its way to Succeeded is in the phase transition histogram.
+    let to_succeeded = text.lines().find(|l| {
+        l.starts_with("kubevirt_vmi_migration_phase_transition_time_from_creation_seconds_count{")
+            && l.contains(r#"phase="Succeeded""#)
+    });
+    let count: f64 = to_succeeded
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(count >= 1.0, "{text}");
     // The sender is gone: node1 exports no progress series for the VMI any more.
     let node1 = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node1/proxy/metrics"])?;
     assert!(

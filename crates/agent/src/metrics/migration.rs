@@ -107,6 +107,7 @@ impl Families {
                 "kubevirt_vmi_migration_data_total_bytes",
                 "The total guest OS data to be migrated to the new VM",
             ),
+            // KubeVirt's newer name (the encoder appends `_total`).
             total_counter: family(
                 reg,
                 "kubevirt_vmi_migration_data_bytes",
