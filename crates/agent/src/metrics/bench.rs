@@ -43,7 +43,7 @@ async fn fake_launcher(listener: tokio::net::UnixListener, uid: String) {
                     Reply::ok(&stats)
                 } else if line.contains("\"migrationStatus\"") {
                     // QEMU's `query-migrate` without a migration.
-                    Reply::ok(&serde_json::json!({}))
+                    Reply::ok(serde_json::json!({}))
                 } else {
                     Reply::ok(&status)
                 };
