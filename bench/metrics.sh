@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # /metrics benchmark (issue #20; goal: under 50 ms with 100 VMIs on a node): the agent's
-# scrape path (crates/agent/src/metrics: every launcher asked for its handshake and `stats`,
+# scrape path (crates/agent/src/metrics: every launcher asked for its handshake, `stats` and
+# `query-migrate`,
 # QEMU's /proc read, the text rendered by prometheus-client) timed over --rounds scrapes with
 # --vmis VMI directories, each served by a stand-in launcher that answers the control
 # protocol as a real one does (a canned query-blockstats reply of two drives; no QEMU: 100

@@ -12,7 +12,9 @@
 //! While the slowed migration runs, its TCP connection between the nodes is held by the two
 //! QEMUs and by no other process: the agents are not in the stream's path. The source agent,
 //! then the target agent, is killed mid-way through a slowed migration and started again:
-//! the migration still succeeds (the restarted source picks it up from its QEMU).
+//! the migration still succeeds (the restarted source picks it up from its QEMU). Mid-way
+//! through the latter, the source node's `/metrics` has the migration's progress series, and
+//! after it the server's has `kubevirt_vmi_migration_succeeded` (docs/metrics.md).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -726,6 +728,8 @@ fn a_source_agent_restarted_mid_migration_picks_it_up_and_switches_over() -> any
 /// The target agent (node2) is killed mid-way and started again: the target QEMU receives on,
 /// the source switches over, and the restarted agent keeps the launcher (no orphan: its watch
 /// of incoming migrations lists before anything is collected) and reports the VMI Running.
+/// Before the kill, the source's progress series are scraped through the Node proxy; after
+/// it, the server's migration series.
 #[test]
 fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Result<()> {
     let mut c = two_nodes()?;
@@ -733,12 +737,59 @@ fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Res
         uid, dst, before, ..
     } = throttled_migration_in_flight(&c, "node1")?;
     let target_qemu = qemu_in(&dst).expect("the target QEMU");
+    // The source agent's progress series, read as Prometheus does (through the Node proxy).
+    let scraped = Instant::now();
+    let (processed, remaining) = c.wait_until("migration progress series", MIGRATE, || {
+        let text = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node1/proxy/metrics"])?;
+        let processed = sample(&text, "kubevirt_vmi_migration_data_processed_bytes", "mig");
+        let remaining = sample(&text, "kubevirt_vmi_migration_data_remaining_bytes", "mig");
+        Ok(match (processed, remaining) {
+            (Some(p), Some(r)) if p > 0.0 => Some((p, r)),
+            _ => None,
+        })
+    })?;
+    eprintln!(
+        "progress series after {:?}: processed {processed}, remaining {remaining}",
+        scraped.elapsed()
+    );
+    assert!(remaining > 0.0, "mid-way, memory is left to send");
     let pid = c.agent_pid("node2").expect("the node2 agent");
     ferrovirt_testkit::cluster::signal(pid, "KILL");
     std::thread::sleep(Duration::from_secs(2));
     c.start_agent("node2")?;
     let m = finished(&c, "mig-restart", Duration::from_secs(240))?;
     assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    // The server's control-plane series: this migration succeeded, none is running.
+    let text = c.kubectl_ok(&["get", "--raw", "/metrics"])?;
+    let succeeded = text.lines().any(|l| {
+        l.starts_with("kubevirt_vmi_migration_succeeded{")
+            && l.contains(r#"vmim="mig-restart""#)
+            && l.ends_with(" 1")
+    });
+    assert!(
+        succeeded,
+        "kubevirt_vmi_migration_succeeded for mig-restart:\n{text}"
+    );
+    assert_eq!(
+        sample(&text, "kubevirt_vmi_migrations_in_running_phase", ""),
+        Some(0.0),
+        "{text}"
+    );
+    // Its way to Succeeded is in the phase transition histogram.
+    let to_succeeded = text.lines().find(|l| {
+        l.starts_with("kubevirt_vmi_migration_phase_transition_time_from_creation_seconds_count{")
+            && l.contains(r#"phase="Succeeded""#)
+    });
+    let count: f64 = to_succeeded
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(count >= 1.0, "{text}");
+    // The sender is gone: node1 exports no progress series for the VMI any more.
+    let node1 = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node1/proxy/metrics"])?;
+    assert!(
+        !node1.contains("kubevirt_vmi_migration_data_processed_bytes"),
+        "{node1}"
+    );
     check_moved(&c, &uid, "node1", "node2", before)?;
     assert_eq!(
         qemu_in(&dst),
@@ -840,4 +891,17 @@ spec:
         "the restarted agent took the copies over:\n{log}"
     );
     Ok(())
+}
+
+/// The value of series `name` whose `name` label is `vmi` (any series of that name when `vmi`
+/// is empty) in a Prometheus text scrape.
+fn sample(text: &str, name: &str, vmi: &str) -> Option<f64> {
+    let label = format!(r#"name="{vmi}""#);
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .find(|l| vmi.is_empty() || l.contains(&label))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }

@@ -1,6 +1,6 @@
 //! The `/metrics` benchmark (`bench/metrics.sh`, an ignored test): N VMI directories, each
-//! with a stand-in launcher on its `control.sock` that answers the handshake and `stats` as a
-//! launcher does (a canned `query-blockstats` reply of two drives; this process as "QEMU",
+//! with a stand-in launcher on its `control.sock` that answers the handshake, `stats` and
+//! `migrationStatus` (no migration) as a launcher does (a canned `query-blockstats` reply of two drives; this process as "QEMU",
 //! so `/proc` is read for real, its `lo` as the VMI's tap), then the scrape path (`collect` + `render`) timed M times
 //! against a baseline of reading `/proc/<pid>/stat` N times. Prints medians and the size.
 
@@ -41,6 +41,9 @@ async fn fake_launcher(listener: tokio::net::UnixListener, uid: String) {
             while let Ok(Some(line)) = lines.next_line().await {
                 let reply = if line.contains("\"stats\"") {
                     Reply::ok(&stats)
+                } else if line.contains("\"migrationStatus\"") {
+                    // QEMU's `query-migrate` without a migration.
+                    Reply::ok(serde_json::json!({}))
                 } else {
                     Reply::ok(&status)
                 };

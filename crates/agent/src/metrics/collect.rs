@@ -1,6 +1,7 @@
 //! Gathering one scrape's [`VmiSample`]s on this node: for every VMI directory, who it is
 //! (`meta.json`) and its guest memory (`spec.json`), the launcher's run phase and QEMU pid
-//! (the control handshake) and its block statistics (the `stats` request), then QEMU's CPU
+//! (the control handshake), its block statistics (the `stats` request) and, for a running
+//! QEMU, its outgoing migration (`query-migrate`), then QEMU's CPU
 //! time, resident memory, vCPU threads and tap counters from `/proc`. Every launcher is asked at the same
 //! time and given [`LAUNCHER_BUDGET`] in all: a VMI whose launcher does not answer in time is
 //! left out of the scrape (a launcher that answers the handshake but not `stats` keeps its
@@ -9,7 +10,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ferrovirt_launcher::control::{LaunchMeta, LauncherClient, Request, files};
+use ferrovirt_launcher::control::{LaunchMeta, LauncherClient, Request, RunPhase, files};
 use ferrovirt_launcher::spec::{LaunchSpec, NicBackend};
 
 use super::parse::{self, DriveStats};
@@ -58,6 +59,7 @@ struct FromLauncher {
     qemu_pid: Option<u32>,
     drives: Vec<DriveStats>,
     guest_memory: Option<parse::GuestMemory>,
+    migration: Option<super::migration::MigrationSample>,
 }
 
 async fn from_launcher(dir: &Path) -> Option<FromLauncher> {
@@ -76,12 +78,30 @@ async fn from_launcher(dir: &Path) -> Option<FromLauncher> {
             (Vec::new(), None)
         }
     };
+    // A running QEMU may be sending itself: QMP `query-migrate` (answered at once, also
+    // while the agent follows the migration).
+    let migration = match hello.phase {
+        RunPhase::Running | RunPhase::Paused => client
+            .request_with_timeout(&Request::MigrationStatus, LAUNCHER_BUDGET)
+            .await
+            .ok()
+            .and_then(|v| super::migration::from_query_migrate(&v, unix_now())),
+        _ => None,
+    };
     Some(FromLauncher {
         phase: phase_label(hello.phase),
         qemu_pid: hello.qemu_pid,
         drives,
         guest_memory,
+        migration,
     })
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
 }
 
 /// Adds the VMI's identity, memory size and QEMU's `/proc` numbers; `None` without a
@@ -107,6 +127,7 @@ fn finish(dir: &Path, l: FromLauncher) -> Option<VmiSample> {
         drives: l.drives,
         interfaces,
         guest_memory: l.guest_memory,
+        migration: l.migration,
     })
 }
 

@@ -2,11 +2,13 @@
 //! KubeVirt's `kubevirt_vmi_*` names and labels, rendered in the Prometheus text format by
 //! the `prometheus-client` crate. What one VMI contributes is a [`VmiSample`]; [`render`]
 //! turns the samples of a scrape into text (pure); [`collect`] gathers them from the
-//! launchers and `/proc`, bounded per launcher; [`parse`] holds the parsers.
+//! launchers and `/proc`, bounded per launcher; [`parse`] holds the parsers; [`migration`]
+//! the series of an outgoing live migration.
 
 #[cfg(test)]
 mod bench;
 pub mod collect;
+pub mod migration;
 pub mod parse;
 
 use prometheus_client::metrics::counter::Counter;
@@ -90,6 +92,8 @@ pub struct VmiSample {
     pub interfaces: Vec<InterfaceStats>,
     /// The guest's memory from its balloon driver (absent without one, or before it reports).
     pub guest_memory: Option<GuestMemory>,
+    /// The outgoing migration under way (source node only), from QMP `query-migrate`.
+    pub migration: Option<migration::MigrationSample>,
 }
 
 /// KubeVirt's VMI phase (lower case, as in `kubevirt_vmi_info`) for a launcher's run phase:
@@ -308,6 +312,8 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
         .map(|(name, help, get)| (family::<FloatCounter>(&mut reg, name, help), *get))
         .collect();
 
+    let migrations = migration::Families::register(&mut reg);
+
     for v in vmis {
         let base: Labels = vec![
             ("name", v.name.clone()),
@@ -366,6 +372,9 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
                 fam.get_or_create(&labels).inc_by(get(i));
             }
         }
+        if let Some(m) = &v.migration {
+            migrations.add(&base, m);
+        }
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -418,6 +427,7 @@ mod tests {
                 cached: None,
                 ..Default::default()
             }),
+            migration: None,
         }
     }
 
