@@ -186,6 +186,7 @@ impl Agent {
         .await;
         // Node-local disks: empty copies here, filled by the source's mirrors.
         let block = self.prepare_block_target(vmi).await?;
+        let encrypted = !mig::tls_disabled(&mig::configuration(vmi));
         // The source node's identity is read while the launcher starts (independent).
         let started = async {
             self.start_with(
@@ -195,11 +196,25 @@ impl Agent {
                 &block.claim_paths,
             )
             .await?;
-            self.wait_target_qemu(&uid).await
+            self.wait_target_qemu(&uid).await?;
+            // Our ephemeral certificate, made before TargetReady: the source never waits
+            // for it (a fresh target launcher answers its first request slowly, ~1 s).
+            let t0 = Instant::now();
+            let cert = match encrypted {
+                true => Some(
+                    self.launcher_cert(&uid, Endpoint::Server)
+                        .await
+                        .map_err(AgentError::Reference)?,
+                ),
+                false => None,
+            };
+            tracing::info!(uid = %uid, "migration setup: target certificate in {} ms (PreparingTarget)",
+                t0.elapsed().as_millis());
+            Ok::<_, AgentError>(cert)
         };
         let source_name = source_node(vmi);
         let (started, identity) = tokio::join!(started, self.node_identity(&source_name));
-        started?;
+        let own_cert = started?;
         let (source, source_pin) = identity?;
         let ip: IpAddr = self
             .net
@@ -207,7 +222,7 @@ impl Agent {
             .unwrap_or_else(|| self.opts.address.clone())
             .parse()
             .map_err(|e| AgentError::Reference(format!("the node address: {e}")))?;
-        let tls = if mig::tls_disabled(&mig::configuration(vmi)) {
+        let tls = if !encrypted {
             None
         } else {
             let pin = source_pin.ok_or_else(|| {
@@ -236,6 +251,7 @@ impl Agent {
                 listener,
                 source,
                 tls,
+                own_cert,
                 post_copy,
                 nbd: nbd.map(|n| n.0),
             };
@@ -291,6 +307,7 @@ impl Agent {
             listener,
             source,
             tls,
+            own_cert,
             post_copy,
             nbd,
         } = stream;
@@ -300,29 +317,28 @@ impl Agent {
             None => SETUP_STEP,
         };
         let encrypted = tls.is_some();
-        // Our ephemeral certificate is made while the source is still on its way (it needs
-        // nothing from it); an error is told to the source on the channel.
-        let own_cert = async {
-            match encrypted {
-                true => self.launcher_cert(uid, Endpoint::Server).await.map(Some),
-                false => Ok(None),
-            }
-        };
-        let (own_cert, ch) = tokio::join!(own_cert, ms::accept_channel(&listener, source, tls));
+        // Our ephemeral certificate was made before TargetReady (`own_cert`).
+        let waiting = Instant::now();
+        let ch = ms::accept_channel(&listener, source, tls).await;
+        tracing::info!(uid = %uid, "migration setup: the source's channel after {} ms",
+            waiting.elapsed().as_millis());
         let mut ch = ch.map_err(|e| format!("the source's channel: {e}"))?;
         let steps = async {
             let t0 = Instant::now();
             let hello: ms::Hello = timeout(ms::recv(&mut ch)).await?;
             ms::check_hello(&hello, encrypted)?;
-            let cert = own_cert?;
             let t_cert = t0.elapsed().as_millis();
             if let Some(nbd) = nbd {
                 // QEMU's NBD server, with QEMU's TLS trusting only the source's certificate.
                 self.export_disks(uid, nbd, hello.cert.clone()).await?;
-                tracing::info!(uid = %uid, "block migration: hello and certificate in {t_cert} ms, NBD export in {} ms",
+                tracing::info!(uid = %uid, "block migration: hello in {t_cert} ms, NBD export in {} ms",
                     t0.elapsed().as_millis() - t_cert);
             }
-            timeout(ms::send(&mut ch, &ms::Reply { cert, error: None })).await?;
+            let reply = ms::Reply {
+                cert: own_cert,
+                error: None,
+            };
+            timeout(ms::send(&mut ch, &reply)).await?;
             let data = timeout_for(
                 data_wait,
                 ms::accept_data(&listener, source, hello.data_port),
@@ -485,6 +501,8 @@ impl Agent {
             setup,
             self.announce_out(vmi, target, target_node, block.len())
         );
+        tracing::info!(uid = %uid, "migration setup: start announced in {} ms",
+            setup_started.elapsed().as_millis());
         announced?;
         let ((ch, local), cert) = setup?;
         // Node-local disks first (inside the stream's setup, once the target's certificate
@@ -834,6 +852,8 @@ struct Stream {
     /// The source node's address: the only peer accepted.
     source: IpAddr,
     tls: Option<Arc<rustls::ServerConfig>>,
+    /// Our launcher's ephemeral certificate (`None` with `disableTLS`).
+    own_cert: Option<String>,
     /// `postcopy-ram` on the target's QEMU ([`mig::post_copy_allowed`]).
     post_copy: bool,
     /// A block migration's NBD socket, handed to QEMU once the source's certificate is known.
