@@ -43,6 +43,7 @@ mod caches;
 mod cpu_labels;
 mod migration;
 mod migresume;
+mod migsetup;
 mod mounts;
 mod postcopy;
 mod refs;

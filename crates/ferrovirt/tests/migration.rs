@@ -230,11 +230,13 @@ fn a_vm_on_a_node_local_disk_is_block_migrated_with_its_disk() -> anyhow::Result
     c.apply(&migration("mig-local", "mig"))?;
     let m = finished(&c, "mig-local", Duration::from_secs(300))?;
     eprintln!("block migration took {:?}", t0.elapsed());
-    for l in c
-        .server_log()
-        .lines()
-        .filter(|l| l.contains("block migration:") || l.contains("disk mirrors in sync"))
-    {
+    // Both sides' step timings (docs/migration.md "where the window goes").
+    let logs = format!("{}\n{}", c.server_log(), c.agent_log("node2"));
+    for l in logs.lines().filter(|l| {
+        l.contains("block migration:")
+            || l.contains("disk mirrors in sync")
+            || l.contains("migration setup:")
+    }) {
         eprintln!("{l}");
     }
     assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);

@@ -419,7 +419,7 @@ async fn main_loop(
                     Err(e) => Reply::err(e),
                 });
             }
-            _ = qga_tick.tick() => {
+            _ = qga_tick.tick(), if pings_guest_agent(state) => {
                 let connected = match vm.guest_agent().await {
                     Ok(mut g) => g.ping().await.is_ok(),
                     Err(_) => false,
@@ -486,6 +486,14 @@ async fn main_loop(
         message,
         at: now_secs(),
     }
+}
+
+/// Whether the periodic guest-agent ping runs in `state`: not before the guest first runs
+/// (`-S`, a migration target's `-incoming`). Nothing could answer, and the ping would hold the
+/// command loop for its sync timeout: a migration target's first request (its ephemeral
+/// certificate) waited ~1 s for it.
+fn pings_guest_agent(state: VmState) -> bool {
+    state != VmState::Starting
 }
 
 async fn run_phase_state(status: &Arc<Mutex<LauncherStatus>>) -> VmState {
@@ -635,6 +643,14 @@ pub fn vmi_dir(data_dir: &Path, uid: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_guest_agent_ping_before_the_guest_runs() {
+        assert!(!pings_guest_agent(VmState::Starting));
+        assert!(pings_guest_agent(VmState::Running));
+        assert!(pings_guest_agent(VmState::Paused));
+        assert!(pings_guest_agent(VmState::ShuttingDown));
+    }
 
     #[test]
     fn exit_reasons() {

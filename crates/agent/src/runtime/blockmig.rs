@@ -323,7 +323,7 @@ impl Agent {
         let started = Instant::now();
         let mut last_check = Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
             let jobs = launchers::request(
                 &self.cfg,
                 &uid,

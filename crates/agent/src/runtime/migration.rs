@@ -15,14 +15,13 @@ use std::time::{Duration, Instant};
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
 use ferrovirt_launcher::control::Request;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 
-use super::{Agent, kube_err, now_string, ns_name, vmi_resource};
+use super::{Agent, now_string, ns_name, vmi_resource};
 use crate::decide::Observed;
 use crate::error::AgentError;
 use crate::launchers;
@@ -36,7 +35,7 @@ const POLL: Duration = Duration::from_millis(50);
 /// How long the target's QEMU may take to come up waiting for the stream.
 const TARGET_START: Duration = Duration::from_secs(30);
 /// How long each step of the stream's setup between the agents may take.
-const SETUP_STEP: Duration = Duration::from_secs(30);
+pub(super) const SETUP_STEP: Duration = Duration::from_secs(30);
 
 /// The field selector of the VMIs migrating to `node`.
 pub fn target_selector(node: &str) -> String {
@@ -187,40 +186,43 @@ impl Agent {
         .await;
         // Node-local disks: empty copies here, filled by the source's mirrors.
         let block = self.prepare_block_target(vmi).await?;
-        self.start_with(
-            vmi,
-            &mut ferrovirt_launcher::timing::Timeline::default(),
-            true,
-            &block.claim_paths,
-        )
-        .await?;
-        // QEMU waits (`-incoming defer`) once the launcher answers.
-        let deadline = Instant::now() + TARGET_START;
-        loop {
-            match launchers::observe(&self.cfg, &uid).await {
-                Observed::Running(_) => break,
-                Observed::Exited(rep) => {
-                    return Err(AgentError::Reference(format!(
-                        "the target launcher exited: {}",
-                        rep.message
-                    )));
-                }
-                _ if Instant::now() > deadline => {
-                    return Err(AgentError::Reference(format!(
-                        "the target QEMU did not come up within {TARGET_START:?}"
-                    )));
-                }
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
+        let encrypted = !mig::tls_disabled(&mig::configuration(vmi));
+        // The source node's identity is read while the launcher starts (independent).
+        let started = async {
+            self.start_with(
+                vmi,
+                &mut ferrovirt_launcher::timing::Timeline::default(),
+                true,
+                &block.claim_paths,
+            )
+            .await?;
+            self.wait_target_qemu(&uid).await?;
+            // Our ephemeral certificate, made before TargetReady: the source never waits
+            // for it (a fresh target launcher answers its first request slowly, ~1 s).
+            let t0 = Instant::now();
+            let cert = match encrypted {
+                true => Some(
+                    self.launcher_cert(&uid, Endpoint::Server)
+                        .await
+                        .map_err(AgentError::Reference)?,
+                ),
+                false => None,
+            };
+            tracing::info!(uid = %uid, "migration setup: target certificate in {} ms (PreparingTarget)",
+                t0.elapsed().as_millis());
+            Ok::<_, AgentError>(cert)
+        };
+        let source_name = source_node(vmi);
+        let (started, identity) = tokio::join!(started, self.node_identity(&source_name));
+        let own_cert = started?;
+        let (source, source_pin) = identity?;
         let ip: IpAddr = self
             .net
             .internal_ip()
             .unwrap_or_else(|| self.opts.address.clone())
             .parse()
             .map_err(|e| AgentError::Reference(format!("the node address: {e}")))?;
-        let (source, source_pin) = self.node_identity(&source_node(vmi)).await?;
-        let tls = if mig::tls_disabled(&mig::configuration(vmi)) {
+        let tls = if !encrypted {
             None
         } else {
             let pin = source_pin.ok_or_else(|| {
@@ -249,6 +251,7 @@ impl Agent {
                 listener,
                 source,
                 tls,
+                own_cert,
                 post_copy,
                 nbd: nbd.map(|n| n.0),
             };
@@ -272,6 +275,29 @@ impl Agent {
         Ok(())
     }
 
+    /// Target: waits until the launcher of `uid` runs its QEMU (`-incoming defer`).
+    async fn wait_target_qemu(&self, uid: &str) -> Result<(), AgentError> {
+        let deadline = Instant::now() + TARGET_START;
+        loop {
+            match launchers::observe(&self.cfg, uid).await {
+                Observed::Running(_) => break,
+                Observed::Exited(rep) => {
+                    return Err(AgentError::Reference(format!(
+                        "the target launcher exited: {}",
+                        rep.message
+                    )));
+                }
+                _ if Instant::now() > deadline => {
+                    return Err(AgentError::Reference(format!(
+                        "the target QEMU did not come up within {TARGET_START:?}"
+                    )));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        Ok(())
+    }
+
     /// Target: the stream's setup with the source agent ([`crate::migstream`]): the
     /// authenticated channel from the source node, the certificates exchanged, the announced
     /// data connection handed to the launcher, whose QEMU starts `migrate-incoming` on it.
@@ -281,6 +307,7 @@ impl Agent {
             listener,
             source,
             tls,
+            own_cert,
             post_copy,
             nbd,
         } = stream;
@@ -290,25 +317,28 @@ impl Agent {
             None => SETUP_STEP,
         };
         let encrypted = tls.is_some();
-        let mut ch = ms::accept_channel(&listener, source, tls)
-            .await
-            .map_err(|e| format!("the source's channel: {e}"))?;
+        // Our ephemeral certificate was made before TargetReady (`own_cert`).
+        let waiting = Instant::now();
+        let ch = ms::accept_channel(&listener, source, tls).await;
+        tracing::info!(uid = %uid, "migration setup: the source's channel after {} ms",
+            waiting.elapsed().as_millis());
+        let mut ch = ch.map_err(|e| format!("the source's channel: {e}"))?;
         let steps = async {
             let t0 = Instant::now();
             let hello: ms::Hello = timeout(ms::recv(&mut ch)).await?;
             ms::check_hello(&hello, encrypted)?;
-            let cert = match encrypted {
-                true => Some(self.launcher_cert(uid, Endpoint::Server).await?),
-                false => None,
-            };
             let t_cert = t0.elapsed().as_millis();
             if let Some(nbd) = nbd {
                 // QEMU's NBD server, with QEMU's TLS trusting only the source's certificate.
                 self.export_disks(uid, nbd, hello.cert.clone()).await?;
-                tracing::info!(uid = %uid, "block migration: hello and certificate in {t_cert} ms, NBD export in {} ms",
+                tracing::info!(uid = %uid, "block migration: hello in {t_cert} ms, NBD export in {} ms",
                     t0.elapsed().as_millis() - t_cert);
             }
-            timeout(ms::send(&mut ch, &ms::Reply { cert, error: None })).await?;
+            let reply = ms::Reply {
+                cert: own_cert,
+                error: None,
+            };
+            timeout(ms::send(&mut ch, &reply)).await?;
             let data = timeout_for(
                 data_wait,
                 ms::accept_data(&listener, source, hello.data_port),
@@ -339,46 +369,6 @@ impl Agent {
         };
         let _ = timeout(ms::send(&mut ch, &reply)).await;
         steps
-    }
-
-    /// This side's ephemeral migration certificate, made by its launcher (which keeps the
-    /// key).
-    async fn launcher_cert(&self, uid: &str, endpoint: Endpoint) -> Result<String, String> {
-        let v = launchers::request(
-            &self.cfg,
-            uid,
-            &Request::MigrationCert { endpoint },
-            SETUP_STEP,
-        )
-        .await
-        .map_err(|e| format!("the launcher's migration certificate: {e}"))?;
-        serde_json::from_value::<ferrovirt_launcher::control::MigrationCert>(v)
-            .map(|c| c.cert)
-            .map_err(|e| format!("the launcher's migration certificate: {e}"))
-    }
-
-    /// A node's InternalIP and published certificate fingerprint (if any).
-    async fn node_identity(
-        &self,
-        name: &str,
-    ) -> Result<(IpAddr, Option<crate::tls::Fingerprint>), AgentError> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = nodes.get(name).await.map_err(kube_err)?;
-        let pin = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(crate::node::FINGERPRINT_ANNOTATION))
-            .and_then(|f| crate::tls::parse_fingerprint(f).ok());
-        let ip = node
-            .status
-            .and_then(|s| s.addresses)
-            .into_iter()
-            .flatten()
-            .find(|a| a.type_ == "InternalIP")
-            .and_then(|a| a.address.parse().ok())
-            .ok_or_else(|| AgentError::Reference(format!("node {name} has no InternalIP")))?;
-        Ok((ip, pin))
     }
 
     /// Stops and removes a target launcher that will not receive its VM.
@@ -485,37 +475,42 @@ impl Agent {
             })?;
             Some(crate::tls::migration_client_config(&self.cert, pin).map_err(|e| e.to_string())?)
         };
-        let start = json!({"migrationState": {"startTimestamp": now_string()},
-            "migrationMethod": super::blockmig::method_patch(!block.is_empty())});
-        self.patch_status(vmi, start)
-            .await
-            .map_err(|e| e.to_string())?;
-        self.event(
-            vmi,
-            "Normal",
-            "Migrating",
-            &format!(
-                "Sending the VM from {} to {target_node} ({target})",
-                self.opts.node_name
-            ),
-        )
-        .await;
-        if !block.is_empty() {
-            self.event(
-                vmi,
-                "Normal",
-                "Migrating",
-                &format!(
-                    "Copying {} node-local disk(s) to {target_node}",
-                    block.len()
-                ),
-            )
-            .await;
-        }
+        let encrypted = tls.is_some();
+        // The channel (TLS handshake) and our launcher's ephemeral certificate are made
+        // together, while the start is written and announced: none waits for another.
+        let setup_started = Instant::now();
+        let setup = async {
+            let connect = timeout(ms::connect_channel(self.net.node_netns(), target, tls));
+            let connect = async {
+                connect
+                    .await
+                    .map_err(|e| format!("the target agent at {target}: {e}"))
+            };
+            let cert = async {
+                match encrypted {
+                    true => self.launcher_cert(&uid, Endpoint::Client).await.map(Some),
+                    false => Ok(None),
+                }
+            };
+            let r = tokio::try_join!(connect, cert);
+            tracing::info!(uid = %uid, "migration setup: channel and certificate in {} ms",
+                setup_started.elapsed().as_millis());
+            r
+        };
+        let (setup, announced) = tokio::join!(
+            setup,
+            self.announce_out(vmi, target, target_node, block.len())
+        );
+        tracing::info!(uid = %uid, "migration setup: start announced in {} ms",
+            setup_started.elapsed().as_millis());
+        announced?;
+        let ((ch, local), cert) = setup?;
         // Node-local disks first (inside the stream's setup, once the target's certificate
         // is known): every mirror in sync before the memory moves.
         let copy_started = Instant::now();
-        let (conn, peer_cert) = self.open_stream(vmi, target, tls, &block).await?;
+        let (conn, peer_cert) = self
+            .open_stream(vmi, target, (ch, local, cert), &block)
+            .await?;
         if !block.is_empty() {
             tracing::info!(uid = %uid, "block migration: disks in sync and the stream connected {} ms after the start",
                 copy_started.elapsed().as_millis());
@@ -806,58 +801,6 @@ impl Agent {
         Ok(())
     }
 
-    /// Source: the stream's setup with the target agent ([`crate::migstream`]): the
-    /// authenticated channel, our launcher's ephemeral certificate for the target's, the data
-    /// connection opened from the announced port once the target accepts it. Returns the
-    /// data connection and the target's certificate (`None` with `disableTLS`). With `block`
-    /// volumes, the disks are mirrored ([`Agent::mirror_out`]) between the certificates'
-    /// exchange and the data connection.
-    async fn open_stream(
-        &self,
-        vmi: &VirtualMachineInstance,
-        target: std::net::SocketAddr,
-        tls: Option<Arc<rustls::ClientConfig>>,
-        block: &[ferrovirt_api::migration::BlockVolume],
-    ) -> Result<(std::os::fd::OwnedFd, Option<String>), String> {
-        let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let uid = uid.as_str();
-        let encrypted = tls.is_some();
-        let netns = self.net.node_netns();
-        let (mut ch, local) = timeout(ms::connect_channel(netns.clone(), target, tls))
-            .await
-            .map_err(|e| format!("the target agent at {target}: {e}"))?;
-        let socket = ms::data_socket(netns, local.ip())
-            .await
-            .map_err(|e| format!("the migration's data socket: {e}"))?;
-        let data_port = socket.local_addr().map_err(|e| e.to_string())?.port();
-        let cert = match encrypted {
-            true => Some(self.launcher_cert(uid, Endpoint::Client).await?),
-            false => None,
-        };
-        timeout(ms::send(&mut ch, &ms::Hello { cert, data_port })).await?;
-        let answer: ms::Reply = timeout(ms::recv(&mut ch)).await?;
-        if let Some(e) = answer.error {
-            return Err(format!("the target: {e}"));
-        }
-        if encrypted && answer.cert.is_none() {
-            return Err("the target sent no certificate for an encrypted migration".into());
-        }
-        if !block.is_empty() {
-            self.mirror_out(vmi, block, target.ip(), answer.cert.clone())
-                .await?;
-        }
-        let data = timeout(socket.connect(target))
-            .await
-            .map_err(|e| format!("the migration's data connection to {target}: {e}"))?;
-        let _ = data.set_nodelay(true);
-        let ready: ms::Reply = timeout(ms::recv(&mut ch)).await?;
-        if let Some(e) = ready.error {
-            return Err(format!("the target: {e}"));
-        }
-        let conn = ms::into_fd(data).map_err(|e| e.to_string())?;
-        Ok((conn, answer.cert))
-    }
-
     /// Whether the VMI (read now) asks for its migration to be aborted.
     pub(super) async fn abort_requested(&self, vmi: &VirtualMachineInstance) -> bool {
         let (ns, name) = ns_name(vmi);
@@ -909,6 +852,8 @@ struct Stream {
     /// The source node's address: the only peer accepted.
     source: IpAddr,
     tls: Option<Arc<rustls::ServerConfig>>,
+    /// Our launcher's ephemeral certificate (`None` with `disableTLS`).
+    own_cert: Option<String>,
     /// `postcopy-ram` on the target's QEMU ([`mig::post_copy_allowed`]).
     post_copy: bool,
     /// A block migration's NBD socket, handed to QEMU once the source's certificate is known.
@@ -937,7 +882,7 @@ fn source_node(vmi: &VirtualMachineInstance) -> String {
 }
 
 /// `f` bounded by [`SETUP_STEP`]; its error as text.
-async fn timeout<T, E: std::fmt::Display>(
+pub(super) async fn timeout<T, E: std::fmt::Display>(
     f: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, String> {
     timeout_for(SETUP_STEP, f).await
