@@ -8,7 +8,7 @@
 # watch delivery p50/p99 with every node watching, list latency of all VMIs whole and in pages
 # beside the raw store's list of the same keys (ratio), idle server (and etcd) CPU.
 # Usage: bench/scale/run.sh [--vmis 10000] [--nodes 100] [--backend sqlite|etcd|both]
-#                           [--concurrency 32] [--idle 30] [--probes 1000] [--smoke]
+#                           [--concurrency 32] [--idle 30] [--probes 1000] [--backlog 2000] [--smoke]
 #                           [--binary target/release/ferrovirt] [--no-build]
 # FV_SCALE_KEEP_LOGS=DIR keeps the server's log (server-BACKEND.log) and SQLite database in DIR.
 # FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR
@@ -16,13 +16,14 @@
 # FV_SCALE_PERF_IDLE=DIR records one of the idle window only (perf-idle-BACKEND.data).
 # FV_SCALE_SERVER_LOG=filter sets the server's RUST_LOG (default warn).
 # FV_SCALE_SIM=PATH runs another harness binary (e.g. target/debug/ferrovirt-simnodes).
-# --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes (a quick check that it all works).
+# --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes, a backlog of 100 (a quick check that it all works).
+# --backlog N: VMIs queued behind cordoned nodes, then drained: the scheduler's own rate (0 skips).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 
 HARNESS_RC=0
-VMIS=10000 NODES=100 BACKEND=both CONC=32 IDLE=30 PROBES=1000 BUILD=1 BIN=""
+VMIS=10000 NODES=100 BACKEND=both CONC=32 IDLE=30 PROBES=1000 BACKLOG=2000 BUILD=1 BIN=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --vmis) VMIS=$2; shift 2 ;;
@@ -31,9 +32,10 @@ while [ $# -gt 0 ]; do
     --concurrency) CONC=$2; shift 2 ;;
     --idle) IDLE=$2; shift 2 ;;
     --probes) PROBES=$2; shift 2 ;;
+    --backlog) BACKLOG=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --binary) BIN=$2; shift 2 ;;
-    --smoke) VMIS=200 NODES=10 IDLE=5 PROBES=100; shift ;;
+    --smoke) VMIS=200 NODES=10 IDLE=5 PROBES=100 BACKLOG=100; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -101,7 +103,7 @@ run_one() {
     mkdir -p "$FV_SCALE_PERF_IDLE"; idle_perf="$FV_SCALE_PERF_IDLE/perf-idle-$backend.data"
   fi
   FV_SCALE_PERF_IDLE_FILE="$idle_perf" "$SIM" --kubeconfig "$kc" --nodes "$NODES" --vmis "$VMIS" --concurrency "$CONC" \
-    --idle-secs "$IDLE" --probes "$PROBES" --server-pid "$server_pid" \
+    --idle-secs "$IDLE" --probes "$PROBES" --backlog "$BACKLOG" --server-pid "$server_pid" \
     "${store_args[@]}" "${store_pid_args[@]}" || HARNESS_RC=$?
   if [ -n "$perf_pid" ]; then kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; fi
   echo "# API requests by verb/resource (from /metrics, top 12):"

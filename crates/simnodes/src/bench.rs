@@ -61,6 +61,8 @@ pub struct BenchOptions {
     pub namespace: String,
     /// Label for the report (`sqlite`, `etcd`).
     pub backend: String,
+    /// VMIs of the scheduler-alone phase ([`crate::backlog`]); 0 skips it.
+    pub backlog: usize,
 }
 
 async fn client(kubeconfig: &PathBuf, user_agent: &str) -> Result<kube::Client, SimError> {
@@ -77,7 +79,7 @@ async fn client(kubeconfig: &PathBuf, user_agent: &str) -> Result<kube::Client, 
     Ok(kube::Client::try_from(cfg)?)
 }
 
-fn vmi_resource() -> ApiResource {
+pub fn vmi_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
         "virtualmachineinstances",
@@ -342,6 +344,29 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     }
     observer.abort();
 
+    // 7. The scheduler alone: a backlog queued behind cordoned nodes, then drained.
+    let backlog = if opts.backlog > 0 {
+        match crate::backlog::run(
+            &driver,
+            &opts.namespace,
+            &names,
+            opts.backlog,
+            opts.vmis,
+            opts.concurrency,
+            Duration::from_secs(3),
+        )
+        .await
+        {
+            Ok(b) => Some(b),
+            Err(e) => {
+                println!("# scheduler backlog phase failed: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+
     // The report.
     let rss_mib = |kib: u64| kib as f64 / 1024.0;
     let ms_of = |d: Option<Duration>| d.map(ms).unwrap_or_else(|| "-".into());
@@ -379,10 +404,10 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
             None,
         ),
         line(
-            "scheduler VMIs/s (first to last bind)",
+            "bind rate while creating (first to last bind)",
             &format!("{sched_rate:.0}/s"),
-            ">= 500/s",
-            Some(sched_rate >= 500.0),
+            "",
+            None,
         ),
         line(
             "bind lag after create ack p50 / p99",
@@ -471,6 +496,25 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     ];
     for l in out {
         println!("{l}");
+    }
+    if let Some(b) = &backlog {
+        let rate = b.rate();
+        println!(
+            "{}",
+            line(
+                &format!(
+                    "scheduler VMIs/s ({} queued, uncordon to last bind)",
+                    b.count
+                ),
+                &format!(
+                    "{rate:.0}/s ({:.2} s, uncordon {})",
+                    b.uncordon_to_last_bind.as_secs_f64(),
+                    ms(b.uncordon)
+                ),
+                ">= 500/s",
+                Some(rate >= 500.0),
+            )
+        );
     }
     if let (Some(a), Some(b)) = (req0, req1) {
         // The two /metrics reads themselves are not counted (they are not resource requests).

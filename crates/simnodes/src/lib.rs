@@ -12,11 +12,13 @@
 //! finalizer, the `Started` and phase Events, the Running status with its conditions and the pid
 //! annotations are the requests the real agent makes for a VMI that starts.
 //!
-//! [`bench`] drives a server through the figures the issue asks for; [`stats`] and
+//! [`bench`] drives a server through the figures the issue asks for ([`backlog`]: the
+//! scheduler's own rate with work queued); [`stats`] and
 //! [`procstat`] are the pure parts (percentiles, /proc parsing) with unit tests; [`requests`]
 //! (API requests by component, verb and resource per VMI) is testkit's, shared with the
 //! request-count test.
 
+pub mod backlog;
 pub mod bench;
 pub mod procstat;
 pub use ferrovirt_testkit::requests;

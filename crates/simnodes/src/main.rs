@@ -53,6 +53,9 @@ struct Args {
     page: usize,
     #[arg(long, default_value = "default")]
     namespace: String,
+    /// VMIs queued behind cordoned nodes for the scheduler-alone phase (0: skip it).
+    #[arg(long, default_value_t = 2000)]
+    backlog: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,6 +88,7 @@ fn main() -> anyhow::Result<()> {
         page: a.page,
         namespace: a.namespace,
         backend: backend.into(),
+        backlog: a.backlog,
     };
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
