@@ -168,30 +168,40 @@ fn remove_overlays(prepared: &[(PlannedDisk, SnapshotPlan)]) {
     }
 }
 
+/// A request about a VMI running here: its body, the VMI's directory and the launch spec its
+/// launcher runs; else why not (400 for a bad body or uid, 409 when no launch spec says the
+/// VMI runs on this node).
+pub(super) fn running_request<T: serde::de::DeserializeOwned>(
+    st: &OnlineState,
+    uid: &str,
+    body: &[u8],
+) -> Result<(T, std::path::PathBuf, LaunchSpec), (StatusCode, String)> {
+    let req: T = serde_json::from_slice(body)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("request body: {e}")))?;
+    if !crate::endpoint::valid_uid(uid) {
+        return Err((StatusCode::BAD_REQUEST, format!("invalid VMI uid {uid:?}")));
+    }
+    let vmi_dir = ferrovirt_launcher::daemon::vmi_dir(&st.data_dir, uid);
+    let spec: LaunchSpec = std::fs::read(vmi_dir.join(files::SPEC))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| {
+            (
+                StatusCode::CONFLICT,
+                format!("VMI {uid} is not running on this node"),
+            )
+        })?;
+    Ok((req, vmi_dir, spec))
+}
+
 async fn take(
     State(st): State<Arc<OnlineState>>,
     UrlPath(uid): UrlPath<String>,
     body: Bytes,
 ) -> Response {
-    let req: OnlineSnapshot = match serde_json::from_slice(&body) {
+    let (req, vmi_dir, spec) = match running_request::<OnlineSnapshot>(&st, &uid, &body) {
         Ok(r) => r,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("request body: {e}")),
-    };
-    if !crate::endpoint::valid_uid(&uid) {
-        return refuse(StatusCode::BAD_REQUEST, format!("invalid VMI uid {uid:?}"));
-    }
-    let vmi_dir = ferrovirt_launcher::daemon::vmi_dir(&st.data_dir, &uid);
-    let spec: LaunchSpec = match std::fs::read(vmi_dir.join(files::SPEC))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-    {
-        Some(s) => s,
-        None => {
-            return refuse(
-                StatusCode::CONFLICT,
-                format!("VMI {uid} is not running on this node"),
-            );
-        }
+        Err((code, message)) => return refuse(code, message),
     };
     let planned = match plan_disks(&spec, &req.volumes) {
         Ok(p) => p,

@@ -18,9 +18,8 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::response::{IntoResponse, Response};
-use ferrovirt_launcher::control::{LauncherClient, Request as LauncherRequest, files};
+use ferrovirt_launcher::control::{LauncherClient, Request as LauncherRequest};
 use ferrovirt_launcher::online_reclaim::{MergeDone, MergeRequest, MergeStep};
-use ferrovirt_launcher::spec::LaunchSpec;
 use ferrovirt_storage::snapshot::{self, ReclaimPlan, reclaim::Step};
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -61,26 +60,11 @@ pub(super) async fn reclaim(
     UrlPath(uid): UrlPath<String>,
     body: Bytes,
 ) -> Response {
-    let req: ReclaimOnline = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, format!("request body: {e}")),
-    };
-    if !crate::endpoint::valid_uid(&uid) {
-        return refuse(StatusCode::BAD_REQUEST, format!("invalid VMI uid {uid:?}"));
-    }
-    let vmi_dir = ferrovirt_launcher::daemon::vmi_dir(&st.data_dir, &uid);
-    let spec: LaunchSpec = match std::fs::read(vmi_dir.join(files::SPEC))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-    {
-        Some(s) => s,
-        None => {
-            return refuse(
-                StatusCode::CONFLICT,
-                format!("VMI {uid} is not running on this node"),
-            );
-        }
-    };
+    let (req, vmi_dir, spec) =
+        match super::online::running_request::<ReclaimOnline>(&st, &uid, &body) {
+            Ok(r) => r,
+            Err((code, message)) => return refuse(code, message),
+        };
     let planned = match plan_disks(&spec, std::slice::from_ref(&req.volume)) {
         Ok(mut p) => p.remove(0),
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
