@@ -1,7 +1,7 @@
 //! Cluster-level series of the API server's `/metrics`, computed from the store at each scrape
 //! (the ones KubeVirt's virt-controller and CDI serve; docs/metrics.md): VMIs by phase and node
 //! (`kubevirt_vmi_phase_count`), VMs by namespace (`kubevirt_number_of_vms`), migrations by
-//! phase, their outcomes and how long after its creation each reached each phase, DataVolumes pending and importing, StorageProfiles. [`render`]
+//! phase (and unset), their outcomes and end times, how long after its creation each reached each phase, DataVolumes pending and importing, StorageProfiles. [`render`]
 //! is pure over the decoded objects; [`gather`] reads them (one list per kind per scrape).
 
 use std::collections::BTreeMap;
@@ -122,6 +122,26 @@ pub(crate) fn migration_phase_transitions(vmim: &Value) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// When a finished migration ended, Unix seconds: its `status.migrationState.endTimestamp`,
+/// else the time it entered Succeeded or Failed (`None` while it runs, or without a readable
+/// time).
+pub(crate) fn migration_end_time(vmim: &Value) -> Option<f64> {
+    let parse = |v: Option<&Value>| v?.as_str()?.parse::<jiff::Timestamp>().ok();
+    let phase = vmim.pointer("/status/phase").and_then(Value::as_str)?;
+    if phase != "Succeeded" && phase != "Failed" {
+        return None;
+    }
+    let at = parse(vmim.pointer("/status/migrationState/endTimestamp")).or_else(|| {
+        vmim.pointer("/status/phaseTransitionTimestamps")?
+            .as_array()?
+            .iter()
+            .filter(|t| t.get("phase").and_then(Value::as_str) == Some(phase))
+            .filter_map(|t| parse(t.get("phaseTransitionTimestamp")))
+            .max()
+    })?;
+    Some(at.as_millisecond() as f64 / 1000.0)
+}
+
 /// The series of `o` in Prometheus text format.
 pub(crate) fn render(o: &Objects) -> String {
     let mut reg = Registry::default();
@@ -165,6 +185,11 @@ pub(crate) fn render(o: &Objects) -> String {
         vms.get_or_create(&vec![("namespace", text(vm, "/metadata/namespace"))])
             .inc();
     }
+    let unset = gauge(
+        &mut reg,
+        "kubevirt_vmi_migrations_in_unset_phase",
+        "Number of current unset phase migrations.",
+    );
     let pending = gauge(
         &mut reg,
         "kubevirt_vmi_migrations_in_pending_phase",
@@ -190,6 +215,12 @@ pub(crate) fn render(o: &Objects) -> String {
         "kubevirt_vmi_migration_failed",
         "Indicates if the VMI migration failed.",
     );
+    let end_time: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    reg.register(
+        "kubevirt_vmi_migration_end_time_seconds",
+        "The time at which the migration ended.",
+        end_time.clone(),
+    );
     let transitions: Family<Labels, Histogram, fn() -> Histogram> =
         Family::new_with_constructor(phase_transition_histogram);
     reg.register(
@@ -210,8 +241,12 @@ pub(crate) fn render(o: &Objects) -> String {
                 ("vmim", text(m, "/metadata/name")),
             ]
         };
+        if let Some(t) = migration_end_time(m) {
+            end_time.get_or_create(&labels()).set(t);
+        }
         match text(m, "/status/phase").as_str() {
-            "" | "Pending" => pending.inc(),
+            "" => unset.inc(),
+            "Pending" => pending.inc(),
             "Scheduling" | "Scheduled" | "PreparingTarget" | "TargetReady" => scheduling.inc(),
             "Running" => running.inc(),
             "Succeeded" => succeeded.get_or_create(&labels()).set(1),
@@ -343,7 +378,10 @@ mod tests {
             ],
             migrations: vec![
                 json!({"metadata": {"name": "m1", "namespace": "default"}, "spec": {"vmiName": "a"},
-                       "status": {"phase": "Succeeded"}}),
+                       "status": {"phase": "Succeeded",
+                                  "migrationState": {"endTimestamp": "2026-01-01T00:00:45.25Z"}}}),
+                json!({"metadata": {"name": "m0", "namespace": "default"}, "spec": {"vmiName": "a"},
+                       "status": {"phase": "Pending"}}),
                 json!({"metadata": {"name": "m2", "namespace": "default"}, "spec": {"vmiName": "a"},
                        "status": {"phase": "PreparingTarget"}}),
                 json!({"metadata": {"name": "m3", "namespace": "default"}, "spec": {"vmiName": "b"}}),
@@ -371,6 +409,16 @@ mod tests {
         assert_eq!(
             line(&t, "kubevirt_vmi_migrations_in_pending_phase "),
             vec!["kubevirt_vmi_migrations_in_pending_phase 1"]
+        );
+        assert_eq!(
+            line(&t, "kubevirt_vmi_migrations_in_unset_phase "),
+            vec!["kubevirt_vmi_migrations_in_unset_phase 1"]
+        );
+        assert_eq!(
+            line(&t, "kubevirt_vmi_migration_end_time_seconds{"),
+            vec![
+                "kubevirt_vmi_migration_end_time_seconds{vmi=\"a\",namespace=\"default\",vmim=\"m1\"} 1767225645.25"
+            ]
         );
         assert_eq!(
             line(&t, "kubevirt_vmi_migrations_in_scheduling_phase "),
@@ -416,6 +464,11 @@ mod tests {
             ]
         );
         assert!(migration_phase_transitions(&json!({"status": m["status"]})).is_empty());
+        // No endTimestamp: the time it entered its final phase.
+        assert_eq!(migration_end_time(&m), Some(1767225645.0));
+        let running = json!({"status": {"phase": "Running",
+            "migrationState": {"endTimestamp": "2026-01-01T00:00:45Z"}}});
+        assert_eq!(migration_end_time(&running), None);
         let t = render(&Objects {
             migrations: vec![m],
             ..Default::default()

@@ -786,6 +786,22 @@ fn a_target_agent_restarted_mid_migration_keeps_the_incoming_vm() -> anyhow::Res
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0.0);
     assert!(count >= 1.0, "{text}");
+    // When it ended: the time it entered Succeeded, within this test's run.
+    let ended: f64 = text
+        .lines()
+        .find(|l| {
+            l.starts_with("kubevirt_vmi_migration_end_time_seconds{")
+                && l.contains(r#"vmim="mig-restart""#)
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
+    assert!(
+        ended > now - 300.0 && ended <= now + 1.0,
+        "{ended} vs {now}:\n{text}"
+    );
     // The sender is gone: node1 exports no progress series for the VMI any more.
     let node1 = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node1/proxy/metrics"])?;
     assert!(
@@ -844,6 +860,14 @@ spec:
             .contains("disk mirrors in sync")
             .then_some(()))
     })?;
+    // The source's disk copy rate: the mirrors keep running until the switch-over, and two
+    // scrapes within 2 s give the launcher a rate to report.
+    let rate = c.wait_until("the disk transfer rate series", Duration::from_secs(20), || {
+        let text = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node1/proxy/metrics"])?;
+        std::thread::sleep(Duration::from_millis(150));
+        Ok(sample(&text, "kubevirt_vmi_migration_disk_transfer_rate_bytes", "mig"))
+    })?;
+    assert!(rate >= 0.0, "{rate}");
     let src_qemu = qemu_in(&src).expect("the source QEMU");
     port_held_by_the_qemus_only(src_qemu, &dst, &st, 49153);
     stream_held_by_the_qemus_only(src_qemu, &dst, &st);

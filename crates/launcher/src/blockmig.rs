@@ -9,8 +9,9 @@
 //! own disks) before the memory's last round is sent. No agent copies a byte. The argument
 //! builders are pure and unit-tested.
 
+use std::collections::VecDeque;
 use std::os::fd::AsFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -19,6 +20,64 @@ use crate::control::{BlockOp, MirrorDisk};
 use crate::error::{Error, Result};
 use crate::lifecycle::Vm;
 use crate::migtls::{self, EphemeralCert};
+
+/// How fast a block migration's mirrors copy, from the `query-block-jobs` answers the launcher
+/// sees (the agent's follow loop asks every 50 ms): bytes per second over the last
+/// [`DiskRate::WINDOW`]. Pure over the instants it is given.
+#[derive(Debug, Default)]
+pub struct DiskRate {
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl DiskRate {
+    /// The span the rate is measured over.
+    pub const WINDOW: Duration = Duration::from_secs(2);
+    /// The shortest span a rate is given for.
+    const MIN_SPAN: Duration = Duration::from_millis(100);
+
+    /// Records the mirrors' progress in `jobs` (a `query-block-jobs` answer) at `now`; the
+    /// rate, once two answers at least [`Self::MIN_SPAN`] apart are in the window. No mirror
+    /// job (none started, or they ended) forgets what was seen; so does progress going back
+    /// (new mirrors).
+    pub fn observe(&mut self, now: Instant, jobs: &Value) -> Option<f64> {
+        let mirrors: Vec<&Value> = jobs
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|j| {
+                j["device"]
+                    .as_str()
+                    .is_some_and(|d| d.starts_with("mirror-"))
+            })
+            .collect();
+        if mirrors.is_empty() {
+            self.samples.clear();
+            return None;
+        }
+        let copied: u64 = mirrors
+            .iter()
+            .map(|j| j["offset"].as_u64().unwrap_or(0))
+            .sum();
+        if self.samples.back().is_some_and(|&(_, last)| copied < last) {
+            self.samples.clear();
+        }
+        self.samples.push_back((now, copied));
+        while self
+            .samples
+            .front()
+            .is_some_and(|&(t, _)| now.duration_since(t) > Self::WINDOW)
+        {
+            self.samples.pop_front();
+        }
+        let &(t0, first) = self.samples.front()?;
+        let span = now.duration_since(t0);
+        (span >= Self::MIN_SPAN).then(|| (copied - first) as f64 / span.as_secs_f64())
+    }
+}
+
+/// The key under which the launcher adds the mirrors' rate (bytes per second) to its answer
+/// to a migration status request, beside QEMU's `query-migrate` figures.
+pub const DISK_RATE_KEY: &str = "ferrovirtDiskTransferRate";
 
 /// The NBD client node the source mirrors `disk` into.
 pub fn client_node(disk: &str) -> String {
@@ -302,6 +361,35 @@ async fn cancel(vm: &Vm) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_disk_rate_is_measured_over_the_window() {
+        let t = Instant::now();
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        let jobs = |a: u64, b: u64| {
+            json!([{"device": "mirror-disk0", "offset": a, "len": 1u64 << 30},
+                   {"device": "mirror-disk1", "offset": b, "len": 1u64 << 30},
+                   {"device": "stream-x", "offset": 999_999_999u64}])
+        };
+        let mut r = DiskRate::default();
+        assert_eq!(r.observe(at(0), &jobs(0, 0)), None);
+        assert_eq!(r.observe(at(50), &jobs(1000, 0)), None, "too short a span");
+        assert_eq!(
+            r.observe(at(500), &jobs(40_000_000, 10_000_000)),
+            Some(100_000_000.0)
+        );
+        // 3 s later the first samples left the window: the rate of the last 2 s.
+        r.observe(at(1500), &jobs(100_000_000, 50_000_000));
+        let rate = r
+            .observe(at(3500), &jobs(150_000_000, 100_000_000))
+            .unwrap();
+        assert_eq!(rate, 50_000_000.0);
+        // The mirrors ended: nothing; new mirrors start from zero.
+        assert_eq!(r.observe(at(3600), &json!([])), None);
+        assert_eq!(r.observe(at(3700), &jobs(5, 5)), None);
+        r.observe(at(3800), &jobs(10, 10));
+        assert_eq!(r.observe(at(3900), &jobs(1, 1)), None, "progress went back");
+    }
 
     #[test]
     fn arguments() {

@@ -310,6 +310,8 @@ async fn main_loop(
     let mut tops = crate::online_snapshot::Tops::default();
     // The balloon's statistics polling, switched on by the first `stats` request.
     let mut balloon_polling = false;
+    // What a block migration's mirrors copy per second (`Block(Jobs)` answers feed it).
+    let mut disk_rate = crate::blockmig::DiskRate::default();
     // This side's ephemeral migration certificate, between `MigrationCert` and the start.
     let mut mig_cert: Option<crate::migtls::EphemeralCert> = None;
     let exit_status = loop {
@@ -378,8 +380,27 @@ async fn main_loop(
                     Command::StartPostCopy => crate::migrate::start_post_copy(&vm)
                         .await
                         .map(|_| serde_json::Value::Null),
-                    Command::Block(step) => crate::blockmig::run(&vm, step, mig_cert.as_ref()).await,
-                    Command::MigrationStatus => vm.qmp().execute("query-migrate", None).await,
+                    Command::Block(step) => {
+                        let jobs = matches!(step, crate::control::BlockOp::Jobs);
+                        let answer = crate::blockmig::run(&vm, step, mig_cert.as_ref()).await;
+                        if let (true, Ok(v)) = (jobs, &answer) {
+                            disk_rate.observe(std::time::Instant::now(), v);
+                        }
+                        answer
+                    }
+                    Command::MigrationStatus => {
+                        let mut answer = vm.qmp().execute("query-migrate", None).await;
+                        // A block migration's mirrors: their copy rate beside QEMU's figures.
+                        if let Ok(v) = &mut answer
+                            && let Ok(jobs) = vm.qmp().execute("query-block-jobs", None).await
+                            && let Some(rate) =
+                                disk_rate.observe(std::time::Instant::now(), &jobs)
+                            && let Some(o) = v.as_object_mut()
+                        {
+                            o.insert(crate::blockmig::DISK_RATE_KEY.into(), serde_json::json!(rate));
+                        }
+                        answer
+                    }
                     Command::Stats => {
                         crate::stats::gather(&vm, STATS_TIMEOUT, &mut balloon_polling).await
                     }

@@ -60,6 +60,7 @@ struct FromLauncher {
     drives: Vec<DriveStats>,
     guest_memory: Option<parse::GuestMemory>,
     migration: Option<super::migration::MigrationSample>,
+    disk_transfer_rate: Option<f64>,
 }
 
 async fn from_launcher(dir: &Path) -> Option<FromLauncher> {
@@ -80,20 +81,26 @@ async fn from_launcher(dir: &Path) -> Option<FromLauncher> {
     };
     // A running QEMU may be sending itself: QMP `query-migrate` (answered at once, also
     // while the agent follows the migration).
-    let migration = match hello.phase {
+    let status = match hello.phase {
         RunPhase::Running | RunPhase::Paused => client
             .request_with_timeout(&Request::MigrationStatus, LAUNCHER_BUDGET)
             .await
-            .ok()
-            .and_then(|v| super::migration::from_query_migrate(&v, unix_now())),
+            .ok(),
         _ => None,
     };
+    let migration = status
+        .as_ref()
+        .and_then(|v| super::migration::from_query_migrate(v, unix_now()));
+    let disk_transfer_rate = status
+        .as_ref()
+        .and_then(super::migration::disk_transfer_rate);
     Some(FromLauncher {
         phase: phase_label(hello.phase),
         qemu_pid: hello.qemu_pid,
         drives,
         guest_memory,
         migration,
+        disk_transfer_rate,
     })
 }
 
@@ -128,6 +135,7 @@ fn finish(dir: &Path, l: FromLauncher) -> Option<VmiSample> {
         interfaces,
         guest_memory: l.guest_memory,
         migration: l.migration,
+        disk_transfer_rate: l.disk_transfer_rate,
     })
 }
 

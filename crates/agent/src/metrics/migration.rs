@@ -73,6 +73,13 @@ pub fn from_query_migrate(v: &Value, now: f64) -> Option<MigrationSample> {
     })
 }
 
+/// A block migration's disk copy rate, bytes per second: what the launcher adds to its
+/// migration status answer while the mirrors run (measured over its last 2 s of mirror
+/// progress), with or without a memory migration under way.
+pub fn disk_transfer_rate(v: &Value) -> Option<f64> {
+    v[ferrovirt_launcher::blockmig::DISK_RATE_KEY].as_f64()
+}
+
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 /// The migration series of one scrape.
@@ -84,6 +91,7 @@ pub struct Families {
     dirty_rate: Family<Labels, FloatGauge>,
     transfer_rate: Family<Labels, FloatGauge>,
     start_time: Family<Labels, FloatGauge>,
+    disk_rate: Family<Labels, FloatGauge>,
 }
 
 impl Families {
@@ -128,7 +136,17 @@ impl Families {
                 "kubevirt_vmi_migration_start_time_seconds",
                 "The time at which the migration started",
             ),
+            disk_rate: family(
+                reg,
+                "kubevirt_vmi_migration_disk_transfer_rate_bytes",
+                "The rate at which the disk is being transferred",
+            ),
         }
+    }
+
+    /// Adds one VMI's disk copy rate under `labels`.
+    pub fn add_disk_rate(&self, labels: &Labels, rate: f64) {
+        self.disk_rate.get_or_create(labels).set(rate);
     }
 
     /// Adds one VMI's migration under `labels` (name, namespace, node).
@@ -236,6 +254,24 @@ mod tests {
             }],
         );
         assert!(!text.contains("kubevirt_vmi_migration_data"), "{text}");
+    }
+
+    #[test]
+    fn the_disk_copy_rate_is_rendered_while_the_mirrors_run() {
+        // The mirrors copy before the memory migration starts: QEMU says `none`.
+        let status = json!({"status": "none", "ferrovirtDiskTransferRate": 52_428_800.0});
+        assert_eq!(from_query_migrate(&status, 1.0), None);
+        let v = super::super::VmiSample {
+            name: "vm1".into(),
+            namespace: "default".into(),
+            disk_transfer_rate: disk_transfer_rate(&status),
+            ..Default::default()
+        };
+        let text = super::super::render("node1", &[v]);
+        let want = r#"kubevirt_vmi_migration_disk_transfer_rate_bytes{name="vm1",namespace="default",node="node1"} 52428800.0"#;
+        assert!(text.lines().any(|l| l == want), "missing {want} in\n{text}");
+        assert!(!text.contains("kubevirt_vmi_migration_data"), "{text}");
+        assert_eq!(disk_transfer_rate(&active()), None);
     }
 
     #[test]

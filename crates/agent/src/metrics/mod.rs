@@ -94,6 +94,8 @@ pub struct VmiSample {
     pub guest_memory: Option<GuestMemory>,
     /// The outgoing migration under way (source node only), from QMP `query-migrate`.
     pub migration: Option<migration::MigrationSample>,
+    /// What a block migration's disk mirrors copy per second (source node, while they run).
+    pub disk_transfer_rate: Option<f64>,
 }
 
 /// KubeVirt's VMI phase (lower case, as in `kubevirt_vmi_info`) for a launcher's run phase:
@@ -375,6 +377,9 @@ pub fn render(node: &str, vmis: &[VmiSample]) -> String {
         if let Some(m) = &v.migration {
             migrations.add(&base, m);
         }
+        if let Some(r) = v.disk_transfer_rate {
+            migrations.add_disk_rate(&base, r);
+        }
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -428,6 +433,7 @@ mod tests {
                 ..Default::default()
             }),
             migration: None,
+            disk_transfer_rate: None,
         }
     }
 
