@@ -28,8 +28,6 @@ pub enum Resume {
     Nothing,
     /// QEMU is still sending: follow it as the original path does.
     Follow,
-    /// Stop it (`migrate_cancel`), then follow it until QEMU reports it failed; the reason.
-    Cancel(String),
     /// QEMU completed it: the switch-over write, then `MigratedAway`.
     SwitchOver,
     /// It failed (or never started, or cannot be known): record the failure with this
@@ -59,7 +57,7 @@ pub fn resumable(vmi: &VirtualMachineInstance, node: &str, driving: bool) -> boo
 }
 
 /// The decision for `vmi` (read fresh from the API) on `node`; `block`: node-local disks are
-/// mirrored (their NBD connections went through this agent's relays, which died with it).
+/// mirrored (QEMU to QEMU: their NBD connections survive this agent, as the stream does).
 pub fn resume_step(
     vmi: &VirtualMachineInstance,
     node: &str,
@@ -95,7 +93,15 @@ pub fn resume_step(
             "QEMU: migration {status}: {}",
             v["error-desc"].as_str().unwrap_or("no reason given")
         )),
-        // The agent went away after writing startTimestamp and before QEMU started sending.
+        // The agent went away after writing startTimestamp and before QEMU started sending:
+        // with node-local disks, while their mirrors copied (the memory stream, set up after
+        // the copy, does not exist yet). Failing cancels the mirrors; the source keeps its
+        // disks.
+        "none" if block => Resume::Fail(
+            "the source agent restarted while the disks were being copied, before the memory \
+             was sent: the disk mirrors are cancelled"
+                .into(),
+        ),
         "none" => Resume::Fail(
             "the source agent restarted before the migration stream started; nothing was sent"
                 .into(),
@@ -116,11 +122,9 @@ pub fn resume_step(
                 _ => Resume::Follow,
             }
         }
-        _ if block => Resume::Cancel(
-            "the source agent restarted during a block migration: the disk mirrors' \
-             connections went through it and are gone"
-                .into(),
-        ),
+        // Sending the memory, with or without disk mirrors: the mirrors' NBD connections and
+        // the stream are QEMU's own, so a block migration is followed like any other (its
+        // mirrors completed at the pre-switchover pause).
         _ => Resume::Follow,
     }
 }
@@ -193,18 +197,17 @@ mod tests {
                     ("completed", _) => Resume::SwitchOver,
                     ("failed", _) => Resume::Fail("QEMU: migration failed: boom".into()),
                     ("cancelled", _) => Resume::Fail("QEMU: migration cancelled: boom".into()),
-                    ("none", _) => Resume::Fail(
+                    ("none", false) => Resume::Fail(
                         "the source agent restarted before the migration stream started; \
                          nothing was sent"
                             .into(),
                     ),
-                    ("cancelling", _) => Resume::Follow,
-                    (_, false) => Resume::Follow,
-                    (_, true) => Resume::Cancel(
-                        "the source agent restarted during a block migration: the disk \
-                         mirrors' connections went through it and are gone"
+                    ("none", true) => Resume::Fail(
+                        "the source agent restarted while the disks were being copied, before \
+                         the memory was sent: the disk mirrors are cancelled"
                             .into(),
                     ),
+                    _ => Resume::Follow,
                 };
                 assert_eq!(got, want, "{s} block={block}");
             }

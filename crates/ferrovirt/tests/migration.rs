@@ -147,49 +147,6 @@ fn live_migrates_a_vm_on_shared_storage_and_back() -> anyhow::Result<()> {
 /// in the agent's data dir, the PV's `local.path` and node affinity, the provisioner's
 /// annotation) holding a copy of the test guest's disk grown to 1 GiB, and a claim bound to
 /// it. Returns the volume directory.
-fn local_claim(c: &Cluster, name: &str, node: &str) -> anyhow::Result<PathBuf> {
-    let g = TestGuest::get()?;
-    let pv = format!("pv-{name}");
-    let dir = node_dir(c, node).join("volumes").join(&pv);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.join("disk.img"))?
-        .set_len(1 << 30)?;
-    c.apply(&format!(
-        r#"
-apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: {pv}
-  annotations: {{pv.kubernetes.io/provisioned-by: ferrovirt.io/local}}
-spec:
-  capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: local
-  local: {{path: {dir}}}
-  nodeAffinity:
-    required:
-      nodeSelectorTerms:
-      - matchExpressions:
-        - {{key: kubernetes.io/hostname, operator: In, values: [{node}]}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: local
-  resources: {{requests: {{storage: 1Gi}}}}
-  volumeName: {pv}
-"#,
-        dir = dir.display()
-    ))?;
-    Ok(dir)
-}
-
 /// The marker the guest writes at 900 MiB into its disk, past the boot image.
 const MARKER: &str = "FERROVIRT-BLOCK-MIGRATED-DATA";
 
@@ -649,17 +606,7 @@ fn throttled_migration_in_flight(c: &Cluster, from: &str) -> anyhow::Result<InFl
             .then_some(()))
     })?;
     let before = uptime(&src)?;
-    c.apply(
-        r#"
-apiVersion: migrations.kubevirt.io/v1alpha1
-kind: MigrationPolicy
-metadata: {name: slow}
-spec:
-  bandwidthPerMigration: 4Mi
-  selectors:
-    virtualMachineInstanceSelector: {speed: slow}
-"#,
-    )?;
+    slow_policy(c)?;
     c.apply(&migration("mig-restart", "mig"))?;
     let st = sending(c, "mig-restart")?;
     assert_eq!(st["migrationPolicyName"], "slow", "{st}");
@@ -838,17 +785,7 @@ fn a_target_agent_restarted_mid_block_migration_takes_the_copies_over() -> anyho
             .then_some(()))
     })?;
     let before = uptime(&src)?;
-    c.apply(
-        r#"
-apiVersion: migrations.kubevirt.io/v1alpha1
-kind: MigrationPolicy
-metadata: {name: slow}
-spec:
-  bandwidthPerMigration: 4Mi
-  selectors:
-    virtualMachineInstanceSelector: {speed: slow}
-"#,
-    )?;
+    slow_policy(&c)?;
     c.apply(&migration("mig-local", "mig"))?;
     let st = sending(&c, "mig-local")?;
     // The mirrors in sync, the memory flowing (node1's agent is the server's own); the
@@ -862,11 +799,19 @@ spec:
     })?;
     // The source's disk copy rate: the mirrors keep running until the switch-over, and two
     // scrapes within 2 s give the launcher a rate to report.
-    let rate = c.wait_until("the disk transfer rate series", Duration::from_secs(20), || {
-        let text = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node1/proxy/metrics"])?;
-        std::thread::sleep(Duration::from_millis(150));
-        Ok(sample(&text, "kubevirt_vmi_migration_disk_transfer_rate_bytes", "mig"))
-    })?;
+    let rate = c.wait_until(
+        "the disk transfer rate series",
+        Duration::from_secs(20),
+        || {
+            let text = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node1/proxy/metrics"])?;
+            std::thread::sleep(Duration::from_millis(150));
+            Ok(sample(
+                &text,
+                "kubevirt_vmi_migration_disk_transfer_rate_bytes",
+                "mig",
+            ))
+        },
+    )?;
     assert!(rate >= 0.0, "{rate}");
     let src_qemu = qemu_in(&src).expect("the source QEMU");
     port_held_by_the_qemus_only(src_qemu, &dst, &st, 49153);

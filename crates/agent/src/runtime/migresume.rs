@@ -59,7 +59,7 @@ impl Agent {
             _ => "unknown".into(),
         };
         tracing::info!(uid = %uid, ?step, qemu, "resuming a migration after a restart");
-        let abort = match step {
+        match step {
             Resume::Nothing | Resume::Retry => return,
             Resume::Fail(reason) => {
                 self.fail_out(&vmi, &reason).await;
@@ -69,12 +69,8 @@ impl Agent {
                 self.lose_guest(&vmi, &reason).await;
                 return;
             }
-            Resume::Follow | Resume::SwitchOver => None,
-            Resume::Cancel(why) => {
-                self.cancel_migration(&uid).await;
-                Some(why)
-            }
-        };
+            Resume::Follow | Resume::SwitchOver => {}
+        }
         self.event(
             &vmi,
             "Normal",
@@ -93,7 +89,7 @@ impl Agent {
                 migration_uid: &migration_uid,
                 block: &block,
                 copy_started: Instant::now(),
-                abort,
+                abort: None,
             })
             .await;
         if let Err(reason) = outcome {

@@ -1,5 +1,5 @@
 //! Helpers shared by the live-migration end-to-end tests (`migration.rs`,
-//! `migration_postcopy.rs`): two nodes, a claim holding the test guest, the VM and VMIM
+//! `migration_postcopy.rs`, `migration_block_restart.rs`): two nodes, a claim holding the test guest, the VM and VMIM
 //! manifests, where a VMI's QEMU runs, its guest's uptime, waiting for a migration's phases.
 #![allow(dead_code)] // each test binary uses its own subset
 
@@ -35,6 +35,77 @@ pub fn claim(c: &Cluster, name: &str, shared: bool) -> anyhow::Result<PathBuf> {
             .ok();
     }
     Ok(dir)
+}
+
+/// A `local` claim `name` whose PV holds the test guest's disk (grown to 1 GiB) in `node`'s
+/// volume root; its directory.
+pub fn local_claim(c: &Cluster, name: &str, node: &str) -> anyhow::Result<PathBuf> {
+    let g = TestGuest::get()?;
+    let pv = format!("pv-{name}");
+    let dir = node_dir(c, node).join("volumes").join(&pv);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("disk.img"))?
+        .set_len(1 << 30)?;
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: {pv}
+  annotations: {{pv.kubernetes.io/provisioned-by: ferrovirt.io/local}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: local
+  local: {{path: {dir}}}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - {{key: kubernetes.io/hostname, operator: In, values: [{node}]}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: local
+  resources: {{requests: {{storage: 1Gi}}}}
+  volumeName: {pv}
+"#,
+        dir = dir.display()
+    ))?;
+    Ok(dir)
+}
+
+/// The MigrationPolicy `slow`: 4 MiB/s for the VMIs labelled `speed: slow` ([`vm`]'s).
+pub fn slow_policy(c: &Cluster) -> anyhow::Result<()> {
+    c.apply(
+        r#"
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  bandwidthPerMigration: 4Mi
+  selectors:
+    virtualMachineInstanceSelector: {speed: slow}
+"#,
+    )?;
+    Ok(())
+}
+
+/// Waits until the guest whose VMI directory is `dir` printed that it is ready.
+pub fn guest_ready(c: &Cluster, dir: &std::path::Path) -> anyhow::Result<()> {
+    c.wait_until("the guest ready", BOOT, || {
+        let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })
 }
 
 pub fn vm(name: &str, claim: &str) -> String {
