@@ -89,7 +89,10 @@ pub async fn disk_layers(vm: &Vm, tops: &Tops, req: &DiskLayersRequest) -> Resul
         .execute("query-named-block-nodes", Some(json!({"flat": true})))
         .await?;
     let list = named.as_array().cloned().unwrap_or_default();
-    let nodes = running_chain(&req.disk, list.iter().filter_map(|n| n["node-name"].as_str()));
+    let nodes = running_chain(
+        &req.disk,
+        list.iter().filter_map(|n| n["node-name"].as_str()),
+    );
     if nodes.is_empty() {
         return Err(Error::InvalidSpec(format!("no disk {}", req.disk)));
     }

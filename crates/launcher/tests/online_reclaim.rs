@@ -86,7 +86,10 @@ async fn layers(vm: &ferrovirt_launcher::Vm, tops: &Tops, d: &Path) -> Vec<Strin
         disk: "disk-data".into(),
         dir: d.to_path_buf(),
     };
-    disk_layers::disk_layers(vm, tops, &req).await.unwrap().layers
+    disk_layers::disk_layers(vm, tops, &req)
+        .await
+        .unwrap()
+        .layers
 }
 
 #[tokio::test]
@@ -160,8 +163,14 @@ async fn released_layers_merge_under_the_running_guest() {
     );
     let seen = read_blocks(&mut console).await;
     assert!(seen.starts_with("AAAAAAAA\nBBBBBBBB"), "{seen:?}");
-    assert_eq!(layers(&t.vm, &tops, &d).await, ["disk.img", "layer-000002.qcow2"]);
-    assert!(!d.join(".merge-s.pivoted").exists(), "a stream never pivots");
+    assert_eq!(
+        layers(&t.vm, &tops, &d).await,
+        ["disk.img", "layer-000002.qcow2"]
+    );
+    assert!(
+        !d.join(".merge-s.pivoted").exists(),
+        "a stream never pivots"
+    );
 
     // Nothing held any more: everything into the raw bottom, which QEMU had read-only.
     let done = online_reclaim::merge(
@@ -186,7 +195,11 @@ async fn released_layers_merge_under_the_running_guest() {
     );
     assert_eq!(tops.top("disk-data"), "fmt-disk-data-b1");
     assert!(d.join(".merge-c.pivoted").exists(), "the pivot is marked");
-    assert_eq!(layers(&t.vm, &tops, &d).await, ["disk.img"], "QEMU runs the raw image");
+    assert_eq!(
+        layers(&t.vm, &tops, &d).await,
+        ["disk.img"],
+        "QEMU runs the raw image"
+    );
     let st = t.vm.qmp().query_status().await.unwrap();
     assert!(st.running, "the guest runs again after the pivot: {st:?}");
     write_block(&mut console, "CCCCCCCC", 2).await;

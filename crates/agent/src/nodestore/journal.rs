@@ -82,6 +82,8 @@ pub async fn resolve_running(vmi_dir: &Path, p: &PlannedDisk) -> Result<Option<R
                 .await
                 .map_err(|e| format!("asking the launcher which layers run: {e}"))?;
             let layers: DiskLayers = serde_json::from_value(v).map_err(|e| e.to_string())?;
+            tracing::info!(dir = %p.dir.display(), disk = %p.disk, layers = ?layers.layers,
+                "a pending online merge's journal: the launcher says which layers QEMU runs");
             Some(Facts::Running(layers.layers))
         }
         Err(_) => None,
@@ -109,12 +111,14 @@ fn spec_disks(spec: &LaunchSpec) -> Vec<PlannedDisk> {
         .filter(|d| d.source == DiskSource::File && !d.is_readonly() && !d.empty)
         .filter_map(|d| {
             let dir = d.path.parent()?;
-            dir.join(snapshot::CHAIN_FILE).exists().then(|| PlannedDisk {
-                volume: d.id.clone(),
-                disk: d.id.clone(),
-                image: d.path.clone(),
-                dir: dir.to_path_buf(),
-            })
+            dir.join(snapshot::CHAIN_FILE)
+                .exists()
+                .then(|| PlannedDisk {
+                    volume: d.id.clone(),
+                    disk: d.id.clone(),
+                    image: d.path.clone(),
+                    dir: dir.to_path_buf(),
+                })
         })
         .collect()
 }

@@ -242,7 +242,10 @@ mod tests {
         assert_eq!(j.layers, plan.chain.layers);
         assert_eq!(j.delete, ["layer-000001.qcow2"]);
         let c = chain(2, &["layer-000001.qcow2"]);
-        let j = journal_of(&snapshot::plan_reclaim(&c, &snapshot::held_layers(&c)), "a2");
+        let j = journal_of(
+            &snapshot::plan_reclaim(&c, &snapshot::held_layers(&c)),
+            "a2",
+        );
         assert!(!j.commit, "a stream");
         assert_eq!(j.delete, ["layer-000001.qcow2"]);
         assert!(snapshot::journal::valid_id(&journal_id()));

@@ -134,7 +134,11 @@ pub fn resolve(chain: &Chain, facts: &Facts) -> Result<Option<Resolved>, Storage
         merged: false,
     };
     match facts {
-        Facts::Gone { pivoted } => Ok(Some(if j.commit && *pivoted { result() } else { old() })),
+        Facts::Gone { pivoted } => Ok(Some(if j.commit && *pivoted {
+            result()
+        } else {
+            old()
+        })),
         Facts::Running(files) => {
             if *files == names(&j.layers) {
                 return Ok(Some(result()));
@@ -275,7 +279,9 @@ pub fn qemu_holds(proc_locks: &str, dev: u64, ino: u64) -> bool {
         };
         let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
         let start = num(at + 1).unwrap_or(0);
-        let end = f.get(at + 2).map_or(u64::MAX, |v| v.parse().unwrap_or(u64::MAX));
+        let end = f
+            .get(at + 2)
+            .map_or(u64::MAX, |v| v.parse().unwrap_or(u64::MAX));
         start <= 299 && end >= 100
     })
 }
@@ -296,7 +302,8 @@ pub fn read_resolved(dir: &Path) -> Result<Chain, StorageError> {
     if chain.journal.is_none() {
         return Ok(chain);
     }
-    let locks = std::fs::read_to_string("/proc/locks").map_err(|e| StorageError::io("/proc/locks", e))?;
+    let locks =
+        std::fs::read_to_string("/proc/locks").map_err(|e| StorageError::io("/proc/locks", e))?;
     for l in &chain.layers {
         let path = dir.join(&l.file);
         let meta = std::fs::metadata(&path).map_err(|e| StorageError::io(&path, e))?;

@@ -102,9 +102,12 @@ fn a_stream_is_resolved_to_the_chain_qemu_runs_or_kept_when_qemu_is_gone() {
     assert_eq!(r.delete, ["layer-000001.qcow2", "layer-000002.qcow2"]);
     assert!(r.chain.released.is_empty());
     // Crash before: the old chain.
-    let r = resolve(&c, &run(&files(&c).iter().map(String::as_str).collect::<Vec<_>>()))
-        .unwrap()
-        .unwrap();
+    let r = resolve(
+        &c,
+        &run(&files(&c).iter().map(String::as_str).collect::<Vec<_>>()),
+    )
+    .unwrap()
+    .unwrap();
     assert!(!r.merged && r.delete.is_empty());
     assert_eq!(files(&r.chain), files(&c));
     // QEMU gone, marker or not: the old chain reads the same bytes as the streamed one.
@@ -174,7 +177,10 @@ fn hostile_journals_are_refused() {
     let good = journaled(&chain(1, &["disk.img"]));
     let mut bad = good.clone();
     bad.journal.as_mut().unwrap().id = "../x".into();
-    assert!(validate_chain(&bad).is_err(), "a marker outside the directory");
+    assert!(
+        validate_chain(&bad).is_err(),
+        "a marker outside the directory"
+    );
     let mut bad = good.clone();
     bad.journal.as_mut().unwrap().delete = vec!["../../etc/passwd".into()];
     assert!(validate_chain(&bad).is_err(), "a path to delete");
@@ -183,7 +189,10 @@ fn hostile_journals_are_refused() {
     assert!(validate_chain(&bad).is_err(), "deleting the layer it keeps");
     let mut bad = good.clone();
     bad.journal.as_mut().unwrap().delete = vec!["chain.json".into()];
-    assert!(validate_chain(&bad).is_err(), "deleting a file it does not drop");
+    assert!(
+        validate_chain(&bad).is_err(),
+        "deleting a file it does not drop"
+    );
     let mut bad = good.clone();
     bad.journal.as_mut().unwrap().layers = vec![Layer {
         file: "other.img".into(),
@@ -262,6 +271,14 @@ fn qemu_locks_are_read_from_proc_locks() {
     assert!(!qemu_holds(locks, dev, 10010693), "another file");
     assert!(!qemu_holds(locks, 0x0801, 10010692), "another device");
     // A lock outside QEMU's bytes is not QEMU's; a whole-file lock covers them.
-    assert!(!qemu_holds("1: OFDLCK ADVISORY  READ -1 fe:00:9 0 99\n", dev, 9));
-    assert!(qemu_holds("1: POSIX  ADVISORY  WRITE 7 08:01:9 0 EOF\n", 0x0801, 9));
+    assert!(!qemu_holds(
+        "1: OFDLCK ADVISORY  READ -1 fe:00:9 0 99\n",
+        dev,
+        9
+    ));
+    assert!(qemu_holds(
+        "1: POSIX  ADVISORY  WRITE 7 08:01:9 0 EOF\n",
+        0x0801,
+        9
+    ));
 }
