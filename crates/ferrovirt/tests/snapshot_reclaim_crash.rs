@@ -245,6 +245,12 @@ fn an_agent_killed_after_the_pivot_records_the_chain_qemu_runs() -> anyhow::Resu
         "the launcher's pivot marker: {files:?}"
     );
     assert!(alive(qemu_pid), "the VM runs on without its agent");
+    let launcher_log = std::fs::read_to_string(vmi_dir(&c, &uid).join("launcher.log"))?;
+    let resumed = launcher_log
+        .lines()
+        .find(|l| l.contains("the guest resumed after a layer merge's pivot"));
+    assert!(resumed.is_some(), "{launcher_log}");
+    eprintln!("{}", resumed.unwrap_or_default());
     // The guest writes the raw bottom now.
     write_marker(&console, 2)?;
 

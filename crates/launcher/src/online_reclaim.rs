@@ -397,10 +397,16 @@ async fn make_writable(
 /// pivot and before they run again: a guest write to the new top only ever follows the
 /// marker (docs/snapshots.md "Order and crashes").
 async fn run_job(vm: &Vm, job: &Job, id: &str, marker: Option<&std::path::Path>) -> Result<()> {
-    let mut stopped = false;
+    let mut stopped = None;
     let r = follow_job(vm, job, id, marker, &mut stopped).await;
-    if stopped && let Err(e) = vm.qmp().execute("cont", None).await {
-        tracing::warn!("resuming the guest after a layer merge's pivot: {e}");
+    if let Some(since) = stopped {
+        match vm.qmp().execute("cont", None).await {
+            Ok(_) => tracing::info!(
+                paused_ms = since.elapsed().as_millis() as u64,
+                "the guest resumed after a layer merge's pivot"
+            ),
+            Err(e) => tracing::warn!("resuming the guest after a layer merge's pivot: {e}"),
+        }
     }
     r
 }
@@ -410,7 +416,7 @@ async fn follow_job(
     job: &Job,
     id: &str,
     marker: Option<&std::path::Path>,
-    stopped: &mut bool,
+    stopped: &mut Option<std::time::Instant>,
 ) -> Result<()> {
     let (cmd, args) = job_command(job, id);
     vm.qmp().execute(cmd, Some(args)).await?;
@@ -423,7 +429,7 @@ async fn follow_job(
             JobState::Ready if !completing => {
                 if vm.qmp().query_status().await?.running {
                     vm.qmp().execute("stop", None).await?;
-                    *stopped = true;
+                    *stopped = Some(std::time::Instant::now());
                 }
                 vm.qmp()
                     .execute("job-complete", Some(json!({"id": id})))
