@@ -322,6 +322,10 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         let agent = agent.clone();
         async move { crate::services::run(&agent.net, agent.client.clone()).await }
     });
+    // Online merges a killed agent left unrecorded (docs/snapshots.md "Order and crashes").
+    tokio::spawn(crate::nodestore::journal::resolve_at_start(
+        agent.opts.data_dir.clone(),
+    ));
     let hb = tokio::spawn(heartbeat(agent.clone()));
     let mounts = tokio::spawn(mounts::run(agent.clone()));
     let writer = reflector::store::Writer::<DynamicObject>::new(vmi_resource());

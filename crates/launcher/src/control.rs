@@ -181,6 +181,12 @@ pub enum Request {
     MergeLayers {
         merge: crate::online_reclaim::MergeRequest,
     },
+    /// The layer files one disk runs on now (`crate::disk_layers`): what an agent resolves
+    /// an online merge's journal from. Replies [`crate::disk_layers::DiskLayers`]. Added
+    /// within protocol version 1 (an older launcher answers it with an error).
+    DiskLayers {
+        disk: crate::disk_layers::DiskLayersRequest,
+    },
     /// The VM now runs on the migration target and the VMI was moved there: this launcher
     /// stops holding the disks (no more storage-lease renewals, none released) and quits
     /// QEMU; its exit report says [`ExitReason::Migrated`].

@@ -74,6 +74,7 @@ enum Command {
         freeze_timeout: Duration,
     },
     MergeLayers(crate::online_reclaim::MergeRequest),
+    DiskLayers(crate::disk_layers::DiskLayersRequest),
 }
 
 type Responder = oneshot::Sender<Reply>;
@@ -415,6 +416,11 @@ async fn main_loop(
                             .await
                             .map(|d| serde_json::json!(d))
                     }
+                    Command::DiskLayers(req) => {
+                        crate::disk_layers::disk_layers(&vm, &tops, &req)
+                            .await
+                            .map(|d| serde_json::json!(d))
+                    }
                     Command::MigrateCancel => {
                         vm.qmp().execute("migrate_cancel", None).await.map(|_| serde_json::Value::Null)
                     }
@@ -638,6 +644,7 @@ async fn connection(
                         freeze_timeout: Duration::from_millis(freeze_timeout_ms),
                     },
                     Request::MergeLayers { merge } => Command::MergeLayers(merge),
+                    Request::DiskLayers { disk } => Command::DiskLayers(disk),
                     Request::Hello { .. } | Request::Status => continue,
                 };
                 let (rtx, rrx) = oneshot::channel();

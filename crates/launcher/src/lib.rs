@@ -12,6 +12,7 @@ pub mod cmdline;
 pub mod console;
 pub mod control;
 pub mod daemon;
+pub mod disk_layers;
 pub mod error;
 pub mod fence;
 pub mod lifecycle;

@@ -52,6 +52,10 @@ pub struct MergeRequest {
     /// The volume's recorded chain, bottom first (file names in `dir`).
     pub layers: Vec<String>,
     pub steps: Vec<MergeStep>,
+    /// The pivot marker (a plain file name in `dir`) written, synced, once an active commit
+    /// pivoted and before the guest runs on (`ferrovirt_storage::snapshot::journal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pivot_marker: Option<String>,
 }
 
 /// The answer to a [`MergeRequest`].
@@ -243,6 +247,15 @@ pub async fn merge(vm: &Vm, tops: &mut Tops, req: &MergeRequest) -> Result<Merge
     let names = list.iter().filter_map(|n| n["node-name"].as_str());
     let nodes = running_chain(&req.disk, names);
     let jobs = plan_jobs(&nodes, &req.layers, &req.steps)?;
+    let marker = match &req.pivot_marker {
+        Some(m) if m.is_empty() || m.contains('/') || m == "." || m == ".." => {
+            return Err(Error::InvalidSpec(format!(
+                "pivot marker {m:?} is not a plain file name"
+            )));
+        }
+        Some(m) => Some(req.dir.join(m)),
+        None => None,
+    };
     let mut replaced_files = Vec::new();
     for (k, job) in jobs.iter().enumerate() {
         let read_only = list
@@ -253,7 +266,7 @@ pub async fn merge(vm: &Vm, tops: &mut Tops, req: &MergeRequest) -> Result<Merge
             replaced_files.push(make_writable(vm, tops, &list, job, &req.dir).await?);
         }
         let id = format!("reclaim-{}-{k}", req.disk);
-        run_job(vm, job, &id).await?;
+        run_job(vm, job, &id, marker.as_deref()).await?;
         if job.kind == JobKind::CommitActive {
             tops.set_top(&req.disk, &job.target);
         }
@@ -379,8 +392,32 @@ async fn make_writable(
     Ok(old)
 }
 
-/// Starts `job` as `id` and follows it to its end.
-async fn run_job(vm: &Vm, job: &Job, id: &str) -> Result<()> {
+/// Starts `job` as `id` and follows it to its end. An active commit pivots with the
+/// guest's vCPUs stopped (when they ran), and `marker` is written and synced after the
+/// pivot and before they run again: a guest write to the new top only ever follows the
+/// marker (docs/snapshots.md "Order and crashes").
+async fn run_job(vm: &Vm, job: &Job, id: &str, marker: Option<&std::path::Path>) -> Result<()> {
+    let mut stopped = None;
+    let r = follow_job(vm, job, id, marker, &mut stopped).await;
+    if let Some(since) = stopped {
+        match vm.qmp().execute("cont", None).await {
+            Ok(_) => tracing::info!(
+                paused_ms = since.elapsed().as_millis() as u64,
+                "the guest resumed after a layer merge's pivot"
+            ),
+            Err(e) => tracing::warn!("resuming the guest after a layer merge's pivot: {e}"),
+        }
+    }
+    r
+}
+
+async fn follow_job(
+    vm: &Vm,
+    job: &Job,
+    id: &str,
+    marker: Option<&std::path::Path>,
+    stopped: &mut Option<std::time::Instant>,
+) -> Result<()> {
     let (cmd, args) = job_command(job, id);
     vm.qmp().execute(cmd, Some(args)).await?;
     let until = tokio::time::Instant::now() + JOB_LIMIT;
@@ -390,6 +427,10 @@ async fn run_job(vm: &Vm, job: &Job, id: &str) -> Result<()> {
         match job_state(&jobs, id) {
             JobState::Running => {}
             JobState::Ready if !completing => {
+                if vm.qmp().query_status().await?.running {
+                    vm.qmp().execute("stop", None).await?;
+                    *stopped = Some(std::time::Instant::now());
+                }
                 vm.qmp()
                     .execute("job-complete", Some(json!({"id": id})))
                     .await?;
@@ -401,6 +442,15 @@ async fn run_job(vm: &Vm, job: &Job, id: &str) -> Result<()> {
                     .qmp()
                     .execute("job-dismiss", Some(json!({"id": id})))
                     .await;
+                if completing
+                    && err.is_none()
+                    && let Some(m) = marker
+                    && let Err(e) = write_marker(m)
+                {
+                    // The agent records the merge itself once it hears back; only a crash
+                    // of the agent and of this VM's QEMU before then would miss the marker.
+                    tracing::warn!("writing the pivot marker {}: {e}", m.display());
+                }
                 return match err {
                     None => Ok(()),
                     Some(e) => Err(Error::Protocol(format!("{cmd} of {}: {e}", job.target))),
@@ -425,8 +475,18 @@ async fn run_job(vm: &Vm, job: &Job, id: &str) -> Result<()> {
     }
 }
 
+/// Creates `path` and syncs it and its directory.
+fn write_marker(path: &std::path::Path) -> std::io::Result<()> {
+    let f = std::fs::File::create(path)?;
+    f.sync_all()?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// The files of `dir` the QEMU process `pid` has open (none when QEMU is gone).
-fn open_files(pid: Option<u32>, dir: &std::path::Path) -> Result<Vec<String>> {
+pub(crate) fn open_files(pid: Option<u32>, dir: &std::path::Path) -> Result<Vec<String>> {
     let Some(pid) = pid else {
         return Ok(Vec::new());
     };

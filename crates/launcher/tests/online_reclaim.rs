@@ -4,7 +4,9 @@
 //! the top (`block-stream`) and then everything is committed into the raw bottom
 //! (`block-commit` + `job-complete`, the bottom reopened writable on a launcher descriptor);
 //! the guest reads every byte it wrote throughout, QEMU closes the dropped layers, and after
-//! the commit its writes land in the raw image.
+//! the commit its writes land in the raw image. Throughout, `DiskLayers` names the files
+//! QEMU runs (an overlay on a launcher descriptor among them), and the commit's pivot
+//! marker is written (a stream writes none) with the guest running again after it.
 
 mod common;
 
@@ -13,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use ferrovirt_launcher::disk_layers::{self, DiskLayersRequest};
 use ferrovirt_launcher::online_reclaim::{self, MergeRequest, MergeStep};
 use ferrovirt_launcher::online_snapshot::{self, OverlayDisk, Tops};
 use ferrovirt_launcher::spec::Disk;
@@ -77,6 +80,18 @@ fn images(open: &[String]) -> Vec<&str> {
         .collect()
 }
 
+/// The layer files QEMU runs disk `disk-data` on (`DiskLayers`).
+async fn layers(vm: &ferrovirt_launcher::Vm, tops: &Tops, d: &Path) -> Vec<String> {
+    let req = DiskLayersRequest {
+        disk: "disk-data".into(),
+        dir: d.to_path_buf(),
+    };
+    disk_layers::disk_layers(vm, tops, &req)
+        .await
+        .unwrap()
+        .layers
+}
+
 #[tokio::test]
 async fn released_layers_merge_under_the_running_guest() {
     let guest = TestGuest::locate();
@@ -114,6 +129,11 @@ async fn released_layers_merge_under_the_running_guest() {
     .await
     .unwrap();
     write_block(&mut console, "BBBBBBBB", 1).await;
+    // The files QEMU runs, the overlay on a launcher descriptor among them.
+    assert_eq!(
+        layers(&t.vm, &tops, &d).await,
+        ["disk.img", "layer-000001.qcow2", "layer-000002.qcow2"]
+    );
 
     // layer-000001 (frozen by a snapshot that was deleted) is streamed into the top.
     let done = online_reclaim::merge(
@@ -131,6 +151,7 @@ async fn released_layers_merge_under_the_running_guest() {
                 image: "layer-000002.qcow2".into(),
                 base: "disk.img".into(),
             }],
+            pivot_marker: Some(".merge-s.pivoted".into()),
         },
     )
     .await
@@ -142,6 +163,14 @@ async fn released_layers_merge_under_the_running_guest() {
     );
     let seen = read_blocks(&mut console).await;
     assert!(seen.starts_with("AAAAAAAA\nBBBBBBBB"), "{seen:?}");
+    assert_eq!(
+        layers(&t.vm, &tops, &d).await,
+        ["disk.img", "layer-000002.qcow2"]
+    );
+    assert!(
+        !d.join(".merge-s.pivoted").exists(),
+        "a stream never pivots"
+    );
 
     // Nothing held any more: everything into the raw bottom, which QEMU had read-only.
     let done = online_reclaim::merge(
@@ -154,6 +183,7 @@ async fn released_layers_merge_under_the_running_guest() {
             steps: vec![MergeStep::CommitActive {
                 base: "disk.img".into(),
             }],
+            pivot_marker: Some(".merge-c.pivoted".into()),
         },
     )
     .await
@@ -164,6 +194,14 @@ async fn released_layers_merge_under_the_running_guest() {
         "only the raw image stays open"
     );
     assert_eq!(tops.top("disk-data"), "fmt-disk-data-b1");
+    assert!(d.join(".merge-c.pivoted").exists(), "the pivot is marked");
+    assert_eq!(
+        layers(&t.vm, &tops, &d).await,
+        ["disk.img"],
+        "QEMU runs the raw image"
+    );
+    let st = t.vm.qmp().query_status().await.unwrap();
+    assert!(st.running, "the guest runs again after the pivot: {st:?}");
     write_block(&mut console, "CCCCCCCC", 2).await;
     let seen = read_blocks(&mut console).await;
     assert!(seen.starts_with("AAAAAAAA\nBBBBBBBB\nCCCCCCCC"), "{seen:?}");
@@ -185,6 +223,7 @@ async fn released_layers_merge_under_the_running_guest() {
             dir: d.clone(),
             layers: vec!["disk.img".into(), "layer-000002.qcow2".into()],
             steps: vec![],
+            pivot_marker: None,
         },
     )
     .await

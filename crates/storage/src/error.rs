@@ -39,6 +39,9 @@ pub enum StorageError {
     /// The image was refused (too large, backing file, unsupported format).
     #[error("image refused: {0}")]
     Refused(String),
+    /// The volume is in use in a way that forbids the operation now (retried later).
+    #[error("volume in use: {0}")]
+    InUse(String),
 }
 
 impl StorageError {

@@ -243,6 +243,22 @@ impl Cluster {
         prefix: &[String],
         extra: &[&str],
     ) -> anyhow::Result<()> {
+        self.spawn_agent(node, prefix, extra, &[])
+    }
+
+    /// Starts another node agent named `node` with `env` added to its environment (a
+    /// test-only failpoint, `FERROVIRT_FAILPOINT`).
+    pub fn start_agent_env(&mut self, node: &str, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        self.spawn_agent(node, &[], &[], env)
+    }
+
+    fn spawn_agent(
+        &mut self,
+        node: &str,
+        prefix: &[String],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
         let data = self.dir.path().join(format!("agent-{node}"));
         let mut cmd = match prefix.split_first() {
             Some((program, args)) => {
@@ -262,6 +278,7 @@ impl Cluster {
             .arg(self.dir.path())
             .args(extra)
             .args(default_network_mode(extra))
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info");
         let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
         self.agents.push((node.to_string(), child));

@@ -20,6 +20,7 @@
 mod attack_tests;
 pub mod client;
 pub mod export;
+pub mod journal;
 pub mod online;
 pub mod online_reclaim;
 pub mod server;

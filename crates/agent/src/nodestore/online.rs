@@ -209,6 +209,11 @@ async fn take(
     };
     let freeze = Duration::from_millis(req.freeze_timeout_ms).min(MAX_FREEZE);
     let _one = st.one_at_a_time.lock().await;
+    for p in &planned {
+        if let Err(e) = super::journal::resolve_running(&vmi_dir, p).await {
+            return refuse(StatusCode::CONFLICT, e);
+        }
+    }
     let prepared = tokio::task::spawn_blocking(move || {
         let mut done: Vec<(PlannedDisk, SnapshotPlan)> = Vec::new();
         for p in planned {

@@ -7,10 +7,12 @@
 //! (`online::plan_disks`, a layer of the volume directory's recorded chain), plans the merge
 //! exactly as offline (`plan_reclaim` over the layers still held), turns the plan's steps into
 //! the launcher's [`MergeStep`]s ([`merge_steps`], pure) and has the launcher run them in QEMU
-//! (`ferrovirt_launcher::online_reclaim`). Only once the launcher says the jobs ended is
-//! `chain.json` rewritten, and the dropped files are deleted last, except those QEMU still
-//! has open (`finish_online`). A failure leaves the chain and every file as they were. One
-//! online merge or online snapshot runs on a node at a time.
+//! (`ferrovirt_launcher::online_reclaim`). Before the launcher is asked, the plan is recorded
+//! as a journal in `chain.json` (`snapshot::journal::begin_online`; a pending one is resolved
+//! first, [`super::journal`]). Only once the launcher says the jobs ended is `chain.json`
+//! rewritten, and the dropped files are deleted last, except those QEMU still has open
+//! (`finish_online`). A failure resolves the journal from the layers QEMU runs (normally the
+//! chain as it was). One online merge or online snapshot runs on a node at a time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,6 +87,9 @@ async fn merge_volume(
     vmi_dir: std::path::PathBuf,
 ) -> Response {
     let _one = st.one_at_a_time.lock().await;
+    if let Err(e) = super::journal::resolve_running(&vmi_dir, &planned).await {
+        return refuse(StatusCode::CONFLICT, e);
+    }
     let p = planned.clone();
     let chain = tokio::task::spawn_blocking(move || {
         check_volume_dir(&p)?;
@@ -105,19 +110,39 @@ async fn merge_volume(
         })
         .into_response();
     }
+    // The journal first: whatever happens to this process from here on, the record says
+    // what the merge leaves.
+    let journal = journal_of(&plan, &journal_id());
+    let marker = snapshot::journal::marker_name(&journal.id);
+    let (dir, planned_chain) = (planned.dir.clone(), chain.clone());
+    let begun = tokio::task::spawn_blocking(move || {
+        snapshot::journal::begin_online(&dir, &planned_chain, journal)
+    })
+    .await;
+    match begun {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return refuse(StatusCode::CONFLICT, format!("recording the merge: {e}")),
+        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
     let merge = MergeRequest {
         disk: planned.disk.clone(),
         dir: planned.dir.clone(),
         layers: chain.layers.iter().map(|l| l.file.clone()).collect(),
         steps: merge_steps(&plan),
+        pivot_marker: Some(marker),
     };
     let done = match ask_launcher(&vmi_dir, merge).await {
         Ok(d) => d,
         Err((code, e)) => {
             tracing::warn!(%uid, volume = %req.volume, "online layer merge failed: {e}");
+            // QEMU may have done part of it (a stream step): record what it runs.
+            if let Err(e) = super::journal::resolve_running(&vmi_dir, &planned).await {
+                tracing::warn!(%uid, volume = %req.volume, "the merge's journal stays pending: {e}");
+            }
             return refuse(code, format!("merging the layers in QEMU: {e}"));
         }
     };
+    super::journal::failpoint("online-reclaim-after-merge", &req.volume);
     // QEMU's jobs ended: the record follows, the files go last.
     let dir = planned.dir.clone();
     let finished = tokio::task::spawn_blocking(move || {
@@ -136,6 +161,29 @@ async fn merge_volume(
         ),
         Err(e) => refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// The journal of `plan` (pure): its resulting chain and the files it deletes.
+pub fn journal_of(plan: &ReclaimPlan, id: &str) -> snapshot::Journal {
+    snapshot::Journal {
+        id: id.to_string(),
+        commit: plan
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::CommitAll { .. })),
+        layers: plan.chain.layers.clone(),
+        detached: plan.chain.detached.clone(),
+        delete: plan.delete.clone(),
+    }
+}
+
+/// A fresh journal id: the time in nanoseconds, in hex.
+fn journal_id() -> String {
+    let ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{ns:x}")
 }
 
 async fn ask_launcher(
@@ -183,6 +231,24 @@ mod tests {
                 base: "disk.img".into()
             }]
         );
+    }
+
+    #[test]
+    fn the_journal_names_the_result_and_the_files_to_delete() {
+        let c = chain(1, &["disk.img"]);
+        let plan = snapshot::plan_reclaim(&c, &snapshot::held_layers(&c));
+        let j = journal_of(&plan, "a1");
+        assert!(j.commit);
+        assert_eq!(j.layers, plan.chain.layers);
+        assert_eq!(j.delete, ["layer-000001.qcow2"]);
+        let c = chain(2, &["layer-000001.qcow2"]);
+        let j = journal_of(
+            &snapshot::plan_reclaim(&c, &snapshot::held_layers(&c)),
+            "a2",
+        );
+        assert!(!j.commit, "a stream");
+        assert_eq!(j.delete, ["layer-000001.qcow2"]);
+        assert!(snapshot::journal::valid_id(&journal_id()));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use futures::Stream;
 use futures::StreamExt;
 
 use crate::error::StorageError;
-use crate::snapshot::{Chain, Layer, LayerFormat, blockdev_json, prefix_to, read_chain};
+use crate::snapshot::{Chain, Layer, LayerFormat, blockdev_json, prefix_to, read_resolved};
 
 pub mod nbd;
 
@@ -64,7 +64,7 @@ pub const CHUNK: usize = 4 << 20;
 pub async fn open(dir: &Path, handle: Option<&str>) -> Result<ExportRead, StorageError> {
     let d = dir.to_path_buf();
     let h = handle.map(str::to_string);
-    let plan = tokio::task::spawn_blocking(move || read_plan(&read_chain(&d)?, h.as_deref()))
+    let plan = tokio::task::spawn_blocking(move || read_plan(&read_resolved(&d)?, h.as_deref()))
         .await
         .map_err(|e| StorageError::Tool {
             tool: "export".into(),

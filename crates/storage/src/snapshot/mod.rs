@@ -32,7 +32,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::StorageError;
 use crate::provisioner::DISK_IMAGE;
 
+pub mod journal;
 pub mod reclaim;
+pub use journal::{Facts, Journal, read_resolved, resolve_on_disk};
 pub use reclaim::{
     OnlineReport, ReclaimPlan, finish_online, held_layers, plan_reclaim, reclaim, release,
 };
@@ -80,6 +82,10 @@ pub struct Chain {
     /// once the volume is not in use.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub released: std::collections::BTreeSet<String>,
+    /// An online merge in progress ([`journal`]): `layers` stay the old chain until it is
+    /// resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<Journal>,
 }
 
 /// A frozen qcow2 layer outside the live chain, with the layer it is backed by (a layer of
@@ -101,6 +107,7 @@ impl Default for Chain {
             next: 1,
             detached: Vec::new(),
             released: Default::default(),
+            journal: None,
         }
     }
 }
@@ -213,6 +220,7 @@ pub fn plan_revert(chain: &Chain, handle: &str) -> Result<SnapshotPlan, StorageE
         next: chain.next,
         detached,
         released: chain.released.clone(),
+        journal: None,
     };
     let mut plan = plan_snapshot(&base);
     plan.handle = handle.to_string();
@@ -258,9 +266,7 @@ pub fn validate_chain(chain: &Chain) -> Result<(), StorageError> {
         return Err(StorageError::invalid("chain.json", "no layers"));
     }
     for (i, l) in chain.layers.iter().enumerate() {
-        if !crate::provisioner::valid_volume_name(&l.file.to_ascii_lowercase())
-            || l.file.contains('/')
-        {
+        if !plain_name(&l.file) {
             return Err(StorageError::invalid(
                 "chain.json",
                 format!("layer {:?} is not a plain file name", l.file),
@@ -275,9 +281,7 @@ pub fn validate_chain(chain: &Chain) -> Result<(), StorageError> {
     }
     for d in &chain.detached {
         for name in [&d.file, &d.backing] {
-            if !crate::provisioner::valid_volume_name(&name.to_ascii_lowercase())
-                || name.contains('/')
-            {
+            if !plain_name(name) {
                 return Err(StorageError::invalid(
                     "chain.json",
                     format!("detached layer {name:?} is not a plain file name"),
@@ -285,13 +289,19 @@ pub fn validate_chain(chain: &Chain) -> Result<(), StorageError> {
             }
         }
     }
-    Ok(())
+    journal::validate(chain)
+}
+
+/// Whether `name` is a plain file name of a volume directory (no `/`, no `..`).
+pub(crate) fn plain_name(name: &str) -> bool {
+    crate::provisioner::valid_volume_name(&name.to_ascii_lowercase()) && !name.contains('/')
 }
 
 /// The images of `dir`'s volume as a disk: the top path and format, then its backing images
 /// (nearest first) with their formats — what the launcher is given.
+/// A pending online merge's journal is resolved first ([`read_resolved`]).
 pub fn disk_chain(dir: &Path) -> Result<Vec<(PathBuf, LayerFormat)>, StorageError> {
-    let chain = read_chain(dir)?;
+    let chain = read_resolved(dir)?;
     Ok(chain
         .layers
         .iter()
@@ -380,7 +390,7 @@ pub fn take(dir: &Path) -> Result<String, StorageError> {
             "snapshots of Block-mode volumes are not supported",
         ));
     }
-    let chain = read_chain(dir)?;
+    let chain = read_resolved(dir)?;
     let plan = plan_snapshot(&chain);
     let size = volume_size(dir, &chain)?;
     create_layer(dir, &plan.new_top, chain.top(), size)?;
@@ -393,7 +403,7 @@ pub fn take(dir: &Path) -> Result<String, StorageError> {
 /// does) would change a frozen snapshot's bytes and not the size the VM sees through the
 /// top qcow2 layer; growing the top layer is not implemented (docs/snapshots.md).
 pub fn check_growable(dir: &Path) -> Result<(), StorageError> {
-    let chain = read_chain(dir)?;
+    let chain = read_resolved(dir)?;
     if chain.is_plain() {
         return Ok(());
     }
@@ -411,8 +421,15 @@ pub fn check_growable(dir: &Path) -> Result<(), StorageError> {
 /// Prepare an online snapshot: create the new top layer file (not yet in the chain) and
 /// return the plan; the caller has QEMU switch to it (`blockdev-snapshot`) and then calls
 /// [`record_snapshot`].
+/// Refused while an online merge's journal is pending (the node agent resolves it through
+/// the launcher first).
 pub fn prepare_online(dir: &Path) -> Result<SnapshotPlan, StorageError> {
     let chain = read_chain(dir)?;
+    if chain.journal.is_some() {
+        return Err(StorageError::InUse(
+            "an online merge of the volume is unfinished (its journal is pending)".into(),
+        ));
+    }
     let plan = plan_snapshot(&chain);
     let size = volume_size(dir, &chain)?;
     create_layer(dir, &plan.new_top, chain.top(), size)?;
@@ -427,7 +444,7 @@ pub fn record_snapshot(dir: &Path, plan: &SnapshotPlan) -> Result<(), StorageErr
 /// Point the volume in `dir` back at snapshot `handle` with a new empty top (in-place
 /// restore; no VM may be running on it).
 pub fn revert(dir: &Path, handle: &str) -> Result<(), StorageError> {
-    let chain = read_chain(dir)?;
+    let chain = read_resolved(dir)?;
     let plan = plan_revert(&chain, handle)?;
     let size = volume_size(dir, &chain)?;
     let frozen = prefix_to(&chain, handle)?
@@ -450,7 +467,7 @@ pub fn revert(dir: &Path, handle: &str) -> Result<(), StorageError> {
 /// size, which must be at least the snapshot's. Holes stay holes, so a sparse disk stays
 /// sparse.
 pub fn export_raw(src_dir: &Path, handle: Option<&str>, dest: &Path) -> Result<(), StorageError> {
-    let chain = read_chain(src_dir)?;
+    let chain = read_resolved(src_dir)?;
     let layers = match handle {
         Some(h) => prefix_to(&chain, h)?,
         None => chain.layers.clone(),
@@ -535,6 +552,7 @@ mod tests {
                 next: 1,
                 detached: Vec::new(),
                 released: Default::default(),
+                journal: None,
             })
             .is_err()
         );

@@ -177,7 +177,7 @@ pub struct ReclaimReport {
 /// Drop the released layers of the unused volume in `dir` (see the module doc). Also deletes
 /// stray layer files a crash left outside the record.
 pub fn reclaim(dir: &Path) -> Result<ReclaimReport, StorageError> {
-    let chain = read_chain(dir)?;
+    let chain = super::read_resolved(dir)?;
     let plan = plan_reclaim(&chain, &held_layers(&chain));
     for step in &plan.steps {
         run_step(dir, step)?;
@@ -221,13 +221,17 @@ pub fn finish_online(
         ));
     }
     let mut chain = plan.chain.clone();
+    chain.journal = None;
     for r in now.released.difference(&planned.released) {
         if is_frozen(&chain, r) {
             chain.released.insert(r.clone());
         }
     }
-    if !plan.is_empty() {
+    if !plan.is_empty() || now.journal.is_some() {
         write_chain(dir, &chain)?;
+    }
+    if let Some(j) = &now.journal {
+        let _ = std::fs::remove_file(dir.join(super::journal::marker_name(&j.id)));
     }
     let mut report = OnlineReport {
         plain: chain.is_plain(),
