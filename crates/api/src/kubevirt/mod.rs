@@ -7,6 +7,7 @@ pub mod domain;
 pub mod export;
 pub mod instancetype;
 pub mod misc;
+pub mod host_devices;
 pub mod overcommit;
 pub mod pool;
 pub mod preset;
