@@ -14,6 +14,7 @@ pub mod control;
 pub mod daemon;
 pub mod error;
 pub mod fence;
+pub mod hostdev;
 pub mod lifecycle;
 pub mod migrate;
 pub mod migtls;
