@@ -108,7 +108,11 @@ fn permitted_host_devices_reach_the_node_the_scheduler_and_admission() -> anyhow
     c.wait_until("the owned KubeVirt CR", Duration::from_secs(30), || {
         Ok(c.get_json(&["kubevirt", KV, "-n", NS]).ok())
     })?;
-    assert_eq!(node_resource(&c, "capacity")?, None, "nothing permitted yet");
+    assert_eq!(
+        node_resource(&c, "capacity")?,
+        None,
+        "nothing permitted yet"
+    );
 
     // Shapes HCO does not take are refused naming the field.
     let err = c.hco_patch_refused(
@@ -129,11 +133,15 @@ fn permitted_host_devices_reach_the_node_the_scheduler_and_admission() -> anyhow
             {{"pciDeviceSelector":"10DE:1EB8","resourceName":"nvidia.com/T4","disabled":true}}]}}}}}}"#
     ))?;
     let t = Instant::now();
-    let kv = c.wait_until("the list in the KubeVirt CR", Duration::from_secs(20), || {
-        let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
-        let p = kv["spec"]["configuration"]["permittedHostDevices"].clone();
-        Ok((!p.is_null()).then_some(p))
-    })?;
+    let kv = c.wait_until(
+        "the list in the KubeVirt CR",
+        Duration::from_secs(20),
+        || {
+            let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
+            let p = kv["spec"]["configuration"]["permittedHostDevices"].clone();
+            Ok((!p.is_null()).then_some(p))
+        },
+    )?;
     assert_eq!(
         kv,
         serde_json::json!({"pciHostDevices": [{"pciVendorSelector": "1AF4:1000", "resourceName": RES}]})
@@ -141,7 +149,7 @@ fn permitted_host_devices_reach_the_node_the_scheduler_and_admission() -> anyhow
     let kv_at = t.elapsed();
     // The agent follows the CR: the resource shows, with what /sys has bound to vfio-pci.
     let count = c.wait_until("the resource on the Node", Duration::from_secs(20), || {
-        Ok(node_resource(&c, "allocatable")?)
+        node_resource(&c, "allocatable")
     })?;
     let node_at = t.elapsed();
     assert_eq!(count, "0", "this host has no vfio-pci device");
@@ -190,12 +198,16 @@ fn permitted_host_devices_reach_the_node_the_scheduler_and_admission() -> anyhow
     // Dropping the list: out of the KubeVirt CR, the resource stays at 0 on the Node, and
     // without a list every device name is allowed (the VM's VMI is now only short of it).
     c.patch_hco(r#"{"spec":{"permittedHostDevices":null}}"#)?;
-    c.wait_until("the list gone from the KubeVirt CR", Duration::from_secs(20), || {
-        let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
-        Ok(kv["spec"]["configuration"]["permittedHostDevices"]
-            .is_null()
-            .then_some(()))
-    })?;
+    c.wait_until(
+        "the list gone from the KubeVirt CR",
+        Duration::from_secs(20),
+        || {
+            let kv = c.get_json(&["kubevirt", KV, "-n", NS])?;
+            Ok(kv["spec"]["configuration"]["permittedHostDevices"]
+                .is_null()
+                .then_some(()))
+        },
+    )?;
     wait_unschedulable(&c, "wants-other", "Insufficient example.org/other")?;
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(node_resource(&c, "allocatable")?.as_deref(), Some("0"));

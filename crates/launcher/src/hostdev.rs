@@ -49,7 +49,9 @@ pub fn validate(devs: &[HostDevice]) -> Result<(), String> {
     for d in devs {
         match d {
             HostDevice::Pci { address } if !is_pci_address(address) => {
-                return Err(format!("host device PCI address {address:?} is not dddd:bb:ss.f"));
+                return Err(format!(
+                    "host device PCI address {address:?} is not dddd:bb:ss.f"
+                ));
             }
             HostDevice::Mdev { sysfs_path } if !sysfs_path.is_absolute() => {
                 return Err(format!(
@@ -142,7 +144,9 @@ mod tests {
     #[test]
     fn malformed_or_repeated_devices_are_refused() {
         for bad in ["65:00.0", "0000:65:00.8", "0000:65:00.0,x", "0000:6G:00.0"] {
-            let d = [HostDevice::Pci { address: bad.into() }];
+            let d = [HostDevice::Pci {
+                address: bad.into(),
+            }];
             assert!(validate(&d).is_err(), "{bad}");
         }
         let twice = [
@@ -151,9 +155,14 @@ mod tests {
         ];
         assert!(validate(&twice).unwrap_err().contains("twice"));
         assert!(validate(&[HostDevice::Usb { bus: 1, addr: 0 }]).is_err());
-        assert!(validate(&[HostDevice::Mdev { sysfs_path: "rel".into() }]).is_err());
+        assert!(
+            validate(&[HostDevice::Mdev {
+                sysfs_path: "rel".into()
+            }])
+            .is_err()
+        );
         // The serialised form the agent writes into spec.json.
-        let v = serde_json::to_value(&devs_one()).unwrap();
+        let v = serde_json::to_value(devs_one()).unwrap();
         assert_eq!(v, serde_json::json!([{"kind": "usb", "bus": 1, "addr": 2}]));
     }
 

@@ -20,7 +20,9 @@ use ferrovirt_api::kubevirt::host_devices::{PermittedHostDevices, UsbSelector, m
 use super::{Dev, Inventory, Unit};
 
 fn read_trim(p: &Path) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// The last component of the link `p` points to.
@@ -32,7 +34,8 @@ fn link_name(p: &Path) -> Option<String> {
 /// An IOMMU group name as the kernel gives it: decimal digits only (it becomes a path
 /// under `/dev/vfio/`).
 fn iommu_group(dev: &Path) -> Option<String> {
-    link_name(&dev.join("iommu_group")).filter(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
+    link_name(&dev.join("iommu_group"))
+        .filter(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn entries(dir: &Path) -> Vec<(String, std::path::PathBuf)> {
@@ -160,9 +163,12 @@ fn usb(sysfs: &Path, permitted: &PermittedHostDevices, inv: &mut Inventory) {
             read_trim(&path.join(f))
                 .and_then(|s| ferrovirt_api::kubevirt::host_devices::parse_usb_id(&s))
         };
-        let (Some(vendor), Some(product), Some(bus), Some(dev)) =
-            (id("idVendor"), id("idProduct"), num("busnum"), num("devnum"))
-        else {
+        let (Some(vendor), Some(product), Some(bus), Some(dev)) = (
+            id("idVendor"),
+            id("idProduct"),
+            num("busnum"),
+            num("devnum"),
+        ) else {
             continue;
         };
         found.push(UsbFound {

@@ -29,7 +29,11 @@ fn pci(sys: &Path, addr: &str, id: (&str, &str), driver: Option<&str>, group: Op
         symlink(format!("../../../bus/pci/drivers/{drv}"), d.join("driver")).unwrap();
     }
     if let Some(g) = group {
-        symlink(format!("../../../kernel/iommu_groups/{g}"), d.join("iommu_group")).unwrap();
+        symlink(
+            format!("../../../kernel/iommu_groups/{g}"),
+            d.join("iommu_group"),
+        )
+        .unwrap();
     }
 }
 
@@ -49,17 +53,59 @@ fn counts(inv: &Inventory) -> Vec<(String, usize)> {
 fn pci_functions_bound_to_vfio_with_a_group_are_found() {
     let t = tempfile::tempdir().unwrap();
     let sys = t.path();
-    pci(sys, "0000:65:00.0", ("10de", "1eb8"), Some("vfio-pci"), Some("41"));
-    pci(sys, "0000:66:00.0", ("10DE", "1EB8"), Some("vfio-pci"), Some("42"));
+    pci(
+        sys,
+        "0000:65:00.0",
+        ("10de", "1eb8"),
+        Some("vfio-pci"),
+        Some("41"),
+    );
+    pci(
+        sys,
+        "0000:66:00.0",
+        ("10DE", "1EB8"),
+        Some("vfio-pci"),
+        Some("42"),
+    );
     // Same group as 65:00.0: VFIO hands the group out once.
-    pci(sys, "0000:65:00.1", ("10de", "1eb8"), Some("vfio-pci"), Some("41"));
+    pci(
+        sys,
+        "0000:65:00.1",
+        ("10de", "1eb8"),
+        Some("vfio-pci"),
+        Some("41"),
+    );
     // Bound to its host driver, unbound, no IOMMU group, another id: ignored.
-    pci(sys, "0000:67:00.0", ("10de", "1eb8"), Some("nvidia"), Some("43"));
+    pci(
+        sys,
+        "0000:67:00.0",
+        ("10de", "1eb8"),
+        Some("nvidia"),
+        Some("43"),
+    );
     pci(sys, "0000:68:00.0", ("10de", "1eb8"), None, Some("44"));
-    pci(sys, "0000:69:00.0", ("10de", "1eb8"), Some("vfio-pci"), None);
-    pci(sys, "0000:6a:00.0", ("8086", "1572"), Some("vfio-pci"), Some("45"));
+    pci(
+        sys,
+        "0000:69:00.0",
+        ("10de", "1eb8"),
+        Some("vfio-pci"),
+        None,
+    );
+    pci(
+        sys,
+        "0000:6a:00.0",
+        ("8086", "1572"),
+        Some("vfio-pci"),
+        Some("45"),
+    );
     // A group name that is not a number never becomes a path.
-    pci(sys, "0000:6b:00.0", ("10de", "1eb8"), Some("vfio-pci"), Some(".."));
+    pci(
+        sys,
+        "0000:6b:00.0",
+        ("10de", "1eb8"),
+        Some("vfio-pci"),
+        Some(".."),
+    );
     let p = permitted(json!({"pciHostDevices": [
         {"pciVendorSelector": "10DE:1EB8", "resourceName": "nvidia.com/T4"},
         {"pciVendorSelector": "8086:1572", "resourceName": "intel.com/x710",
@@ -158,7 +204,10 @@ fn usb_sets_take_one_device_per_selector() {
         inv["example.org/pair"][0].devices,
         [Dev::Usb { bus: 1, dev: 2 }, Dev::Usb { bus: 1, dev: 4 }]
     );
-    assert_eq!(inv["example.org/storage"][0].devices, [Dev::Usb { bus: 1, dev: 3 }]);
+    assert_eq!(
+        inv["example.org/storage"][0].devices,
+        [Dev::Usb { bus: 1, dev: 3 }]
+    );
     assert_eq!(
         Dev::Usb { bus: 1, dev: 3 }.node(Path::new("/dev")),
         Path::new("/dev/bus/usb/001/003")

@@ -56,13 +56,18 @@ fn grant_one(node: &Path, uid: u32) -> std::io::Result<Grant> {
 /// device it was is left alone).
 pub fn restore(grants: &[Grant]) {
     for g in grants {
-        let still_device = std::fs::symlink_metadata(&g.path)
-            .is_ok_and(|m| m.file_type().is_char_device());
+        let still_device =
+            std::fs::symlink_metadata(&g.path).is_ok_and(|m| m.file_type().is_char_device());
         if !still_device {
             continue;
         }
         if let Err(e) = std::os::unix::fs::lchown(&g.path, Some(g.uid), Some(g.gid)) {
-            tracing::warn!("giving {} back to {}:{}: {e}", g.path.display(), g.uid, g.gid);
+            tracing::warn!(
+                "giving {} back to {}:{}: {e}",
+                g.path.display(),
+                g.uid,
+                g.gid
+            );
         }
     }
 }

@@ -44,10 +44,19 @@ impl Default for HostDevOptions {
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Dev {
     #[serde(rename_all = "camelCase")]
-    Pci { address: String, iommu_group: String },
+    Pci {
+        address: String,
+        iommu_group: String,
+    },
     #[serde(rename_all = "camelCase")]
-    Mdev { uuid: String, iommu_group: String },
-    Usb { bus: u32, dev: u32 },
+    Mdev {
+        uuid: String,
+        iommu_group: String,
+    },
+    Usb {
+        bus: u32,
+        dev: u32,
+    },
 }
 
 impl Dev {
@@ -100,8 +109,10 @@ pub type Inventory = BTreeMap<String, Vec<Unit>>;
 /// (0 when none of its devices is here) and 0 for each one advertised before that is no
 /// longer permitted (as a removed device plugin leaves it).
 pub fn advertised(inv: &Inventory, before: &BTreeSet<String>) -> BTreeMap<String, u64> {
-    let mut out: BTreeMap<String, u64> =
-        inv.iter().map(|(r, u)| (r.clone(), u.len() as u64)).collect();
+    let mut out: BTreeMap<String, u64> = inv
+        .iter()
+        .map(|(r, u)| (r.clone(), u.len() as u64))
+        .collect();
     for r in before {
         out.entry(r.clone()).or_insert(0);
     }
@@ -129,9 +140,11 @@ pub fn assign(
     let mut held = taken.clone();
     let mut out = Vec::new();
     for (field, resource) in requests {
-        let free = inv.get(resource).into_iter().flatten().find(|u| {
-            u.devices.iter().all(|d| !held.contains(&d.key()))
-        });
+        let free = inv
+            .get(resource)
+            .into_iter()
+            .flatten()
+            .find(|u| u.devices.iter().all(|d| !held.contains(&d.key())));
         let Some(unit) = free else {
             return Err((
                 field.clone(),

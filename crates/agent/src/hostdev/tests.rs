@@ -42,8 +42,14 @@ fn requests_get_free_units_in_order() {
     let inv = inventory();
     let r = req(&[
         ("spec.domain.devices.gpus[0].deviceName", "example.org/gpu"),
-        ("spec.domain.devices.hostDevices[0].deviceName", "example.org/gpu"),
-        ("spec.domain.devices.hostDevices[1].deviceName", "example.org/keys"),
+        (
+            "spec.domain.devices.hostDevices[0].deviceName",
+            "example.org/gpu",
+        ),
+        (
+            "spec.domain.devices.hostDevices[1].deviceName",
+            "example.org/keys",
+        ),
     ]);
     let a = assign(&r, &inv, &BTreeSet::new(), "n1").unwrap();
     assert_eq!(a[0].unit, pci("0000:65:00.0", "41"));
@@ -63,8 +69,24 @@ fn requests_get_free_units_in_order() {
     // A USB set with one device held elsewhere is not free.
     let taken: BTreeSet<String> = ["usb/1/3".to_string()].into();
     assert!(assign(&r[2..], &inv, &taken, "n1").is_err());
-    assert!(assign(&req(&[("f", "example.org/none")]), &inv, &BTreeSet::new(), "n1").is_err());
-    assert!(assign(&req(&[("f", "example.org/unknown")]), &inv, &BTreeSet::new(), "n1").is_err());
+    assert!(
+        assign(
+            &req(&[("f", "example.org/none")]),
+            &inv,
+            &BTreeSet::new(),
+            "n1"
+        )
+        .is_err()
+    );
+    assert!(
+        assign(
+            &req(&[("f", "example.org/unknown")]),
+            &inv,
+            &BTreeSet::new(),
+            "n1"
+        )
+        .is_err()
+    );
 }
 
 #[test]
@@ -86,8 +108,21 @@ fn records_say_which_devices_are_held() {
     std::fs::create_dir_all(&a).unwrap();
     std::fs::create_dir_all(&b).unwrap();
     let inv = inventory();
-    let assignments = assign(&req(&[("f", "example.org/keys")]), &inv, &BTreeSet::new(), "n").unwrap();
-    write_record(&a, &Record { assignments, grants: vec![] }).unwrap();
+    let assignments = assign(
+        &req(&[("f", "example.org/keys")]),
+        &inv,
+        &BTreeSet::new(),
+        "n",
+    )
+    .unwrap();
+    write_record(
+        &a,
+        &Record {
+            assignments,
+            grants: vec![],
+        },
+    )
+    .unwrap();
     let held = held_by([a.clone(), b.clone()]);
     assert_eq!(held, ["usb/1/2".to_string(), "usb/1/3".to_string()].into());
     release(&a);
@@ -119,7 +154,14 @@ fn device_nodes_are_granted_to_the_vm_uid_and_given_back() {
     // Recorded in the VMI directory and given back when it goes.
     let dir = t.path().join("vmi");
     std::fs::create_dir_all(&dir).unwrap();
-    write_record(&dir, &Record { assignments: vec![], grants }).unwrap();
+    write_record(
+        &dir,
+        &Record {
+            assignments: vec![],
+            grants,
+        },
+    )
+    .unwrap();
     release(&dir);
     assert_eq!((meta(&node).uid(), meta(&node).gid()), (uid0, gid0));
 }

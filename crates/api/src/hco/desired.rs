@@ -303,7 +303,9 @@ pub fn kubevirt_spec(spec: &Value, namespace: &str) -> Value {
         at(spec, "/vmStateStorageClass"),
     );
     // HCO's names → KubeVirt's, disabled entries dropped.
-    if let Some(p) = crate::kubevirt::host_devices::hco_to_kubevirt(at(spec, "/permittedHostDevices")) {
+    if let Some(p) =
+        crate::kubevirt::host_devices::hco_to_kubevirt(at(spec, "/permittedHostDevices"))
+    {
         config.insert("permittedHostDevices".into(), p);
     }
     put(

@@ -262,10 +262,16 @@ pub fn not_permitted(
 /// VMI fields about host devices ferrovirt does not carry out, refused naming the field
 /// (`dp`: the path of the domain spec): a vGPU display (`virtualGPUOptions.display` not
 /// disabled) and device tags.
-pub fn refused(spec_domain_devices: &crate::kubevirt::devices::Devices, dp: &str) -> Vec<FieldError> {
+pub fn refused(
+    spec_domain_devices: &crate::kubevirt::devices::Devices,
+    dp: &str,
+) -> Vec<FieldError> {
     let mut e = Vec::new();
     for (i, g) in spec_domain_devices.gpus.iter().flatten().enumerate() {
-        let display = g.virtual_gpu_options.as_ref().and_then(|o| o.display.as_ref());
+        let display = g
+            .virtual_gpu_options
+            .as_ref()
+            .and_then(|o| o.display.as_ref());
         if display.is_some_and(|d| d.enabled != Some(false)) {
             e.push(FieldError::not_supported(
                 format!("{dp}.devices.gpus[{i}].virtualGPUOptions.display"),
@@ -279,7 +285,12 @@ pub fn refused(spec_domain_devices: &crate::kubevirt::devices::Devices, dp: &str
             ));
         }
     }
-    for (i, h) in spec_domain_devices.host_devices.iter().flatten().enumerate() {
+    for (i, h) in spec_domain_devices
+        .host_devices
+        .iter()
+        .flatten()
+        .enumerate()
+    {
         if h.tag.is_some() {
             e.push(FieldError::not_supported(
                 format!("{dp}.devices.hostDevices[{i}].tag"),
@@ -332,7 +343,11 @@ pub fn hco_to_kubevirt(hco: Option<&Value>) -> Option<Value> {
             Value::Object(m)
         })
         .collect();
-    for (k, v) in [("pciHostDevices", pci), ("mediatedDevices", mdev), ("usb", usb)] {
+    for (k, v) in [
+        ("pciHostDevices", pci),
+        ("mediatedDevices", mdev),
+        ("usb", usb),
+    ] {
         if !v.is_empty() {
             out.insert(k.into(), Value::Array(v));
         }
@@ -394,7 +409,10 @@ pub fn validate_hco(v: &Value, field: &str, e: &mut Vec<FieldError>) {
             }
             for k in ["externalResourceProvider", "disabled"] {
                 if dm.get(k).is_some_and(|x| !x.is_boolean() && !x.is_null()) {
-                    e.push(FieldError::type_invalid(format!("{f}.{k}"), "must be a boolean"));
+                    e.push(FieldError::type_invalid(
+                        format!("{f}.{k}"),
+                        "must be a boolean",
+                    ));
                 }
             }
             if let Some(r) = s(d, "resourceName").filter(|r| !r.is_empty())
@@ -425,11 +443,17 @@ pub fn validate_hco(v: &Value, field: &str, e: &mut Vec<FieldError>) {
 
 fn check_usb_selectors(v: Option<&Value>, f: &str, e: &mut Vec<FieldError>) {
     let Some(v) = v.filter(|v| !v.is_null()) else {
-        e.push(FieldError::required(f, "at least one vendor/product selector"));
+        e.push(FieldError::required(
+            f,
+            "at least one vendor/product selector",
+        ));
         return;
     };
     let Some(list) = v.as_array().filter(|l| !l.is_empty()) else {
-        e.push(FieldError::required(f, "at least one vendor/product selector"));
+        e.push(FieldError::required(
+            f,
+            "at least one vendor/product selector",
+        ));
         return;
     };
     for (j, sel) in list.iter().enumerate() {

@@ -34,16 +34,28 @@ fn the_kubevirt_list_is_parsed_with_kubevirts_normal_forms() {
     assert_eq!(
         p.usb[0].selectors,
         [
-            UsbSelector { vendor: 0x46f4, product: 1 },
-            UsbSelector { vendor: 0x1b1c, product: 0x1ab1 }
+            UsbSelector {
+                vendor: 0x46f4,
+                product: 1
+            },
+            UsbSelector {
+                vendor: 0x1b1c,
+                product: 0x1ab1
+            }
         ]
     );
-    assert!(p.usb[1].selectors.is_empty(), "a bad selector matches nothing");
+    assert!(
+        p.usb[1].selectors.is_empty(),
+        "a bad selector matches nothing"
+    );
     assert_eq!(p.resource_names().len(), 5);
     assert!(!p.node_resources().contains("intel.com/qat"), "external");
     assert_eq!(p.node_resources().len(), 4);
     // No list at all: None (everything allowed); an empty one: Some (nothing allowed).
-    assert_eq!(PermittedHostDevices::from_kubevirt_spec(Some(&json!({}))), None);
+    assert_eq!(
+        PermittedHostDevices::from_kubevirt_spec(Some(&json!({}))),
+        None
+    );
     assert_eq!(
         PermittedHostDevices::from_kubevirt_spec(Some(&kv(json!({})))),
         Some(PermittedHostDevices::default())
@@ -75,14 +87,19 @@ fn kubevirts_render_rule_names_the_field() {
     .unwrap();
     assert_eq!(
         not_permitted(&spec, Some(&p)),
-        ["spec.domain.devices.gpus[0].deviceName: GPU nvidia.com/A is not permitted in \
-          permittedHostDevices configuration"]
+        [
+            "spec.domain.devices.gpus[0].deviceName: GPU nvidia.com/A is not permitted in \
+          permittedHostDevices configuration"
+        ]
     );
     // An empty list permits nothing.
     let empty = PermittedHostDevices::default();
     assert_eq!(not_permitted(&spec, Some(&empty)).len(), 2);
-    assert!(not_permitted(&spec, Some(&empty))[1]
-        .starts_with("spec.domain.devices.hostDevices[0].deviceName: HostDevice example.org/nic"));
+    assert!(
+        not_permitted(&spec, Some(&empty))[1].starts_with(
+            "spec.domain.devices.hostDevices[0].deviceName: HostDevice example.org/nic"
+        )
+    );
     let counts = request_counts(&vmi_spec(json!({"hostDevices": [
         {"name": "a", "deviceName": "x.io/y"}, {"name": "b", "deviceName": "x.io/y"}]})));
     assert_eq!(counts.get("x.io/y"), Some(&2));
@@ -140,7 +157,9 @@ fn the_hco_shape_is_checked_naming_the_field() {
         .is_empty()
     );
     assert_eq!(
-        check(json!({"pciHostDevices": [{"pciDeviceSelector": "10de-1eb8", "resourceName": "T4"}]})),
+        check(
+            json!({"pciHostDevices": [{"pciDeviceSelector": "10de-1eb8", "resourceName": "T4"}]})
+        ),
         [
             "spec.permittedHostDevices.pciHostDevices[0].resourceName",
             "spec.permittedHostDevices.pciHostDevices[0].pciDeviceSelector"
@@ -167,10 +186,7 @@ fn the_hco_shape_is_checked_naming_the_field() {
         check(json!({"usbHostDevices": [{"resourceName": "a.io/b"}]})),
         ["spec.permittedHostDevices.usbHostDevices[0].selectors"]
     );
-    assert_eq!(
-        check(json!({"usb": []})),
-        ["spec.permittedHostDevices.usb"]
-    );
+    assert_eq!(check(json!({"usb": []})), ["spec.permittedHostDevices.usb"]);
 }
 
 #[test]
@@ -182,7 +198,10 @@ fn resource_names_follow_kubernetes_extended_resource_rules() {
     assert!(!valid_resource_name("x.kubernetes.io/gpu"));
     assert!(!valid_resource_name("Example.com/gpu"));
     assert!(!valid_resource_name("example.com/-gpu"));
-    assert!(!valid_resource_name(&format!("example.com/{}", "a".repeat(64))));
+    assert!(!valid_resource_name(&format!(
+        "example.com/{}",
+        "a".repeat(64)
+    )));
     assert!(valid_pci_selector("10DE:1eb8"));
     assert!(!valid_pci_selector("10de:1eb"));
     assert_eq!(parse_usb_id("1"), Some(1));

@@ -87,8 +87,10 @@ mod tests {
         add(&mut used, &[("example.org/nic".to_string(), 1)].into());
         assert_eq!(
             insufficient(&two, &used, &n),
-            ["node(s) cannot honour spec.domain.devices.hostDevices[0].deviceName: \
-              Insufficient example.org/nic"]
+            [
+                "node(s) cannot honour spec.domain.devices.hostDevices[0].deviceName: \
+              Insufficient example.org/nic"
+            ]
         );
         // Zero, or absent: none.
         let empty = node(json!({"example.org/nic": "0"}));

@@ -281,7 +281,11 @@ fn filter_node(ctx: &Ctx<'_>, state: &NodeState<'_>) -> Result<(), Vec<String>> 
         return Err(unmet);
     }
     // Host devices, counted (NodeResourcesFit over the device plugins' resources).
-    let short = devices::insufficient(ctx.vmi, state.devices.unwrap_or(&devices::DeviceCounts::new()), node);
+    let short = devices::insufficient(
+        ctx.vmi,
+        state.devices.unwrap_or(&devices::DeviceCounts::new()),
+        node,
+    );
     if !short.is_empty() {
         return Err(short);
     }
