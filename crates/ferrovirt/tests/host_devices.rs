@@ -2,9 +2,9 @@
 //! (server, embedded agent, kubectl), without a restart: HyperConverged
 //! `spec.permittedHostDevices` with a PCI selector (and a disabled entry) reaches the KubeVirt
 //! CR in KubeVirt's names; the node's agent, following that CR, advertises the resource in
-//! its Node's capacity and allocatable with the count of matching `vfio-pci` devices it finds
-//! in the real /sys — 0 on this machine, which has no IOMMU and no such device, so no VM here
-//! can really receive one; a VMI asking for the resource stays Pending, unschedulable, the
+//! its Node's capacity and allocatable with the count of functions of that id (one the host
+//! really has, read from /sys) bound to `vfio-pci` — 0 on the test machines, which have no
+//! IOMMU, so no VM here can really receive one; a VMI asking for the resource stays Pending, unschedulable, the
 //! condition and a FailedScheduling Event saying `Insufficient <resource>` and naming the
 //! field; a VM asking for a device the list does not permit is not started, KubeVirt's
 //! message naming the field; shapes HCO does not accept are refused naming the field, as is a
@@ -19,7 +19,7 @@ use serde_json::Value;
 
 const NS: &str = "kubevirt-hyperconverged";
 const KV: &str = "kubevirt-kubevirt-hyperconverged";
-const RES: &str = "example.org/virtio-net";
+const RES: &str = "example.org/host-pci";
 
 fn vmi(name: &str, devices: &str) -> String {
     format!(
@@ -95,6 +95,37 @@ fn wait_unschedulable(c: &Cluster, name: &str, needle: &str) -> anyhow::Result<S
     Ok(msg)
 }
 
+/// A PCI function this host really has (`vendor:device`, upper case as HCO's examples write
+/// it) and how many functions of that id are bound to vfio-pci in an IOMMU group — what the
+/// agent must count; virtio-net's id when /sys lists none.
+fn host_pci_id() -> (String, usize) {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    let hex = |s: String| s.trim().trim_start_matches("0x").to_ascii_uppercase();
+    let fns: Vec<(String, bool)> = std::fs::read_dir("/sys/bus/pci/devices")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let p = e.path();
+            let id = format!(
+                "{}:{}",
+                hex(read(p.join("vendor"))?),
+                hex(read(p.join("device"))?)
+            );
+            let vfio = std::fs::read_link(p.join("driver")).is_ok_and(|l| l.ends_with("vfio-pci"))
+                && p.join("iommu_group").exists();
+            Some((id, vfio))
+        })
+        .collect();
+    match fns.first() {
+        Some((id, _)) => {
+            let n = fns.iter().filter(|(i, v)| i == id && *v).count();
+            (id.clone(), n)
+        }
+        None => ("1AF4:1000".into(), 0),
+    }
+}
+
 fn node_resource(c: &Cluster, field: &str) -> anyhow::Result<Option<String>> {
     let n = c.get_json(&["node", "node1"])?;
     Ok(n["status"][field][RES].as_str().map(str::to_string))
@@ -125,11 +156,13 @@ fn permitted_host_devices_reach_the_node_the_scheduler_and_admission() -> anyhow
         assert!(err.contains(f), "{f} not named: {err}");
     }
 
-    // Permit virtio-net PCI functions (present on many hosts, never bound to vfio-pci here),
-    // and a disabled entry HCO leaves out.
+    // Permit a PCI function this host has (bound to its own driver, not vfio-pci, on the test
+    // machines), and a disabled entry HCO leaves out.
+    let (id, vfio_bound) = host_pci_id();
+    println!("permitting {id}, {vfio_bound} function(s) of it bound to vfio-pci");
     c.patch_hco(&format!(
         r#"{{"spec":{{"permittedHostDevices":{{"pciHostDevices":[
-            {{"pciDeviceSelector":"1AF4:1000","resourceName":"{RES}"}},
+            {{"pciDeviceSelector":"{id}","resourceName":"{RES}"}},
             {{"pciDeviceSelector":"10DE:1EB8","resourceName":"nvidia.com/T4","disabled":true}}]}}}}}}"#
     ))?;
     let t = Instant::now();
@@ -144,7 +177,7 @@ fn permitted_host_devices_reach_the_node_the_scheduler_and_admission() -> anyhow
     )?;
     assert_eq!(
         kv,
-        serde_json::json!({"pciHostDevices": [{"pciVendorSelector": "1AF4:1000", "resourceName": RES}]})
+        serde_json::json!({"pciHostDevices": [{"pciVendorSelector": id, "resourceName": RES}]})
     );
     let kv_at = t.elapsed();
     // The agent follows the CR: the resource shows, with what /sys has bound to vfio-pci.
@@ -152,8 +185,16 @@ fn permitted_host_devices_reach_the_node_the_scheduler_and_admission() -> anyhow
         node_resource(&c, "allocatable")
     })?;
     let node_at = t.elapsed();
-    assert_eq!(count, "0", "this host has no vfio-pci device");
-    assert_eq!(node_resource(&c, "capacity")?.as_deref(), Some("0"));
+    assert_eq!(
+        count,
+        vfio_bound.to_string(),
+        "what /sys has bound to vfio-pci"
+    );
+    assert_eq!(node_resource(&c, "capacity")?, Some(vfio_bound.to_string()));
+    anyhow::ensure!(
+        vfio_bound == 0,
+        "this test expects a host without vfio-pci functions (the VMI below must stay short)"
+    );
 
     // A VMI asking for one waits, short of the device, naming the field.
     c.apply(&vmi(

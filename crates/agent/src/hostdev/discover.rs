@@ -69,6 +69,34 @@ pub fn scan(sysfs: &Path, permitted: &PermittedHostDevices) -> Inventory {
     inv
 }
 
+/// A PCI function as sysfs shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciFunction {
+    pub address: String,
+    /// `vendor:device`, lower-case hex without `0x`.
+    pub id: String,
+    /// The bound driver's name (`vfio-pci`, `nvidia`, …), if any.
+    pub driver: Option<String>,
+    /// The IOMMU group, if the function is in one (digits only).
+    pub iommu_group: Option<String>,
+}
+
+/// Every PCI function under `sysfs` with a readable id, in address order.
+pub fn pci_functions(sysfs: &Path) -> Vec<PciFunction> {
+    entries(&sysfs.join("bus/pci/devices"))
+        .into_iter()
+        .filter_map(|(address, path)| {
+            let (v, d) = (hex_id(&path.join("vendor"))?, hex_id(&path.join("device"))?);
+            Some(PciFunction {
+                address,
+                id: format!("{v}:{d}"),
+                driver: link_name(&path.join("driver")),
+                iommu_group: iommu_group(&path),
+            })
+        })
+        .collect()
+}
+
 fn pci(sysfs: &Path, permitted: &PermittedHostDevices, inv: &mut Inventory) {
     let mut by_selector: BTreeMap<&str, &str> = BTreeMap::new();
     for d in permitted.pci.iter().filter(|d| !d.external) {
@@ -80,18 +108,14 @@ fn pci(sysfs: &Path, permitted: &PermittedHostDevices, inv: &mut Inventory) {
         return;
     }
     let mut groups: BTreeSet<String> = BTreeSet::new();
-    for (address, path) in entries(&sysfs.join("bus/pci/devices")) {
-        let (Some(v), Some(d)) = (hex_id(&path.join("vendor")), hex_id(&path.join("device")))
-        else {
+    for f in pci_functions(sysfs) {
+        let Some(resource) = by_selector.get(f.id.as_str()) else {
             continue;
         };
-        let Some(resource) = by_selector.get(format!("{v}:{d}").as_str()) else {
-            continue;
-        };
-        if link_name(&path.join("driver")).as_deref() != Some("vfio-pci") {
+        if f.driver.as_deref() != Some("vfio-pci") {
             continue;
         }
-        let Some(group) = iommu_group(&path) else {
+        let Some(group) = f.iommu_group else {
             continue;
         };
         if !groups.insert(group.clone()) {
@@ -100,7 +124,7 @@ fn pci(sysfs: &Path, permitted: &PermittedHostDevices, inv: &mut Inventory) {
         }
         inv.entry(resource.to_string()).or_default().push(Unit {
             devices: vec![Dev::Pci {
-                address,
+                address: f.address,
                 iommu_group: group,
             }],
         });

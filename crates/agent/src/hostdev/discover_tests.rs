@@ -1,5 +1,6 @@
 //! Discovery over sysfs trees built in a temporary directory.
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
@@ -221,4 +222,58 @@ fn an_empty_or_missing_tree_finds_nothing() {
         {"pciVendorSelector": "10de:1eb8", "resourceName": "nvidia.com/T4"}]}));
     let inv = scan(&t.path().join("absent"), &p);
     assert_eq!(counts(&inv), [("nvidia.com/T4".to_string(), 0)]);
+}
+
+/// The host's own /sys (a real kernel's layout: `0x` ids with a newline, driver and group
+/// links): every function listed there is read with its id and driver, and only those bound
+/// to vfio-pci in an IOMMU group count. `FERROVIRT_SYS_REPORT=<file>` writes what was read.
+#[test]
+fn the_hosts_own_sys_is_read_and_only_vfio_functions_count() {
+    let sys = Path::new("/sys");
+    let listed = std::fs::read_dir(sys.join("bus/pci/devices"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    let fns = pci_functions(sys);
+    assert_eq!(fns.len(), listed, "{fns:?}");
+    let mut report = String::new();
+    for f in &fns {
+        let raw =
+            std::fs::read_to_string(sys.join("bus/pci/devices").join(&f.address).join("vendor"))
+                .unwrap();
+        assert_eq!(
+            &f.id[..4],
+            raw.trim().trim_start_matches("0x").to_ascii_lowercase()
+        );
+        let driver =
+            std::fs::read_link(sys.join("bus/pci/devices").join(&f.address).join("driver"))
+                .ok()
+                .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()));
+        assert_eq!(f.driver, driver, "{}", f.address);
+        report.push_str(&format!(
+            "{} {} driver={:?} group={:?}\n",
+            f.address, f.id, f.driver, f.iommu_group
+        ));
+    }
+    let ids: BTreeSet<String> = fns.iter().map(|f| f.id.clone()).collect();
+    let list: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|id| {
+            json!({"pciVendorSelector": id.to_ascii_uppercase(),
+                         "resourceName": format!("test.example/{}", id.replace(':', "-"))})
+        })
+        .collect();
+    let inv = scan(sys, &permitted(json!({"pciHostDevices": list})));
+    for id in &ids {
+        let groups: BTreeSet<&String> = fns
+            .iter()
+            .filter(|f| &f.id == id && f.driver.as_deref() == Some("vfio-pci"))
+            .filter_map(|f| f.iommu_group.as_ref())
+            .collect();
+        let r = format!("test.example/{}", id.replace(':', "-"));
+        assert_eq!(inv[&r].len(), groups.len(), "{r}");
+        report.push_str(&format!("{r}: {}\n", inv[&r].len()));
+    }
+    if let Ok(path) = std::env::var("FERROVIRT_SYS_REPORT") {
+        std::fs::write(path, report).unwrap();
+    }
 }
