@@ -180,3 +180,33 @@ impl Agent {
         .map_err(|e| AgentError::Reference(format!("host device assignment task: {e}")))?
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_permitted_list_follows_the_hyperconvergeds_kubevirt() {
+        let (tx, mut rx) = watch::channel(None);
+        rx.borrow_and_update();
+        // Listed, no CR sets a list: known now (Some), and it is "none set".
+        follow_permitted(&[json!({"metadata": {"name": "x"}, "spec": {}})], &tx);
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), Some(None));
+        let owned = json!({"metadata": {"name": "kubevirt-kubevirt-hyperconverged"},
+            "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [
+                {"pciVendorSelector": "1AF4:1041", "resourceName": "example.org/net"}]}}}});
+        let other = json!({"metadata": {"name": "a", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"configuration": {"permittedHostDevices": {}}}});
+        follow_permitted(&[other.clone(), owned.clone()], &tx);
+        let now = rx.borrow_and_update().clone().flatten().unwrap();
+        assert_eq!(now.pci[0].selector, "1af4:1041");
+        follow_permitted(&[owned, other], &tx);
+        assert!(
+            !rx.has_changed().unwrap(),
+            "the same list is not sent again"
+        );
+    }
+}
