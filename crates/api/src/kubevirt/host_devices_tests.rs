@@ -1,3 +1,5 @@
+//! Unit tests of the host device rules (`super`).
+
 use serde_json::json;
 
 use super::*;
