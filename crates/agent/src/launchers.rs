@@ -175,6 +175,7 @@ pub fn read_network_plan(dir: &Path) -> Option<ferrovirt_network::PodPlan> {
 /// Removes a VMI directory, releasing its QEMU uid.
 pub fn remove_dir(dir: &Path) {
     reap_orphan_qemu(dir);
+    crate::hostdev::release(dir);
     crate::isolation::release_uid(dir);
     if dir.exists()
         && let Err(e) = std::fs::remove_dir_all(dir)

@@ -22,6 +22,8 @@
 //! - [`blockmig`]: node-local disks in a block migration (what can be copied, the target's
 //!   fresh copies, the PV's move).
 //! - [`udn`]: VMIs in namespaces that ask for a Primary user-defined network (refused).
+//! - [`hostdev`]: permitted host devices found, counted on the Node, assigned to VMIs, and
+//!   their device nodes granted to the VM's uid.
 //! - [`resize`]: online growth of running VMIs' claim disks after their volumes grew.
 
 pub mod blockmig;
@@ -33,6 +35,7 @@ pub mod delegated;
 pub mod endpoint;
 pub mod error;
 pub mod fencing;
+pub mod hostdev;
 pub mod hostpath;
 pub mod isolation;
 pub mod launchers;

@@ -41,6 +41,7 @@ use crate::volumes::ResolvedRefs;
 mod blockmig;
 mod caches;
 mod cpu_labels;
+mod devices;
 mod migration;
 mod migresume;
 mod migsetup;
@@ -81,6 +82,8 @@ pub struct AgentOptions {
     /// Per-VM QEMU uids, cgroup limits, serial log bound, allowed host paths
     /// ([`crate::isolation`]).
     pub isolation: crate::isolation::IsolationOptions,
+    /// Where host devices are looked for ([`crate::hostdev`]).
+    pub host_devices: crate::hostdev::HostDevOptions,
 }
 
 impl AgentOptions {
@@ -104,6 +107,7 @@ impl AgentOptions {
             api_token: None,
             pod_network: None,
             isolation: crate::isolation::IsolationOptions::default(),
+            host_devices: crate::hostdev::HostDevOptions::default(),
         }
     }
 }
@@ -266,6 +270,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     let cpu_models = cpu_labels::probe(&opts.qemu_binary, accel).await;
     let (obsolete_tx, obsolete) =
         tokio::sync::watch::channel(ferrovirt_api::kubevirt::cpu_model::obsolete_models([]));
+    let (permitted_tx, permitted) = tokio::sync::watch::channel(None);
     let caches = caches::Caches::start(
         &client,
         {
@@ -274,7 +279,10 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
                 crate::fencing::follow_lease_duration(hcos, &lease_seconds, default_lease)
             })
         },
-        Box::new(move |kubevirts| cpu_labels::follow_obsolete(kubevirts, &obsolete_tx)),
+        Box::new(move |kubevirts| {
+            cpu_labels::follow_obsolete(kubevirts, &obsolete_tx);
+            devices::follow_permitted(kubevirts, &permitted_tx);
+        }),
     );
     let agent = Arc::new(Agent {
         endpoint_url: endpoint.url.clone(),
@@ -309,6 +317,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     agent.register_node().await?;
     tracing::info!(node = %agent.opts.node_name, accel = %accel, "agent registered its node");
     tokio::spawn(cpu_labels::run(agent.clone(), obsolete));
+    tokio::spawn(devices::run(agent.clone(), permitted));
     agent.net.init(&agent.client, &agent.opts.node_name).await?;
     let overlay = tokio::spawn({
         let agent = agent.clone();

@@ -7,7 +7,7 @@
 mod core;
 mod datavolume;
 mod defaults;
-mod meta;
+pub(crate) mod meta;
 mod others;
 mod pool;
 mod validate;

@@ -103,6 +103,10 @@ pub fn qemu_command(spec: &LaunchSpec) -> Vec<String> {
     if spec.balloon {
         a.opt("-device", "virtio-balloon-pci,id=balloon0");
     }
+    a.0.extend(crate::hostdev::device_args(
+        &spec.host_devices,
+        USB_CONTROLLER_ID,
+    ));
     a.0.extend(platform::device_args(&spec.platform, USB_CONTROLLER_ID));
     a.0.extend(spec.extra_args.iter().cloned());
     a.0
@@ -305,7 +309,10 @@ fn disk_args(spec: &LaunchSpec, a: &mut Args) {
             format!("virtio-scsi-pci,id={SCSI_CONTROLLER_ID}"),
         );
     }
-    if spec.disks.iter().any(|d| d.bus == DiskBus::Usb) || spec.platform.needs_usb() {
+    if spec.disks.iter().any(|d| d.bus == DiskBus::Usb)
+        || spec.platform.needs_usb()
+        || crate::hostdev::needs_usb(&spec.host_devices)
+    {
         a.opt("-device", format!("qemu-xhci,id={USB_CONTROLLER_ID}"));
     }
     let (mut sata, mut scsi) = (0usize, 0usize);

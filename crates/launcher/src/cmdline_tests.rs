@@ -613,3 +613,25 @@ fn multi_queue_tap_nic() {
         assert!(s.validate().is_err(), "{model:?} {queues}");
     }
 }
+
+#[test]
+fn host_devices_are_passed_through_and_usb_ones_get_a_controller() {
+    use crate::hostdev::HostDevice;
+    let mut s = spec();
+    s.host_devices = vec![
+        HostDevice::Pci {
+            address: "0000:01:00.0".into(),
+        },
+        HostDevice::Usb { bus: 1, addr: 4 },
+    ];
+    let argv = qemu_command(&s);
+    let devices = values_of(&argv, "-device");
+    assert!(devices.contains(&"qemu-xhci,id=usb"));
+    assert!(devices.contains(&"vfio-pci,host=0000:01:00.0,id=hostdev0"));
+    assert!(devices.contains(&"usb-host,hostbus=1,hostaddr=4,id=hostdev1,bus=usb.0"));
+    let pos = |needle: &str| argv.iter().position(|x| x.starts_with(needle)).unwrap();
+    assert!(pos("qemu-xhci") < pos("usb-host"));
+    // PCI alone needs no USB controller.
+    s.host_devices.truncate(1);
+    assert!(!values_of(&qemu_command(&s), "-device").contains(&"qemu-xhci,id=usb"));
+}

@@ -87,6 +87,16 @@ impl QemuProcess {
             }
             None => None,
         };
+        if let Some(bytes) = crate::hostdev::memlock_bytes(&spec.host_devices, spec.memory_mib) {
+            // Inherited by QEMU, which keeps it after dropping to its uid.
+            let limit = rustix::process::Rlimit {
+                current: Some(bytes),
+                maximum: Some(bytes),
+            };
+            if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Memlock, limit) {
+                tracing::warn!("raising RLIMIT_MEMLOCK to {bytes} for VFIO: {e}");
+            }
+        }
         let argv = qemu_command(spec);
         let mut cmd = Command::new(&opts.binary);
         cmd.args(&argv)

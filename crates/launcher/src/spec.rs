@@ -78,6 +78,9 @@ pub struct LaunchSpec {
     /// Features, clock, reboot policy, chassis, CPU flags, watchdog, panic, tablets, sound.
     #[serde(default)]
     pub platform: crate::platform::Platform,
+    /// Host devices passed through ([`crate::hostdev`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_devices: Vec<crate::hostdev::HostDevice>,
     /// Extra arguments appended verbatim at the end (tests, debugging).
     #[serde(default)]
     pub extra_args: Vec<String>,
@@ -533,6 +536,7 @@ impl LaunchSpec {
             serial_log_max_bytes: None,
             incoming: false,
             platform: crate::platform::Platform::default(),
+            host_devices: Vec::new(),
             extra_args: Vec::new(),
         }
     }
@@ -560,6 +564,7 @@ impl LaunchSpec {
         {
             return bad(format!("invalid CPU model {n:?}"));
         }
+        crate::hostdev::validate(&self.host_devices).map_err(Error::InvalidSpec)?;
         let mut ids = HashSet::new();
         let mut boot = HashSet::new();
         let mut sata = 0usize;

@@ -199,6 +199,10 @@ impl Agent {
         let exec_prefix = attachment.exec_prefix;
         let mut spec = mapping::launch_spec(vmi, &ctx)?;
         spec.incoming = incoming;
+        if !incoming {
+            // A VMI with host devices never migrates (`ferrovirt_api::migration`).
+            spec.host_devices = self.assign_host_devices(vmi, &dir).await?;
+        }
         spec.validate()?;
         // LiveMigratable, decided now that the claims' access modes are known; the running
         // status reports it (`decide::Report::migratable`).

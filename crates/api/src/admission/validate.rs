@@ -211,7 +211,7 @@ fn validate_domain(p: &str, d: &DomainSpec, checks: SpecChecks, e: &mut Vec<Fiel
             e,
         );
     }
-    {}
+    e.extend(crate::kubevirt::host_devices::refused(&d.devices, &dp));
     if let (Some(g), Some(r)) = (guest_mem, request_mem)
         && g < r
     {

@@ -53,6 +53,7 @@ const HONOURED: &[&str] = &[
     "commonInstancetypesDeployment",
     "defaultCPUModel",
     "obsoleteCPUs",
+    "permittedHostDevices",
 ];
 
 /// `storageImport` fields carried out.
@@ -154,6 +155,9 @@ pub fn validate(obj: &Value, op: Operation) -> Vec<FieldError> {
                 None => e.push(FieldError::type_invalid(field, "must be a string")),
             },
             "obsoleteCPUs" => check_obsolete_cpus(v, &field, &mut e),
+            "permittedHostDevices" => {
+                crate::kubevirt::host_devices::validate_hco(v, &field, &mut e)
+            }
             "workloads" => check_workloads_placement(v, &field, &mut e),
             "infra" => {
                 let placement = v.get("nodePlacement").filter(|p| !p.is_null());
@@ -373,6 +377,8 @@ mod tests {
                 "obsoleteCPUs": {"cpuModels": ["Nehalem", "Opteron_G1"]},
                 "workloads": {"nodePlacement": {"nodeSelector": {"role": "vms"},
                     "affinity": {"nodeAffinity": {}}}},
+                "permittedHostDevices": {"pciHostDevices": [{"pciDeviceSelector": "10DE:1EB8",
+                    "resourceName": "nvidia.com/TU104GL_Tesla_T4"}]},
             }))
             .is_empty()
         );
@@ -396,6 +402,8 @@ mod tests {
                 "storageImport": {"insecureRegistries": [], "other": 1},
                 "evictionStrategy": "Sometimes",
                 "commonInstancetypesDeployment": {"enabled": "no", "source": "x"},
+                "permittedHostDevices": {"pciHostDevices": [{"pciDeviceSelector": "10de",
+                    "resourceName": "nvidia.com/T4"}]},
             })),
             vec![
                 "spec.commonInstancetypesDeployment.enabled",
@@ -408,6 +416,7 @@ mod tests {
                 "spec.higherWorkloadDensity.memoryOvercommitPercentage",
                 "spec.obsoleteCPUs.cpuModels[1]",
                 "spec.obsoleteCPUs.minCPUModel",
+                "spec.permittedHostDevices.pciHostDevices[0].pciDeviceSelector",
                 "spec.resourceRequirements.storageWorkloads",
                 "spec.storageImport.other",
                 "spec.workloads.nodePlacement.tolerations",

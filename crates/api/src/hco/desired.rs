@@ -302,11 +302,12 @@ pub fn kubevirt_spec(spec: &Value, namespace: &str) -> Value {
         "vmStateStorageClass",
         at(spec, "/vmStateStorageClass"),
     );
-    put(
-        &mut config,
-        "permittedHostDevices",
-        at(spec, "/permittedHostDevices"),
-    );
+    // HCO's names → KubeVirt's, disabled entries dropped.
+    if let Some(p) =
+        crate::kubevirt::host_devices::hco_to_kubevirt(at(spec, "/permittedHostDevices"))
+    {
+        config.insert("permittedHostDevices".into(), p);
+    }
     put(
         &mut config,
         "mediatedDevicesConfiguration",

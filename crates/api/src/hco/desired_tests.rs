@@ -195,3 +195,27 @@ fn decide_tells_hco_changes_from_foreign_edits() {
         SpecAction::Keep
     );
 }
+
+#[test]
+fn permitted_host_devices_reach_the_kubevirt_cr_in_kubevirts_names() {
+    let h = hco(json!({"permittedHostDevices": {
+        "pciHostDevices": [
+            {"pciDeviceSelector": "1AF4:1000", "resourceName": "example.org/virtio-net"},
+            {"pciDeviceSelector": "10DE:1EB8", "resourceName": "nvidia.com/T4", "disabled": true}
+        ],
+        "usbHostDevices": [{"resourceName": "example.org/key",
+                            "selectors": [{"vendor": "1050", "product": "0407"}]}]
+    }}));
+    let kv = desired_object(OwnedKind::KubeVirt, &h);
+    assert_eq!(
+        kv.pointer("/spec/configuration/permittedHostDevices"),
+        Some(&json!({
+            "pciHostDevices": [{"pciVendorSelector": "1AF4:1000",
+                                "resourceName": "example.org/virtio-net"}],
+            "usb": [{"resourceName": "example.org/key",
+                     "selectors": [{"vendor": "1050", "product": "0407"}]}]
+        }))
+    );
+    let kv = desired_object(OwnedKind::KubeVirt, &hco(json!({})));
+    assert_eq!(kv.pointer("/spec/configuration/permittedHostDevices"), None);
+}

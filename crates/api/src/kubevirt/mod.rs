@@ -5,6 +5,7 @@ pub mod cpu_model;
 pub mod devices;
 pub mod domain;
 pub mod export;
+pub mod host_devices;
 pub mod instancetype;
 pub mod misc;
 pub mod overcommit;

@@ -3,7 +3,7 @@
 //! scheduler and the migration target fit), the drain taint key and the cluster eviction
 //! strategy (evacuation), and the cluster migration configuration (admission of migrations and
 //! their settings), whether the common instancetypes are deployed, the obsolete CPU models
-//! (the scheduler), the workloads placement (the scheduler). A change rings [`Kind::KubeVirt`]; no reconcile lists `kubevirts`.
+//! (the scheduler), the workloads placement and the permitted host devices (the scheduler). A change rings [`Kind::KubeVirt`]; no reconcile lists `kubevirts`.
 //!
 //! Which CR counts: the HyperConverged's own (`kubevirt-kubevirt-hyperconverged`) first, then
 //! the others oldest first ([`KubeVirtConfig::from_crs`], pure); each setting is taken from the
@@ -18,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use ferrovirt_api::kubevirt::host_devices::PermittedHostDevices;
 use ferrovirt_api::kubevirt::misc::MigrationConfiguration;
 use ferrovirt_api::kubevirt::overcommit::Overcommit;
 use ferrovirt_api::migration_policy;
@@ -42,6 +43,9 @@ pub struct KubeVirtConfig {
     pub obsolete_cpu_models: std::collections::BTreeSet<String>,
     /// `workloads.nodePlacement`: the nodes VMs may run on (the scheduler).
     pub workloads: Option<crate::scheduler::placement::WorkloadsPlacement>,
+    /// `configuration.permittedHostDevices` (None: not set, every device name allowed): a
+    /// VMI asking for a device it does not list is not placed (the scheduler).
+    pub permitted_host_devices: Option<PermittedHostDevices>,
 }
 
 impl Default for KubeVirtConfig {
@@ -90,6 +94,7 @@ impl KubeVirtConfig {
             workloads: specs.iter().find_map(|s| {
                 crate::scheduler::placement::WorkloadsPlacement::from_kubevirt_spec(*s)
             }),
+            permitted_host_devices: PermittedHostDevices::from_kubevirts(ordered.iter().copied()),
         }
     }
 }
@@ -195,6 +200,7 @@ mod tests {
         assert_eq!(c.eviction_strategy, None);
         assert!(c.common_instancetypes);
         assert!(c.obsolete_cpu_models.contains("qemu64"));
+        assert_eq!(c.permitted_host_devices, None);
         assert_eq!(
             c.migrations,
             migration_policy::cluster_configuration(None, None)

@@ -175,10 +175,11 @@ pub async fn run(
         let node_list = stores.node_list();
         // One snapshot for the whole pass: every decision counts the ones before it.
         // The KubeVirt CR's overcommit settings as they are now.
+        let kubevirt = stores.kubevirt();
         let sched_opts = SchedulerOptions {
             overcommit: stores.overcommit(),
             obsolete_cpu_models: stores.obsolete_cpu_models(),
-            workloads: stores.kubevirt().workloads.clone(),
+            workloads: kubevirt.workloads.clone(),
             ..opts.scheduler.clone()
         };
         let mut snap = Snapshot::new(&node_list, cached.iter().map(|v| &v.0), &sched_opts);
@@ -195,6 +196,18 @@ pub async fn run(
             if let Some(message) =
                 crate::scheduler::volumes::deleting_claim_message(&deleting, snap.node_count())
             {
+                unschedulable.push((v, message));
+                continue;
+            }
+            // KubeVirt's render-time rule: a device the cluster does not permit.
+            let refused = v.spec.as_ref().map_or_else(Vec::new, |spec| {
+                ferrovirt_api::kubevirt::host_devices::not_permitted(
+                    spec,
+                    kubevirt.permitted_host_devices.as_ref(),
+                )
+            });
+            if !refused.is_empty() {
+                let message = format!("failed to render launch manifest: {}", refused.join(" "));
                 unschedulable.push((v, message));
                 continue;
             }

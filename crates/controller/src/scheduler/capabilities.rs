@@ -1,5 +1,5 @@
 //! Honour or refuse: VMI fields that need something a node may not offer (confidential
-//! computing, GPUs and host devices, DRA claims, hugepages, dedicated CPUs). A node that cannot
+//! computing, DRA claims for GPUs and host devices, hugepages, dedicated CPUs). A node that cannot
 //! honour one is filtered out with a reason naming the field, so the VMI stays unschedulable
 //! instead of running without it.
 
@@ -40,30 +40,21 @@ pub fn unmet(vmi: &VirtualMachineInstance, node: &Node) -> Vec<String> {
             out.push(reason("spec.domain.launchSecurity.tdx", "no Intel TDX"));
         }
     }
+    // Device-plugin resources are counted by `super::devices`; DRA claims are refused.
     for (i, g) in d.devices.gpus.iter().flatten().enumerate() {
-        match &g.device_name {
-            Some(dev) if !allocatable(node, dev) => out.push(reason(
-                &format!("spec.domain.devices.gpus[{i}].deviceName"),
-                &format!("no {dev}"),
-            )),
-            None => out.push(reason(
+        if g.device_name.is_none() {
+            out.push(reason(
                 &format!("spec.domain.devices.gpus[{i}].claimName"),
                 "DRA claims are not supported",
-            )),
-            _ => {}
+            ));
         }
     }
     for (i, h) in d.devices.host_devices.iter().flatten().enumerate() {
-        match &h.device_name {
-            Some(dev) if !allocatable(node, dev) => out.push(reason(
-                &format!("spec.domain.devices.hostDevices[{i}].deviceName"),
-                &format!("no {dev}"),
-            )),
-            None => out.push(reason(
+        if h.device_name.is_none() {
+            out.push(reason(
                 &format!("spec.domain.devices.hostDevices[{i}].claimName"),
                 "DRA claims are not supported",
-            )),
-            _ => {}
+            ));
         }
     }
     if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
@@ -153,26 +144,13 @@ mod tests {
     }
 
     #[test]
-    fn gpu_needs_the_device() {
+    fn device_plugin_resources_are_left_to_the_count() {
         let v = vmi(
-            json!({"devices": {"gpus": [{"name": "g", "deviceName": "nvidia.com/A"}]}}),
+            json!({"devices": {"gpus": [{"name": "g", "deviceName": "nvidia.com/A"}],
+                               "hostDevices": [{"name": "h", "deviceName": "intel.com/qat"}]}}),
             json!({}),
         );
-        one(&v, &plain(), "spec.domain.devices.gpus[0].deviceName");
-        assert!(unmet(&v, &node(json!({"nvidia.com/A": "1"}), json!({}))).is_empty());
-    }
-
-    #[test]
-    fn host_device_needs_the_device() {
-        let v = vmi(
-            json!({"devices": {"hostDevices": [{"name": "h", "deviceName": "intel.com/qat"}]}}),
-            json!({}),
-        );
-        one(
-            &v,
-            &plain(),
-            "spec.domain.devices.hostDevices[0].deviceName",
-        );
+        assert!(unmet(&v, &plain()).is_empty());
     }
 
     #[test]
