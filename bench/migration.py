@@ -27,6 +27,8 @@ plain QEMUs doing the same by hand: an NBD export on the target, `blockdev-mirro
 `pause-before-switchover`, the mirror completed, `migrate-continue` (wall time from the
 mirror's start to `completed`, QEMU's downtime).
 Both run on 2 cores shared with the rest of the machine: compare within one run only.
+FV_BENCH_KEEP_LOGS=DIR keeps the server's and the agent's logs (set RUST_LOG=info for the
+agents' per-step timings).
 """
 import argparse, json, os, re, shutil, socket, statistics, subprocess, sys, tempfile, time
 
@@ -435,6 +437,12 @@ spec:
                 os.kill(pid, 9)
             except OSError:
                 pass
+        keep = os.environ.get("FV_BENCH_KEEP_LOGS")
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            for f in ("server.log", "agent.log"):
+                if os.path.exists(os.path.join(tmp, f)):
+                    shutil.copy(os.path.join(tmp, f), keep)
         shutil.rmtree(tmp, ignore_errors=True)
     med = lambda xs: statistics.median(xs)
     o_total, o_down = med([t for t, _ in ours]), med([d for _, d in ours])

@@ -225,6 +225,7 @@ pub async fn run(
         // assumption, so the next pass decides that VMI again from the cache.
         let mut outcomes = Vec::new();
         let mut inflight = futures::stream::FuturesUnordered::new();
+        let assumed_bound_this_pass: Vec<String> = binds.iter().map(|(v, _)| key(v)).collect();
         for (v, node) in binds {
             inflight.push(bind_and_record(&client, &recorder, v, node, pass_us));
             if inflight.len() >= WRITE_CONCURRENCY
@@ -249,8 +250,13 @@ pub async fn run(
                 }
             }
         }
+        let bound_any = !assumed_bound_this_pass.is_empty();
+        let now = Timestamp::now();
         let mut inflight = futures::stream::FuturesUnordered::new();
         for (v, message) in unschedulable {
+            if !remark_needed(v, &message, bound_any, now) {
+                continue;
+            }
             inflight.push(mark_unschedulable_logged(&client, &recorder, v, message));
             if inflight.len() >= WRITE_CONCURRENCY {
                 inflight.next().await;
@@ -262,6 +268,44 @@ pub async fn run(
             None => return Ok(()),
         }
     }
+}
+
+/// How stale an unschedulable VMI's message may get while other VMIs are being bound.
+const REMARK_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether `vmi`, unschedulable in this pass with `message`, must be written (pure, `now`
+/// given): always when it is not marked Pending + PodScheduled=False yet, never when the
+/// message is the same; a changed message is written at once when the pass bound nothing,
+/// and otherwise only once the last write (`lastProbeTime`) is [`REMARK_AFTER`] old. While a
+/// backlog drains, each pass binds some VMIs and changes the message of all the others ("N
+/// node(s) didn't have free …" counts): rewriting every waiting VMI (a PATCH and an Event
+/// each) per pass cost more than the binds and made binds conflict with the marks (a 409 and
+/// a GET each). Kubernetes' scheduler likewise backs a pod that failed off before trying it
+/// (and writing its condition) again.
+fn remark_needed(
+    vmi: &VirtualMachineInstance,
+    message: &str,
+    pass_bound_any: bool,
+    now: Timestamp,
+) -> bool {
+    let current = conditions::find(
+        vmi.status.as_ref().and_then(|s| s.conditions.as_deref()),
+        vmi_condition::POD_SCHEDULED,
+    );
+    let phase = vmi.status.as_ref().and_then(|s| s.phase);
+    let Some(c) = current.filter(|c| c.status == "False" && phase == Some(VmiPhase::Pending))
+    else {
+        return true;
+    };
+    if c.message.as_deref() == Some(message) {
+        return false;
+    }
+    if !pass_bound_any {
+        return true;
+    }
+    c.last_probe_time.as_ref().is_none_or(|t| {
+        now.duration_since(t.0).as_secs_f64() >= REMARK_AFTER.as_secs_f64()
+    })
 }
 
 /// Whether a wake-up needs a look at every cached VMI (pure): when a VMI changed (a new one
@@ -558,15 +602,16 @@ async fn mark_unschedulable(
     {
         return Ok(());
     }
-    let conds = conditions_with(
-        vmi,
-        conditions::condition(
-            vmi_condition::POD_SCHEDULED,
-            false,
-            Some("Unschedulable"),
-            Some(message),
-        ),
+    // When this was last written, as Kubernetes' scheduler stamps PodScheduled
+    // (`remark_needed` reads it).
+    let mut cond = conditions::condition(
+        vmi_condition::POD_SCHEDULED,
+        false,
+        Some("Unschedulable"),
+        Some(message),
     );
+    cond.last_probe_time = Some(Time(Timestamp::now()));
+    let conds = conditions_with(vmi, cond);
     let status = json!({"status": {"phase": "Pending", "conditions": conds}});
     let name = vmi.metadata.name.as_deref().unwrap_or("");
     vmi_api(client, vmi)
@@ -595,6 +640,39 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn waiting_vmis_are_not_rewritten_per_pass_while_others_are_bound() {
+        use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+        use k8s_openapi::jiff::{SignedDuration, Timestamp};
+        let now: Timestamp = "2026-12-04T12:00:00Z".parse().unwrap();
+        let marked = |msg: &str, probed: Timestamp| -> VirtualMachineInstance {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "a", "namespace": "ns"},
+                "spec": {"domain": {"devices": {}}},
+                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                    "status": "False", "reason": "Unschedulable", "message": msg,
+                    "lastProbeTime": probed.to_string()}]}
+            }))
+            .unwrap()
+        };
+        let fresh: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "namespace": "ns"},
+            "spec": {"domain": {"devices": {}}}
+        }))
+        .unwrap();
+        // Not marked yet: always written, binds or not.
+        assert!(super::remark_needed(&fresh, "m", true, now));
+        let recent = marked("old", now - SignedDuration::from_secs(3));
+        // The same message: never.
+        assert!(!super::remark_needed(&recent, "old", false, now));
+        // A new message: at once when nothing was bound; while others are bound, not before
+        // the last write is 30 s old.
+        assert!(super::remark_needed(&recent, "new", false, now));
+        assert!(!super::remark_needed(&recent, "new", true, now));
+        let stale = marked("old", now - SignedDuration::from_secs(31));
+        assert!(super::remark_needed(&stale, "new", true, now));
     }
 
     #[test]
