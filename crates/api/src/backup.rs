@@ -173,7 +173,7 @@ kstruct! {
         #[serde(default)]
         pub new_mac_addresses: bool,
         /// Give restored VMs a new firmware UUID (default false).
-        #[serde(default)]
+        #[serde(default, rename = "newFirmwareUUID")]
         pub new_firmware_uuid: bool,
         /// Start the VMs once restored.
         #[serde(default)]
@@ -763,6 +763,7 @@ mod tests {
             "spec": {"target": "s3", "backupName": "default-b1",
             "encryptionKeySecretRef": "key", "start": true,
             "namespaceMapping": {"default": "restored"}, "newMacAddresses": true,
+            "newFirmwareUUID": true,
             "virtualMachines": [{"name": "default/vm1", "newName": "vm2"}]}});
         assert!(fields("BackupRestore", r.clone()).is_empty());
         // Into another namespace than its own: refused naming the mapping.

@@ -51,7 +51,8 @@ const DV_READY_WITHIN: Duration = Duration::from_secs(300);
 struct Ctx {
     client: kube::Client,
     agent_token: Option<String>,
-    /// UIDs of BackupRestores with a task in this process.
+    /// UIDs of BackupRestores with a task in this process, running or finished (a finished
+    /// one stays: a watch event older than its final status must not start it again).
     running: Mutex<HashSet<String>>,
     events: EventRecorder,
 }
@@ -214,8 +215,6 @@ async fn reconcile(obj: Arc<Restore>, ctx: Arc<Ctx>) -> Result<Action, Controlle
             tracing::warn!(error = %e, restore = %name, "writing the restore's result failed");
         }
         task_ctx.events.record(&oref, warning, reason, &msg).await;
-        #[allow(clippy::unwrap_used)]
-        task_ctx.running.lock().unwrap().remove(&uid);
     });
     Ok(Action::await_change())
 }
