@@ -495,10 +495,9 @@ spec:
     Ok(())
 }
 
-/// The server killed in the middle of a backup (a 384 MiB volume of random bytes, read
-/// for several seconds): restarted, it runs the Backup again to the end; the target lists it
-/// once, `verify` re-reads every chunk, and a garbage collection keeps every referenced one.
-fn killed_mid_backup(a: &mut Cluster) -> anyhow::Result<()> {
+/// VM `bigvm` (halted) with a 384 MiB shared volume `big` filled with random bytes; the
+/// SHA-256 of the volume's image.
+fn fill_big_vm(a: &Cluster) -> anyhow::Result<String> {
     a.apply(
         r#"
 apiVersion: cdi.kubevirt.io/v1beta1
@@ -528,23 +527,48 @@ spec:
         let v = a.get_json(&["dv", "big", "-n", "default"])?;
         Ok((v["status"]["phase"] == "Succeeded").then_some(()))
     })?;
-    let pvc = a.get_json(&["pvc", "big", "-n", "default"])?;
-    let pv = a.get_json(&["pv", pvc["spec"]["volumeName"].as_str().unwrap_or("")])?;
-    let dir = pv["spec"]["hostPath"]["path"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let image = volume_image(a, "big")?;
     let filled = Command::new("dd")
         .args([
             "if=/dev/urandom",
-            &format!("of={dir}/disk.img"),
+            &format!("of={image}"),
             "bs=4M",
             "count=96",
             "conv=notrunc,fsync",
             "status=none",
         ])
         .status()?;
-    anyhow::ensure!(filled.success(), "filling {dir}/disk.img");
+    anyhow::ensure!(filled.success(), "filling {image}");
+    sha256(&image, 384 << 20)
+}
+
+/// The `disk.img` of claim `pvc`'s (hostPath) volume.
+fn volume_image(c: &Cluster, pvc: &str) -> anyhow::Result<String> {
+    let claim = c.get_json(&["pvc", pvc, "-n", "default"])?;
+    let pv = c.get_json(&["pv", claim["spec"]["volumeName"].as_str().unwrap_or("")])?;
+    let dir = pv["spec"]["hostPath"]["path"].as_str().unwrap_or("");
+    anyhow::ensure!(!dir.is_empty(), "claim {pvc} has no hostPath volume: {pv}");
+    Ok(format!("{dir}/disk.img"))
+}
+
+/// SHA-256 of the first `len` bytes of `path`.
+fn sha256(path: &str, len: u64) -> anyhow::Result<String> {
+    let out = Command::new("sh")
+        .args(["-c", &format!("head -c {len} '{path}' | sha256sum")])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "sha256sum {path}: {}", text(&out));
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split(' ')
+        .next()
+        .unwrap_or("")
+        .to_string())
+}
+
+/// The server killed in the middle of a backup (a 384 MiB volume of random bytes, read
+/// for several seconds): restarted, it runs the Backup again to the end; the target lists it
+/// once, `verify` re-reads every chunk, and a garbage collection keeps every referenced one.
+fn killed_mid_backup(a: &mut Cluster) -> anyhow::Result<()> {
+    fill_big_vm(a)?;
     a.apply(
         r#"
 apiVersion: backup.ferrovirt.io/v1alpha1
@@ -645,7 +669,9 @@ async fn alter_one_chunk(port: u16) -> anyhow::Result<String> {
 /// (node-local) root disk and its MAC. A second BackupRestore beside it under a new name with
 /// `newMacAddresses` and `newFirmwareUUID` gets another MAC and UUID; one naming a missing
 /// backup, one with a wrong key and one whose VM name is taken fail naming the cause; a
-/// namespace mapping into another namespace is refused at admission.
+/// namespace mapping into another namespace is refused at admission. Last, server B is killed
+/// while it restores a 384 MiB random volume: restarted, it runs the restore again to a
+/// volume with the backed-up SHA-256.
 #[test]
 fn backup_restore_object_on_a_second_server() -> anyhow::Result<()> {
     let t0 = Instant::now();
@@ -697,10 +723,18 @@ spec: {{filesystem: {{path: "{}", prefix: e2e}}}}
     )?;
     let b1 = wait_backup(&a, "b1")?;
     assert_eq!(b1["status"]["phase"], "Succeeded", "{b1}");
+    // A VM with a 384 MiB random volume, for the restore killed half-way below.
+    let big_sum = fill_big_vm(&a)?;
+    a.apply(
+        "apiVersion: backup.ferrovirt.io/v1alpha1\nkind: Backup\nmetadata: {name: b2, namespace: default}\n\
+         spec: {target: fs, virtualMachines: [bigvm], encryptionKeySecretRef: bk-key}\n",
+    )?;
+    let b2 = wait_backup(&a, "b2")?;
+    assert_eq!(b2["status"]["phase"], "Succeeded", "{b2}");
     drop(a);
     eprintln!("backed up after {:?}", t0.elapsed());
 
-    let b = Cluster::start(&ClusterOptions::new(BIN))?;
+    let mut b = Cluster::start(&ClusterOptions::new(BIN))?;
     b.apply(&target)?;
     let restore = |name: &str, extra: &str| {
         b.apply(&format!(
@@ -834,6 +868,49 @@ spec: {{filesystem: {{path: "{}", prefix: e2e}}}}
     assert!(
         refused.is_err() && e.contains("spec.namespaceMapping.default"),
         "{e}"
+    );
+
+    // The server killed while a restore writes: restarted, it runs the restore again from the
+    // start over its own DataVolume, to a volume identical to the backed-up one.
+    restore("rk", "backupName: default-b2")?;
+    b.wait_until("restore rk running", STEP, || {
+        let v = b.get_json(&["backuprestore", "rk", "-n", "default"])?;
+        Ok((v["status"]["phase"] == "Running").then_some(()))
+    })?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let v = b.get_json(&["backuprestore", "rk", "-n", "default"])?;
+    anyhow::ensure!(
+        v["status"]["phase"] == "Running",
+        "the restore ended before the kill (make the volume larger): {v}"
+    );
+    b.kill_server()?;
+    b.restart_server()?;
+    let rk = b.wait_until("restore rk finished", STEP, || {
+        let v = b.get_json(&["backuprestore", "rk", "-n", "default"])?;
+        let p = v["status"]["phase"].as_str().unwrap_or("");
+        Ok((p == "Succeeded" || p == "Failed").then_some(v))
+    })?;
+    assert_eq!(rk["status"]["phase"], "Succeeded", "{rk}");
+    let events = b.get_json(&[
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        "involvedObject.name=rk",
+    ])?;
+    assert!(
+        events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["reason"] == "Started"
+                && e["message"].as_str().unwrap_or("").contains("again")),
+        "no rerun after the restart: {events}"
+    );
+    assert_eq!(
+        sha256(&volume_image(&b, "big")?, 384 << 20)?,
+        big_sum,
+        "the restored volume differs from the backed-up one"
     );
     eprintln!("done after {:?}", t0.elapsed());
     Ok(())
