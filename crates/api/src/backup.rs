@@ -165,13 +165,15 @@ kstruct! {
         pub encryption_key_secret_ref: String,
         /// VMs to restore (default: all of the backup).
         pub virtual_machines: Option<Vec<RestoreVirtualMachine>>,
-        /// Source namespace → namespace here (default: the same).
+        /// Source namespace → namespace to restore into. A BackupRestore writes only into
+        /// its own namespace: every value must be that namespace (the default for every
+        /// source namespace).
         pub namespace_mapping: Option<BTreeMap<String, String>>,
         /// Give restored interfaces new MAC addresses (default false: the backup's).
         #[serde(default)]
         pub new_mac_addresses: bool,
         /// Give restored VMs a new firmware UUID (default false).
-        #[serde(default)]
+        #[serde(default, rename = "newFirmwareUUID")]
         pub new_firmware_uuid: bool,
         /// Start the VMs once restored.
         #[serde(default)]
@@ -198,9 +200,30 @@ kstruct! {
         pub completion_time: Option<Time>,
         /// `namespace/name` of each VM created.
         pub restored_virtual_machines: Option<Vec<String>>,
+        /// The DataVolumes created and filled.
+        pub restored_volumes: Option<Vec<RestoredVolume>>,
+        pub bytes_written: Option<i64>,
         pub conditions: Option<Vec<Condition>>,
     }
 }
+
+kstruct! {
+    /// One restored disk.
+    pub struct RestoredVolume {
+        /// `namespace/name` of the VM it belongs to here.
+        pub virtual_machine: String,
+        /// The DataVolume (and claim) here.
+        pub name: String,
+        /// The disk's name in the backup (`<vm>.<claim>`).
+        pub disk: String,
+        pub size_bytes: i64,
+    }
+}
+
+/// The label on every object a BackupRestore creates: the restore's UID (a restore run again
+/// after a restart recognises its own objects; any other object of the same name is a
+/// conflict).
+pub const RESTORE_UID_LABEL: &str = "backup.ferrovirt.io/restore-uid";
 
 resource! {
     /// Scheduled backups with retention: each run is a Backup owned by the plan.
@@ -466,15 +489,8 @@ pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) ->
             }
         }
         "BackupRestore" => {
-            validate_restore(spec, &mut e);
-            if op == Operation::Create && e.is_empty() {
-                e.push(FieldError::forbidden(
-                    "spec",
-                    "BackupRestore is not carried out in the cluster yet (docs/backup.md, \
-                     \"Not done yet\"); restore with `ferrovirt backup restore BACKUP \
-                     --target TARGET --key-secret SECRET`",
-                ));
-            }
+            let ns = obj["metadata"]["namespace"].as_str().unwrap_or("");
+            validate_restore(spec, ns, &mut e);
         }
         "BackupPlan" => validate_plan(spec, &mut e),
         _ => {}
@@ -619,7 +635,7 @@ fn validate_target(spec: &Value, e: &mut Vec<FieldError>) {
     }
 }
 
-fn validate_restore(spec: &Value, e: &mut Vec<FieldError>) {
+fn validate_restore(spec: &Value, own_ns: &str, e: &mut Vec<FieldError>) {
     req_name(spec, "target", "BackupTarget name", e);
     req_name(spec, "encryptionKeySecretRef", "Secret name", e);
     match spec["backupName"].as_str() {
@@ -639,6 +655,14 @@ fn validate_restore(spec: &Value, e: &mut Vec<FieldError>) {
                 e.push(FieldError::invalid(
                     format!("spec.namespaceMapping.{from}"),
                     format!("{from:?} → {to:?}: namespaces are DNS-1123 labels"),
+                ));
+            } else if !own_ns.is_empty() && to != own_ns {
+                e.push(FieldError::forbidden(
+                    format!("spec.namespaceMapping.{from}"),
+                    format!(
+                        "{from:?} → {to:?}: a BackupRestore restores into its own namespace \
+                         {own_ns:?} only (create it in {to:?} to restore there)"
+                    ),
                 ));
             }
         }
@@ -735,18 +759,25 @@ mod tests {
         let errs = admit("Backup", Operation::Update, &mut changed, Some(&ok));
         assert_eq!(errs[0].field, "spec");
 
-        let r = json!({"spec": {"target": "s3", "backupName": "default-b1",
+        let r = json!({"metadata": {"namespace": "restored"},
+            "spec": {"target": "s3", "backupName": "default-b1",
             "encryptionKeySecretRef": "key", "start": true,
-            "namespaceMapping": {"default": "restored"},
+            "namespaceMapping": {"default": "restored"}, "newMacAddresses": true,
+            "newFirmwareUUID": true,
             "virtualMachines": [{"name": "default/vm1", "newName": "vm2"}]}});
-        // valid, and refused until the in-cluster restore exists, naming the CLI
-        let mut v = r.clone();
+        assert!(fields("BackupRestore", r.clone()).is_empty());
+        // Into another namespace than its own: refused naming the mapping.
+        let mut other = r.clone();
+        other["spec"]["namespaceMapping"] = json!({"default": "prod"});
+        let mut v = other.clone();
         let errs = admit("BackupRestore", Operation::Create, &mut v, None);
         assert_eq!(errs.len(), 1, "{errs:?}");
-        assert!(
-            errs[0].message.contains("ferrovirt backup restore"),
-            "{errs:?}"
-        );
+        assert_eq!(errs[0].field, "spec.namespaceMapping.default");
+        assert!(errs[0].message.contains("own namespace"), "{errs:?}");
+        let mut changed = r.clone();
+        changed["spec"]["start"] = json!(false);
+        let errs = admit("BackupRestore", Operation::Update, &mut changed, Some(&r));
+        assert_eq!(errs[0].field, "spec");
         let missing = json!({"spec": {"target": "s3", "encryptionKeySecretRef": "key"}});
         let mut m = missing.clone();
         let errs = admit("BackupRestore", Operation::Create, &mut m, None);

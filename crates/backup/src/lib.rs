@@ -12,6 +12,8 @@
 //!   BackupTarget's spec and credentials;
 //! - [`repo`]: open (key check), write a backup (dedup, stats, progress), list, read a
 //!   manifest, restore a disk, verify;
+//! - [`restore`] (pure): what a restore makes of a backed-up VM (names, claims, MAC
+//!   addresses, firmware UUID), shared by the CLI and the BackupRestore controller;
 //! - [`gc`]: delete a backup (prune), garbage-collect unreferenced chunks under a lock protocol
 //!   that is safe against a backup running at the same time.
 
@@ -19,6 +21,7 @@ pub mod crypto;
 pub mod format;
 pub mod gc;
 pub mod repo;
+pub mod restore;
 pub mod target;
 
 pub use format::{CatalogEntry, DiskEntry, Index, Manifest, Stats};

@@ -1,5 +1,6 @@
 //! `ferrovirt backup restore`: the VMs of a backup recreated in the current namespace.
-//! The plan of each VM ([`restored_vm`]) is pure; the I/O creates the referenced Secrets and
+//! The plan of each VM ([`restored_vm`], shared with the BackupRestore controller) is pure;
+//! the I/O creates the referenced Secrets and
 //! ConfigMaps (absent ones only), a DataVolume with an `upload` source per claim filled
 //! through CDI's upload path from the repository, then the VM.
 
@@ -9,6 +10,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
 
 use ferrovirt_backup::Repository;
+pub use ferrovirt_backup::restore::restored_vm;
 
 use crate::error::CliError;
 use crate::target::Target;
@@ -22,55 +24,6 @@ pub struct RestoreOptions {
     pub new_name: Option<String>,
     pub start: bool,
     pub insecure: bool,
-}
-
-/// The VM to create from a backed-up one, and its claims as (disk in the backup, new
-/// DataVolume name): the name and namespace changed, `dataVolume`/`persistentVolumeClaim`
-/// volumes pointing at the restored DataVolumes, `dataVolumeTemplates` dropped (their
-/// volumes are restored), the run strategy from `start`.
-pub fn restored_vm(
-    vm: &Value,
-    namespace: &str,
-    new_name: Option<&str>,
-    start: bool,
-) -> (Value, Vec<(String, String)>) {
-    let old = vm["metadata"]["name"].as_str().unwrap_or("").to_string();
-    let name = new_name.unwrap_or(&old).to_string();
-    let mut v = vm.clone();
-    v["metadata"]["name"] = json!(name);
-    v["metadata"]["namespace"] = json!(namespace);
-    if let Some(s) = v["spec"].as_object_mut() {
-        s.remove("dataVolumeTemplates");
-        s.remove("running");
-        s.insert(
-            "runStrategy".into(),
-            json!(if start { "Always" } else { "Halted" }),
-        );
-    }
-    let mut claims = Vec::new();
-    if let Some(vols) = v["spec"]["template"]["spec"]["volumes"].as_array_mut() {
-        for vol in vols {
-            let claim = vol["persistentVolumeClaim"]["claimName"]
-                .as_str()
-                .or_else(|| vol["dataVolume"]["name"].as_str())
-                .map(str::to_string);
-            if let Some(claim) = claim {
-                let dv = match new_name {
-                    Some(n) => format!("{n}-{claim}"),
-                    None => claim.clone(),
-                };
-                if let Some(o) = vol.as_object_mut() {
-                    o.remove("persistentVolumeClaim");
-                    o.insert("dataVolume".into(), json!({"name": dv}));
-                }
-                let disk = format!("{old}.{claim}");
-                if !claims.iter().any(|(d, _)| d == &disk) {
-                    claims.push((disk, dv));
-                }
-            }
-        }
-    }
-    (v, claims)
 }
 
 fn dyn_api(
@@ -260,40 +213,4 @@ async fn restore_claim(
     // A repository error (a damaged chunk) is the cause when both fail.
     fed.map_err(|e| CliError::Usage(format!("restoring disk {disk}: {e}")))?;
     sent
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn restored_vms_point_at_new_datavolumes() {
-        let vm = json!({
-            "metadata": {"name": "vm1", "namespace": "prod"},
-            "spec": {"runStrategy": "Always", "dataVolumeTemplates": [{"metadata": {"name": "vm1-root"}}],
-              "template": {"spec": {"volumes": [
-                {"name": "root", "dataVolume": {"name": "vm1-root"}},
-                {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
-                {"name": "ci", "cloudInitNoCloud": {"secretRef": {"name": "ud"}}}
-              ]}}}
-        });
-        let (v, claims) = restored_vm(&vm, "dr", None, false);
-        assert_eq!(v["metadata"]["namespace"], "dr");
-        assert_eq!(v["spec"]["runStrategy"], "Halted");
-        assert!(v["spec"].get("dataVolumeTemplates").is_none());
-        assert_eq!(
-            claims,
-            [
-                ("vm1.vm1-root".to_string(), "vm1-root".to_string()),
-                ("vm1.data".to_string(), "data".to_string())
-            ]
-        );
-        let vols = &v["spec"]["template"]["spec"]["volumes"];
-        assert_eq!(vols[1]["dataVolume"]["name"], "data");
-        assert!(vols[1].get("persistentVolumeClaim").is_none());
-        let (v, claims) = restored_vm(&vm, "dr", Some("copy"), true);
-        assert_eq!(v["metadata"]["name"], "copy");
-        assert_eq!(v["spec"]["runStrategy"], "Always");
-        assert_eq!(claims[0].1, "copy-vm1-root");
-    }
 }

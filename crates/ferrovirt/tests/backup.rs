@@ -13,6 +13,9 @@
 //! backups and restores the VM (`ferrovirt backup restore --start`): it boots there with the
 //! marker on its data disk and its cloud-init Secret's user-data run. Finally one chunk is
 //! altered in the bucket and `ferrovirt backup verify` (of every backup) names it.
+//!
+//! `backup_restore_object_on_a_second_server` restores with BackupRestore objects instead of
+//! the CLI (a filesystem target; see its doc).
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -492,10 +495,9 @@ spec:
     Ok(())
 }
 
-/// The server killed in the middle of a backup (a 384 MiB volume of random bytes, read
-/// for several seconds): restarted, it runs the Backup again to the end; the target lists it
-/// once, `verify` re-reads every chunk, and a garbage collection keeps every referenced one.
-fn killed_mid_backup(a: &mut Cluster) -> anyhow::Result<()> {
+/// VM `bigvm` (halted) with a 384 MiB shared volume `big` filled with random bytes; the
+/// SHA-256 of the volume's image.
+fn fill_big_vm(a: &Cluster) -> anyhow::Result<String> {
     a.apply(
         r#"
 apiVersion: cdi.kubevirt.io/v1beta1
@@ -525,23 +527,48 @@ spec:
         let v = a.get_json(&["dv", "big", "-n", "default"])?;
         Ok((v["status"]["phase"] == "Succeeded").then_some(()))
     })?;
-    let pvc = a.get_json(&["pvc", "big", "-n", "default"])?;
-    let pv = a.get_json(&["pv", pvc["spec"]["volumeName"].as_str().unwrap_or("")])?;
-    let dir = pv["spec"]["hostPath"]["path"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
+    let image = volume_image(a, "big")?;
     let filled = Command::new("dd")
         .args([
             "if=/dev/urandom",
-            &format!("of={dir}/disk.img"),
+            &format!("of={image}"),
             "bs=4M",
             "count=96",
             "conv=notrunc,fsync",
             "status=none",
         ])
         .status()?;
-    anyhow::ensure!(filled.success(), "filling {dir}/disk.img");
+    anyhow::ensure!(filled.success(), "filling {image}");
+    sha256(&image, 384 << 20)
+}
+
+/// The `disk.img` of claim `pvc`'s (hostPath) volume.
+fn volume_image(c: &Cluster, pvc: &str) -> anyhow::Result<String> {
+    let claim = c.get_json(&["pvc", pvc, "-n", "default"])?;
+    let pv = c.get_json(&["pv", claim["spec"]["volumeName"].as_str().unwrap_or("")])?;
+    let dir = pv["spec"]["hostPath"]["path"].as_str().unwrap_or("");
+    anyhow::ensure!(!dir.is_empty(), "claim {pvc} has no hostPath volume: {pv}");
+    Ok(format!("{dir}/disk.img"))
+}
+
+/// SHA-256 of the first `len` bytes of `path`.
+fn sha256(path: &str, len: u64) -> anyhow::Result<String> {
+    let out = Command::new("sh")
+        .args(["-c", &format!("head -c {len} '{path}' | sha256sum")])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "sha256sum {path}: {}", text(&out));
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split(' ')
+        .next()
+        .unwrap_or("")
+        .to_string())
+}
+
+/// The server killed in the middle of a backup (a 384 MiB volume of random bytes, read
+/// for several seconds): restarted, it runs the Backup again to the end; the target lists it
+/// once, `verify` re-reads every chunk, and a garbage collection keeps every referenced one.
+fn killed_mid_backup(a: &mut Cluster) -> anyhow::Result<()> {
+    fill_big_vm(a)?;
     a.apply(
         r#"
 apiVersion: backup.ferrovirt.io/v1alpha1
@@ -633,4 +660,258 @@ async fn alter_one_chunk(port: u16) -> anyhow::Result<String> {
     bytes[mid] ^= 1;
     store.put(&victim, PutPayload::from(bytes)).await?;
     Ok(victim.to_string())
+}
+
+/// The in-cluster restore (a BackupRestore object): server A backs up a VM whose guest wrote a
+/// marker to a filesystem target; server B, given only the target and the key (no Backup
+/// object), restores it with `kubectl apply` of a BackupRestore → Succeeded, progress 100%,
+/// the VM boots with the marker on its (shared-class) data disk, its cloud-init Secret, its
+/// (node-local) root disk and its MAC. A second BackupRestore beside it under a new name with
+/// `newMacAddresses` and `newFirmwareUUID` gets another MAC and UUID; one naming a missing
+/// backup, one with a wrong key and one whose VM name is taken fail naming the cause; a
+/// namespace mapping into another namespace is refused at admission. Last, server B is killed
+/// while it restores a 384 MiB random volume: restarted, it runs the restore again to a
+/// volume with the backed-up SHA-256.
+#[test]
+fn backup_restore_object_on_a_second_server() -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let guest = TestGuest::get()?;
+    let store = tempfile::Builder::new().prefix("fv-bk-target-").tempdir()?;
+    let target = format!(
+        r#"
+apiVersion: v1
+kind: Secret
+metadata: {{name: bk-key, namespace: default}}
+stringData: {{key: "{KEY}"}}
+---
+apiVersion: backup.ferrovirt.io/v1alpha1
+kind: BackupTarget
+metadata: {{name: fs}}
+spec: {{filesystem: {{path: "{}", prefix: e2e}}}}
+"#,
+        store.path().display()
+    );
+    let a = Cluster::start(&ClusterOptions::new(BIN))?;
+    let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
+    a.apply(&target)?;
+    // The data disk on the shared class (written in-process by the restore), the root disk
+    // node-local (written through the node agent).
+    let vm = vm_yaml(&url)
+        .replace(
+            "source: {blank: {}}\n  storage: {resources",
+            "source: {blank: {}}\n  storage: {storageClassName: shared, resources",
+        )
+        .replace(
+            "          - name: data\n            disk: {bus: virtio}\n",
+            "          - name: data\n            disk: {bus: virtio}\n          interfaces:\n          \
+             - {name: default, masquerade: {}, macAddress: \"02:aa:bb:cc:dd:01\"}\n      \
+             networks:\n      - {name: default, pod: {}}\n",
+        );
+    anyhow::ensure!(vm.contains("storageClassName: shared") && vm.contains("macAddress"));
+    a.apply(&vm)?;
+    let (_, console) = boot(&a, "bkvm")?;
+    let (out, rc) = console.exec(
+        &format!("echo {MARKER} | dd of=/dev/vdb bs=512 seek=0 conv=fsync && sync"),
+        Duration::from_secs(30),
+    )?;
+    anyhow::ensure!(rc == 0, "writing the marker: {out}");
+    drop(console);
+    a.halt_vm("bkvm", STEP)?;
+    a.apply(
+        "apiVersion: backup.ferrovirt.io/v1alpha1\nkind: Backup\nmetadata: {name: b1, namespace: default}\n\
+         spec: {target: fs, virtualMachines: [bkvm], encryptionKeySecretRef: bk-key}\n",
+    )?;
+    let b1 = wait_backup(&a, "b1")?;
+    assert_eq!(b1["status"]["phase"], "Succeeded", "{b1}");
+    // A VM with a 384 MiB random volume, for the restore killed half-way below.
+    let big_sum = fill_big_vm(&a)?;
+    a.apply(
+        "apiVersion: backup.ferrovirt.io/v1alpha1\nkind: Backup\nmetadata: {name: b2, namespace: default}\n\
+         spec: {target: fs, virtualMachines: [bigvm], encryptionKeySecretRef: bk-key}\n",
+    )?;
+    let b2 = wait_backup(&a, "b2")?;
+    assert_eq!(b2["status"]["phase"], "Succeeded", "{b2}");
+    drop(a);
+    eprintln!("backed up after {:?}", t0.elapsed());
+
+    let mut b = Cluster::start(&ClusterOptions::new(BIN))?;
+    b.apply(&target)?;
+    let restore = |name: &str, extra: &str| {
+        b.apply(&format!(
+            "apiVersion: backup.ferrovirt.io/v1alpha1\nkind: BackupRestore\n\
+             metadata: {{name: {name}, namespace: default}}\n\
+             spec: {{target: fs, encryptionKeySecretRef: bk-key, {extra}}}\n"
+        ))
+    };
+    let wait = |name: &str| {
+        b.wait_until(&format!("restore {name} finished"), STEP, || {
+            let v = b.get_json(&["backuprestore", name, "-n", "default"])?;
+            let p = v["status"]["phase"].as_str().unwrap_or("");
+            Ok((p == "Succeeded" || p == "Failed").then_some(v))
+        })
+    };
+    restore("r1", "backupName: default-b1, start: true")?;
+    let r1 = wait("r1")?;
+    assert_eq!(r1["status"]["phase"], "Succeeded", "{r1}");
+    assert_eq!(r1["status"]["progress"], "100%", "{r1}");
+    assert_eq!(
+        r1["status"]["restoredVirtualMachines"],
+        serde_json::json!(["default/bkvm"]),
+        "{r1}"
+    );
+    assert_eq!(
+        r1["status"]["restoredVolumes"].as_array().map(Vec::len),
+        Some(2),
+        "{r1}"
+    );
+    let table = b.kubectl_ok(&["get", "backuprestore", "r1", "-n", "default"])?;
+    assert!(
+        table.contains("BACKUP") && table.contains("default-b1") && table.contains("100%"),
+        "{table}"
+    );
+    // Both write paths: the shared data disk in-process, the root disk through the agent.
+    let class = |pvc: &str| -> anyhow::Result<String> {
+        let v = b.get_json(&["pvc", pvc, "-n", "default"])?;
+        Ok(v["spec"]["storageClassName"]
+            .as_str()
+            .unwrap_or("")
+            .to_string())
+    };
+    assert_eq!(class("bk-data")?, "shared");
+    assert_ne!(class("bk-root")?, "shared");
+    let (log, console) = boot(&b, "bkvm")?;
+    eprintln!("restored and booted after {:?}", t0.elapsed());
+    assert!(
+        log.contains("CLOUDINIT-FROM-SECRET"),
+        "restored user-data did not run:\n{log}"
+    );
+    let (out, _) = console.exec(
+        &format!(
+            "dd if=/dev/vdb bs=512 count=1 2>/dev/null | head -c {}; echo",
+            MARKER.len()
+        ),
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(
+        out.replace('\0', "").trim(),
+        MARKER,
+        "the restored data disk"
+    );
+    drop(console);
+    let mac = |vm: &str| -> anyhow::Result<String> {
+        let v = b.get_json(&["vm", vm, "-n", "default"])?;
+        Ok(
+            v["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0]["macAddress"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    assert_eq!(mac("bkvm")?, "02:aa:bb:cc:dd:01");
+
+    // Beside it under a new name, with a new MAC and firmware UUID.
+    restore(
+        "r2",
+        "backupName: default-b1, newMacAddresses: true, newFirmwareUUID: true, \
+         virtualMachines: [{name: default/bkvm, newName: bkvm2}]",
+    )?;
+    let r2 = wait("r2")?;
+    assert_eq!(r2["status"]["phase"], "Succeeded", "{r2}");
+    let mac2 = mac("bkvm2")?;
+    assert!(
+        !mac2.is_empty() && mac2 != "02:aa:bb:cc:dd:01",
+        "new MAC {mac2:?}"
+    );
+    let vm2 = b.get_json(&["vm", "bkvm2", "-n", "default"])?;
+    assert_eq!(vm2["spec"]["runStrategy"], "Halted", "{vm2}");
+    assert!(
+        vm2["spec"]["template"]["spec"]["domain"]["firmware"]["uuid"].is_string(),
+        "{vm2}"
+    );
+    let dv = b.get_json(&["dv", "bkvm2-bk-data", "-n", "default"])?;
+    assert_eq!(dv["status"]["phase"], "Succeeded", "{dv}");
+
+    // Failures name their cause.
+    restore("r3", "backupName: nope")?;
+    let r3 = wait("r3")?;
+    assert_eq!(r3["status"]["phase"], "Failed", "{r3}");
+    let m = ready_message(&r3);
+    assert!(m.contains("nope") && m.contains("spec.backupName"), "{r3}");
+    b.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: other-key, namespace: default}\n\
+         stringData: {key: \"not-the-repository-key-0000000\"}\n",
+    )?;
+    b.apply(
+        "apiVersion: backup.ferrovirt.io/v1alpha1\nkind: BackupRestore\n\
+         metadata: {name: r4, namespace: default}\n\
+         spec: {target: fs, encryptionKeySecretRef: other-key, backupName: default-b1}\n",
+    )?;
+    let r4 = wait("r4")?;
+    assert_eq!(r4["status"]["phase"], "Failed", "{r4}");
+    let m = ready_message(&r4);
+    assert!(
+        m.contains("wrong encryption key") && m.contains("spec.encryptionKeySecretRef"),
+        "{r4}"
+    );
+    restore("r5", "backupName: default-b1")?;
+    let r5 = wait("r5")?;
+    assert_eq!(r5["status"]["phase"], "Failed", "{r5}");
+    assert!(
+        ready_message(&r5).contains("VirtualMachine default/bkvm already exists"),
+        "{r5}"
+    );
+    let refused = restore(
+        "r6",
+        "backupName: default-b1, namespaceMapping: {default: elsewhere}",
+    );
+    let e = format!("{refused:?}");
+    assert!(
+        refused.is_err() && e.contains("spec.namespaceMapping.default"),
+        "{e}"
+    );
+
+    // The server killed while a restore writes: restarted, it runs the restore again from the
+    // start over its own DataVolume, to a volume identical to the backed-up one.
+    restore("rk", "backupName: default-b2")?;
+    b.wait_until("restore rk running", STEP, || {
+        let v = b.get_json(&["backuprestore", "rk", "-n", "default"])?;
+        Ok((v["status"]["phase"] == "Running").then_some(()))
+    })?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let v = b.get_json(&["backuprestore", "rk", "-n", "default"])?;
+    anyhow::ensure!(
+        v["status"]["phase"] == "Running",
+        "the restore ended before the kill (make the volume larger): {v}"
+    );
+    b.kill_server()?;
+    b.restart_server()?;
+    let rk = b.wait_until("restore rk finished", STEP, || {
+        let v = b.get_json(&["backuprestore", "rk", "-n", "default"])?;
+        let p = v["status"]["phase"].as_str().unwrap_or("");
+        Ok((p == "Succeeded" || p == "Failed").then_some(v))
+    })?;
+    assert_eq!(rk["status"]["phase"], "Succeeded", "{rk}");
+    let events = b.get_json(&[
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        "involvedObject.name=rk",
+    ])?;
+    assert!(
+        events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["reason"] == "Started"
+                && e["message"].as_str().unwrap_or("").contains("again")),
+        "no rerun after the restart: {events}"
+    );
+    assert_eq!(
+        sha256(&volume_image(&b, "big")?, 384 << 20)?,
+        big_sum,
+        "the restored volume differs from the backed-up one"
+    );
+    eprintln!("done after {:?}", t0.elapsed());
+    Ok(())
 }

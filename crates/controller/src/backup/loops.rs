@@ -50,8 +50,10 @@ struct Ctx {
     events: EventRecorder,
 }
 
-/// Runs the Backup controller and the BackupTarget checker until one stops.
+/// Runs the Backup controller, the BackupTarget checker, the BackupPlan and BackupRestore
+/// controllers until one stops.
 pub async fn run(client: kube::Client, agent_token: Option<String>) -> Result<(), ControllerError> {
+    let restores = super::restore_loop::run(client.clone(), agent_token.clone());
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         agent_token,
@@ -75,6 +77,7 @@ pub async fn run(client: kube::Client, agent_token: Option<String>) -> Result<()
         r = backups => r,
         r = check_targets(ctx) => r,
         r = super::plans::run(client) => r,
+        r = restores => r,
     }
 }
 

@@ -10,6 +10,9 @@
 //!   through an online snapshot ([`online`]), and written to the
 //!   target; status with per-volume figures) and the BackupTarget checker (reachable, bytes
 //!   stored, last check);
+//! - [`restore`] (pure) and [`restore_loop`]: the BackupRestore controller (a backup found
+//!   in the target's catalog restored into the restore's own namespace: DataVolumes filled
+//!   from the repository, Secrets/ConfigMaps, the VMs; conflicts refused, never overwritten);
 //! - [`runs`] (pure) and [`plans`]: the BackupPlan controller (scheduled runs as Backups owned
 //!   by the plan, last result, GFS retention pruning the target, then garbage collection).
 
@@ -18,6 +21,8 @@ pub mod online;
 pub mod plan;
 pub mod plans;
 pub mod resources;
+pub mod restore;
+pub mod restore_loop;
 pub mod runs;
 
 pub use loops::run;
