@@ -151,30 +151,44 @@ pub enum TargetRecovery {
     Refuse(String),
 }
 
+/// What the target agent knows of its QEMU's incoming migration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetView<'a> {
+    /// No launcher runs.
+    Gone,
+    /// The launcher runs but did not answer (its QEMU may be busy or blocked on a page).
+    NoAnswer,
+    /// QEMU's `query-migrate` status (`none` when it reports none).
+    Status(&'a str),
+}
+
 /// The target's decision on a recovery request.
-pub fn target_recovery(qemu_status: Option<&str>) -> TargetRecovery {
-    match qemu_status {
-        Some("postcopy-paused") => TargetRecovery::Recover,
-        Some("postcopy-active" | "postcopy-recover" | "active") => TargetRecovery::Wait,
-        Some(s) => TargetRecovery::Refuse(format!("the target's QEMU reports {s}")),
-        None => TargetRecovery::Refuse("the target's QEMU is gone".into()),
+pub fn target_recovery(view: TargetView<'_>) -> TargetRecovery {
+    match view {
+        TargetView::Status("postcopy-paused") => TargetRecovery::Recover,
+        TargetView::Status("postcopy-active" | "postcopy-recover" | "active")
+        | TargetView::NoAnswer => TargetRecovery::Wait,
+        TargetView::Status(s) => TargetRecovery::Refuse(format!("the target's QEMU reports {s}")),
+        TargetView::Gone => TargetRecovery::Refuse("the target's QEMU is gone".into()),
     }
 }
 
-/// Whether the target stops serving recoveries: its incoming migration ended (or its
-/// launcher is gone, `None`).
-pub fn target_serving_ends(qemu_status: Option<&str>) -> bool {
-    !matches!(
-        qemu_status,
-        Some(
+/// Whether the target stops serving recoveries: its incoming migration ended, or its
+/// launcher is gone (a launcher that does not answer is asked again).
+pub fn target_serving_ends(view: TargetView<'_>) -> bool {
+    match view {
+        TargetView::Gone => true,
+        TargetView::NoAnswer => false,
+        TargetView::Status(s) => !matches!(
+            s,
             "none"
                 | "setup"
                 | "active"
                 | "postcopy-active"
                 | "postcopy-paused"
                 | "postcopy-recover"
-        )
-    )
+        ),
+    }
 }
 
 /// The VMI status patch recording the switch to post-copy.
@@ -354,18 +368,20 @@ mod tests {
 
     #[test]
     fn the_target_recovers_only_a_paused_qemu() {
+        use TargetView::*;
         assert_eq!(
-            target_recovery(Some("postcopy-paused")),
+            target_recovery(Status("postcopy-paused")),
             TargetRecovery::Recover
         );
         for s in ["postcopy-active", "postcopy-recover", "active"] {
-            assert_eq!(target_recovery(Some(s)), TargetRecovery::Wait, "{s}");
+            assert_eq!(target_recovery(Status(s)), TargetRecovery::Wait, "{s}");
         }
-        match target_recovery(None) {
+        assert_eq!(target_recovery(NoAnswer), TargetRecovery::Wait);
+        match target_recovery(Gone) {
             TargetRecovery::Refuse(why) => assert!(why.contains("gone"), "{why}"),
             r => panic!("{r:?}"),
         }
-        match target_recovery(Some("failed")) {
+        match target_recovery(Status("failed")) {
             TargetRecovery::Refuse(why) => assert!(why.contains("failed"), "{why}"),
             r => panic!("{r:?}"),
         }
@@ -376,10 +392,16 @@ mod tests {
             "postcopy-paused",
             "postcopy-recover",
         ] {
-            assert!(!target_serving_ends(Some(s)), "{s}");
+            assert!(!target_serving_ends(Status(s)), "{s}");
         }
-        for s in [Some("completed"), Some("failed"), Some("cancelled"), None] {
-            assert!(target_serving_ends(s), "{s:?}");
+        assert!(!target_serving_ends(NoAnswer), "asked again");
+        for v in [
+            Status("completed"),
+            Status("failed"),
+            Status("cancelled"),
+            Gone,
+        ] {
+            assert!(target_serving_ends(v), "{v:?}");
         }
     }
 

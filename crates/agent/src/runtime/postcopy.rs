@@ -21,7 +21,7 @@ use crate::decide::Observed;
 use crate::launchers;
 use crate::migration as mig;
 use crate::migstream as ms;
-use crate::postcopy::{self, TargetRecovery};
+use crate::postcopy::{self, TargetRecovery, TargetView};
 
 /// How long the target waits for its QEMU to notice the break (`postcopy-paused`).
 const TARGET_PAUSE_WAIT: Duration = Duration::from_secs(10);
@@ -76,9 +76,9 @@ impl Agent {
         .await;
     }
 
-    /// Target: its QEMU's `query-migrate` status (`Some("none")` when QEMU reports none
-    /// yet), `None` when no launcher runs or it does not answer.
-    async fn incoming_status(&self, uid: &str) -> Option<String> {
+    /// Target: its QEMU's `query-migrate` status (`none` when QEMU reports none yet);
+    /// `None` when no launcher runs, `Some(Err(()))` when it does not answer.
+    async fn incoming_status(&self, uid: &str) -> Option<Result<String, ()>> {
         if !matches!(
             launchers::observe(&self.cfg, uid).await,
             Observed::Running(_)
@@ -91,9 +91,11 @@ impl Agent {
             &Request::MigrationStatus,
             Duration::from_secs(5),
         )
-        .await
-        .ok()?;
-        Some(v["status"].as_str().unwrap_or("none").to_string())
+        .await;
+        Some(
+            v.map(|v| v["status"].as_str().unwrap_or("none").to_string())
+                .map_err(|e| tracing::debug!(uid, "the target launcher's migration: {e}")),
+        )
     }
 
     /// Target of a migration that may switch to post-copy: serves the source's recoveries on
@@ -109,7 +111,9 @@ impl Agent {
         let ended = async {
             loop {
                 tokio::time::sleep(SERVE_CHECK).await;
-                if postcopy::target_serving_ends(self.incoming_status(uid).await.as_deref()) {
+                let status = self.incoming_status(uid).await;
+                if postcopy::target_serving_ends(view(&status)) {
+                    tracing::info!(uid, ?status, "post-copy recovery: no longer served");
                     return;
                 }
             }
@@ -120,7 +124,13 @@ impl Agent {
                 _ = &mut ended => return,
                 ch = ms::accept_channel(listener, source, tls.clone()) => ch,
             };
-            let Ok(mut ch) = ch else { return };
+            let mut ch = match ch {
+                Ok(ch) => ch,
+                Err(e) => {
+                    tracing::warn!(uid, "post-copy recovery: the migration listener: {e}");
+                    return;
+                }
+            };
             tracing::warn!(
                 uid,
                 "post-copy recovery: the source asks to recover the stream"
@@ -162,15 +172,15 @@ impl Agent {
         let deadline = Instant::now() + TARGET_PAUSE_WAIT;
         loop {
             let status = self.incoming_status(uid).await;
-            match postcopy::target_recovery(status.as_deref()) {
+            match postcopy::target_recovery(view(&status)) {
                 TargetRecovery::Recover => break,
                 TargetRecovery::Wait if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
                 TargetRecovery::Wait => {
                     return Err(format!(
-                        "the target's QEMU did not pause within {TARGET_PAUSE_WAIT:?} ({})",
-                        status.unwrap_or_default()
+                        "the target's QEMU did not pause within {TARGET_PAUSE_WAIT:?} ({:?})",
+                        view(&status)
                     )
                     .into());
                 }
@@ -304,5 +314,14 @@ impl Agent {
         );
         tracing::info!(uid = %vmi.metadata.uid.as_deref().unwrap_or_default(), "{msg}");
         self.event(vmi, "Normal", "MigrationRecovered", &msg).await;
+    }
+}
+
+/// [`TargetView`] of what [`Agent::incoming_status`] found.
+fn view(status: &Option<Result<String, ()>>) -> TargetView<'_> {
+    match status {
+        None => TargetView::Gone,
+        Some(Err(())) => TargetView::NoAnswer,
+        Some(Ok(s)) => TargetView::Status(s),
     }
 }
