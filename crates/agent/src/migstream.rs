@@ -34,6 +34,10 @@ pub struct Hello {
     pub cert: Option<String>,
     /// The local port of the source's data connection.
     pub data_port: u16,
+    /// A post-copy recovery's new connection (docs/migration.md "Post-copy"): no
+    /// certificate, the QEMUs keep the ones of the original stream.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recover: bool,
 }
 
 /// The target's answers: its QEMU's certificate (first), or an error that ends the setup.
@@ -44,11 +48,22 @@ pub struct Reply {
     pub cert: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `error` on a recovery: recovery cannot succeed at all (the target's QEMU is
+    /// gone), so the source stops trying.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unrecoverable: bool,
 }
 
 /// Whether the hello fits the migration's settings (both agents read them from the VMI):
 /// with TLS the source must send a certificate, without it none.
 pub fn check_hello(hello: &Hello, tls: bool) -> Result<(), String> {
+    if hello.recover {
+        return match (hello.cert.is_some(), hello.data_port) {
+            (true, _) => Err("a recovery carries no certificate".into()),
+            (_, 0) => Err("the source announced no data port".into()),
+            _ => Ok(()),
+        };
+    }
     match (tls, hello.cert.is_some()) {
         (true, false) => Err("the source sent no certificate for an encrypted migration".into()),
         (false, true) => Err("the source asks for TLS but disableTLS is set here".into()),
@@ -211,7 +226,20 @@ mod tests {
         let h = |cert: Option<&str>, port| Hello {
             cert: cert.map(String::from),
             data_port: port,
+            recover: false,
         };
+        // A recovery: the QEMUs keep their certificates, none is sent.
+        let r = |cert: Option<&str>, port| Hello {
+            recover: true,
+            ..h(cert, port)
+        };
+        assert_eq!(check_hello(&r(None, 5), true), Ok(()));
+        assert!(check_hello(&r(Some("C"), 5), true).is_err());
+        assert!(check_hello(&r(None, 0), true).is_err());
+        assert_eq!(
+            serde_json::to_string(&r(None, 7)).unwrap(),
+            r#"{"cert":null,"dataPort":7,"recover":true}"#
+        );
         assert_eq!(check_hello(&h(Some("C"), 5), true), Ok(()));
         assert_eq!(check_hello(&h(None, 5), false), Ok(()));
         assert!(
@@ -260,7 +288,7 @@ mod tests {
                 &mut ch,
                 &Reply {
                     cert: Some("TARGET".into()),
-                    error: None,
+                    ..Reply::default()
                 },
             )
             .await
@@ -279,6 +307,7 @@ mod tests {
             &Hello {
                 cert: Some("SOURCE".into()),
                 data_port: port,
+                recover: false,
             },
         )
         .await

@@ -10,7 +10,13 @@
 //! kept growing and one QEMU runs it. Then the failure KubeVirt accepts: a 1 GiB guest holding
 //! ~400 MiB of data switches to post-copy, and the target's QEMU is killed while the pages
 //! still flow: the guest is lost, and the VMI ends Failed (`MigrationFailedInPostCopy`) with
-//! no QEMU left running it on either node — never the source resumed.
+//! no QEMU left running it on either node — never the source resumed (no target QEMU, no
+//! recovery). And the failure that is recovered: the same guest in post-copy, its stream's
+//! TCP connection destroyed by the test (`ss -K`, the kernel's socket destroy, our fault
+//! injection) once the guest runs on the target (its ticks appear in the target's serial
+//! log): both QEMUs pause, the source agent sets up a new connection, the target
+//! recovers (`migrate-recover`), the source resumes, and the migration ends Succeeded with the
+//! guest's uptime grown and a `MigrationRecovered` Event.
 
 use std::time::{Duration, Instant};
 
@@ -151,10 +157,25 @@ spec:
     Ok(())
 }
 
-#[test]
-fn a_post_copy_migration_whose_target_dies_loses_the_guest_and_the_vmi_fails() -> anyhow::Result<()>
-{
-    let _one = serial();
+/// A bare VMI of 1 GiB holding ~400 MiB of data (so post-copy has a lot to send), ready;
+/// returns the cluster, its uid, source and target nodes and directories, and the guest's
+/// uptime before the migration.
+struct Filled {
+    c: ferrovirt_testkit::Cluster,
+    uid: String,
+    node: String,
+    to: &'static str,
+    src: std::path::PathBuf,
+    dst: std::path::PathBuf,
+    uptime: f64,
+}
+
+/// Started in the guest by the recovery test (see there).
+const TICKS: &str = "(sleep 1; i=0; while [ $i -lt 300 ]; do echo FV-TICK; sleep 0.1; \
+                     i=$((i+1)); done; echo FV-TICK-END) >/dev/console 2>&1 </dev/null &";
+
+/// `then`: a last command run in the guest before the console is let go.
+fn filled_guest(then: Option<&str>) -> anyhow::Result<Filled> {
     let c = two_nodes()?;
     claim(&c, "mig-disk", true)?;
     c.apply(POLICY)?;
@@ -195,7 +216,30 @@ spec:
         Duration::from_secs(120),
     )?;
     anyhow::ensure!(rc == 0, "filling the guest's memory: {out}");
+    let uptime = uptime_on(&console)?;
+    if let Some(cmd) = then {
+        let (out, rc) = console.exec(cmd, Duration::from_secs(20))?;
+        anyhow::ensure!(rc == 0, "{cmd}: {out}");
+    }
     drop(console);
+    Ok(Filled {
+        c,
+        uid,
+        node,
+        to,
+        src,
+        dst,
+        uptime,
+    })
+}
+
+#[test]
+fn a_post_copy_migration_whose_target_dies_loses_the_guest_and_the_vmi_fails() -> anyhow::Result<()>
+{
+    let _one = serial();
+    let Filled {
+        c, uid, src, dst, ..
+    } = filled_guest(None)?;
     let _on = Userfaultfd::set("1")?;
     c.apply(&migration("mig-lost", "mig"))?;
     sending(&c, "mig-lost")?;
@@ -231,5 +275,128 @@ spec:
     c.wait_until("no QEMU left", Duration::from_secs(30), || {
         Ok((qemu_in(&src).is_none() && qemu_in(&dst).is_none()).then_some(()))
     })?;
+    Ok(())
+}
+
+/// The fault injection: destroys the source's end of the migration stream (the established
+/// TCP connections to the target's migration port) with `ss -K`; the kernel resets them, so
+/// both QEMUs see the stream break. Returns how many sockets it destroyed.
+fn cut_stream(addr: &str, port: &str) -> anyhow::Result<usize> {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-K",
+            "-t",
+            "-n",
+            "state",
+            "established",
+            "dst",
+            addr,
+            "dport",
+            "=",
+            &format!(":{port}"),
+        ])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "ss -K: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter(|l| l.contains(&format!(":{port}")))
+        .count())
+}
+
+#[test]
+fn a_post_copy_migration_whose_stream_breaks_is_recovered_and_succeeds() -> anyhow::Result<()> {
+    let _one = serial();
+    let Filled {
+        c,
+        uid,
+        node,
+        to,
+        src,
+        dst,
+        uptime: before,
+        ..
+    } = filled_guest(Some(TICKS))?;
+    // The guest prints a tick every 0.1 s for a while: ticks in the target's serial log say
+    // that the guest runs there, i.e. the target's QEMU is in post-copy too (cut before, the
+    // target's QEMU would still be receiving pre-copy and fail: a loss, not a recovery).
+    let _on = Userfaultfd::set("1")?;
+    c.apply(&migration("mig-cut", "mig"))?;
+    sending(&c, "mig-cut")?;
+    let serial = |dir: &std::path::Path| {
+        String::from_utf8_lossy(&std::fs::read(dir.join("serial.log")).unwrap_or_default())
+            .into_owned()
+    };
+    let st = c.wait_until(
+        "the guest running on the target",
+        Duration::from_secs(60),
+        || {
+            let st = c.get_json(&["vmi", "mig"])?["status"]["migrationState"].clone();
+            anyhow::ensure!(st["completed"] != true, "completed before the cut: {st}");
+            Ok((st["mode"] == "PostCopy" && serial(&dst).contains("FV-TICK")).then_some(st))
+        },
+    )?;
+    let addr = st["targetNodeAddress"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let port = st["targetDirectMigrationNodePorts"]
+        .as_object()
+        .and_then(|m| m.iter().find(|(_, v)| **v == 0).map(|(p, _)| p.clone()))
+        .ok_or_else(|| anyhow::anyhow!("no migration port in {st}"))?;
+    let cut = cut_stream(&addr, &port)?;
+    let at = Instant::now();
+    eprintln!("stream to {addr}:{port} cut in post-copy ({cut} socket(s)): {st}");
+    anyhow::ensure!(
+        cut >= 1,
+        "no established stream connection to {addr}:{port} to cut"
+    );
+    let m = finished(&c, "mig-cut", Duration::from_secs(180))?;
+    eprintln!("cut → VMIM {}: {:?}", m["status"]["phase"], at.elapsed());
+    for (who, log) in [("node1", c.server_log()), ("node2", c.agent_log("node2"))] {
+        for l in log.lines().filter(|l| l.contains("recover")) {
+            eprintln!("{who}: {l}");
+        }
+    }
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let events = c.kubectl(&["get", "events", "-o", "json"])?;
+    let events: serde_json::Value = serde_json::from_slice(&events.stdout)?;
+    let reasons: Vec<String> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["involvedObject"]["name"] == "mig")
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e["reason"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    eprintln!("events: {reasons:#?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("MigrationRecovering:")),
+        "a MigrationRecovering Event: {reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.starts_with("MigrationRecovered:")),
+        "a MigrationRecovered Event: {reasons:?}"
+    );
+    // The ticks end before the console is used again.
+    c.wait_until("the ticks ended", Duration::from_secs(120), || {
+        Ok(serial(&dst).contains("FV-TICK-END").then_some(()))
+    })?;
+    let after = check_moved(&c, &uid, &node, to, before)?;
+    eprintln!("uptime {before:.1} s → {after:.1} s");
+    assert!(qemu_in(&src).is_none(), "one QEMU: the source's is gone");
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["phase"], "Running", "{}", v["status"]);
     Ok(())
 }

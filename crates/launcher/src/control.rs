@@ -151,6 +151,22 @@ pub enum Request {
     /// the guest runs on the target from then on and pages it lacks are fetched from the
     /// source on demand. The source can no longer resume the guest.
     StartPostCopy,
+    /// Post-copy recovery, target side (its QEMU in `postcopy-paused`): receives a new
+    /// connection from the source node on `fdSocket` as [`Request::MigrateIncoming`] does
+    /// and runs QMP `migrate-recover` on it. QEMU's TLS uses the credentials loaded for the
+    /// original stream (the same ephemeral certificates). Added within protocol version 1.
+    #[serde(rename_all = "camelCase")]
+    MigrateRecover {
+        fd_socket: PathBuf,
+    },
+    /// Post-copy recovery, source side (its QEMU in `postcopy-paused`, the target's already
+    /// recovering): `migrate` with `resume: true` on the new connection handed over on
+    /// `fdSocket`, under the TLS parameters of the original stream. Added within protocol
+    /// version 1.
+    #[serde(rename_all = "camelCase")]
+    MigrateResume {
+        fd_socket: PathBuf,
+    },
     /// A step of a block migration (node-local disks mirrored over NBD,
     /// [`crate::blockmig`]).
     Block {
@@ -512,6 +528,20 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Request::StartPostCopy).unwrap(),
             r#"{"op":"startPostCopy"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::MigrateRecover {
+                fd_socket: "/d/in.sock".into()
+            })
+            .unwrap(),
+            r#"{"op":"migrateRecover","fdSocket":"/d/in.sock"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::MigrateResume {
+                fd_socket: "/d/out.sock".into()
+            })
+            .unwrap(),
+            r#"{"op":"migrateResume","fdSocket":"/d/out.sock"}"#
         );
         assert_eq!(
             serde_json::to_string(&Request::MigrationCert {

@@ -64,6 +64,8 @@ enum Command {
         post_copy: bool,
     },
     StartPostCopy,
+    MigrateRecover(PathBuf),
+    MigrateResume(PathBuf),
     Block(crate::control::BlockOp),
     MigrationStatus,
     MigrateCancel,
@@ -381,6 +383,18 @@ async fn main_loop(
                     Command::StartPostCopy => crate::migrate::start_post_copy(&vm)
                         .await
                         .map(|_| serde_json::Value::Null),
+                    Command::MigrateRecover(fd_socket) => {
+                        tracing::info!("post-copy recovery: migrate-recover on a new connection");
+                        crate::migrate::recover_from(&vm, &fd_socket)
+                            .await
+                            .map(|_| serde_json::Value::Null)
+                    }
+                    Command::MigrateResume(fd_socket) => {
+                        tracing::info!("post-copy recovery: migrate resume on a new connection");
+                        crate::migrate::resume_from(&vm, &fd_socket)
+                            .await
+                            .map(|_| serde_json::Value::Null)
+                    }
                     Command::Block(step) => {
                         let jobs = matches!(step, crate::control::BlockOp::Jobs);
                         let answer = crate::blockmig::run(&vm, step, mig_cert.as_ref()).await;
@@ -631,6 +645,8 @@ async fn connection(
                         post_copy,
                     },
                     Request::StartPostCopy => Command::StartPostCopy,
+                    Request::MigrateRecover { fd_socket } => Command::MigrateRecover(fd_socket),
+                    Request::MigrateResume { fd_socket } => Command::MigrateResume(fd_socket),
                     Request::Block { step } => Command::Block(step),
                     Request::MigrationStatus => Command::MigrationStatus,
                     Request::MigrateCancel => Command::MigrateCancel,

@@ -254,6 +254,49 @@ pub async fn start_post_copy(vm: &Vm) -> Result<()> {
     Ok(())
 }
 
+/// `migrate-recover` of the target (post-copy recovery): the new connection, passed as the
+/// original one was.
+pub fn recover_args() -> Value {
+    json!({"uri": MIGRATION_URI})
+}
+
+/// `migrate` of the source resuming a paused post-copy on the new connection.
+pub fn resume_args() -> Value {
+    json!({"uri": MIGRATION_URI, "resume": true})
+}
+
+/// Receives the connection the agent hands over on `fd_socket` and gives it to QEMU
+/// (`getfd`, under [`MIGRATION_FD`]).
+async fn pass_connection(vm: &Vm, fd_socket: &Path) -> Result<()> {
+    let path = fd_socket.to_path_buf();
+    let conn = tokio::task::spawn_blocking(move || receive_fd(&path))
+        .await
+        .map_err(|e| Error::Migration(e.to_string()))??;
+    vm.qmp()
+        .execute_with_fd("getfd", Some(json!({"fdname": MIGRATION_FD})), conn.as_fd())
+        .await?;
+    Ok(())
+}
+
+/// Target, post-copy recovery (QEMU in `postcopy-paused`): `migrate-recover` on the new
+/// connection handed over on `fd_socket`. The TLS credentials and parameters of the
+/// original stream are still loaded in QEMU and apply to the new connection.
+pub async fn recover_from(vm: &Vm, fd_socket: &Path) -> Result<()> {
+    pass_connection(vm, fd_socket).await?;
+    vm.qmp()
+        .execute("migrate-recover", Some(recover_args()))
+        .await?;
+    Ok(())
+}
+
+/// Source, post-copy recovery (QEMU in `postcopy-paused`, the target already recovering):
+/// `migrate` with `resume: true` on the new connection handed over on `fd_socket`.
+pub async fn resume_from(vm: &Vm, fd_socket: &Path) -> Result<()> {
+    pass_connection(vm, fd_socket).await?;
+    vm.qmp().execute("migrate", Some(resume_args())).await?;
+    Ok(())
+}
+
 /// [`start_outgoing`] on the connection handed over on `fd_socket`.
 pub async fn outgoing_from(
     vm: &Vm,
@@ -323,6 +366,16 @@ mod tests {
         let server = EphemeralCert::generate(Endpoint::Server).unwrap();
         assert!(needs_cert(Some(&server), Endpoint::Client).is_err());
         assert!(needs_cert(Some(&server), Endpoint::Server).is_ok());
+    }
+
+    #[test]
+    fn recovery_reuses_the_passed_connection_name() {
+        assert_eq!(recover_args(), json!({"uri": "fd:migration"}));
+        assert_eq!(
+            resume_args(),
+            json!({"uri": "fd:migration", "resume": true})
+        );
+        assert_eq!(MIGRATION_URI, format!("fd:{MIGRATION_FD}"));
     }
 
     #[test]

@@ -319,6 +319,7 @@ impl Agent {
         let encrypted = tls.is_some();
         // Our ephemeral certificate was made before TargetReady (`own_cert`).
         let waiting = Instant::now();
+        let recovery_tls = tls.clone();
         let ch = ms::accept_channel(&listener, source, tls).await;
         tracing::info!(uid = %uid, "migration setup: the source's channel after {} ms",
             waiting.elapsed().as_millis());
@@ -336,7 +337,7 @@ impl Agent {
             }
             let reply = ms::Reply {
                 cert: own_cert,
-                error: None,
+                ..ms::Reply::default()
             };
             timeout(ms::send(&mut ch, &reply)).await?;
             let data = timeout_for(
@@ -344,7 +345,6 @@ impl Agent {
                 ms::accept_data(&listener, source, hello.data_port),
             )
             .await?;
-            drop(listener);
             let sock = mig::incoming_socket(&self.cfg.vmi_dir(uid));
             let conn = ms::into_fd(data).map_err(|e| e.to_string())?;
             let _hand_over = AbortOnDrop(
@@ -364,10 +364,17 @@ impl Agent {
         }
         .await;
         let reply = ms::Reply {
-            cert: None,
             error: steps.clone().err(),
+            ..ms::Reply::default()
         };
         let _ = timeout(ms::send(&mut ch, &reply)).await;
+        // Post-copy allowed: the listener stays, for the source's recoveries of a broken
+        // post-copy stream, until the incoming migration ends.
+        if steps.is_ok() && post_copy {
+            drop(ch);
+            self.serve_recoveries(uid, &listener, source, recovery_tls)
+                .await;
+        }
         steps
     }
 
@@ -460,21 +467,7 @@ impl Agent {
         let dir = self.cfg.vmi_dir(&uid);
         let config = mig::configuration(vmi);
         let block = mig::read_block_volumes(&dir);
-        let tls = if mig::tls_disabled(&config) {
-            None
-        } else {
-            let (_, pin) = self
-                .node_identity(target_node)
-                .await
-                .map_err(|e| e.to_string())?;
-            let pin = pin.ok_or_else(|| {
-                format!(
-                    "node {target_node} publishes no certificate: the migration stream cannot be \
-                     encrypted (set disableTLS in the migration configuration to allow it)"
-                )
-            })?;
-            Some(crate::tls::migration_client_config(&self.cert, pin).map_err(|e| e.to_string())?)
-        };
+        let tls = self.channel_tls(target_node, &config).await?;
         let encrypted = tls.is_some();
         // The channel (TLS handshake) and our launcher's ephemeral certificate are made
         // together, while the start is written and announced: none waits for another.
@@ -509,7 +502,7 @@ impl Agent {
         // is known): every mirror in sync before the memory moves.
         let copy_started = Instant::now();
         let (conn, peer_cert) = self
-            .open_stream(vmi, target, (ch, local, cert), &block)
+            .open_stream(vmi, target, (ch, local, cert), &block, false)
             .await?;
         if !block.is_empty() {
             tracing::info!(uid = %uid, "block migration: disks in sync and the stream connected {} ms after the start",
@@ -574,6 +567,12 @@ impl Agent {
         let mut post_copy = false;
         let mut cancel_refused = false;
         let mut start_refusals = 0u32;
+        // Post-copy recovery: attempts so far, why none can succeed (once known), since when
+        // QEMU is in `postcopy-recover`, and whether a recovery awaits its success.
+        let mut recoveries = 0u32;
+        let mut unrecoverable: Option<String> = None;
+        let mut recovering_since: Option<Instant> = None;
+        let mut recovery_pending = false;
         let info = loop {
             tokio::time::sleep(POLL).await;
             let v = launchers::request(
@@ -590,6 +589,14 @@ impl Agent {
                 post_copy = true;
                 self.record_post_copy(vmi, target_node).await;
             }
+            if recovery_pending && matches!(status, "postcopy-active" | "completed") {
+                recovery_pending = false;
+                self.record_recovered(vmi, recoveries).await;
+            }
+            recovering_since = match status {
+                "postcopy-recover" => Some(recovering_since.unwrap_or_else(Instant::now)),
+                _ => None,
+            };
             match status {
                 // QEMU sets the figures a moment after the state: ask again until they are in.
                 "completed" if mig::figures(&v).0.unwrap_or(0) > 0 || final_tries >= 10 => {
@@ -660,6 +667,10 @@ impl Agent {
                 allow_post_copy,
                 block: !block.is_empty(),
                 post_copy_requested: post_copy,
+                recoveries,
+                unrecoverable: unrecoverable.clone(),
+                recover_stuck: recovering_since
+                    .is_some_and(|t| t.elapsed() > postcopy::RECOVER_LIMIT),
             };
             match postcopy::decide(&poll) {
                 postcopy::Action::Continue => {}
@@ -708,6 +719,11 @@ impl Agent {
                         )
                         .await;
                     }
+                }
+                postcopy::Action::Recover { attempt } => {
+                    recoveries = attempt;
+                    unrecoverable = self.try_recovery(vmi, target_node, attempt).await;
+                    recovery_pending = unrecoverable.is_none();
                 }
                 postcopy::Action::Lost(why) => {
                     self.lose_guest(vmi, &why).await;

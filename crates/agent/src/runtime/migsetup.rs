@@ -70,26 +70,38 @@ impl Agent {
     /// connection opened from the announced port once the target accepts it. Returns the
     /// data connection and the target's certificate (`None` with `disableTLS`). With `block`
     /// volumes, the disks are mirrored ([`Agent::mirror_out`]) between the certificates'
-    /// exchange and the data connection.
+    /// exchange and the data connection. With `recover` (a post-copy recovery's new
+    /// connection) no certificate is exchanged: the QEMUs keep the original stream's.
     pub(super) async fn open_stream(
         &self,
         vmi: &VirtualMachineInstance,
         target: std::net::SocketAddr,
         (mut ch, local, cert): (ms::Channel, std::net::SocketAddr, Option<String>),
         block: &[ferrovirt_api::migration::BlockVolume],
-    ) -> Result<(std::os::fd::OwnedFd, Option<String>), String> {
+        recover: bool,
+    ) -> Result<(std::os::fd::OwnedFd, Option<String>), SetupError> {
         let encrypted = cert.is_some();
         let socket = ms::data_socket(self.net.node_netns(), local.ip())
             .await
             .map_err(|e| format!("the migration's data socket: {e}"))?;
         let data_port = socket.local_addr().map_err(|e| e.to_string())?.port();
-        timeout(ms::send(&mut ch, &ms::Hello { cert, data_port })).await?;
+        let hello = ms::Hello {
+            cert,
+            data_port,
+            recover,
+        };
+        timeout(ms::send(&mut ch, &hello)).await?;
         let answer: ms::Reply = timeout(ms::recv(&mut ch)).await?;
         if let Some(e) = answer.error {
-            return Err(format!("the target: {e}"));
+            return Err(SetupError {
+                message: format!("the target: {e}"),
+                unrecoverable: answer.unrecoverable,
+            });
         }
         if encrypted && answer.cert.is_none() {
-            return Err("the target sent no certificate for an encrypted migration".into());
+            return Err("the target sent no certificate for an encrypted migration"
+                .to_string()
+                .into());
         }
         if !block.is_empty() {
             self.mirror_out(vmi, block, target.ip(), answer.cert.clone())
@@ -101,10 +113,38 @@ impl Agent {
         let _ = data.set_nodelay(true);
         let ready: ms::Reply = timeout(ms::recv(&mut ch)).await?;
         if let Some(e) = ready.error {
-            return Err(format!("the target: {e}"));
+            return Err(SetupError {
+                message: format!("the target: {e}"),
+                unrecoverable: ready.unrecoverable,
+            });
         }
         let conn = ms::into_fd(data).map_err(|e| e.to_string())?;
         Ok((conn, answer.cert))
+    }
+
+    /// Source: the client side of the agents' channel to `target_node` (its pinned
+    /// certificate), `None` with `disableTLS`.
+    pub(super) async fn channel_tls(
+        &self,
+        target_node: &str,
+        config: &ferrovirt_api::kubevirt::misc::MigrationConfiguration,
+    ) -> Result<Option<std::sync::Arc<rustls::ClientConfig>>, String> {
+        if crate::migration::tls_disabled(config) {
+            return Ok(None);
+        }
+        let (_, pin) = self
+            .node_identity(target_node)
+            .await
+            .map_err(|e| e.to_string())?;
+        let pin = pin.ok_or_else(|| {
+            format!(
+                "node {target_node} publishes no certificate: the migration stream cannot be \
+                 encrypted (set disableTLS in the migration configuration to allow it)"
+            )
+        })?;
+        crate::tls::migration_client_config(&self.cert, pin)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 
     /// Source: the migration's start written (`startTimestamp`, `migrationMethod`) and its
@@ -141,5 +181,28 @@ impl Agent {
             .await;
         }
         Ok(())
+    }
+}
+
+/// A stream setup that failed: why, and whether the target said that no recovery of a
+/// post-copy migration can succeed (its QEMU is gone).
+#[derive(Debug)]
+pub(super) struct SetupError {
+    pub(super) message: String,
+    pub(super) unrecoverable: bool,
+}
+
+impl From<String> for SetupError {
+    fn from(message: String) -> Self {
+        SetupError {
+            message,
+            unrecoverable: false,
+        }
+    }
+}
+
+impl From<SetupError> for String {
+    fn from(e: SetupError) -> Self {
+        e.message
     }
 }
