@@ -1,7 +1,7 @@
 //! The migration stream's setup on the source (docs/migration.md "The stream", steps 1–3):
 //! the migration's start written and announced, the target's channel and this side's
 //! ephemeral certificate (made at the same time), the certificates exchanged, the disks
-//! mirrored for a block migration, the data connection opened; and the node identities and
+//! mirrored for a block migration while the data connection is opened; and the node identities and
 //! launcher certificates both sides need for it.
 
 use std::net::IpAddr;
@@ -69,8 +69,8 @@ impl Agent {
     /// for the target's, the data
     /// connection opened from the announced port once the target accepts it. Returns the
     /// data connection and the target's certificate (`None` with `disableTLS`). With `block`
-    /// volumes, the disks are mirrored ([`Agent::mirror_out`]) between the certificates'
-    /// exchange and the data connection. With `recover` (a post-copy recovery's new
+    /// volumes, the disks are mirrored ([`Agent::mirror_out`]) after the certificates'
+    /// exchange, while the data connection is set up. With `recover` (a post-copy recovery's new
     /// connection) no certificate is exchanged: the QEMUs keep the original stream's.
     pub(super) async fn open_stream(
         &self,
@@ -103,21 +103,31 @@ impl Agent {
                 .to_string()
                 .into());
         }
-        if !block.is_empty() {
-            self.mirror_out(vmi, block, target.ip(), answer.cert.clone())
-                .await?;
-        }
-        let data = timeout(socket.connect(target))
-            .await
-            .map_err(|e| format!("the migration's data connection to {target}: {e}"))?;
-        let _ = data.set_nodelay(true);
-        let ready: ms::Reply = timeout(ms::recv(&mut ch)).await?;
-        if let Some(e) = ready.error {
-            return Err(SetupError {
-                message: format!("the target: {e}"),
-                unrecoverable: ready.unrecoverable,
-            });
-        }
+        // The data connection and the target's QEMU waiting on it are set up while the
+        // disks are mirrored: the target accepts it within its mirror wait, and our QEMU sends
+        // nothing on it before `migrate`, which comes after the mirrors are in sync.
+        let stream = async {
+            let data = timeout(socket.connect(target))
+                .await
+                .map_err(|e| format!("the migration's data connection to {target}: {e}"))?;
+            let _ = data.set_nodelay(true);
+            let ready: ms::Reply = timeout(ms::recv(&mut ch)).await?;
+            if let Some(e) = ready.error {
+                return Err(SetupError {
+                    message: format!("the target: {e}"),
+                    unrecoverable: ready.unrecoverable,
+                });
+            }
+            Ok(data)
+        };
+        let mirrors = async {
+            if !block.is_empty() {
+                self.mirror_out(vmi, block, target.ip(), answer.cert.clone())
+                    .await?;
+            }
+            Ok::<_, SetupError>(())
+        };
+        let (data, ()) = tokio::try_join!(stream, mirrors)?;
         let conn = ms::into_fd(data).map_err(|e| e.to_string())?;
         Ok((conn, answer.cert))
     }
