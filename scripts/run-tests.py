@@ -41,7 +41,7 @@ HINTS = {
     "crd": 16, "shared_mount": 15, "hostile": 15, "conformance": 15, "metrics": 14,
     "empty_cdrom": 14, "port_forward": 13, "hyperconverged": 35, "node_proxy": 17,
     "cpu_models": 30,
-    "migration_postcopy": 78, "snapshot_reclaim_online": 45, "online_reclaim": 11,
+    "migration_postcopy": 135, "snapshot_reclaim_online": 45, "online_reclaim": 11,
     "migration_block_restart": 45,
 }
 DEFAULT_E2E = 30
