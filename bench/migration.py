@@ -279,7 +279,7 @@ def main():
     ap.add_argument("--local", action="store_true",
                     help="a node-local disk, block-migrated (vs a raw NBD mirror + migrate)")
     ap.add_argument("--no-tls", action="store_true",
-                    help="a KubeVirt CR with configuration.migrations.disableTLS: true")
+                    help="the HyperConverged's liveMigrationConfig.disableTLS: true (the KubeVirt CR's configuration.migrations.disableTLS)")
     ap.add_argument("--bare", action="store_true",
                     help="also a raw migration of a minimal QEMU (plain)")
     a = ap.parse_args()
@@ -376,14 +376,15 @@ spec:
       volumes: [{{name: root, persistentVolumeClaim: {{claimName: bench}}}}]
 """
         if a.no_tls:
-            manifest += """---
-apiVersion: kubevirt.io/v1
-kind: KubeVirt
-metadata: {name: kubevirt, namespace: default}
-spec:
-  configuration:
-    migrations: {disableTLS: true}
-"""
+            # Through the HyperConverged, which owns the KubeVirt CR every component reads
+            # (a KubeVirt CR of our own would come second to it).
+            kubectl("patch", "hyperconverged", "kubevirt-hyperconverged", "-n",
+                    "kubevirt-hyperconverged", "--type=merge", "-p",
+                    '{"spec":{"liveMigrationConfig":{"disableTLS":true}}}')
+            wait("disableTLS in the KubeVirt CR", 30, lambda: "true" in kubectl(
+                "get", "kubevirt", "kubevirt-kubevirt-hyperconverged", "-n",
+                "kubevirt-hyperconverged", "-o",
+                "jsonpath={.spec.configuration.migrations.disableTLS}", check=False))
         subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "apply", "-f", "-"],
                        input=manifest, text=True, check=True, capture_output=True)
         wait("the VM running", 120, lambda: "Running" in kubectl(

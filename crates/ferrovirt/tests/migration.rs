@@ -242,6 +242,46 @@ fn a_vm_on_a_node_local_disk_is_block_migrated_with_its_disk() -> anyhow::Result
         Ok((!src_vol.exists()).then_some(()))
     })?;
     assert!(!dst_vol.join(".ferrovirt-migrating-in").exists());
+
+    // Back to node1 with `disableTLS` (KubeVirt's field, set through the HyperConverged): the
+    // disk's NBD copy and the memory stream are plain, and the guest still reads its marker from the copy.
+    c.patch_hco(r#"{"spec":{"liveMigrationConfig":{"disableTLS":true}}}"#)?;
+    c.wait_until(
+        "disableTLS in the KubeVirt CR",
+        Duration::from_secs(30),
+        || {
+            let kv = c.get_json(&[
+                "kubevirt",
+                "kubevirt-kubevirt-hyperconverged",
+                "-n",
+                "kubevirt-hyperconverged",
+            ])?;
+            Ok((kv["spec"]["configuration"]["migrations"]["disableTLS"] == true).then_some(()))
+        },
+    )?;
+    // The migration controller reads the same CR from its own watch: a moment for it.
+    std::thread::sleep(Duration::from_secs(1));
+    c.apply(&migration("mig-plain", "mig"))?;
+    let m = finished(&c, "mig-plain", Duration::from_secs(300))?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let v = c.get_json(&["vmi", "mig"])?;
+    let st = &v["status"]["migrationState"];
+    assert_eq!(v["status"]["nodeName"], "node1", "{st}");
+    assert_eq!(st["migrationConfiguration"]["disableTLS"], true, "{st}");
+    let logs = c.agent_log("node2");
+    assert!(
+        logs.lines().any(|l| l.contains("Migrated to node1")),
+        "node1 got the VM back"
+    );
+    let console = SerialConsole::connect(&src.join("serial.sock"), Duration::from_secs(10))?;
+    let back = uptime_on(&console)?;
+    assert!(back > after, "no reboot: uptime {after} s → {back} s");
+    let (out, rc) = console.exec(
+        "echo 3 > /proc/sys/vm/drop_caches; dd if=/dev/vda bs=1M skip=900 count=1 2>/dev/null | head -c 64",
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains(MARKER), "the plain copy on node1: {out:?}");
     Ok(())
 }
 
