@@ -303,9 +303,9 @@ fn remark_needed(
     if !pass_bound_any {
         return true;
     }
-    c.last_probe_time.as_ref().is_none_or(|t| {
-        now.duration_since(t.0).as_secs_f64() >= REMARK_AFTER.as_secs_f64()
-    })
+    c.last_probe_time
+        .as_ref()
+        .is_none_or(|t| now.duration_since(t.0).as_secs_f64() >= REMARK_AFTER.as_secs_f64())
 }
 
 /// Whether a wake-up needs a look at every cached VMI (pure): when a VMI changed (a new one

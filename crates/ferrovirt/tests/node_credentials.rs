@@ -1,0 +1,349 @@
+//! Nodes that join with the join token (issue #19, "Nodes"; docs/nodes.md) through the real
+//! server binary (no embedded agent), two `ferrovirt agent --server URL --token-file F`
+//! processes, the test guest under TCG and the real kubectl: `ferrovirt token` prints the
+//! token the server keeps; both agents join, keep their credential 0600, and a VM boots on
+//! one of them; acting as node j1 (its own client certificate), patching the VMI on j2, reading
+//! a Secret no VMI of j1 references, reading j2's claim and patching j2's Node are 403 with
+//! Kubernetes' message, while j1's own VMI and claim are open to it; an agent given a token
+//! with a wrong CA hash exits non-zero naming the hash and the server never sees a request
+//! from it; a wrong secret is refused (401) and a bad node name is refused naming the field;
+//! the server reaches the joined agents' endpoints with a token derived for each node (never
+//! its own API token); a restarted agent reuses its credential.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use ferrovirt_testkit::{Cluster, ClusterOptions, TestGuest};
+use serde_json::Value;
+
+const BOOT: Duration = Duration::from_secs(180);
+const BIN: &str = env!("CARGO_BIN_EXE_ferrovirt");
+
+fn vm(name: &str, node: &str) -> String {
+    format!(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: {name}, namespace: default}}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 5
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {{bus: virtio}}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {{claimName: disk-{name}}}
+"#
+    )
+}
+
+/// kubectl as the node whose kubeconfig is `kc`.
+fn kubectl_as(c: &Cluster, kc: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    Ok(Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kc)
+        .arg("--cache-dir")
+        .arg(c.dir().join("kubectl-cache-node"))
+        .args(args)
+        .output()?)
+}
+
+fn refused(c: &Cluster, kc: &Path, args: &[&str], want: &str) -> anyhow::Result<()> {
+    let out = kubectl_as(c, kc, args)?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !err.contains(want) {
+        bail!(
+            "kubectl {args:?} as the node: want a refusal containing {want:?}, got {}: {err}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(())
+}
+
+fn allowed(c: &Cluster, kc: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = kubectl_as(c, kc, args)?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {args:?} as the node failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn write_token(c: &Cluster, name: &str, token: &str) -> anyhow::Result<PathBuf> {
+    let p = c.dir().join(name);
+    std::fs::write(&p, format!("{token}\n"))?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+    Ok(p)
+}
+
+fn ready_nodes(c: &Cluster) -> anyhow::Result<Vec<String>> {
+    let v = c.get_json(&["nodes"])?;
+    Ok(v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .filter_map(|n| n["metadata"]["name"].as_str().map(String::from))
+        .collect())
+}
+
+fn vmi_on(c: &Cluster, name: &str) -> anyhow::Result<Option<(String, String)>> {
+    let out = c.kubectl(&["get", "vmi", name, "-o", "json"])?;
+    if !out.status.success() {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    if v["status"]["phase"] == "Failed" {
+        bail!("VMI {name} failed: {}", v["status"]);
+    }
+    Ok((v["status"]["phase"] == "Running").then(|| {
+        (
+            v["status"]["nodeName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            v["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    }))
+}
+
+#[test]
+fn joined_nodes_run_vms_and_reach_only_their_own_objects() -> anyhow::Result<()> {
+    TestGuest::get()?;
+    let mut opts = ClusterOptions::new(BIN);
+    opts.node_name = None;
+    let mut c = Cluster::start(&opts)?;
+
+    // `ferrovirt token` prints what the server keeps in DATA_DIR/node-token (0600).
+    let out = Command::new(BIN)
+        .args(["token", "--data-dir"])
+        .arg(&c.data_dir)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout)?.trim().to_string();
+    assert_eq!(token, c.join_token()?);
+    assert!(token.starts_with("K10") && token.contains("::"), "{token}");
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
+    assert_eq!(mode(&c.data_dir.join("node-token"))?, 0o600);
+    assert!(c.server_log().contains("node join token"));
+    let token_file = write_token(&c, "token", &token)?;
+
+    // Two nodes join.
+    let t0 = Instant::now();
+    c.start_joined_agent("j1", &token_file)?;
+    c.start_joined_agent("j2", &token_file)?;
+    c.wait_until("j1 and j2 Ready", Duration::from_secs(90), || {
+        let mut r = ready_nodes(&c)?;
+        r.sort();
+        Ok((r == ["j1", "j2"]).then_some(()))
+    })?;
+    eprintln!("two nodes joined and Ready in {:?}", t0.elapsed());
+    for node in ["j1", "j2"] {
+        let dir = c.extra_agent_dir(node).join("node-credential");
+        assert_eq!(mode(&dir.join("node.key"))?, 0o600, "{node}");
+        assert_eq!(mode(&dir.join("node.crt"))?, 0o600, "{node}");
+        assert!(c.agent_log(node).contains("joined: node credential stored"));
+    }
+    assert!(
+        c.server_log()
+            .contains("issued a client certificate for system:node:j1")
+    );
+
+    // A VM boots on each joined node (the agents start them with their own credentials).
+    for (name, node) in [("a", "j1"), ("b", "j2")] {
+        c.guest_disk_claim(&format!("disk-{name}"))?;
+        c.apply(&vm(name, node))?;
+    }
+    let t1 = Instant::now();
+    let (node, uid) = c.wait_until("VMI a Running", BOOT, || vmi_on(&c, "a"))?;
+    assert_eq!(node, "j1");
+    let log = c
+        .extra_agent_dir("j1")
+        .join("vmis")
+        .join(&uid)
+        .join("serial.log");
+    c.wait_until("FERROVIRT-BOOT on j1", BOOT, || {
+        let text = std::fs::read(&log).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&text)
+            .contains("FERROVIRT-BOOT")
+            .then_some(()))
+    })?;
+    eprintln!("VM a booted on joined node j1 in {:?}", t1.elapsed());
+    c.wait_until("VMI b bound to j2", BOOT, || {
+        let v = c.get_json(&["vmi", "b"]);
+        Ok(v.ok()
+            .and_then(|v| (v["status"]["nodeName"] == "j2").then_some(())))
+    })?;
+
+    // Acting as node j1.
+    let kc = c.node_credential_kubeconfig("j1")?;
+    c.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "not-mine",
+        "--from-literal=k=v",
+    ])?;
+    let who = allowed(&c, &kc, &["auth", "whoami", "-o", "json"])?;
+    assert!(
+        who.contains("system:node:j1") && who.contains("system:nodes"),
+        "{who}"
+    );
+    refused(
+        &c,
+        &kc,
+        &[
+            "patch",
+            "vmi",
+            "b",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata":{"labels":{"x":"y"}}}"#,
+        ],
+        r#"virtualmachineinstances.kubevirt.io "b" is forbidden: User "system:node:j1" cannot patch resource "virtualmachineinstances""#,
+    )?;
+    refused(
+        &c,
+        &kc,
+        &["get", "secret", "not-mine"],
+        r#"secrets "not-mine" is forbidden: User "system:node:j1" cannot get resource "secrets" in API group "" in the namespace "default""#,
+    )?;
+    refused(&c, &kc, &["get", "secrets"], "forbidden")?;
+    refused(&c, &kc, &["get", "pvc", "disk-b"], "forbidden")?;
+    refused(
+        &c,
+        &kc,
+        &["label", "node", "j2", "stolen=yes"],
+        r#"nodes "j2" is forbidden: User "system:node:j1""#,
+    )?;
+    refused(&c, &kc, &["delete", "vm", "b"], "forbidden")?;
+    // What is j1's is open to it.
+    allowed(&c, &kc, &["get", "pvc", "disk-a"])?;
+    allowed(
+        &c,
+        &kc,
+        &[
+            "patch",
+            "vmi",
+            "a",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata":{"labels":{"x":"y"}}}"#,
+        ],
+    )?;
+    allowed(&c, &kc, &["get", "nodes"])?;
+    // The node proxy would call another agent with the server's credential.
+    refused(
+        &c,
+        &kc,
+        &["get", "--raw", "/api/v1/nodes/j2/proxy/healthz"],
+        "forbidden",
+    )?;
+    // The server reaches a joined node's endpoint with the token derived for that node.
+    for node in ["j1", "j2"] {
+        let health = c.kubectl_ok(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{node}/proxy/healthz"),
+        ])?;
+        assert_eq!(health.trim(), "ok", "{node}");
+    }
+    let endpoint_token = std::fs::read_to_string(
+        c.extra_agent_dir("j1")
+            .join("node-credential/endpoint-token"),
+    )?;
+    assert_ne!(endpoint_token.trim(), c.join_token()?);
+    let admin_token = std::fs::read_to_string(c.data_dir.join("token"))?;
+    assert!(!endpoint_token.contains(admin_token.trim()));
+
+    // A token with a wrong CA hash: the agent refuses before it sends anything.
+    let (_, secret) = token.split_once("::").unwrap();
+    let good_hash = &token[3..67];
+    let bad_hash: String = good_hash
+        .chars()
+        .map(|ch| if ch == '0' { '1' } else { '0' })
+        .collect();
+    let bad_file = write_token(&c, "bad-token", &format!("K10{bad_hash}::{secret}"))?;
+    c.start_joined_agent("bad", &bad_file)?;
+    let status = c.wait_agent_exit("bad", Duration::from_secs(30))?;
+    let bad_log = c.agent_log("bad");
+    match status {
+        Some(s) if !s.success() => {}
+        other => bail!("the agent with a wrong CA hash did not fail: {other:?}\n{bad_log}"),
+    }
+    assert!(
+        bad_log.contains(&format!("CA hash sha256:{bad_hash}")),
+        "{bad_log}"
+    );
+    let metrics = c.kubectl_ok(&["get", "--raw", "/metrics"])?;
+    assert!(
+        !metrics.contains("ferrovirt-agent/bad"),
+        "the server counted requests from the refused agent"
+    );
+    let server_log = c.server_log();
+    assert!(!server_log.contains("system:node:bad"), "{server_log}");
+    assert!(!server_log.contains("join refused"), "{server_log}");
+
+    // A wrong secret is 401; a node name that is not DNS-1123 is refused naming the field.
+    let wrong = write_token(
+        &c,
+        "wrong-secret",
+        &format!("K10{good_hash}::{}", "f".repeat(64)),
+    )?;
+    c.start_joined_agent("wrongsecret", &wrong)?;
+    let status = c.wait_agent_exit("wrongsecret", Duration::from_secs(30))?;
+    assert!(status.is_some_and(|s| !s.success()));
+    let log = c.agent_log("wrongsecret");
+    assert!(log.contains("401"), "{log}");
+    c.start_joined_agent("Bad_Name", &token_file)?;
+    let status = c.wait_agent_exit("Bad_Name", Duration::from_secs(30))?;
+    assert!(status.is_some_and(|s| !s.success()));
+    let log = c.agent_log("Bad_Name");
+    assert!(log.contains("422") && log.contains("nodeName"), "{log}");
+    let nodes = ready_nodes(&c)?;
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+
+    // A restarted agent reuses its credential (no second join).
+    c.kill_agent("j2")?;
+    c.start_joined_agent("j2", &token_file)?;
+    c.wait_until("j2 reuses its credential", Duration::from_secs(30), || {
+        Ok(c.agent_log("j2")
+            .contains("reusing the node credential")
+            .then_some(()))
+    })?;
+    assert_eq!(
+        c.server_log()
+            .matches("issued a client certificate for system:node:j2")
+            .count(),
+        1
+    );
+    Ok(())
+}
