@@ -211,7 +211,7 @@ fn references_of_a_vmi() {
     let v = vmi("n1");
     assert_eq!(
         references(&v, RefKind::Secret),
-        vec!["mysecret", "pull", "userdata", "keys"]
+        vec!["mysecret", "userdata", "pull", "keys"]
     );
     assert_eq!(references(&v, RefKind::ConfigMap), vec!["mycm"]);
     assert_eq!(references(&v, RefKind::Claim), vec!["disk", "dv1"]);
