@@ -119,12 +119,15 @@ pub fn validate(req: &JoinRequest) -> Result<(String, Vec<u8>), FieldProblem> {
     Ok((req.node_name.clone(), key))
 }
 
+/// How a node's endpoint token is derived from the API token: `f(api_token, node)`.
+pub type DeriveToken = fn(&str, &str) -> String;
+
 /// What the join endpoint needs.
 pub struct JoinState {
     pub secret: String,
     pub client_ca: ClientCa,
     /// The API token and how a node's endpoint token is derived from it.
-    pub endpoint_token: Option<(String, fn(&str, &str) -> String)>,
+    pub endpoint_token: Option<(String, DeriveToken)>,
 }
 
 fn invalid(field: &str, message: String) -> ApiError {
@@ -148,7 +151,8 @@ async fn join(State(st): State<Arc<JoinState>>, body: Bytes) -> Response {
     let req: JoinRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            return ApiError::bad_request(format!("decoding the join request: {e}")).into_response();
+            return ApiError::bad_request(format!("decoding the join request: {e}"))
+                .into_response();
         }
     };
     if !super::constant_time_eq(req.secret.as_bytes(), st.secret.as_bytes()) {
