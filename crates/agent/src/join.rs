@@ -7,7 +7,8 @@
 //! gets a client certificate `CN=system:node:<name>, O=system:nodes`. The key, the certificate
 //! and both CAs are kept 0600 in `DATA_DIR/node-credential/` and reused on restart (while the
 //! token's CA hash still matches and the node name is the same), so a restarted agent does
-//! not join again.
+//! not join again. A random node password, kept beside them, goes with every join: the server
+//! records it on the first join under a name and refuses that name to anyone without it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +36,8 @@ pub const KEY_FILE: &str = "node.key";
 pub const CLIENT_CA_FILE: &str = "client-ca.crt";
 /// The token the API server presents to this node's endpoint.
 pub const ENDPOINT_TOKEN_FILE: &str = "endpoint-token";
+/// The node's password (sent with every join under its name).
+pub const PASSWORD_FILE: &str = "node-password";
 /// The node name the credential was issued for.
 const NODE_FILE: &str = "node-name";
 
@@ -297,15 +300,35 @@ pub fn load(data_dir: &Path, node: &str, token: &JoinToken) -> Option<NodeCreden
     crate::tls::constant_time_eq(&sha256(&ca), &token.ca_hash).then_some(cred)
 }
 
-fn store(cred: &NodeCredential, node: &str) -> Result<(), AgentError> {
+fn private_dir(dir: &Path) -> Result<(), AgentError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&cred.dir)
-        .map_err(|e| AgentError::io(&cred.dir, e))?;
-    std::fs::set_permissions(&cred.dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| AgentError::io(&cred.dir, e))?;
+        .create(dir)
+        .map_err(|e| AgentError::io(dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| AgentError::io(dir, e))
+}
+
+/// The node's password: the kept one, else a new random one, kept (0600) before it is sent.
+fn node_password(dir: &Path) -> Result<String, AgentError> {
+    if let Some(p) = read(dir, PASSWORD_FILE).map(|p| p.trim().to_string())
+        && ferrovirt_api::jointoken::valid_secret(&p)
+    {
+        return Ok(p);
+    }
+    private_dir(dir)?;
+    let mut b = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
+        .map_err(|_| join_err("the system RNG failed"))?;
+    let p = hex(&b);
+    crate::tls::write_file(&dir.join(PASSWORD_FILE), &p, 0o600)?;
+    Ok(p)
+}
+
+fn store(cred: &NodeCredential, node: &str) -> Result<(), AgentError> {
+    private_dir(&cred.dir)?;
     for (file, text) in [
         (KEY_FILE, &cred.key_pem),
         (CERT_FILE, &cred.cert_pem),
@@ -347,8 +370,10 @@ pub async fn join(opts: &JoinOptions) -> Result<NodeCredential, AgentError> {
         "the server's CA matches the join token; joining"
     );
     let key = rcgen::KeyPair::generate().map_err(join_err)?;
+    let node_password = node_password(&opts.data_dir.join(CREDENTIAL_DIR))?;
     use base64::Engine;
     let req = JoinRequest {
+        node_password,
         secret: opts.token.secret.clone(),
         node_name: opts.node_name.clone(),
         public_key: base64::engine::general_purpose::STANDARD.encode(key.public_key_raw()),
@@ -450,9 +475,13 @@ mod tests {
             ..token
         };
         assert!(load(dir.path(), "n1", &other).is_none());
+        let pw = node_password(&cred.dir).unwrap();
+        assert_eq!(pw.len(), 64);
+        assert_eq!(node_password(&cred.dir).unwrap(), pw, "kept");
         use std::os::unix::fs::PermissionsExt;
         let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(cred.dir.join(KEY_FILE)), 0o600);
+        assert_eq!(mode(cred.dir.join(PASSWORD_FILE)), 0o600);
         assert_eq!(mode(cred.dir.clone()), 0o700);
     }
 }

@@ -105,6 +105,11 @@ pub struct JoinRequest {
     pub node_name: String,
     /// The node's ECDSA P-256 public key: the uncompressed point (65 bytes), base64.
     pub public_key: String,
+    /// The node's password (k3s' node password): the first join under a name records its
+    /// hash, and later joins under that name must present the same password, so the token
+    /// alone does not let another machine take over a joined node's name.
+    #[serde(default)]
+    pub node_password: String,
 }
 
 /// The answer to a join request.

@@ -308,6 +308,7 @@ impl Server {
         }
         app = crate::auth::join::routes(Arc::new(crate::auth::join::JoinState {
             secret: join_token.secret.clone(),
+            store: store.clone(),
             client_ca: client_ca.clone(),
             endpoint_token: opts.endpoint_token.map(|f| (pki.token.clone(), f)),
         }))

@@ -8,7 +8,8 @@
 //! with a wrong CA hash exits non-zero naming the hash and the server never sees a request
 //! from it; a wrong secret is refused (401) and a bad node name is refused naming the field;
 //! the server reaches the joined agents' endpoints with a token derived for each node (never
-//! its own API token); a restarted agent reuses its credential.
+//! its own API token); a second machine cannot join under a joined node's name (its node
+//! password differs); a restarted agent reuses its credential.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -328,6 +329,17 @@ fn joined_nodes_run_vms_and_reach_only_their_own_objects() -> anyhow::Result<()>
     assert!(status.is_some_and(|s| !s.success()));
     let log = c.agent_log("Bad_Name");
     assert!(log.contains("422") && log.contains("nodeName"), "{log}");
+    // Another machine with the token cannot take over a joined node's name.
+    let impostor = c.dir().join("impostor");
+    c.start_joined_agent_in("j1", &token_file, &impostor)?;
+    let status = c.wait_agent_exit("j1", Duration::from_secs(30))?;
+    assert!(status.is_some_and(|s| !s.success()));
+    let log = std::fs::read_to_string(c.dir().join("agent-j1-impostor.log"))?;
+    assert!(
+        log.contains("403") && log.contains("already joined"),
+        "{log}"
+    );
+    assert!(!impostor.join("node-credential/node.crt").exists());
     let nodes = ready_nodes(&c)?;
     assert_eq!(nodes.len(), 2, "{nodes:?}");
 

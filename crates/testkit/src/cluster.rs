@@ -274,7 +274,21 @@ impl Cluster {
             &token_file.to_string_lossy(),
         ]
         .map(String::from);
-        self.spawn_agent_as(node, &[], &[], &[], Some(&join))
+        self.spawn_agent_as(node, &[], &[], &[], Some(&join), None)
+    }
+
+    /// Like [`start_joined_agent`](Self::start_joined_agent) with the data dir `data` (another
+    /// machine claiming a name already joined); its log is `agent-<node>-<dir name>.log`.
+    pub fn start_joined_agent_in(
+        &mut self,
+        node: &str,
+        token_file: &Path,
+        data: &Path,
+    ) -> anyhow::Result<()> {
+        let server = format!("https://127.0.0.1:{}", self.port);
+        let token_file = token_file.to_string_lossy().into_owned();
+        let join = ["--server", &server, "--token-file", &token_file].map(String::from);
+        self.spawn_agent_as(node, &[], &[], &[], Some(&join), Some(data))
     }
 
     /// A kubeconfig file for the credential the joined agent `node` keeps (its client
@@ -324,7 +338,7 @@ impl Cluster {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<()> {
-        self.spawn_agent_as(node, prefix, extra, env, None)
+        self.spawn_agent_as(node, prefix, extra, env, None, None)
     }
 
     /// Starts agent `node`: with the admin kubeconfig, or with `join` arguments.
@@ -335,8 +349,21 @@ impl Cluster {
         extra: &[&str],
         env: &[(&str, &str)],
         join: Option<&[String]>,
+        data: Option<&Path>,
     ) -> anyhow::Result<()> {
-        let data = self.dir.path().join(format!("agent-{node}"));
+        let (data, log) = match data {
+            Some(d) => (
+                d.to_path_buf(),
+                format!(
+                    "agent-{node}-{}.log",
+                    d.file_name().unwrap_or_default().to_string_lossy()
+                ),
+            ),
+            None => (
+                self.dir.path().join(format!("agent-{node}")),
+                format!("agent-{node}.log"),
+            ),
+        };
         let mut cmd = match prefix.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
@@ -363,7 +390,7 @@ impl Cluster {
             .args(default_network_mode(extra))
             .envs(env.iter().copied())
             .env("RUST_LOG", "info");
-        let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
+        let child = spawn_logged(&mut cmd, &self.dir.path().join(log))?;
         self.agents.push((node.to_string(), child));
         Ok(())
     }

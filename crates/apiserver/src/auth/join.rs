@@ -5,7 +5,10 @@
 //! constant time; a wrong one is 401), a node name (a DNS-1123 subdomain, else 422 naming
 //! `nodeName`) and the node's public key (ECDSA P-256, else 422 naming `publicKey`) buy a
 //! client certificate `CN=system:node:<name>, O=system:nodes` signed by the client CA. The
-//! node's private key never leaves the node.
+//! node's private key never leaves the node. The first join under a name records the SHA-256
+//! of the node's password (k3s' node password) in the store outside the API; a later join
+//! under that name with another password is 403, so the token alone cannot take over a
+//! joined node's name.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -95,6 +98,12 @@ pub type FieldProblem = (&'static str, String);
 /// Checks a join request's node name and public key (the secret is checked before):
 /// the node name and the key's bytes. Pure.
 pub fn validate(req: &JoinRequest) -> Result<(String, Vec<u8>), FieldProblem> {
+    if !ferrovirt_api::jointoken::valid_secret(&req.node_password) {
+        return Err((
+            "nodePassword",
+            "must be 16 to 256 printable characters without spaces".to_string(),
+        ));
+    }
     if !ferrovirt_api::admission::is_dns1123_subdomain(&req.node_name) {
         return Err((
             "nodeName",
@@ -122,9 +131,57 @@ pub fn validate(req: &JoinRequest) -> Result<(String, Vec<u8>), FieldProblem> {
 /// How a node's endpoint token is derived from the API token: `f(api_token, node)`.
 pub type DeriveToken = fn(&str, &str) -> String;
 
+/// Where the hash of a joined node name's password is kept (outside the API: no request reads
+/// or writes it).
+pub fn password_key(node: &str) -> String {
+    format!("/ferrovirt/node-passwords/{node}")
+}
+
+fn password_hash(password: &str) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, password.as_bytes())
+        .as_ref()
+        .to_vec()
+}
+
+/// Whether `presented` is the password whose hash is `stored`. Pure.
+pub fn password_matches(stored: &[u8], presented: &str) -> bool {
+    super::constant_time_eq(stored, &password_hash(presented))
+}
+
+/// Records the name's password on its first join; later joins must present the same one:
+/// Ok(()) or the 403 that refuses the name.
+async fn claim_name(
+    store: &dyn ferrovirt_store::Store,
+    node: &str,
+    password: &str,
+) -> Result<(), ApiError> {
+    let key = password_key(node);
+    let taken = || {
+        ApiError::forbidden(format!(
+            "node name {node:?} is already joined by another node (its node password does not \
+             match); pick another name, or join from the machine that holds it"
+        ))
+    };
+    for _ in 0..3 {
+        match store.get(&key).await.map_err(ApiError::from_store)? {
+            Some(kv) if password_matches(&kv.value, password) => return Ok(()),
+            Some(_) => return Err(taken()),
+            None => match store.create(&key, password_hash(password)).await {
+                Ok(_) => return Ok(()),
+                // Another join under this name raced us: compare with its password.
+                Err(ferrovirt_store::StoreError::AlreadyExists(_)) => continue,
+                Err(e) => return Err(ApiError::from_store(e)),
+            },
+        }
+    }
+    Err(taken())
+}
+
 /// What the join endpoint needs.
 pub struct JoinState {
     pub secret: String,
+    /// Holds the node passwords' hashes.
+    pub store: std::sync::Arc<dyn ferrovirt_store::Store>,
     pub client_ca: ClientCa,
     /// The API token and how a node's endpoint token is derived from it.
     pub endpoint_token: Option<(String, DeriveToken)>,
@@ -163,6 +220,10 @@ async fn join(State(st): State<Arc<JoinState>>, body: Bytes) -> Response {
         Ok(v) => v,
         Err((field, msg)) => return invalid(field, msg).into_response(),
     };
+    if let Err(e) = claim_name(st.store.as_ref(), &node, &req.node_password).await {
+        tracing::warn!(%node, "join refused: {}", e.message);
+        return e.into_response();
+    }
     let user = format!("{NODE_USER_PREFIX}{node}");
     match st.client_ca.issue_for(
         &user,
@@ -200,6 +261,7 @@ mod tests {
             secret: "s".into(),
             node_name: name.into(),
             public_key: key.into(),
+            node_password: "0123456789abcdef".into(),
         }
     }
 
@@ -218,6 +280,20 @@ mod tests {
         for bad in ["", "!!", "AAAA"] {
             assert_eq!(validate(&req("n", bad)).unwrap_err().0, "publicKey");
         }
+        for bad in ["", "short", "with a space in it!"] {
+            let mut r = req("n", &key);
+            r.node_password = bad.into();
+            assert_eq!(validate(&r).unwrap_err().0, "nodePassword");
+        }
+    }
+
+    #[test]
+    fn node_passwords_compare_by_hash() {
+        let stored = password_hash("0123456789abcdef");
+        assert!(password_matches(&stored, "0123456789abcdef"));
+        assert!(!password_matches(&stored, "0123456789abcdeg"));
+        assert!(!password_matches(&[], "0123456789abcdef"));
+        assert_eq!(password_key("n1"), "/ferrovirt/node-passwords/n1");
     }
 
     #[test]
