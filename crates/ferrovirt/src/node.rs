@@ -395,6 +395,51 @@ mod tests {
         );
     }
 
+    #[derive(clap::Parser)]
+    struct Agent {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    #[test]
+    fn join_flags_take_the_token_from_a_file_only() {
+        if std::env::var_os("KUBECONFIG").is_some() || std::env::var_os(TOKEN_ENV).is_some() {
+            // --kubeconfig reads KUBECONFIG and conflicts with --server.
+            eprintln!("skipped: KUBECONFIG or {TOKEN_ENV} is set");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        let token = format!("K10{}::{}", "ab".repeat(32), "s".repeat(20));
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let parse = |argv: &[&str]| Agent::try_parse_from([&["agent"], argv].concat());
+        let f = file.to_str().unwrap();
+        let a = parse(&["--server", "https://127.0.0.1:1", "--token-file", f]).unwrap();
+        assert_eq!(join_token(&a.agent).unwrap().unwrap().format(), token);
+        // A join token is never a command-line value; --token is a bearer token and does
+        // not mix with --token-file, nor --token-file with --certificate-authority.
+        assert!(parse(&["--server", "https://x", "--join-token", &token]).is_err());
+        assert!(parse(&["--server", "https://x", "--token-file", f, "--token", "t"]).is_err());
+        assert!(
+            parse(&[
+                "--server",
+                "https://x",
+                "--token-file",
+                f,
+                "--certificate-authority",
+                f
+            ])
+            .is_err()
+        );
+        assert!(
+            parse(&["--token-file", f]).is_err(),
+            "--token-file needs --server"
+        );
+        std::fs::write(&file, "K10nothex::x").unwrap();
+        let e = join_token(&a.agent).unwrap_err().to_string();
+        assert!(e.contains("CA hash") && e.contains(f), "{e}");
+    }
+
     #[test]
     fn token_of_the_current_user() {
         let path = std::env::temp_dir().join(format!("fv-kubeconfig-{}.yaml", std::process::id()));
