@@ -4,7 +4,8 @@
 //! token the server keeps; both agents join, keep their credential 0600, and a VM boots on
 //! one of them; acting as node j1 (its own client certificate), patching the VMI on j2, reading
 //! a Secret no VMI of j1 references, reading j2's claim and patching j2's Node are 403 with
-//! Kubernetes' message, while j1's own VMI and claim are open to it; an agent given a token
+//! Kubernetes' message, while j1's own VMI and claim are open to it (`kubectl auth can-i`
+//! agrees); an agent given a token
 //! with a wrong CA hash exits non-zero naming the hash and the server never sees a request
 //! from it; a wrong secret is refused (401) and a bad node name is refused naming the field;
 //! the server reaches the joined agents' endpoints with a token derived for each node (never
@@ -261,6 +262,25 @@ fn joined_nodes_run_vms_and_reach_only_their_own_objects() -> anyhow::Result<()>
         ],
     )?;
     allowed(&c, &kc, &["get", "nodes"])?;
+    // `kubectl auth can-i` answers as the node authorizer decides.
+    for (args, want) in [
+        (&["get", "secret/not-mine"][..], "no"),
+        (&["get", "pvc/disk-a"][..], "yes"),
+        (&["patch", "vmi/a"][..], "yes"),
+        (&["patch", "vmi/b"][..], "no"),
+        (&["patch", "node/j2"][..], "no"),
+    ] {
+        let mut a = vec!["auth", "can-i"];
+        a.extend_from_slice(args);
+        let out = kubectl_as(&c, &kc, &a)?;
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(
+            said,
+            want,
+            "can-i {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // The node proxy would call another agent with the server's credential.
     refused(
         &c,

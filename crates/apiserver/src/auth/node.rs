@@ -314,6 +314,17 @@ pub(crate) async fn gather(sh: &Shared, a: &Attributes, need: &Need, body: Optio
     f
 }
 
+/// The verdict on a review's attributes for `node` (SubjectAccessReview, `kubectl auth
+/// can-i`): as for a request, a create judged by the name the review gives.
+pub(crate) async fn review(sh: &Shared, node: &str, a: &Attributes) -> Verdict {
+    let need = needs(a);
+    let mut facts = gather(sh, a, &need, None).await;
+    if need == Need::BodyName && !a.name.is_empty() {
+        facts.body_name = Some(a.name.clone());
+    }
+    decide(node, a, &facts)
+}
+
 #[cfg(test)]
 #[path = "node_tests.rs"]
 mod tests;
