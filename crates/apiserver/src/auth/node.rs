@@ -122,7 +122,7 @@ pub fn references(vmi: &Value, kind: RefKind) -> Vec<String> {
                 push(&v["containerDisk"]["imagePullSecret"]);
                 push(&v["sysprep"]["secret"]["name"]);
                 for ci in ["cloudInitNoCloud", "cloudInitConfigDrive"] {
-                    push(&v[ci]["userDataSecretRef"]["name"]);
+                    push(&v[ci]["secretRef"]["name"]);
                     push(&v[ci]["networkDataSecretRef"]["name"]);
                 }
             }

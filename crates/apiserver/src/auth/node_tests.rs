@@ -30,7 +30,7 @@ fn vmi(node: &str) -> Value {
                 {"name": "dv", "dataVolume": {"name": "dv1"}},
                 {"name": "s", "secret": {"secretName": "mysecret"}},
                 {"name": "c", "configMap": {"name": "mycm"}},
-                {"name": "ci", "cloudInitNoCloud": {"userDataSecretRef": {"name": "userdata"}}},
+                {"name": "ci", "cloudInitNoCloud": {"secretRef": {"name": "userdata"}}},
                 {"name": "cd", "containerDisk": {"image": "x", "imagePullSecret": "pull"}},
             ],
             "accessCredentials": [
