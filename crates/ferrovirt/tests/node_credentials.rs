@@ -1,7 +1,8 @@
 //! Nodes that join with the join token (issue #19, "Nodes"; docs/nodes.md) through the real
 //! server binary (no embedded agent), two `ferrovirt agent --server URL --token-file F`
 //! processes, the test guest under TCG and the real kubectl: `ferrovirt token` prints the
-//! token the server keeps; both agents join, keep their credential 0600, and a VM boots on
+//! token the server keeps; both agents join, keep their credential 0600, and a VM (a Secret
+//! volume and cloud-init user data from a Secret, read by the agent as the node) boots on
 //! one of them; acting as node j1 (its own client certificate), patching the VMI on j2, reading
 //! a Secret no VMI of j1 references, reading j2's claim and patching j2's Node are 403 with
 //! Kubernetes' message, while j1's own VMI and claim are open to it (`kubectl auth can-i`
@@ -24,6 +25,9 @@ use serde_json::Value;
 const BOOT: Duration = Duration::from_secs(180);
 const BIN: &str = env!("CARGO_BIN_EXE_ferrovirt");
 
+/// A VM on `node` booting the test guest from claim `disk-<name>`, with a Secret volume
+/// (`<name>-secret`) and cloud-init user data from a Secret (`<name>-userdata`): the node's
+/// agent reads all three through the node authorizer.
 fn vm(name: &str, node: &str) -> String {
     format!(
         r#"
@@ -42,9 +46,17 @@ spec:
           disks:
           - name: root
             disk: {{bus: virtio}}
+          - name: sec
+            disk: {{bus: virtio}}
+          - name: ci
+            disk: {{bus: virtio}}
       volumes:
       - name: root
         persistentVolumeClaim: {{claimName: disk-{name}}}
+      - name: sec
+        secret: {{secretName: {name}-secret}}
+      - name: ci
+        cloudInitNoCloud: {{secretRef: {{name: {name}-userdata}}}}
 "#
     )
 }
@@ -180,6 +192,15 @@ fn joined_nodes_run_vms_and_reach_only_their_own_objects() -> anyhow::Result<()>
     // A VM boots on each joined node (the agents start them with their own credentials).
     for (name, node) in [("a", "j1"), ("b", "j2")] {
         c.guest_disk_claim(&format!("disk-{name}"))?;
+        for s in ["secret", "userdata"] {
+            c.kubectl_ok(&[
+                "create",
+                "secret",
+                "generic",
+                &format!("{name}-{s}"),
+                "--from-literal=userdata=#cloud-config",
+            ])?;
+        }
         c.apply(&vm(name, node))?;
     }
     let t1 = Instant::now();
@@ -246,8 +267,14 @@ fn joined_nodes_run_vms_and_reach_only_their_own_objects() -> anyhow::Result<()>
         r#"nodes "j2" is forbidden: User "system:node:j1""#,
     )?;
     refused(&c, &kc, &["delete", "vm", "b"], "forbidden")?;
-    // What is j1's is open to it.
+    // What is j1's is open to it; j1's Secrets are closed to j2.
     allowed(&c, &kc, &["get", "pvc", "disk-a"])?;
+    allowed(&c, &kc, &["get", "secret", "a-secret"])?;
+    allowed(&c, &kc, &["get", "secret", "a-userdata"])?;
+    refused(&c, &kc, &["get", "secret", "b-secret"], "forbidden")?;
+    let kc2 = c.node_credential_kubeconfig("j2")?;
+    refused(&c, &kc2, &["get", "secret", "a-userdata"], "forbidden")?;
+    allowed(&c, &kc2, &["get", "secret", "b-userdata"])?;
     allowed(
         &c,
         &kc,
