@@ -11,7 +11,8 @@
 //! from it; a wrong secret is refused (401) and a bad node name is refused naming the field;
 //! the server reaches the joined agents' endpoints with a token derived for each node (never
 //! its own API token); a second machine cannot join under a joined node's name (its node
-//! password differs); a restarted agent reuses its credential.
+//! password differs); a restarted agent reuses its credential. A VM on shared storage live
+//! migrates between two joined nodes, neither agent refused anything on the way.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -404,5 +405,103 @@ fn joined_nodes_run_vms_and_reach_only_their_own_objects() -> anyhow::Result<()>
             .count(),
         1
     );
+    Ok(())
+}
+
+/// Two joined nodes and a VM on shared (RWX) storage, once the guest is ready: (cluster, VMI
+/// uid, the node it runs on).
+fn joined_pair_with_shared_vm() -> anyhow::Result<(Cluster, String, String)> {
+    TestGuest::get()?;
+    let mut opts = ClusterOptions::new(BIN);
+    opts.node_name = None;
+    let mut c = Cluster::start(&opts)?;
+    let token_file = write_token(&c, "token", &c.join_token()?)?;
+    c.start_joined_agent("j1", &token_file)?;
+    c.start_joined_agent("j2", &token_file)?;
+    c.wait_until("j1 and j2 Ready", Duration::from_secs(90), || {
+        Ok((ready_nodes(&c)?.len() == 2).then_some(()))
+    })?;
+    c.shared_guest_disk_claim("shared")?;
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: mig, namespace: default}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 5
+      domain:
+        memory: {guest: 128Mi}
+        devices:
+          disks:
+          - name: root
+            disk: {bus: virtio}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {claimName: shared}
+"#,
+    )?;
+    let (node, uid) = c.wait_until("VMI mig Running", BOOT, || vmi_on(&c, "mig"))?;
+    let log = c
+        .extra_agent_dir(&node)
+        .join("vmis")
+        .join(&uid)
+        .join("serial.log");
+    c.wait_until("the guest ready", BOOT, || {
+        let text = std::fs::read(&log).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&text)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    c.wait_until("LiveMigratable=True", Duration::from_secs(30), || {
+        let v = c.get_json(&["vmi", "mig"])?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "LiveMigratable" && c["status"] == "True")
+            .then_some(()))
+    })?;
+    Ok((c, uid, node))
+}
+
+#[test]
+fn a_vm_live_migrates_between_joined_nodes() -> anyhow::Result<()> {
+    let (c, uid, from) = joined_pair_with_shared_vm()?;
+    let to = if from == "j1" { "j2" } else { "j1" };
+    // The target writes the VMI it receives (bound to it by status.migrationState.targetNode)
+    // and the source hands it over, each with its own credential.
+    let t0 = Instant::now();
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstanceMigration
+metadata: {name: mig-1, namespace: default}
+spec: {vmiName: mig}
+"#,
+    )?;
+    let m = c.wait_until("migration mig-1 finished", Duration::from_secs(120), || {
+        let v = c.get_json(&["vmim", "mig-1"])?;
+        let phase = v["status"]["phase"].as_str().unwrap_or_default();
+        Ok(matches!(phase, "Succeeded" | "Failed").then_some(v))
+    })?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    eprintln!(
+        "live migration {from} → {to} between joined nodes: {:?}",
+        t0.elapsed()
+    );
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["nodeName"], to);
+    assert_eq!(v["metadata"]["uid"], uid.as_str());
+    assert_eq!(v["status"]["phase"], "Running");
+    for node in [from.as_str(), to] {
+        let log = c.agent_log(node);
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "{node} was refused something:\n{log}"
+        );
+    }
     Ok(())
 }
