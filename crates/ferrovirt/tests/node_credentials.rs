@@ -12,7 +12,8 @@
 //! the server reaches the joined agents' endpoints with a token derived for each node (never
 //! its own API token); a second machine cannot join under a joined node's name (its node
 //! password differs); a restarted agent reuses its credential. A VM on shared storage live
-//! migrates between two joined nodes, neither agent refused anything on the way.
+//! migrates, and one on a node-local disk block-migrates (the target moving the PV), between
+//! two joined nodes, neither agent refused anything on the way.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -497,6 +498,134 @@ spec: {vmiName: mig}
     assert_eq!(v["metadata"]["uid"], uid.as_str());
     assert_eq!(v["status"]["phase"], "Running");
     for node in [from.as_str(), to] {
+        let log = c.agent_log(node);
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "{node} was refused something:\n{log}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_vm_block_migrates_between_joined_nodes_and_the_target_moves_its_pv() -> anyhow::Result<()> {
+    let g = TestGuest::get()?;
+    let mut opts = ClusterOptions::new(BIN);
+    opts.node_name = None;
+    let mut c = Cluster::start(&opts)?;
+    let token_file = write_token(&c, "token", &c.join_token()?)?;
+    c.start_joined_agent("j1", &token_file)?;
+    c.start_joined_agent("j2", &token_file)?;
+    c.wait_until("j1 and j2 Ready", Duration::from_secs(90), || {
+        Ok((ready_nodes(&c)?.len() == 2).then_some(()))
+    })?;
+    // A node-local volume on j1 holding the test guest (1 GiB, sparse).
+    let src = c.extra_agent_dir("j1").join("volumes").join("pv-local");
+    std::fs::create_dir_all(&src)?;
+    std::fs::copy(&g.disk_raw, src.join("disk.img"))?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(src.join("disk.img"))?
+        .set_len(1 << 30)?;
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: pv-local
+  annotations: {{pv.kubernetes.io/provisioned-by: ferrovirt.io/local}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: local
+  local: {{path: {dir}}}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - {{key: kubernetes.io/hostname, operator: In, values: [j1]}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: local, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: local
+  resources: {{requests: {{storage: 1Gi}}}}
+  volumeName: pv-local
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: blk, namespace: default}}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 5
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - name: root
+            disk: {{bus: virtio}}
+      volumes:
+      - name: root
+        persistentVolumeClaim: {{claimName: local}}
+"#,
+        dir = src.display()
+    ))?;
+    let (node, uid) = c.wait_until("VMI blk Running", BOOT, || vmi_on(&c, "blk"))?;
+    assert_eq!(node, "j1");
+    let log = c
+        .extra_agent_dir("j1")
+        .join("vmis")
+        .join(&uid)
+        .join("serial.log");
+    c.wait_until("the guest ready", BOOT, || {
+        let text = std::fs::read(&log).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&text)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    c.wait_until("LiveMigratable=True", Duration::from_secs(30), || {
+        let v = c.get_json(&["vmi", "blk"])?;
+        Ok(v["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "LiveMigratable" && c["status"] == "True")
+            .then_some(()))
+    })?;
+    let t0 = Instant::now();
+    c.apply(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstanceMigration
+metadata: {name: blk-1, namespace: default}
+spec: {vmiName: blk}
+"#,
+    )?;
+    let m = c.wait_until("migration blk-1 finished", Duration::from_secs(300), || {
+        let v = c.get_json(&["vmim", "blk-1"])?;
+        let phase = v["status"]["phase"].as_str().unwrap_or_default();
+        Ok(matches!(phase, "Succeeded" | "Failed").then_some(v))
+    })?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    eprintln!(
+        "block migration j1 → j2 between joined nodes: {:?}",
+        t0.elapsed()
+    );
+    let v = c.get_json(&["vmi", "blk"])?;
+    assert_eq!(v["status"]["migrationMethod"], "BlockMigration");
+    assert_eq!(v["status"]["nodeName"], "j2");
+    // j2 patched the PV onto itself (PV writes are allowed for claims of VMIs bound to it).
+    let dst = c.extra_agent_dir("j2").join("volumes").join("pv-local");
+    c.wait_until("the PV on j2", Duration::from_secs(60), || {
+        let pv = c.get_json(&["pv", "pv-local"])?;
+        Ok((pv["spec"]["local"]["path"] == dst.display().to_string()).then_some(()))
+    })?;
+    for node in ["j1", "j2"] {
         let log = c.agent_log(node);
         assert!(
             !log.to_lowercase().contains("forbidden"),
