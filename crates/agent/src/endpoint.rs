@@ -172,6 +172,9 @@ pub struct EndpointAuth {
     /// The agent's API token, the API server's credential for every route. None: every
     /// request it would be needed for is refused (the agent was not given its token).
     pub token: Option<String>,
+    /// The token the API server derived for this node ([`crate::tls::endpoint_token`]),
+    /// given to a joined node that holds no API token.
+    pub node_token: Option<String>,
     /// Other bearer tokens on the scrape routes, reviewed with the API server.
     pub delegated: Option<Arc<crate::delegated::DelegatedAuth>>,
 }
@@ -180,6 +183,7 @@ impl From<Option<String>> for EndpointAuth {
     fn from(token: Option<String>) -> EndpointAuth {
         EndpointAuth {
             token,
+            node_token: None,
             delegated: None,
         }
     }
@@ -231,7 +235,7 @@ pub async fn serve(
     cert: &AgentCert,
 ) -> Result<Endpoint, AgentError> {
     let auth = auth.into();
-    if auth.token.is_none() {
+    if auth.token.is_none() && auth.node_token.is_none() {
         tracing::warn!("the agent has no API token: its endpoint refuses every request");
     }
     let listener = TcpListener::bind(listen)
@@ -284,7 +288,19 @@ async fn authenticate(State(st): State<Arc<EndpointState>>, req: Request, next: 
     let Some(p) = presented else {
         return error(StatusCode::UNAUTHORIZED, "Unauthorized");
     };
+    // The API server's credential: the token derived for this node
+    // ([`crate::tls::endpoint_token`]; the API token itself is still accepted from local
+    // callers that hold it).
     if let Some(t) = st.auth.token.as_deref()
+        && (constant_time_eq(p.as_bytes(), t.as_bytes())
+            || constant_time_eq(
+                p.as_bytes(),
+                crate::tls::endpoint_token(t, &st.node).as_bytes(),
+            ))
+    {
+        return next.run(req).await;
+    }
+    if let Some(t) = st.auth.node_token.as_deref()
         && constant_time_eq(p.as_bytes(), t.as_bytes())
     {
         return next.run(req).await;

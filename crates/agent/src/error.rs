@@ -26,6 +26,9 @@ pub enum AgentError {
     /// The endpoint's certificate or TLS configuration ([`crate::tls`]).
     #[error("endpoint TLS: {0}")]
     Tls(String),
+    /// Joining the cluster with a join token ([`crate::join`]).
+    #[error("joining the cluster: {0}")]
+    Join(String),
     /// A containerDisk image could not be pulled (Kubernetes' ErrImagePull).
     #[error("failed to pull image {image}: {message}")]
     ImagePull { image: String, message: String },

@@ -38,6 +38,7 @@ pub mod fencing;
 pub mod hostdev;
 pub mod hostpath;
 pub mod isolation;
+pub mod join;
 pub mod launchers;
 pub mod mapping;
 pub mod metrics;

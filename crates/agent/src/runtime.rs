@@ -75,6 +75,9 @@ pub struct AgentOptions {
     pub endpoint_listen: SocketAddr,
     /// The agent's API token: the bearer token its endpoint requires. `None` refuses all.
     pub api_token: Option<String>,
+    /// The bearer token the API server presents to this node's endpoint, when the agent has
+    /// no API token (a joined node gets it with its credential, [`crate::join`]).
+    pub endpoint_token: Option<String>,
     /// The node's pod network (docs/networking.md): masquerade and bridge interfaces get a tap
     /// in a per-VMI network namespace, Multus bridge networks a veth from a host bridge, the
     /// overlay connects the nodes. `None`: masquerade on QEMU user-mode networking.
@@ -105,6 +108,7 @@ impl AgentOptions {
             tcg_tb_size_mib: Some(64),
             endpoint_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
+            endpoint_token: None,
             pod_network: None,
             isolation: crate::isolation::IsolationOptions::default(),
             host_devices: crate::hostdev::HostDevOptions::default(),
@@ -257,6 +261,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         cfg.clone(),
         crate::endpoint::EndpointAuth {
             token: opts.api_token.clone(),
+            node_token: opts.endpoint_token.clone(),
             delegated: Some(Arc::new(crate::delegated::DelegatedAuth::new(
                 client.clone(),
                 &opts.node_name,

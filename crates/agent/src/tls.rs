@@ -93,7 +93,7 @@ fn tls_err(e: impl std::fmt::Display) -> AgentError {
     AgentError::Tls(e.to_string())
 }
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -118,7 +118,7 @@ fn read_opt(path: &Path) -> Result<Option<String>, AgentError> {
 }
 
 /// Writes a file with `mode`, atomically (temp file + rename).
-fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), AgentError> {
+pub(crate) fn write_file(path: &Path, contents: &str, mode: u32) -> Result<(), AgentError> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new()
@@ -345,6 +345,16 @@ impl ServerCertVerifier for PinnedCert {
             .signature_verification_algorithms
             .supported_schemes()
     }
+}
+
+/// The bearer token the API server presents to node `node`'s endpoint: HMAC-SHA256 of the
+/// node name keyed with the server's API token (hex). The server never sends its API token
+/// itself to an agent, so an agent (or whoever holds a node) learns only the token for its
+/// own endpoint, which opens nothing else: not the API server, not another node's endpoint.
+pub fn endpoint_token(api_token: &str, node: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, api_token.as_bytes());
+    let tag = ring::hmac::sign(&key, format!("ferrovirt-agent-endpoint/{node}").as_bytes());
+    format_fingerprint(&tag.as_ref().try_into().unwrap_or([0; 32]))
 }
 
 /// A rustls client configuration that accepts only the certificate with fingerprint `pin`.

@@ -13,6 +13,7 @@ pub mod eviction;
 pub mod expand;
 pub mod fencing;
 pub mod hco;
+pub mod jointoken;
 pub mod jsonpath;
 pub mod kubevirt;
 pub mod launcher_pod;

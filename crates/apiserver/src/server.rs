@@ -68,6 +68,10 @@ pub struct ServerOptions {
     pub audit_log: Option<(PathBuf, crate::audit::Level)>,
     /// More Prometheus text for `/metrics` from the same process (the controllers' series).
     pub extra_metrics: Option<fn() -> String>,
+    /// How the bearer token the server presents to node N's agent endpoint is derived from
+    /// its API token (`f(api_token, N)`); a joining node is given its own. None: joined nodes
+    /// get none and their endpoints refuse the server.
+    pub endpoint_token: Option<fn(&str, &str) -> String>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -102,6 +106,7 @@ impl Default for ServerOptions {
             public_routes: None,
             audit_log: None,
             extra_metrics: None,
+            endpoint_token: None,
             service_cidr: ferrovirt_api::service::DEFAULT_SERVICE_CIDR
                 .parse()
                 .expect("the default service CIDR parses"),
@@ -220,6 +225,11 @@ impl Server {
         let client_ca = crate::auth::certs::load_or_create(&opts.data_dir)?;
         let tls_cfg = crate::auth::certs::server_config(&pki, &client_ca)?;
         let token_keys = crate::auth::tokens::TokenKeys::load_or_create(&opts.data_dir)?;
+        let join_token = crate::auth::join::load_or_create(&opts.data_dir, &pki.ca_pem)?;
+        tracing::info!(
+            path = %opts.data_dir.join(crate::auth::join::TOKEN_FILE).display(),
+            "node join token (`ferrovirt agent --server URL --token-file PATH`)"
+        );
         let listener = TcpListener::bind(opts.listen)
             .await
             .map_err(|e| ServerError::io(opts.listen, e))?;
@@ -296,6 +306,13 @@ impl Server {
         if let Some(public) = opts.public_routes.clone() {
             app = public.merge(app);
         }
+        app = crate::auth::join::routes(Arc::new(crate::auth::join::JoinState {
+            secret: join_token.secret.clone(),
+            store: store.clone(),
+            client_ca: client_ca.clone(),
+            endpoint_token: opts.endpoint_token.map(|f| (pki.token.clone(), f)),
+        }))
+        .merge(app);
 
         let mut tasks = JoinSet::new();
         let mut stopping = shared.shutdown.clone();

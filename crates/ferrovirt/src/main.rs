@@ -44,6 +44,13 @@ enum Command {
         #[command(subcommand)]
         cmd: KubeconfigCommand,
     },
+    /// Print the node join token (`K10<CA hash>::<secret>`, kept in `DATA_DIR/node-token`,
+    /// 0600): give it to `ferrovirt agent --server URL --token-file FILE` on a new node.
+    Token {
+        /// The server's data directory.
+        #[arg(long, default_value = "/var/lib/ferrovirt")]
+        data_dir: PathBuf,
+    },
     /// Boot the test guest as a demo VM straight through QEMU, without the server.
     Demo {
         #[command(subcommand)]
@@ -230,6 +237,17 @@ fn main() -> anyhow::Result<()> {
             print!("{text}");
             Ok(())
         }
+        Command::Token { data_dir } => {
+            let path = data_dir.join(ferrovirt_apiserver::auth::join::TOKEN_FILE);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "reading {} (the server creates it on its first start)",
+                    path.display()
+                )
+            })?;
+            println!("{}", text.trim());
+            Ok(())
+        }
         Command::Verb(cmd) => {
             let code = runtime()?.block_on(verbs::run(&cli.conn, cmd));
             std::process::exit(code);
@@ -285,6 +303,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         extra_routes: Some(subresources.merge(upload)),
         // upload.cdi.kubevirt.io is in the resource table (UploadTokenRequest, create-only).
         extra_groups: vec![format!("{}/v1", ferrovirt_agent::proxy::GROUP)],
+        endpoint_token: Some(ferrovirt_agent::tls::endpoint_token),
         ..Default::default()
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;

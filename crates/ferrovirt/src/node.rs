@@ -10,12 +10,18 @@ pub struct AgentArgs {
     /// Kubeconfig for the server (e.g. the server's DATA_DIR/kubeconfig.yaml).
     #[arg(long, env = "KUBECONFIG", conflicts_with = "server")]
     kubeconfig: Option<PathBuf>,
-    /// Server URL (with --token and --certificate-authority instead of a kubeconfig).
-    #[arg(long, requires_all = ["token", "certificate_authority"])]
-    server: Option<String>,
-    /// Bearer token.
+    /// Server URL: with --token-file (or the environment variable FERROVIRT_TOKEN) the node
+    /// joins with the server's join token and gets a credential of its own; with --token
+    /// and --certificate-authority it uses that bearer token.
     #[arg(long)]
+    server: Option<String>,
+    /// Bearer token (an admin-token agent; joined nodes use --token-file).
+    #[arg(long, conflicts_with = "token_file")]
     token: Option<String>,
+    /// File holding the join token (`ferrovirt token` on the server: `K10<CA hash>::<secret>`).
+    /// The token is never taken from the command line; FERROVIRT_TOKEN may hold it instead.
+    #[arg(long, requires = "server", conflicts_with = "certificate_authority")]
+    token_file: Option<PathBuf>,
     /// PEM file of the server's CA.
     #[arg(long)]
     certificate_authority: Option<PathBuf>,
@@ -243,16 +249,89 @@ async fn client_from_flags(
     client_with_agent(cfg, user_agent)
 }
 
+/// The environment variable that may hold the join token.
+pub const TOKEN_ENV: &str = "FERROVIRT_TOKEN";
+
+/// The join token of a `--server` agent without `--token`: from `--token-file`, else from
+/// FERROVIRT_TOKEN; None when neither is given.
+fn join_token(args: &AgentArgs) -> anyhow::Result<Option<ferrovirt_api::jointoken::JoinToken>> {
+    let (text, from) = match (&args.token_file, std::env::var(TOKEN_ENV)) {
+        (Some(f), _) => (
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+            f.display().to_string(),
+        ),
+        (None, Ok(t)) => (t, TOKEN_ENV.to_string()),
+        (None, Err(_)) => return Ok(None),
+    };
+    let token = ferrovirt_api::jointoken::JoinToken::parse(&text)
+        .map_err(|e| anyhow::anyhow!("the join token in {from}: {e}"))?;
+    Ok(Some(token))
+}
+
+/// A kube-rs client with the node's own client certificate, trusting only the CA the join
+/// token vouched for.
+async fn client_from_credential(
+    server: &str,
+    cred: &ferrovirt_agent::join::NodeCredential,
+    user_agent: &str,
+) -> anyhow::Result<kube::Client> {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    let kc = serde_json::json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "ferrovirt",
+        "clusters": [{"name": "ferrovirt", "cluster": {
+            "server": server,
+            "certificate-authority-data": b64(&cred.server_ca_pem),
+        }}],
+        "users": [{"name": "node", "user": {
+            "client-certificate-data": b64(&cred.cert_pem),
+            "client-key-data": b64(&cred.key_pem),
+        }}],
+        "contexts": [{"name": "ferrovirt", "context": {"cluster": "ferrovirt", "user": "node"}}],
+    });
+    let kc: kube::config::Kubeconfig = serde_json::from_value(kc)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    client_with_agent(cfg, user_agent)
+}
+
 /// Runs `ferrovirt agent`.
 pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    let name = args.node_name.clone().unwrap_or_else(hostname);
+    let user_agent = agent_user_agent(&name);
+    let joining = match (&args.server, &args.token) {
+        (Some(_), None) => join_token(&args)?,
+        _ => None,
+    };
+    if let (Some(server), Some(token)) = (&args.server, joining) {
+        let cred = ferrovirt_agent::join::join(&ferrovirt_agent::join::JoinOptions {
+            server: server.clone(),
+            token,
+            node_name: name.clone(),
+            data_dir: args.data_dir.clone(),
+            user_agent: user_agent.clone(),
+        })
+        .await?;
+        let client = client_from_credential(server, &cred, &user_agent).await?;
+        let mut opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.clone());
+        opts.address = args.address.clone();
+        opts.endpoint_listen = args.endpoint_listen;
+        opts.endpoint_token = cred.endpoint_token.clone();
+        opts.pod_network = args.pod.node_network()?;
+        opts.isolation = args.isolation.options(Vec::new())?;
+        ferrovirt_agent::runtime::run(client, opts).await?;
+        return Ok(());
+    }
     let token = match (&args.token, &args.kubeconfig) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(kc)) => kubeconfig_token(kc),
         (None, None) => None,
     };
-    let name = args.node_name.clone().unwrap_or_else(hostname);
-    let user_agent = agent_user_agent(&name);
     let client = match (&args.server, &args.kubeconfig) {
+        (Some(_), _) if args.token.is_none() || args.certificate_authority.is_none() => {
+            anyhow::bail!(
+                "--server needs --token-file (or {TOKEN_ENV}) to join, or --token with \
+                 --certificate-authority"
+            )
+        }
         (Some(server), _) => {
             client_from_flags(
                 server,
@@ -266,7 +345,10 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         }
         (None, Some(kc)) => client_from_kubeconfig(kc, &user_agent).await?,
         (None, None) => {
-            anyhow::bail!("give --kubeconfig, or --server with --token and --certificate-authority")
+            anyhow::bail!(
+                "give --kubeconfig, or --server with --token-file (joining), or --server with \
+                 --token and --certificate-authority"
+            )
         }
     };
     let mut opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.clone());
@@ -311,6 +393,51 @@ mod tests {
             f.pod.node_network().unwrap().unwrap().requested,
             RequestedMode::Auto
         );
+    }
+
+    #[derive(clap::Parser)]
+    struct Agent {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    #[test]
+    fn join_flags_take_the_token_from_a_file_only() {
+        if std::env::var_os("KUBECONFIG").is_some() || std::env::var_os(TOKEN_ENV).is_some() {
+            // --kubeconfig reads KUBECONFIG and conflicts with --server.
+            eprintln!("skipped: KUBECONFIG or {TOKEN_ENV} is set");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        let token = format!("K10{}::{}", "ab".repeat(32), "s".repeat(20));
+        std::fs::write(&file, format!("{token}\n")).unwrap();
+        let parse = |argv: &[&str]| Agent::try_parse_from([&["agent"], argv].concat());
+        let f = file.to_str().unwrap();
+        let a = parse(&["--server", "https://127.0.0.1:1", "--token-file", f]).unwrap();
+        assert_eq!(join_token(&a.agent).unwrap().unwrap().format(), token);
+        // A join token is never a command-line value; --token is a bearer token and does
+        // not mix with --token-file, nor --token-file with --certificate-authority.
+        assert!(parse(&["--server", "https://x", "--join-token", &token]).is_err());
+        assert!(parse(&["--server", "https://x", "--token-file", f, "--token", "t"]).is_err());
+        assert!(
+            parse(&[
+                "--server",
+                "https://x",
+                "--token-file",
+                f,
+                "--certificate-authority",
+                f
+            ])
+            .is_err()
+        );
+        assert!(
+            parse(&["--token-file", f]).is_err(),
+            "--token-file needs --server"
+        );
+        std::fs::write(&file, "K10nothex::x").unwrap();
+        let e = join_token(&a.agent).unwrap_err().to_string();
+        assert!(e.contains("CA hash") && e.contains(f), "{e}");
     }
 
     #[test]

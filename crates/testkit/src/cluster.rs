@@ -252,6 +252,85 @@ impl Cluster {
         self.spawn_agent(node, &[], &[], env)
     }
 
+    /// The server's node join token (`DATA_DIR/node-token`).
+    pub fn join_token(&self) -> anyhow::Result<String> {
+        let p = self.data_dir.join("node-token");
+        Ok(std::fs::read_to_string(&p)
+            .with_context(|| format!("reading {}", p.display()))?
+            .trim()
+            .to_string())
+    }
+
+    /// Starts another node agent named `node` that joins with the join token in
+    /// `token_file` (`ferrovirt agent --server URL --token-file F`) instead of the admin
+    /// kubeconfig; it keeps its credential in its data dir
+    /// ([`node_credential_kubeconfig`](Self::node_credential_kubeconfig)).
+    pub fn start_joined_agent(&mut self, node: &str, token_file: &Path) -> anyhow::Result<()> {
+        let server = format!("https://127.0.0.1:{}", self.port);
+        let join = [
+            "--server",
+            &server,
+            "--token-file",
+            &token_file.to_string_lossy(),
+        ]
+        .map(String::from);
+        self.spawn_agent_as(node, &[], &[], &[], Some(&join), None)
+    }
+
+    /// Like [`start_joined_agent`](Self::start_joined_agent) with the data dir `data` (another
+    /// machine claiming a name already joined); its log is `agent-<node>-<dir name>.log`.
+    pub fn start_joined_agent_in(
+        &mut self,
+        node: &str,
+        token_file: &Path,
+        data: &Path,
+    ) -> anyhow::Result<()> {
+        let server = format!("https://127.0.0.1:{}", self.port);
+        let token_file = token_file.to_string_lossy().into_owned();
+        let join = ["--server", &server, "--token-file", &token_file].map(String::from);
+        self.spawn_agent_as(node, &[], &[], &[], Some(&join), Some(data))
+    }
+
+    /// A kubeconfig file for the credential the joined agent `node` keeps (its client
+    /// certificate `system:node:<node>`), to act as that node in a test.
+    pub fn node_credential_kubeconfig(&self, node: &str) -> anyhow::Result<PathBuf> {
+        let cred = self.extra_agent_dir(node).join("node-credential");
+        for f in ["server-ca.crt", "node.crt", "node.key"] {
+            anyhow::ensure!(cred.join(f).exists(), "{} has no {f}", cred.display());
+        }
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{}\n    certificate-authority: {}\nusers:\n- name: node\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: node, namespace: default}}\ncurrent-context: c\n",
+            self.port,
+            cred.join("server-ca.crt").display(),
+            cred.join("node.crt").display(),
+            cred.join("node.key").display(),
+        );
+        let path = self.dir.path().join(format!("kubeconfig-{node}.yaml"));
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// Waits up to `timeout` for the extra agent `node` to exit; its exit status (None: still
+    /// running).
+    pub fn wait_agent_exit(
+        &mut self,
+        node: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((_, child)) = self.agents.iter_mut().rev().find(|(n, _)| n == node)
+                && let Some(s) = child.try_wait()?
+            {
+                return Ok(Some(s));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn spawn_agent(
         &mut self,
         node: &str,
@@ -259,7 +338,32 @@ impl Cluster {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<()> {
-        let data = self.dir.path().join(format!("agent-{node}"));
+        self.spawn_agent_as(node, prefix, extra, env, None, None)
+    }
+
+    /// Starts agent `node`: with the admin kubeconfig, or with `join` arguments.
+    fn spawn_agent_as(
+        &mut self,
+        node: &str,
+        prefix: &[String],
+        extra: &[&str],
+        env: &[(&str, &str)],
+        join: Option<&[String]>,
+        data: Option<&Path>,
+    ) -> anyhow::Result<()> {
+        let (data, log) = match data {
+            Some(d) => (
+                d.to_path_buf(),
+                format!(
+                    "agent-{node}-{}.log",
+                    d.file_name().unwrap_or_default().to_string_lossy()
+                ),
+            ),
+            None => (
+                self.dir.path().join(format!("agent-{node}")),
+                format!("agent-{node}.log"),
+            ),
+        };
         let mut cmd = match prefix.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
@@ -268,10 +372,16 @@ impl Cluster {
             }
             None => Command::new(&self.binary),
         };
-        cmd.arg("agent")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["--node-name", node])
+        cmd.arg("agent");
+        match join {
+            Some(args) => {
+                cmd.args(args).env_remove("KUBECONFIG");
+            }
+            None => {
+                cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+            }
+        }
+        cmd.args(["--node-name", node])
             .arg("--data-dir")
             .arg(&data)
             .arg("--host-disk-root")
@@ -280,7 +390,7 @@ impl Cluster {
             .args(default_network_mode(extra))
             .envs(env.iter().copied())
             .env("RUST_LOG", "info");
-        let child = spawn_logged(&mut cmd, &self.dir.path().join(format!("agent-{node}.log")))?;
+        let child = spawn_logged(&mut cmd, &self.dir.path().join(log))?;
         self.agents.push((node.to_string(), child));
         Ok(())
     }

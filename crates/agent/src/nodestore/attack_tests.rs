@@ -35,7 +35,7 @@ async fn start(dir: &Path) -> Endpoint {
 
 fn node(url: &str, fingerprint: &str) -> Node {
     let mut n = Node::default();
-    n.metadata.name = Some("n1".into());
+    n.metadata.name = Some("node1".into());
     n.metadata.annotations = Some(BTreeMap::from([
         (ENDPOINT_ANNOTATION.to_string(), url.to_string()),
         (FINGERPRINT_ANNOTATION.to_string(), fingerprint.to_string()),

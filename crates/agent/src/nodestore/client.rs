@@ -76,9 +76,9 @@ impl NodeStorage {
         let target = tls::transport(&url, annotation(FINGERPRINT_ANNOTATION).as_deref())
             .map_err(|e| no(e.to_string()))?;
         Ok(NodeStorage {
+            token: tls::endpoint_token(token, &name),
             node: name,
             target,
-            token: token.to_string(),
         })
     }
 

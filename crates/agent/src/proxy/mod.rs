@@ -380,6 +380,8 @@ async fn dispatch(
 /// A node's agent endpoint as its Node publishes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct AgentAddr {
+    /// The node's name (the endpoint token is derived for it).
+    pub(super) node: String,
     /// [`ENDPOINT_ANNOTATION`].
     pub(super) url: String,
     /// [`FINGERPRINT_ANNOTATION`] (absent for agents without TLS).
@@ -413,7 +415,15 @@ pub(super) async fn locate(
     let url = annotation(ENDPOINT_ANNOTATION)
         .ok_or_else(|| ApiErr::new(503, format!("node {node} publishes no agent endpoint")))?;
     let fingerprint = annotation(FINGERPRINT_ANNOTATION);
-    Ok((vmi, uid, AgentAddr { url, fingerprint }))
+    Ok((
+        vmi,
+        uid,
+        AgentAddr {
+            node,
+            url,
+            fingerprint,
+        },
+    ))
 }
 
 async fn vmi_call(ready: &Ready, ns: &str, name: &str, op: Op) -> Result<Response, ApiErr> {
@@ -529,9 +539,14 @@ async fn agent_call(
     token: &str,
 ) -> Result<Bytes, ApiErr> {
     let (mut send, authority) = agent_connect(url).await?;
-    let req = agent_request(method, &authority, path, token)
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| ApiErr::new(500, e.to_string()))?;
+    let req = agent_request(
+        method,
+        &authority,
+        path,
+        &tls::endpoint_token(token, &url.node),
+    )
+    .body(Empty::<Bytes>::new())
+    .map_err(|e| ApiErr::new(500, e.to_string()))?;
     let exchange = async {
         let resp = send
             .send_request(req)
@@ -562,11 +577,16 @@ pub(super) async fn agent_stream(
     token: &str,
 ) -> Result<TokioIo<Upgraded>, ApiErr> {
     let (mut send, authority) = agent_connect(url).await?;
-    let req = agent_request(Method::GET, &authority, path, token)
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::UPGRADE, STREAM_PROTOCOL)
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| ApiErr::new(500, e.to_string()))?;
+    let req = agent_request(
+        Method::GET,
+        &authority,
+        path,
+        &tls::endpoint_token(token, &url.node),
+    )
+    .header(header::CONNECTION, "Upgrade")
+    .header(header::UPGRADE, STREAM_PROTOCOL)
+    .body(Empty::<Bytes>::new())
+    .map_err(|e| ApiErr::new(500, e.to_string()))?;
     let resp = tokio::time::timeout(AGENT_TIMEOUT, send.send_request(req))
         .await
         .map_err(|_| ApiErr::new(504, "the node agent did not answer in time"))?

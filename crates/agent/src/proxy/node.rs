@@ -23,6 +23,7 @@ use kube::api::Api;
 
 use super::{AgentAddr, ApiErr, MAX_AGENT_BODY, ProxyState, agent_connect, agent_request};
 use crate::node::{ENDPOINT_ANNOTATION, FINGERPRINT_ANNOTATION};
+use crate::tls;
 
 /// The request prefix before the node name.
 pub const PREFIX: &str = "/api/v1/nodes/";
@@ -142,13 +143,15 @@ async fn forward(client: &kube::Client, token: &str, t: &Target) -> Result<Respo
             .cloned()
     };
     let addr = AgentAddr {
+        node: t.node.clone(),
         url: annotation(ENDPOINT_ANNOTATION).unwrap_or_default(),
         fingerprint: annotation(FINGERPRINT_ANNOTATION),
     };
     let in_node = |e: ApiErr| ApiErr::new(e.code, format!("node {}: {}", t.node, e.message));
     let exchange = async {
         let (mut send, authority) = agent_connect(&addr).await.map_err(in_node)?;
-        let req = agent_request(Method::GET, &authority, t.agent_path, token)
+        let token = tls::endpoint_token(token, &t.node);
+        let req = agent_request(Method::GET, &authority, t.agent_path, &token)
             .body(Empty::<axum::body::Bytes>::new())
             .map_err(|e| ApiErr::new(500, e.to_string()))?;
         let resp = send

@@ -277,6 +277,7 @@ async fn agent_connections_pin_the_published_certificate() {
     .await
     .unwrap();
     let good = AgentAddr {
+        node: "node1".into(),
         url: ep.url.clone(),
         fingerprint: Some(ep.fingerprint.clone()),
     };
@@ -289,9 +290,19 @@ async fn agent_connections_pin_the_published_certificate() {
         .await
         .unwrap_err();
     assert_eq!(e.message, "the node agent refused the server's credentials");
+    // The token derived for another node does not open this node's endpoint.
+    let elsewhere = AgentAddr {
+        node: "node2".into(),
+        ..good.clone()
+    };
+    let e = agent_call(&elsewhere, Method::GET, "/vmis/abc/guestinfo", "tok")
+        .await
+        .unwrap_err();
+    assert_eq!(e.message, "the node agent refused the server's credentials");
     // Another certificate's fingerprint: refused before any request is sent.
     let other = crate::tls::AgentCert::generate(&["127.0.0.1".into()]).unwrap();
     let wrong = AgentAddr {
+        node: "node1".into(),
         url: ep.url.clone(),
         fingerprint: Some(other.fingerprint_hex()),
     };
@@ -307,6 +318,7 @@ async fn agent_connections_pin_the_published_certificate() {
     assert_eq!(e.code, 502, "{e:?}");
     // An https URL without fingerprint, and plain http off loopback, are refused.
     let unpinned = AgentAddr {
+        node: "node1".into(),
         url: ep.url.clone(),
         fingerprint: None,
     };
@@ -315,6 +327,7 @@ async fn agent_connections_pin_the_published_certificate() {
         .unwrap_err();
     assert!(e.message.contains("no certificate fingerprint"), "{e:?}");
     let remote = AgentAddr {
+        node: "node1".into(),
         url: "http://192.0.2.1:4000".into(),
         fingerprint: None,
     };

@@ -86,6 +86,20 @@ impl ClientCa {
         groups: &[String],
         days: u32,
     ) -> Result<(String, String), ServerError> {
+        let key = KeyPair::generate().map_err(tls_err)?;
+        let cert = self.issue_for(user, groups, days, &key)?;
+        Ok((cert, key.serialize_pem()))
+    }
+
+    /// A certificate for `user` in `groups`, valid for `days`, of the public key `key` (a
+    /// joining node keeps its private key): the certificate PEM.
+    pub fn issue_for(
+        &self,
+        user: &str,
+        groups: &[String],
+        days: u32,
+        key: &impl rcgen::PublicKeyData,
+    ) -> Result<String, ServerError> {
         if user.is_empty() {
             return Err(ServerError::Config("a user name is required".into()));
         }
@@ -98,7 +112,6 @@ impl ClientCa {
         }
         let ca_key = KeyPair::from_pem(&self.key_pem).map_err(tls_err)?;
         let issuer = Issuer::new(ca_params()?, ca_key);
-        let key = KeyPair::generate().map_err(tls_err)?;
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(tls_err)?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, user);
@@ -115,8 +128,8 @@ impl ClientCa {
         let now = time_now();
         params.not_before = now - std::time::Duration::from_secs(300);
         params.not_after = now + std::time::Duration::from_secs(u64::from(days) * 86_400);
-        let cert = params.signed_by(&key, &issuer).map_err(tls_err)?;
-        Ok((cert.pem(), key.serialize_pem()))
+        let cert = params.signed_by(key, &issuer).map_err(tls_err)?;
+        Ok(cert.pem())
     }
 }
 
@@ -142,8 +155,11 @@ pub fn server_config(
     .allow_unauthenticated()
     .build()
     .map_err(tls_err)?;
+    // The serving CA follows the leaf: a joining agent checks its hash against the join
+    // token's before it sends anything ([`super::join`]).
     let certs: Vec<CertificateDer<'static>> = crate::tls::pem_blocks(&pki.cert_pem, "CERTIFICATE")
         .into_iter()
+        .chain(crate::tls::pem_blocks(&pki.ca_pem, "CERTIFICATE"))
         .map(CertificateDer::from)
         .collect();
     let key = crate::tls::pem_blocks(&pki.key_pem, "PRIVATE KEY")

@@ -11,6 +11,8 @@ pub mod cache;
 pub mod certs;
 pub mod defaults;
 pub mod escalation;
+pub mod join;
+pub mod node;
 pub mod rbac;
 mod reviews;
 pub mod tokens;
@@ -198,9 +200,32 @@ pub(crate) async fn check(sh: &Shared, mut req: Request, next: Next) -> Response
         Err(e) => return e.into_response(),
     };
     let a = attrs::of_request(req.method(), req.uri().path(), req.uri().query());
-    if !rbac::authorize(&sh.auth.policy.get(), &user, &a).allowed() {
-        tracing::debug!(user = %user.name, verb = %a.verb, resource = %a.resource, ns = %a.namespace, "forbidden");
-        let mut resp = forbidden(&user, &a).into_response();
+    let verdict = match node::node_of(&user) {
+        Some(n) => {
+            let n = n.to_string();
+            let (r, verdict) = node_verdict(sh, &n, &a, req).await;
+            req = match r {
+                Ok(r) => r,
+                Err(resp) => return resp,
+            };
+            verdict
+        }
+        None => node::Verdict::Rbac,
+    };
+    let denied = match verdict {
+        node::Verdict::Allow => None,
+        node::Verdict::Deny(why) => Some(why),
+        node::Verdict::Rbac => {
+            (!rbac::authorize(&sh.auth.policy.get(), &user, &a).allowed()).then(String::new)
+        }
+    };
+    if let Some(why) = denied {
+        tracing::debug!(user = %user.name, verb = %a.verb, resource = %a.resource, ns = %a.namespace, %why, "forbidden");
+        let mut err = forbidden(&user, &a);
+        if !why.is_empty() {
+            err.message = format!("{}: {why}", err.message);
+        }
+        let mut resp = err.into_response();
         resp.extensions_mut().insert(Arc::new(user));
         return resp;
     }
@@ -210,6 +235,34 @@ pub(crate) async fn check(sh: &Shared, mut req: Request, next: Next) -> Response
     // For the audit log.
     resp.extensions_mut().insert(user);
     resp
+}
+
+/// The node authorizer's verdict on `req` for node `node` ([`node`]), with the request given
+/// back (its body re-attached when the decision read it) or the response that ends it.
+async fn node_verdict(
+    sh: &Shared,
+    node: &str,
+    a: &Attributes,
+    req: Request,
+) -> (Result<Request, Response>, node::Verdict) {
+    let need = node::needs(a);
+    let (req, body) = if need == node::Need::BodyName {
+        let (parts, body) = req.into_parts();
+        match axum::body::to_bytes(body, sh.max_body).await {
+            Ok(b) => (
+                Request::from_parts(parts, axum::body::Body::from(b.clone())),
+                Some(b),
+            ),
+            Err(_) => {
+                let resp = ApiError::too_large(sh.max_body).into_response();
+                return (Err(resp), node::Verdict::Rbac);
+            }
+        }
+    } else {
+        (req, None)
+    };
+    let facts = node::gather(sh, a, &need, body.as_deref()).await;
+    (Ok(req), node::decide(node, a, &facts))
 }
 
 /// Kubernetes' user impersonation (`kubectl --as=U --as-group=G`): the `Impersonate-User`,

@@ -197,14 +197,22 @@ fn spec_attributes(spec: &Value) -> Result<Attributes, ApiError> {
 }
 
 /// The review answered: the request echoed with `status.allowed` (and the reason).
-fn answer(
+async fn answer(
     sh: &Shared,
     mut review: Value,
     kind: &str,
     user: &UserInfo,
 ) -> Result<Response, ApiError> {
     let a = spec_attributes(&review["spec"])?;
-    let decision = rbac::authorize(&sh.auth.policy.get(), user, &a);
+    let decision = match super::node::node_of(user) {
+        // A node is answered by the node authorizer first, as its requests are.
+        Some(node) => match super::node::review(sh, node, &a).await {
+            super::node::Verdict::Allow => rbac::Decision::Allow("the node authorizer".into()),
+            super::node::Verdict::Deny(_) => rbac::Decision::Deny,
+            super::node::Verdict::Rbac => rbac::authorize(&sh.auth.policy.get(), user, &a),
+        },
+        None => rbac::authorize(&sh.auth.policy.get(), user, &a),
+    };
     let status = match &decision {
         rbac::Decision::Allow(why) => json!({"allowed": true, "reason": why}),
         rbac::Decision::Deny => json!({"allowed": false}),
@@ -227,7 +235,7 @@ async fn self_subject_access_review(
 ) -> Response {
     let r = async {
         let review = read_object(&sh, &headers, body).await?;
-        answer(&sh, review, "SelfSubjectAccessReview", &user)
+        answer(&sh, review, "SelfSubjectAccessReview", &user).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -257,7 +265,7 @@ async fn subject_access_review(
                 "spec.user: Invalid value: \"\": at least one of user or group must be specified",
             ));
         }
-        answer(&sh, review, "SubjectAccessReview", &subject)
+        answer(&sh, review, "SubjectAccessReview", &subject).await
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }
