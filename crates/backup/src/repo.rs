@@ -374,11 +374,11 @@ impl Repository {
     /// or `None`: an incremental backup checks the chunks it will take over unread, so one
     /// deleted from the bucket is uploaded again by a full read instead of being referenced.
     pub async fn first_missing_chunk(&self, ix: &Index) -> Result<Option<String>, BackupError> {
-        let ids: std::collections::BTreeSet<&String> =
-            ix.chunks.iter().filter_map(|c| c.id.as_ref()).collect();
+        let ids: std::collections::BTreeSet<String> =
+            ix.chunks.iter().filter_map(|c| c.id.clone()).collect();
         let mut found = futures::stream::iter(ids.into_iter().map(|id| {
             let repo = self.clone();
-            async move { repo.has_chunk(id).await.map(|ok| (!ok).then(|| id.clone())) }
+            async move { repo.has_chunk(&id).await.map(|ok| (!ok).then_some(id)) }
         }))
         .buffer_unordered(IN_FLIGHT * 4);
         while let Some(r) = found.next().await {
