@@ -72,12 +72,15 @@ spec:
       - {name: data, dataVolume: {name: inc-data}}
 "#;
 
-/// The volume directory of claim `pvc` (a hostPath PV).
+/// The volume directory of claim `pvc` (a `local` or hostPath PV on this machine).
 fn volume_dir(c: &Cluster, pvc: &str) -> anyhow::Result<std::path::PathBuf> {
     let claim = c.get_json(&["pvc", pvc, "-n", "default"])?;
     let pv = c.get_json(&["pv", claim["spec"]["volumeName"].as_str().unwrap_or("")])?;
-    let dir = pv["spec"]["hostPath"]["path"].as_str().unwrap_or("");
-    anyhow::ensure!(!dir.is_empty(), "claim {pvc} has no hostPath volume: {pv}");
+    let dir = pv["spec"]["local"]["path"]
+        .as_str()
+        .or(pv["spec"]["hostPath"]["path"].as_str())
+        .unwrap_or("");
+    anyhow::ensure!(!dir.is_empty(), "claim {pvc} has no volume directory: {pv}");
     Ok(dir.into())
 }
 
