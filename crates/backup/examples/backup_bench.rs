@@ -65,8 +65,8 @@ async fn incremental(
     image: &str,
     run: u32,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    use std::io::{Read, Seek, SeekFrom};
     use ferrovirt_backup::format::CHUNK_SIZE;
+    use std::io::{Read, Seek, SeekFrom};
     let size = std::fs::metadata(image)?.len();
     let chunks = changed_chunks(size.div_ceil(CHUNK_SIZE as u64));
     // The changed chunks' new bytes (fresh random data), as the chain would serve them.

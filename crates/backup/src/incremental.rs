@@ -114,7 +114,11 @@ mod tests {
         assert!(plan_chunks(&base, size, &[1, 1]).is_err());
         let mut odd = base.clone();
         odd.chunk_size = 4096;
-        assert!(plan_chunks(&odd, size, &[]).unwrap_err().contains("chunk size"));
+        assert!(
+            plan_chunks(&odd, size, &[])
+                .unwrap_err()
+                .contains("chunk size")
+        );
         let mut short = base;
         short.chunks.pop();
         assert!(plan_chunks(&short, size, &[]).is_err());

@@ -540,10 +540,20 @@ impl std::fmt::Debug for BackupWriter {
 /// What one chunk cost.
 enum Outcome {
     Zero(u32),
-    New { len: u32, sealed: u64, id: String },
-    Dedup { len: u32, id: String },
+    New {
+        len: u32,
+        sealed: u64,
+        id: String,
+    },
+    Dedup {
+        len: u32,
+        id: String,
+    },
     /// Unchanged since the previous backup: its index entry, not read.
-    Reused { len: u32, id: String },
+    Reused {
+        len: u32,
+        id: String,
+    },
 }
 
 impl BackupWriter {

@@ -247,14 +247,17 @@ async fn an_incremental_write_reads_only_changed_chunks_and_restores_the_new_dis
     new[CHUNK_SIZE + 5..CHUNK_SIZE + 4005].fill(0xAB);
     let tail = new.len() - 10;
     new[tail..].fill(0xCD);
-    let changed_bytes = [
-        &new[CHUNK_SIZE..2 * CHUNK_SIZE],
-        &new[3 * CHUNK_SIZE..],
-    ]
-    .concat();
+    let changed_bytes = [&new[CHUNK_SIZE..2 * CHUNK_SIZE], &new[3 * CHUNK_SIZE..]].concat();
     let mut w = repo.begin("b2").await.unwrap();
     let e = w
-        .write_disk_changed("data", &base, new.len() as u64, &[1, 3], &changed_bytes[..], &|_| {})
+        .write_disk_changed(
+            "data",
+            &base,
+            new.len() as u64,
+            &[1, 3],
+            &changed_bytes[..],
+            &|_| {},
+        )
         .await
         .unwrap();
     assert_eq!(e.stats.bytes_read, changed_bytes.len() as u64);
@@ -262,7 +265,9 @@ async fn an_incremental_write_reads_only_changed_chunks_and_restores_the_new_dis
     assert_eq!(e.stats.bytes_reused, CHUNK_SIZE as u64);
     assert_eq!(e.stats.chunks_reused, 1);
     assert_eq!(e.stats.bytes_zero, CHUNK_SIZE as u64);
-    w.commit("2026-12-02T16:00:00Z", vec![], vec![]).await.unwrap();
+    w.commit("2026-12-02T16:00:00Z", vec![], vec![])
+        .await
+        .unwrap();
     let mut out = Vec::new();
     repo.restore_disk("b2", "data", &mut out, &|_| {})
         .await

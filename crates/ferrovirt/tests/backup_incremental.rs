@@ -151,8 +151,10 @@ fn a_5_percent_change_reads_and_uploads_under_10_percent_and_restores_whole() ->
     c.wait_until("DataVolumes Succeeded", STEP, || {
         let r = c.get_json(&["dv", "inc-root", "-n", "default"])?;
         let d = c.get_json(&["dv", "inc-data", "-n", "default"])?;
-        Ok((r["status"]["phase"] == "Succeeded" && d["status"]["phase"] == "Succeeded")
-            .then_some(()))
+        Ok(
+            (r["status"]["phase"] == "Succeeded" && d["status"]["phase"] == "Succeeded")
+                .then_some(()),
+        )
     })?;
     // 1 GiB of random bytes on the data disk, written on the host before the VM starts.
     let data_dir = volume_dir(&c, "inc-data")?;
@@ -176,7 +178,10 @@ fn a_5_percent_change_reads_and_uploads_under_10_percent_and_restores_whole() ->
             .contains("FERROVIRT-READY")
             .then_some(()))
     })?;
-    eprintln!("[{:?}] VM running with a 1 GiB random data disk", t0.elapsed());
+    eprintln!(
+        "[{:?}] VM running with a 1 GiB random data disk",
+        t0.elapsed()
+    );
 
     // b1: the first backup reads everything and keeps its snapshot as the backup point.
     let t = Instant::now();

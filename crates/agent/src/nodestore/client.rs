@@ -307,7 +307,10 @@ impl NodeStorage {
         since: Option<&str>,
     ) -> Result<hyper::Response<Incoming>, NodeStoreError> {
         // Layer names are plain file names (the agent checks them against the chain).
-        let layer = |h: &str| h.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        let layer = |h: &str| {
+            h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
         let mut params = Vec::new();
         for (key, value) in [("handle", handle), ("since", since)] {
             match value {

@@ -252,7 +252,10 @@ mod tests {
             older_points(&points, "s3", "backup-b4-vm"),
             ["backup-b1-vm", "backup-b2-vm", "backup-b3-vm"]
         );
-        assert_eq!(older_points(&points, "nfs", "backup-c1-vm"), Vec::<String>::new());
+        assert_eq!(
+            older_points(&points, "nfs", "backup-c1-vm"),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
@@ -272,9 +275,15 @@ mod tests {
             })
         );
         let other = since(&ok, "data", "pvc-2").unwrap_err();
-        assert!(other.contains("volume pvc-2") && other.contains("pvc-1"), "{other}");
+        assert!(
+            other.contains("volume pvc-2") && other.contains("pvc-1"),
+            "{other}"
+        );
         let new = since(&ok, "root", "pvc-3").unwrap_err();
-        assert!(new.contains("claim root is not in the previous backup"), "{new}");
+        assert!(
+            new.contains("claim root is not in the previous backup"),
+            "{new}"
+        );
         let none = Err("no earlier backup point".to_string());
         assert_eq!(
             since(&none, "data", "pvc-1"),

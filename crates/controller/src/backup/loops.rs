@@ -458,7 +458,13 @@ async fn open_changed(
     pv: &PersistentVolume,
     handle: Option<&str>,
     since: &str,
-) -> Result<(ferrovirt_storage::export::changed::ChangedHeader, ByteStream), String> {
+) -> Result<
+    (
+        ferrovirt_storage::export::changed::ChangedHeader,
+        ByteStream,
+    ),
+    String,
+> {
     use ferrovirt_storage::export::changed;
     match nodes::placement(pv) {
         Placement::Node { node, volume } => {
@@ -578,12 +584,18 @@ async fn carry_out(
                 Err(why) => Err(why.clone()),
             };
             let (size, reading, mode) = match incremental {
-                Ok(((size, reading), base)) => (size, reading, plan::ReadMode::Incremental { base }),
+                Ok(((size, reading), base)) => {
+                    (size, reading, plan::ReadMode::Incremental { base })
+                }
                 Err(why) => {
                     let (size, stream) = open_volume(ctx, &s.pv, s.handle.as_deref())
                         .await
                         .map_err(|e| format!("reading claim {ns}/{}: {e}", s.claim))?;
-                    (size, Reading::Full(stream), plan::ReadMode::Full { reason: why })
+                    (
+                        size,
+                        Reading::Full(stream),
+                        plan::ReadMode::Full { reason: why },
+                    )
                 }
             };
             opened.push((s, size, reading, mode));

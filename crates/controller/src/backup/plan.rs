@@ -184,7 +184,12 @@ mod tests {
                 ..Default::default()
             },
         };
-        let inc = volume_status("vm", "data", &d, &ReadMode::Incremental { base: "b1".into() });
+        let inc = volume_status(
+            "vm",
+            "data",
+            &d,
+            &ReadMode::Incremental { base: "b1".into() },
+        );
         assert_eq!(inc.incremental, Some(true));
         assert_eq!(inc.base_backup.as_deref(), Some("b1"));
         assert_eq!((inc.bytes_reused, inc.bytes_uploaded), (Some(6), Some(3)));

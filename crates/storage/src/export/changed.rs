@@ -210,7 +210,11 @@ pub async fn open_changed(
         tool: "export".into(),
         message: e.to_string(),
     })??;
-    let size = entries.iter().map(|e| e.start + e.length).max().unwrap_or(0);
+    let size = entries
+        .iter()
+        .map(|e| e.start + e.length)
+        .max()
+        .unwrap_or(0);
     let chunks = changed_chunks(&entries, above, size, CHUNK as u64);
     let spec = format!("json:{}", blockdev_json(dir, &layers));
     let want = chunks.clone();
@@ -291,9 +295,8 @@ mod tests {
             r#"{"size":99999999,"chunkSize":4096,"chunks":[1]}"#,
         ] {
             let line = format!("{lie}\n");
-            let s: crate::export::ByteStream = Box::pin(futures::stream::iter(vec![Ok(
-                bytes::Bytes::from(line),
-            )]));
+            let s: crate::export::ByteStream =
+                Box::pin(futures::stream::iter(vec![Ok(bytes::Bytes::from(line))]));
             assert!(unframe(s).await.is_err(), "{lie}");
         }
     }
@@ -315,7 +318,10 @@ mod tests {
             (None, "layer-000002.qcow2"),
         ] {
             let err = layers_since(&c2, h, s).unwrap_err().to_string();
-            assert!(err.contains("is not") || err.contains("writable top"), "{err}");
+            assert!(
+                err.contains("is not") || err.contains("writable top"),
+                "{err}"
+            );
         }
         // Reverted below the base: the base is no longer in the live chain.
         let reverted = snapshot::plan_revert(&c2, "disk.img").unwrap().chain;
