@@ -67,8 +67,9 @@ pub struct Stats {
     pub chunks_deduplicated: u64,
     /// Sealed (compressed + encrypted) bytes uploaded.
     pub bytes_uploaded: u64,
-    /// Bytes of unchanged chunks taken over from the previous backup's index, not read
-    /// (an incremental read; zero chunks among them counted in `bytes_zero`).
+    /// Bytes of unchanged chunks taken over from the previous backup's index, not read (an
+    /// incremental read: `bytes_read + bytes_reused` is the disk's size; zero chunks among them
+    /// are also counted in `bytes_zero`).
     #[serde(default)]
     pub bytes_reused: u64,
     #[serde(default)]

@@ -549,11 +549,42 @@ enum Outcome {
         len: u32,
         id: String,
     },
-    /// Unchanged since the previous backup: its index entry, not read.
+    /// Unchanged since the previous backup: its index entry (`None`: zeros), not read.
     Reused {
         len: u32,
-        id: String,
+        id: Option<String>,
     },
+}
+
+/// Adds one chunk's outcome to a disk's stats and index. A reused chunk of zeros counts as
+/// reused and as zeros (so `bytes_read + bytes_reused` is the disk's size and `bytes_zero`
+/// every zero byte of it, as in a full write).
+fn account(stats: &mut Stats, refs: &mut Vec<ChunkRef>, o: Outcome) {
+    match o {
+        Outcome::Zero(len) => {
+            stats.bytes_zero += len as u64;
+            refs.push(ChunkRef { id: None, len });
+        }
+        Outcome::New { len, sealed, id } => {
+            stats.bytes_new += len as u64;
+            stats.chunks_new += 1;
+            stats.bytes_uploaded += sealed;
+            refs.push(ChunkRef { id: Some(id), len });
+        }
+        Outcome::Dedup { len, id } => {
+            stats.bytes_deduplicated += len as u64;
+            stats.chunks_deduplicated += 1;
+            refs.push(ChunkRef { id: Some(id), len });
+        }
+        Outcome::Reused { len, id } => {
+            stats.bytes_reused += len as u64;
+            stats.chunks_reused += 1;
+            if id.is_none() {
+                stats.bytes_zero += len as u64;
+            }
+            refs.push(ChunkRef { id, len });
+        }
+    }
 }
 
 impl BackupWriter {
@@ -600,23 +631,7 @@ impl BackupWriter {
             match pending.next().await {
                 None => break,
                 Some(r) => {
-                    match r? {
-                        Outcome::Zero(len) => {
-                            stats.bytes_zero += len as u64;
-                            refs.push(ChunkRef { id: None, len });
-                        }
-                        Outcome::New { len, sealed, id } => {
-                            stats.bytes_new += len as u64;
-                            stats.chunks_new += 1;
-                            stats.bytes_uploaded += sealed;
-                            refs.push(ChunkRef { id: Some(id), len });
-                        }
-                        Outcome::Dedup { len, id } | Outcome::Reused { len, id } => {
-                            stats.bytes_deduplicated += len as u64;
-                            stats.chunks_deduplicated += 1;
-                            refs.push(ChunkRef { id: Some(id), len });
-                        }
-                    }
+                    account(&mut stats, &mut refs, r?);
                     progress(&stats);
                     if self.lock_refreshed.elapsed() >= crate::gc::HEARTBEAT {
                         self.repo
@@ -679,13 +694,13 @@ impl BackupWriter {
                         pending.push_back(Either::Left(self.store_chunk(buf)));
                     }
                     crate::incremental::Slot::Reuse(c) => {
-                        let outcome = match c.id {
-                            None => Outcome::Zero(c.len),
-                            Some(id) => {
-                                #[allow(clippy::unwrap_used)]
-                                self.claimed.lock().unwrap().insert(id.clone());
-                                Outcome::Reused { len: c.len, id }
-                            }
+                        if let Some(id) = &c.id {
+                            #[allow(clippy::unwrap_used)]
+                            self.claimed.lock().unwrap().insert(id.clone());
+                        }
+                        let outcome = Outcome::Reused {
+                            len: c.len,
+                            id: c.id,
                         };
                         pending.push_back(Either::Right(futures::future::ready(Ok(outcome))));
                     }
@@ -695,28 +710,7 @@ impl BackupWriter {
                 None => break,
                 Some(r) => {
                     let r: Result<Outcome, BackupError> = r;
-                    match r? {
-                        Outcome::Zero(len) => {
-                            stats.bytes_zero += len as u64;
-                            refs.push(ChunkRef { id: None, len });
-                        }
-                        Outcome::New { len, sealed, id } => {
-                            stats.bytes_new += len as u64;
-                            stats.chunks_new += 1;
-                            stats.bytes_uploaded += sealed;
-                            refs.push(ChunkRef { id: Some(id), len });
-                        }
-                        Outcome::Dedup { len, id } => {
-                            stats.bytes_deduplicated += len as u64;
-                            stats.chunks_deduplicated += 1;
-                            refs.push(ChunkRef { id: Some(id), len });
-                        }
-                        Outcome::Reused { len, id } => {
-                            stats.bytes_reused += len as u64;
-                            stats.chunks_reused += 1;
-                            refs.push(ChunkRef { id: Some(id), len });
-                        }
-                    }
+                    account(&mut stats, &mut refs, r?);
                     progress(&stats);
                     if self.lock_refreshed.elapsed() >= crate::gc::HEARTBEAT {
                         self.repo
