@@ -55,4 +55,4 @@ base=$(sed -n 's/.*mib_s=\([0-9.]*\).*/\1/p' "$WORK/base.txt" | median)
 awk -v o="$ours" -v b="$base" -v m="$MIB" 'BEGIN {
   printf "full backup %s MiB: ours %.1f MiB/s, plain S3 upload (boto3) %.1f MiB/s, ratio %.2f (goal >= 0.8)\n", m, o, b, o / b }'
 awk -v f="$full_s" -v i="$inc_s" -v m="$MIB" 'BEGIN {
-  printf "incremental backup (5%% of %s MiB changed): %.3f s vs full %.3f s (%.1f%% of the full time)\n", m, i, f, 100 * i / f }'
+  printf "incremental backup (5%% of %s MiB rewritten, whole chunks: changed_pct above): %.3f s vs full %.3f s (%.1f%% of the full time)\n", m, i, f, 100 * i / f }'
