@@ -8,7 +8,9 @@
 //! status: `incremental: true`, `baseBackup`, bytes read, reused and uploaded), and becomes the
 //! point (b1's snapshot is deleted). The VM is stopped; a BackupRestore of `b2` gives a volume
 //! whose SHA-256 equals the guest's disk as b2 read it (the stopped volume's chain flattened).
-//! Fallback: b2's catalog entry is removed from the target; backup `b3` (of the stopped VM,
+//! The point survives the VM's restart: started again (a new VMI, launcher and QEMU), the guest
+//! writes 4 MiB and backup `b3` of the running VM reads only that chunk since b2's point.
+//! Fallback: b3's catalog entry is removed from the target; backup `b4` (of the stopped VM,
 //! read directly) reads the disk whole, naming the missing backup in the volume's reason.
 
 use std::process::Command;
@@ -139,6 +141,19 @@ fn points(c: &Cluster) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
+/// Waits until VM `incvm` runs with its guest's shell ready; the VMI's directory.
+fn booted(c: &Cluster) -> anyhow::Result<std::path::PathBuf> {
+    let uid = c.wait_booted("incvm", BOOT)?;
+    let vmi_dir = c.agent_dir().join("vmis").join(&uid);
+    c.wait_until("guest shell ready", BOOT, || {
+        let log = std::fs::read(vmi_dir.join("serial.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&log)
+            .contains("FERROVIRT-READY")
+            .then_some(()))
+    })?;
+    Ok(vmi_dir)
+}
+
 #[test]
 fn a_5_percent_change_reads_and_uploads_under_10_percent_and_restores_whole() -> anyhow::Result<()>
 {
@@ -170,14 +185,7 @@ fn a_5_percent_change_reads_and_uploads_under_10_percent_and_restores_whole() ->
         .status()?;
     anyhow::ensure!(filled.success(), "filling the data disk");
     c.apply(VM)?;
-    let uid = c.wait_booted("incvm", BOOT)?;
-    let vmi_dir = c.agent_dir().join("vmis").join(&uid);
-    c.wait_until("guest shell ready", BOOT, || {
-        let log = std::fs::read(vmi_dir.join("serial.log")).unwrap_or_default();
-        Ok(String::from_utf8_lossy(&log)
-            .contains("FERROVIRT-READY")
-            .then_some(()))
-    })?;
+    let vmi_dir = booted(&c)?;
     eprintln!(
         "[{:?}] VM running with a 1 GiB random data disk",
         t0.elapsed()
@@ -274,20 +282,43 @@ fn a_5_percent_change_reads_and_uploads_under_10_percent_and_restores_whole() ->
     );
     eprintln!("[{:?}] b2 restored, SHA-256 equal", t0.elapsed());
 
-    // Fallback: the base backup is gone from the target → a full read naming it.
-    std::fs::remove_file(store.path().join("e2e/catalog/default-b2"))?;
+    // The point survives a restart of the VM (new VMI, launcher, QEMU): 4 MiB written by the
+    // guest afterwards are all b3 reads of the data disk.
+    c.set_run_strategy("incvm", "Always")?;
+    let vmi_dir = booted(&c)?;
+    let console = SerialConsole::connect(&vmi_dir.join("serial.sock"), Duration::from_secs(10))?;
+    let (out, rc) = console.exec(
+        "dd if=/dev/urandom of=/dev/vdb bs=1M count=4 seek=300 conv=fsync && sync",
+        Duration::from_secs(120),
+    )?;
+    anyhow::ensure!(rc == 0, "writing after the restart: {out}");
+    drop(console);
     let b3 = backup(&c, "b3")?;
     assert_eq!(b3["status"]["phase"], "Succeeded", "{b3}");
     let v3 = volume(&b3, "inc-data");
-    assert_eq!(v3["incremental"], false, "{b3}");
-    let why = v3["fullReadReason"].as_str().unwrap_or("");
+    assert_eq!(v3["incremental"], true, "{b3}");
+    assert_eq!(v3["baseBackup"], "default-b2", "{b3}");
+    assert_eq!(v3["bytesRead"].as_u64(), Some(4 << 20), "{b3}");
+    c.wait_until("b3's point kept, b2's deleted", STEP, || {
+        Ok((points(&c)? == ["backup-b3-incvm"]).then_some(()))
+    })?;
+    eprintln!("[{:?}] after a VM restart: {v3}", t0.elapsed());
+    c.halt_vm("incvm", STEP)?;
+
+    // Fallback: the base backup is gone from the target → a full read naming it.
+    std::fs::remove_file(store.path().join("e2e/catalog/default-b3"))?;
+    let b4 = backup(&c, "b4")?;
+    assert_eq!(b4["status"]["phase"], "Succeeded", "{b4}");
+    let v4 = volume(&b4, "inc-data");
+    assert_eq!(v4["incremental"], false, "{b4}");
+    let why = v4["fullReadReason"].as_str().unwrap_or("");
     assert!(
-        why.contains("default-b2") && why.contains("repository"),
-        "{b3}"
+        why.contains("default-b3") && why.contains("repository"),
+        "{b4}"
     );
-    assert_eq!(v3["bytesRead"].as_u64(), Some(GIB), "{b3}");
-    // A stopped VM makes no new point: b2's stays.
-    assert_eq!(points(&c)?, ["backup-b2-incvm"]);
+    assert_eq!(v4["bytesRead"].as_u64(), Some(GIB), "{b4}");
+    // A stopped VM makes no new point: b3's stays.
+    assert_eq!(points(&c)?, ["backup-b3-incvm"]);
     eprintln!("[{:?}] fallback: {why}", t0.elapsed());
     Ok(())
 }

@@ -44,6 +44,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 /// How often a running backup writes its progress, and targets are checked.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 const TARGET_CHECK_EVERY: Duration = Duration::from_secs(30);
+/// A volume whose chain changes under the read for a moment (a stopping VM's QEMU, a merge of
+/// a released layer: [`plan::volume_busy`]) is opened again, this often, this many times.
+const LOCK_RETRY_AFTER: Duration = Duration::from_secs(2);
+const LOCK_RETRIES: u32 = 15;
 
 struct Ctx {
     client: kube::Client,
@@ -529,9 +533,15 @@ async fn open_incremental(
         }
         Err(e) => return Err(format!("checking the previous backup's chunks: {e}")),
     }
-    let (header, stream) = open_changed(ctx, &s.pv, s.handle.as_deref(), &since.layer)
-        .await
-        .map_err(|e| format!("the changes since the previous backup cannot be read: {e}"))?;
+    let mut tries = 0;
+    let (header, stream) = loop {
+        match open_changed(ctx, &s.pv, s.handle.as_deref(), &since.layer).await {
+            Err(e) if plan::volume_busy(&e) && tries < LOCK_RETRIES => tries += 1,
+            r => break r,
+        }
+        tokio::time::sleep(LOCK_RETRY_AFTER).await;
+    }
+    .map_err(|e| format!("the changes since the previous backup cannot be read: {e}"))?;
     if header.size != base.size {
         return Err(format!(
             "the disk's size changed from {} to {} bytes since the previous backup {}",
@@ -588,9 +598,15 @@ async fn carry_out(
                     (size, reading, plan::ReadMode::Incremental { base })
                 }
                 Err(why) => {
-                    let (size, stream) = open_volume(ctx, &s.pv, s.handle.as_deref())
-                        .await
-                        .map_err(|e| format!("reading claim {ns}/{}: {e}", s.claim))?;
+                    let mut tries = 0;
+                    let (size, stream) = loop {
+                        match open_volume(ctx, &s.pv, s.handle.as_deref()).await {
+                            Err(e) if plan::volume_busy(&e) && tries < LOCK_RETRIES => tries += 1,
+                            r => break r,
+                        }
+                        tokio::time::sleep(LOCK_RETRY_AFTER).await;
+                    }
+                    .map_err(|e| format!("reading claim {ns}/{}: {e}", s.claim))?;
                     (
                         size,
                         Reading::Full(stream),

@@ -147,6 +147,17 @@ pub enum ReadMode {
     Full { reason: String },
 }
 
+/// Whether opening a volume failed only because its chain was changing under the read: another
+/// process holds one of its images (QEMU's image lock: a VM stopping, a layer merge running)
+/// or a merge just deleted a layer the recorded chain named a moment before. Worth trying again
+/// shortly (the chain is read again each time).
+pub fn volume_busy(error: &str) -> bool {
+    error.contains("Failed to get shared \"write\" lock")
+        || error.contains("Failed to get \"write\" lock")
+        || error.contains("Failed to get \"consistent read\" lock")
+        || (error.contains("Could not open") && error.contains("No such file or directory"))
+}
+
 /// The bytes of the `chunk`-sized chunks `chunks` of a `size`-byte disk (the last one may be
 /// shorter; indices past the end count nothing).
 pub fn chunk_bytes(size: u64, chunk: u64, chunks: &[u64]) -> u64 {
@@ -208,6 +219,15 @@ mod tests {
         assert_eq!(chunk_bytes(10, 4, &[0, 2]), 6);
         assert_eq!(chunk_bytes(10, 4, &[]), 0);
         assert_eq!(chunk_bytes(10, 4, &[7]), 0);
+        let locked = "qemu-nbd failed: Could not open backing file: Failed to get shared \"write\" \
+                      lock\nIs another process using the image [/v/layer-000002.qcow2]?";
+        assert!(volume_busy(locked));
+        assert!(!volume_busy(
+            "layer \"x\" of the earlier snapshot is not below"
+        ));
+        assert!(volume_busy(
+            "Could not open backing file: Could not open '/v/layer-000001.qcow2': No such file or directory"
+        ));
     }
     use ferrovirt_api::backup::{
         ACCESS_KEY_ID, FilesystemLocation, S3Location, SECRET_ACCESS_KEY, SecretReference,
