@@ -3,7 +3,9 @@
 # keyed ids, zstd, AES-256-GCM, dedup lookups; crates/backup/examples/backup_bench.rs) against
 # uploading the same file with a plain S3 client (boto3's upload_file, multipart) to the same
 # server in the same run. The server is moto (loopback), the image incompressible random bytes
-# read from the page cache. Medians of --runs; ratio = ours / baseline (goal >= 0.8).
+# read from the page cache. Medians of --runs; ratio = ours / baseline (goal >= 0.8). After each
+# full run, an incremental backup of the image with 5 % of its chunks rewritten (only those read,
+# the others from the full backup's index): its median time against the full one.
 # Usage: bench/backup.sh [--mib 256] [--runs 3] [--release]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,7 +37,9 @@ cargo build -q $PROFILE --example backup_bench -p ferrovirt-backup
 BIN=target/$([ -n "$PROFILE" ] && echo release || echo debug)/examples/backup_bench
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 "$BIN" "http://127.0.0.1:$PORT" bench "$WORK/disk.img" "$RUNS" | tee "$WORK/ours.txt"
-ours=$(sed -n 's/.*mib_s=\([0-9.]*\).*/\1/p' "$WORK/ours.txt" | median)
+ours=$(grep -v '^incremental' "$WORK/ours.txt" | sed -n 's/.*mib_s=\([0-9.]*\).*/\1/p' | median)
+full_s=$(grep -v '^incremental' "$WORK/ours.txt" | sed -n 's/.*seconds=\([0-9.]*\).*/\1/p' | median)
+inc_s=$(grep '^incremental' "$WORK/ours.txt" | sed -n 's/.*seconds=\([0-9.]*\).*/\1/p' | median)
 "$PY" - "$PORT" "$WORK/disk.img" "$RUNS" "$MIB" <<'PYEOF' | tee "$WORK/base.txt"
 import sys, time, boto3
 port, path, runs, mib = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -50,3 +54,5 @@ PYEOF
 base=$(sed -n 's/.*mib_s=\([0-9.]*\).*/\1/p' "$WORK/base.txt" | median)
 awk -v o="$ours" -v b="$base" -v m="$MIB" 'BEGIN {
   printf "full backup %s MiB: ours %.1f MiB/s, plain S3 upload (boto3) %.1f MiB/s, ratio %.2f (goal >= 0.8)\n", m, o, b, o / b }'
+awk -v f="$full_s" -v i="$inc_s" -v m="$MIB" 'BEGIN {
+  printf "incremental backup (5%% of %s MiB rewritten, whole chunks: changed_pct above): %.3f s vs full %.3f s (%.1f%% of the full time)\n", m, i, f, 100 * i / f }'

@@ -125,7 +125,8 @@ kstruct! {
         pub start_time: Option<Time>,
         pub completion_time: Option<Time>,
         pub duration_seconds: Option<f64>,
-        /// The online snapshot taken of a running VM, deleted when the read is done.
+        /// The online snapshot taken of a running VM: deleted if the backup fails, kept as
+        /// the VM's backup point (for the next, incremental backup) if it succeeds.
         pub snapshot_name: Option<String>,
         pub volumes: Option<Vec<BackupVolumeStatus>>,
         pub bytes_read: Option<i64>,
@@ -146,6 +147,16 @@ kstruct! {
         pub bytes_new: i64,
         pub bytes_deduplicated: i64,
         pub bytes_zero: i64,
+        /// Sealed (compressed, encrypted) bytes uploaded.
+        pub bytes_uploaded: Option<i64>,
+        /// Bytes of unchanged chunks taken from the previous backup's index, not read.
+        pub bytes_reused: Option<i64>,
+        /// Whether only the chunks changed since the previous backup were read.
+        pub incremental: Option<bool>,
+        /// The previous backup (its name on the target) an incremental read started from.
+        pub base_backup: Option<String>,
+        /// Why the volume was read whole.
+        pub full_read_reason: Option<String>,
     }
 }
 

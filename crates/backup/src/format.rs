@@ -67,6 +67,13 @@ pub struct Stats {
     pub chunks_deduplicated: u64,
     /// Sealed (compressed + encrypted) bytes uploaded.
     pub bytes_uploaded: u64,
+    /// Bytes of unchanged chunks taken over from the previous backup's index, not read (an
+    /// incremental read: `bytes_read + bytes_reused` is the disk's size; zero chunks among them
+    /// are also counted in `bytes_zero`).
+    #[serde(default)]
+    pub bytes_reused: u64,
+    #[serde(default)]
+    pub chunks_reused: u64,
 }
 
 impl Stats {
@@ -78,6 +85,8 @@ impl Stats {
         self.chunks_new += o.chunks_new;
         self.chunks_deduplicated += o.chunks_deduplicated;
         self.bytes_uploaded += o.bytes_uploaded;
+        self.bytes_reused += o.bytes_reused;
+        self.chunks_reused += o.chunks_reused;
     }
 }
 

@@ -14,12 +14,15 @@
 //!   manifest, restore a disk, verify;
 //! - [`restore`] (pure): what a restore makes of a backed-up VM (names, claims, MAC
 //!   addresses, firmware UUID), shared by the CLI and the BackupRestore controller;
+//! - [`incremental`] (pure): which chunks of a disk are read and which are taken over from the
+//!   previous backup's index when the layer chain says what changed;
 //! - [`gc`]: delete a backup (prune), garbage-collect unreferenced chunks under a lock protocol
 //!   that is safe against a backup running at the same time.
 
 pub mod crypto;
 pub mod format;
 pub mod gc;
+pub mod incremental;
 pub mod repo;
 pub mod restore;
 pub mod target;

@@ -370,6 +370,25 @@ impl Repository {
         Ok(written)
     }
 
+    /// The first chunk of `ix` missing from the target (looked up by HEAD, a few at a time),
+    /// or `None`: an incremental backup checks the chunks it will take over unread, so one
+    /// deleted from the bucket is uploaded again by a full read instead of being referenced.
+    pub async fn first_missing_chunk(&self, ix: &Index) -> Result<Option<String>, BackupError> {
+        let ids: std::collections::BTreeSet<String> =
+            ix.chunks.iter().filter_map(|c| c.id.clone()).collect();
+        let mut found = futures::stream::iter(ids.into_iter().map(|id| {
+            let repo = self.clone();
+            async move { repo.has_chunk(&id).await.map(|ok| (!ok).then_some(id)) }
+        }))
+        .buffer_unordered(IN_FLIGHT * 4);
+        while let Some(r) = found.next().await {
+            if let Some(missing) = r? {
+                return Ok(Some(missing));
+            }
+        }
+        Ok(None)
+    }
+
     /// Fetches, opens and re-hashes one chunk.
     pub async fn read_chunk(&self, id: &str) -> Result<Vec<u8>, BackupError> {
         let name = paths::chunk(id);
@@ -521,8 +540,51 @@ impl std::fmt::Debug for BackupWriter {
 /// What one chunk cost.
 enum Outcome {
     Zero(u32),
-    New { len: u32, sealed: u64, id: String },
-    Dedup { len: u32, id: String },
+    New {
+        len: u32,
+        sealed: u64,
+        id: String,
+    },
+    Dedup {
+        len: u32,
+        id: String,
+    },
+    /// Unchanged since the previous backup: its index entry (`None`: zeros), not read.
+    Reused {
+        len: u32,
+        id: Option<String>,
+    },
+}
+
+/// Adds one chunk's outcome to a disk's stats and index. A reused chunk of zeros counts as
+/// reused and as zeros (so `bytes_read + bytes_reused` is the disk's size and `bytes_zero`
+/// every zero byte of it, as in a full write).
+fn account(stats: &mut Stats, refs: &mut Vec<ChunkRef>, o: Outcome) {
+    match o {
+        Outcome::Zero(len) => {
+            stats.bytes_zero += len as u64;
+            refs.push(ChunkRef { id: None, len });
+        }
+        Outcome::New { len, sealed, id } => {
+            stats.bytes_new += len as u64;
+            stats.chunks_new += 1;
+            stats.bytes_uploaded += sealed;
+            refs.push(ChunkRef { id: Some(id), len });
+        }
+        Outcome::Dedup { len, id } => {
+            stats.bytes_deduplicated += len as u64;
+            stats.chunks_deduplicated += 1;
+            refs.push(ChunkRef { id: Some(id), len });
+        }
+        Outcome::Reused { len, id } => {
+            stats.bytes_reused += len as u64;
+            stats.chunks_reused += 1;
+            if id.is_none() {
+                stats.bytes_zero += len as u64;
+            }
+            refs.push(ChunkRef { id, len });
+        }
+    }
 }
 
 impl BackupWriter {
@@ -569,23 +631,7 @@ impl BackupWriter {
             match pending.next().await {
                 None => break,
                 Some(r) => {
-                    match r? {
-                        Outcome::Zero(len) => {
-                            stats.bytes_zero += len as u64;
-                            refs.push(ChunkRef { id: None, len });
-                        }
-                        Outcome::New { len, sealed, id } => {
-                            stats.bytes_new += len as u64;
-                            stats.chunks_new += 1;
-                            stats.bytes_uploaded += sealed;
-                            refs.push(ChunkRef { id: Some(id), len });
-                        }
-                        Outcome::Dedup { len, id } => {
-                            stats.bytes_deduplicated += len as u64;
-                            stats.chunks_deduplicated += 1;
-                            refs.push(ChunkRef { id: Some(id), len });
-                        }
-                    }
+                    account(&mut stats, &mut refs, r?);
                     progress(&stats);
                     if self.lock_refreshed.elapsed() >= crate::gc::HEARTBEAT {
                         self.repo
@@ -596,6 +642,102 @@ impl BackupWriter {
                 }
             }
         }
+        self.finish_disk(disk, refs, stats).await
+    }
+
+    /// Writes disk `disk` incrementally: the chunks `changed` (indices, ascending) are read in
+    /// order from `reader` (it holds exactly those chunks' bytes, nothing else), every other
+    /// chunk is taken from `base` (the previous backup's index of this disk, of the same
+    /// `size`) unread. A full index is written as by [`BackupWriter::write_disk`]; the reused
+    /// chunks count as used by this backup (checked at commit after a concurrent collection).
+    pub async fn write_disk_changed<R: AsyncRead + Unpin>(
+        &mut self,
+        disk: &str,
+        base: &Index,
+        size: u64,
+        changed: &[u64],
+        mut reader: R,
+        progress: &(dyn Fn(&Stats) + Send + Sync),
+    ) -> Result<DiskEntry, BackupError> {
+        use futures::future::Either;
+        format::check_disk_name(disk)?;
+        if self.disks.iter().any(|d| d.name == disk) {
+            return Err(BackupError::InvalidName {
+                what: "duplicate disk",
+                name: disk.into(),
+            });
+        }
+        let slots = crate::incremental::plan_chunks(base, size, changed).map_err(|reason| {
+            BackupError::Corrupt {
+                object: format!("previous index of {disk}"),
+                reason,
+            }
+        })?;
+        let mut stats = Stats::default();
+        let mut refs: Vec<ChunkRef> = Vec::new();
+        let mut pending = futures::stream::FuturesOrdered::new();
+        let mut slots = slots.into_iter();
+        loop {
+            while pending.len() < IN_FLIGHT {
+                let Some(slot) = slots.next() else { break };
+                match slot {
+                    crate::incremental::Slot::Read { len } => {
+                        let mut buf = vec![0u8; len as usize];
+                        let n = read_full(&mut reader, &mut buf).await?;
+                        if n != len as usize {
+                            return Err(BackupError::Io(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                format!("the changed chunks of {disk} ended early"),
+                            )));
+                        }
+                        stats.bytes_read += n as u64;
+                        pending.push_back(Either::Left(self.store_chunk(buf)));
+                    }
+                    crate::incremental::Slot::Reuse(c) => {
+                        if let Some(id) = &c.id {
+                            #[allow(clippy::unwrap_used)]
+                            self.claimed.lock().unwrap().insert(id.clone());
+                        }
+                        let outcome = Outcome::Reused {
+                            len: c.len,
+                            id: c.id,
+                        };
+                        pending.push_back(Either::Right(futures::future::ready(Ok(outcome))));
+                    }
+                }
+            }
+            match pending.next().await {
+                None => break,
+                Some(r) => {
+                    let r: Result<Outcome, BackupError> = r;
+                    account(&mut stats, &mut refs, r?);
+                    progress(&stats);
+                    if self.lock_refreshed.elapsed() >= crate::gc::HEARTBEAT {
+                        self.repo
+                            .put_lock(&crate::gc::writer_lock(&self.name))
+                            .await?;
+                        self.lock_refreshed = Instant::now();
+                    }
+                }
+            }
+        }
+        // Whatever the reader still holds is not part of the disk: a stream that lies.
+        let mut extra = [0u8; 1];
+        if reader.read(&mut extra).await? != 0 {
+            return Err(BackupError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the changed chunks of {disk} hold more bytes than they name"),
+            )));
+        }
+        self.finish_disk(disk, refs, stats).await
+    }
+
+    async fn finish_disk(
+        &mut self,
+        disk: &str,
+        refs: Vec<ChunkRef>,
+        stats: Stats,
+    ) -> Result<DiskEntry, BackupError> {
         let size = refs.iter().map(|c| c.len as u64).sum();
         let ix = Index {
             disk: disk.to_string(),

@@ -229,3 +229,84 @@ async fn interrupted_backup_leaves_nothing_listed() {
         Err(BackupError::InvalidName { .. })
     ));
 }
+
+/// An incremental write reads only the changed chunks, takes the others from the previous
+/// index, and restores to the new bytes without the previous backup being needed for more
+/// than its chunks; a stream that does not hold exactly the named chunks is refused.
+#[tokio::test]
+async fn an_incremental_write_reads_only_changed_chunks_and_restores_the_new_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::open(&target(&dir), KEY, Create::IfMissing)
+        .await
+        .unwrap();
+    let old = image(7);
+    backup(&repo, "b1", &[("data", &old)]).await;
+    let base = repo.index("b1", "data").await.unwrap();
+    // Chunk 1 rewritten, chunk 3 (the short tail) too.
+    let mut new = old.clone();
+    new[CHUNK_SIZE + 5..CHUNK_SIZE + 4005].fill(0xAB);
+    let tail = new.len() - 10;
+    new[tail..].fill(0xCD);
+    let changed_bytes = [&new[CHUNK_SIZE..2 * CHUNK_SIZE], &new[3 * CHUNK_SIZE..]].concat();
+    let mut w = repo.begin("b2").await.unwrap();
+    let e = w
+        .write_disk_changed(
+            "data",
+            &base,
+            new.len() as u64,
+            &[1, 3],
+            &changed_bytes[..],
+            &|_| {},
+        )
+        .await
+        .unwrap();
+    assert_eq!(e.stats.bytes_read, changed_bytes.len() as u64);
+    assert_eq!(e.stats.bytes_new, changed_bytes.len() as u64);
+    // Chunk 0 (random) and chunk 2 (zeros) taken over unread; the zeros count as zeros too.
+    assert_eq!(e.stats.bytes_reused, 2 * CHUNK_SIZE as u64);
+    assert_eq!(e.stats.chunks_reused, 2);
+    assert_eq!(e.stats.bytes_zero, CHUNK_SIZE as u64);
+    assert_eq!(e.stats.bytes_read + e.stats.bytes_reused, new.len() as u64);
+    w.commit("2026-12-02T16:00:00Z", vec![], vec![])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    repo.restore_disk("b2", "data", &mut out, &|_| {})
+        .await
+        .unwrap();
+    assert!(out == new, "the incremental backup restores the new bytes");
+    // The old backup still restores the old bytes.
+    let mut out = Vec::new();
+    repo.restore_disk("b1", "data", &mut out, &|_| {})
+        .await
+        .unwrap();
+    assert!(out == old);
+    // A chunk of the base deleted from the target is found before it would be taken over.
+    assert_eq!(repo.first_missing_chunk(&base).await.unwrap(), None);
+    let victim = base.chunks[0].id.clone().unwrap();
+    let (store, _) = repo.store();
+    store
+        .delete(&repo.path_of(&paths::chunk(&victim)))
+        .await
+        .unwrap();
+    assert_eq!(repo.first_missing_chunk(&base).await.unwrap(), Some(victim));
+    // Too few or too many bytes for the named chunks, or another size: refused.
+    let mut w = repo.begin("b3").await.unwrap();
+    let short = &changed_bytes[..100];
+    assert!(
+        w.write_disk_changed("data", &base, new.len() as u64, &[1, 3], short, &|_| {})
+            .await
+            .is_err()
+    );
+    let long = [&changed_bytes[..], b"x"].concat();
+    assert!(
+        w.write_disk_changed("d2", &base, new.len() as u64, &[1, 3], &long[..], &|_| {})
+            .await
+            .is_err()
+    );
+    let err = w
+        .write_disk_changed("d3", &base, new.len() as u64 + 1, &[], &[][..], &|_| {})
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("size changed"), "{err}");
+}

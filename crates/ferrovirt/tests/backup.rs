@@ -4,7 +4,9 @@
 //! and a cloud-init Secret writes a marker on its data disk and is stopped; `ferrovirt backup
 //! create --wait` backs it up to the bucket (status: both volumes with bytes read and
 //! deduplicated); before that, a backup of the VM while it runs goes through an online snapshot
-//! (deleted afterwards) and is the one restored below; a second backup uploads nothing new; a Backup with another key fails with
+//! (kept afterwards as the VM's backup point, so the stopped VM's backups read only what changed
+//! since: docs/backup.md "Incremental reads") and is the one restored below; a second backup
+//! uploads nothing new; a Backup with another key fails with
 //! the key check's message and leaves nothing listed; a BackupPlan every 6 s keeping the last 2
 //! makes runs owned by it and prunes older ones from the target; the server killed in the middle
 //! of a backup runs it again to the end after its restart (listed once, verified, kept by a
@@ -253,7 +255,8 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     anyhow::ensure!(rc == 0, "writing the marker: {out}");
     drop(console);
 
-    // The running VM: read through an online snapshot the backup takes and then deletes.
+    // The running VM: read through an online snapshot the backup takes and keeps as the VM's
+    // backup point.
     let b0 = create_backup(&a, "b0")?;
     assert_eq!(b0["status"]["phase"], "Succeeded", "{b0}");
     assert!(b0["status"]["bytesNew"].as_i64().unwrap_or(0) > 0, "{b0}");
@@ -262,13 +265,15 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
         Some(2),
         "{b0}"
     );
-    a.wait_until("the backup's online snapshot deleted", STEP, || {
-        let l = a.get_json(&["virtualmachinesnapshot", "-n", "default"])?;
-        Ok(l["items"]
-            .as_array()
-            .is_some_and(Vec::is_empty)
-            .then_some(()))
-    })?;
+    let points = a.get_json(&["virtualmachinesnapshot", "-n", "default"])?;
+    let names: Vec<&str> = points["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["metadata"]["labels"]["backup.ferrovirt.io/base"] == "true")
+        .filter_map(|s| s["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["backup-b0-bkvm"], "{points}");
     let vmi = a.get_json(&["vmi", "bkvm", "-n", "default"])?;
     assert_eq!(vmi["status"]["phase"], "Running", "{vmi}");
     a.halt_vm("bkvm", STEP)?;
@@ -285,14 +290,17 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     names.sort();
     assert_eq!(names, ["bk-data", "bk-root"], "{b1}");
     let read: i64 = vols.iter().filter_map(|v| v["bytesRead"].as_i64()).sum();
+    let reused: i64 = vols.iter().filter_map(|v| v["bytesReused"].as_i64()).sum();
     let size: i64 = vols.iter().filter_map(|v| v["sizeBytes"].as_i64()).sum();
-    assert_eq!(read, size, "{b1}");
+    assert_eq!(read + reused, size, "{b1}");
     assert!(size >= 80 << 20, "{b1}");
-    // b0 uploaded these very bytes while the VM ran: b1 deduplicates against it.
-    assert!(
-        b1["status"]["bytesDeduplicated"].as_i64().unwrap_or(0) > 0,
-        "{b1}"
-    );
+    // b0 read these very bytes while the VM ran and kept its point: the stopped VM's b1 reads
+    // only what changed since and takes the rest from b0's indexes.
+    assert!(reused > 0, "{b1}");
+    for v in &vols {
+        assert_eq!(v["incremental"], true, "{b1}");
+        assert_eq!(v["baseBackup"], "default-b0", "{b1}");
+    }
 
     // The same VM again: nothing new is uploaded.
     fv_ok(
@@ -312,10 +320,13 @@ fn backup_to_s3_and_restore_on_a_second_server() -> anyhow::Result<()> {
     let b2 = wait_backup(&a, "b2")?;
     assert_eq!(b2["status"]["phase"], "Succeeded", "{b2}");
     assert_eq!(b2["status"]["bytesNew"], 0, "{b2}");
-    assert!(
-        b2["status"]["bytesDeduplicated"].as_i64().unwrap_or(0) > 0,
-        "{b2}"
-    );
+    let reused: i64 = b2["status"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["bytesReused"].as_i64())
+        .sum();
+    assert!(reused > 0, "{b2}");
 
     // Another key: refused by the key check, nothing listed.
     a.apply(

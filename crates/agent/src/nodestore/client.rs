@@ -295,22 +295,40 @@ impl NodeStorage {
         name: &str,
         handle: Option<&str>,
     ) -> Result<hyper::Response<Incoming>, NodeStoreError> {
-        let query = match handle {
-            // Layer names are plain file names (the agent checks them against the chain).
-            Some(h)
-                if h.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
-            {
-                format!("?handle={h}")
+        self.read_export_since(name, handle, None).await
+    }
+
+    /// [`NodeStorage::read_export`]; with `since` (an earlier snapshot's layer) only the
+    /// chunks changed since, framed as `ferrovirt_storage::export::changed::frame` makes them.
+    pub async fn read_export_since(
+        &self,
+        name: &str,
+        handle: Option<&str>,
+        since: Option<&str>,
+    ) -> Result<hyper::Response<Incoming>, NodeStoreError> {
+        // Layer names are plain file names (the agent checks them against the chain).
+        let layer = |h: &str| {
+            h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
+        let mut params = Vec::new();
+        for (key, value) in [("handle", handle), ("since", since)] {
+            match value {
+                Some(h) if layer(h) => params.push(format!("{key}={h}")),
+                Some(h) => {
+                    return Err(NodeStoreError::Answer {
+                        node: self.node.clone(),
+                        status: 400,
+                        message: format!("{h:?} is not a snapshot handle"),
+                    });
+                }
+                None => {}
             }
-            Some(h) => {
-                return Err(NodeStoreError::Answer {
-                    node: self.node.clone(),
-                    status: 400,
-                    message: format!("{h:?} is not a snapshot handle"),
-                });
-            }
-            None => String::new(),
+        }
+        let query = if params.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", params.join("&"))
         };
         let path = volume_path(name, &format!("/export{query}"));
         tokio::time::timeout(

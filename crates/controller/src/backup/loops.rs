@@ -6,7 +6,9 @@
 //! paths VirtualMachineExport reads), writes them to the repository, then the manifest and
 //! the catalog entry. A Backup found `Running` with no task here (the server restarted) is run
 //! again from the start: the interrupted attempt left no catalog entry, and the chunks it did
-//! upload are found and not uploaded twice.
+//! upload are found and not uploaded twice. A claim with a usable backup point
+//! ([`super::incremental`]) is read incrementally: only the chunks written since, the others
+//! taken from the earlier backup's index; otherwise whole, with the reason in its status.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -28,6 +30,7 @@ use ferrovirt_backup::repo::Create;
 use ferrovirt_backup::{Repository, Stats, Target};
 use ferrovirt_storage::export::ByteStream;
 
+use super::incremental::{self, Since};
 use super::online;
 use super::plan;
 use super::resources::{self, BackupRun};
@@ -41,6 +44,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 /// How often a running backup writes its progress, and targets are checked.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 const TARGET_CHECK_EVERY: Duration = Duration::from_secs(30);
+/// A volume whose chain changes under the read for a moment (a stopping VM's QEMU, a merge of
+/// a released layer: [`plan::volume_busy`]) is opened again, this often, this many times.
+const LOCK_RETRY_AFTER: Duration = Duration::from_secs(2);
+const LOCK_RETRIES: u32 = 15;
 
 struct Ctx {
     client: kube::Client,
@@ -247,7 +254,12 @@ struct Source {
     pv: PersistentVolume,
     /// The online snapshot's layer to read (a running VM), else the live volume.
     handle: Option<String>,
+    /// The backup point to read incrementally from, or why the claim is read whole.
+    since: Result<Since, String>,
 }
+
+/// A running VM's online snapshot taken by this Backup: `(vm, snapshot)`.
+type Taken = Vec<(String, String)>;
 
 async fn get_json<K>(api: &Api<K>, name: &str) -> Result<Option<Value>, String>
 where
@@ -260,16 +272,17 @@ where
     }
 }
 
-/// Everything but the bytes: the VMs (stopped), their claims and PVs, the referenced objects.
 /// What the backup reads and writes: the VMs, the objects they reference, the claims' bytes.
 /// A running VM's claims are read through an online snapshot taken here (owned by `owner`);
-/// their names are pushed onto `snapshots` for the caller to delete.
+/// `(vm, snapshot)` is pushed onto `snapshots` for the caller to keep or delete. Each claim's
+/// backup point (or why there is none) comes with it.
 async fn collect(
     client: &kube::Client,
     ns: &str,
     spec: &BackupSpec,
     owner: &OwnerReference,
-    snapshots: &mut Vec<String>,
+    backup_name: &str,
+    snapshots: &mut Taken,
 ) -> Result<(Vec<Value>, Vec<Value>, Vec<Source>), String> {
     let vms: Api<Vm> = Api::namespaced(client.clone(), ns);
     let vmis: Api<Vmi> = Api::namespaced(client.clone(), ns);
@@ -302,10 +315,20 @@ async fn collect(
                 )
             });
         let refs = plan::references(&vm);
+        let own = online::snapshot_name(&owner.name, name);
+        let point = if refs.claims.is_empty() {
+            Err(String::new())
+        } else {
+            incremental::find_point(client, ns, name, &spec.target, &own).await
+        };
         // A running VM is read through its online snapshot, never while it writes.
         let frozen = if running && !refs.claims.is_empty() {
-            let snap = online::backup_snapshot(ns, &owner.name, owner, name);
-            snapshots.push(snap.metadata.name.clone().unwrap_or_default());
+            let dest = online::Destination {
+                target: &spec.target,
+                backup_name,
+            };
+            let snap = online::backup_snapshot(ns, &owner.name, owner, name, dest);
+            snapshots.push((name.clone(), own.clone()));
             Some(
                 online::take(client, ns, snap)
                     .await
@@ -346,9 +369,11 @@ async fn collect(
                 })?,
                 None => (pv, None),
             };
+            let pv_name = pv.metadata.name.clone().unwrap_or_default();
             sources.push(Source {
                 vm: name.clone(),
                 claim: claim.clone(),
+                since: incremental::since(&point, claim, &pv_name),
                 pv,
                 handle,
             });
@@ -418,6 +443,123 @@ async fn open_volume(
     }
 }
 
+/// How a claim is read.
+enum Reading {
+    /// Every byte.
+    Full(ByteStream),
+    /// Only the chunks changed since the point; the others from `base`, the earlier index.
+    Changed {
+        base: ferrovirt_backup::Index,
+        size: u64,
+        chunks: Vec<u64>,
+        stream: ByteStream,
+    },
+}
+
+/// The chunks of a claim changed since layer `since` was frozen (as [`open_volume`] reads).
+async fn open_changed(
+    ctx: &Ctx,
+    pv: &PersistentVolume,
+    handle: Option<&str>,
+    since: &str,
+) -> Result<
+    (
+        ferrovirt_storage::export::changed::ChangedHeader,
+        ByteStream,
+    ),
+    String,
+> {
+    use ferrovirt_storage::export::changed;
+    match nodes::placement(pv) {
+        Placement::Node { node, volume } => {
+            let token = ctx
+                .agent_token
+                .as_deref()
+                .ok_or("the server has no agent token to read node storage")?;
+            let n = Api::<Node>::all(ctx.client.clone())
+                .get_opt(&node)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("node {node} of volume {volume} does not exist"))?;
+            let storage = ferrovirt_agent::nodestore::client::NodeStorage::of(&n, token)
+                .map_err(|e| e.to_string())?;
+            let resp = storage
+                .read_export_since(&volume, handle, Some(since))
+                .await
+                .map_err(|e| e.to_string())?;
+            let stream = http_body_util::BodyDataStream::new(resp.into_body())
+                .map(|r| r.map_err(std::io::Error::other));
+            changed::unframe(Box::pin(stream))
+                .await
+                .map_err(|e| e.to_string())
+        }
+        Placement::Path(dir) => {
+            let c = changed::open_changed(&dir, handle, since)
+                .await
+                .map_err(|e| e.to_string())?;
+            let header = changed::ChangedHeader {
+                size: c.size,
+                chunk_size: ferrovirt_storage::export::CHUNK as u64,
+                chunks: c.chunks,
+            };
+            Ok((header, c.read.stream))
+        }
+        Placement::Unknown => Err("the volume has no known location".into()),
+    }
+}
+
+/// Opens claim `s` incrementally from `since`: the earlier backup's index of its disk and the
+/// changed chunks; the reason when that cannot be done.
+async fn open_incremental(
+    ctx: &Ctx,
+    repo: &Repository,
+    s: &Source,
+    since: &Since,
+) -> Result<(u64, Reading), String> {
+    let disk = plan::disk_name(&s.vm, &s.claim);
+    let base = repo.index(&since.backup_name, &disk).await.map_err(|e| {
+        format!(
+            "the previous backup {} cannot be read from the repository: {e}",
+            since.backup_name
+        )
+    })?;
+    match repo.first_missing_chunk(&base).await {
+        Ok(None) => {}
+        Ok(Some(id)) => {
+            return Err(format!(
+                "chunk {id} of the previous backup {} is missing from the target",
+                since.backup_name
+            ));
+        }
+        Err(e) => return Err(format!("checking the previous backup's chunks: {e}")),
+    }
+    let mut tries = 0;
+    let (header, stream) = loop {
+        match open_changed(ctx, &s.pv, s.handle.as_deref(), &since.layer).await {
+            Err(e) if plan::volume_busy(&e) && tries < LOCK_RETRIES => tries += 1,
+            r => break r,
+        }
+        tokio::time::sleep(LOCK_RETRY_AFTER).await;
+    }
+    .map_err(|e| format!("the changes since the previous backup cannot be read: {e}"))?;
+    if header.size != base.size {
+        return Err(format!(
+            "the disk's size changed from {} to {} bytes since the previous backup {}",
+            base.size, header.size, since.backup_name
+        ));
+    }
+    let bytes = plan::chunk_bytes(header.size, header.chunk_size, &header.chunks);
+    Ok((
+        bytes,
+        Reading::Changed {
+            base,
+            size: header.size,
+            chunks: header.chunks,
+            stream,
+        },
+    ))
+}
+
 /// The backup itself; the final status fields on success, the reason on failure.
 async fn carry_out(
     ctx: &Ctx,
@@ -437,25 +579,49 @@ async fn carry_out(
     .await?;
     let mut snapshots = Vec::new();
     let result = async {
-        let (vms, objects, sources) = collect(&ctx.client, ns, spec, owner, &mut snapshots).await?;
+        let (vms, objects, sources) =
+            collect(&ctx.client, ns, spec, owner, backup_name, &mut snapshots).await?;
         let repo = Repository::open(&target, &key, Create::IfMissing)
             .await
             .map_err(|e| format!("target {}: {e}", spec.target))?;
         let mut writer = repo.begin(backup_name).await.map_err(|e| e.to_string())?;
         let mut opened = Vec::new();
         for s in &sources {
-            let (size, stream) = open_volume(ctx, &s.pv, s.handle.as_deref())
-                .await
-                .map_err(|e| format!("reading claim {ns}/{}: {e}", s.claim))?;
-            opened.push((s, size, stream));
+            let incremental = match &s.since {
+                Ok(since) => open_incremental(ctx, &repo, s, since)
+                    .await
+                    .map(|r| (r, since.backup_name.clone())),
+                Err(why) => Err(why.clone()),
+            };
+            let (size, reading, mode) = match incremental {
+                Ok(((size, reading), base)) => {
+                    (size, reading, plan::ReadMode::Incremental { base })
+                }
+                Err(why) => {
+                    let mut tries = 0;
+                    let (size, stream) = loop {
+                        match open_volume(ctx, &s.pv, s.handle.as_deref()).await {
+                            Err(e) if plan::volume_busy(&e) && tries < LOCK_RETRIES => tries += 1,
+                            r => break r,
+                        }
+                        tokio::time::sleep(LOCK_RETRY_AFTER).await;
+                    }
+                    .map_err(|e| format!("reading claim {ns}/{}: {e}", s.claim))?;
+                    (
+                        size,
+                        Reading::Full(stream),
+                        plan::ReadMode::Full { reason: why },
+                    )
+                }
+            };
+            opened.push((s, size, reading, mode));
         }
-        let total: u64 = opened.iter().map(|(_, size, _)| size).sum();
+        let total: u64 = opened.iter().map(|(_, size, _, _)| size).sum();
         let mut done = 0u64;
         let mut volumes = Vec::new();
         let mut sum = Stats::default();
-        for (s, _, stream) in opened {
+        for (s, _, reading, mode) in opened {
             let disk = plan::disk_name(&s.vm, &s.claim);
-            let reader = tokio_util::io::StreamReader::new(stream);
             let seen = Arc::new(Mutex::new(0u64));
             let seen2 = seen.clone();
             let progress = move |st: &Stats| {
@@ -464,7 +630,25 @@ async fn carry_out(
                     *seen2.lock().unwrap() = st.bytes_read;
                 }
             };
-            let write = writer.write_disk(&disk, reader, &progress);
+            let mut held = None;
+            let write = match reading {
+                Reading::Full(stream) => {
+                    let reader = tokio_util::io::StreamReader::new(stream);
+                    futures::future::Either::Left(writer.write_disk(&disk, reader, &progress))
+                }
+                Reading::Changed {
+                    base,
+                    size,
+                    chunks,
+                    stream,
+                } => {
+                    let reader = tokio_util::io::StreamReader::new(stream);
+                    let (base, chunks) = &*held.insert((base, chunks));
+                    futures::future::Either::Right(
+                        writer.write_disk_changed(&disk, base, size, chunks, reader, &progress),
+                    )
+                }
+            };
             tokio::pin!(write);
             let mut tick = tokio::time::interval(PROGRESS_EVERY);
             let entry = loop {
@@ -481,7 +665,7 @@ async fn carry_out(
             .map_err(|e| format!("writing claim {ns}/{} to the target: {e}", s.claim))?;
             done += entry.stats.bytes_read;
             sum.add(&entry.stats);
-            volumes.push(plan::volume_status(&s.vm, &s.claim, &entry));
+            volumes.push(plan::volume_status(&s.vm, &s.claim, &entry, &mode));
         }
         writer
             .commit(&now(), vms, objects)
@@ -496,9 +680,22 @@ async fn carry_out(
         }))
     }
     .await;
-    // The online snapshots were read (or the backup failed): they go now.
-    for s in &snapshots {
-        online::delete(&ctx.client, ns, s).await;
+    // The online snapshots were read: on success each becomes its VM's backup point (the older
+    // points of the target go); on failure they go and the older points stay.
+    for (vm, snap) in &snapshots {
+        let kept = match &result {
+            Ok(_) => incremental::keep_point(&ctx.client, ns, snap).await,
+            Err(_) => Err(String::new()),
+        };
+        match kept {
+            Ok(()) => incremental::drop_points(&ctx.client, ns, vm, &spec.target, snap).await,
+            Err(e) => {
+                if !e.is_empty() {
+                    tracing::warn!(error = %e, "keeping a backup point failed");
+                }
+                online::delete(&ctx.client, ns, snap).await
+            }
+        }
     }
     result
 }

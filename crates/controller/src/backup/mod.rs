@@ -10,12 +10,15 @@
 //!   through an online snapshot ([`online`]), and written to the
 //!   target; status with per-volume figures) and the BackupTarget checker (reachable, bytes
 //!   stored, last check);
+//! - [`incremental`]: backup points (a succeeded Backup's online snapshot kept per VM and
+//!   target) and the pure choice of where each claim's next read starts, or why it is whole;
 //! - [`restore`] (pure) and [`restore_loop`]: the BackupRestore controller (a backup found
 //!   in the target's catalog restored into the restore's own namespace: DataVolumes filled
 //!   from the repository, Secrets/ConfigMaps, the VMs; conflicts refused, never overwritten);
 //! - [`runs`] (pure) and [`plans`]: the BackupPlan controller (scheduled runs as Backups owned
 //!   by the plan, last result, GFS retention pruning the target, then garbage collection).
 
+pub mod incremental;
 pub mod loops;
 pub mod online;
 pub mod plan;

@@ -1,7 +1,8 @@
 //! Backups of running VMs: a running VM's claims are read through an online
 //! VirtualMachineSnapshot the backup takes (as a VirtualMachineExport of a running VM does),
 //! never while the guest writes them. The snapshot is owned by the Backup (garbage-collected
-//! with it), `deletionPolicy: Delete`, and deleted as soon as the backup has read it.
+//! with it), `deletionPolicy: Delete`; it is deleted when the backup fails, and kept as the VM's
+//! backup point (for the next, incremental read: [`super::incremental`]) when it succeeds.
 //!
 //! [`backup_snapshot`] (pure) builds it; [`take`] creates it, waits until it is ready and
 //! says where each claim's frozen layer is; [`delete`] removes it.
@@ -27,19 +28,43 @@ pub fn snapshot_name(backup: &str, vm: &str) -> String {
     format!("backup-{backup}-{vm}")
 }
 
-/// The online snapshot of running VM `vm` that Backup `backup` (owner `owner`) reads (pure).
+/// Where a Backup writes: its BackupTarget and its name there.
+#[derive(Debug, Clone, Copy)]
+pub struct Destination<'a> {
+    pub target: &'a str,
+    pub backup_name: &'a str,
+}
+
+/// The online snapshot of running VM `vm` that Backup `backup` (owner `owner`) reads (pure),
+/// labelled with the VM and annotated with where the backup goes (to find it as a backup
+/// point later).
 pub fn backup_snapshot(
     ns: &str,
     backup: &str,
     owner: &OwnerReference,
     vm: &str,
+    dest: Destination<'_>,
 ) -> VirtualMachineSnapshot {
+    use super::incremental::{NAME_ANNOTATION, TARGET_ANNOTATION, VM_LABEL};
     crate::export::plan::owned_vm_snapshot(
         ObjectMeta {
             name: Some(snapshot_name(backup, vm)),
             namespace: Some(ns.to_string()),
             owner_references: Some(vec![owner.clone()]),
-            labels: Some([(BACKUP_LABEL.to_string(), backup.to_string())].into()),
+            labels: Some(
+                [
+                    (BACKUP_LABEL.to_string(), backup.to_string()),
+                    (VM_LABEL.to_string(), vm.to_string()),
+                ]
+                .into(),
+            ),
+            annotations: Some(
+                [
+                    (TARGET_ANNOTATION.to_string(), dest.target.to_string()),
+                    (NAME_ANNOTATION.to_string(), dest.backup_name.to_string()),
+                ]
+                .into(),
+            ),
             ..Default::default()
         },
         vm,
@@ -130,13 +155,22 @@ mod tests {
             controller: Some(true),
             block_owner_deletion: Some(true),
         };
-        let s = backup_snapshot("ns", "b0", &owner, "vm1");
+        let dest = Destination {
+            target: "s3",
+            backup_name: "ns-b0",
+        };
+        let s = backup_snapshot("ns", "b0", &owner, "vm1", dest);
         assert_eq!(s.metadata.name.as_deref(), Some("backup-b0-vm1"));
         assert_eq!(s.metadata.owner_references.as_deref(), Some(&[owner][..]));
         let spec = s.spec.unwrap();
         assert_eq!(spec.source.kind, "VirtualMachine");
         assert_eq!(spec.source.name, "vm1");
         assert_eq!(spec.deletion_policy.as_deref(), Some("Delete"));
-        assert_eq!(s.metadata.labels.unwrap()[BACKUP_LABEL], "b0");
+        let labels = s.metadata.labels.unwrap();
+        assert_eq!(labels[BACKUP_LABEL], "b0");
+        assert_eq!(labels[super::super::incremental::VM_LABEL], "vm1");
+        let ann = s.metadata.annotations.unwrap();
+        assert_eq!(ann[super::super::incremental::TARGET_ANNOTATION], "s3");
+        assert_eq!(ann[super::super::incremental::NAME_ANNOTATION], "ns-b0");
     }
 }

@@ -116,8 +116,12 @@ pub fn percent(done: u64, total: u64) -> String {
 }
 
 /// A volume's status line.
-pub fn volume_status(vm: &str, claim: &str, d: &DiskEntry) -> BackupVolumeStatus {
+pub fn volume_status(vm: &str, claim: &str, d: &DiskEntry, mode: &ReadMode) -> BackupVolumeStatus {
     let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let (incremental, base_backup, full_read_reason) = match mode {
+        ReadMode::Incremental { base } => (true, Some(base.clone()), None),
+        ReadMode::Full { reason } => (false, None, Some(reason.clone())),
+    };
     BackupVolumeStatus {
         virtual_machine: vm.to_string(),
         name: claim.to_string(),
@@ -126,7 +130,41 @@ pub fn volume_status(vm: &str, claim: &str, d: &DiskEntry) -> BackupVolumeStatus
         bytes_new: i(d.stats.bytes_new),
         bytes_deduplicated: i(d.stats.bytes_deduplicated),
         bytes_zero: i(d.stats.bytes_zero),
+        bytes_uploaded: Some(i(d.stats.bytes_uploaded)),
+        bytes_reused: Some(i(d.stats.bytes_reused)),
+        incremental: Some(incremental),
+        base_backup,
+        full_read_reason,
     }
+}
+
+/// How a volume was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Only the chunks changed since backup `base`'s point.
+    Incremental { base: String },
+    /// Whole, and why.
+    Full { reason: String },
+}
+
+/// Whether opening a volume failed only because its chain was changing under the read: another
+/// process holds one of its images (QEMU's image lock: a VM stopping, a layer merge running)
+/// or a merge just deleted a layer the recorded chain named a moment before. Worth trying again
+/// shortly (the chain is read again each time).
+pub fn volume_busy(error: &str) -> bool {
+    error.contains("Failed to get shared \"write\" lock")
+        || error.contains("Failed to get \"write\" lock")
+        || error.contains("Failed to get \"consistent read\" lock")
+        || (error.contains("Could not open") && error.contains("No such file or directory"))
+}
+
+/// The bytes of the `chunk`-sized chunks `chunks` of a `size`-byte disk (the last one may be
+/// shorter; indices past the end count nothing).
+pub fn chunk_bytes(size: u64, chunk: u64, chunks: &[u64]) -> u64 {
+    chunks
+        .iter()
+        .map(|&i| size.saturating_sub(i.saturating_mul(chunk)).min(chunk))
+        .sum()
 }
 
 /// A condition as JSON (KubeVirt's shape).
@@ -144,6 +182,53 @@ pub fn condition(type_: &str, ok: bool, reason: &str, message: &str, now: &str) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_status_says_how_the_volume_was_read_and_changed_bytes_add_up() {
+        let d = DiskEntry {
+            name: "vm.data".into(),
+            size: 10,
+            stats: ferrovirt_backup::Stats {
+                bytes_read: 4,
+                bytes_reused: 6,
+                bytes_uploaded: 3,
+                ..Default::default()
+            },
+        };
+        let inc = volume_status(
+            "vm",
+            "data",
+            &d,
+            &ReadMode::Incremental { base: "b1".into() },
+        );
+        assert_eq!(inc.incremental, Some(true));
+        assert_eq!(inc.base_backup.as_deref(), Some("b1"));
+        assert_eq!((inc.bytes_reused, inc.bytes_uploaded), (Some(6), Some(3)));
+        assert!(inc.full_read_reason.is_none());
+        let full = volume_status(
+            "vm",
+            "data",
+            &d,
+            &ReadMode::Full {
+                reason: "no point".into(),
+            },
+        );
+        assert_eq!(full.incremental, Some(false));
+        assert_eq!(full.full_read_reason.as_deref(), Some("no point"));
+        // 3 chunks of 4 over a 10-byte disk: 4 + 2 (the short last one).
+        assert_eq!(chunk_bytes(10, 4, &[0, 2]), 6);
+        assert_eq!(chunk_bytes(10, 4, &[]), 0);
+        assert_eq!(chunk_bytes(10, 4, &[7]), 0);
+        let locked = "qemu-nbd failed: Could not open backing file: Failed to get shared \"write\" \
+                      lock\nIs another process using the image [/v/layer-000002.qcow2]?";
+        assert!(volume_busy(locked));
+        assert!(!volume_busy(
+            "layer \"x\" of the earlier snapshot is not below"
+        ));
+        assert!(volume_busy(
+            "Could not open backing file: Could not open '/v/layer-000001.qcow2': No such file or directory"
+        ));
+    }
     use ferrovirt_api::backup::{
         ACCESS_KEY_ID, FilesystemLocation, S3Location, SECRET_ACCESS_KEY, SecretReference,
     };

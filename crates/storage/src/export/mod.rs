@@ -17,6 +17,7 @@ use futures::StreamExt;
 use crate::error::StorageError;
 use crate::snapshot::{Chain, Layer, LayerFormat, blockdev_json, prefix_to, read_resolved};
 
+pub mod changed;
 pub mod nbd;
 
 /// A stream of a volume's bytes.

@@ -1,9 +1,11 @@
 //! A flattened layer chain read through `qemu-nbd`: the server is started read-only on a
 //! unix socket in a private directory, serving exactly the given `json:` description, and
 //! this minimal NBD client (fixed-newstyle handshake, `NBD_OPT_EXPORT_NAME`, simple replies)
-//! reads it from start to end in [`super::CHUNK`]s. qemu-nbd exits when the client goes
+//! reads it from start to end in [`super::CHUNK`]s — or only the chunks [`open_chunks`] is
+//! given (an incremental backup's changed chunks). qemu-nbd exits when the client goes
 //! (dropping the stream kills it in any case).
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -47,6 +49,18 @@ impl Drop for Server {
 
 /// Serves `spec` (a `json:` image description) with qemu-nbd and opens it for reading.
 pub async fn open(spec: &str) -> Result<ExportRead, StorageError> {
+    let (read, _) = open_chunks(spec, |_| None).await?;
+    Ok(read)
+}
+
+/// [`open`], reading only the [`super::CHUNK`]-sized chunks `select(size)` names (indices in
+/// ascending order; `None`: every chunk). The stream's items are those chunks in order, the
+/// last chunk of the image possibly shorter; the answer's second part is the chunks chosen.
+/// An index past the end is refused.
+pub async fn open_chunks(
+    spec: &str,
+    select: impl FnOnce(u64) -> Option<Vec<u64>>,
+) -> Result<(ExportRead, Vec<u64>), StorageError> {
     let dir = socket_dir()?;
     let sock = dir.join("nbd.sock");
     let child = Command::new("qemu-nbd")
@@ -89,28 +103,46 @@ pub async fn open(spec: &str) -> Result<ExportRead, StorageError> {
     let size = handshake(&mut conn)
         .await
         .map_err(|e| tool(e.to_string()))?;
+    let count = size.div_ceil(CHUNK as u64);
+    let chosen: Vec<u64> = select(size).unwrap_or_else(|| (0..count).collect());
+    if let Some(bad) = chosen.iter().find(|&&i| i >= count) {
+        return Err(StorageError::invalid(
+            "chunk",
+            format!("chunk {bad} is past the end ({count} chunks)"),
+        ));
+    }
+    let todo: VecDeque<(u64, u32)> = chosen
+        .iter()
+        .map(|&i| {
+            let off = i * CHUNK as u64;
+            (off, (size - off).min(CHUNK as u64) as u32)
+        })
+        .collect();
+    let bytes: u64 = todo.iter().map(|(_, l)| u64::from(*l)).sum();
     let state = Reading {
         conn,
-        offset: 0,
-        size,
+        todo,
         cookie: 0,
         _server: server,
     };
     let stream = futures::stream::unfold(Some(state), |st| async move {
         let mut st = st?;
-        if st.offset >= st.size {
+        let Some((offset, len)) = st.todo.pop_front() else {
             let _ = st.disconnect().await;
             return None;
-        }
-        match st.read_next().await {
+        };
+        match st.read_at(offset, len).await {
             Ok(b) => Some((Ok(b), Some(st))),
             Err(e) => Some((Err(e), None)),
         }
     });
-    Ok(ExportRead {
-        size,
-        stream: Box::pin(stream),
-    })
+    Ok((
+        ExportRead {
+            size: bytes,
+            stream: Box::pin(stream),
+        },
+        chosen,
+    ))
 }
 
 /// Fixed-newstyle negotiation of the default export; answers its size.
@@ -142,8 +174,8 @@ async fn handshake(c: &mut UnixStream) -> std::io::Result<u64> {
 
 struct Reading {
     conn: UnixStream,
-    offset: u64,
-    size: u64,
+    /// The (offset, length) reads still to do, in order.
+    todo: VecDeque<(u64, u32)>,
     cookie: u64,
     _server: Server,
 }
@@ -160,9 +192,8 @@ impl Reading {
         r
     }
 
-    async fn read_next(&mut self) -> std::io::Result<Bytes> {
-        let len = (self.size - self.offset).min(CHUNK as u64) as u32;
-        let req = self.request(CMD_READ, self.offset, len);
+    async fn read_at(&mut self, offset: u64, len: u32) -> std::io::Result<Bytes> {
+        let req = self.request(CMD_READ, offset, len);
         self.conn.write_all(&req).await?;
         let magic = self.conn.read_u32().await?;
         let error = self.conn.read_u32().await?;
@@ -175,13 +206,11 @@ impl Reading {
         }
         if error != 0 {
             return Err(std::io::Error::other(format!(
-                "NBD read at {} failed with error {error}",
-                self.offset
+                "NBD read at {offset} failed with error {error}"
             )));
         }
         let mut buf = BytesMut::zeroed(len as usize);
         self.conn.read_exact(&mut buf).await?;
-        self.offset += u64::from(len);
         Ok(buf.freeze())
     }
 
