@@ -28,7 +28,7 @@ import time
 # the order to start them in, longest first. A binary missing here counts as `DEFAULT_E2E` when
 # it lives under crates/ferrovirt/tests and `DEFAULT_OTHER` otherwise.
 HINTS = {
-    "snapshots": 123, "storage": 119, "vm_lifecycle": 107, "backup": 88, "export": 82,
+    "snapshots": 123, "storage": 119, "vm_lifecycle": 107, "backup": 130, "export": 82,
     "backup_incremental": 72,
     "migration": 190, "webui": 110, "vmi_lifecycle": 57, "pod_net_isolation": 53, "fencing": 48,
     "guest_isolation": 46, "node_storage": 44, "registry": 40, "hostile_images": 40,

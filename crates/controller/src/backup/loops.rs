@@ -52,7 +52,9 @@ const LOCK_RETRIES: u32 = 15;
 struct Ctx {
     client: kube::Client,
     agent_token: Option<String>,
-    /// UIDs of Backups with a task in this process.
+    /// UIDs of Backups with a task in this process, running or finished with their result
+    /// written: a reconcile from a cache that has not seen the result yet (still `Running`)
+    /// must not start the backup again. One entry per Backup this process ran.
     running: Mutex<HashSet<String>>,
     events: EventRecorder,
 }
@@ -194,12 +196,14 @@ async fn reconcile(obj: Arc<BackupRun>, ctx: Arc<Ctx>) -> Result<Action, Control
                 msg,
             ),
         };
-        if let Err(e) = patch_status(&task_ctx, &ns, &name, status).await {
-            tracing::warn!(error = %e, backup = %name, "writing the backup's result failed");
-        }
+        let written = patch_status(&task_ctx, &ns, &name, status).await;
         task_ctx.events.record(&oref, warning, reason, &msg).await;
-        #[allow(clippy::unwrap_used)]
-        task_ctx.running.lock().unwrap().remove(&uid);
+        if let Err(e) = written {
+            tracing::warn!(error = %e, backup = %name, "writing the backup's result failed");
+            // Not recorded: the next reconcile runs it again.
+            #[allow(clippy::unwrap_used)]
+            task_ctx.running.lock().unwrap().remove(&uid);
+        }
     });
     Ok(Action::await_change())
 }
