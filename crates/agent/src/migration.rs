@@ -282,14 +282,17 @@ impl Progress {
 pub const MIGRATABLE_FILE: &str = "migratable.json";
 
 /// Records the live-migratability of the VMI in its directory.
+/// `volume_dirs`: the directory name (the PV's) of each node-local claim a block migration
+/// would copy, so that [`read_migratable_now`] can see snapshots taken since.
 pub fn write_migratable(
     dir: &Path,
     m: &Result<ferrovirt_api::migration::Method, ferrovirt_api::migration::NotMigratable>,
+    volume_dirs: &std::collections::BTreeMap<String, String>,
 ) -> Result<(), crate::error::AgentError> {
     let v = match m {
         Ok(ferrovirt_api::migration::Method::Live) => json!({"migratable": true}),
         Ok(ferrovirt_api::migration::Method::Block(vols)) => {
-            json!({"migratable": true, "block": vols})
+            json!({"migratable": true, "block": vols, "volumeDirs": volume_dirs})
         }
         Err(e) => json!({"migratable": false, "reason": e.reason, "message": e.message}),
     };
@@ -308,6 +311,49 @@ pub fn read_migratable(dir: &Path) -> Option<Result<(), (String, String)>> {
             v["message"].as_str().unwrap_or_default().to_string(),
         )))
     }
+}
+
+/// [`read_migratable`], checked again against the node's volumes under `volume_root`: a
+/// node-local claim that has snapshots now (an online snapshot or a backup point taken since
+/// the start: `chain.json`) makes the VMI not live-migratable, since the chain is not carried.
+pub fn read_migratable_now(dir: &Path, volume_root: &Path) -> Option<Result<(), (String, String)>> {
+    let recorded = read_migratable(dir)?;
+    if recorded.is_err() {
+        return Some(recorded);
+    }
+    let v: Value = serde_json::from_slice(&std::fs::read(dir.join(MIGRATABLE_FILE)).ok()?).ok()?;
+    let dirs: std::collections::BTreeMap<String, String> =
+        serde_json::from_value(v["volumeDirs"].clone()).unwrap_or_default();
+    Some(match chained_claim(&dirs, volume_root) {
+        Some(claim) => Err((
+            ferrovirt_api::migration::reason::DISKS_NOT_LIVE_MIGRATABLE.to_string(),
+            format!(
+                "cannot migrate VMI: PVC {claim} is not shared (ReadWriteMany) and cannot be \
+                 block-migrated: the volume has snapshots (a qcow2 layer chain, e.g. a kept \
+                 backup point); carrying the chain to another node is not supported: delete \
+                 the snapshots or use a ReadWriteMany claim"
+            ),
+        )),
+        None => Ok(()),
+    })
+}
+
+/// The first claim of `dirs` (claim → volume directory name) whose volume under
+/// `volume_root` has a snapshot chain.
+fn chained_claim(
+    dirs: &std::collections::BTreeMap<String, String>,
+    volume_root: &Path,
+) -> Option<String> {
+    dirs.iter()
+        .find(|(_, d)| {
+            !d.is_empty()
+                && !d.contains('/')
+                && volume_root
+                    .join(d)
+                    .join(ferrovirt_storage::snapshot::CHAIN_FILE)
+                    .exists()
+        })
+        .map(|(c, _)| c.clone())
 }
 
 /// The volumes a block migration of the VMI in `dir` copies (empty: a live migration).
@@ -502,5 +548,45 @@ mod tests {
         assert_eq!(p["metadata"]["labels"]["kubevirt.io/nodeName"], "n2");
         assert_eq!(p["status"]["migrationState"]["completed"], true);
         assert_eq!(p["metadata"]["uid"], "u");
+    }
+
+    #[test]
+    fn a_snapshot_taken_since_the_start_makes_a_block_migratable_vmi_not_migratable() {
+        use ferrovirt_api::migration::{BlockVolume, Method};
+        let vmi_dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("pv-data")).unwrap();
+        let block = Ok(Method::Block(vec![BlockVolume {
+            volume: "data".into(),
+            claim: Some("data".into()),
+        }]));
+        let dirs = [("data".to_string(), "pv-data".to_string())].into();
+        write_migratable(vmi_dir.path(), &block, &dirs).unwrap();
+        assert_eq!(
+            read_migratable_now(vmi_dir.path(), root.path()),
+            Some(Ok(()))
+        );
+        std::fs::write(
+            root.path()
+                .join("pv-data")
+                .join(ferrovirt_storage::snapshot::CHAIN_FILE),
+            "{}",
+        )
+        .unwrap();
+        let (reason, message) = read_migratable_now(vmi_dir.path(), root.path())
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(reason, "DisksNotLiveMigratable");
+        assert!(
+            message.contains("PVC data") && message.contains("snapshots"),
+            "{message}"
+        );
+        // A directory name that is a path is never followed.
+        let odd = [("data".to_string(), "../x".to_string())].into();
+        write_migratable(vmi_dir.path(), &block, &odd).unwrap();
+        assert_eq!(
+            read_migratable_now(vmi_dir.path(), root.path()),
+            Some(Ok(()))
+        );
     }
 }

@@ -613,7 +613,10 @@ impl Agent {
         }
         let guest = self.guest_info_for(&uid, &observed).await;
         let pod = self.net.pod_report(&vmi, &uid);
-        let migratable = crate::migration::read_migratable(&self.cfg.vmi_dir(&uid));
+        let migratable = crate::migration::read_migratable_now(
+            &self.cfg.vmi_dir(&uid),
+            &crate::nodestore::volume_root(&self.opts.data_dir),
+        );
         let report = decide::Report {
             guest: guest.as_ref(),
             pod: pod.as_ref().map(|(i, a)| (i.as_str(), a.as_str())),

@@ -466,6 +466,12 @@ impl Agent {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         let config = mig::configuration(vmi);
+        // Snapshots taken since the start (an online snapshot, a backup point) are not carried.
+        if let Some(Err((_, why))) =
+            mig::read_migratable_now(&dir, &crate::nodestore::volume_root(&self.opts.data_dir))
+        {
+            return Err(why);
+        }
         let block = mig::read_block_volumes(&dir);
         let tls = self.channel_tls(target_node, &config).await?;
         let encrypted = tls.is_some();

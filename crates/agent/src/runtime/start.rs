@@ -212,7 +212,18 @@ impl Agent {
             |c| refs.claim_access_modes.get(c).cloned(),
             |c| crate::blockmig::claim_block_ok(refs.claims.get(c), &root),
         );
-        crate::migration::write_migratable(&dir, &migratable)?;
+        let volume_dirs = match &migratable {
+            Ok(ferrovirt_api::migration::Method::Block(vols)) => vols
+                .iter()
+                .filter_map(|v| v.claim.as_ref())
+                .filter_map(|c| {
+                    let name = refs.claims.get(c)?.path.file_name()?.to_str()?.to_string();
+                    Some((c.clone(), name))
+                })
+                .collect(),
+            _ => Default::default(),
+        };
+        crate::migration::write_migratable(&dir, &migratable, &volume_dirs)?;
         let (ns, name) = ns_name(vmi);
         let meta = LaunchMeta {
             vmi_uid: uid,
