@@ -112,6 +112,8 @@ pub async fn run(
     stores.ready().await;
     let vmis = &stores.vmis;
     let mut assumed: HashMap<String, Assumed> = HashMap::new();
+    // Unschedulable marks written here that the cache may not show yet (see [`mark_in_flight`]).
+    let mut marked: HashMap<String, Mark> = HashMap::new();
     // Whether the last pass found VMIs to place; with none, a wake-up in which no VMI changed
     // (a Node status patch: ten a second with a hundred nodes) has nothing to place either.
     let mut had_pending = true;
@@ -130,6 +132,15 @@ pub async fn run(
             k.split_once('/').is_some_and(|(ns, name)| {
                 let r = reflector::ObjectRef::<Vmi>::new(name).within(ns);
                 keep_assumption(a, vmis.get(&r).as_deref().map(|v| &v.0))
+            })
+        });
+        // Marks the cache now shows (the VMI moved past the version they were decided on), or
+        // of VMIs gone, are forgotten.
+        marked.retain(|k, m| {
+            k.split_once('/').is_some_and(|(ns, name)| {
+                let r = reflector::ObjectRef::<Vmi>::new(name).within(ns);
+                vmis.get(&r)
+                    .is_some_and(|v| v.0.metadata.resource_version == m.decided_on)
             })
         });
         // Nothing to place (looked up in place, no copy of every handle): wait.
@@ -253,21 +264,56 @@ pub async fn run(
         let bound_any = !assumed_bound_this_pass.is_empty();
         let now = Timestamp::now();
         let mut inflight = futures::stream::FuturesUnordered::new();
+        let mut failed = Vec::new();
         for (v, message) in unschedulable {
-            if !remark_needed(v, &message, bound_any, now) {
+            let k = key(v);
+            if mark_in_flight(marked.get(&k), v, &message)
+                || !remark_needed(v, &message, bound_any, now)
+            {
                 continue;
             }
+            marked.insert(
+                k,
+                Mark {
+                    decided_on: v.metadata.resource_version.clone(),
+                    message: message.clone(),
+                },
+            );
             inflight.push(mark_unschedulable_logged(&client, &recorder, v, message));
-            if inflight.len() >= WRITE_CONCURRENCY {
-                inflight.next().await;
+            if inflight.len() >= WRITE_CONCURRENCY
+                && let Some(Some(k)) = inflight.next().await
+            {
+                failed.push(k);
             }
         }
-        while inflight.next().await.is_some() {}
+        while let Some(f) = inflight.next().await {
+            failed.extend(f);
+        }
+        // A failed mark is decided again by the next pass.
+        for k in failed {
+            marked.remove(&k);
+        }
         match wait(&mut changes, opts.resync).await {
             Some(v) => vmis_changed = v,
             None => return Ok(()),
         }
     }
+}
+
+/// An unschedulable mark this loop wrote: the VMI's resourceVersion it was decided on and
+/// the message written.
+struct Mark {
+    decided_on: Option<String>,
+    message: String,
+}
+
+/// Whether `vmi` (as cached), unschedulable with `message`, was marked so already by this
+/// loop and the cache just does not show it yet (pure): the cached VMI is still the version
+/// the mark was decided on. While VMIs stream in, each one's change wakes a pass, and every
+/// VMI marked a moment before still looks unmarked in the cache: without this each was
+/// written again (a PATCH and an Event) by every pass until its watch event arrived.
+fn mark_in_flight(mark: Option<&Mark>, vmi: &VirtualMachineInstance, message: &str) -> bool {
+    mark.is_some_and(|m| m.decided_on == vmi.metadata.resource_version && m.message == message)
 }
 
 /// How stale an unschedulable VMI's message may get while other VMIs are being bound.
@@ -409,16 +455,18 @@ async fn bind_and_record(
     }
 }
 
-/// [`mark_unschedulable`], a failure logged.
+/// [`mark_unschedulable`], a failure logged: the VMI's key when it failed.
 async fn mark_unschedulable_logged(
     client: &kube::Client,
     recorder: &EventRecorder,
     vmi: &VirtualMachineInstance,
     message: String,
-) {
-    if let Err(e) = mark_unschedulable(client, recorder, vmi, &message).await {
-        tracing::warn!(vmi = %key(vmi), error = %e, "recording unschedulable failed");
-    }
+) -> Option<String> {
+    let e = mark_unschedulable(client, recorder, vmi, &message)
+        .await
+        .err()?;
+    tracing::warn!(vmi = %key(vmi), error = %e, "recording unschedulable failed");
+    Some(key(vmi))
 }
 
 /// The node affinity of the PVs the VMI's claims are bound to, the claims whose class
@@ -673,6 +721,37 @@ mod tests {
         assert!(!super::remark_needed(&recent, "new", true, now));
         let stale = marked("old", now - SignedDuration::from_secs(31));
         assert!(super::remark_needed(&stale, "new", true, now));
+    }
+
+    #[test]
+    fn a_mark_the_cache_does_not_show_yet_is_not_written_again() {
+        let mut v: super::VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "v", "namespace": "d", "resourceVersion": "7"}
+        }))
+        .unwrap();
+        let mark = super::Mark {
+            decided_on: Some("7".into()),
+            message: "0/3 nodes are available".into(),
+        };
+        assert!(super::mark_in_flight(
+            Some(&mark),
+            &v,
+            "0/3 nodes are available"
+        ));
+        // Another message is a new decision; no mark, nothing in flight.
+        assert!(!super::mark_in_flight(
+            Some(&mark),
+            &v,
+            "0/4 nodes are available"
+        ));
+        assert!(!super::mark_in_flight(None, &v, "0/3 nodes are available"));
+        // The cache moved on (our write, or another): decided from the cache again.
+        v.metadata.resource_version = Some("8".into());
+        assert!(!super::mark_in_flight(
+            Some(&mark),
+            &v,
+            "0/3 nodes are available"
+        ));
     }
 
     #[test]
