@@ -652,6 +652,10 @@ async fn mark_unschedulable(
     }
     // When this was last written, as Kubernetes' scheduler stamps PodScheduled
     // (`remark_needed` reads it).
+    let previous = current
+        .filter(|c| c.status == "False" && phase == Some(VmiPhase::Pending))
+        .and_then(|c| c.message.as_deref());
+    let event = event_needed(previous, message);
     let mut cond = conditions::condition(
         vmi_condition::POD_SCHEDULED,
         false,
@@ -670,10 +674,41 @@ async fn mark_unschedulable(
         "VirtualMachineInstance",
         &vmi.metadata,
     );
-    recorder
-        .record(&reference, true, "FailedScheduling", message)
-        .await;
+    if event {
+        recorder
+            .record(&reference, true, "FailedScheduling", message)
+            .await;
+    }
     Ok(())
+}
+
+/// Whether a new unschedulable mark with `message` also records a FailedScheduling Event
+/// (pure), `previous` being the message of the mark the VMI shows (None: not marked). A mark
+/// whose message differs from the previous one only in its counts ("0/100 nodes are
+/// available: 37 Insufficient memory" → "… 41 …") updates the condition but records no Event:
+/// while a backlog drains every waiting VMI's counts change with each bind, and an Event per
+/// change was most of the scheduler's writes (docs/scale.md). A new reason — another kind of
+/// misfit, another selector — is a new Event.
+fn event_needed(previous: Option<&str>, message: &str) -> bool {
+    previous.is_none_or(|p| message_shape(p) != message_shape(message))
+}
+
+/// `message` with each run of digits replaced by `#`.
+fn message_shape(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut in_digits = false;
+    for c in message.chars() {
+        if c.is_ascii_digit() {
+            if !in_digits {
+                out.push('#');
+            }
+            in_digits = true;
+        } else {
+            out.push(c);
+            in_digits = false;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -752,6 +787,21 @@ mod tests {
             &v,
             "0/3 nodes are available"
         ));
+    }
+
+    #[test]
+    fn a_mark_whose_counts_changed_records_no_new_event() {
+        let a = "0/100 nodes are available: 37 Insufficient memory, 63 node(s) didn't match Pod's node affinity/selector.";
+        let b = "0/100 nodes are available: 41 Insufficient memory, 59 node(s) didn't match Pod's node affinity/selector.";
+        let c = "0/100 nodes are available: 100 Insufficient cpu.";
+        // First mark: an Event.
+        assert!(super::event_needed(None, a));
+        // Only the counts changed: none.
+        assert!(!super::event_needed(Some(a), b));
+        assert!(!super::event_needed(Some(a), a));
+        // Another reason: an Event.
+        assert!(super::event_needed(Some(a), c));
+        assert_eq!(super::message_shape("0/12 x 3"), "#/# x #");
     }
 
     #[test]
