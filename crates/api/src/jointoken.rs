@@ -127,6 +127,27 @@ pub struct JoinResponse {
     pub endpoint_token: Option<String>,
 }
 
+/// Where a joined node renews its certificate: `POST` a [`RenewRequest`] over TLS with its
+/// current, still valid node certificate as the client certificate; answered with a
+/// [`RenewResponse`].
+pub const RENEW_PATH: &str = "/v1-ferrovirt/node-renew";
+
+/// The body of a renewal request.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewRequest {
+    /// The node's new ECDSA P-256 public key: the uncompressed point (65 bytes), base64.
+    pub public_key: String,
+}
+
+/// The answer to a renewal request.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewResponse {
+    /// PEM of the new client certificate (same subject as the one that asked).
+    pub certificate: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
