@@ -95,6 +95,13 @@ pub const NODE_USER_PREFIX: &str = "system:node:";
 /// The group every node is in.
 pub const NODES_GROUP: &str = "system:nodes";
 
+/// The user name in the API server's own client certificate, presented to joined agents'
+/// endpoints (mutual TLS beside the derived bearer token; docs/nodes.md).
+pub const SERVER_USER: &str = "system:ferrovirt-server";
+/// The group in the API server's client certificate: a group of its own (not
+/// `system:masters`: the certificate is for agent endpoints, never for the API).
+pub const SERVER_GROUP: &str = "system:ferrovirt-servers";
+
 /// The body of a join request.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -313,6 +313,14 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;
+    // The server's own client certificate for joined agents' endpoints (mutual TLS beside the
+    // derived token), signed by the client CA at every start (docs/nodes.md).
+    {
+        use ferrovirt_api::jointoken::{SERVER_GROUP, SERVER_USER};
+        let ca = ferrovirt_apiserver::auth::certs::load(&args.data_dir)?;
+        let (cert, key) = ca.issue(SERVER_USER, &[SERVER_GROUP.to_string()], 365)?;
+        ferrovirt_agent::tls::set_server_identity(&cert, &key)?;
+    }
     subresources_handle.set(
         node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-subresources").await?,
         server.token.clone(),

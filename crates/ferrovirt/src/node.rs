@@ -333,6 +333,7 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         opts.address = args.address.clone();
         opts.endpoint_listen = args.endpoint_listen;
         opts.endpoint_token = cred.endpoint_token.clone();
+        opts.endpoint_client_ca = Some(cred.client_ca_pem.clone());
         opts.pod_network = args.pod.node_network()?;
         opts.isolation = args.isolation.options(Vec::new())?;
         ferrovirt_agent::runtime::run(client, opts).await?;

@@ -719,10 +719,49 @@ fn a_deleted_node_is_forgotten_and_its_certificate_revoked() -> anyhow::Result<(
         !out.status.success() && err.contains("system:node:n1") && err.contains("no longer valid"),
         "{err}"
     );
+
+    // Mutual TLS on the joined agent's endpoint: the server (its client certificate
+    // CN=system:ferrovirt-server and the derived token) gets in ...
+    let health = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/n1/proxy/healthz"])?;
+    assert_eq!(health.trim(), "ok");
+    // ... while whoever holds the endpoint token without that certificate does not: none, or
+    // the node's own certificate (signed by the same client CA).
+    let node = c.get_json(&["node", "n1"])?;
+    let url = node["metadata"]["annotations"]["ferrovirt.io/agent-endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(url.starts_with("https://"), "{node}");
+    let cred = second.join("node-credential");
+    let token = std::fs::read_to_string(cred.join("endpoint-token"))?;
+    let auth = format!("Authorization: Bearer {}", token.trim());
+    let no_cert: Vec<std::ffi::OsString> = vec![];
+    let node_cert: Vec<std::ffi::OsString> = vec![
+        "--cert".into(),
+        cred.join("node.crt").into(),
+        "--key".into(),
+        cred.join("node.key").into(),
+    ];
+    for (what, cert) in [
+        ("no certificate", &no_cert),
+        ("n1's certificate", &node_cert),
+    ] {
+        let out = Command::new("curl")
+            .args(["-sS", "-k", "-o", "-", "-w", "\n%{http_code}", "-H", &auth])
+            .args(cert)
+            .arg(format!("{url}/healthz"))
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.ends_with("401") && text.contains("system:ferrovirt-server"),
+            "{what}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     Ok(())
 }
 
-/// A joined node renews its certificate before it expires (the server issues 30 s
+/// A joined node renews its certificate before it expires (the server issues 24 s
 /// certificates here, `--node-cert-lifetime-seconds`) and keeps working across renewals: its
 /// Lease heartbeat continues after the first certificate expired, the certificate it holds is
 /// a new one each time for the same identity, and the one it renewed away from stays valid
@@ -731,7 +770,7 @@ fn a_deleted_node_is_forgotten_and_its_certificate_revoked() -> anyhow::Result<(
 fn a_joined_node_renews_its_certificate_and_keeps_working() -> anyhow::Result<()> {
     let mut opts = ClusterOptions::new(BIN);
     opts.node_name = None;
-    opts.extra_args = vec!["--node-cert-lifetime-seconds".into(), "30".into()];
+    opts.extra_args = vec!["--node-cert-lifetime-seconds".into(), "24".into()];
     let mut c = Cluster::start(&opts)?;
     let token_file = write_token(&c, "token", &c.join_token()?)?;
     let t0 = Instant::now();
