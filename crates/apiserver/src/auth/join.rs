@@ -290,21 +290,15 @@ async fn renew(
         )
         .into_response();
     };
-    let node = match super::certs::identity(&cert.0) {
-        Some(id)
-            if id.groups.iter().any(|g| g == NODES_GROUP)
-                && super::nodecreds::node_of_user(&id.name).is_some() =>
-        {
-            super::nodecreds::node_of_user(&id.name)
-                .unwrap_or_default()
-                .to_string()
-        }
-        _ => {
-            return ApiError::forbidden(format!(
-                "only a node ({NODE_USER_PREFIX}<name> in {NODES_GROUP}) renews a node certificate"
-            ))
-            .into_response();
-        }
+    let node = super::certs::identity(&cert.0).and_then(|id| {
+        let node = super::nodecreds::node_of_user(&id.name)?.to_string();
+        id.groups.iter().any(|g| g == NODES_GROUP).then_some(node)
+    });
+    let Some(node) = node else {
+        return ApiError::forbidden(format!(
+            "only a node ({NODE_USER_PREFIX}<name> in {NODES_GROUP}) renews a node certificate"
+        ))
+        .into_response();
     };
     if let Err(e) = st.node_certs.check(st.store.as_ref(), &node, &cert.0).await {
         tracing::warn!(%node, "renewal refused: {}", e.message);
