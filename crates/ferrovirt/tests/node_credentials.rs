@@ -13,7 +13,11 @@
 //! its own API token); a second machine cannot join under a joined node's name (its node
 //! password differs); a restarted agent reuses its credential. A VM on shared storage live
 //! migrates, and one on a node-local disk block-migrates (the target moving the PV), between
-//! two joined nodes, neither agent refused anything on the way.
+//! two joined nodes, neither agent refused anything on the way. Deleting a Node forgets its
+//! name (a new machine joins under it) and revokes its certificates (401, renewal included);
+//! a joined agent's endpoint takes the server's token only with the server's client
+//! certificate (mutual TLS); a joined node renews its short-lived certificate twice and its
+//! Lease heartbeat goes on.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
