@@ -762,6 +762,52 @@ fn a_deleted_node_is_forgotten_and_its_certificate_revoked() -> anyhow::Result<(
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // A certificate with the server's subject from another CA fails the TLS handshake.
+    let (fake_crt, fake_key) = (c.dir().join("fake.crt"), c.dir().join("fake.key"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj"])
+        .arg("/O=system:ferrovirt-servers/CN=system:ferrovirt-server")
+        .arg("-keyout")
+        .arg(&fake_key)
+        .arg("-out")
+        .arg(&fake_crt)
+        .output()?;
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            &auth,
+            "--cert",
+        ])
+        .arg(&fake_crt)
+        .arg("--key")
+        .arg(&fake_key)
+        .arg(format!("{url}/healthz"))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && text.trim().ends_with("000") && err.contains("alert"),
+        "a certificate of another CA: {text}{err}"
+    );
     Ok(())
 }
 
