@@ -175,6 +175,10 @@ pub struct EndpointAuth {
     /// The token the API server derived for this node ([`crate::tls::endpoint_token`]),
     /// given to a joined node that holds no API token.
     pub node_token: Option<String>,
+    /// The client CA of a joined node: the endpoint verifies client certificates against it,
+    /// and `node_token` opens a route only on a connection that presented the API server's
+    /// client certificate ([`crate::tls::is_server_certificate`]).
+    pub client_ca: Option<String>,
     /// Other bearer tokens on the scrape routes, reviewed with the API server.
     pub delegated: Option<Arc<crate::delegated::DelegatedAuth>>,
 }
@@ -184,6 +188,7 @@ impl From<Option<String>> for EndpointAuth {
         EndpointAuth {
             token,
             node_token: None,
+            client_ca: None,
             delegated: None,
         }
     }
@@ -246,7 +251,8 @@ pub async fn serve(
         .map_err(|e| AgentError::io(listen.to_string(), e))?;
     let url = endpoint_url(addr, advertise);
     let fingerprint = cert.fingerprint_hex();
-    let acceptor = tokio_rustls::TlsAcceptor::from(cert.server_config()?);
+    let acceptor =
+        tokio_rustls::TlsAcceptor::from(cert.server_config_with(auth.client_ca.as_deref())?);
     let app = router(cfg, node, auth);
     // The same accept loop as the API server's: connection caps, handshake and header-read
     // timeouts (until the task is aborted).
@@ -303,6 +309,20 @@ async fn authenticate(State(st): State<Arc<EndpointState>>, req: Request, next: 
     if let Some(t) = st.auth.node_token.as_deref()
         && constant_time_eq(p.as_bytes(), t.as_bytes())
     {
+        // A joined node: the token alone is not enough, the connection must also have
+        // presented the API server's client certificate (mutual TLS).
+        let server_cert = req
+            .extensions()
+            .get::<ferrovirt_serve::PeerCertificate>()
+            .is_some_and(|c| crate::tls::is_server_certificate(&c.0));
+        if st.auth.client_ca.is_some() && !server_cert {
+            tracing::warn!("endpoint: the server's token without the server's client certificate");
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized: this endpoint requires the API server's client certificate \
+                 (CN=system:ferrovirt-server) with its token",
+            );
+        }
         return next.run(req).await;
     }
     // A scraper's own token (Prometheus with a ServiceAccount), vouched for by the API server.

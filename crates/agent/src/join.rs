@@ -9,11 +9,15 @@
 //! token's CA hash still matches and the node name is the same), so a restarted agent does
 //! not join again. A random node password, kept beside them, goes with every join: the server
 //! records it on the first join under a name and refuses that name to anyone without it.
+//! [`renew`] trades the current certificate for a new one (new key, same name) before it
+//! expires; [`renewal_due`] decides when (less than a third of the lifetime left).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferrovirt_api::jointoken::{JOIN_PATH, JoinRequest, JoinResponse, JoinToken, hex};
+use ferrovirt_api::jointoken::{
+    JOIN_PATH, JoinRequest, JoinResponse, JoinToken, RENEW_PATH, RenewRequest, RenewResponse, hex,
+};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
@@ -217,14 +221,29 @@ async fn post_join(
     req: &JoinRequest,
     user_agent: &str,
 ) -> Result<JoinResponse, AgentError> {
-    let (host, port) = host_port(url)?;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.clone()).map_err(join_err)?;
-    let mut cfg = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+    let cfg = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(join_err)?
         .with_root_certificates(roots)
         .with_no_client_auth();
+    let body = serde_json::to_vec(req).map_err(join_err)?;
+    let bytes = post(url, cfg, JOIN_PATH, body, user_agent, "join").await?;
+    serde_json::from_slice(&bytes).map_err(|e| join_err(format!("decoding the join answer: {e}")))
+}
+
+/// Posts the JSON `body` to `path` over TLS configured by `cfg`: the answer's body, or the
+/// refusal with the server's message (`what`: "join", "renew").
+async fn post(
+    url: &str,
+    mut cfg: rustls::ClientConfig,
+    path: &str,
+    body: Vec<u8>,
+    user_agent: &str,
+    what: &str,
+) -> Result<Bytes, AgentError> {
+    let (host, port) = host_port(url)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let stream = tcp(&host, port).await?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
@@ -241,7 +260,6 @@ async fn post_join(
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let body = serde_json::to_vec(req).map_err(join_err)?;
     let authority = if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -249,7 +267,7 @@ async fn post_join(
     };
     let request = http::Request::builder()
         .method(http::Method::POST)
-        .uri(JOIN_PATH)
+        .uri(path)
         .header(http::header::HOST, authority)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(http::header::USER_AGENT, user_agent)
@@ -257,7 +275,7 @@ async fn post_join(
         .map_err(join_err)?;
     let resp = tokio::time::timeout(TIMEOUT, send.send_request(request))
         .await
-        .map_err(|_| join_err("the join request timed out"))?
+        .map_err(|_| join_err(format!("the {what} request timed out")))?
         .map_err(join_err)?;
     let status = resp.status();
     let bytes = resp
@@ -272,10 +290,66 @@ async fn post_join(
             .and_then(|v| v["message"].as_str().map(str::to_string))
             .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
         return Err(join_err(format!(
-            "the server refused to join: {status}: {msg}"
+            "the server refused to {what}: {status}: {msg}"
         )));
     }
-    serde_json::from_slice(&bytes).map_err(|e| join_err(format!("decoding the join answer: {e}")))
+    Ok(bytes)
+}
+
+/// Whether a certificate valid from `not_before` to `not_after` (Unix seconds) is due for
+/// renewal at `now`: less than a third of its lifetime is left. Pure.
+pub fn renewal_due(not_before: i64, not_after: i64, now: i64) -> bool {
+    now >= renewal_at(not_before, not_after)
+}
+
+/// When a certificate valid from `not_before` to `not_after` falls due for renewal. Pure.
+pub fn renewal_at(not_before: i64, not_after: i64) -> i64 {
+    not_after - (not_after - not_before).max(0) / 3
+}
+
+/// Renews the node certificate of `cred` at the server `url`: a new key, posted with the
+/// current certificate as the client certificate; the new key and certificate are kept in
+/// place of the old ones. Returns the renewed credential.
+pub async fn renew(
+    url: &str,
+    cred: &NodeCredential,
+    user_agent: &str,
+) -> Result<NodeCredential, AgentError> {
+    let ca = CertificateDer::from_pem_slice(cred.server_ca_pem.as_bytes()).map_err(join_err)?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca).map_err(join_err)?;
+    let chain = CertificateDer::pem_slice_iter(cred.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(join_err)?;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(cred.key_pem.as_bytes())
+        .map_err(join_err)?;
+    let cfg = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(join_err)?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(join_err)?;
+    let new_key = rcgen::KeyPair::generate().map_err(join_err)?;
+    use base64::Engine;
+    let req = RenewRequest {
+        public_key: base64::engine::general_purpose::STANDARD.encode(new_key.public_key_raw()),
+    };
+    let body = serde_json::to_vec(&req).map_err(join_err)?;
+    let bytes = post(url, cfg, RENEW_PATH, body, user_agent, "renew").await?;
+    let resp: RenewResponse = serde_json::from_slice(&bytes)
+        .map_err(|e| join_err(format!("decoding the renewal answer: {e}")))?;
+    let renewed = NodeCredential {
+        cert_pem: resp.certificate,
+        key_pem: new_key.serialize_pem(),
+        ..cred.clone()
+    };
+    // The key first: a crash between the two leaves the old certificate with a key it does
+    // not match, which the next start notices (the TLS identity does not load) and joins
+    // again with the kept node password.
+    crate::tls::write_file(&renewed.dir.join(KEY_FILE), &renewed.key_pem, 0o600)?;
+    crate::tls::write_file(&renewed.dir.join(CERT_FILE), &renewed.cert_pem, 0o600)?;
+    tracing::info!(dir = %renewed.dir.display(), "renewed the node certificate");
+    Ok(renewed)
 }
 
 fn read(dir: &Path, file: &str) -> Option<String> {
@@ -408,6 +482,18 @@ fn pem(label: &str, der: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renewal_falls_due_with_a_third_of_the_lifetime_left() {
+        // 300 s lifetime: due from 200 s on.
+        assert!(!renewal_due(1000, 1300, 1000));
+        assert!(!renewal_due(1000, 1300, 1199));
+        assert!(renewal_due(1000, 1300, 1200));
+        assert!(renewal_due(1000, 1300, 1400));
+        assert_eq!(renewal_at(0, 365 * 86_400), 365 * 86_400 * 2 / 3);
+        // Reversed dates: due at the (past) end.
+        assert_eq!(renewal_at(1300, 1000), 1000);
+    }
 
     #[test]
     fn the_ca_with_the_token_hash_is_picked_else_refused_by_hash() {

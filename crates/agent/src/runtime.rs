@@ -78,6 +78,9 @@ pub struct AgentOptions {
     /// The bearer token the API server presents to this node's endpoint, when the agent has
     /// no API token (a joined node gets it with its credential, [`crate::join`]).
     pub endpoint_token: Option<String>,
+    /// A joined node's client CA: its endpoint then requires the API server's client
+    /// certificate with `endpoint_token` ([`crate::endpoint::EndpointAuth::client_ca`]).
+    pub endpoint_client_ca: Option<String>,
     /// The node's pod network (docs/networking.md): masquerade and bridge interfaces get a tap
     /// in a per-VMI network namespace, Multus bridge networks a veth from a host bridge, the
     /// overlay connects the nodes. `None`: masquerade on QEMU user-mode networking.
@@ -109,6 +112,7 @@ impl AgentOptions {
             endpoint_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             api_token: None,
             endpoint_token: None,
+            endpoint_client_ca: None,
             pod_network: None,
             isolation: crate::isolation::IsolationOptions::default(),
             host_devices: crate::hostdev::HostDevOptions::default(),
@@ -262,6 +266,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         crate::endpoint::EndpointAuth {
             token: opts.api_token.clone(),
             node_token: opts.endpoint_token.clone(),
+            client_ca: opts.endpoint_client_ca.clone(),
             delegated: Some(Arc::new(crate::delegated::DelegatedAuth::new(
                 client.clone(),
                 &opts.node_name,

@@ -78,10 +78,38 @@ impl AgentCert {
 
     /// The rustls configuration serving this certificate (HTTP/1.1 only; ring provider).
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, AgentError> {
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        self.server_config_with(None)
+    }
+
+    /// [`server_config`](Self::server_config) that, given the client CA (`client_ca_pem`, a
+    /// joined node's), verifies a client certificate against it when one is presented (an
+    /// invalid one fails the handshake; none is allowed: scrapers use bearer tokens) —
+    /// [`crate::endpoint`] then requires the API server's for the server's token.
+    pub fn server_config_with(
+        &self,
+        client_ca_pem: Option<&str>,
+    ) -> Result<Arc<rustls::ServerConfig>, AgentError> {
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(tls_err)?
-            .with_no_client_auth()
+            .map_err(tls_err)?;
+        let builder = match client_ca_pem {
+            Some(pem) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                    roots.add(c.map_err(tls_err)?).map_err(tls_err)?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider(),
+                )
+                .allow_unauthenticated()
+                .build()
+                .map_err(tls_err)?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut cfg = builder
             .with_single_cert(vec![self.cert.clone()], self.key.clone_key())
             .map_err(tls_err)?;
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -347,6 +375,25 @@ impl ServerCertVerifier for PinnedCert {
     }
 }
 
+/// Whether the DER certificate `der` names the API server: `CN=system:ferrovirt-server` and
+/// `O=system:ferrovirt-servers` (the caller has verified it against the client CA). Pure.
+pub fn is_server_certificate(der: &[u8]) -> bool {
+    use ferrovirt_api::jointoken::{SERVER_GROUP, SERVER_USER};
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let Ok((_, cert)) = X509Certificate::from_der(der) else {
+        return false;
+    };
+    let subject = cert.subject();
+    let cn = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok());
+    cn == Some(SERVER_USER)
+        && subject
+            .iter_organization()
+            .any(|o| o.as_str().ok() == Some(SERVER_GROUP))
+}
+
 /// The bearer token the API server presents to node `node`'s endpoint: HMAC-SHA256 of the
 /// node name keyed with the server's API token (hex). The server never sends its API token
 /// itself to an agent, so an agent (or whoever holds a node) learns only the token for its
@@ -357,19 +404,44 @@ pub fn endpoint_token(api_token: &str, node: &str) -> String {
     format_fingerprint(&tag.as_ref().try_into().unwrap_or([0; 32]))
 }
 
-/// A rustls client configuration that accepts only the certificate with fingerprint `pin`.
+/// The API server's own client certificate and key, presented by every pinned connection this
+/// process makes to an agent endpoint ([`set_server_identity`]; only the server sets it).
+static SERVER_IDENTITY: std::sync::OnceLock<(
+    Vec<CertificateDer<'static>>,
+    Arc<PrivateKeyDer<'static>>,
+)> = std::sync::OnceLock::new();
+
+/// Makes this process present `cert_pem`/`key_pem` (the API server's client certificate,
+/// `CN=system:ferrovirt-server`) as its client certificate on the pinned connections to agent
+/// endpoints. Set once; later calls are ignored.
+pub fn set_server_identity(cert_pem: &str, key_pem: &str) -> Result<(), AgentError> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(tls_err)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(tls_err)?;
+    let _ = SERVER_IDENTITY.set((chain, Arc::new(key)));
+    Ok(())
+}
+
+/// A rustls client configuration that accepts only the certificate with fingerprint `pin`
+/// (and presents the server's client certificate, when this process has one).
 pub fn client_config(pin: Fingerprint) -> Result<Arc<rustls::ClientConfig>, AgentError> {
     let provider = provider();
     let verifier = Arc::new(PinnedCert {
         pin,
         provider: provider.clone(),
     });
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(tls_err)?
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(verifier);
+    let mut cfg = match SERVER_IDENTITY.get() {
+        Some((chain, key)) => builder
+            .with_client_auth_cert(chain.clone(), key.clone_key())
+            .map_err(tls_err)?,
+        None => builder.with_no_client_auth(),
+    };
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }
@@ -409,6 +481,37 @@ pub async fn connect(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cert_with(cn: &str, o: Option<&str>) -> Vec<u8> {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        if let Some(o) = o {
+            dn.push(DnType::OrganizationName, o);
+        }
+        params.distinguished_name = dn;
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn only_the_server_subject_is_the_server_certificate() {
+        use ferrovirt_api::jointoken::{NODES_GROUP, SERVER_GROUP, SERVER_USER};
+        assert!(is_server_certificate(&cert_with(
+            SERVER_USER,
+            Some(SERVER_GROUP)
+        )));
+        assert!(!is_server_certificate(&cert_with(SERVER_USER, None)));
+        assert!(!is_server_certificate(&cert_with(
+            SERVER_USER,
+            Some("system:masters")
+        )));
+        assert!(!is_server_certificate(&cert_with(
+            "system:node:n1",
+            Some(NODES_GROUP)
+        )));
+        assert!(!is_server_certificate(b"not a certificate"));
+    }
 
     #[test]
     fn fingerprints_round_trip() {

@@ -95,6 +95,13 @@ pub const NODE_USER_PREFIX: &str = "system:node:";
 /// The group every node is in.
 pub const NODES_GROUP: &str = "system:nodes";
 
+/// The user name in the API server's own client certificate, presented to joined agents'
+/// endpoints (mutual TLS beside the derived bearer token; docs/nodes.md).
+pub const SERVER_USER: &str = "system:ferrovirt-server";
+/// The group in the API server's client certificate: a group of its own (not
+/// `system:masters`: the certificate is for agent endpoints, never for the API).
+pub const SERVER_GROUP: &str = "system:ferrovirt-servers";
+
 /// The body of a join request.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -125,6 +132,27 @@ pub struct JoinResponse {
     /// node alone; it opens nothing else).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_token: Option<String>,
+}
+
+/// Where a joined node renews its certificate: `POST` a [`RenewRequest`] over TLS with its
+/// current, still valid node certificate as the client certificate; answered with a
+/// [`RenewResponse`].
+pub const RENEW_PATH: &str = "/v1-ferrovirt/node-renew";
+
+/// The body of a renewal request.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewRequest {
+    /// The node's new ECDSA P-256 public key: the uncompressed point (65 bytes), base64.
+    pub public_key: String,
+}
+
+/// The answer to a renewal request.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewResponse {
+    /// PEM of the new client certificate (same subject as the one that asked).
+    pub certificate: String,
 }
 
 #[cfg(test)]

@@ -72,6 +72,8 @@ pub struct ServerOptions {
     /// its API token (`f(api_token, N)`); a joining node is given its own. None: joined nodes
     /// get none and their endpoints refuse the server.
     pub endpoint_token: Option<fn(&str, &str) -> String>,
+    /// How long a node certificate (joining, renewal) is valid. Default 365 days.
+    pub node_cert_lifetime: Duration,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -107,6 +109,7 @@ impl Default for ServerOptions {
             audit_log: None,
             extra_metrics: None,
             endpoint_token: None,
+            node_cert_lifetime: Duration::from_secs(365 * 86_400),
             service_cidr: ferrovirt_api::service::DEFAULT_SERVICE_CIDR
                 .parse()
                 .expect("the default service CIDR parses"),
@@ -258,6 +261,7 @@ impl Server {
                 admin_token: pki.token.clone(),
                 policy: Default::default(),
                 tokens: token_keys,
+                node_certs: Default::default(),
             },
             service_cidr: opts.service_cidr,
             audit: match &opts.audit_log {
@@ -294,6 +298,7 @@ impl Server {
             .await
             .map_err(|e| ServerError::Config(format!("creating the HyperConverged: {e}")))?;
         shared.auth.policy.prime(shared.store.as_ref()).await?;
+        shared.auth.node_certs.prime(shared.store.as_ref()).await?;
 
         let mut app = crate::auth::routes(shared.clone()).merge(handlers::router(shared.clone()));
         if let Some(extra) = opts.extra_routes.clone() {
@@ -310,6 +315,8 @@ impl Server {
             secret: join_token.secret.clone(),
             store: store.clone(),
             client_ca: client_ca.clone(),
+            node_certs: shared.auth.node_certs.clone(),
+            lifetime: opts.node_cert_lifetime,
             endpoint_token: opts.endpoint_token.map(|f| (pki.token.clone(), f)),
         }))
         .merge(app);
@@ -335,6 +342,17 @@ impl Server {
                 .clone()
                 .run(shared.store.clone(), shared.shutdown.clone()),
         );
+        tasks.spawn(
+            shared
+                .auth
+                .node_certs
+                .clone()
+                .run(shared.store.clone(), shared.shutdown.clone()),
+        );
+        tasks.spawn(crate::auth::nodecreds::forget_deleted_nodes(
+            shared.store.clone(),
+            shared.shutdown.clone(),
+        ));
         tasks.spawn(crate::auth::tokens::default_service_accounts(
             shared.clone(),
         ));

@@ -3,6 +3,7 @@
 
 mod demo;
 mod node;
+mod renew;
 mod verbs;
 
 use std::net::SocketAddr;
@@ -93,6 +94,10 @@ struct ServerArgs {
     /// this file (created 0600).
     #[arg(long)]
     audit_log_path: Option<PathBuf>,
+    /// How long a node certificate (joining, renewal) is valid, in seconds (at least 10);
+    /// agents renew theirs when less than a third is left (docs/nodes.md).
+    #[arg(long, default_value_t = 365 * 86_400, value_parser = clap::value_parser!(u64).range(10..))]
+    node_cert_lifetime_seconds: u64,
     /// What the audit log records: `Metadata` (who, what, when, the code) or `Request` (also
     /// JSON request bodies; never a Secret's).
     #[arg(long, default_value = "Metadata")]
@@ -294,6 +299,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         public_routes: Some(exports.merge(ferrovirt_webui::router())),
         service_cidr: args.service_cidr,
         audit_log: args.audit_log_path.clone().map(|p| (p, args.audit_level)),
+        node_cert_lifetime: std::time::Duration::from_secs(args.node_cert_lifetime_seconds),
         // The controllers run in this process: their workqueue series join the server's.
         extra_metrics: (!args.disable_controllers)
             .then_some(ferrovirt_controller::runtime::metrics::render as fn() -> String),
@@ -307,6 +313,14 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;
+    // The server's own client certificate for joined agents' endpoints (mutual TLS beside the
+    // derived token), signed by the client CA at every start (docs/nodes.md).
+    {
+        use ferrovirt_api::jointoken::{SERVER_GROUP, SERVER_USER};
+        let ca = ferrovirt_apiserver::auth::certs::load(&args.data_dir)?;
+        let (cert, key) = ca.issue(SERVER_USER, &[SERVER_GROUP.to_string()], 365)?;
+        ferrovirt_agent::tls::set_server_identity(&cert, &key)?;
+    }
     subresources_handle.set(
         node::client_from_kubeconfig(&server.kubeconfig_path, "ferrovirt-subresources").await?,
         server.token.clone(),

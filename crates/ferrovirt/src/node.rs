@@ -1,6 +1,7 @@
 //! `ferrovirt agent`: argument parsing and the kube-rs client setup for a node agent.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use base64::Engine;
@@ -310,11 +311,29 @@ pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             user_agent: user_agent.clone(),
         })
         .await?;
-        let client = client_from_credential(server, &cred, &user_agent).await?;
+        let cred = crate::renew::renew_if_due(server, cred, &user_agent).await;
+        let slot: crate::renew::Slot = Arc::new(std::sync::RwLock::new(
+            client_from_credential(server, &cred, &user_agent).await?,
+        ));
+        let client = kube::Client::new(crate::renew::Swappable(slot.clone()), "default");
+        {
+            let (server, ua) = (server.clone(), user_agent.clone());
+            let cred = cred.clone();
+            tokio::spawn(async move {
+                let build_ua = ua.clone();
+                let build_server = server.clone();
+                crate::renew::keep_renewed(server, cred, slot, ua, move |c| {
+                    let (s, u) = (build_server.clone(), build_ua.clone());
+                    async move { client_from_credential(&s, &c, &u).await }
+                })
+                .await;
+            });
+        }
         let mut opts = ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.clone());
         opts.address = args.address.clone();
         opts.endpoint_listen = args.endpoint_listen;
         opts.endpoint_token = cred.endpoint_token.clone();
+        opts.endpoint_client_ca = Some(cred.client_ca_pem.clone());
         opts.pod_network = args.pod.node_network()?;
         opts.isolation = args.isolation.options(Vec::new())?;
         ferrovirt_agent::runtime::run(client, opts).await?;

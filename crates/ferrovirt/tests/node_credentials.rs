@@ -13,7 +13,11 @@
 //! its own API token); a second machine cannot join under a joined node's name (its node
 //! password differs); a restarted agent reuses its credential. A VM on shared storage live
 //! migrates, and one on a node-local disk block-migrates (the target moving the PV), between
-//! two joined nodes, neither agent refused anything on the way.
+//! two joined nodes, neither agent refused anything on the way. Deleting a Node forgets its
+//! name (a new machine joins under it) and revokes its certificates (401, renewal included);
+//! a joined agent's endpoint takes the server's token only with the server's client
+//! certificate (mutual TLS); a joined node renews its short-lived certificate twice and its
+//! Lease heartbeat goes on.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -632,5 +636,262 @@ spec: {vmiName: blk}
             "{node} was refused something:\n{log}"
         );
     }
+    Ok(())
+}
+
+/// Deleting a Node forgets its name: its password record goes (a new machine with another
+/// password may join under the name: 403 before the delete, 201 after) and its certificates
+/// stop authenticating (401 naming the certificate), also after the new machine joined.
+#[test]
+fn a_deleted_node_is_forgotten_and_its_certificate_revoked() -> anyhow::Result<()> {
+    let mut opts = ClusterOptions::new(BIN);
+    opts.node_name = None;
+    let mut c = Cluster::start(&opts)?;
+    let token_file = write_token(&c, "token", &c.join_token()?)?;
+    c.start_joined_agent("n1", &token_file)?;
+    c.wait_until("n1 Ready", Duration::from_secs(90), || {
+        Ok((ready_nodes(&c)? == ["n1"]).then_some(()))
+    })?;
+    let old = c.node_credential_kubeconfig("n1")?;
+    allowed(&c, &old, &["get", "node", "n1"])?;
+
+    // Another machine (another node password) cannot take the name while the Node exists.
+    let second = c.dir().join("second");
+    c.start_joined_agent_in("n1", &token_file, &second)?;
+    let status = c.wait_agent_exit("n1", Duration::from_secs(30))?;
+    assert!(status.is_some_and(|s| !s.success()));
+    let log = std::fs::read_to_string(c.dir().join("agent-n1-second.log"))?;
+    assert!(
+        log.contains("403") && log.contains("already joined"),
+        "{log}"
+    );
+
+    // The first machine goes away and its Node is deleted.
+    c.kill_agent("n1")?;
+    c.kubectl_ok(&["delete", "node", "n1"])?;
+    let t0 = Instant::now();
+    c.wait_until("n1's certificate refused", Duration::from_secs(10), || {
+        let out = kubectl_as(&c, &old, &["get", "node", "n1"])?;
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        Ok((!out.status.success() && err.contains("no longer valid")).then_some(err))
+    })?;
+    eprintln!(
+        "the deleted node's certificate refused after {:?}",
+        t0.elapsed()
+    );
+    // Nor can it renew itself back (the renewal endpoint checks the same record).
+    let cred = c.extra_agent_dir("n1").join("node-credential");
+    let out = Command::new("curl")
+        .args(["-sS", "-o", "-", "-w", "\n%{http_code}", "--cacert"])
+        .arg(cred.join("server-ca.crt"))
+        .arg("--cert")
+        .arg(cred.join("node.crt"))
+        .arg("--key")
+        .arg(cred.join("node.key"))
+        .args(["-H", "Content-Type: application/json", "--data"])
+        .arg(r#"{"publicKey":"BAAA"}"#)
+        .arg(format!(
+            "https://127.0.0.1:{}/v1-ferrovirt/node-renew",
+            c.port
+        ))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.ends_with("401") && text.contains("no longer valid"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        c.server_log()
+            .contains("Node deleted: removed /ferrovirt/node-passwords/n1")
+    );
+
+    // Now the second machine joins under the name (201) and its Node becomes Ready.
+    let t1 = Instant::now();
+    c.start_joined_agent_in("n1", &token_file, &second)?;
+    c.wait_until("the second n1 Ready", Duration::from_secs(90), || {
+        Ok((ready_nodes(&c)? == ["n1"]).then_some(()))
+    })?;
+    eprintln!("the second machine joined as n1 in {:?}", t1.elapsed());
+    let log = std::fs::read_to_string(c.dir().join("agent-n1-second.log"))?;
+    assert!(log.contains("joined: node credential stored"), "{log}");
+    assert!(second.join("node-credential/node.crt").exists());
+    // The first machine's certificate stays refused, with a clear message.
+    let out = kubectl_as(&c, &old, &["get", "node", "n1"])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("system:node:n1") && err.contains("no longer valid"),
+        "{err}"
+    );
+
+    // Mutual TLS on the joined agent's endpoint: the server (its client certificate
+    // CN=system:ferrovirt-server and the derived token) gets in ...
+    let health = c.kubectl_ok(&["get", "--raw", "/api/v1/nodes/n1/proxy/healthz"])?;
+    assert_eq!(health.trim(), "ok");
+    // ... while whoever holds the endpoint token without that certificate does not: none, or
+    // the node's own certificate (signed by the same client CA).
+    let node = c.get_json(&["node", "n1"])?;
+    let url = node["metadata"]["annotations"]["ferrovirt.io/agent-endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(url.starts_with("https://"), "{node}");
+    let cred = second.join("node-credential");
+    let token = std::fs::read_to_string(cred.join("endpoint-token"))?;
+    let auth = format!("Authorization: Bearer {}", token.trim());
+    let no_cert: Vec<std::ffi::OsString> = vec![];
+    let node_cert: Vec<std::ffi::OsString> = vec![
+        "--cert".into(),
+        cred.join("node.crt").into(),
+        "--key".into(),
+        cred.join("node.key").into(),
+    ];
+    for (what, cert) in [
+        ("no certificate", &no_cert),
+        ("n1's certificate", &node_cert),
+    ] {
+        let out = Command::new("curl")
+            .args(["-sS", "-k", "-o", "-", "-w", "\n%{http_code}", "-H", &auth])
+            .args(cert)
+            .arg(format!("{url}/healthz"))
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.ends_with("401") && text.contains("system:ferrovirt-server"),
+            "{what}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // A certificate with the server's subject from another CA fails the TLS handshake.
+    let (fake_crt, fake_key) = (c.dir().join("fake.crt"), c.dir().join("fake.key"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj"])
+        .arg("/O=system:ferrovirt-servers/CN=system:ferrovirt-server")
+        .arg("-keyout")
+        .arg(&fake_key)
+        .arg("-out")
+        .arg(&fake_crt)
+        .output()?;
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            &auth,
+            "--cert",
+        ])
+        .arg(&fake_crt)
+        .arg("--key")
+        .arg(&fake_key)
+        .arg(format!("{url}/healthz"))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && text.trim().ends_with("000") && err.contains("alert"),
+        "a certificate of another CA: {text}{err}"
+    );
+    Ok(())
+}
+
+/// A joined node renews its certificate before it expires (the server issues 24 s
+/// certificates here, `--node-cert-lifetime-seconds`) and keeps working across renewals: its
+/// Lease heartbeat continues after the first certificate expired, the certificate it holds is
+/// a new one each time for the same identity, and the one it renewed away from stays valid
+/// until it expires.
+#[test]
+fn a_joined_node_renews_its_certificate_and_keeps_working() -> anyhow::Result<()> {
+    let mut opts = ClusterOptions::new(BIN);
+    opts.node_name = None;
+    opts.extra_args = vec!["--node-cert-lifetime-seconds".into(), "24".into()];
+    let mut c = Cluster::start(&opts)?;
+    let token_file = write_token(&c, "token", &c.join_token()?)?;
+    let t0 = Instant::now();
+    c.start_joined_agent("r1", &token_file)?;
+    c.wait_until("r1 Ready", Duration::from_secs(60), || {
+        Ok((ready_nodes(&c)? == ["r1"]).then_some(()))
+    })?;
+    let cred = c.extra_agent_dir("r1").join("node-credential");
+    let first = std::fs::read_to_string(cred.join("node.crt"))?;
+    // A copy of the first credential, to act with it after the agent renewed.
+    let keep = c.dir().join("first-credential");
+    std::fs::create_dir_all(&keep)?;
+    for f in ["node.crt", "node.key", "server-ca.crt"] {
+        std::fs::copy(cred.join(f), keep.join(f))?;
+    }
+    let first_kc = c.dir().join("kubeconfig-first.yaml");
+    std::fs::write(
+        &first_kc,
+        std::fs::read_to_string(c.node_credential_kubeconfig("r1")?)?
+            .replace(&cred.display().to_string(), &keep.display().to_string()),
+    )?;
+    allowed(&c, &first_kc, &["get", "node", "r1"])?;
+
+    let renewals = |c: &Cluster| {
+        c.agent_log("r1")
+            .matches("renewed the node certificate")
+            .count()
+    };
+    c.wait_until("the first renewal", Duration::from_secs(40), || {
+        Ok((renewals(&c) >= 1).then_some(()))
+    })?;
+    eprintln!("first renewal {:?} after the agent started", t0.elapsed());
+    let second = std::fs::read_to_string(cred.join("node.crt"))?;
+    assert_ne!(first, second);
+    // Same identity; the certificate renewed away from still works until it expires.
+    let kc = c.node_credential_kubeconfig("r1")?;
+    let who = allowed(&c, &kc, &["auth", "whoami", "-o", "json"])?;
+    assert!(
+        who.contains("system:node:r1") && who.contains("system:nodes"),
+        "{who}"
+    );
+    allowed(&c, &first_kc, &["get", "node", "r1"])?;
+    // The renewed certificate renews again (the first one expires meanwhile).
+    c.wait_until("the second renewal", Duration::from_secs(40), || {
+        Ok((renewals(&c) >= 2).then_some(()))
+    })?;
+    eprintln!("second renewal {:?} after the agent started", t0.elapsed());
+    assert!(
+        c.server_log()
+            .matches("node certificate renewed for system:node:r1")
+            .count()
+            >= 2
+    );
+    // The heartbeat continues with the renewed certificates.
+    let renew_time = |c: &Cluster| -> anyhow::Result<String> {
+        let l = c.get_json(&["lease", "r1", "-n", "kube-node-lease"])?;
+        Ok(l["spec"]["renewTime"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    };
+    let before = renew_time(&c)?;
+    c.wait_until("the Lease renewed again", Duration::from_secs(30), || {
+        Ok((renew_time(&c)? != before).then_some(()))
+    })?;
+    assert_eq!(ready_nodes(&c)?, ["r1"]);
+    let log = c.agent_log("r1");
+    assert!(!log.contains("lease renewal failed"), "{log}");
+    assert!(
+        !log.contains("renewing the node certificate failed"),
+        "{log}"
+    );
     Ok(())
 }

@@ -8,7 +8,8 @@
 //! node's private key never leaves the node. The first join under a name records the SHA-256
 //! of the node's password (k3s' node password) in the store outside the API; a later join
 //! under that name with another password is 403, so the token alone cannot take over a
-//! joined node's name.
+//! joined node's name. [`RENEW_PATH`] renews a node certificate for the node presenting its
+//! current one (docs/nodes.md "Renewal").
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,7 +20,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use ferrovirt_api::jointoken::{
-    JOIN_PATH, JoinRequest, JoinResponse, JoinToken, NODE_USER_PREFIX, NODES_GROUP,
+    JOIN_PATH, JoinRequest, JoinResponse, JoinToken, NODE_USER_PREFIX, NODES_GROUP, RENEW_PATH,
+    RenewRequest, RenewResponse,
 };
 use serde_json::json;
 
@@ -29,8 +31,6 @@ use crate::tls::{private_file, write_private};
 
 /// The token file's name in the data dir.
 pub const TOKEN_FILE: &str = "node-token";
-/// How long a node certificate is valid.
-pub const NODE_CERT_DAYS: u32 = 365;
 /// Largest join request body.
 const MAX_BODY: usize = 16 * 1024;
 
@@ -115,16 +115,12 @@ pub fn validate(req: &JoinRequest) -> Result<(String, Vec<u8>), FieldProblem> {
             ),
         ));
     }
-    let key = base64::engine::general_purpose::STANDARD
-        .decode(req.public_key.trim())
-        .ok()
-        .filter(|k| k.len() == 65 && k[0] == 4)
-        .ok_or_else(|| {
-            (
-                "publicKey",
-                "must be an uncompressed ECDSA P-256 public key (65 bytes), base64".to_string(),
-            )
-        })?;
+    let key = public_key(&req.public_key).ok_or_else(|| {
+        (
+            "publicKey",
+            "must be an uncompressed ECDSA P-256 public key (65 bytes), base64".to_string(),
+        )
+    })?;
     Ok((req.node_name.clone(), key))
 }
 
@@ -183,6 +179,10 @@ pub struct JoinState {
     /// Holds the node passwords' hashes.
     pub store: std::sync::Arc<dyn ferrovirt_store::Store>,
     pub client_ca: ClientCa,
+    /// Where the issued certificate is recorded as the name's one valid certificate.
+    pub node_certs: Arc<super::nodecreds::NodeCerts>,
+    /// How long a node certificate is valid (`--node-cert-lifetime-seconds`).
+    pub lifetime: std::time::Duration,
     /// The API token and how a node's endpoint token is derived from it.
     pub endpoint_token: Option<(String, DeriveToken)>,
 }
@@ -225,12 +225,8 @@ async fn join(State(st): State<Arc<JoinState>>, body: Bytes) -> Response {
         return e.into_response();
     }
     let user = format!("{NODE_USER_PREFIX}{node}");
-    match st.client_ca.issue_for(
-        &user,
-        &[NODES_GROUP.to_string()],
-        NODE_CERT_DAYS,
-        &P256Key(key),
-    ) {
+    // The name's earlier certificates stop authenticating (a re-join replaces them).
+    match issue_and_record(&st, &node, key, false).await {
         Ok(certificate) => {
             tracing::info!(%node, "node joined: issued a client certificate for {user}");
             let resp = JoinResponse {
@@ -240,14 +236,114 @@ async fn join(State(st): State<Arc<JoinState>>, body: Bytes) -> Response {
             };
             (http::StatusCode::CREATED, axum::Json(resp)).into_response()
         }
-        Err(e) => ApiError::internal(format!("signing the node certificate: {e}")).into_response(),
+        Err(e) => e.into_response(),
     }
+}
+
+/// Signs a node certificate for `key` valid for the configured lifetime and records it as
+/// valid for `node` (`keep_old`: beside the unexpired ones, a renewal; else alone, a join).
+async fn issue_and_record(
+    st: &JoinState,
+    node: &str,
+    key: Vec<u8>,
+    keep_old: bool,
+) -> Result<String, ApiError> {
+    let user = format!("{NODE_USER_PREFIX}{node}");
+    let certificate = st
+        .client_ca
+        .issue_for_lifetime(
+            &user,
+            &[NODES_GROUP.to_string()],
+            st.lifetime,
+            &P256Key(key),
+        )
+        .map_err(|e| ApiError::internal(format!("signing the node certificate: {e}")))?;
+    let der = crate::tls::pem_blocks(&certificate, "CERTIFICATE")
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::internal("the signed node certificate holds no certificate"))?;
+    let not_after = time::OffsetDateTime::now_utc().unix_timestamp()
+        + i64::try_from(st.lifetime.as_secs()).unwrap_or(i64::MAX / 2);
+    st.node_certs
+        .record(st.store.as_ref(), node, &der, not_after, keep_old)
+        .await?;
+    Ok(certificate)
+}
+
+/// `POST /v1-ferrovirt/node-renew`: a node presenting its current, still valid node
+/// certificate (verified by the TLS layer, recorded as valid) gets a new one for the same name
+/// and a new public key; the old one stays valid until it expires.
+async fn renew(
+    State(st): State<Arc<JoinState>>,
+    cert: Option<axum::Extension<ferrovirt_serve::PeerCertificate>>,
+    body: Bytes,
+) -> Response {
+    if body.len() > MAX_BODY {
+        return ApiError::too_large(MAX_BODY).into_response();
+    }
+    let Some(axum::Extension(cert)) = cert else {
+        return ApiError::new(
+            401,
+            "Unauthorized",
+            "renewing a node certificate needs the current node certificate as the client \
+             certificate",
+        )
+        .into_response();
+    };
+    let node = super::certs::identity(&cert.0).and_then(|id| {
+        let node = super::nodecreds::node_of_user(&id.name)?.to_string();
+        id.groups.iter().any(|g| g == NODES_GROUP).then_some(node)
+    });
+    let Some(node) = node else {
+        return ApiError::forbidden(format!(
+            "only a node ({NODE_USER_PREFIX}<name> in {NODES_GROUP}) renews a node certificate"
+        ))
+        .into_response();
+    };
+    if let Err(e) = st.node_certs.check(st.store.as_ref(), &node, &cert.0).await {
+        tracing::warn!(%node, "renewal refused: {}", e.message);
+        return e.into_response();
+    }
+    let req: RenewRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::bad_request(format!("decoding the renewal request: {e}"))
+                .into_response();
+        }
+    };
+    let Some(key) = public_key(&req.public_key) else {
+        return invalid(
+            "publicKey",
+            "must be an uncompressed ECDSA P-256 public key (65 bytes), base64".to_string(),
+        )
+        .into_response();
+    };
+    match issue_and_record(&st, &node, key, true).await {
+        Ok(certificate) => {
+            tracing::info!(%node, "node certificate renewed for {NODE_USER_PREFIX}{node}");
+            (
+                http::StatusCode::CREATED,
+                axum::Json(RenewResponse { certificate }),
+            )
+                .into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The bytes of a base64 uncompressed P-256 point. Pure.
+fn public_key(b64: &str) -> Option<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .ok()
+        .filter(|k| k.len() == 65 && k[0] == 4)
 }
 
 /// The join route (served without authentication: the secret is the credential).
 pub fn routes(st: Arc<JoinState>) -> Router {
     Router::new()
         .route(JOIN_PATH, axum::routing::post(join))
+        .route(RENEW_PATH, axum::routing::post(renew))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(st)
 }

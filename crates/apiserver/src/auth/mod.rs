@@ -13,6 +13,7 @@ pub mod defaults;
 pub mod escalation;
 pub mod join;
 pub mod node;
+pub mod nodecreds;
 pub mod rbac;
 mod reviews;
 pub mod tokens;
@@ -50,6 +51,8 @@ pub(crate) struct Auth {
     pub admin_token: String,
     pub policy: Arc<cache::PolicyCache>,
     pub tokens: tokens::TokenKeys,
+    /// The node certificates still valid ([`nodecreds`]).
+    pub node_certs: Arc<nodecreds::NodeCerts>,
 }
 
 fn bearer(req: &Request) -> Option<&str> {
@@ -69,23 +72,40 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Who sent `req`: a bearer token (admin or ServiceAccount) when one is sent, else a verified
-/// client certificate; None when neither identifies anyone.
+/// client certificate; None when neither identifies anyone; Err (a 401 saying why) for a
+/// node certificate (`CN=system:node:<n>`) that is not, or no longer, recorded as valid for
+/// that node ([`nodecreds`]).
 async fn authenticate(
     sh: &Shared,
     token: Option<String>,
     cert: Option<ferrovirt_serve::PeerCertificate>,
-) -> Option<UserInfo> {
+) -> Result<Option<UserInfo>, ApiError> {
     let mut user = match token {
         Some(t) if constant_time_eq(t.as_bytes(), sh.auth.admin_token.as_bytes()) => {
-            return Some(admin_user());
+            return Ok(Some(admin_user()));
         }
-        Some(t) => tokens::authenticate(sh, &t).await?,
-        None => certs::identity(&cert?.0)?,
+        Some(t) => match tokens::authenticate(sh, &t).await {
+            Some(u) => u,
+            None => return Ok(None),
+        },
+        None => {
+            let Some(cert) = cert else { return Ok(None) };
+            let Some(u) = certs::identity(&cert.0) else {
+                return Ok(None);
+            };
+            if let Some(node) = nodecreds::node_of_user(&u.name) {
+                sh.auth
+                    .node_certs
+                    .check(sh.store.as_ref(), node, &cert.0)
+                    .await?;
+            }
+            u
+        }
     };
     if !user.groups.iter().any(|g| g == AUTHENTICATED) {
         user.groups.push(AUTHENTICATED.into());
     }
-    Some(user)
+    Ok(Some(user))
 }
 
 /// Kubernetes' 403: `<resource>.<group> "<name>" is forbidden: User "u" cannot …`.
@@ -156,7 +176,12 @@ pub(crate) fn check_rbac_write(
 
 /// 401 without keep-alive: an unauthenticated client's connection cannot linger.
 fn unauthorized() -> Response {
-    let mut resp = ApiError::unauthorized().into_response();
+    unauthorized_with(ApiError::unauthorized())
+}
+
+/// [`unauthorized`] with its own Status.
+fn unauthorized_with(e: ApiError) -> Response {
+    let mut resp = e.into_response();
     resp.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
@@ -192,8 +217,14 @@ pub(crate) async fn check(sh: &Shared, mut req: Request, next: Next) -> Response
             .cloned();
         authenticate(sh, token, cert).await
     };
-    let Some(user) = identified else {
-        return unauthorized();
+    let user = match identified {
+        Ok(Some(u)) => u,
+        Ok(None) => return unauthorized(),
+        Err(e) if e.code == 401 => {
+            tracing::warn!("refused: {}", e.message);
+            return unauthorized_with(e);
+        }
+        Err(e) => return e.into_response(),
     };
     let user = match impersonate(sh, user, req.headers()) {
         Ok(u) => u,
