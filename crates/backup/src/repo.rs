@@ -23,6 +23,9 @@ use crate::target::{Target, open_store};
 
 /// Chunks hashed, sealed and uploaded (or fetched) at the same time.
 const IN_FLIGHT: usize = 4;
+/// Chunks fetched at the same time by a restore: a GET of a stored chunk is mostly waiting
+/// on the target (bench/backup.sh restore).
+const RESTORE_IN_FLIGHT: usize = 16;
 /// zstd level of chunks: fast, most of the gain on disk images.
 const ZSTD_LEVEL: i32 = 1;
 /// The largest index, manifest or catalog entry read back.
@@ -358,7 +361,7 @@ impl Repository {
                 }
             }
         }))
-        .buffered(IN_FLIGHT);
+        .buffered(RESTORE_IN_FLIGHT);
         let mut written = 0u64;
         while let Some(data) = chunks.next().await {
             let data = data?;
