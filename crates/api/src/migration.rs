@@ -205,6 +205,19 @@ pub fn finished(state: &MigrationState) -> bool {
     state.completed == Some(true) || state.failed == Some(true)
 }
 
+/// The value marking, in `targetDirectMigrationNodePorts`, the port on which the target
+/// agent receives the node-local volumes' snapshot chains before its QEMU starts.
+pub const CHAIN_PORT_MARK: i32 = 49154;
+
+/// Whether the target only waits for the snapshot chains so far (its address is set, but
+/// no port of the migration stream yet): it is still preparing, not ready.
+pub fn chains_only(state: &MigrationState) -> bool {
+    state
+        .target_direct_migration_node_ports
+        .as_ref()
+        .is_some_and(|p| !p.is_empty() && p.values().all(|v| *v == CHAIN_PORT_MARK))
+}
+
 /// The migration state of `vmi` for the migration with uid `migration_uid`, if it is its
 /// latest.
 pub fn state_of<'a>(

@@ -168,6 +168,21 @@ fn remove_overlays(prepared: &[(PlannedDisk, SnapshotPlan)]) {
     }
 }
 
+/// Why an online snapshot or merge of the VMI in `vmi_dir` is refused now: its volumes'
+/// snapshot chains are being carried by a block migration ([`crate::chaincopy`]), and a layer
+/// frozen or merged now would not be on the target.
+pub(super) fn carrying(vmi_dir: &std::path::Path) -> Option<String> {
+    vmi_dir
+        .join(crate::chaincopy::CARRYING_FILE)
+        .exists()
+        .then(|| {
+            "the VMI is being migrated and its volumes' snapshot chains are carried to the \
+             target node: snapshots and merges of its volumes are refused until the \
+             migration ends"
+                .to_string()
+        })
+}
+
 /// A request about a VMI running here: its body, the VMI's directory and the launch spec its
 /// launcher runs; else why not (400 for a bad body or uid, 409 when no launch spec says the
 /// VMI runs on this node).
@@ -209,6 +224,9 @@ async fn take(
     };
     let freeze = Duration::from_millis(req.freeze_timeout_ms).min(MAX_FREEZE);
     let _one = st.one_at_a_time.lock().await;
+    if let Some(why) = carrying(&vmi_dir) {
+        return refuse(StatusCode::CONFLICT, why);
+    }
     for p in &planned {
         if let Err(e) = super::journal::resolve_running(&vmi_dir, p).await {
             return refuse(StatusCode::CONFLICT, e);
