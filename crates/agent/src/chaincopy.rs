@@ -178,66 +178,182 @@ pub fn digest_file(path: &Path) -> Result<(u64, String), String> {
     Ok((total, h.finish()))
 }
 
-/// Target: reads `l.bytes` bytes of layer `l` from `from` into `dir`, as `<file>.part` first
-/// (all-zero blocks left as holes), and gives it its name only once size and SHA-256 match.
+/// The data extents `(offset, length)` of the first `len` bytes of `file` (`SEEK_DATA` /
+/// `SEEK_HOLE`): a sparse image's holes are not sent. A filesystem without hole reporting
+/// gives one extent, the whole file.
+pub fn data_extents(file: &std::fs::File, len: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    use rustix::fs::{SeekFrom, seek};
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    while at < len {
+        let start = match seek(file, SeekFrom::Data(at)) {
+            Ok(s) => s,
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        if start >= len {
+            break;
+        }
+        let end = match seek(file, SeekFrom::Hole(start)) {
+            Ok(e) => e.min(len),
+            Err(rustix::io::Errno::NXIO) => len,
+            Err(e) => return Err(e.into()),
+        };
+        out.push((start, end - start));
+        at = end;
+    }
+    Ok(out)
+}
+
+/// One frame of a layer on the wire: `offset` and `length` (big-endian), then `length` bytes;
+/// a frame of length 0 at the layer's size ends it.
+fn frame_header(offset: u64, len: u64) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[..8].copy_from_slice(&offset.to_be_bytes());
+    h[8..].copy_from_slice(&len.to_be_bytes());
+    h
+}
+
+/// Source: sends layer `l` (the file at `path`) to `to` as its data extents; the bytes of
+/// data sent.
+pub async fn send_layer<W: tokio::io::AsyncWrite + Unpin>(
+    path: &Path,
+    l: &LayerSum,
+    to: &mut W,
+) -> Result<u64, String> {
+    use tokio::io::AsyncSeekExt;
+    let std_file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let len = std_file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len();
+    if len != l.bytes {
+        return Err(format!(
+            "layer {} changed size since its digest ({len} of {} bytes)",
+            l.file, l.bytes
+        ));
+    }
+    let extents = data_extents(&std_file, len).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut f = tokio::fs::File::from_std(std_file);
+    let mut sent = 0u64;
+    for (off, n) in extents {
+        to.write_all(&frame_header(off, n))
+            .await
+            .map_err(|e| format!("sending layer {}: {e}", l.file))?;
+        f.seek(std::io::SeekFrom::Start(off))
+            .await
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut part = (&mut f).take(n);
+        let copied = tokio::io::copy(&mut part, to)
+            .await
+            .map_err(|e| format!("sending layer {}: {e}", l.file))?;
+        if copied != n {
+            return Err(format!("layer {} shrank while it was sent", l.file));
+        }
+        sent += n;
+    }
+    to.write_all(&frame_header(l.bytes, 0))
+        .await
+        .map_err(|e| format!("sending layer {}: {e}", l.file))?;
+    Ok(sent)
+}
+
+/// Target: reads layer `l` ([`send_layer`]'s frames) from `from` into `dir`, as
+/// `<file>.part` first (holes stay holes), and gives it its name only once size and SHA-256
+/// (over the whole layer, holes as zeros) match.
 pub async fn receive_layer<R: AsyncRead + Unpin>(
     dir: &Path,
     l: &LayerSum,
     from: &mut R,
 ) -> Result<(), String> {
     let part = dir.join(format!("{}{PART}", l.file));
-    let mut out = tokio::fs::File::create(&part)
+    let r = receive_into(&part, l, from).await;
+    if r.is_err() {
+        let _ = tokio::fs::remove_file(&part).await;
+    }
+    r?;
+    tokio::fs::rename(&part, dir.join(&l.file))
         .await
-        .map_err(|e| format!("{}: {e}", part.display()))?;
+        .map_err(|e| format!("{}: {e}", l.file))?;
+    Ok(())
+}
+
+async fn receive_into<R: AsyncRead + Unpin>(
+    part: &Path,
+    l: &LayerSum,
+    from: &mut R,
+) -> Result<(), String> {
+    use tokio::io::AsyncSeekExt;
+    let io = |e: std::io::Error| format!("{}: {e}", part.display());
+    let wire = |e: std::io::Error| format!("receiving layer {}: {e}", l.file);
+    let mut out = tokio::fs::File::create(part).await.map_err(io)?;
     let mut h = Hasher::new(Algorithm::Sha256);
+    let zeros = vec![0u8; 1 << 20];
     let mut buf = vec![0u8; 1 << 20];
-    let mut left = l.bytes;
     let mut pos = 0u64;
-    while left > 0 {
-        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
-        let n = from
-            .read(&mut buf[..want])
-            .await
-            .map_err(|e| format!("receiving layer {}: {e}", l.file))?;
-        if n == 0 {
-            let _ = tokio::fs::remove_file(&part).await;
+    loop {
+        let mut hdr = [0u8; 16];
+        from.read_exact(&mut hdr).await.map_err(|e| {
+            format!(
+                "layer {}: the source stopped at byte {pos} of {} ({e})",
+                l.file, l.bytes
+            )
+        })?;
+        let off = u64::from_be_bytes(hdr[..8].try_into().expect("8 bytes"));
+        let n = u64::from_be_bytes(hdr[8..].try_into().expect("8 bytes"));
+        if off < pos || off.checked_add(n).is_none_or(|end| end > l.bytes) {
             return Err(format!(
-                "layer {}: the source stopped after {pos} of {} bytes",
+                "layer {}: a frame at {off} of {n} bytes is outside the layer's {} bytes or \
+                 behind byte {pos}",
                 l.file, l.bytes
             ));
         }
-        h.update(&buf[..n]);
-        if buf[..n].iter().all(|b| *b == 0) {
-            use tokio::io::AsyncSeekExt;
-            out.seek(std::io::SeekFrom::Current(n as i64))
-                .await
-                .map_err(|e| format!("{}: {e}", part.display()))?;
-        } else {
-            out.write_all(&buf[..n])
-                .await
-                .map_err(|e| format!("{}: {e}", part.display()))?;
+        // The hole before the frame: zeros in the digest, nothing written.
+        let mut gap = off - pos;
+        while gap > 0 {
+            let k = gap.min(zeros.len() as u64) as usize;
+            h.update(&zeros[..k]);
+            gap -= k as u64;
         }
-        left -= n as u64;
-        pos += n as u64;
+        pos = off;
+        if n == 0 {
+            if off != l.bytes {
+                return Err(format!("layer {}: ended at {off} of {}", l.file, l.bytes));
+            }
+            break;
+        }
+        out.seek(std::io::SeekFrom::Start(off)).await.map_err(io)?;
+        let mut left = n;
+        while left > 0 {
+            let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            let got = from.read(&mut buf[..want]).await.map_err(wire)?;
+            if got == 0 {
+                return Err(format!(
+                    "layer {}: the source stopped at byte {pos} of {}",
+                    l.file, l.bytes
+                ));
+            }
+            h.update(&buf[..got]);
+            if buf[..got].iter().all(|b| *b == 0) {
+                out.seek(std::io::SeekFrom::Current(got as i64))
+                    .await
+                    .map_err(io)?;
+            } else {
+                out.write_all(&buf[..got]).await.map_err(io)?;
+            }
+            left -= got as u64;
+            pos += got as u64;
+        }
     }
-    out.set_len(l.bytes)
-        .await
-        .map_err(|e| format!("{}: {e}", part.display()))?;
-    out.sync_all()
-        .await
-        .map_err(|e| format!("{}: {e}", part.display()))?;
-    drop(out);
+    out.set_len(l.bytes).await.map_err(io)?;
+    out.sync_all().await.map_err(io)?;
     let got = h.finish();
     if got != l.sha256 {
-        let _ = tokio::fs::remove_file(&part).await;
         return Err(format!(
             "layer {}: SHA-256 {got} does not match the source's {}",
             l.file, l.sha256
         ));
     }
-    tokio::fs::rename(&part, dir.join(&l.file))
-        .await
-        .map_err(|e| format!("{}: {e}", l.file))?;
     Ok(())
 }
 
@@ -433,12 +549,19 @@ mod tests {
         let m = manifest_of(src.path()).unwrap().expect("a chain");
         assert_eq!(m.layers.len(), 1);
         assert_eq!(m.total_bytes(), size);
+        let mut wire = Vec::new();
         for l in &m.layers {
-            let bytes = std::fs::read(src.path().join(&l.file)).unwrap();
-            receive_layer(dst.path(), l, &mut bytes.as_slice())
+            let sent = send_layer(&src.path().join(&l.file), l, &mut wire)
                 .await
                 .unwrap();
+            // Only the data extents travel (the filesystem's block, not the 4 MiB).
+            assert!(sent < size / 8, "{sent} bytes sent");
         }
+        let mut from = wire.as_slice();
+        for l in &m.layers {
+            receive_layer(dst.path(), l, &mut from).await.unwrap();
+        }
+        assert!(from.is_empty());
         let top = finish_target(dst.path(), &m, size).unwrap();
         assert_eq!(top, dst.path().join("layer-000001.qcow2"));
         assert_eq!(
@@ -460,19 +583,30 @@ mod tests {
         assert_eq!(chain.layers.len(), 2);
         // A corrupted byte never takes the layer's name.
         let l = &m.layers[0];
-        let mut bytes = std::fs::read(src.path().join(&l.file)).unwrap();
-        bytes[0] ^= 1;
+        let mut bad = wire.clone();
+        let at = bad
+            .iter()
+            .position(|b| *b == b'm')
+            .expect("the marker on the wire");
+        bad[at] ^= 1;
         let other = tempfile::tempdir().unwrap();
-        let e = receive_layer(other.path(), l, &mut bytes.as_slice())
+        let e = receive_layer(other.path(), l, &mut bad.as_slice())
             .await
             .unwrap_err();
         assert!(e.contains("SHA-256"), "{e}");
         assert!(!other.path().join(&l.file).exists());
-        // Short input is refused too.
-        let e = receive_layer(other.path(), l, &mut &bytes[..10])
+        assert!(!other.path().join("disk.img.part").exists());
+        // Short input, and a frame outside the layer, are refused too.
+        let e = receive_layer(other.path(), l, &mut &wire[..wire.len() - 4])
             .await
             .unwrap_err();
         assert!(e.contains("stopped"), "{e}");
+        let mut outside = frame_header(size - 1, 2).to_vec();
+        outside.extend([1, 2]);
+        let e = receive_layer(other.path(), l, &mut outside.as_slice())
+            .await
+            .unwrap_err();
+        assert!(e.contains("outside"), "{e}");
     }
 
     #[test]

@@ -185,6 +185,11 @@ impl Agent {
             return Err(e);
         }
         let mut bytes = 0u64;
+        let total: u64 = offer
+            .volumes
+            .iter()
+            .filter_map(|(_, m)| m.as_ref().map(cc::Manifest::total_bytes))
+            .sum();
         for (claim, m) in &offer.volumes {
             let Some(m) = m else { continue };
             let dir = dirs
@@ -193,21 +198,9 @@ impl Agent {
                 .ok_or_else(|| format!("PVC {claim}: no volume directory"))?;
             for l in &m.layers {
                 let path = dir.join(&l.file);
-                let f = tokio::fs::File::open(&path)
+                let n = tokio::time::timeout(TRANSFER, cc::send_layer(&path, l, &mut ch))
                     .await
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                use tokio::io::AsyncReadExt;
-                let mut part = f.take(l.bytes);
-                let n = tokio::time::timeout(TRANSFER, tokio::io::copy(&mut part, &mut ch))
-                    .await
-                    .map_err(|_| format!("sending layer {} took over {TRANSFER:?}", l.file))?
-                    .map_err(|e| format!("sending layer {}: {e}", l.file))?;
-                if n != l.bytes {
-                    return Err(format!(
-                        "layer {} changed size while it was sent ({n} of {} bytes)",
-                        l.file, l.bytes
-                    ));
-                }
+                    .map_err(|_| format!("sending layer {} took over {TRANSFER:?}", l.file))??;
                 bytes += n;
             }
         }
@@ -220,8 +213,8 @@ impl Agent {
             return Err(format!("the target refused the layers: {e}"));
         }
         tracing::info!(uid = %uid,
-            "block migration: snapshot chains of {} volume(s) sent, {bytes} bytes in {} ms (digests {digests_ms} ms)",
-            sent.len(), t0.elapsed().as_millis());
+            "block migration: snapshot chains of {} volume(s) sent ({} bytes of layers, {bytes} bytes of data) in {} ms (digests {digests_ms} ms)",
+            sent.len(), total, t0.elapsed().as_millis());
         Ok(())
     }
 
