@@ -262,6 +262,22 @@ mod tests {
     }
 
     #[test]
+    fn a_target_waiting_for_the_chains_only_is_not_ready() {
+        let st = |ports: serde_json::Value| -> MigrationState {
+            serde_json::from_value(json!({"targetNodeAddress": "10.0.0.2",
+                "targetDirectMigrationNodePorts": ports}))
+            .unwrap()
+        };
+        assert!(chains_only(&st(json!({"5555": CHAIN_PORT_MARK}))));
+        assert!(!chains_only(&st(
+            json!({"5555": CHAIN_PORT_MARK, "4444": 0})
+        )));
+        assert!(!chains_only(&st(json!({"4444": 0}))));
+        assert!(!chains_only(&st(json!({}))));
+        assert!(!chains_only(&st(json!(null))));
+    }
+
+    #[test]
     fn shared_claims_and_cloud_init_migrate_live_overlays_are_copied() {
         let v = vmi(json!({"domain": {}, "volumes": [
             {"name": "r", "persistentVolumeClaim": {"claimName": "c"}},

@@ -155,8 +155,7 @@ spec:
     let sent = c
         .agent_log("node2")
         .lines()
-        .filter(|l| l.contains("snapshot chains of"))
-        .next_back()
+        .rfind(|l| l.contains("snapshot chains of"))
         .unwrap_or_default()
         .to_string();
     eprintln!(
