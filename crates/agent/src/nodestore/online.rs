@@ -349,6 +349,41 @@ mod tests {
         .unwrap()
     }
 
+    /// While a block migration carries the VMI's chains, its online snapshots and merges are
+    /// refused 409, naming why, before anything is prepared.
+    #[tokio::test]
+    async fn snapshots_and_merges_wait_while_the_chain_is_carried() {
+        use http_body_util::BodyExt;
+        let data = tempfile::tempdir().unwrap();
+        let uid = "0ea9d96b-f045-4de8-850b-aaff50930433";
+        let vmi_dir = ferrovirt_launcher::daemon::vmi_dir(data.path(), uid);
+        std::fs::create_dir_all(&vmi_dir).unwrap();
+        std::fs::write(
+            vmi_dir.join(files::SPEC),
+            serde_json::to_vec(&spec()).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(vmi_dir.join(crate::chaincopy::CARRYING_FILE), "{}").unwrap();
+        let st = Arc::new(OnlineState {
+            data_dir: data.path().to_path_buf(),
+            one_at_a_time: Mutex::new(()),
+        });
+        let body = Bytes::from(r#"{"volumes": ["root"], "freezeTimeoutMs": 1000}"#);
+        let r = take(State(st.clone()), UrlPath(uid.to_string()), body).await;
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        let text = r.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&text).contains("being migrated"),
+            "{text:?}"
+        );
+        let body = Bytes::from(r#"{"volume": "root"}"#);
+        let r =
+            super::super::online_reclaim::reclaim(State(st), UrlPath(uid.to_string()), body).await;
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        // No overlay was prepared anywhere.
+        assert!(!std::path::Path::new("/d/volumes").exists());
+    }
+
     #[test]
     fn volumes_map_to_their_disks_and_directories() {
         let p = plan_disks(&spec(), &["root".into(), "data".into()]).unwrap();
