@@ -8,7 +8,9 @@
 //! (uptime grew) and reads A and B on node1, whose volume directory holds the same chain
 //! (byte-identical frozen layer, the same `chain.json`); node2's copy is gone. Then the VM is
 //! stopped and restored from the snapshot, which works on node1 now: it boots reading A and
-//! not B. The time the layer copy took is printed.
+//! not B. The time the layer copy took is printed. Last, a VirtualMachineSnapshot asked while
+//! a (slowed) migration back to node2 carries the chain is refused, says why, and is taken on
+//! node2 once the migration succeeded.
 
 use std::time::{Duration, Instant};
 
@@ -211,5 +213,69 @@ spec:
     assert_eq!(read_marker(&console, SECTOR_A, A.len())?, A);
     let b = read_marker(&console, SECTOR_B, B.len())?;
     assert!(b.is_empty(), "marker B survived the restore: {b:?}");
+    drop(console);
+
+    // A snapshot asked while a migration carries the chain is refused (409 from the agent,
+    // the VirtualMachineSnapshot says why and retries) and taken once the VM runs on the
+    // other node; the migration is not disturbed.
+    slow_policy(&c)?;
+    c.apply(&migration("mig-back", "mig"))?;
+    sending(&c, "mig-back")?;
+    c.apply(
+        r#"
+apiVersion: snapshot.kubevirt.io/v1beta1
+kind: VirtualMachineSnapshot
+metadata: {name: during, namespace: default}
+spec:
+  source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: mig}
+"#,
+    )?;
+    let refused = c.wait_until("the snapshot refused while carried", STEP, || {
+        let s = c.get_json(&["vmsnapshot", "during", "-n", "default"])?;
+        let m = s["status"]["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Ok(m.contains("being migrated").then_some(m))
+    })?;
+    eprintln!("refused during the migration: {refused}");
+    let m = finished(&c, "mig-back", Duration::from_secs(300))?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let snap = wait_done(&c, "vmsnapshot", "during", "readyToUse")?;
+    assert_eq!(snap["status"]["phase"], "Succeeded", "{snap}");
+    let v = c.get_json(&["vmi", "mig"])?;
+    assert_eq!(v["status"]["nodeName"], "node2");
+    // The VM's claim (the restore gave it a new one, restored on node1) is on node2 now,
+    // with the layer that snapshot froze.
+    let vm = c.get_json(&["vm", "mig", "-n", "default"])?;
+    let vol = &vm["spec"]["template"]["spec"]["volumes"][0];
+    let claim = vol["persistentVolumeClaim"]["claimName"]
+        .as_str()
+        .or(vol["dataVolume"]["name"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let pv = c.get_json(&["pvc", &claim, "-n", "default"])?["spec"]["volumeName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let node2_dir = node_dir(&c, "node2");
+    let path = c.wait_until("the PV on node2", Duration::from_secs(60), || {
+        let p = c.get_json(&["pv", &pv])?["spec"]["local"]["path"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Ok(std::path::Path::new(&p)
+            .starts_with(&node2_dir)
+            .then_some(p))
+    })?;
+    eprintln!("the claim's volume after the second migration: PV {pv} at {path}");
+    let chain = std::fs::read_to_string(std::path::Path::new(&path).join("chain.json"))?;
+    let layers = serde_json::from_str::<serde_json::Value>(&chain)?["layers"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(
+        layers >= 2,
+        "the snapshot taken on node2 froze a layer: {chain}"
+    );
     Ok(())
 }
