@@ -43,7 +43,7 @@ HINTS = {
     "empty_cdrom": 14, "port_forward": 13, "hyperconverged": 35, "node_proxy": 17,
     "cpu_models": 30,
     "migration_postcopy": 135, "snapshot_reclaim_online": 45, "online_reclaim": 11,
-    "migration_block_restart": 45,
+    "migration_block_restart": 45, "migration_chain": 80,
 }
 DEFAULT_E2E = 30
 DEFAULT_OTHER = 5

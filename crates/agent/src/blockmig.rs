@@ -14,8 +14,8 @@ use crate::volumes::ClaimInfo;
 pub const TARGET_MARKER: &str = ".ferrovirt-migrating-in";
 
 /// Whether a claim that is not shared can be copied by a block migration: a Filesystem
-/// volume of the `local` class, made by ferrovirt in this node's volume root, without
-/// snapshots (a qcow2 layer chain is not carried).
+/// volume of the `local` class, made by ferrovirt in this node's volume root (with or without
+/// snapshots: a layer chain is carried, [`crate::chaincopy`]).
 pub fn claim_block_ok(info: Option<&ClaimInfo>, volume_root: &Path) -> Result<(), String> {
     let Some(info) = info else {
         return Err("its volume is unknown".into());
@@ -28,17 +28,6 @@ pub fn claim_block_ok(info: Option<&ClaimInfo>, volume_root: &Path) -> Result<()
     }
     if ferrovirt_storage::block::is_block_volume(&info.path) {
         return Err("it is a Block-mode volume (a loop device), which is not copied".into());
-    }
-    if info
-        .path
-        .join(ferrovirt_storage::snapshot::CHAIN_FILE)
-        .exists()
-    {
-        return Err(
-            "the volume has snapshots (a qcow2 layer chain); carrying the chain to another \
-             node is not supported: delete the snapshots or use a ReadWriteMany claim"
-                .into(),
-        );
     }
     Ok(())
 }
@@ -146,9 +135,9 @@ mod tests {
         assert!(claim_block_ok(Some(&info(vol.clone(), false)), root.path()).is_err());
         assert!(claim_block_ok(Some(&info("/elsewhere/x".into(), true)), root.path()).is_err());
         assert!(claim_block_ok(None, root.path()).is_err());
+        // A volume with snapshots is copied with its chain.
         std::fs::write(vol.join(ferrovirt_storage::snapshot::CHAIN_FILE), "{}").unwrap();
-        let e = claim_block_ok(Some(&info(vol, true)), root.path()).unwrap_err();
-        assert!(e.contains("snapshots"), "{e}");
+        assert_eq!(claim_block_ok(Some(&info(vol, true)), root.path()), Ok(()));
     }
 
     #[test]

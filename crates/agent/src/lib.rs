@@ -27,6 +27,7 @@
 //! - [`resize`]: online growth of running VMIs' claim disks after their volumes grew.
 
 pub mod blockmig;
+pub mod chaincopy;
 pub mod cloudinit;
 pub mod containerdisk;
 pub mod cpu_models;

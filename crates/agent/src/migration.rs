@@ -94,6 +94,52 @@ pub fn target_endpoint(st: &MigrationState) -> Option<SocketAddr> {
 /// (KubeVirt's libvirt block-migration port; the migration stream's port maps to 0).
 pub const NBD_PORT_MARK: i32 = 49153;
 
+/// The value marking the port on which the target receives the frozen layers of the
+/// node-local volumes' snapshot chains ([`crate::chaincopy`]) before its QEMU starts.
+pub const CHAIN_PORT_MARK: i32 = ferrovirt_api::migration::CHAIN_PORT_MARK;
+
+/// The target's port for the snapshot chains, when it waits for them.
+pub fn chain_endpoint(st: &MigrationState) -> Option<SocketAddr> {
+    let ip: IpAddr = st.target_node_address.as_deref()?.parse().ok()?;
+    let port = st
+        .target_direct_migration_node_ports
+        .iter()
+        .flatten()
+        .find(|(_, v)| **v == CHAIN_PORT_MARK)
+        .and_then(|(p, _)| p.parse().ok())?;
+    Some(SocketAddr::new(ip, port))
+}
+
+/// Whether the source on `node` sends its volumes' chains for `vmi`'s migration now: bound
+/// here, the migration not started nor finished, the target waiting for them (its stream
+/// not ready yet); `sent`: the migration uid they were last sent for.
+pub fn chain_step(
+    vmi: &VirtualMachineInstance,
+    node: &str,
+    sent: Option<&str>,
+) -> Option<SocketAddr> {
+    let st = state(vmi)?;
+    if bound_to(vmi) != Some(node)
+        || st.source_node.as_deref() != Some(node)
+        || ferrovirt_api::migration::finished(st)
+        || st.start_timestamp.is_some()
+        || target_endpoint(st).is_some()
+        || vmi.metadata.deletion_timestamp.is_some()
+        || sent.is_some_and(|s| Some(s) == st.migration_uid.as_deref())
+    {
+        return None;
+    }
+    chain_endpoint(st)
+}
+
+/// The target's report that it waits for the snapshot chains on `address`:`port`.
+pub fn chain_ready_patch(address: IpAddr, port: u16) -> Value {
+    json!({"migrationState": {
+        "targetNodeAddress": address.to_string(),
+        "targetDirectMigrationNodePorts": {port.to_string(): CHAIN_PORT_MARK},
+    }})
+}
+
 /// The target's NBD ports (one for all the disks copied), in order.
 pub fn block_ports(st: &MigrationState) -> Vec<u16> {
     let mut ports: Vec<u16> = st
@@ -314,46 +360,62 @@ pub fn read_migratable(dir: &Path) -> Option<Result<(), (String, String)>> {
 }
 
 /// [`read_migratable`], checked again against the node's volumes under `volume_root`: a
-/// node-local claim that has snapshots now (an online snapshot or a backup point taken since
-/// the start: `chain.json`) makes the VMI not live-migratable, since the chain is not carried.
+/// node-local claim whose snapshot chain is in a state that cannot be carried now (an online
+/// merge unfinished, its journal pending, or a record that does not read) makes the VMI not
+/// live-migratable, naming the state. Chains themselves are carried ([`crate::chaincopy`]).
 pub fn read_migratable_now(dir: &Path, volume_root: &Path) -> Option<Result<(), (String, String)>> {
     let recorded = read_migratable(dir)?;
     if recorded.is_err() {
         return Some(recorded);
     }
-    let v: Value = serde_json::from_slice(&std::fs::read(dir.join(MIGRATABLE_FILE)).ok()?).ok()?;
-    let dirs: std::collections::BTreeMap<String, String> =
-        serde_json::from_value(v["volumeDirs"].clone()).unwrap_or_default();
-    Some(match chained_claim(&dirs, volume_root) {
-        Some(claim) => Err((
-            ferrovirt_api::migration::reason::DISKS_NOT_LIVE_MIGRATABLE.to_string(),
-            format!(
-                "cannot migrate VMI: PVC {claim} is not shared (ReadWriteMany) and cannot be \
-                 block-migrated: the volume has snapshots (a qcow2 layer chain, e.g. a kept \
-                 backup point); carrying the chain to another node is not supported: delete \
-                 the snapshots or use a ReadWriteMany claim"
-            ),
-        )),
-        None => Ok(()),
-    })
+    Some(
+        match uncarriable_claim(&read_volume_dirs(dir), volume_root) {
+            Some((claim, why)) => Err((
+                ferrovirt_api::migration::reason::DISKS_NOT_LIVE_MIGRATABLE.to_string(),
+                format!(
+                    "cannot migrate VMI: PVC {claim} is not shared (ReadWriteMany) and its snapshot \
+                 chain cannot be carried now: {why}"
+                ),
+            )),
+            None => Ok(()),
+        },
+    )
+}
+
+/// The node-local claims a block migration copies, and their volume directory names
+/// (recorded at the start, [`write_migratable`]).
+pub fn read_volume_dirs(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    std::fs::read(dir.join(MIGRATABLE_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| serde_json::from_value(v["volumeDirs"].clone()).ok())
+        .unwrap_or_default()
+}
+
+/// A volume directory name of [`read_volume_dirs`] as a path under `volume_root` (`None`:
+/// a name that is a path is never followed).
+pub fn volume_dir(volume_root: &Path, name: &str) -> Option<PathBuf> {
+    (!name.is_empty() && !name.contains('/') && !name.starts_with('.'))
+        .then(|| volume_root.join(name))
 }
 
 /// The first claim of `dirs` (claim → volume directory name) whose volume under
-/// `volume_root` has a snapshot chain.
-fn chained_claim(
+/// `volume_root` has a chain that cannot be carried now, and why.
+fn uncarriable_claim(
     dirs: &std::collections::BTreeMap<String, String>,
     volume_root: &Path,
-) -> Option<String> {
-    dirs.iter()
-        .find(|(_, d)| {
-            !d.is_empty()
-                && !d.contains('/')
-                && volume_root
-                    .join(d)
-                    .join(ferrovirt_storage::snapshot::CHAIN_FILE)
-                    .exists()
-        })
-        .map(|(c, _)| c.clone())
+) -> Option<(String, String)> {
+    dirs.iter().find_map(|(c, d)| {
+        let dir = volume_dir(volume_root, d)?;
+        if !dir.join(ferrovirt_storage::snapshot::CHAIN_FILE).exists() {
+            return None;
+        }
+        let why = match ferrovirt_storage::snapshot::read_chain(&dir) {
+            Ok(chain) => crate::chaincopy::plan(&chain).err()?,
+            Err(e) => e.to_string(),
+        };
+        Some((c.clone(), why))
+    })
 }
 
 /// The volumes a block migration of the VMI in `dir` copies (empty: a live migration).
@@ -551,11 +613,13 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_taken_since_the_start_makes_a_block_migratable_vmi_not_migratable() {
+    fn a_chain_is_carried_but_a_pending_merge_makes_the_vmi_not_migratable() {
         use ferrovirt_api::migration::{BlockVolume, Method};
+        use ferrovirt_storage::snapshot::{CHAIN_FILE, Chain, Journal, plan_snapshot};
         let vmi_dir = tempfile::tempdir().unwrap();
         let root = tempfile::tempdir().unwrap();
-        std::fs::create_dir(root.path().join("pv-data")).unwrap();
+        let vol = root.path().join("pv-data");
+        std::fs::create_dir(&vol).unwrap();
         let block = Ok(Method::Block(vec![BlockVolume {
             volume: "data".into(),
             claim: Some("data".into()),
@@ -566,19 +630,29 @@ mod tests {
             read_migratable_now(vmi_dir.path(), root.path()),
             Some(Ok(()))
         );
-        std::fs::write(
-            root.path()
-                .join("pv-data")
-                .join(ferrovirt_storage::snapshot::CHAIN_FILE),
-            "{}",
-        )
-        .unwrap();
+        // Snapshots taken since the start: the chain is carried, still migratable.
+        let mut chain = plan_snapshot(&plan_snapshot(&Chain::default()).chain).chain;
+        std::fs::write(vol.join(CHAIN_FILE), serde_json::to_vec(&chain).unwrap()).unwrap();
+        assert_eq!(
+            read_migratable_now(vmi_dir.path(), root.path()),
+            Some(Ok(()))
+        );
+        assert_eq!(read_volume_dirs(vmi_dir.path()), dirs);
+        // An online merge unfinished: refused, naming it.
+        chain.journal = Some(Journal {
+            id: "m-1".into(),
+            commit: false,
+            layers: chain.layers.clone(),
+            detached: Vec::new(),
+            delete: Vec::new(),
+        });
+        std::fs::write(vol.join(CHAIN_FILE), serde_json::to_vec(&chain).unwrap()).unwrap();
         let (reason, message) = read_migratable_now(vmi_dir.path(), root.path())
             .unwrap()
             .unwrap_err();
         assert_eq!(reason, "DisksNotLiveMigratable");
         assert!(
-            message.contains("PVC data") && message.contains("snapshots"),
+            message.contains("PVC data") && message.contains("online merge"),
             "{message}"
         );
         // A directory name that is a path is never followed.
@@ -587,6 +661,58 @@ mod tests {
         assert_eq!(
             read_migratable_now(vmi_dir.path(), root.path()),
             Some(Ok(()))
+        );
+    }
+
+    #[test]
+    fn the_source_sends_the_chains_once_the_target_waits_for_them() {
+        let waiting = vmi(
+            "n1",
+            json!({"targetNode": "n2", "sourceNode": "n1", "migrationUid": "m",
+            "targetNodeAddress": "10.1.2.3", "targetDirectMigrationNodePorts": {"5555": CHAIN_PORT_MARK}}),
+        );
+        let at: SocketAddr = "10.1.2.3:5555".parse().unwrap();
+        assert_eq!(chain_step(&waiting, "n1", None), Some(at));
+        assert_eq!(chain_step(&waiting, "n1", Some("m")), None, "sent once");
+        assert_eq!(chain_step(&waiting, "n1", Some("older")), Some(at));
+        assert_eq!(chain_step(&waiting, "n2", None), None);
+        // Not yet a stream endpoint: the source does not migrate before the chains.
+        assert_eq!(source_step(&waiting, "n1", false), SourceStep::Nothing);
+        let st = waiting
+            .status
+            .as_ref()
+            .unwrap()
+            .migration_state
+            .as_ref()
+            .unwrap();
+        assert_eq!(target_endpoint(st), None);
+        assert!(block_ports(st).is_empty());
+        // The target ready: the chain port stays in the map, the stream is its own.
+        let ready = vmi(
+            "n1",
+            json!({"targetNode": "n2", "sourceNode": "n1", "migrationUid": "m",
+            "targetNodeAddress": "10.1.2.3",
+            "targetDirectMigrationNodePorts": {"5555": CHAIN_PORT_MARK, "4444": 0, "4445": NBD_PORT_MARK}}),
+        );
+        assert_eq!(chain_step(&ready, "n1", None), None);
+        let st = ready
+            .status
+            .as_ref()
+            .unwrap()
+            .migration_state
+            .as_ref()
+            .unwrap();
+        assert_eq!(target_endpoint(st), Some("10.1.2.3:4444".parse().unwrap()));
+        assert_eq!(block_ports(st), vec![4445]);
+        let p = chain_ready_patch("10.1.2.3".parse().unwrap(), 5555);
+        assert_eq!(
+            p["migrationState"]["targetDirectMigrationNodePorts"]["5555"],
+            CHAIN_PORT_MARK
+        );
+        assert!(
+            p["migrationState"]
+                .get("targetNodeDomainReadyTimestamp")
+                .is_none()
         );
     }
 }

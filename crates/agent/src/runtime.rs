@@ -40,6 +40,7 @@ use crate::volumes::ResolvedRefs;
 
 mod blockmig;
 mod caches;
+mod chainmig;
 mod cpu_labels;
 mod devices;
 mod migration;
@@ -189,6 +190,9 @@ struct Agent {
     launchers: Mutex<Launchers>,
     /// VMIs with an operation (start/stop) in flight.
     busy: Mutex<HashSet<String>>,
+    /// Source: the migration uid each VMI's snapshot chains were last sent for
+    /// ([`crate::chaincopy`]).
+    chains_sent: std::sync::Mutex<HashMap<String, String>>,
     /// The Lease duration in seconds: `opts.lease_duration` unless a HyperConverged object
     /// sets `spec.nodeFailure.leaseDurationSeconds` (followed from the HyperConverged cache
     /// by [`crate::fencing::follow_lease_duration`]).
@@ -303,6 +307,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         cfg,
         launchers: Mutex::new(Launchers::default()),
         busy: Mutex::new(HashSet::new()),
+        chains_sent: std::sync::Mutex::new(HashMap::new()),
         last_renewal: std::sync::Mutex::new(None),
         lease_seconds,
         lease: Mutex::new(None),

@@ -205,6 +205,19 @@ pub fn finished(state: &MigrationState) -> bool {
     state.completed == Some(true) || state.failed == Some(true)
 }
 
+/// The value marking, in `targetDirectMigrationNodePorts`, the port on which the target
+/// agent receives the node-local volumes' snapshot chains before its QEMU starts.
+pub const CHAIN_PORT_MARK: i32 = 49154;
+
+/// Whether the target only waits for the snapshot chains so far (its address is set, but
+/// no port of the migration stream yet): it is still preparing, not ready.
+pub fn chains_only(state: &MigrationState) -> bool {
+    state
+        .target_direct_migration_node_ports
+        .as_ref()
+        .is_some_and(|p| !p.is_empty() && p.values().all(|v| *v == CHAIN_PORT_MARK))
+}
+
 /// The migration state of `vmi` for the migration with uid `migration_uid`, if it is its
 /// latest.
 pub fn state_of<'a>(
@@ -246,6 +259,22 @@ mod tests {
 
     fn block_ok(_: &str) -> Result<(), String> {
         Ok(())
+    }
+
+    #[test]
+    fn a_target_waiting_for_the_chains_only_is_not_ready() {
+        let st = |ports: serde_json::Value| -> MigrationState {
+            serde_json::from_value(json!({"targetNodeAddress": "10.0.0.2",
+                "targetDirectMigrationNodePorts": ports}))
+            .unwrap()
+        };
+        assert!(chains_only(&st(json!({"5555": CHAIN_PORT_MARK}))));
+        assert!(!chains_only(&st(
+            json!({"5555": CHAIN_PORT_MARK, "4444": 0})
+        )));
+        assert!(!chains_only(&st(json!({"4444": 0}))));
+        assert!(!chains_only(&st(json!({}))));
+        assert!(!chains_only(&st(json!(null))));
     }
 
     #[test]

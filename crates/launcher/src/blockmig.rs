@@ -120,10 +120,13 @@ pub fn server_args(fdname: &str, disks: usize, tls: bool) -> Value {
 }
 
 /// `blockdev-mirror` of `disk` (what the guest sees, its format node) to its NBD client;
-/// the target is empty, so everything is copied.
-pub fn mirror_args(disk: &str) -> Value {
-    json!({"job-id": job_id(disk), "device": disk_node_name(disk),
-           "target": client_node(disk), "sync": "full"})
+/// the target is empty, so everything is copied — or, with `top_only`, the target's empty
+/// top lies over the same frozen layers (carried by the agents), so only the data of the
+/// source's top layer is (`sync: top`).
+/// `device`: the disk's current top node (`fmt-<disk>`, or an online snapshot's overlay).
+pub fn mirror_args(disk: &str, device: &str, top_only: bool) -> Value {
+    json!({"job-id": job_id(disk), "device": device,
+           "target": client_node(disk), "sync": if top_only { "top" } else { "full" }})
 }
 
 /// The virtual size of each named block node in a `query-named-block-nodes` answer.
@@ -153,7 +156,13 @@ pub fn all_ready(jobs: &Value, disks: &[String]) -> std::result::Result<bool, St
 
 /// Runs one block-migration step on `vm`; `cert`: this side's ephemeral migration pair
 /// (needed when the step names the peer's certificate).
-pub async fn run(vm: &Vm, step: BlockOp, cert: Option<&EphemeralCert>) -> Result<Value> {
+/// `tops`: each disk's current top node (online snapshots move it).
+pub async fn run(
+    vm: &Vm,
+    step: BlockOp,
+    cert: Option<&EphemeralCert>,
+    tops: &crate::online_snapshot::Tops,
+) -> Result<Value> {
     match step {
         BlockOp::Export {
             fd_socket,
@@ -190,7 +199,7 @@ pub async fn run(vm: &Vm, step: BlockOp, cert: Option<&EphemeralCert>) -> Result
                 let ours = crate::migrate::needs_cert(cert, migtls::Endpoint::Client)?;
                 crate::migrate::install_creds_as(vm, migtls::NBD_CREDS_ID, ours, peer).await?;
             }
-            mirror(vm, &disks, peer_cert.is_some()).await
+            mirror(vm, &disks, peer_cert.is_some(), tops).await
         }
         BlockOp::Jobs => vm.qmp().execute("query-block-jobs", None).await,
         BlockOp::SwitchOver => switch_over(vm).await,
@@ -210,7 +219,12 @@ async fn receive(path: &std::path::Path) -> Result<std::os::fd::OwnedFd> {
         .map_err(|e| Error::BlockMigration(e.to_string()))?
 }
 
-async fn mirror(vm: &Vm, disks: &[MirrorDisk], tls: bool) -> Result<Value> {
+async fn mirror(
+    vm: &Vm,
+    disks: &[MirrorDisk],
+    tls: bool,
+    tops: &crate::online_snapshot::Tops,
+) -> Result<Value> {
     for d in disks {
         let conn = receive(&d.socket).await?;
         let fdname = format!("nbd-{}", d.disk);
@@ -230,7 +244,8 @@ async fn mirror(vm: &Vm, disks: &[MirrorDisk], tls: bool) -> Result<Value> {
             .qmp()
             .execute("query-named-block-nodes", Some(json!({"flat": true})))
             .await?;
-        let ours = node_size(&nodes, &disk_node_name(&d.disk));
+        let top = tops.top(&d.disk);
+        let ours = node_size(&nodes, &top);
         let theirs = node_size(&nodes, &client_node(&d.disk));
         if ours != theirs {
             cancel(vm).await;
@@ -240,7 +255,10 @@ async fn mirror(vm: &Vm, disks: &[MirrorDisk], tls: bool) -> Result<Value> {
             )));
         }
         vm.qmp()
-            .execute("blockdev-mirror", Some(mirror_args(&d.disk)))
+            .execute(
+                "blockdev-mirror",
+                Some(mirror_args(&d.disk, &top, d.top_only)),
+            )
             .await?;
     }
     Ok(Value::Null)
@@ -419,10 +437,14 @@ mod tests {
                 .get("tls-creds")
                 .is_none()
         );
-        let m = mirror_args("root");
+        let m = mirror_args("root", &disk_node_name("root"), false);
         assert_eq!(m["device"], "fmt-root");
         assert_eq!(m["target"], "nbd-root");
         assert_eq!(m["sync"], "full");
+        let t = mirror_args("root", "overlay-root-1", true);
+        assert_eq!(t["sync"], "top");
+        assert_eq!(t["device"], "overlay-root-1");
+        assert_eq!(t["job-id"], job_id("root"));
     }
 
     #[test]

@@ -254,6 +254,10 @@ pub enum BlockOp {
 pub struct MirrorDisk {
     pub disk: String,
     pub socket: PathBuf,
+    /// Copy only the top layer's data (`sync: top`): the target holds the same frozen
+    /// layers below it (a snapshot chain carried by the agents).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub top_only: bool,
 }
 
 /// The reply to [`Request::ResizeDisk`]: the disk's size after the request.

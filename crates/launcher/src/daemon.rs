@@ -397,7 +397,7 @@ async fn main_loop(
                     }
                     Command::Block(step) => {
                         let jobs = matches!(step, crate::control::BlockOp::Jobs);
-                        let answer = crate::blockmig::run(&vm, step, mig_cert.as_ref()).await;
+                        let answer = crate::blockmig::run(&vm, step, mig_cert.as_ref(), &tops).await;
                         if let (true, Ok(v)) = (jobs, &answer) {
                             disk_rate.observe(std::time::Instant::now(), v);
                         }

@@ -60,10 +60,11 @@ async fn mirror(
         disks: vec![MirrorDisk {
             disk: DISK.into(),
             socket: sock,
+            top_only: false,
         }],
         peer_cert: Some(target_cert.to_string()),
     };
-    let r = blockmig::run(&src.vm, step, Some(ours)).await;
+    let r = blockmig::run(&src.vm, step, Some(ours), &Default::default()).await;
     t.join().unwrap();
     r.map_err(|e| e.to_string())
 }
@@ -98,7 +99,7 @@ async fn the_nbd_export_takes_only_the_source_certificate() {
         disks: vec![DISK.into()],
         peer_cert: Some(src_cert.cert_pem.clone()),
     };
-    blockmig::run(&tgt.vm, export, Some(&tgt_cert))
+    blockmig::run(&tgt.vm, export, Some(&tgt_cert), &Default::default())
         .await
         .expect("the target exports its disk");
     t.join().unwrap();

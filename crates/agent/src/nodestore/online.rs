@@ -168,6 +168,21 @@ fn remove_overlays(prepared: &[(PlannedDisk, SnapshotPlan)]) {
     }
 }
 
+/// Why an online snapshot or merge of the VMI in `vmi_dir` is refused now: its volumes'
+/// snapshot chains are being carried by a block migration ([`crate::chaincopy`]), and a layer
+/// frozen or merged now would not be on the target.
+pub(super) fn carrying(vmi_dir: &std::path::Path) -> Option<String> {
+    vmi_dir
+        .join(crate::chaincopy::CARRYING_FILE)
+        .exists()
+        .then(|| {
+            "the VMI is being migrated and its volumes' snapshot chains are carried to the \
+             target node: snapshots and merges of its volumes are refused until the \
+             migration ends"
+                .to_string()
+        })
+}
+
 /// A request about a VMI running here: its body, the VMI's directory and the launch spec its
 /// launcher runs; else why not (400 for a bad body or uid, 409 when no launch spec says the
 /// VMI runs on this node).
@@ -209,6 +224,9 @@ async fn take(
     };
     let freeze = Duration::from_millis(req.freeze_timeout_ms).min(MAX_FREEZE);
     let _one = st.one_at_a_time.lock().await;
+    if let Some(why) = carrying(&vmi_dir) {
+        return refuse(StatusCode::CONFLICT, why);
+    }
     for p in &planned {
         if let Err(e) = super::journal::resolve_running(&vmi_dir, p).await {
             return refuse(StatusCode::CONFLICT, e);
@@ -329,6 +347,41 @@ mod tests {
             "sockets": {"qmp": "/q"},
         }))
         .unwrap()
+    }
+
+    /// While a block migration carries the VMI's chains, its online snapshots and merges are
+    /// refused 409, naming why, before anything is prepared.
+    #[tokio::test]
+    async fn snapshots_and_merges_wait_while_the_chain_is_carried() {
+        use http_body_util::BodyExt;
+        let data = tempfile::tempdir().unwrap();
+        let uid = "0ea9d96b-f045-4de8-850b-aaff50930433";
+        let vmi_dir = ferrovirt_launcher::daemon::vmi_dir(data.path(), uid);
+        std::fs::create_dir_all(&vmi_dir).unwrap();
+        std::fs::write(
+            vmi_dir.join(files::SPEC),
+            serde_json::to_vec(&spec()).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(vmi_dir.join(crate::chaincopy::CARRYING_FILE), "{}").unwrap();
+        let st = Arc::new(OnlineState {
+            data_dir: data.path().to_path_buf(),
+            one_at_a_time: Mutex::new(()),
+        });
+        let body = Bytes::from(r#"{"volumes": ["root"], "freezeTimeoutMs": 1000}"#);
+        let r = take(State(st.clone()), UrlPath(uid.to_string()), body).await;
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        let text = r.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&text).contains("being migrated"),
+            "{text:?}"
+        );
+        let body = Bytes::from(r#"{"volume": "root"}"#);
+        let r =
+            super::super::online_reclaim::reclaim(State(st), UrlPath(uid.to_string()), body).await;
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        // No overlay was prepared anywhere.
+        assert!(!std::path::Path::new("/d/volumes").exists());
     }
 
     #[test]

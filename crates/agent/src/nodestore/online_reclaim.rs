@@ -87,6 +87,9 @@ async fn merge_volume(
     vmi_dir: std::path::PathBuf,
 ) -> Response {
     let _one = st.one_at_a_time.lock().await;
+    if let Some(why) = super::online::carrying(&vmi_dir) {
+        return refuse(StatusCode::CONFLICT, why);
+    }
     if let Err(e) = super::journal::resolve_running(&vmi_dir, &planned).await {
         return refuse(StatusCode::CONFLICT, e);
     }

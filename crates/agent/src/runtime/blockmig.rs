@@ -41,6 +41,8 @@ pub(super) struct BlockTarget {
     pub disks: Vec<String>,
     /// Claims whose volume is the fresh copy here.
     pub claim_paths: BTreeMap<String, PathBuf>,
+    /// Each copied claim's volume size (its PV's capacity).
+    pub sizes: BTreeMap<String, u64>,
 }
 
 /// The target's NBD socket until the source's certificate is known.
@@ -114,6 +116,7 @@ impl Agent {
             let bytes = crate::volumes::quantity_bytes("capacity", &cap.0)?;
             let dir = bm::create_target_volume(&self.volume_root(), &pv_name, bytes, &uid)
                 .map_err(AgentError::Reference)?;
+            out.sizes.insert(claim.clone(), bytes);
             out.claim_paths.insert(claim, dir);
         }
         Ok(out)
@@ -291,6 +294,16 @@ impl Agent {
         };
         let at = SocketAddr::new(target, port);
         let t0 = Instant::now();
+        // Volumes whose frozen layers were carried ([`crate::chaincopy`]): the top only.
+        let volume_dirs = self.carried_volume_dirs(&dir);
+        let chained: BTreeMap<String, bool> = volume_dirs
+            .iter()
+            .map(|(c, d)| {
+                let top = ferrovirt_storage::snapshot::read_chain(d)
+                    .is_ok_and(|ch| crate::chaincopy::mirror_top_only(&ch));
+                (c.clone(), top)
+            })
+            .collect();
         let mut hand_overs = Vec::new();
         let mut disks = Vec::new();
         for (i, b) in block.iter().enumerate() {
@@ -306,6 +319,12 @@ impl Agent {
             disks.push(MirrorDisk {
                 disk: crate::mapping::disk_id(&b.volume),
                 socket: sock,
+                top_only: b
+                    .claim
+                    .as_ref()
+                    .and_then(|c| chained.get(c))
+                    .copied()
+                    .unwrap_or(false),
             });
         }
         let ids: Vec<String> = disks.iter().map(|d| d.disk.clone()).collect();
@@ -352,7 +371,20 @@ impl Agent {
             }
         }
         tracing::info!(uid = %uid, "disk mirrors in sync after {:?}", started.elapsed());
+        // A chain that changed since it was sent (a snapshot or merge that raced the refusal)
+        // would leave a layer behind: the migration stops here, the VM keeps its disks.
+        crate::chaincopy::check_unchanged(&dir, &volume_dirs)?;
         Ok(())
+    }
+
+    /// The node-local claims of the VMI in `vmi_dir` a block migration copies, and their
+    /// volume directories here.
+    pub(super) fn carried_volume_dirs(&self, vmi_dir: &Path) -> BTreeMap<String, PathBuf> {
+        let root = self.volume_root();
+        mig::read_volume_dirs(vmi_dir)
+            .into_iter()
+            .filter_map(|(c, n)| mig::volume_dir(&root, &n).map(|d| (c, d)))
+            .collect()
     }
 
     /// Source, after a failed block migration: the mirrors stop, the VM keeps its disks.

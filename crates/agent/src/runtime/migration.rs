@@ -184,8 +184,12 @@ impl Agent {
             ),
         )
         .await;
-        // Node-local disks: empty copies here, filled by the source's mirrors.
+        // Node-local disks: empty copies here, filled by the source's mirrors; their
+        // snapshot chains' frozen layers first, from the source agent.
         let block = self.prepare_block_target(vmi).await?;
+        if !block.claim_paths.is_empty() {
+            self.receive_chains(vmi, &block).await?;
+        }
         let encrypted = !mig::tls_disabled(&mig::configuration(vmi));
         // The source node's identity is read while the launcher starts (independent).
         let started = async {
@@ -405,6 +409,7 @@ impl Agent {
     /// The source's part, called from the ordinary reconcile of a VMI bound here.
     pub(super) async fn reconcile_source(self: &Arc<Self>, vmi: &VirtualMachineInstance) -> bool {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        self.reconcile_chains(vmi);
         let driving = self.busy.lock().await.contains(&uid);
         let SourceStep::Migrate {
             target,
@@ -466,7 +471,7 @@ impl Agent {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let dir = self.cfg.vmi_dir(&uid);
         let config = mig::configuration(vmi);
-        // Snapshots taken since the start (an online snapshot, a backup point) are not carried.
+        // A chain in a state that cannot be carried (an online merge unfinished).
         if let Some(Err((_, why))) =
             mig::read_migratable_now(&dir, &crate::nodestore::volume_root(&self.opts.data_dir))
         {

@@ -262,7 +262,7 @@ pub fn decide(
             Succeeded
         } else if state.start_timestamp.is_some() {
             Running
-        } else if state.target_node_address.is_some() {
+        } else if state.target_node_address.is_some() && !mig::chains_only(state) {
             TargetReady
         } else if cur == Scheduled || cur == PreparingTarget {
             PreparingTarget
