@@ -8,8 +8,10 @@
 //! status: `incremental: true`, `baseBackup`, bytes read, reused and uploaded), and becomes the
 //! point (b1's snapshot is deleted). The VM is stopped; a BackupRestore of `b2` gives a volume
 //! whose SHA-256 equals the guest's disk as b2 read it (the stopped volume's chain flattened).
-//! The point survives the VM's restart: started again (a new VMI, launcher and QEMU), the guest
-//! writes 4 MiB and backup `b3` of the running VM reads only that chunk since b2's point.
+//! The point survives the VM's restart and a block migration: started again (a new VMI,
+//! launcher and QEMU) and migrated to a second node (its chain, b2's point included, carried),
+//! the guest writes 4 MiB and backup `b3` of the running VM reads only that chunk since b2's
+//! point.
 //! Fallback: b3's catalog entry is removed from the target; backup `b4` (of the stopped VM,
 //! read directly) reads the disk whole, naming the missing backup in the volume's reason.
 
@@ -160,7 +162,7 @@ fn a_5_percent_change_reads_and_uploads_under_10_percent_and_restores_whole() ->
     let t0 = Instant::now();
     let guest = TestGuest::get()?;
     let store = tempfile::Builder::new().prefix("fv-bkinc-").tempdir()?;
-    let c = Cluster::start(&ClusterOptions::new(BIN))?;
+    let mut c = Cluster::start(&ClusterOptions::new(BIN))?;
     let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
     c.apply(&setup_yaml(store.path(), &url))?;
     c.wait_until("DataVolumes Succeeded", STEP, || {
@@ -294,10 +296,43 @@ fn a_5_percent_change_reads_and_uploads_under_10_percent_and_restores_whole() ->
     );
     eprintln!("[{:?}] b2 restored, SHA-256 equal", t0.elapsed());
 
-    // The point survives a restart of the VM (new VMI, launcher, QEMU): 4 MiB written by the
-    // guest afterwards are all b3 reads of the data disk.
+    // The point survives a restart of the VM (new VMI, launcher, QEMU) and a block migration
+    // to another node (the chain, b2's point layer included, carried: docs/migration.md
+    // "Node-local disks with snapshots"): 4 MiB written by the guest afterwards are all b3
+    // reads of the data disk.
     c.set_run_strategy("incvm", "Always")?;
-    let vmi_dir = booted(&c)?;
+    let uid = c.wait_booted("incvm", BOOT)?;
+    booted(&c)?;
+    c.start_agent("node2")?;
+    c.wait_until("node2 Ready", STEP, || {
+        let n = c.get_json(&["node", "node2"])?;
+        Ok(n["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            .then_some(()))
+    })?;
+    let t = Instant::now();
+    c.apply(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\n\
+         metadata: {name: inc-mig, namespace: default}\nspec: {vmiName: incvm}\n",
+    )?;
+    let m = c.wait_until("migration inc-mig finished", STEP, || {
+        let v = c.get_json(&["vmim", "inc-mig"])?;
+        let p = v["status"]["phase"].as_str().unwrap_or("");
+        Ok((p == "Succeeded" || p == "Failed").then_some(v))
+    })?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let v = c.get_json(&["vmi", "incvm"])?;
+    assert_eq!(v["status"]["nodeName"], "node2", "{}", v["status"]);
+    assert_eq!(v["status"]["migrationMethod"], "BlockMigration");
+    eprintln!(
+        "[{:?}] migrated to node2 with the point's chain in {:.1}s",
+        t0.elapsed(),
+        t.elapsed().as_secs_f64()
+    );
+    let vmi_dir = c.node_dir("node2").join("vmis").join(&uid);
     let console = SerialConsole::connect(&vmi_dir.join("serial.sock"), Duration::from_secs(10))?;
     let (out, rc) = console.exec(
         "dd if=/dev/urandom of=/dev/vdb bs=1M count=4 seek=300 conv=fsync && sync",
@@ -314,7 +349,10 @@ fn a_5_percent_change_reads_and_uploads_under_10_percent_and_restores_whole() ->
     c.wait_until("b3's point kept, b2's deleted", STEP, || {
         Ok((points(&c)? == ["backup-b3-incvm"]).then_some(()))
     })?;
-    eprintln!("[{:?}] after a VM restart: {v3}", t0.elapsed());
+    eprintln!(
+        "[{:?}] after a VM restart and a migration: {v3}",
+        t0.elapsed()
+    );
     c.halt_vm("incvm", STEP)?;
 
     // Fallback: the base backup is gone from the target → a full read naming it.
