@@ -262,6 +262,7 @@ impl Server {
                 policy: Default::default(),
                 tokens: token_keys,
                 node_certs: Default::default(),
+                service_accounts: Default::default(),
             },
             service_cidr: opts.service_cidr,
             audit: match &opts.audit_log {
@@ -346,6 +347,13 @@ impl Server {
             shared
                 .auth
                 .node_certs
+                .clone()
+                .run(shared.store.clone(), shared.shutdown.clone()),
+        );
+        tasks.spawn(
+            shared
+                .auth
+                .service_accounts
                 .clone()
                 .run(shared.store.clone(), shared.shutdown.clone()),
         );

@@ -16,6 +16,7 @@ pub mod node;
 pub mod nodecreds;
 pub mod rbac;
 mod reviews;
+pub mod sacache;
 pub mod tokens;
 pub mod wsproto;
 
@@ -53,6 +54,8 @@ pub(crate) struct Auth {
     pub tokens: tokens::TokenKeys,
     /// The node certificates still valid ([`nodecreds`]).
     pub node_certs: Arc<nodecreds::NodeCerts>,
+    /// The ServiceAccounts tokens may name ([`sacache`]).
+    pub service_accounts: Arc<sacache::ServiceAccounts>,
 }
 
 fn bearer(req: &Request) -> Option<&str> {

@@ -179,7 +179,7 @@ fn now_secs() -> i64 {
 }
 
 /// The identity of a ServiceAccount token, if it is valid and its ServiceAccount still exists
-/// (same uid).
+/// (same uid; from [`super::sacache`], else the store).
 pub(crate) async fn authenticate(sh: &Shared, token: &str) -> Option<UserInfo> {
     authenticate_for(sh, token, &[ISSUER]).await.map(|(u, _)| u)
 }
@@ -198,11 +198,17 @@ pub(crate) async fn authenticate_for(
             return None;
         }
     };
-    let kv = sh
-        .store
-        .get(&sa_key(&c.kube.namespace, &c.kube.serviceaccount.name))
-        .await
-        .ok()??;
+    let key = sa_key(&c.kube.namespace, &c.kube.serviceaccount.name);
+    // The cache of live ServiceAccounts answers without a store read; a miss (not seen yet,
+    // another uid) is checked against the store.
+    if sh
+        .auth
+        .service_accounts
+        .known(&key, &c.kube.serviceaccount.uid)
+    {
+        return Some((user_of(&c), c.aud.clone()));
+    }
+    let kv = sh.store.get(&key).await.ok()??;
     let sa = decode(&kv).ok()?;
     if sa["metadata"]["uid"].as_str() != Some(c.kube.serviceaccount.uid.as_str())
         || sa["metadata"]["deletionTimestamp"].is_string()
