@@ -5,10 +5,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
-use ferrovirt_store::{EventKind, ListOptions, Revision, Store, WatchStream};
-use futures::StreamExt;
+use ferrovirt_store::{EventKind, ListOptions, Revision, Store};
 use serde_json::Value;
 
 use super::rbac::Policy;
@@ -87,60 +85,40 @@ impl PolicyCache {
         self.load(store).await.map(|(_, rev)| rev)
     }
 
-    /// Keeps the policy current until `shutdown`.
+    /// Keeps the policy current until `shutdown` (one rebuild per batch of events).
     pub async fn run(
         self: Arc<Self>,
         store: Arc<dyn Store>,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
-        loop {
-            let started = async {
-                let (objs, rev) = self.load(store.as_ref()).await?;
-                let events = store.watch(RBAC_PREFIX, rev).await?;
-                Ok::<(Objects, WatchStream), ferrovirt_store::StoreError>((objs, events))
-            };
-            let (mut objs, mut events) = match started.await {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("rbac cache: cannot read the store: {e}; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        _ = shutdown.changed() => return,
-                    }
-                }
-            };
-            loop {
-                let ev = tokio::select! {
-                    ev = events.next() => ev,
-                    _ = shutdown.changed() => return,
-                };
-                let Some(Ok(ev)) = ev else { break };
-                match ev.kind {
-                    EventKind::Deleted => {
-                        objs.0.remove(&ev.kv.key);
-                    }
-                    _ => objs.put(&ev.kv.key, &ev.kv.value),
-                }
-                // Apply whatever else already arrived before rebuilding once.
-                let mut ended = false;
-                while let Some(more) = futures::FutureExt::now_or_never(events.next()) {
-                    match more {
-                        Some(Ok(ev)) if ev.kind == EventKind::Deleted => {
+        let objs = std::sync::Mutex::new(Objects::default());
+        let (this, st, objs) = (&*self, store.as_ref(), &objs);
+        let w = super::watchloop::Watched {
+            store: st,
+            prefix: RBAC_PREFIX,
+            what: "rbac cache",
+        };
+        super::watchloop::follow(
+            w,
+            shutdown,
+            move || async move {
+                let (loaded, rev) = this.load(st).await?;
+                *objs.lock().unwrap_or_else(|p| p.into_inner()) = loaded;
+                Ok(rev)
+            },
+            move |batch: Vec<ferrovirt_store::WatchEvent>| async move {
+                let mut objs = objs.lock().unwrap_or_else(|p| p.into_inner());
+                for ev in batch {
+                    match ev.kind {
+                        EventKind::Deleted => {
                             objs.0.remove(&ev.kv.key);
                         }
-                        Some(Ok(ev)) => objs.put(&ev.kv.key, &ev.kv.value),
-                        _ => {
-                            ended = true;
-                            break;
-                        }
+                        _ => objs.put(&ev.kv.key, &ev.kv.value),
                     }
                 }
-                self.set(objs.policy());
-                if ended {
-                    break;
-                }
-            }
-            tracing::debug!("rbac cache: watch ended; reloading");
-        }
+                this.set(objs.policy());
+            },
+        )
+        .await
     }
 }

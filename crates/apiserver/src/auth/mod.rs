@@ -18,6 +18,7 @@ pub mod rbac;
 mod reviews;
 pub mod sacache;
 pub mod tokens;
+pub mod watchloop;
 pub mod wsproto;
 
 use std::sync::Arc;

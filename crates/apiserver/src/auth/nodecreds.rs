@@ -17,11 +17,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use ferrovirt_api::jointoken::{NODE_USER_PREFIX, hex};
-use ferrovirt_store::{EventKind, ListOptions, Revision, Store, StoreError, WatchStream};
-use futures::StreamExt;
+use ferrovirt_store::{EventKind, ListOptions, Revision, Store, StoreError};
 
 use crate::error::ApiError;
 
@@ -230,39 +228,31 @@ impl NodeCerts {
     pub async fn run(
         self: Arc<Self>,
         store: Arc<dyn Store>,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
-        loop {
-            let started = async {
-                let rev = self.load(store.as_ref()).await?;
-                store.watch(CERTS_PREFIX, rev).await
-            };
-            let mut events: WatchStream = match started.await {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("node certificate cache: cannot read the store: {e}; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        _ = shutdown.changed() => return,
+        let (this, st) = (&*self, store.as_ref());
+        let w = super::watchloop::Watched {
+            store: st,
+            prefix: CERTS_PREFIX,
+            what: "node certificate cache",
+        };
+        super::watchloop::follow(
+            w,
+            shutdown,
+            move || async move { this.load(st).await },
+            move |batch: Vec<ferrovirt_store::WatchEvent>| async move {
+                for ev in batch {
+                    let Some(node) = ev.kv.key.strip_prefix(CERTS_PREFIX) else {
+                        continue;
+                    };
+                    match ev.kind {
+                        EventKind::Deleted => this.put(node, None),
+                        _ => this.put(node, Record::decode(&ev.kv.value).as_ref()),
                     }
                 }
-            };
-            loop {
-                let ev = tokio::select! {
-                    ev = events.next() => ev,
-                    _ = shutdown.changed() => return,
-                };
-                let Some(Ok(ev)) = ev else { break };
-                let Some(node) = ev.kv.key.strip_prefix(CERTS_PREFIX) else {
-                    continue;
-                };
-                match ev.kind {
-                    EventKind::Deleted => self.put(node, None),
-                    _ => self.put(node, Record::decode(&ev.kv.value).as_ref()),
-                }
-            }
-            tracing::debug!("node certificate cache: watch ended; reloading");
-        }
+            },
+        )
+        .await
     }
 }
 
@@ -270,38 +260,30 @@ impl NodeCerts {
 /// `shutdown` (a failed watch is opened again from the current revision).
 pub async fn forget_deleted_nodes(
     store: Arc<dyn Store>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    loop {
-        let started = async {
-            let rev = store.current_revision().await?;
-            store.watch(NODES_PREFIX, rev).await
-        };
-        let mut events = match started.await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("node records: cannot watch Nodes: {e}; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    _ = shutdown.changed() => return,
+    let st = store.as_ref();
+    let w = super::watchloop::Watched {
+        store: st,
+        prefix: NODES_PREFIX,
+        what: "node records",
+    };
+    super::watchloop::follow(
+        w,
+        shutdown,
+        move || async move { st.current_revision().await },
+        move |batch: Vec<ferrovirt_store::WatchEvent>| async move {
+            for ev in batch {
+                if ev.kind != EventKind::Deleted {
+                    continue;
+                }
+                if let Some(node) = ev.kv.key.strip_prefix(NODES_PREFIX) {
+                    forget(st, node).await;
                 }
             }
-        };
-        loop {
-            let ev = tokio::select! {
-                ev = events.next() => ev,
-                _ = shutdown.changed() => return,
-            };
-            let Some(Ok(ev)) = ev else { break };
-            if ev.kind != EventKind::Deleted {
-                continue;
-            }
-            let Some(node) = ev.kv.key.strip_prefix(NODES_PREFIX) else {
-                continue;
-            };
-            forget(store.as_ref(), node).await;
-        }
-    }
+        },
+    )
+    .await
 }
 
 /// Deletes both records of `node` (absent ones are fine).
@@ -377,7 +359,7 @@ mod tests {
             "node certificate check (cache hit, {} byte DER): {per:?} per request",
             der.len()
         );
-        assert!(per < Duration::from_millis(1), "{per:?}");
+        assert!(per < std::time::Duration::from_millis(1), "{per:?}");
         // Forgetting the node removes the record; the store look-up then refuses.
         forget(store.as_ref(), "n1").await;
         certs.put("n1", None);

@@ -9,10 +9,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
-use ferrovirt_store::{EventKind, ListOptions, Revision, Store, StoreError, WatchStream};
-use futures::StreamExt;
+use ferrovirt_store::{EventKind, ListOptions, Revision, Store, StoreError};
 use serde_json::Value;
 
 /// Store prefix of ServiceAccounts.
@@ -73,45 +71,40 @@ impl ServiceAccounts {
     pub async fn run(
         self: Arc<Self>,
         store: Arc<dyn Store>,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
-        loop {
-            let started = async {
-                let rev = self.load(store.as_ref()).await?;
-                store.watch(PREFIX, rev).await
-            };
-            let mut events: WatchStream = match started.await {
-                Ok(x) => x,
-                Err(e) => {
+        let (this, st) = (&*self, store.as_ref());
+        let w = super::watchloop::Watched {
+            store: st,
+            prefix: PREFIX,
+            what: "ServiceAccount cache",
+        };
+        super::watchloop::follow(
+            w,
+            shutdown,
+            move || async move {
+                let loaded = this.load(st).await;
+                if loaded.is_err() {
                     // Entries may be stale while the store cannot be read: drop them all, so
                     // that every token is checked against the store meanwhile.
-                    self.uids.write().unwrap_or_else(|p| p.into_inner()).clear();
-                    tracing::warn!("ServiceAccount cache: cannot read the store: {e}; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        _ = shutdown.changed() => return,
-                    }
+                    this.uids.write().unwrap_or_else(|p| p.into_inner()).clear();
                 }
-            };
-            loop {
-                let ev = tokio::select! {
-                    ev = events.next() => ev,
-                    _ = shutdown.changed() => return,
-                };
-                let Some(Ok(ev)) = ev else { break };
-                match ev.kind {
-                    EventKind::Deleted => self.put(&ev.kv.key, None),
-                    _ => self.put(
-                        &ev.kv.key,
-                        crate::objects::decode(&ev.kv)
+                loaded
+            },
+            move |batch: Vec<ferrovirt_store::WatchEvent>| async move {
+                for ev in batch {
+                    let uid = match ev.kind {
+                        EventKind::Deleted => None,
+                        _ => crate::objects::decode(&ev.kv)
                             .ok()
                             .as_ref()
                             .and_then(live_uid),
-                    ),
+                    };
+                    this.put(&ev.kv.key, uid);
                 }
-            }
-            tracing::debug!("ServiceAccount cache: watch ended; reloading");
-        }
+            },
+        )
+        .await
     }
 }
 

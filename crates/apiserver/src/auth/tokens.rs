@@ -9,14 +9,12 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use ferrovirt_store::{EventKind, ListOptions, StoreError};
-use futures::StreamExt;
 use http::{HeaderMap, StatusCode};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
@@ -351,43 +349,39 @@ const NS_PREFIX: &str = "/registry/core/namespaces/";
 /// The ServiceAccount controller's part: a `default` ServiceAccount in every namespace (one
 /// list of namespaces, then their watch).
 pub(crate) async fn default_service_accounts(sh: Arc<Shared>) {
-    let mut shutdown = sh.shutdown.clone();
-    loop {
-        let started = async {
+    let shutdown = sh.shutdown.clone();
+    let sh = &*sh;
+    let w = super::watchloop::Watched {
+        store: sh.store.as_ref(),
+        prefix: NS_PREFIX,
+        what: "serviceaccounts (namespaces)",
+    };
+    super::watchloop::follow(
+        w,
+        shutdown,
+        move || async move {
             let list = sh.store.list(NS_PREFIX, ListOptions::default()).await?;
             for kv in &list.items {
                 if let Ok(ns) = decode(kv)
                     && !ns["metadata"]["deletionTimestamp"].is_string()
                     && let Some(name) = ns["metadata"]["name"].as_str()
                 {
-                    ensure_default_sa(&sh, name).await;
+                    ensure_default_sa(sh, name).await;
                 }
             }
-            sh.store.watch(NS_PREFIX, list.revision).await
-        };
-        let mut events = match started.await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("serviceaccounts: cannot watch namespaces: {e}");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    _ = shutdown.changed() => return,
+            Ok(list.revision)
+        },
+        move |batch: Vec<ferrovirt_store::WatchEvent>| async move {
+            for ev in batch {
+                if ev.kind == EventKind::Created
+                    && let Some(name) = ev.kv.key.strip_prefix(NS_PREFIX)
+                {
+                    ensure_default_sa(sh, name).await;
                 }
             }
-        };
-        loop {
-            let ev = tokio::select! {
-                ev = events.next() => ev,
-                _ = shutdown.changed() => return,
-            };
-            let Some(Ok(ev)) = ev else { break };
-            if ev.kind == EventKind::Created
-                && let Some(name) = ev.kv.key.strip_prefix(NS_PREFIX)
-            {
-                ensure_default_sa(&sh, name).await;
-            }
-        }
-    }
+        },
+    )
+    .await
 }
 
 #[cfg(test)]
