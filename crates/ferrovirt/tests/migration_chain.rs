@@ -26,50 +26,8 @@ const SECTOR_B: u32 = 1_900_100;
 const A: &str = "MARKER-A-BEFORE-SNAPSHOT";
 const B: &str = "MARKER-B-AFTER-SNAPSHOT";
 
-fn write_marker(console: &SerialConsole, marker: &str, sector: u32) -> anyhow::Result<()> {
-    let (out, rc) = console.exec(
-        &format!("echo {marker} | dd of=/dev/vda bs=512 seek={sector} conv=fsync && sync"),
-        Duration::from_secs(30),
-    )?;
-    anyhow::ensure!(rc == 0, "writing {marker}: {out}");
-    Ok(())
-}
-
-fn read_marker(console: &SerialConsole, sector: u32, len: usize) -> anyhow::Result<String> {
-    let (out, _) = console.exec(
-        &format!(
-            "dd if=/dev/vda bs=512 skip={sector} count=1 iflag=direct 2>/dev/null | head -c {len}; echo"
-        ),
-        Duration::from_secs(30),
-    )?;
-    Ok(out.replace('\0', "").trim().to_string())
-}
-
 fn console_of(dir: &std::path::Path) -> anyhow::Result<SerialConsole> {
     SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))
-}
-
-/// Waits until `kind/name` reports `field` true, failing at once on a failure.
-fn wait_done(
-    c: &ferrovirt_testkit::Cluster,
-    kind: &str,
-    name: &str,
-    field: &str,
-) -> anyhow::Result<serde_json::Value> {
-    c.wait_until(&format!("{kind} {name} {field}"), STEP, || {
-        let v = c.get_json(&[kind, name, "-n", "default"])?;
-        anyhow::ensure!(
-            v["status"]["phase"] != "Failed",
-            "{kind} {name} failed: {v}"
-        );
-        let failed = v["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Failure" && c["status"] == "True");
-        anyhow::ensure!(!failed, "{kind} {name} failed: {v}");
-        Ok((v["status"][field] == true).then_some(v))
-    })
 }
 
 fn sha256(path: &std::path::Path) -> String {
@@ -96,7 +54,7 @@ fn a_block_migration_carries_the_snapshot_chain_and_the_snapshot_restores_on_the
     let dst = node_dir(&c, "node1").join("vmis").join(&uid);
     guest_ready(&c, &src)?;
     let console = console_of(&src)?;
-    write_marker(&console, A, SECTOR_A)?;
+    console.write_marker("/dev/vda", A, SECTOR_A)?;
 
     // An online snapshot: the volume becomes a chain.
     c.apply(
@@ -108,13 +66,13 @@ spec:
   source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: mig}
 "#,
     )?;
-    let snap = wait_done(&c, "vmsnapshot", "before-b", "readyToUse")?;
+    let snap = c.wait_done("vmsnapshot", "before-b", "readyToUse", STEP)?;
     assert_eq!(snap["status"]["phase"], "Succeeded", "{snap}");
     let chain_src = std::fs::read_to_string(src_vol.join("chain.json"))?;
     assert!(chain_src.contains("layer-000001.qcow2"), "{chain_src}");
     let frozen_sum = sha256(&src_vol.join("disk.img"));
-    write_marker(&console, B, SECTOR_B)?;
-    assert_eq!(read_marker(&console, SECTOR_A, A.len())?, A);
+    console.write_marker("/dev/vda", B, SECTOR_B)?;
+    assert_eq!(console.read_marker("/dev/vda", SECTOR_A, A.len())?, A);
     // One console connection per guest: the serial socket serves one client at a time.
     let before = uptime_on(&console)?;
     drop(console);
@@ -186,8 +144,8 @@ spec:
     let console = console_of(&dst)?;
     let after = uptime_on(&console)?;
     assert!(after > before, "no reboot: uptime {before} s → {after} s");
-    assert_eq!(read_marker(&console, SECTOR_A, A.len())?, A);
-    assert_eq!(read_marker(&console, SECTOR_B, B.len())?, B);
+    assert_eq!(console.read_marker("/dev/vda", SECTOR_A, A.len())?, A);
+    assert_eq!(console.read_marker("/dev/vda", SECTOR_B, B.len())?, B);
     drop(console);
 
     // The snapshot restores on node1, where its layer is now.
@@ -202,7 +160,7 @@ spec:
   virtualMachineSnapshotName: before-b
 "#,
     )?;
-    wait_done(&c, "vmrestore", "restore-after-move", "complete")?;
+    c.wait_done("vmrestore", "restore-after-move", "complete", STEP)?;
     c.set_run_strategy("mig", "Always")?;
     let (uid2, node2) = running(&c, "mig")?;
     assert_ne!(uid2, uid);
@@ -210,8 +168,8 @@ spec:
     let dir2 = node_dir(&c, "node1").join("vmis").join(&uid2);
     guest_ready(&c, &dir2)?;
     let console = console_of(&dir2)?;
-    assert_eq!(read_marker(&console, SECTOR_A, A.len())?, A);
-    let b = read_marker(&console, SECTOR_B, B.len())?;
+    assert_eq!(console.read_marker("/dev/vda", SECTOR_A, A.len())?, A);
+    let b = console.read_marker("/dev/vda", SECTOR_B, B.len())?;
     assert!(b.is_empty(), "marker B survived the restore: {b:?}");
     drop(console);
 
@@ -241,7 +199,7 @@ spec:
     eprintln!("refused during the migration: {refused}");
     let m = finished(&c, "mig-back", Duration::from_secs(300))?;
     assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
-    let snap = wait_done(&c, "vmsnapshot", "during", "readyToUse")?;
+    let snap = c.wait_done("vmsnapshot", "during", "readyToUse", STEP)?;
     assert_eq!(snap["status"]["phase"], "Succeeded", "{snap}");
     let v = c.get_json(&["vmi", "mig"])?;
     assert_eq!(v["status"]["nodeName"], "node2");

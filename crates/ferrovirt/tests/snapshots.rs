@@ -81,51 +81,8 @@ fn boot(c: &Cluster, name: &str) -> anyhow::Result<(String, SerialConsole)> {
     Ok((uid, console))
 }
 
-/// Writes `marker` at `sector` of the guest's data disk (`/dev/vdb`), flushed to the host.
-fn write_marker(console: &SerialConsole, marker: &str, sector: u32) -> anyhow::Result<()> {
-    let (out, rc) = console.exec(
-        &format!("echo {marker} | dd of=/dev/vdb bs=512 seek={sector} conv=fsync && sync"),
-        Duration::from_secs(30),
-    )?;
-    anyhow::ensure!(rc == 0, "writing {marker}: {out}");
-    Ok(())
-}
-
-/// The first bytes at `sector` of the guest's data disk.
-fn read_marker(console: &SerialConsole, sector: u32, len: usize) -> anyhow::Result<String> {
-    let (out, _) = console.exec(
-        &format!("dd if=/dev/vdb bs=512 skip={sector} count=1 2>/dev/null | head -c {len}; echo"),
-        Duration::from_secs(30),
-    )?;
-    Ok(out.replace('\0', "").trim().to_string())
-}
-
 fn stop(c: &Cluster, vm: &str) -> anyhow::Result<()> {
     c.halt_vm(vm, STEP)
-}
-
-/// Waits until `kind/name` reports `field` true (`status.readyToUse` / `status.complete`),
-/// failing at once on a Failure.
-fn wait_done(
-    c: &Cluster,
-    kind: &str,
-    name: &str,
-    field: &str,
-) -> anyhow::Result<serde_json::Value> {
-    c.wait_until(&format!("{kind} {name} {field}"), STEP, || {
-        let v = c.get_json(&[kind, name, "-n", "default"])?;
-        anyhow::ensure!(
-            v["status"]["phase"] != "Failed",
-            "{kind} {name} failed: {v}"
-        );
-        let failed = v["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Failure" && c["status"] == "True");
-        anyhow::ensure!(!failed, "{kind} {name} failed: {v}");
-        Ok((v["status"][field] == true).then_some(v))
-    })
 }
 
 /// The firmware UUID the guest printed at boot (`FERROVIRT-BOOT serial=… uuid=…`).
@@ -156,7 +113,7 @@ fn offline_snapshot_restores_into_the_vm_and_into_a_new_one() -> anyhow::Result<
     let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
     c.apply(&vm_yaml(&url))?;
     let (_, console) = boot(&c, "snapvm")?;
-    write_marker(&console, FIRST, 0)?;
+    console.write_marker("/dev/vdb", FIRST, 0)?;
     drop(console);
     stop(&c, "snapvm")?;
 
@@ -171,7 +128,7 @@ spec:
   source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapvm}
 "#,
     )?;
-    let snap = wait_done(&c, "vmsnapshot", "snap1", "readyToUse")?;
+    let snap = c.wait_done("vmsnapshot", "snap1", "readyToUse", STEP)?;
     eprintln!("snapshot ready after {:?}", t.elapsed());
     assert_eq!(snap["status"]["phase"], "Succeeded", "{snap}");
     assert_eq!(
@@ -221,9 +178,9 @@ spec:
     // A second marker after the snapshot.
     c.set_run_strategy("snapvm", "Always")?;
     let (_, console) = boot(&c, "snapvm")?;
-    assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
-    write_marker(&console, SECOND, 2048)?;
-    assert_eq!(read_marker(&console, 2048, SECOND.len())?, SECOND);
+    assert_eq!(console.read_marker("/dev/vdb", 0, FIRST.len())?, FIRST);
+    console.write_marker("/dev/vdb", SECOND, 2048)?;
+    assert_eq!(console.read_marker("/dev/vdb", 2048, SECOND.len())?, SECOND);
     drop(console);
     stop(&c, "snapvm")?;
 
@@ -239,7 +196,7 @@ spec:
   virtualMachineSnapshotName: snap1
 "#,
     )?;
-    let r = wait_done(&c, "vmrestore", "restore-same", "complete")?;
+    let r = c.wait_done("vmrestore", "restore-same", "complete", STEP)?;
     eprintln!("restore complete after {:?}", t.elapsed());
     let restores = r["status"]["restores"]
         .as_array()
@@ -256,8 +213,8 @@ spec:
     assert!(vm["status"]["restoreInProgress"].is_null(), "{vm}");
     c.set_run_strategy("snapvm", "Always")?;
     let (uid1, console) = boot(&c, "snapvm")?;
-    assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
-    let second = read_marker(&console, 2048, SECOND.len())?;
+    assert_eq!(console.read_marker("/dev/vdb", 0, FIRST.len())?, FIRST);
+    let second = console.read_marker("/dev/vdb", 2048, SECOND.len())?;
     assert!(
         second.is_empty(),
         "the second marker survived the restore: {second:?}"
@@ -274,10 +231,10 @@ spec:
   virtualMachineSnapshotName: snap1
 "#,
     )?;
-    wait_done(&c, "vmrestore", "restore-new", "complete")?;
+    c.wait_done("vmrestore", "restore-new", "complete", STEP)?;
     c.set_run_strategy("snapvm-copy", "Always")?;
     let (uid2, copy_console) = boot(&c, "snapvm-copy")?;
-    assert_eq!(read_marker(&copy_console, 0, FIRST.len())?, FIRST);
+    assert_eq!(copy_console.read_marker("/dev/vdb", 0, FIRST.len())?, FIRST);
     let (mac1, mac2) = (vmi_mac(&c, "snapvm")?, vmi_mac(&c, "snapvm-copy")?);
     assert!(!mac1.is_empty() && mac1 != mac2, "{mac1} vs {mac2}");
     let (u1, u2) = (boot_uuid(&c, &uid1), boot_uuid(&c, &uid2));
@@ -459,7 +416,7 @@ fn online_snapshot_freezes_the_guest_and_restores_into_the_vm() -> anyhow::Resul
     let url = serve_files(vec![("disk.qcow2".into(), guest.disk_qcow2.clone())])? + "/disk.qcow2";
     c.apply(&vm_yaml(&url))?;
     let (uid, console) = boot(&c, "snapvm")?;
-    write_marker(&console, FIRST, 0)?;
+    console.write_marker("/dev/vdb", FIRST, 0)?;
     c.wait_until("guest agent connected", BOOT, || {
         let v = c.get_json(&["vmi", "snapvm", "-n", "default"])?;
         let connected = v["status"]["conditions"]
@@ -480,7 +437,7 @@ spec:
   source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: snapvm}
 "#,
     )?;
-    let snap = wait_done(&c, "vmsnapshot", "online1", "readyToUse")?;
+    let snap = c.wait_done("vmsnapshot", "online1", "readyToUse", STEP)?;
     eprintln!("online snapshot ready after {:?}", t.elapsed());
     assert_eq!(snap["status"]["phase"], "Succeeded", "{snap}");
     assert_eq!(
@@ -525,9 +482,9 @@ spec:
     assert!(vm["status"]["snapshotInProgress"].is_null(), "{vm}");
 
     // The guest goes on: the first marker reads back through the new top, a second lands on it.
-    assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
-    write_marker(&console, SECOND, 2048)?;
-    assert_eq!(read_marker(&console, 2048, SECOND.len())?, SECOND);
+    assert_eq!(console.read_marker("/dev/vdb", 0, FIRST.len())?, FIRST);
+    console.write_marker("/dev/vdb", SECOND, 2048)?;
+    assert_eq!(console.read_marker("/dev/vdb", 2048, SECOND.len())?, SECOND);
     drop(console);
 
     // Restore into the same VM while it runs: `targetReadinessPolicy: StopTarget` stops it
@@ -544,7 +501,7 @@ spec:
   targetReadinessPolicy: StopTarget
 "#,
     )?;
-    wait_done(&c, "vmrestore", "restore-online", "complete")?;
+    c.wait_done("vmrestore", "restore-online", "complete", STEP)?;
     let vm = c.get_json(&["vm", "snapvm", "-n", "default"])?;
     assert_eq!(vm["spec"]["runStrategy"], "Always", "{vm}");
     c.wait_until("a new VMI after the restore", BOOT, || {
@@ -557,8 +514,8 @@ spec:
     })?;
     let (uid2, console) = boot(&c, "snapvm")?;
     assert_ne!(uid2, uid, "the VM was not stopped for the restore");
-    assert_eq!(read_marker(&console, 0, FIRST.len())?, FIRST);
-    let second = read_marker(&console, 2048, SECOND.len())?;
+    assert_eq!(console.read_marker("/dev/vdb", 0, FIRST.len())?, FIRST);
+    let second = console.read_marker("/dev/vdb", 2048, SECOND.len())?;
     assert!(
         second.is_empty(),
         "the second marker survived the restore: {second:?}"
@@ -936,7 +893,7 @@ spec:
   source: {apiGroup: kubevirt.io, kind: VirtualMachine, name: srcvm}
 "#,
     )?;
-    wait_done(&c, "vmsnapshot", "srcsnap", "readyToUse")?;
+    c.wait_done("vmsnapshot", "srcsnap", "readyToUse", STEP)?;
     c.apply(
         r#"
 apiVersion: clone.kubevirt.io/v1beta1

@@ -552,6 +552,32 @@ impl Cluster {
         }
     }
 
+    /// Waits until `kind/name` (namespace `default`) reports `status.<field>` true (e.g. a
+    /// snapshot's `readyToUse`, a restore's `complete`) and returns it; a `Failed` phase or a
+    /// `Failure` condition ends the wait at once with the object.
+    pub fn wait_done(
+        &self,
+        kind: &str,
+        name: &str,
+        field: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<serde_json::Value> {
+        let v = self.wait_until(&format!("{kind} {name} {field}"), timeout, || {
+            let v = self.get_json(&[kind, name, "-n", "default"])?;
+            let failed = v["status"]["phase"] == "Failed"
+                || v["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Failure" && c["status"] == "True");
+            Ok((failed || v["status"][field] == true).then_some((failed, v)))
+        })?;
+        match v {
+            (true, v) => bail!("{kind} {name} failed: {v}"),
+            (false, v) => Ok(v),
+        }
+    }
+
     /// Waits until VMI `name` (namespace `default`) runs on the embedded agent and its guest
     /// printed the boot marker on its serial console; returns the VMI's uid. A Failed VMI ends
     /// the wait with its status.

@@ -186,4 +186,27 @@ impl SerialConsole {
     fn next_line(&self, timeout: Duration) -> anyhow::Result<String> {
         self.wait_for("", timeout)
     }
+
+    /// Writes `marker` and a newline at 512-byte `sector` of the guest's block device `dev`
+    /// (e.g. `/dev/vdb`), flushed to the host.
+    pub fn write_marker(&self, dev: &str, marker: &str, sector: u32) -> anyhow::Result<()> {
+        let (out, rc) = self.exec(
+            &format!("echo {marker} | dd of={dev} bs=512 seek={sector} conv=fsync && sync"),
+            Duration::from_secs(30),
+        )?;
+        anyhow::ensure!(rc == 0, "writing {marker} to {dev}: {out}");
+        Ok(())
+    }
+
+    /// The first `len` bytes at `sector` of `dev`, read past the guest's page cache, NULs
+    /// dropped.
+    pub fn read_marker(&self, dev: &str, sector: u32, len: usize) -> anyhow::Result<String> {
+        let (out, _) = self.exec(
+            &format!(
+                "dd if={dev} bs=512 skip={sector} count=1 iflag=direct 2>/dev/null | head -c {len}; echo"
+            ),
+            Duration::from_secs(30),
+        )?;
+        Ok(out.replace('\0', "").trim().to_string())
+    }
 }
