@@ -15,7 +15,7 @@
 #   when it is a shell script, serves HTTP on port 80 (hostname and uptime) and SSH on port 22
 #   (dropbear; root with /root/.ssh/authorized_keys), starts the QEMU guest
 #   agent when its virtio-serial port exists (its fsfreeze hook prints "FERROVIRT-FSFREEZE
-#   freeze|thaw" on the console), gives a shell on ttyS0 and powers off on the ACPI
+#   freeze|thaw <unix time>" on the console), gives a shell on ttyS0 and powers off on the ACPI
 #   power button. It prints "FERROVIRT-READY" once all of that is up.
 set -euo pipefail
 
@@ -155,12 +155,15 @@ EOF
 chmod +x "$R/sbin/shutdown"
 
 # qemu-ga's fsfreeze hook: runs before a guest-fsfreeze-freeze and after the thaw; it prints
-# the event on the console so tests see that the guest was quiesced (online snapshots). Tests
-# can make a freeze slow (/run/fsfreeze-slow holds seconds) or fail (/run/fsfreeze-fail).
+# the event and the guest's clock (Unix seconds with microseconds, from adjtimex: busybox date
+# has no sub-second format) on the console so tests see that and when the guest was quiesced
+# (online snapshots, group freezes). Tests can make a freeze slow (/run/fsfreeze-slow holds
+# seconds) or fail (/run/fsfreeze-fail).
 mkdir -p "$R/etc/qemu-ga"
 cat >"$R/etc/qemu-ga/fsfreeze-hook" <<'EOF'
 #!/bin/sh
-echo "FERROVIRT-FSFREEZE $1" >/dev/console
+t=$(adjtimex | awk '/tv_sec/ {s = $2} /tv_usec/ {u = $2} END {printf "%d.%06d", s, u}')
+echo "FERROVIRT-FSFREEZE $1 $t" >/dev/console
 if [ "$1" = freeze ]; then
   [ -e /run/fsfreeze-slow ] && sleep "$(cat /run/fsfreeze-slow)"
   [ -e /run/fsfreeze-fail ] && exit 1

@@ -150,9 +150,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 disk: disks[i].0.clone(),
                 overlay: vol.join(&plan.new_top.file),
             }];
-            let done =
-                online_snapshot::take(&vm, &mut tops, &overlay, Duration::from_secs(60), false)
-                    .await?;
+            let done = online_snapshot::take(
+                &vm,
+                &mut tops,
+                &overlay,
+                Duration::from_secs(60),
+                online_snapshot::SnapshotGuest::Running,
+            )
+            .await?;
             snapshot::record_snapshot(vol, &plan)?;
             takes[i].push(t.elapsed());
             indications = done.indications;

@@ -296,6 +296,11 @@ pub fn running_status(
     if let Some(os) = report.guest.and_then(guest_os_info) {
         out["guestOSInfo"] = os;
     }
+    out["fsFreezeStatus"] = if st.fs_frozen {
+        json!("frozen")
+    } else {
+        Value::Null
+    };
     out
 }
 
@@ -436,6 +441,7 @@ mod tests {
             phase,
             guest_agent_connected: false,
             started_at: 0,
+            fs_frozen: false,
         }
     }
 

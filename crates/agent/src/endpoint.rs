@@ -53,7 +53,14 @@ pub enum VmiAction {
     Unpause,
     SoftReboot,
     Reset,
+    /// Freeze the guest's filesystems, held until `unfreeze` or the unfreeze timeout
+    /// (`?unfreezeTimeoutSeconds=`, default [`DEFAULT_UNFREEZE_TIMEOUT`]).
+    Freeze,
+    Unfreeze,
 }
+
+/// KubeVirt's default for a freeze without `unfreezeTimeout`: 5 minutes.
+pub const DEFAULT_UNFREEZE_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl VmiAction {
     /// The action named by a URL segment.
@@ -63,6 +70,8 @@ impl VmiAction {
             "unpause" => VmiAction::Unpause,
             "softreboot" => VmiAction::SoftReboot,
             "reset" => VmiAction::Reset,
+            "freeze" => VmiAction::Freeze,
+            "unfreeze" => VmiAction::Unfreeze,
             _ => return None,
         })
     }
@@ -74,15 +83,22 @@ impl VmiAction {
             VmiAction::Unpause => "unpause",
             VmiAction::SoftReboot => "softreboot",
             VmiAction::Reset => "reset",
+            VmiAction::Freeze => "freeze",
+            VmiAction::Unfreeze => "unfreeze",
         }
     }
 
-    fn request(self) -> LauncherRequest {
+    /// The launcher request; `hold` is a freeze's unfreeze timeout.
+    fn request(self, hold: Duration) -> LauncherRequest {
         match self {
             VmiAction::Pause => LauncherRequest::Pause,
             VmiAction::Unpause => LauncherRequest::Unpause,
             VmiAction::SoftReboot => LauncherRequest::SoftReboot,
             VmiAction::Reset => LauncherRequest::Reset,
+            VmiAction::Freeze => LauncherRequest::Freeze {
+                unfreeze_timeout_seconds: hold.as_secs().max(1),
+            },
+            VmiAction::Unfreeze => LauncherRequest::Unfreeze,
         }
     }
 
@@ -94,10 +110,18 @@ impl VmiAction {
             }
             (VmiAction::Pause, RunPhase::Paused) => Err("VMI is already paused"),
             (VmiAction::Unpause, RunPhase::Running) => Err("VMI is not paused"),
-            (VmiAction::SoftReboot, RunPhase::Paused) => Err("VMI is paused"),
+            (VmiAction::SoftReboot | VmiAction::Freeze, RunPhase::Paused) => Err("VMI is paused"),
             _ => Ok(()),
         }
     }
+}
+
+/// The query of `POST /vmis/{uid}/{action}`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ActionQuery {
+    /// A freeze's unfreeze timeout.
+    unfreeze_timeout_seconds: Option<u64>,
 }
 
 /// A byte stream the endpoint can attach to.
@@ -375,6 +399,7 @@ async fn connect(st: &EndpointState, uid: &str) -> Result<LauncherClient, Respon
 async fn post_op(
     State(st): State<Arc<EndpointState>>,
     Path((uid, op)): Path<(String, String)>,
+    axum::extract::Query(q): axum::extract::Query<ActionQuery>,
 ) -> Response {
     let Some(action) = VmiAction::parse(&op) else {
         return error(StatusCode::NOT_FOUND, format!("unknown action {op:?}"));
@@ -383,15 +408,26 @@ async fn post_op(
         Ok(c) => c,
         Err(r) => return r,
     };
-    let phase = match client.status().await {
-        Ok(s) => s.phase,
+    let status = match client.status().await {
+        Ok(s) => s,
         Err(e) => return error(launcher_error(&e), e.to_string()),
     };
-    if let Err(msg) = action.check(phase) {
+    if let Err(msg) = action.check(status.phase) {
         return error(StatusCode::CONFLICT, msg);
     }
+    if action == VmiAction::Freeze && !status.guest_agent_connected {
+        return error(StatusCode::CONFLICT, "guest agent is not connected");
+    }
+    let hold = q
+        .unfreeze_timeout_seconds
+        .map_or(DEFAULT_UNFREEZE_TIMEOUT, Duration::from_secs);
+    // A freeze may take the guest agent up to its own bound.
+    let timeout = match action {
+        VmiAction::Freeze | VmiAction::Unfreeze => ACTION_TIMEOUT * 4,
+        _ => ACTION_TIMEOUT,
+    };
     match client
-        .request_with_timeout(&action.request(), ACTION_TIMEOUT)
+        .request_with_timeout(&action.request(hold), timeout)
         .await
     {
         Ok(_) => {

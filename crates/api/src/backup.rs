@@ -110,6 +110,78 @@ kstruct! {
         pub encryption_key_secret_ref: String,
         /// The backup's name on the target; default `<namespace>-<name>`.
         pub backup_name: Option<String>,
+        /// How the running VMs' disks are made consistent (default: each VM frozen for its
+        /// own snapshot).
+        pub consistency: Option<Consistency>,
+    }
+}
+
+kstruct! {
+    /// How a backup quiesces the running VMs it reads.
+    pub struct Consistency {
+        /// `PerVM` (default): each running VM's filesystems are frozen through its guest
+        /// agent for its own online snapshot, one VM after the other. `Group`: every running
+        /// VM of the backup is frozen first (all through their guest agents; one without an
+        /// answering guest agent fails the backup), then all snapshots are taken, then all
+        /// are thawed: one point in time across the VMs.
+        pub freeze: Option<String>,
+        /// The longest a `Group` freeze may hold the guests (Go duration, default `60s`):
+        /// each guest is thawed then by its launcher, and a backup whose snapshots were not
+        /// all taken by then fails.
+        pub freeze_timeout: Option<String>,
+    }
+}
+
+/// [`Consistency::freeze`] values.
+pub const FREEZE_PER_VM: &str = "PerVM";
+pub const FREEZE_GROUP: &str = "Group";
+/// The default [`Consistency::freeze_timeout`].
+pub const DEFAULT_FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Consistency {
+    /// The hold of a `Group` freeze, or `None` for `PerVM` (pure; admission has refused
+    /// other values).
+    pub fn group_hold(c: Option<&Consistency>) -> Option<std::time::Duration> {
+        let c = c?;
+        if c.freeze.as_deref() != Some(FREEZE_GROUP) {
+            return None;
+        }
+        Some(
+            c.freeze_timeout
+                .as_deref()
+                .and_then(|t| crate::kubevirt::snapshot::parse_go_duration(t).ok())
+                .unwrap_or(DEFAULT_FREEZE_TIMEOUT),
+        )
+    }
+}
+
+/// Admission of a `consistency` block at `field` (a Backup's or a BackupPlan's spec).
+fn validate_consistency(c: &Value, field: &str, e: &mut Vec<FieldError>) {
+    if c.is_null() {
+        return;
+    }
+    if let Some(f) = c.get("freeze").filter(|v| !v.is_null()) {
+        let ok = matches!(f.as_str(), Some(FREEZE_PER_VM | FREEZE_GROUP));
+        if !ok {
+            e.push(FieldError::not_supported(
+                format!("{field}.freeze"),
+                format!("{f}: supported values: \"{FREEZE_PER_VM}\", \"{FREEZE_GROUP}\""),
+            ));
+        }
+    }
+    if let Some(t) = c.get("freezeTimeout").filter(|v| !v.is_null()) {
+        let d = t
+            .as_str()
+            .ok_or_else(|| format!("{t} is not a duration"))
+            .and_then(crate::kubevirt::snapshot::parse_go_duration);
+        match d {
+            Ok(d) if d.as_secs() >= 1 && d.as_secs() <= 3600 => {}
+            Ok(_) => e.push(FieldError::invalid(
+                format!("{field}.freezeTimeout"),
+                format!("{t}: between 1s and 1h"),
+            )),
+            Err(m) => e.push(FieldError::invalid(format!("{field}.freezeTimeout"), m)),
+        }
     }
 }
 
@@ -132,7 +204,23 @@ kstruct! {
         pub bytes_read: Option<i64>,
         pub bytes_new: Option<i64>,
         pub bytes_deduplicated: Option<i64>,
+        /// A `Group` freeze: which VMs were frozen together and for how long.
+        pub freeze: Option<BackupFreezeStatus>,
         pub conditions: Option<Vec<Condition>>,
+    }
+}
+
+kstruct! {
+    /// The window in which a `Group` freeze held every running VM of the backup.
+    pub struct BackupFreezeStatus {
+        /// The VMs frozen together (the running ones).
+        pub virtual_machines: Vec<String>,
+        /// When the first freeze was asked, and when the last thaw answered.
+        pub start_time: Option<Time>,
+        pub end_time: Option<Time>,
+        /// How long the guests were held, in seconds (from the first freeze's answer to the
+        /// first thaw's request).
+        pub held_seconds: Option<f64>,
     }
 }
 
@@ -259,6 +347,8 @@ kstruct! {
         pub encryption_key_secret_ref: String,
         /// How many backups to keep.
         pub retention: Option<Retention>,
+        /// How the running VMs of each run are quiesced (see [`Consistency`]).
+        pub consistency: Option<Consistency>,
         /// No runs while true.
         #[serde(default)]
         pub paused: bool,
@@ -490,6 +580,7 @@ pub fn admit(kind: &str, op: Operation, obj: &mut Value, old: Option<&Value>) ->
                     ));
                 }
             }
+            validate_consistency(&spec["consistency"], "spec.consistency", &mut e);
             if let Some(n) = spec["backupName"].as_str()
                 && !is_backup_name(n)
             {
@@ -516,6 +607,7 @@ fn validate_plan(spec: &Value, e: &mut Vec<FieldError>) {
     }
     req_name(spec, "target", "BackupTarget name", e);
     req_name(spec, "encryptionKeySecretRef", "Secret name", e);
+    validate_consistency(&spec["consistency"], "spec.consistency", e);
     let vms = spec["virtualMachines"]
         .as_array()
         .cloned()
@@ -846,5 +938,54 @@ mod tests {
         for d in &r {
             assert!(schema(d.kind).is_some());
         }
+    }
+
+    #[test]
+    fn consistency_is_per_vm_or_group_with_a_bounded_timeout() {
+        let b = |c: Value| {
+            json!({"spec": {"target": "s3", "virtualMachines": ["vm1", "vm2"],
+                "encryptionKeySecretRef": "k", "consistency": c}})
+        };
+        assert!(
+            fields(
+                "Backup",
+                b(json!({"freeze": "Group", "freezeTimeout": "30s"}))
+            )
+            .is_empty()
+        );
+        assert!(fields("Backup", b(json!({"freeze": "PerVM"}))).is_empty());
+        assert_eq!(
+            fields("Backup", b(json!({"freeze": "Crash"}))),
+            ["spec.consistency.freeze"]
+        );
+        assert_eq!(
+            fields(
+                "Backup",
+                b(json!({"freeze": "Group", "freezeTimeout": "2h"}))
+            ),
+            ["spec.consistency.freezeTimeout"]
+        );
+        assert_eq!(
+            fields("Backup", b(json!({"freezeTimeout": "soon"}))),
+            ["spec.consistency.freezeTimeout"]
+        );
+        let plan = json!({"spec": {"schedule": "*/5 * * * *", "target": "s3",
+            "encryptionKeySecretRef": "k", "virtualMachines": ["a"],
+            "consistency": {"freeze": "group"}}});
+        assert_eq!(fields("BackupPlan", plan), ["spec.consistency.freeze"]);
+        let c = |f: &str, t: Option<&str>| Consistency {
+            freeze: Some(f.into()),
+            freeze_timeout: t.map(String::from),
+        };
+        assert_eq!(Consistency::group_hold(None), None);
+        assert_eq!(Consistency::group_hold(Some(&c("PerVM", None))), None);
+        assert_eq!(
+            Consistency::group_hold(Some(&c("Group", None))),
+            Some(DEFAULT_FREEZE_TIMEOUT)
+        );
+        assert_eq!(
+            Consistency::group_hold(Some(&c("Group", Some("45s")))),
+            Some(std::time::Duration::from_secs(45))
+        );
     }
 }

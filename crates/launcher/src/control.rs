@@ -191,6 +191,16 @@ pub enum Request {
         disks: Vec<crate::online_snapshot::OverlayDisk>,
         freeze_timeout_ms: u64,
     },
+    /// Freezes the guest's filesystems through the guest agent and holds the freeze until
+    /// [`Request::Unfreeze`], or at the latest `unfreezeTimeoutSeconds` from now, when the
+    /// launcher thaws on its own (`crate::freeze`). Asked again while held, it only moves
+    /// the deadline. Added within protocol version 1.
+    #[serde(rename_all = "camelCase")]
+    Freeze {
+        unfreeze_timeout_seconds: u64,
+    },
+    /// Thaws the guest's filesystems (a guest that is not frozen stays as it is).
+    Unfreeze,
     /// Merge released snapshot layers of one disk under the running VM
     /// (`crate::online_reclaim`): QEMU `block-stream`/`block-commit` jobs followed to their
     /// end, the dropped nodes deleted. Replies [`crate::online_reclaim::MergeDone`].
@@ -332,6 +342,9 @@ pub struct LauncherStatus {
     pub guest_agent_connected: bool,
     /// Seconds since the Unix epoch when QEMU started.
     pub started_at: u64,
+    /// A freeze requested through [`Request::Freeze`] holds the guest's filesystems frozen.
+    #[serde(default)]
+    pub fs_frozen: bool,
 }
 
 /// Why QEMU is gone (written to `exit.json` before the launcher exits).
@@ -421,6 +434,7 @@ impl LauncherClient {
                 phase: RunPhase::Starting,
                 guest_agent_connected: false,
                 started_at: 0,
+                fs_frozen: false,
             },
             timeout,
         };

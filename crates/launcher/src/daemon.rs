@@ -75,6 +75,8 @@ enum Command {
         disks: Vec<crate::online_snapshot::OverlayDisk>,
         freeze_timeout: Duration,
     },
+    Freeze(Duration),
+    Unfreeze,
     MergeLayers(crate::online_reclaim::MergeRequest),
     DiskLayers(crate::disk_layers::DiskLayersRequest),
 }
@@ -250,6 +252,7 @@ async fn start_and_supervise(
         phase: RunPhase::Starting,
         guest_agent_connected: false,
         started_at: now_secs(),
+        fs_frozen: false,
     }));
     if let Ok(s) = vm.status().await {
         status.lock().await.phase = run_phase(VmState::from_status(&s));
@@ -317,6 +320,8 @@ async fn main_loop(
     let mut disk_rate = crate::blockmig::DiskRate::default();
     // This side's ephemeral migration certificate, between `MigrationCert` and the start.
     let mut mig_cert: Option<crate::migtls::EphemeralCert> = None;
+    // The deadline of a freeze held on request (`crate::freeze`): thawed then at the latest.
+    let mut frozen_until: Option<tokio::time::Instant> = None;
     let exit_status = loop {
         tokio::select! {
             ev = events.recv() => {
@@ -420,10 +425,32 @@ async fn main_loop(
                         crate::stats::gather(&vm, STATS_TIMEOUT, &mut balloon_polling).await
                     }
                     Command::OnlineSnapshot { disks, freeze_timeout } => {
-                        let paused = state == VmState::Paused;
-                        crate::online_snapshot::take(&vm, &mut tops, &disks, freeze_timeout, paused)
+                        let guest = crate::freeze::snapshot_guest(
+                            state == VmState::Paused,
+                            frozen_until.is_some(),
+                        );
+                        crate::online_snapshot::take(&vm, &mut tops, &disks, freeze_timeout, guest)
                             .await
                             .map(|d| serde_json::json!(d))
+                    }
+                    Command::Freeze(hold) => {
+                        let until = tokio::time::Instant::now() + hold;
+                        let r = if frozen_until.is_some() {
+                            Ok(serde_json::Value::Null)
+                        } else {
+                            crate::freeze::hold(&vm).await.map(|_| serde_json::Value::Null)
+                        };
+                        if r.is_ok() {
+                            frozen_until = Some(until);
+                            status.lock().await.fs_frozen = true;
+                        }
+                        r
+                    }
+                    Command::Unfreeze => {
+                        crate::freeze::release(&vm).await;
+                        frozen_until = None;
+                        status.lock().await.fs_frozen = false;
+                        Ok(serde_json::Value::Null)
                     }
                     Command::MergeLayers(req) => {
                         crate::online_reclaim::merge(&vm, &mut tops, &req)
@@ -475,6 +502,14 @@ async fn main_loop(
             } => {
                 status.lock().await.phase = RunPhase::ShuttingDown;
                 shutdown_outcome = Some(shutdown(&mut vm, Duration::from_secs(meta.grace_seconds)).await);
+            }
+            _ = tokio::time::sleep_until(frozen_until.unwrap_or_else(tokio::time::Instant::now)),
+                if frozen_until.is_some() =>
+            {
+                tracing::warn!("a requested freeze reached its unfreeze timeout; thawing");
+                crate::freeze::release(&vm).await;
+                frozen_until = None;
+                status.lock().await.fs_frozen = false;
             }
             _ = tick.tick() => {}
         }
@@ -659,6 +694,12 @@ async fn connection(
                         disks,
                         freeze_timeout: Duration::from_millis(freeze_timeout_ms),
                     },
+                    Request::Freeze {
+                        unfreeze_timeout_seconds,
+                    } => Command::Freeze(
+                        Duration::from_secs(unfreeze_timeout_seconds).min(crate::freeze::MAX_HOLD),
+                    ),
+                    Request::Unfreeze => Command::Unfreeze,
                     Request::MergeLayers { merge } => Command::MergeLayers(merge),
                     Request::DiskLayers { disk } => Command::DiskLayers(disk),
                     Request::Hello { .. } | Request::Status => continue,

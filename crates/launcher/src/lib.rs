@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod disk_layers;
 pub mod error;
 pub mod fence;
+pub mod freeze;
 pub mod hostdev;
 pub mod lifecycle;
 pub mod migrate;

@@ -60,6 +60,18 @@ pub struct OnlineSnapshotDone {
     pub indications: Vec<String>,
 }
 
+/// The guest's state when an online snapshot is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotGuest {
+    /// Running: the snapshot freezes it through the guest agent (when one answers).
+    Running,
+    /// Paused: nothing runs in it, nothing to freeze.
+    Paused,
+    /// Running, its filesystems already frozen by a held freeze (`crate::freeze`): the
+    /// snapshot neither freezes nor thaws.
+    HeldFrozen,
+}
+
 /// How the guest was quiesced for the switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quiesce {
@@ -218,13 +230,13 @@ pub(crate) fn open_overlay(path: &std::path::Path) -> Result<std::fs::File> {
     Ok(f)
 }
 
-/// Takes the online snapshot (see the module doc). `paused`: the VM is paused now.
+/// Takes the online snapshot (see the module doc) of a guest in state `guest`.
 pub async fn take(
     vm: &Vm,
     tops: &mut Tops,
     disks: &[OverlayDisk],
     freeze_timeout: Duration,
-    paused: bool,
+    guest: SnapshotGuest,
 ) -> Result<OnlineSnapshotDone> {
     check_disks(vm.spec(), disks)?;
     let seq = tops.next_seq();
@@ -240,19 +252,20 @@ pub async fn take(
 
     let started = tokio::time::Instant::now();
     let deadline = started + freeze_timeout;
-    let mut quiesce = if paused {
-        Quiesce::Paused
-    } else {
-        match freeze(vm, freeze_timeout).await {
+    let mut quiesce = match guest {
+        SnapshotGuest::Paused => Quiesce::Paused,
+        // Frozen by whoever holds the freeze, who also thaws.
+        SnapshotGuest::HeldFrozen => Quiesce::Frozen,
+        SnapshotGuest::Running => match freeze(vm, freeze_timeout).await {
             Ok(q) => q,
             Err(e) => {
                 thaw(vm).await;
                 remove_overlays(vm, &added).await;
                 return Err(e);
             }
-        }
+        },
     };
-    let frozen = matches!(quiesce, Quiesce::Frozen);
+    let frozen = matches!(quiesce, Quiesce::Frozen) && guest == SnapshotGuest::Running;
     if quiesce == Quiesce::TimedOut {
         // The freeze itself outlasted the deadline: thaw before the switch.
         thaw(vm).await;
@@ -395,7 +408,7 @@ const THAW_FOR: Duration = Duration::from_secs(30);
 
 /// Thaws the guest's filesystems, retrying until the guest agent confirms (or [`THAW_FOR`]
 /// passed: the failure is logged).
-async fn thaw(vm: &Vm) {
+pub(crate) async fn thaw(vm: &Vm) {
     let until = tokio::time::Instant::now() + THAW_FOR;
     loop {
         let done = async {

@@ -124,7 +124,7 @@ async fn released_layers_merge_under_the_running_guest() {
             overlay: d.join("layer-000002.qcow2"),
         }],
         Duration::from_secs(30),
-        false,
+        online_snapshot::SnapshotGuest::Running,
     )
     .await
     .unwrap();

@@ -73,7 +73,7 @@ async fn the_disk_switches_to_its_overlay_under_a_freeze_the_guest_sees() {
             overlay: overlay.clone(),
         }],
         Duration::from_secs(30),
-        false,
+        online_snapshot::SnapshotGuest::Running,
     )
     .await
     .unwrap();
@@ -166,9 +166,15 @@ async fn a_refused_freeze_fails_the_snapshot_and_a_slow_one_is_thawed_at_the_dea
         .unwrap();
     assert_eq!(out.exit_code, 0, "{out:?}");
     let mut tops = Tops::default();
-    let err = online_snapshot::take(&t.vm, &mut tops, &disks, Duration::from_secs(30), false)
-        .await
-        .unwrap_err();
+    let err = online_snapshot::take(
+        &t.vm,
+        &mut tops,
+        &disks,
+        Duration::from_secs(30),
+        online_snapshot::SnapshotGuest::Running,
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("freezing"), "{err}");
     assert_eq!(
         tops.top("disk-data"),
@@ -188,9 +194,15 @@ async fn a_refused_freeze_fails_the_snapshot_and_a_slow_one_is_thawed_at_the_dea
         .await
         .unwrap();
     assert_eq!(out.exit_code, 0, "{out:?}");
-    let done = online_snapshot::take(&t.vm, &mut tops, &disks, Duration::from_secs(2), false)
-        .await
-        .unwrap();
+    let done = online_snapshot::take(
+        &t.vm,
+        &mut tops,
+        &disks,
+        Duration::from_secs(2),
+        online_snapshot::SnapshotGuest::Running,
+    )
+    .await
+    .unwrap();
     assert_eq!(done.indications, ["Online", "GuestAgent", "QuiesceTimeout"]);
     assert_eq!(freeze_status(&t).await, "thawed");
     assert_eq!(tops.top("disk-data"), "fmt-disk-data-s2");

@@ -154,6 +154,7 @@ pub fn pretend_launcher(uid: &str, pid: u32) -> LauncherStatus {
         phase: RunPhase::Running,
         guest_agent_connected: false,
         started_at: 0,
+        fs_frozen: false,
     }
 }
 

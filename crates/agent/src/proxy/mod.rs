@@ -156,6 +156,8 @@ const SUBRESOURCES: &[(&str, &str, &str)] = &[
     ("virtualmachineinstances", "unpause", "update"),
     ("virtualmachineinstances", "softreboot", "update"),
     ("virtualmachineinstances", "reset", "update"),
+    ("virtualmachineinstances", "freeze", "update"),
+    ("virtualmachineinstances", "unfreeze", "update"),
     ("virtualmachineinstances", "guestosinfo", "get"),
     ("virtualmachineinstances", "userlist", "get"),
     ("virtualmachineinstances", "filesystemlist", "get"),
@@ -372,7 +374,20 @@ async fn dispatch(
     let result = match op {
         Op::Vm(verb) => vm_verb(ready, &ns, &name, verb, req).await,
         Op::Stream(kind) => stream(ready, &ns, &name, kind, req).await,
-        _ => vmi_call(ready, &ns, &name, op).await,
+        Op::Vmi(VmiAction::Freeze) => match freeze_hold(req).await {
+            Ok(hold) => {
+                vmi_call(
+                    ready,
+                    &ns,
+                    &name,
+                    op,
+                    &format!("?unfreezeTimeoutSeconds={hold}"),
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        },
+        _ => vmi_call(ready, &ns, &name, op, "").await,
     };
     result.unwrap_or_else(IntoResponse::into_response)
 }
@@ -426,11 +441,56 @@ pub(super) async fn locate(
     ))
 }
 
-async fn vmi_call(ready: &Ready, ns: &str, name: &str, op: Op) -> Result<Response, ApiErr> {
+/// The seconds a freeze is held from its body (KubeVirt's `{"unfreezeTimeout": "5m"}`, a Go
+/// duration; absent or empty body: 5 minutes); 400 naming the field when it is not a
+/// positive duration.
+async fn freeze_hold(req: Request) -> Result<u64, ApiErr> {
+    let body = axum::body::to_bytes(req.into_body(), 64 * 1024)
+        .await
+        .map_err(|e| ApiErr::new(400, format!("reading the request body: {e}")))?;
+    unfreeze_timeout(&body)
+}
+
+/// [`freeze_hold`]'s decision (pure).
+pub fn unfreeze_timeout(body: &[u8]) -> Result<u64, ApiErr> {
+    let default = endpoint::DEFAULT_UNFREEZE_TIMEOUT.as_secs();
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(default);
+    }
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiErr::new(400, format!("the request body is not JSON: {e}")))?;
+    let t = match &v["unfreezeTimeout"] {
+        Value::Null => return Ok(default),
+        Value::String(t) => t,
+        other => {
+            return Err(ApiErr::new(
+                400,
+                format!("unfreezeTimeout: {other} is not a duration (e.g. \"5m\")"),
+            ));
+        }
+    };
+    let d = ferrovirt_api::kubevirt::snapshot::parse_go_duration(t)
+        .map_err(|e| ApiErr::new(400, format!("unfreezeTimeout: {e}")))?;
+    if d.as_secs() == 0 {
+        return Err(ApiErr::new(
+            400,
+            "unfreezeTimeout: must be at least 1s (a freeze is never held without an end)",
+        ));
+    }
+    Ok(d.as_secs())
+}
+
+async fn vmi_call(
+    ready: &Ready,
+    ns: &str,
+    name: &str,
+    op: Op,
+    query: &str,
+) -> Result<Response, ApiErr> {
     let (vmi, uid, url) = locate(ready, ns, name).await?;
     match op {
         Op::Vmi(action) => {
-            let path = format!("/vmis/{uid}/{}", action.as_str());
+            let path = format!("/vmis/{uid}/{}{query}", action.as_str());
             agent_call(&url, Method::POST, &path, &ready.token).await?;
             Ok(StatusCode::OK.into_response())
         }

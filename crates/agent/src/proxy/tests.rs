@@ -338,3 +338,38 @@ async fn agent_connections_pin_the_published_certificate() {
     assert!(e.message.contains("refusing plain http"), "{e:?}");
     ep.task.abort();
 }
+
+#[test]
+fn freeze_is_a_put_with_an_unfreeze_timeout() {
+    let vmis = "virtualmachineinstances";
+    assert_eq!(
+        parse_op(vmis, "freeze", &Method::PUT),
+        Ok(Op::Vmi(VmiAction::Freeze))
+    );
+    assert_eq!(
+        parse_op(vmis, "unfreeze", &Method::PUT),
+        Ok(Op::Vmi(VmiAction::Unfreeze))
+    );
+    assert_eq!(
+        parse_op(vmis, "freeze", &Method::GET).unwrap_err().code,
+        405
+    );
+    assert_eq!(unfreeze_timeout(b""), Ok(300));
+    assert_eq!(unfreeze_timeout(b"{}"), Ok(300));
+    assert_eq!(unfreeze_timeout(br#"{"unfreezeTimeout":"1m30s"}"#), Ok(90));
+    for bad in [
+        &br#"{"unfreezeTimeout":"0s"}"#[..],
+        br#"{"unfreezeTimeout":"soon"}"#,
+        br#"{"unfreezeTimeout":5}"#,
+        b"not json",
+    ] {
+        let e = unfreeze_timeout(bad).unwrap_err();
+        assert_eq!(e.code, 400, "{e:?}");
+    }
+    assert!(
+        unfreeze_timeout(br#"{"unfreezeTimeout":"soon"}"#)
+            .unwrap_err()
+            .message
+            .contains("unfreezeTimeout")
+    );
+}

@@ -224,6 +224,10 @@ kstruct! {
         pub interfaces: Option<Vec<VmiInterfaceStatus>>,
         #[serde(rename = "guestOSInfo")]
         pub guest_os_info: Option<GuestOsInfo>,
+        /// `frozen` while a requested freeze (the `freeze` subresource) holds the guest's
+        /// filesystems; absent otherwise.
+        #[serde(rename = "fsFreezeStatus")]
+        pub fs_freeze_status: Option<String>,
         pub migration_state: Option<MigrationState>,
         pub migration_method: Option<String>,
         pub qos_class: Option<String>,

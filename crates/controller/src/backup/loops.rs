@@ -25,11 +25,12 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
-use ferrovirt_api::backup::{BackupSpec, ENCRYPTION_KEY, phase};
+use ferrovirt_api::backup::{BackupSpec, Consistency as ConsistencyOpts, ENCRYPTION_KEY, phase};
 use ferrovirt_backup::repo::Create;
 use ferrovirt_backup::{Repository, Stats, Target};
 use ferrovirt_storage::export::ByteStream;
 
+use super::freeze;
 use super::incremental::{self, Since};
 use super::online;
 use super::plan;
@@ -583,8 +584,28 @@ async fn carry_out(
     .await?;
     let mut snapshots = Vec::new();
     let result = async {
-        let (vms, objects, sources) =
-            collect(&ctx.client, ns, spec, owner, backup_name, &mut snapshots).await?;
+        let (vms, objects, sources) = match ConsistencyOpts::group_hold(spec.consistency.as_ref()) {
+            None => collect(&ctx.client, ns, spec, owner, backup_name, &mut snapshots).await?,
+            Some(hold) => {
+                let held =
+                    freeze::freeze_all(&ctx.client, ns, &spec.virtual_machines, hold).await?;
+                let collected =
+                    collect(&ctx.client, ns, spec, owner, backup_name, &mut snapshots).await;
+                let thawed = freeze::thaw_all(&ctx.client, ns, held).await;
+                let _ = patch_status(ctx, ns, name, json!({"freeze": thawed.status})).await;
+                let collected = collected?;
+                if thawed.outlasted {
+                    return Err(format!(
+                        "group freeze: the snapshots took {:.1}s, longer than \
+                         spec.consistency.freezeTimeout ({}s) allows: the guests may have \
+                         been thawed between two snapshots",
+                        thawed.held.as_secs_f64(),
+                        hold.as_secs()
+                    ));
+                }
+                collected
+            }
+        };
         let repo = Repository::open(&target, &key, Create::IfMissing)
             .await
             .map_err(|e| format!("target {}: {e}", spec.target))?;

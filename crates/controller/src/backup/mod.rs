@@ -10,6 +10,8 @@
 //!   through an online snapshot ([`online`]), and written to the
 //!   target; status with per-volume figures) and the BackupTarget checker (reachable, bytes
 //!   stored, last check);
+//! - [`freeze`]: a `Group` consistency freeze (every running VM frozen before the online
+//!   snapshots, all thawed after them);
 //! - [`incremental`]: backup points (a succeeded Backup's online snapshot kept per VM and
 //!   target) and the pure choice of where each claim's next read starts, or why it is whole;
 //! - [`restore`] (pure) and [`restore_loop`]: the BackupRestore controller (a backup found
@@ -18,6 +20,7 @@
 //! - [`runs`] (pure) and [`plans`]: the BackupPlan controller (scheduled runs as Backups owned
 //!   by the plan, last result, GFS retention pruning the target, then garbage collection).
 
+pub mod freeze;
 pub mod incremental;
 pub mod loops;
 pub mod online;

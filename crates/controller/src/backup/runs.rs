@@ -84,6 +84,7 @@ pub fn run_backup(plan: &BackupPlan, at: Timestamp, vms: Vec<String>) -> Backup 
             virtual_machines: vms,
             encryption_key_secret_ref: spec.encryption_key_secret_ref,
             backup_name: None,
+            consistency: spec.consistency,
         }),
         status: None,
     }
