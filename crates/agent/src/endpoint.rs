@@ -400,7 +400,11 @@ async fn post_op(
     State(st): State<Arc<EndpointState>>,
     Path((uid, op)): Path<(String, String)>,
     axum::extract::Query(q): axum::extract::Query<ActionQuery>,
+    body: axum::body::Bytes,
 ) -> Response {
+    if op == "exec" {
+        return guest_exec(&st, &uid, &body).await;
+    }
     let Some(action) = VmiAction::parse(&op) else {
         return error(StatusCode::NOT_FOUND, format!("unknown action {op:?}"));
     };
@@ -434,6 +438,56 @@ async fn post_op(
             tracing::info!(%uid, action = action.as_str(), "VMI action done");
             (StatusCode::OK, axum::Json(json!({}))).into_response()
         }
+        Err(e) => error(launcher_error(&e), e.to_string()),
+    }
+}
+
+/// `POST /vmis/{uid}/exec` `{"command": [path, args…], "timeoutSeconds": n}`: runs the
+/// command in the guest through its guest agent (a backup's pre/post commands; the API
+/// server's credential only — no subresource exposes it). Replies the launcher's
+/// `ExecDone`; 409 when the VMI is not running or its guest agent is not connected, 400 for
+/// an empty command.
+async fn guest_exec(st: &EndpointState, uid: &str, body: &[u8]) -> Response {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ExecRequest {
+        command: Vec<String>,
+        timeout_seconds: u64,
+    }
+    let req: ExecRequest = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("exec request: {e}")),
+    };
+    if req.command.first().is_none_or(|p| !p.starts_with('/')) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "command: the first element must be an absolute path",
+        );
+    }
+    let mut client = match connect(st, uid).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let status = match client.status().await {
+        Ok(s) => s,
+        Err(e) => return error(launcher_error(&e), e.to_string()),
+    };
+    if status.phase != RunPhase::Running {
+        return error(StatusCode::CONFLICT, "VMI is not running");
+    }
+    if !status.guest_agent_connected {
+        return error(StatusCode::CONFLICT, "guest agent is not connected");
+    }
+    let timeout = Duration::from_secs(req.timeout_seconds.clamp(1, 120));
+    let launcher_req = LauncherRequest::GuestExec {
+        command: req.command,
+        timeout_seconds: timeout.as_secs(),
+    };
+    match client
+        .request_with_timeout(&launcher_req, timeout + Duration::from_secs(10))
+        .await
+    {
+        Ok(v) => (StatusCode::OK, axum::Json(v)).into_response(),
         Err(e) => error(launcher_error(&e), e.to_string()),
     }
 }

@@ -129,8 +129,21 @@ kstruct! {
         /// each guest is thawed then by its launcher, and a backup whose snapshots were not
         /// all taken by then fails.
         pub freeze_timeout: Option<String>,
+        /// A command (path first, then its arguments; no shell unless you name one) run in
+        /// every running VM of the backup through its guest agent before the first
+        /// snapshot (and before a `Group` freeze). A non-zero exit or a timeout fails the
+        /// backup, naming the VM.
+        pub pre_freeze_command: Option<Vec<String>>,
+        /// A command run in every running VM after the last snapshot (after a `Group`
+        /// thaw), also when the backup failed after its `preFreezeCommand`s ran.
+        pub post_thaw_command: Option<Vec<String>>,
+        /// How long each command may run (Go duration, default `30s`, at most `2m`).
+        pub command_timeout: Option<String>,
     }
 }
+
+/// The default [`Consistency::command_timeout`].
+pub const DEFAULT_COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// [`Consistency::freeze`] values.
 pub const FREEZE_PER_VM: &str = "PerVM";
@@ -155,10 +168,68 @@ impl Consistency {
     }
 }
 
+impl Consistency {
+    /// How long each pre/post command may run (pure).
+    pub fn command_timeout(c: Option<&Consistency>) -> std::time::Duration {
+        c.and_then(|c| c.command_timeout.as_deref())
+            .and_then(|t| crate::kubevirt::snapshot::parse_go_duration(t).ok())
+            .unwrap_or(DEFAULT_COMMAND_TIMEOUT)
+    }
+}
+
+/// Admission of a guest command at `field`.
+fn validate_command(c: &Value, field: &str, e: &mut Vec<FieldError>) {
+    let Some(items) = c.as_array() else {
+        e.push(FieldError::type_invalid(
+            field,
+            "a list of strings (path first)",
+        ));
+        return;
+    };
+    match items.first().and_then(Value::as_str) {
+        Some(p) if p.starts_with('/') => {}
+        _ => e.push(FieldError::invalid(
+            format!("{field}[0]"),
+            "the command's absolute path (e.g. /bin/sh) is required first",
+        )),
+    }
+    if items.len() > 64 {
+        e.push(FieldError::invalid(field, "at most 64 elements"));
+    }
+    for (i, a) in items.iter().enumerate() {
+        match a.as_str() {
+            Some(s) if s.len() <= 4096 && !s.contains('\0') => {}
+            _ => e.push(FieldError::invalid(
+                format!("{field}[{i}]"),
+                "a string of at most 4096 bytes without NUL",
+            )),
+        }
+    }
+}
+
 /// Admission of a `consistency` block at `field` (a Backup's or a BackupPlan's spec).
 fn validate_consistency(c: &Value, field: &str, e: &mut Vec<FieldError>) {
     if c.is_null() {
         return;
+    }
+    for k in ["preFreezeCommand", "postThawCommand"] {
+        if let Some(cmd) = c.get(k).filter(|v| !v.is_null()) {
+            validate_command(cmd, &format!("{field}.{k}"), e);
+        }
+    }
+    if let Some(t) = c.get("commandTimeout").filter(|v| !v.is_null()) {
+        let d = t
+            .as_str()
+            .ok_or_else(|| format!("{t} is not a duration"))
+            .and_then(crate::kubevirt::snapshot::parse_go_duration);
+        match d {
+            Ok(d) if d.as_secs() >= 1 && d.as_secs() <= 120 => {}
+            Ok(_) => e.push(FieldError::invalid(
+                format!("{field}.commandTimeout"),
+                format!("{t}: between 1s and 2m"),
+            )),
+            Err(m) => e.push(FieldError::invalid(format!("{field}.commandTimeout"), m)),
+        }
     }
     if let Some(f) = c.get("freeze").filter(|v| !v.is_null()) {
         let ok = matches!(f.as_str(), Some(FREEZE_PER_VM | FREEZE_GROUP));
@@ -969,6 +1040,28 @@ mod tests {
             fields("Backup", b(json!({"freezeTimeout": "soon"}))),
             ["spec.consistency.freezeTimeout"]
         );
+        let cmd = json!({"freeze": "Group", "preFreezeCommand": ["/bin/sh", "-c", "sync"],
+            "postThawCommand": ["/bin/true"], "commandTimeout": "10s"});
+        assert!(fields("Backup", b(cmd)).is_empty());
+        assert_eq!(
+            fields(
+                "Backup",
+                b(json!({"preFreezeCommand": ["sh", "-c", "sync"]}))
+            ),
+            ["spec.consistency.preFreezeCommand[0]"]
+        );
+        assert_eq!(
+            fields("Backup", b(json!({"postThawCommand": "/bin/true"}))),
+            ["spec.consistency.postThawCommand"]
+        );
+        assert_eq!(
+            fields("Backup", b(json!({"preFreezeCommand": ["/bin/a", 3]}))),
+            ["spec.consistency.preFreezeCommand[1]"]
+        );
+        assert_eq!(
+            fields("Backup", b(json!({"commandTimeout": "10m"}))),
+            ["spec.consistency.commandTimeout"]
+        );
         let plan = json!({"spec": {"schedule": "*/5 * * * *", "target": "s3",
             "encryptionKeySecretRef": "k", "virtualMachines": ["a"],
             "consistency": {"freeze": "group"}}});
@@ -976,6 +1069,7 @@ mod tests {
         let c = |f: &str, t: Option<&str>| Consistency {
             freeze: Some(f.into()),
             freeze_timeout: t.map(String::from),
+            ..Default::default()
         };
         assert_eq!(Consistency::group_hold(None), None);
         assert_eq!(Consistency::group_hold(Some(&c("PerVM", None))), None);

@@ -8,9 +8,13 @@
 //! 1. The VMI `freeze` subresource (`kubectl replace --raw`, KubeVirt's body) holds a guest
 //!    frozen: `status.fsFreezeStatus: frozen`; `unfreeze` thaws; a freeze with a 3 s
 //!    `unfreezeTimeout` is thawed by the launcher on its own.
-//! 2. A Backup of both VMs with `consistency: {freeze: Group}`: both guests' freeze windows
-//!    overlap (each was frozen before either was thawed); its status names both VMs and the
-//!    time held. A `PerVM` backup for contrast: the windows do not overlap.
+//! 2. A BackupPlan of the namespace (both VMs) with `consistency: {freeze: Group}`: in its run
+//!    both guests' freeze windows overlap (each was frozen before either was thawed); the
+//!    run's status names both VMs and the time held. A `PerVM` Backup for contrast: the
+//!    windows do not overlap.
+//!    The plan's `preFreezeCommand` ran in each guest before its freeze, `postThawCommand`
+//!    after its thaw (both print on the console); a Backup whose pre command exits 3 fails
+//!    naming the VM, the code and its stderr.
 //! 3. With the guest agent of one VM stopped, a `Group` backup fails naming that VM and the
 //!    other guest is left thawed.
 
@@ -270,10 +274,48 @@ fn a_group_freeze_holds_both_guests_in_one_window() -> anyhow::Result<()> {
     );
     assert!(auto >= Duration::from_secs(3), "{auto:?}");
 
-    // 2. A group backup: both guests frozen in one window.
+    // 2. A plan of the whole namespace (selector {}) with a Group freeze: its run freezes both
+    //    guests in one window.
     let since = host_now();
-    let b = backup(&c, "group", "{freeze: Group, freezeTimeout: 60s}")?;
+    c.apply(
+        r#"
+apiVersion: backup.ferrovirt.io/v1alpha1
+kind: BackupPlan
+metadata: {name: grouped, namespace: default}
+spec:
+  schedule: "*/10 * * * * *"
+  target: fs
+  selector: {}
+  encryptionKeySecretRef: bk-key
+  consistency:
+    freeze: Group
+    freezeTimeout: 60s
+    preFreezeCommand: [/bin/sh, -c, "echo FERROVIRT-PRE-HOOK >/dev/console"]
+    postThawCommand: [/bin/sh, -c, "echo FERROVIRT-POST-HOOK >/dev/console"]
+    commandTimeout: 20s
+"#,
+    )?;
+    let run = c.wait_until("the plan's first run", STEP, || {
+        let v = c.get_json(&["backupplan", "grouped", "-n", "default"])?;
+        let done = matches!(
+            v["status"]["lastResult"].as_str(),
+            Some("Succeeded" | "Failed")
+        );
+        Ok(done.then(|| v["status"]["lastBackup"].as_str().unwrap_or("").to_string()))
+    })?;
+    c.kubectl_ok(&[
+        "patch",
+        "backupplan",
+        "grouped",
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"paused":true}}"#,
+    ])?;
+    let b = c.get_json(&["backup.backup.ferrovirt.io", &run, "-n", "default"])?;
     assert_eq!(b["status"]["phase"], "Succeeded", "{b}");
+    assert_eq!(b["spec"]["consistency"]["freeze"], "Group", "{b}");
     let f = &b["status"]["freeze"];
     assert_eq!(
         f["virtualMachines"],
@@ -294,6 +336,22 @@ fn a_group_freeze_holds_both_guests_in_one_window() -> anyhow::Result<()> {
         "every guest must be frozen before any is thawed: {w:?}"
     );
 
+    // Each guest ran the pre command before its freeze and the post command after its thaw.
+    for g in &guests {
+        let log = g.log();
+        let pre = log.find("FERROVIRT-PRE-HOOK").expect("the pre command ran");
+        let f = pre
+            + log[pre..]
+                .find("FERROVIRT-FSFREEZE freeze")
+                .expect("a freeze after the pre command");
+        let t = f + log[f..].find("FERROVIRT-FSFREEZE thaw").expect("a thaw");
+        assert!(
+            log[t..].contains("FERROVIRT-POST-HOOK"),
+            "{}: the post command after the thaw: {log}",
+            g.name
+        );
+    }
+
     // The same backup per VM: one guest is thawed before the other is frozen.
     let since = host_now();
     let b = backup(&c, "pervm", "{freeze: PerVM}")?;
@@ -304,6 +362,20 @@ fn a_group_freeze_holds_both_guests_in_one_window() -> anyhow::Result<()> {
     assert!(
         w[0].1 < w[1].0 || w[1].1 < w[0].0,
         "per-VM freezes do not overlap: {w:?}"
+    );
+
+    // A failing pre command fails the backup, naming the VM, its exit code and its stderr.
+    let b = backup(
+        &c,
+        "prefails",
+        "{preFreezeCommand: [/bin/sh, -c, 'echo database busy >&2; exit 3']}",
+    )?;
+    assert_eq!(b["status"]["phase"], "Failed", "{b}");
+    assert!(
+        b.to_string().contains(
+            "preFreezeCommand in VirtualMachine default/gf1 exited with 3: database busy"
+        ),
+        "{b}"
     );
 
     // 3. No guest agent in gf2: the group backup fails naming it, gf1 is left thawed.

@@ -201,6 +201,14 @@ pub enum Request {
     },
     /// Thaws the guest's filesystems (a guest that is not frozen stays as it is).
     Unfreeze,
+    /// Runs `command` (path first) in the guest through the guest agent and waits for it,
+    /// at most `timeoutSeconds` (capped, `crate::guestexec`); replies
+    /// [`crate::guestexec::ExecDone`]. Added within protocol version 1.
+    #[serde(rename_all = "camelCase")]
+    GuestExec {
+        command: Vec<String>,
+        timeout_seconds: u64,
+    },
     /// Merge released snapshot layers of one disk under the running VM
     /// (`crate::online_reclaim`): QEMU `block-stream`/`block-commit` jobs followed to their
     /// end, the dropped nodes deleted. Replies [`crate::online_reclaim::MergeDone`].

@@ -77,6 +77,7 @@ enum Command {
     },
     Freeze(Duration),
     Unfreeze,
+    GuestExec(Vec<String>, Duration),
     MergeLayers(crate::online_reclaim::MergeRequest),
     DiskLayers(crate::disk_layers::DiskLayersRequest),
 }
@@ -446,6 +447,11 @@ async fn main_loop(
                         }
                         r
                     }
+                    Command::GuestExec(command, timeout) => {
+                        crate::guestexec::run(&vm, &command, timeout)
+                            .await
+                            .map(|d| serde_json::json!(d))
+                    }
                     Command::Unfreeze => {
                         crate::freeze::release(&vm).await;
                         frozen_until = None;
@@ -700,6 +706,10 @@ async fn connection(
                         Duration::from_secs(unfreeze_timeout_seconds).min(crate::freeze::MAX_HOLD),
                     ),
                     Request::Unfreeze => Command::Unfreeze,
+                    Request::GuestExec {
+                        command,
+                        timeout_seconds,
+                    } => Command::GuestExec(command, Duration::from_secs(timeout_seconds)),
                     Request::MergeLayers { merge } => Command::MergeLayers(merge),
                     Request::DiskLayers { disk } => Command::DiskLayers(disk),
                     Request::Hello { .. } | Request::Status => continue,

@@ -16,6 +16,7 @@ pub mod disk_layers;
 pub mod error;
 pub mod fence;
 pub mod freeze;
+pub mod guestexec;
 pub mod hostdev;
 pub mod lifecycle;
 pub mod migrate;

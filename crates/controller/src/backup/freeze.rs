@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use ferrovirt_api::kubevirt::vmi::VmiPhase;
 
+use super::hooks::Running;
 use crate::runtime::resources::Vmi;
 
 /// The margin kept below the launchers' own thaw: a group whose snapshots ended later than
@@ -52,22 +53,40 @@ async fn put(client: &kube::Client, path: &str, body: Value) -> Result<(), Strin
     }
 }
 
-/// Freezes every running VM among `vms` (their VMIs in phase Running), holding each for at
-/// most `hold`. On a failure the VMs frozen so far are thawed and the error names the VM.
-pub(super) async fn freeze_all(
+/// The running VMIs (phase Running, with a node) among `vms`, in that order.
+pub(super) async fn running(
     client: &kube::Client,
     ns: &str,
     vms: &[String],
-    hold: Duration,
-) -> Result<Held, String> {
+) -> Result<Vec<Running>, String> {
     let vmis: Api<Vmi> = Api::namespaced(client.clone(), ns);
-    let mut running = Vec::new();
+    let mut out = Vec::new();
     for vm in vms {
-        let vmi = vmis.get_opt(vm).await.map_err(|e| e.to_string())?;
-        if vmi.is_some_and(|v| v.0.status.and_then(|s| s.phase) == Some(VmiPhase::Running)) {
-            running.push(vm.clone());
+        let Some(vmi) = vmis.get_opt(vm).await.map_err(|e| e.to_string())? else {
+            continue;
+        };
+        let st = vmi.0.status.unwrap_or_default();
+        if st.phase == Some(VmiPhase::Running)
+            && let Some(node) = st.node_name
+        {
+            out.push(Running {
+                vm: vm.clone(),
+                uid: vmi.0.metadata.uid.unwrap_or_default(),
+                node,
+            });
         }
     }
+    Ok(out)
+}
+
+/// Freezes every VM of `running`, holding each for at most `hold`. On a failure the VMs
+/// frozen so far are thawed and the error names the VM.
+pub(super) async fn freeze_all(
+    client: &kube::Client,
+    ns: &str,
+    running: &[Running],
+    hold: Duration,
+) -> Result<Held, String> {
     let started = k8s_openapi::jiff::Timestamp::now().to_string();
     let body = json!({"unfreezeTimeout": format!("{}s", hold.as_secs().max(1))});
     let mut held = Held {
@@ -76,8 +95,9 @@ pub(super) async fn freeze_all(
         frozen_at: Instant::now(),
         hold,
     };
-    for vm in running {
-        if let Err(e) = put(client, &subresource(ns, &vm, "freeze"), body.clone()).await {
+    for r in running {
+        let vm = &r.vm;
+        if let Err(e) = put(client, &subresource(ns, vm, "freeze"), body.clone()).await {
             thaw_all(client, ns, held).await;
             return Err(format!(
                 "group freeze: VirtualMachine {ns}/{vm} could not be frozen: {e}"
@@ -86,7 +106,7 @@ pub(super) async fn freeze_all(
         if held.vms.is_empty() {
             held.frozen_at = Instant::now();
         }
-        held.vms.push(vm);
+        held.vms.push(vm.clone());
     }
     tracing::info!(namespace = %ns, vms = ?held.vms, "group freeze: all frozen");
     Ok(held)

@@ -30,11 +30,11 @@ use ferrovirt_backup::repo::Create;
 use ferrovirt_backup::{Repository, Stats, Target};
 use ferrovirt_storage::export::ByteStream;
 
-use super::freeze;
 use super::incremental::{self, Since};
 use super::online;
 use super::plan;
 use super::resources::{self, BackupRun};
+use super::{freeze, hooks};
 use crate::error::ControllerError;
 use crate::runtime::events::{EventRecorder, object_ref};
 use crate::runtime::resources::{Vm, Vmi};
@@ -566,6 +566,69 @@ async fn open_incremental(
 }
 
 /// The backup itself; the final status fields on success, the reason on failure.
+/// The VMs' definitions, what they reference and the claims to read, with the running VMs'
+/// online snapshots taken — under the backup's consistency (docs/backup.md "Consistency"):
+/// `preFreezeCommand` in every running guest first, a `Group` freeze around the snapshots,
+/// `postThawCommand` after them (also when they failed).
+async fn snapshot_phase(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    spec: &BackupSpec,
+    owner: &OwnerReference,
+    backup_name: &str,
+    snapshots: &mut Taken,
+) -> Result<(Vec<Value>, Vec<Value>, Vec<Source>), String> {
+    let c = spec.consistency.as_ref();
+    let hold = ConsistencyOpts::group_hold(c);
+    let pre = c.and_then(|c| c.pre_freeze_command.as_deref());
+    let post = c.and_then(|c| c.post_thaw_command.as_deref());
+    if hold.is_none() && pre.is_none() && post.is_none() {
+        return collect(&ctx.client, ns, spec, owner, backup_name, snapshots).await;
+    }
+    let running = freeze::running(&ctx.client, ns, &spec.virtual_machines).await?;
+    let guests = hooks::Guests {
+        client: &ctx.client,
+        token: ctx.agent_token.as_deref(),
+        ns,
+        running: &running,
+        timeout: ConsistencyOpts::command_timeout(c),
+    };
+    let collected = async {
+        if let Some(pre) = pre {
+            guests.run_all(pre, "preFreezeCommand").await?;
+        }
+        let Some(hold) = hold else {
+            return collect(&ctx.client, ns, spec, owner, backup_name, snapshots).await;
+        };
+        let held = freeze::freeze_all(&ctx.client, ns, &running, hold).await?;
+        let collected = collect(&ctx.client, ns, spec, owner, backup_name, snapshots).await;
+        let thawed = freeze::thaw_all(&ctx.client, ns, held).await;
+        let _ = patch_status(ctx, ns, name, json!({"freeze": thawed.status})).await;
+        let collected = collected?;
+        if thawed.outlasted {
+            return Err(format!(
+                "group freeze: the snapshots took {:.1}s, longer than \
+                 spec.consistency.freezeTimeout ({}s) allows: the guests may have been thawed \
+                 between two snapshots",
+                thawed.held.as_secs_f64(),
+                hold.as_secs()
+            ));
+        }
+        Ok(collected)
+    }
+    .await;
+    if let Some(post) = post {
+        let r = guests.run_all(post, "postThawCommand").await;
+        match (&collected, r) {
+            (Ok(_), Err(e)) => return Err(e),
+            (Err(_), Err(e)) => tracing::warn!(namespace = %ns, backup = %name, "{e}"),
+            _ => {}
+        }
+    }
+    collected
+}
+
 async fn carry_out(
     ctx: &Ctx,
     ns: &str,
@@ -584,28 +647,8 @@ async fn carry_out(
     .await?;
     let mut snapshots = Vec::new();
     let result = async {
-        let (vms, objects, sources) = match ConsistencyOpts::group_hold(spec.consistency.as_ref()) {
-            None => collect(&ctx.client, ns, spec, owner, backup_name, &mut snapshots).await?,
-            Some(hold) => {
-                let held =
-                    freeze::freeze_all(&ctx.client, ns, &spec.virtual_machines, hold).await?;
-                let collected =
-                    collect(&ctx.client, ns, spec, owner, backup_name, &mut snapshots).await;
-                let thawed = freeze::thaw_all(&ctx.client, ns, held).await;
-                let _ = patch_status(ctx, ns, name, json!({"freeze": thawed.status})).await;
-                let collected = collected?;
-                if thawed.outlasted {
-                    return Err(format!(
-                        "group freeze: the snapshots took {:.1}s, longer than \
-                         spec.consistency.freezeTimeout ({}s) allows: the guests may have \
-                         been thawed between two snapshots",
-                        thawed.held.as_secs_f64(),
-                        hold.as_secs()
-                    ));
-                }
-                collected
-            }
-        };
+        let (vms, objects, sources) =
+            snapshot_phase(ctx, ns, name, spec, owner, backup_name, &mut snapshots).await?;
         let repo = Repository::open(&target, &key, Create::IfMissing)
             .await
             .map_err(|e| format!("target {}: {e}", spec.target))?;

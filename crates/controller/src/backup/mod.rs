@@ -11,7 +11,8 @@
 //!   target; status with per-volume figures) and the BackupTarget checker (reachable, bytes
 //!   stored, last check);
 //! - [`freeze`]: a `Group` consistency freeze (every running VM frozen before the online
-//!   snapshots, all thawed after them);
+//!   snapshots, all thawed after them); [`hooks`]: `preFreezeCommand`/`postThawCommand` in
+//!   the running guests through their guest agents;
 //! - [`incremental`]: backup points (a succeeded Backup's online snapshot kept per VM and
 //!   target) and the pure choice of where each claim's next read starts, or why it is whole;
 //! - [`restore`] (pure) and [`restore_loop`]: the BackupRestore controller (a backup found
@@ -21,6 +22,7 @@
 //!   by the plan, last result, GFS retention pruning the target, then garbage collection).
 
 pub mod freeze;
+pub mod hooks;
 pub mod incremental;
 pub mod loops;
 pub mod online;
