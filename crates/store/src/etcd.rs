@@ -9,7 +9,13 @@
 //!
 //! etcd does not report its compacted revision directly; [`Store::compacted_revision`] finds it
 //! by a binary search for the oldest readable revision (only needed on the error paths).
-//! `https://` endpoints need TLS support, which is not built in yet.
+//!
+//! `https://` endpoints are reached over TLS (rustls, ring) trusting only the CA given, with a
+//! client certificate when the members ask for one (`--client-cert-auth`). The client holds
+//! every endpoint and balances over the reachable ones: when a member goes away, its channel
+//! drops out and later requests go to the others. A request in flight on the dying member fails
+//! with a transport error, which is returned (the API answers 5xx), never taken as success; a
+//! write so reported may or may not have been applied, as with any etcd client.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -68,17 +74,35 @@ impl EtcdStore {
     /// Connects to the etcd cluster at `endpoints` (`http://host:port`) and checks that it
     /// answers. Keys are stored under `key_prefix` (may be empty).
     pub async fn connect(endpoints: &[String], key_prefix: &str) -> Result<EtcdStore, StoreError> {
+        Self::connect_tls(endpoints, key_prefix, None).await
+    }
+
+    /// [`connect`](Self::connect) over TLS when `tls` is given (needed for `https://`).
+    pub async fn connect_tls(
+        endpoints: &[String],
+        key_prefix: &str,
+        tls: Option<crate::endpoint::EtcdTls>,
+    ) -> Result<EtcdStore, StoreError> {
         if endpoints.is_empty() {
             return Err(StoreError::Backend("etcd: no endpoints given".into()));
         }
-        if let Some(e) = endpoints.iter().find(|e| e.starts_with("https://")) {
-            return Err(StoreError::Backend(format!(
-                "etcd: {e}: https endpoints need TLS support, which this build does not have yet"
-            )));
+        let https = endpoints.iter().any(|e| e.starts_with("https://"));
+        if https && tls.is_none() {
+            return Err(StoreError::Backend(
+                "etcd: https endpoints need a CA (--datastore-cafile)".into(),
+            ));
         }
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT);
+        if let Some(t) = tls {
+            let mut cfg = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(&t.ca_pem));
+            if let Some((cert, key)) = &t.identity {
+                cfg = cfg.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(cfg);
+        }
         let client = Client::connect(endpoints, Some(options))
             .await
             .map_err(backend)?;
