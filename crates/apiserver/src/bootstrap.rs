@@ -92,11 +92,17 @@ fn random<const N: usize>() -> Result<[u8; N], ServerError> {
     Ok(b)
 }
 
-/// Seals `files` (relative path → contents) with a key derived from `secret`.
-pub fn seal(secret: &str, files: &BTreeMap<String, String>) -> Result<Vec<u8>, ServerError> {
+/// The shared files: relative path → contents.
+pub type Files = BTreeMap<String, Vec<u8>>;
+
+/// Seals `files` with a key derived from `secret`.
+pub fn seal(secret: &str, files: &Files) -> Result<Vec<u8>, ServerError> {
     let salt = random::<16>()?;
     let nonce = random::<NONCE_LEN>()?;
-    let mut data = serde_json::to_vec(files).map_err(|e| ServerError::Config(e.to_string()))?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let encoded: BTreeMap<&String, String> =
+        files.iter().map(|(k, v)| (k, b64.encode(v))).collect();
+    let mut data = serde_json::to_vec(&encoded).map_err(|e| ServerError::Config(e.to_string()))?;
     key(secret, &salt)
         .seal_in_place_append_tag(
             Nonce::assume_unique_for_key(nonce),
@@ -104,7 +110,6 @@ pub fn seal(secret: &str, files: &BTreeMap<String, String>) -> Result<Vec<u8>, S
             &mut data,
         )
         .map_err(|_| ServerError::Tls("sealing the bootstrap data".into()))?;
-    let b64 = base64::engine::general_purpose::STANDARD;
     serde_json::to_vec(&Record {
         v: 1,
         salt: b64.encode(salt),
@@ -116,7 +121,7 @@ pub fn seal(secret: &str, files: &BTreeMap<String, String>) -> Result<Vec<u8>, S
 
 /// Opens a record made by [`seal`] with `token`'s secret and checks the CA inside against the
 /// token's CA hash.
-pub fn open(token: &JoinToken, record: &[u8]) -> Result<BTreeMap<String, String>, BootstrapError> {
+pub fn open(token: &JoinToken, record: &[u8]) -> Result<Files, BootstrapError> {
     let malformed = |e: &dyn std::fmt::Display| BootstrapError::Malformed(e.to_string());
     let r: Record = serde_json::from_slice(record).map_err(|e| malformed(&e))?;
     if r.v != 1 {
@@ -137,12 +142,17 @@ pub fn open(token: &JoinToken, record: &[u8]) -> Result<BTreeMap<String, String>
             &mut data,
         )
         .map_err(|_| BootstrapError::WrongSecret)?;
-    let files: BTreeMap<String, String> =
+    let encoded: BTreeMap<String, String> =
         serde_json::from_slice(plain).map_err(|e| malformed(&e))?;
+    let mut files = Files::new();
+    for (k, v) in encoded {
+        files.insert(k, b64.decode(v).map_err(|e| malformed(&e))?);
+    }
     let ca = files
         .get("tls/ca.crt")
         .ok_or_else(|| BootstrapError::Malformed("no tls/ca.crt".into()))?;
-    let hash = crate::auth::join::ca_hash(ca).map_err(|e| malformed(&e))?;
+    let hash =
+        crate::auth::join::ca_hash(&String::from_utf8_lossy(ca)).map_err(|e| malformed(&e))?;
     if hash != token.ca_hash {
         return Err(BootstrapError::WrongCa);
     }
@@ -218,10 +228,10 @@ pub async fn prepare(
     };
     let files = open(&token, &record).map_err(|e| ServerError::Config(e.to_string()))?;
     crate::tls::private_dir(&data_dir.join("tls"))?;
-    for (rel, text) in &files {
+    for (rel, bytes) in &files {
         let p = data_dir.join(rel);
-        if std::fs::read_to_string(&p).ok().as_deref() != Some(text.as_str()) {
-            crate::tls::write_private(&p, text)?;
+        if std::fs::read(&p).ok().as_ref() != Some(bytes) {
+            crate::tls::write_private(&p, bytes)?;
         }
     }
     tracing::info!(
@@ -237,10 +247,10 @@ pub async fn prepare(
 pub async fn publish(store: &dyn Store, data_dir: &Path) -> Result<(), ServerError> {
     let token = local_token(data_dir)?
         .ok_or_else(|| ServerError::Config("no node-token to seal bootstrap data with".into()))?;
-    let mut files = BTreeMap::new();
+    let mut files = Files::new();
     for rel in SHARED_FILES {
         let p = data_dir.join(rel);
-        match std::fs::read_to_string(&p) {
+        match std::fs::read(&p) {
             Ok(t) => {
                 files.insert(rel.to_string(), t);
             }
@@ -284,11 +294,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = crate::tls::load_or_create(dir.path(), &[]).unwrap();
         let token = crate::auth::join::load_or_create(dir.path(), &pki.ca_pem).unwrap();
-        let mut files = BTreeMap::new();
-        files.insert("tls/ca.crt".to_string(), pki.ca_pem.clone());
-        files.insert("token".to_string(), "admin".to_string());
+        let mut files = Files::new();
+        files.insert("tls/ca.crt".to_string(), pki.ca_pem.clone().into_bytes());
+        files.insert("token".to_string(), b"admin".to_vec());
+        // A binary file (the upload token key is one).
+        files.insert("upload-token.key".to_string(), vec![0xff, 0, 0x80]);
         let sealed = seal(&token.secret, &files).unwrap();
         assert!(!String::from_utf8_lossy(&sealed).contains("admin"));
+        assert!(!String::from_utf8_lossy(&sealed).contains("YWRtaW4"));
         assert_eq!(open(&token, &sealed).unwrap(), files);
         // Another secret: the tag does not verify.
         let mut wrong = token.clone();
@@ -330,6 +343,7 @@ mod tests {
         let pki = crate::tls::load_or_create(first.path(), &[]).unwrap();
         crate::auth::certs::load_or_create(first.path()).unwrap();
         let token = crate::auth::join::load_or_create(first.path(), &pki.ca_pem).unwrap();
+        std::fs::write(first.path().join("upload-token.key"), [0xffu8, 0, 0x80]).unwrap();
         publish(store.as_ref(), first.path()).await.unwrap();
         // Publishing again (a restart) is fine.
         publish(store.as_ref(), first.path()).await.unwrap();
@@ -368,6 +382,10 @@ mod tests {
                 "{f}"
             );
         }
+        assert_eq!(
+            std::fs::read(second.path().join("upload-token.key")).unwrap(),
+            [0xffu8, 0, 0x80]
+        );
         // The joined server signs its own serving certificate with the shared CA.
         let p2 = crate::tls::load_or_create(second.path(), &["10.9.9.9".into()]).unwrap();
         assert_eq!(p2.ca_pem, pki.ca_pem);

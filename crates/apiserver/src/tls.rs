@@ -62,7 +62,7 @@ pub fn private_file(path: &Path) -> Result<(), ServerError> {
 
 /// Writes a file readable by its owner only: a fresh 0600 temporary file renamed over `path`,
 /// so the secret is never readable by others, not even for a moment, and never half-written.
-pub(crate) fn write_private(path: &Path, contents: &str) -> Result<(), ServerError> {
+pub(crate) fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), ServerError> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
     // A leftover temporary file could have any mode: start from a new one.
@@ -73,7 +73,7 @@ pub(crate) fn write_private(path: &Path, contents: &str) -> Result<(), ServerErr
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| ServerError::io(tmp.display(), e))?;
-    f.write_all(contents.as_bytes())
+    f.write_all(contents.as_ref())
         .and_then(|_| f.sync_all())
         .map_err(|e| ServerError::io(tmp.display(), e))?;
     std::fs::rename(&tmp, path).map_err(|e| ServerError::io(path.display(), e))
