@@ -5,7 +5,8 @@
 //! loopback balancer. A server with a wrong token refuses to start. A VM runs; the controllers'
 //! leader is killed with SIGKILL: another server holds the Lease within 15 s, the running VM
 //! keeps its launcher and QEMU and its guest keeps ticking, and a VM created through another
-//! server starts and boots. Then one etcd member is killed while ConfigMaps are written
+//! server starts and boots; the CLI given the dead server first in `FERROVIRT_SERVERS` uses a
+//! live one. Then one etcd member is killed while ConfigMaps are written
 //! through the servers: the API keeps answering and every acknowledged write is there.
 
 use std::collections::BTreeSet;
@@ -272,6 +273,37 @@ fn three_servers_survive_the_leader_and_an_etcd_member_dying() -> anyhow::Result
         takeover < Duration::from_secs(15),
         "take-over took {takeover:?}"
     );
+
+    // The CLI with the dead server's kubeconfig and FERROVIRT_SERVERS naming it first: it
+    // picks a live server (same CA and credentials).
+    let dead_url = format!("https://127.0.0.1:{}", dead.port);
+    let list = std::iter::once(dead_url)
+        .chain(
+            servers
+                .iter()
+                .map(|c| format!("https://127.0.0.1:{}", c.port)),
+        )
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+        .arg("--kubeconfig")
+        .arg(&dead.kubeconfig)
+        .args(["get", "vmi", "vm-a", "-o", "name"])
+        .env("FERROVIRT_SERVERS", &list)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("vm-a"),
+        "CLI through FERROVIRT_SERVERS: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let alone = Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
+        .arg("--kubeconfig")
+        .arg(&dead.kubeconfig)
+        .args(["get", "vmi", "vm-a", "-o", "name"])
+        .env_remove("FERROVIRT_SERVERS")
+        .output()?;
+    assert!(!alone.status.success(), "the dead server answered");
 
     // The running VM is untouched: the same launcher and QEMU, the guest still ticking.
     assert_eq!(vm_pids(), pids_before, "the VM's processes changed");
