@@ -221,7 +221,7 @@ pub fn load_or_create(data_dir: &Path, extra_sans: &[String]) -> Result<Pki, Ser
     let (cert_pem, key_pem) = sign_serving(sans.clone(), &ca_key_pem)?;
     write_private(&key_p, &key_pem)?;
     write_private(&cert_p, &cert_pem)?;
-    write_private(&stamp_p, &serving_stamp(&sans, &ca_pem))?;
+    write_private(&stamp_p, serving_stamp(&sans, &ca_pem))?;
     Ok(Pki {
         ca_pem,
         cert_pem,
