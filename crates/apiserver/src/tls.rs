@@ -288,4 +288,36 @@ mod tests {
         let p = write_kubeconfig(dir.path(), "https://127.0.0.1:1", &a).unwrap();
         assert!(std::fs::read_to_string(p).unwrap().contains(&a.token));
     }
+
+    #[test]
+    fn serving_certificate_follows_its_sans_and_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_or_create(dir.path(), &["10.0.0.1".into()]).unwrap();
+        assert!(dir.path().join("tls/ca.key").exists(), "the CA key is kept");
+        // Same SANs: the same certificate.
+        let b = load_or_create(dir.path(), &["10.0.0.1".into()]).unwrap();
+        assert_eq!(a.cert_pem, b.cert_pem);
+        // Another listen address: re-signed by the same CA.
+        let c = load_or_create(dir.path(), &["10.0.0.2".into()]).unwrap();
+        assert_ne!(c.cert_pem, a.cert_pem);
+        assert_eq!(c.ca_pem, a.ca_pem);
+        let stamp = std::fs::read_to_string(dir.path().join("tls/serving.for")).unwrap();
+        assert!(
+            stamp.contains("127.0.0.1") && stamp.contains("10.0.0.2"),
+            "{stamp}"
+        );
+        // A CA replaced (bootstrap data of the cluster): re-signed by the new one.
+        let other = tempfile::tempdir().unwrap();
+        let o = load_or_create(other.path(), &[]).unwrap();
+        for f in ["tls/ca.crt", "tls/ca.key"] {
+            std::fs::copy(other.path().join(f), dir.path().join(f)).unwrap();
+        }
+        let d = load_or_create(dir.path(), &["10.0.0.2".into()]).unwrap();
+        assert_eq!(d.ca_pem, o.ca_pem);
+        assert_ne!(d.cert_pem, c.cert_pem);
+        // An older data dir without the CA key keeps its certificate as it is.
+        std::fs::remove_file(dir.path().join("tls/ca.key")).unwrap();
+        let e = load_or_create(dir.path(), &["10.0.0.3".into()]).unwrap();
+        assert_eq!(e.cert_pem, d.cert_pem);
+    }
 }
