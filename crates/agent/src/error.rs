@@ -29,6 +29,9 @@ pub enum AgentError {
     /// Joining the cluster with a join token ([`crate::join`]).
     #[error("joining the cluster: {0}")]
     Join(String),
+    /// A bad agent setting (the message names the flag).
+    #[error("{0}")]
+    Config(String),
     /// A containerDisk image could not be pulled (Kubernetes' ErrImagePull).
     #[error("failed to pull image {image}: {message}")]
     ImagePull { image: String, message: String },

@@ -57,6 +57,7 @@ pub mod postcopy;
 pub mod proxy;
 pub mod resize;
 pub mod runtime;
+pub mod serverlb;
 pub mod services;
 pub mod tls;
 pub mod udn;

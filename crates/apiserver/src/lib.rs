@@ -21,15 +21,17 @@
 //! # Ok(()) }
 //! ```
 //!
-//! First start creates `DATA_DIR/tls/{ca.crt,serving.crt,serving.key}`, `DATA_DIR/token` and
+//! First start creates `DATA_DIR/tls/{ca.crt,ca.key,serving.crt,serving.key}`, `DATA_DIR/token` and
 //! `DATA_DIR/kubeconfig.yaml` (rewritten on every start with the bound address); later starts
-//! reuse the CA, certificate and token. Every request except `/healthz`, `/livez` and `/readyz`
+//! reuse the CA, certificate and token. Servers sharing one etcd share these through
+//! [`bootstrap`] data. Every request except `/healthz`, `/livez` and `/readyz`
 //! needs an identity (the admin token, a ServiceAccount token or a client certificate of
 //! `DATA_DIR/tls/client-ca.crt`) and RBAC's permission ([`auth`]).
 
 pub mod audit;
 pub mod auth;
 mod body;
+pub mod bootstrap;
 mod cluster_config;
 mod cluster_metrics;
 mod crd;

@@ -30,6 +30,8 @@ pub struct ServerOptions {
     pub listen: SocketAddr,
     /// `sqlite://PATH` or etcd URLs; None: SQLite in the data dir.
     pub datastore_endpoint: Option<String>,
+    /// The etcd TLS files (`--datastore-cafile`, `--datastore-certfile`, `--datastore-keyfile`).
+    pub datastore_tls: ferrovirt_store::DatastoreTls,
     /// An already opened store (tests, embedding); takes precedence over `datastore_endpoint`.
     /// Either way Secrets are encrypted in it with the keys in `DATA_DIR/encryption-keys`.
     pub store: Option<Arc<dyn Store>>,
@@ -93,6 +95,7 @@ impl Default for ServerOptions {
             data_dir: PathBuf::from("/var/lib/ferrovirt"),
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 6443),
             datastore_endpoint: None,
+            datastore_tls: Default::default(),
             store: None,
             resources: None,
             extra_sans: Vec::new(),
@@ -188,7 +191,8 @@ async fn open_store(opts: &ServerOptions) -> Result<Arc<dyn Store>, ServerError>
         Some(s) => s.clone(),
         None => {
             let endpoint = opts.datastore_endpoint.as_deref().unwrap_or("");
-            ferrovirt_store::open_endpoint(endpoint, &opts.data_dir).await?
+            ferrovirt_store::open_endpoint_tls(endpoint, &opts.datastore_tls, &opts.data_dir)
+                .await?
         }
     };
     let key_file = encryption_key_file(&opts.data_dir);
@@ -224,7 +228,12 @@ impl Server {
         tls::private_dir(&opts.data_dir)?;
         tls::private_file(&opts.data_dir.join("kubeconfig.yaml"))?;
         let store = open_store(&opts).await?;
-        let pki = tls::load_or_create(&opts.data_dir, &opts.extra_sans)?;
+        // The listen address is a SAN too: servers of one cluster each sign their own.
+        let mut sans = opts.extra_sans.clone();
+        if !opts.listen.ip().is_unspecified() {
+            sans.push(opts.listen.ip().to_string());
+        }
+        let pki = tls::load_or_create(&opts.data_dir, &sans)?;
         let client_ca = crate::auth::certs::load_or_create(&opts.data_dir)?;
         let tls_cfg = crate::auth::certs::server_config(&pki, &client_ca)?;
         let token_keys = crate::auth::tokens::TokenKeys::load_or_create(&opts.data_dir)?;

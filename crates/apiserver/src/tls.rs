@@ -1,6 +1,8 @@
-//! Credentials in the data dir: a self-signed CA, a serving certificate signed by it (SANs
-//! 127.0.0.1, ::1, localhost, the host name and any extras), the admin bearer token and
-//! `kubeconfig.yaml`. Created on first start, reused afterwards; also the rustls server config.
+//! Credentials in the data dir: a self-signed CA (its key kept in `tls/ca.key`), a serving
+//! certificate signed by it (SANs 127.0.0.1, ::1, localhost, the host name and any extras,
+//! such as the listen address), the admin bearer token and `kubeconfig.yaml`. Created on first
+//! start, reused afterwards (the serving certificate re-signed when its SANs or CA change);
+//! also the rustls server config.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -60,7 +62,7 @@ pub fn private_file(path: &Path) -> Result<(), ServerError> {
 
 /// Writes a file readable by its owner only: a fresh 0600 temporary file renamed over `path`,
 /// so the secret is never readable by others, not even for a moment, and never half-written.
-pub(crate) fn write_private(path: &Path, contents: &str) -> Result<(), ServerError> {
+pub(crate) fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), ServerError> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
     // A leftover temporary file could have any mode: start from a new one.
@@ -71,7 +73,7 @@ pub(crate) fn write_private(path: &Path, contents: &str) -> Result<(), ServerErr
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| ServerError::io(tmp.display(), e))?;
-    f.write_all(contents.as_bytes())
+    f.write_all(contents.as_ref())
         .and_then(|_| f.sync_all())
         .map_err(|e| ServerError::io(tmp.display(), e))?;
     std::fs::rename(&tmp, path).map_err(|e| ServerError::io(path.display(), e))
@@ -93,8 +95,7 @@ fn new_token() -> String {
     )
 }
 
-fn generate(sans: Vec<String>) -> Result<(String, String, String), ServerError> {
-    let ca_key = KeyPair::generate().map_err(tls_err)?;
+fn ca_params() -> Result<CertificateParams, ServerError> {
     let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(tls_err)?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "ferrovirt-ca");
@@ -106,9 +107,22 @@ fn generate(sans: Vec<String>) -> Result<(String, String, String), ServerError> 
         KeyUsagePurpose::DigitalSignature,
     ];
     ca.not_after = rcgen::date_time_ymd(2125, 1, 1);
-    let ca_cert = ca.self_signed(&ca_key).map_err(tls_err)?;
-    let issuer = Issuer::new(ca, ca_key);
+    Ok(ca)
+}
 
+/// A new serving CA: (certificate PEM, key PEM).
+fn generate_ca() -> Result<(String, String), ServerError> {
+    let ca_key = KeyPair::generate().map_err(tls_err)?;
+    let ca_cert = ca_params()?.self_signed(&ca_key).map_err(tls_err)?;
+    Ok((ca_cert.pem(), ca_key.serialize_pem()))
+}
+
+/// A serving certificate for `sans` signed by the CA key `ca_key_pem`: (cert PEM, key PEM).
+fn sign_serving(sans: Vec<String>, ca_key_pem: &str) -> Result<(String, String), ServerError> {
+    let issuer = Issuer::new(
+        ca_params()?,
+        KeyPair::from_pem(ca_key_pem).map_err(tls_err)?,
+    );
     let key = KeyPair::generate().map_err(tls_err)?;
     let mut params = CertificateParams::new(sans).map_err(tls_err)?;
     let mut dn = DistinguishedName::new();
@@ -121,21 +135,35 @@ fn generate(sans: Vec<String>) -> Result<(String, String, String), ServerError> 
     ];
     params.not_after = rcgen::date_time_ymd(2125, 1, 1);
     let cert = params.signed_by(&key, &issuer).map_err(tls_err)?;
-    Ok((ca_cert.pem(), cert.pem(), key.serialize_pem()))
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
-/// Loads the credentials from `data_dir`, creating what is missing.
+/// What the serving certificate was made for (`tls/serving.for`): its SANs and its CA, so
+/// that a new listen address or a CA loaded from the cluster's bootstrap data re-signs it.
+fn serving_stamp(sans: &[String], ca_pem: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, ca_pem.as_bytes());
+    let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("ca {hex}\nsans {}\n", sans.join(","))
+}
+
+/// Loads the credentials from `data_dir`, creating what is missing. The serving CA's key is
+/// kept (`tls/ca.key`) so that servers sharing the CA sign their own serving certificates:
+/// the certificate is re-signed whenever its SANs (127.0.0.1, ::1, localhost, the host name
+/// and `extra_sans`, e.g. the listen address) or the CA change. A data dir from before the
+/// key was kept goes on with its certificate as it is.
 pub fn load_or_create(data_dir: &Path, extra_sans: &[String]) -> Result<Pki, ServerError> {
     let dir = data_dir.join("tls");
     private_dir(&dir)?;
-    let (ca_p, cert_p, key_p) = (
+    let (ca_p, ca_key_p, cert_p, key_p, stamp_p) = (
         dir.join("ca.crt"),
+        dir.join("ca.key"),
         dir.join("serving.crt"),
         dir.join("serving.key"),
+        dir.join("serving.for"),
     );
     let token_p = data_dir.join("token");
     // Files from older versions may have been written with a wider mode.
-    for p in [&ca_p, &cert_p, &key_p, &token_p] {
+    for p in [&ca_p, &ca_key_p, &cert_p, &key_p, &token_p] {
         private_file(p)?;
     }
     let token = match read_opt(&token_p)?.map(|t| t.trim().to_string()) {
@@ -146,16 +174,6 @@ pub fn load_or_create(data_dir: &Path, extra_sans: &[String]) -> Result<Pki, Ser
             t
         }
     };
-    if let (Some(ca_pem), Some(cert_pem), Some(key_pem)) =
-        (read_opt(&ca_p)?, read_opt(&cert_p)?, read_opt(&key_p)?)
-    {
-        return Ok(Pki {
-            ca_pem,
-            cert_pem,
-            key_pem,
-            token,
-        });
-    }
     let mut sans = vec!["127.0.0.1".to_string(), "::1".into(), "localhost".into()];
     sans.extend(hostname());
     for s in extra_sans {
@@ -163,10 +181,47 @@ pub fn load_or_create(data_dir: &Path, extra_sans: &[String]) -> Result<Pki, Ser
             sans.push(s.clone());
         }
     }
-    let (ca_pem, cert_pem, key_pem) = generate(sans)?;
+    let (ca, ca_key, cert, key) = (
+        read_opt(&ca_p)?,
+        read_opt(&ca_key_p)?,
+        read_opt(&cert_p)?,
+        read_opt(&key_p)?,
+    );
+    let (ca_pem, ca_key_pem) = match (ca, ca_key, cert, key) {
+        (Some(ca_pem), None, Some(cert_pem), Some(key_pem)) => {
+            // An older data dir: the CA key was not kept.
+            return Ok(Pki {
+                ca_pem,
+                cert_pem,
+                key_pem,
+                token,
+            });
+        }
+        (Some(ca_pem), Some(ca_key_pem), cert, key) => {
+            let stamp = serving_stamp(&sans, &ca_pem);
+            if let (Some(cert_pem), Some(key_pem)) = (cert, key)
+                && read_opt(&stamp_p)?.as_deref() == Some(stamp.as_str())
+            {
+                return Ok(Pki {
+                    ca_pem,
+                    cert_pem,
+                    key_pem,
+                    token,
+                });
+            }
+            (ca_pem, ca_key_pem)
+        }
+        _ => {
+            let (ca_pem, ca_key_pem) = generate_ca()?;
+            write_private(&ca_key_p, &ca_key_pem)?;
+            write_private(&ca_p, &ca_pem)?;
+            (ca_pem, ca_key_pem)
+        }
+    };
+    let (cert_pem, key_pem) = sign_serving(sans.clone(), &ca_key_pem)?;
     write_private(&key_p, &key_pem)?;
     write_private(&cert_p, &cert_pem)?;
-    write_private(&ca_p, &ca_pem)?;
+    write_private(&stamp_p, serving_stamp(&sans, &ca_pem))?;
     Ok(Pki {
         ca_pem,
         cert_pem,
@@ -232,5 +287,37 @@ mod tests {
         assert_eq!(mode(&dir.path().join("token")), 0o600);
         let p = write_kubeconfig(dir.path(), "https://127.0.0.1:1", &a).unwrap();
         assert!(std::fs::read_to_string(p).unwrap().contains(&a.token));
+    }
+
+    #[test]
+    fn serving_certificate_follows_its_sans_and_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_or_create(dir.path(), &["10.0.0.1".into()]).unwrap();
+        assert!(dir.path().join("tls/ca.key").exists(), "the CA key is kept");
+        // Same SANs: the same certificate.
+        let b = load_or_create(dir.path(), &["10.0.0.1".into()]).unwrap();
+        assert_eq!(a.cert_pem, b.cert_pem);
+        // Another listen address: re-signed by the same CA.
+        let c = load_or_create(dir.path(), &["10.0.0.2".into()]).unwrap();
+        assert_ne!(c.cert_pem, a.cert_pem);
+        assert_eq!(c.ca_pem, a.ca_pem);
+        let stamp = std::fs::read_to_string(dir.path().join("tls/serving.for")).unwrap();
+        assert!(
+            stamp.contains("127.0.0.1") && stamp.contains("10.0.0.2"),
+            "{stamp}"
+        );
+        // A CA replaced (bootstrap data of the cluster): re-signed by the new one.
+        let other = tempfile::tempdir().unwrap();
+        let o = load_or_create(other.path(), &[]).unwrap();
+        for f in ["tls/ca.crt", "tls/ca.key"] {
+            std::fs::copy(other.path().join(f), dir.path().join(f)).unwrap();
+        }
+        let d = load_or_create(dir.path(), &["10.0.0.2".into()]).unwrap();
+        assert_eq!(d.ca_pem, o.ca_pem);
+        assert_ne!(d.cert_pem, c.cert_pem);
+        // An older data dir without the CA key keeps its certificate as it is.
+        std::fs::remove_file(dir.path().join("tls/ca.key")).unwrap();
+        let e = load_or_create(dir.path(), &["10.0.0.3".into()]).unwrap();
+        assert_eq!(e.cert_pem, d.cert_pem);
     }
 }

@@ -4,6 +4,13 @@
 //! `/var/lib/ferrovirt/kubeconfig.yaml`), else `~/.kube/config`. Credentials are kube-rs's
 //! (`kube::Config`: tokens, token files, exec plugins, client certificates, CAs), for the
 //! kube-rs client and for the websocket/upload [`Transport`] alike.
+//!
+//! Several servers (docs/nodes.md "Highly available servers"): `FERROVIRT_SERVERS` lists
+//! their URLs (`https://a:6443,https://b:6443`); the CLI then talks to the first that accepts
+//! a connection ([`pick_server`]) with the kubeconfig's credentials and CA (the servers share
+//! both), instead of the kubeconfig's one server. One command is short: picking a live server
+//! when it starts is the failover; a command that runs on (`get -w`, a console) ends when its
+//! server dies and is run again.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +21,44 @@ use crate::error::CliError;
 use crate::transport::{ApiWebSocket, Transport};
 
 pub use crate::transport::WS_PROTOCOL;
+
+/// The environment variable listing several servers' URLs.
+pub const SERVERS_ENV: &str = "FERROVIRT_SERVERS";
+
+/// The first of the comma list `servers` that `reachable` accepts; an error names the list
+/// when none does (or when it holds no https URL).
+pub fn pick_server(servers: &str, reachable: impl Fn(&Uri) -> bool) -> Result<Uri, CliError> {
+    let mut urls = Vec::new();
+    for s in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let u: Uri = s
+            .parse()
+            .map_err(|e| CliError::Config(format!("{SERVERS_ENV}: {s:?}: {e}")))?;
+        if u.scheme_str() != Some("https") || u.authority().is_none() {
+            return Err(CliError::Config(format!(
+                "{SERVERS_ENV}: {s:?} is not an https://HOST:PORT URL"
+            )));
+        }
+        urls.push(u);
+    }
+    if urls.is_empty() {
+        return Err(CliError::Config(format!("{SERVERS_ENV} names no server")));
+    }
+    urls.iter().find(|u| reachable(u)).cloned().ok_or_else(|| {
+        CliError::Config(format!("no server of {SERVERS_ENV}={servers} is reachable"))
+    })
+}
+
+/// Whether a TCP connection to `u`'s host and port opens within 2 s.
+fn tcp_reachable(u: &Uri) -> bool {
+    use std::net::ToSocketAddrs;
+    let host = u.host().unwrap_or_default().trim_matches(['[', ']']);
+    let port = u.port_u16().unwrap_or(443);
+    (host, port).to_socket_addrs().is_ok_and(|mut addrs| {
+        addrs.any(|a| {
+            std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok()
+        })
+    })
+}
 
 /// Candidate kubeconfig paths, in order.
 pub fn kubeconfig_candidates(
@@ -119,12 +164,17 @@ impl Target {
             .or_else(|| kc.clusters.first())
             .and_then(|c| c.cluster.clone())
             .ok_or_else(|| CliError::Config(format!("{}: no cluster", path.display())))?;
-        let server: Uri = cluster
-            .server
-            .clone()
-            .unwrap_or_default()
-            .parse()
-            .map_err(|e| CliError::Config(format!("{}: bad server URL: {e}", path.display())))?;
+        let server: Uri = match std::env::var(SERVERS_ENV) {
+            Ok(list) if !list.trim().is_empty() => pick_server(&list, tcp_reachable)?,
+            _ => cluster
+                .server
+                .clone()
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e| {
+                    CliError::Config(format!("{}: bad server URL: {e}", path.display()))
+                })?,
+        };
         let namespace = namespace
             .map(String::from)
             .or_else(|| ctx.and_then(|c| c.namespace))
@@ -149,6 +199,8 @@ impl Target {
         if insecure {
             cfg.accept_invalid_certs = true;
         }
+        // FERROVIRT_SERVERS may have picked another server than the kubeconfig's.
+        cfg.cluster_url = self.server.clone();
         Ok(cfg)
     }
 
@@ -191,5 +243,17 @@ mod tests {
         let v = kubeconfig_candidates(None, None, Some("/home/u"));
         assert_eq!(v[0], PathBuf::from(".ferrovirt/server/kubeconfig.yaml"));
         assert_eq!(v.last(), Some(&PathBuf::from("/home/u/.kube/config")));
+    }
+
+    #[test]
+    fn several_servers_pick_the_first_reachable() {
+        let up = |u: &Uri| u.port_u16() != Some(1);
+        let got = pick_server("https://127.0.0.1:1, https://127.0.0.1:2,https://h:3", up).unwrap();
+        assert_eq!(got.to_string(), "https://127.0.0.1:2/");
+        let e = pick_server("https://a:1", up).unwrap_err().to_string();
+        assert!(e.contains("no server") && e.contains("https://a:1"), "{e}");
+        let e = pick_server("http://a:2", up).unwrap_err().to_string();
+        assert!(e.contains("not an https"), "{e}");
+        assert!(pick_server(" , ", up).is_err());
     }
 }

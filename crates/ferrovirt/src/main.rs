@@ -69,9 +69,18 @@ struct ServerArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: SocketAddr,
-    /// Store: `sqlite://PATH` (default: DATA_DIR/state.db) or etcd `http://host:2379,...`.
+    /// Store: `sqlite://PATH` (default: DATA_DIR/state.db) or etcd `http://host:2379,...`
+    /// (`https://...` with --datastore-cafile; several servers may share one etcd:
+    /// docs/nodes.md "Highly available servers").
     #[arg(long)]
     datastore_endpoint: Option<String>,
+    #[command(flatten)]
+    datastore_tls: DatastoreTlsArgs,
+    /// Join the cluster of the servers already on this (etcd) datastore: the file holds the
+    /// first server's `ferrovirt token`; this server loads the cluster's CA, keys and tokens
+    /// from the datastore (sealed under the token's secret) instead of making new ones.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
     /// Do not run a node agent in this process.
     #[arg(long)]
     disable_agent: bool,
@@ -108,6 +117,30 @@ struct ServerArgs {
     isolation: node::IsolationArgs,
 }
 
+/// The etcd TLS flags (k3s' names).
+#[derive(Debug, Clone, clap::Args)]
+struct DatastoreTlsArgs {
+    /// PEM file of the CA that signed the etcd members' certificates (needed for https://).
+    #[arg(long)]
+    datastore_cafile: Option<PathBuf>,
+    /// PEM client certificate presented to etcd (members run with --client-cert-auth).
+    #[arg(long)]
+    datastore_certfile: Option<PathBuf>,
+    /// PEM key of --datastore-certfile.
+    #[arg(long)]
+    datastore_keyfile: Option<PathBuf>,
+}
+
+impl DatastoreTlsArgs {
+    fn tls(&self) -> ferrovirt_store::DatastoreTls {
+        ferrovirt_store::DatastoreTls {
+            ca_file: self.datastore_cafile.clone(),
+            cert_file: self.datastore_certfile.clone(),
+            key_file: self.datastore_keyfile.clone(),
+        }
+    }
+}
+
 /// The ranges of `--import-allowed-cidrs`.
 #[derive(Debug, Clone)]
 struct Cidrs(Vec<ferrovirt_storage::netpolicy::Cidr>);
@@ -128,6 +161,8 @@ enum SecretsCommand {
         /// The server's store (default: DATA_DIR/state.db).
         #[arg(long)]
         datastore_endpoint: Option<String>,
+        #[command(flatten)]
+        datastore_tls: DatastoreTlsArgs,
         /// How long to wait after adding the key before re-encrypting, so that running
         /// servers (etcd) have picked it up.
         #[arg(long, default_value = "2s", value_parser = parse_secs)]
@@ -171,10 +206,11 @@ async fn secrets(cmd: SecretsCommand) -> anyhow::Result<()> {
     let SecretsCommand::RotateKey {
         data_dir,
         datastore_endpoint,
+        datastore_tls,
         settle,
     } = cmd;
     let endpoint = datastore_endpoint.unwrap_or_default();
-    let store = ferrovirt_store::open_endpoint(&endpoint, &data_dir)
+    let store = ferrovirt_store::open_endpoint_tls(&endpoint, &datastore_tls.tls(), &data_dir)
         .await
         .map_err(|e| {
             if e.to_string().contains("in use by another store") {
@@ -260,6 +296,52 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// On a shared (etcd) datastore: the cluster's shared credentials loaded into the data dir
+/// (`--token-file`, or a restart), or None and the store to publish them in after the start.
+async fn bootstrap(
+    args: &ServerArgs,
+) -> anyhow::Result<
+    Option<(
+        std::sync::Arc<dyn ferrovirt_store::Store>,
+        ferrovirt_apiserver::bootstrap::Prepared,
+    )>,
+> {
+    let endpoint = args.datastore_endpoint.clone().unwrap_or_default();
+    let tls = args.datastore_tls.tls();
+    let shared = ferrovirt_store::Datastore::parse(&endpoint, &tls, &args.data_dir)
+        .map_err(|e| anyhow::anyhow!("--datastore-endpoint: {e}"))?
+        .is_shared();
+    let token = match &args.token_file {
+        None => None,
+        Some(_) if !shared => anyhow::bail!(
+            "--token-file joins the servers of a shared etcd datastore: give \
+             --datastore-endpoint http(s)://…"
+        ),
+        Some(f) => {
+            let text =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            Some(
+                ferrovirt_api::jointoken::JoinToken::parse(&text)
+                    .map_err(|e| anyhow::anyhow!("the token in {}: {e}", f.display()))?,
+            )
+        }
+    };
+    if !shared {
+        return Ok(None);
+    }
+    let store = ferrovirt_store::open_endpoint_tls(&endpoint, &tls, &args.data_dir)
+        .await
+        .map_err(|e| anyhow::anyhow!("opening the datastore: {e}"))?;
+    let prepared = ferrovirt_apiserver::bootstrap::prepare(
+        store.as_ref(),
+        &args.data_dir,
+        token.as_ref(),
+        std::time::Duration::from_secs(60),
+    )
+    .await?;
+    Ok(Some((store, prepared)))
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -270,6 +352,9 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 async fn server(args: ServerArgs) -> anyhow::Result<()> {
     ferrovirt_apiserver::private_dir(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    // Servers sharing an etcd share one identity: a joining server loads it before anything
+    // reads the data dir (the upload key below included).
+    let bootstrap = bootstrap(&args).await?;
     // KubeVirt's subresource API (console, VNC, pause, start/stop, ...) needs a client of this
     // very server, which exists only once the server has started and written its kubeconfig:
     // the routes go in now and answer 503 until they get their client right after the start.
@@ -306,6 +391,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         datastore_endpoint: args.datastore_endpoint.clone(),
+        datastore_tls: args.datastore_tls.tls(),
         extra_routes: Some(subresources.merge(upload)),
         // upload.cdi.kubevirt.io is in the resource table (UploadTokenRequest, create-only).
         extra_groups: vec![format!("{}/v1", ferrovirt_agent::proxy::GROUP)],
@@ -313,6 +399,11 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let server = ferrovirt_apiserver::Server::start(opts).await?;
+    if let Some((store, ferrovirt_apiserver::bootstrap::Prepared::First)) = &bootstrap {
+        ferrovirt_apiserver::bootstrap::publish(store.as_ref(), &args.data_dir)
+            .await
+            .context("storing the bootstrap data for further servers")?;
+    }
     // The server's own client certificate for joined agents' endpoints (mutual TLS beside the
     // derived token), signed by the client CA at every start (docs/nodes.md).
     {
@@ -360,6 +451,11 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
                 .await?;
         let mut opts = ferrovirt_controller::ControllerOptions::default();
         opts.leader_election.identity = format!("{}-{}", node::hostname(), std::process::id());
+        // Servers sharing an etcd: a dead leader's Lease runs out in 10 s and the others retry
+        // every 2 s, so a new leader holds it at most ~12 s after the old one died (the
+        // Kubernetes default of 15 s with 5 s renewals could take 20 s).
+        opts.leader_election.lease_duration = std::time::Duration::from_secs(10);
+        opts.leader_election.renew_period = std::time::Duration::from_secs(2);
         opts.storage.data_dir = Some(args.data_dir.clone());
         opts.storage.import_allowed_cidrs = args.import_allowed_cidrs.0.clone();
         opts.storage.agent_token = Some(server.token.clone());

@@ -11,9 +11,12 @@ pub struct AgentArgs {
     /// Kubeconfig for the server (e.g. the server's DATA_DIR/kubeconfig.yaml).
     #[arg(long, env = "KUBECONFIG", conflicts_with = "server")]
     kubeconfig: Option<PathBuf>,
-    /// Server URL: with --token-file (or the environment variable FERROVIRT_TOKEN) the node
-    /// joins with the server's join token and gets a credential of its own; with --token
-    /// and --certificate-authority it uses that bearer token.
+    /// Server URL, or a comma list of the URLs of a cluster's servers (`https://a:6443,
+    /// https://b:6443`): the agent then talks to them through a loopback balancer that fails
+    /// over when its server dies (docs/nodes.md "Highly available servers"). With --token-file
+    /// (or the environment variable FERROVIRT_TOKEN) the node joins with the server's join
+    /// token and gets a credential of its own; with --token and --certificate-authority it
+    /// uses that bearer token.
     #[arg(long)]
     server: Option<String>,
     /// Bearer token (an admin-token agent; joined nodes use --token-file).
@@ -295,8 +298,19 @@ async fn client_from_credential(
 }
 
 /// Runs `ferrovirt agent`.
-pub async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
     let name = args.node_name.clone().unwrap_or_else(hostname);
+    // Several servers: every client of this agent talks to the loopback balancer.
+    let _balancer = match &args.server {
+        Some(list) if list.contains(',') => {
+            let upstreams = ferrovirt_agent::serverlb::parse_servers(list)?;
+            let lb = ferrovirt_agent::serverlb::ServerBalancer::start(upstreams).await?;
+            tracing::info!(servers = %list, via = %lb.url(), "API servers behind a loopback balancer");
+            args.server = Some(lb.url());
+            Some(lb)
+        }
+        _ => None,
+    };
     let user_agent = agent_user_agent(&name);
     let joining = match (&args.server, &args.token) {
         (Some(_), None) => join_token(&args)?,

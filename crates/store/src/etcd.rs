@@ -9,7 +9,17 @@
 //!
 //! etcd does not report its compacted revision directly; [`Store::compacted_revision`] finds it
 //! by a binary search for the oldest readable revision (only needed on the error paths).
-//! `https://` endpoints need TLS support, which is not built in yet.
+//!
+//! `https://` endpoints are reached over TLS (rustls, ring) trusting only the CA given, with a
+//! client certificate when the members ask for one (`--client-cert-auth`). The client holds
+//! every endpoint and balances over the reachable ones: when a member goes away, its channel
+//! drops out and later requests go to the others. A request in flight on the dying member fails
+//! with a transport error, which is returned (the API answers 5xx), never taken as success; a
+//! write so reported may or may not have been applied, as with any etcd client. The balancer
+//! may still pick a member that is gone: a request whose connection is refused never reached
+//! etcd and is sent again (up to [`UNREACHED_RETRIES`] times), a write too. A watch whose
+//! member goes away is opened again from the last revision it yielded (up to
+//! [`WATCH_RESUMES`] times in a row), so its reader sees no gap and no repeat.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -52,6 +62,73 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
+/// How often a request that reached no member is sent again.
+const UNREACHED_RETRIES: u32 = 10;
+
+/// Whether `e` says the request never reached a member: its connection was refused or could
+/// not be made (the client balances over every endpoint and may still pick a member that has
+/// gone). Such a request was not applied, so sending it again (a write too) is safe.
+fn never_reached(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("connect error"))
+}
+
+/// Runs `f` again (after 20 ms, 40 ms, …) while it fails with [`never_reached`]; any other
+/// answer, error or not, is returned as it is.
+async fn retry_unreached<T, Fut>(mut f: impl FnMut() -> Fut) -> Result<T, etcd_client::Error>
+where
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        match f().await {
+            Err(e) if attempt < UNREACHED_RETRIES && never_reached(&e) => {
+                attempt += 1;
+                tracing::debug!(attempt, "etcd request reached no member ({e}); again");
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The KV calls used here, each sent again while it reaches no member ([`retry_unreached`]).
+struct Kv(KvClient);
+
+impl Kv {
+    async fn get(
+        &self,
+        key: impl Into<Vec<u8>>,
+        options: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse, etcd_client::Error> {
+        let key = key.into();
+        retry_unreached(|| {
+            let (mut c, key, options) = (self.0.clone(), key.clone(), options.clone());
+            async move { c.get(key, options).await }
+        })
+        .await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, etcd_client::Error> {
+        retry_unreached(|| {
+            let (mut c, txn) = (self.0.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    async fn compact(
+        &self,
+        revision: i64,
+        options: Option<CompactionOptions>,
+    ) -> Result<etcd_client::CompactionResponse, etcd_client::Error> {
+        retry_unreached(|| {
+            let (mut c, options) = (self.0.clone(), options.clone());
+            async move { c.compact(revision, options).await }
+        })
+        .await
+    }
+}
+
 fn backend(e: etcd_client::Error) -> StoreError {
     StoreError::Backend(format!("etcd: {e}"))
 }
@@ -68,17 +145,35 @@ impl EtcdStore {
     /// Connects to the etcd cluster at `endpoints` (`http://host:port`) and checks that it
     /// answers. Keys are stored under `key_prefix` (may be empty).
     pub async fn connect(endpoints: &[String], key_prefix: &str) -> Result<EtcdStore, StoreError> {
+        Self::connect_tls(endpoints, key_prefix, None).await
+    }
+
+    /// [`connect`](Self::connect) over TLS when `tls` is given (needed for `https://`).
+    pub async fn connect_tls(
+        endpoints: &[String],
+        key_prefix: &str,
+        tls: Option<crate::endpoint::EtcdTls>,
+    ) -> Result<EtcdStore, StoreError> {
         if endpoints.is_empty() {
             return Err(StoreError::Backend("etcd: no endpoints given".into()));
         }
-        if let Some(e) = endpoints.iter().find(|e| e.starts_with("https://")) {
-            return Err(StoreError::Backend(format!(
-                "etcd: {e}: https endpoints need TLS support, which this build does not have yet"
-            )));
+        let https = endpoints.iter().any(|e| e.starts_with("https://"));
+        if https && tls.is_none() {
+            return Err(StoreError::Backend(
+                "etcd: https endpoints need a CA (--datastore-cafile)".into(),
+            ));
         }
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT);
+        if let Some(t) = tls {
+            let mut cfg = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(&t.ca_pem));
+            if let Some((cert, key)) = &t.identity {
+                cfg = cfg.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(cfg);
+        }
         let client = Client::connect(endpoints, Some(options))
             .await
             .map_err(backend)?;
@@ -95,11 +190,12 @@ impl EtcdStore {
     }
 
     /// The KV client, taking answers up to [`MAX_RESPONSE_BYTES`] (gRPC's default of 4 MiB
-    /// refused a whole list of 10,000 VMIs).
-    fn kv(&self) -> KvClient {
-        self.client
+    /// refused a whole list of 10,000 VMIs), with [`Kv`]'s retries.
+    fn kv(&self) -> Kv {
+        Kv(self
+            .client
             .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES)
+            .max_decoding_message_size(MAX_RESPONSE_BYTES))
     }
 
     fn full_key(&self, key: &str) -> Vec<u8> {
@@ -393,21 +489,25 @@ impl Store for EtcdStore {
         let full_prefix = self.full_key(prefix);
         let end = crate::prefix_end(&full_prefix).unwrap_or_else(|| vec![0]);
         let options = WatchOptions::new()
-            .with_range(end)
+            .with_range(end.clone())
             .with_start_revision(after + 1)
             .with_prev_key();
+        let key = non_empty(full_prefix);
         let stream = self
             .client
             .watch_client()
-            .watch(non_empty(full_prefix), Some(options))
+            .watch(key.clone(), Some(options))
             .await
             .map_err(backend)?;
         let state = WatchState {
             store: self.clone(),
             stream,
+            key,
+            end,
             last: after,
             queued: VecDeque::new(),
             done: false,
+            resumes: 0,
         };
         Ok(futures::stream::unfold(state, |mut st| async move {
             let item = st.next().await?;
@@ -462,11 +562,20 @@ impl Store for EtcdStore {
 struct WatchState {
     store: EtcdStore,
     stream: etcd_client::WatchStream,
+    /// The watched key and range end (to resume on another member).
+    key: Vec<u8>,
+    end: Vec<u8>,
     /// The revision of the last event yielded (or `after`).
     last: Revision,
     queued: VecDeque<WatchEvent>,
     done: bool,
+    /// Consecutive resumes without a message in between.
+    resumes: u32,
 }
+
+/// How often a broken watch is resumed (from the last revision yielded, so nothing is lost or
+/// repeated) before its error is returned.
+const WATCH_RESUMES: u32 = 5;
 
 impl WatchState {
     async fn next(&mut self) -> Option<Result<WatchEvent, StoreError>> {
@@ -479,11 +588,39 @@ impl WatchState {
                 return Some(Ok(event));
             }
             let resp = match self.stream.message().await {
-                Ok(Some(resp)) => resp,
-                Ok(None) => return None,
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(StoreError::Backend(format!("etcd watch: {e}"))));
+                Ok(Some(resp)) => {
+                    self.resumes = 0;
+                    resp
+                }
+                // The member serving the watch went away (stream error or end): the client
+                // holds every endpoint, so the watch is opened again after the last revision
+                // yielded, on a member that answers.
+                broken => {
+                    let why = match broken {
+                        Err(e) => e.to_string(),
+                        _ => "stream ended".to_string(),
+                    };
+                    if self.resumes >= WATCH_RESUMES {
+                        self.done = true;
+                        return Some(Err(StoreError::Backend(format!("etcd watch: {why}"))));
+                    }
+                    self.resumes += 1;
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(self.resumes))).await;
+                    tracing::info!(after = self.last, "etcd watch broken ({why}); resuming");
+                    let options = WatchOptions::new()
+                        .with_range(self.end.clone())
+                        .with_start_revision(self.last + 1)
+                        .with_prev_key();
+                    if let Ok(stream) = self
+                        .store
+                        .client
+                        .watch_client()
+                        .watch(self.key.clone(), Some(options))
+                        .await
+                    {
+                        self.stream = stream;
+                    }
+                    continue;
                 }
             };
             if resp.canceled() {

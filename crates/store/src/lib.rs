@@ -15,10 +15,12 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 
 pub mod encrypt;
+pub mod endpoint;
 pub mod etcd;
 pub mod sqlite;
 
 pub use encrypt::EncryptingStore;
+pub use endpoint::{Datastore, DatastoreTls};
 pub use etcd::EtcdStore;
 pub use sqlite::SqliteStore;
 
@@ -150,42 +152,29 @@ pub trait Store: Send + Sync + 'static {
 ///
 /// - empty, `sqlite://` or `sqlite:` : the embedded SQLite store at `DATA_DIR/state.db`;
 /// - `sqlite://PATH` : the SQLite store at `PATH` (a `?query` suffix is ignored);
-/// - `http://host:port[,http://host:port…]` or `https://…` : etcd v3 at those endpoints.
+/// - `http://host:port[,http://host:port…]` or `https://…` : etcd v3 at those endpoints
+///   (https needs [`open_endpoint_tls`] with at least a CA file).
 pub async fn open_endpoint(endpoint: &str, data_dir: &Path) -> Result<Arc<dyn Store>, StoreError> {
-    let endpoint = endpoint.trim();
-    if let Some(rest) = endpoint
-        .strip_prefix("sqlite://")
-        .or_else(|| endpoint.strip_prefix("sqlite:"))
-        .or(endpoint.is_empty().then_some(""))
-    {
-        let path = rest.split('?').next().unwrap_or_default();
-        let path = if path.is_empty() {
-            data_dir.join("state.db")
-        } else {
-            Path::new(path).to_path_buf()
-        };
-        return Ok(Arc::new(SqliteStore::open(path).await?));
-    }
-    if endpoint.starts_with("http://") || endpoint.starts_with("https://") {
-        let endpoints: Vec<String> = endpoint
-            .split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .map(str::to_owned)
-            .collect();
-        if let Some(bad) = endpoints
-            .iter()
-            .find(|e| !e.starts_with("http://") && !e.starts_with("https://"))
-        {
-            return Err(StoreError::Backend(format!(
-                "datastore endpoint {bad:?}: every etcd endpoint must start with http:// or https://"
-            )));
+    open_endpoint_tls(endpoint, &DatastoreTls::default(), data_dir).await
+}
+
+/// [`open_endpoint`] with the datastore TLS flags ([`endpoint::Datastore::parse`] lists what
+/// is refused).
+pub async fn open_endpoint_tls(
+    endpoint: &str,
+    tls: &DatastoreTls,
+    data_dir: &Path,
+) -> Result<Arc<dyn Store>, StoreError> {
+    match Datastore::parse(endpoint, tls, data_dir)? {
+        Datastore::Sqlite(path) => Ok(Arc::new(SqliteStore::open(path).await?)),
+        Datastore::Etcd { endpoints, tls } => {
+            let tls = match tls {
+                Some(t) => Datastore::read_tls(&t)?,
+                None => None,
+            };
+            Ok(Arc::new(EtcdStore::connect_tls(&endpoints, "", tls).await?))
         }
-        return Ok(Arc::new(EtcdStore::connect(&endpoints, "").await?));
     }
-    Err(StoreError::Backend(format!(
-        "unsupported datastore endpoint {endpoint:?}: use sqlite://PATH or http(s)://HOST:PORT[,…]"
-    )))
 }
 
 /// The smallest byte string greater than every string starting with `prefix` (etcd's

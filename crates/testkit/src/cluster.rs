@@ -20,8 +20,9 @@ pub struct ClusterOptions {
     pub node_name: Option<String>,
     /// Extra `ferrovirt server` arguments.
     pub extra_args: Vec<String>,
-    /// Copy `tls/` and `token` from this data dir first, so several servers (on one etcd) share
-    /// one CA, serving certificate and admin token.
+    /// Join the cluster of the server with this data dir (both on one etcd): its `node-token`
+    /// is passed with `--token-file`, and the new server loads the cluster's CA, keys and
+    /// tokens from the datastore (docs/nodes.md "Highly available servers").
     pub seed_from: Option<PathBuf>,
 }
 
@@ -101,12 +102,9 @@ impl Cluster {
     pub fn start(opts: &ClusterOptions) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("fv-cluster-").tempdir()?;
         let data_dir = dir.path().join("data");
+        let token_file = dir.path().join("join-token");
         if let Some(seed) = &opts.seed_from {
-            std::fs::create_dir_all(data_dir.join("tls"))?;
-            for f in ["ca.crt", "serving.crt", "serving.key"] {
-                std::fs::copy(seed.join("tls").join(f), data_dir.join("tls").join(f))?;
-            }
-            std::fs::copy(seed.join("token"), data_dir.join("token"))?;
+            std::fs::copy(seed.join("node-token"), &token_file)?;
         }
         let port = crate::free_port()?;
         let mut cmd = Command::new(&opts.binary);
@@ -125,6 +123,9 @@ impl Cluster {
             None => {
                 cmd.arg("--disable-agent");
             }
+        }
+        if opts.seed_from.is_some() {
+            cmd.arg("--token-file").arg(&token_file);
         }
         cmd.args(&opts.extra_args);
         cmd.args(default_network_mode(&opts.extra_args));
@@ -274,6 +275,19 @@ impl Cluster {
             &token_file.to_string_lossy(),
         ]
         .map(String::from);
+        self.spawn_agent_as(node, &[], &[], &[], Some(&join), None)
+    }
+
+    /// Like [`start_joined_agent`](Self::start_joined_agent) with `--server` given as
+    /// `servers` (a comma list of several servers' URLs: the agent fails over between them).
+    pub fn start_joined_agent_servers(
+        &mut self,
+        node: &str,
+        token_file: &Path,
+        servers: &str,
+    ) -> anyhow::Result<()> {
+        let token_file = token_file.to_string_lossy().into_owned();
+        let join = ["--server", servers, "--token-file", &token_file].map(String::from);
         self.spawn_agent_as(node, &[], &[], &[], Some(&join), None)
     }
 
@@ -708,6 +722,11 @@ spec:
             .filter_map(|l| l.split_whitespace().next()?.parse::<f64>().ok())
             .next_back()
             .ok_or_else(|| anyhow::anyhow!("no uptime in {out:?}"))
+    }
+
+    /// The server process's id.
+    pub fn server_pid(&self) -> u32 {
+        self.server.id()
     }
 
     /// Kills the server process with SIGKILL (agents and launchers keep running).

@@ -19,7 +19,7 @@ pub mod requests;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use console::SerialConsole;
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdCluster};
 pub use fileserver::serve_files;
 pub use guest::TestGuest;
 pub use netns::Netns;

@@ -1,6 +1,6 @@
 //! Client certificates: the client CA in the data dir (`tls/client-ca.crt`,
 //! `tls/client-ca.key`, 0600; created on first start, separate from the serving CA as k3s
-//! keeps them, because the serving CA's key is not kept), the rustls verifier that accepts
+//! keeps them), the rustls verifier that accepts
 //! its certificates and clients without one (bearer tokens keep working), the identity in a
 //! verified certificate (CN = user, O = groups, as Kubernetes reads them), and
 //! [`client_kubeconfig`], which signs a new identity for `ferrovirt kubeconfig create`.
