@@ -370,6 +370,20 @@ impl Server {
             shared.store.clone(),
             shared.shutdown.clone(),
         ));
+        {
+            let (store, mut shutdown) = (shared.store.clone(), shared.shutdown.clone());
+            tasks.spawn(async move {
+                let grace = crate::auth::nodecreds::ORPHAN_GRACE;
+                tokio::select! {
+                    r = crate::auth::nodecreds::sweep_orphans(store.as_ref(), grace) => {
+                        if let Err(e) = r {
+                            tracing::warn!("sweeping the records of deleted nodes: {e}");
+                        }
+                    }
+                    _ = shutdown.changed() => {}
+                }
+            });
+        }
         tasks.spawn(crate::auth::tokens::default_service_accounts(
             shared.clone(),
         ));

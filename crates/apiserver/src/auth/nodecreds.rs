@@ -13,10 +13,13 @@
 //! before the cache saw its record). [`forget_deleted_nodes`] watches Nodes and, when one is
 //! deleted, deletes both records of its name, as k3s deletes its node-password Secret with the
 //! Node: a new machine may then join under the name, and the deleted node's certificates are
-//! refused (401).
+//! refused (401). [`sweep_orphans`] (once at each start) removes the records of names that
+//! have no Node and whose records did not change for [`ORPHAN_GRACE`]: Nodes deleted while no
+//! server watched.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use ferrovirt_api::jointoken::{NODE_USER_PREFIX, hex};
 use ferrovirt_store::{EventKind, ListOptions, Revision, Store, StoreError};
@@ -27,6 +30,13 @@ use crate::error::ApiError;
 pub const CERTS_PREFIX: &str = "/ferrovirt/node-certs/";
 /// Store prefix of Nodes.
 pub const NODES_PREFIX: &str = "/registry/core/nodes/";
+
+/// Store prefix of the node-password records ([`super::join::password_key`]).
+const PASSWORDS_PREFIX: &str = "/ferrovirt/node-passwords/";
+
+/// How long [`sweep_orphans`] leaves a record without a Node unchanged before removing it:
+/// a join writes its records a moment before the agent creates its Node.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
 /// Where the certificates valid for `node` are recorded.
 pub fn certs_key(node: &str) -> String {
@@ -286,6 +296,65 @@ pub async fn forget_deleted_nodes(
     .await
 }
 
+/// The names that have records but no Node, with their records' latest revision (pure).
+pub fn orphans(
+    records: &BTreeMap<String, Revision>,
+    nodes: &BTreeSet<String>,
+) -> BTreeMap<String, Revision> {
+    records
+        .iter()
+        .filter(|(n, _)| !nodes.contains(*n))
+        .map(|(n, r)| (n.clone(), *r))
+        .collect()
+}
+
+/// Every name with a password or certificate record → the newer record's `mod_revision`.
+async fn record_revisions(store: &dyn Store) -> Result<BTreeMap<String, Revision>, StoreError> {
+    let mut m: BTreeMap<String, Revision> = BTreeMap::new();
+    for prefix in [PASSWORDS_PREFIX, CERTS_PREFIX] {
+        for kv in store.list(prefix, ListOptions::default()).await?.items {
+            if let Some(name) = kv.key.strip_prefix(prefix) {
+                let r = m.entry(name.to_string()).or_default();
+                *r = (*r).max(kv.mod_revision);
+            }
+        }
+    }
+    Ok(m)
+}
+
+async fn node_names(store: &dyn Store) -> Result<BTreeSet<String>, StoreError> {
+    Ok(store
+        .list(NODES_PREFIX, ListOptions::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|kv| kv.key.strip_prefix(NODES_PREFIX).map(String::from))
+        .collect())
+}
+
+/// Deletes the records of every name that has no Node, seen unchanged across `grace` (a
+/// record written meanwhile — a join whose Node is about to be created — is kept, as is any
+/// name whose Node appeared): the Nodes deleted while no server watched, which
+/// [`forget_deleted_nodes`] cannot see. Returns the names forgotten.
+pub async fn sweep_orphans(store: &dyn Store, grace: Duration) -> Result<Vec<String>, StoreError> {
+    let candidates = orphans(&record_revisions(store).await?, &node_names(store).await?);
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    tokio::time::sleep(grace).await;
+    let now = record_revisions(store).await?;
+    let still = orphans(&now, &node_names(store).await?);
+    let mut gone = Vec::new();
+    for (name, rev) in candidates {
+        if still.get(&name) == Some(&rev) {
+            tracing::info!(node = %name, "no Node of this name: forgetting its node records");
+            forget(store, &name).await;
+            gone.push(name);
+        }
+    }
+    Ok(gone)
+}
+
 /// Deletes both records of `node` (absent ones are fine).
 pub async fn forget(store: &dyn Store, node: &str) {
     for key in [super::join::password_key(node), certs_key(node)] {
@@ -364,5 +433,51 @@ mod tests {
         forget(store.as_ref(), "n1").await;
         certs.put("n1", None);
         assert!(certs.check(store.as_ref(), "n1", &der).await.is_err());
+    }
+
+    /// Records of a name without a Node go after the grace; a Node's stay, and so does a
+    /// record written during the grace (a join in progress).
+    #[tokio::test]
+    async fn orphaned_records_are_swept_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = ferrovirt_store::open_endpoint("", dir.path())
+            .await
+            .unwrap();
+        store
+            .create(&format!("{NODES_PREFIX}n1"), b"{}".to_vec())
+            .await
+            .unwrap();
+        for n in ["n1", "n2", "n3"] {
+            store
+                .create(&super::super::join::password_key(n), b"x".to_vec())
+                .await
+                .unwrap();
+            store.create(&certs_key(n), b"{}".to_vec()).await.unwrap();
+        }
+        let sweep = {
+            let store = store.clone();
+            tokio::spawn(
+                async move { sweep_orphans(store.as_ref(), Duration::from_millis(400)).await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let n3 = store.get(&certs_key("n3")).await.unwrap().unwrap();
+        store
+            .update(&certs_key("n3"), b"{ }".to_vec(), n3.mod_revision)
+            .await
+            .unwrap();
+        let gone = sweep.await.unwrap().unwrap();
+        assert_eq!(gone, ["n2"]);
+        for (n, kept) in [("n1", true), ("n2", false), ("n3", true)] {
+            let p = store
+                .get(&super::super::join::password_key(n))
+                .await
+                .unwrap();
+            let c = store.get(&certs_key(n)).await.unwrap();
+            assert_eq!((p.is_some(), c.is_some()), (kept, kept), "{n}");
+        }
+        let nodes: BTreeSet<String> = ["a".to_string()].into();
+        let recs: BTreeMap<String, Revision> = [("a".to_string(), 1), ("b".to_string(), 2)].into();
+        assert_eq!(orphans(&recs, &nodes), [("b".to_string(), 2)].into());
     }
 }
