@@ -222,6 +222,17 @@ async fn quotas_refuse_over_the_limit_and_race_safely() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(used(&t, "mem").await?["requests.memory"], "128Mi");
+    // A cancel (the migration deleted while it holds its target) gives it back at once too.
+    let out = set_phase(&t, phase("Scheduling")).await?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(used(&t, "mem").await?["requests.memory"], "256Mi");
+    let r = t.request("DELETE", &format!("{vmims}/m1"), None).await?;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(used(&t, "mem").await?["requests.memory"], "128Mi");
     t.shutdown().await;
     Ok(())
 }

@@ -240,11 +240,32 @@ pub(crate) async fn after_migration_update(
         && is_migration(def)
         && usage::migration_transition(old, new) == usage::MigrationQuota::Release
     {
-        let ns = new["metadata"]["namespace"].as_str().unwrap_or_default();
-        for key in quotas_in(sh, ns).await.unwrap_or_default() {
-            if let Err(e) = recount(sh, &key).await {
-                tracing::warn!("quota: recounting {key}: {}", e.message);
-            }
+        recount_namespace(
+            sh,
+            new["metadata"]["namespace"].as_str().unwrap_or_default(),
+        )
+        .await;
+    }
+}
+
+/// After `obj` of `def` was deleted: a migration that held its target (a cancel) is
+/// recounted away at once (the recount would within [`RECOUNT_EVERY`]).
+pub(crate) async fn after_delete(sh: &Shared, def: &ResourceDef, obj: &Value) {
+    if is_migration(def)
+        && usage::migration_holds_target(obj["status"]["phase"].as_str().unwrap_or(""))
+    {
+        recount_namespace(
+            sh,
+            obj["metadata"]["namespace"].as_str().unwrap_or_default(),
+        )
+        .await;
+    }
+}
+
+async fn recount_namespace(sh: &Shared, ns: &str) {
+    for key in quotas_in(sh, ns).await.unwrap_or_default() {
+        if let Err(e) = recount(sh, &key).await {
+            tracing::warn!("quota: recounting {key}: {}", e.message);
         }
     }
 }
