@@ -58,6 +58,33 @@ spec:
     )
 }
 
+/// A bare VMI (a VM would replace it once it failed) on `node` naming ServiceAccount `sa`.
+fn vmi(name: &str, node: &str, sa: &str) -> String {
+    format!(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {{name: {name}, namespace: default}}
+spec:
+  terminationGracePeriodSeconds: 5
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  domain:
+    memory: {{guest: 128Mi}}
+    devices:
+      disks:
+      - name: root
+        disk: {{bus: virtio}}
+      - name: sa
+        disk: {{bus: virtio}}
+  volumes:
+  - name: root
+    persistentVolumeClaim: {{claimName: disk-{name}}}
+  - name: sa
+    serviceAccount: {{serviceAccountName: {sa}}}
+"#
+    )
+}
+
 fn kubectl_as(c: &Cluster, kc: &Path, args: &[&str]) -> anyhow::Result<Output> {
     Ok(Command::new("kubectl")
         .arg("--kubeconfig")
@@ -150,14 +177,28 @@ fn a_vms_service_account_disk_holds_a_token_bound_to_the_vmi() -> anyhow::Result
     c.guest_disk_claim("disk-b")?;
     let t0 = Instant::now();
     c.apply(&vm("a", "j1", "robot"))?;
-    c.apply(&vm("b", "j2", "spy"))?;
+    c.apply(&vmi("b", "j2", "spy"))?;
 
     // b names a ServiceAccount that does not exist: it fails, naming the field.
     let field = "spec.volumes[1].serviceAccount.serviceAccountName";
-    let failed = c.wait_until("VMI b fails naming the field", BOOT, || {
-        let v = c.get_json(&["vmi", "b"]);
-        Ok(v.ok().filter(|v| v["status"].to_string().contains(field)))
-    })?;
+    let failed = c
+        .wait_until("VMI b fails", BOOT, || {
+            let v = c.get_json(&["vmi", "b"]);
+            Ok(v.ok().filter(|v| v["status"]["phase"] == "Failed"))
+        })
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}\nVMI b: {:?}\nj2: {}",
+                c.get_json(&["vmi", "b"]).map(|v| v["status"].clone()),
+                c.agent_log("j2")
+            )
+        })?;
+    assert!(
+        failed["status"].to_string().contains(field),
+        "{}\n{}",
+        failed["status"],
+        c.agent_log("j2")
+    );
     assert_eq!(failed["status"]["nodeName"], "j2", "{}", failed["status"]);
     assert!(
         failed["status"]
