@@ -38,7 +38,7 @@ HINTS = {
     "online_resize": 22, "upload": 21, "pod_network": 21, "user_net_isolation": 20,
     "network_secondary": 20, "cli": 18, "online_snapshot": 17, "migration_tls": 31,
     "block_migration_tls": 2,
-    "access_control": 17, "node_credentials": 70,
+    "access_control": 17, "node_credentials": 70, "sa_token_volume": 35, "migration_quota": 40,
     "crd": 16, "shared_mount": 15, "hostile": 15, "conformance": 15, "metrics": 14,
     "empty_cdrom": 14, "port_forward": 13, "hyperconverged": 35, "node_proxy": 17,
     "cpu_models": 30,

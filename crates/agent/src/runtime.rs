@@ -91,6 +91,9 @@ pub struct AgentOptions {
     pub isolation: crate::isolation::IsolationOptions,
     /// Where host devices are looked for ([`crate::hostdev`]).
     pub host_devices: crate::hostdev::HostDevOptions,
+    /// The PEM of the CA that signed the API server's certificate: the `ca.crt` of
+    /// serviceAccount disks.
+    pub api_ca_pem: Option<String>,
 }
 
 impl AgentOptions {
@@ -117,6 +120,7 @@ impl AgentOptions {
             pod_network: None,
             isolation: crate::isolation::IsolationOptions::default(),
             host_devices: crate::hostdev::HostDevOptions::default(),
+            api_ca_pem: None,
         }
     }
 }

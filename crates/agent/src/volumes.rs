@@ -44,6 +44,12 @@ pub struct ResolvedRefs {
     /// The claims' `spec.accessModes`, by claim name (whether a disk is usable from another
     /// node, [`crate::fencing`]).
     pub claim_access_modes: BTreeMap<String, Vec<String>>,
+    /// serviceAccount volumes: a token bound to the VMI, by ServiceAccount name (none for a
+    /// ServiceAccount that does not exist).
+    pub service_account_tokens: BTreeMap<String, String>,
+    /// The PEM of the CA that signed the API server's certificate (a serviceAccount disk's
+    /// `ca.crt`; none when the agent was not told it).
+    pub api_ca_pem: Option<String>,
 }
 
 /// What to do for one volume.
@@ -304,20 +310,14 @@ pub fn plan(
                 path: vmi_dir.join(format!("{fname}.iso")),
                 image: cloudinit::key_files_image(&label, &data),
             }
-        } else if v.service_account.is_some() {
-            let mut data = BTreeMap::new();
-            data.insert(
-                "namespace".to_string(),
-                vmi.metadata
-                    .namespace
-                    .clone()
-                    .unwrap_or_else(|| "default".into())
-                    .into_bytes(),
-            );
+        } else if let Some(sa) = &v.service_account {
             VolumeAction::BuildIso {
                 name: n,
                 path: vmi_dir.join(format!("{fname}.iso")),
-                image: cloudinit::key_files_image("sadata", &data),
+                image: cloudinit::key_files_image(
+                    SERVICE_ACCOUNT_LABEL,
+                    &service_account_files(vmi, &field, sa, refs)?,
+                ),
             }
         } else if v.container_disk.is_some() {
             // An ephemeral overlay on the node's cached copy of the image's disk.
@@ -344,6 +344,42 @@ pub fn plan(
         actions.push(action);
     }
     Ok(actions)
+}
+
+/// The volume label of a serviceAccount disk.
+pub const SERVICE_ACCOUNT_LABEL: &str = "sadata";
+
+/// The files of a serviceAccount disk (KubeVirt's, from the launcher Pod's token volume):
+/// `namespace`, `token` (bound to the VMI) and `ca.crt` (when known). A ServiceAccount that has
+/// no token (it does not exist) fails the VMI naming the field.
+fn service_account_files(
+    vmi: &VirtualMachineInstance,
+    field: &str,
+    sa: &ferrovirt_api::kubevirt::volumes::ServiceAccountVolumeSource,
+    refs: &ResolvedRefs,
+) -> Result<BTreeMap<String, Vec<u8>>, AgentError> {
+    let name = sa.service_account_name.clone().unwrap_or_default();
+    let field = format!("{field}.serviceAccount.serviceAccountName");
+    if name.is_empty() {
+        return Err(AgentError::invalid(field, "Required value"));
+    }
+    let token = refs.service_account_tokens.get(&name).ok_or_else(|| {
+        AgentError::Reference(format!("{field}: ServiceAccount {name:?} not found"))
+    })?;
+    let mut data = BTreeMap::new();
+    data.insert(
+        "namespace".to_string(),
+        vmi.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into())
+            .into_bytes(),
+    );
+    data.insert("token".to_string(), token.clone().into_bytes());
+    if let Some(ca) = &refs.api_ca_pem {
+        data.insert("ca.crt".to_string(), ca.clone().into_bytes());
+    }
+    Ok(data)
 }
 
 /// Turns a PV path into the image to open: `disk.img` inside a directory, the loop device of
@@ -574,6 +610,9 @@ mod tests {
                 ours: false,
             },
         );
+        r.service_account_tokens
+            .insert("default".into(), "tok".into());
+        r.api_ca_pem = Some("PEM".into());
         r
     }
 
@@ -621,9 +660,16 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(
-            matches!(&acts[5], VolumeAction::BuildIso { image, .. } if image.files.contains_key("namespace"))
-        );
+        match &acts[5] {
+            VolumeAction::BuildIso { image, .. } => {
+                assert_eq!(image.label, SERVICE_ACCOUNT_LABEL);
+                let names: Vec<&str> = image.files.keys().map(String::as_str).collect();
+                assert_eq!(names, ["ca.crt", "namespace", "token"]);
+                assert_eq!(image.files["token"], b"tok");
+                assert_eq!(image.files["ca.crt"], b"PEM");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -636,6 +682,13 @@ mod tests {
         assert!(e.contains("spec.volumes[0].configMap.name"), "{e}");
         let v = vmi(json!([{"name": "a", "configMap": {"name": "cm", "optional": true}}]));
         assert!(plan(&v, &refs(), Path::new("/d")).is_ok());
+        let v = vmi(json!([{"name": "a", "serviceAccount": {"serviceAccountName": "gone"}}]));
+        let e = plan(&v, &refs(), Path::new("/d")).unwrap_err().to_string();
+        assert!(
+            e.contains("spec.volumes[0].serviceAccount.serviceAccountName")
+                && e.contains("\"gone\" not found"),
+            "{e}"
+        );
         let v = vmi(json!([{"name": "a", "hostDisk": {"path": "rel", "type": "Disk"}}]));
         let e = plan(&v, &refs(), Path::new("/d")).unwrap_err().to_string();
         assert!(e.contains("spec.volumes[0].hostDisk.path"), "{e}");

@@ -142,6 +142,8 @@ pub(crate) struct Shared {
     pub decoded: crate::watch_decode::DecodeCache,
     /// The range Service ClusterIPs are allocated from.
     pub service_cidr: ferrovirt_api::service::ServiceCidr,
+    /// Quota charges whose objects are not stored yet ([`crate::quota`]).
+    pub quota_inflight: crate::quota::InFlight,
     openapi: std::sync::OnceLock<crate::openapi::Documents>,
 }
 
@@ -293,6 +295,7 @@ impl Server {
             requests: Default::default(),
             extra_metrics: opts.extra_metrics,
             decoded: Default::default(),
+            quota_inflight: Default::default(),
             openapi: Default::default(),
         });
         gc::ensure_system_namespaces(&shared)

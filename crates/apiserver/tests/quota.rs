@@ -2,7 +2,9 @@
 //! VirtualMachines refuses the third with Kubernetes' message; `status.used`/`hard` are kept
 //! (recounted after a delete, which frees the slot); racing creates for the last slot: exactly
 //! one wins (compare-and-swap on the quota); claims are charged `requests.storage`; VMIs
-//! `requests.memory` as their launcher Pods would be.
+//! `requests.memory` as their launcher Pods would be; a migration entering Scheduling is charged
+//! its target (the VMI's launcher Pod again), refused with Kubernetes' message when it does not
+//! fit, kept by the recount while it holds the target and given back when it ends.
 
 mod common;
 
@@ -161,6 +163,91 @@ async fn quotas_refuse_over_the_limit_and_race_safely() -> Result<()> {
         r.json()["message"],
         "virtualmachineinstances.kubevirt.io \"i2\" is forbidden: exceeded quota: mem, requested: requests.memory=128Mi, used: requests.memory=128Mi, limited: requests.memory=200Mi"
     );
+
+    // Migrations: the target holds the VMI's requests a second time from Scheduling on.
+    let vmims = "/apis/kubevirt.io/v1/namespaces/q/virtualmachineinstancemigrations";
+    let mig = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+        "metadata": {"name": "m1", "namespace": "q"}, "spec": {"vmiName": "i1"}});
+    let r = t.request("POST", vmims, Some(mig)).await?;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let phase = |p: &str| format!(r#"{{"status":{{"phase":"{p}"}}}}"#);
+    let out = set_phase(&t, phase("Pending")).await?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = set_phase(&t, phase("Scheduling")).await?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("virtualmachineinstancemigrations.kubevirt.io \"m1\" is forbidden: exceeded quota: mem, requested: requests.memory=128Mi, used: requests.memory=128Mi, limited: requests.memory=200Mi"),
+        "{err}"
+    );
+    let m = t.request("GET", &format!("{vmims}/m1"), None).await?.json();
+    assert_eq!(m["status"]["phase"], "Pending", "{m}");
+    t.kubectl_ok(&[
+        "-n",
+        "q",
+        "patch",
+        "quota",
+        "mem",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"hard":{"requests.memory":"300Mi"}}}"#,
+    ])
+    .await?;
+    let out = set_phase(&t, phase("Scheduling")).await?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(used(&t, "mem").await?["requests.memory"], "256Mi");
+    // The recount (every 5 s) keeps the target's charge while it is held.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(used(&t, "mem").await?["requests.memory"], "256Mi");
+    let out = set_phase(&t, phase("Running")).await?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(used(&t, "mem").await?["requests.memory"], "256Mi");
+    // Ended: given back at once.
+    let out = set_phase(&t, phase("Succeeded")).await?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(used(&t, "mem").await?["requests.memory"], "128Mi");
+    // A cancel (the migration deleted while it holds its target) gives it back at once too.
+    let out = set_phase(&t, phase("Scheduling")).await?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(used(&t, "mem").await?["requests.memory"], "256Mi");
+    let r = t.request("DELETE", &format!("{vmims}/m1"), None).await?;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(used(&t, "mem").await?["requests.memory"], "128Mi");
     t.shutdown().await;
     Ok(())
+}
+
+async fn set_phase(t: &common::TestServer, patch: String) -> Result<std::process::Output> {
+    t.kubectl(&[
+        "-n",
+        "q",
+        "patch",
+        "vmim",
+        "m1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ])
+    .await
 }

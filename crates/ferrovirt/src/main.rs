@@ -475,6 +475,7 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
         let mut opts =
             ferrovirt_agent::runtime::AgentOptions::new(name, args.data_dir.join("agent"));
         opts.api_token = Some(server.token.clone());
+        opts.api_ca_pem = Some(server.ca_pem.clone());
         opts.pod_network = args.pod.node_network()?;
         opts.isolation = args.isolation.options(vec![args.data_dir.clone()])?;
         tasks.spawn(async move {

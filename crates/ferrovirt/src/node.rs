@@ -232,6 +232,31 @@ fn kubeconfig_token(path: &Path) -> Option<String> {
     })
 }
 
+/// The PEM of the current cluster's `certificate-authority-data` (or `certificate-authority`
+/// file) in a kubeconfig.
+fn kubeconfig_ca(path: &Path) -> Option<String> {
+    let kc = kube::config::Kubeconfig::read_from(path).ok()?;
+    let cluster_name = kc
+        .current_context
+        .as_deref()
+        .and_then(|c| kc.contexts.iter().find(|n| n.name == c))
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone());
+    let cluster = kc
+        .clusters
+        .iter()
+        .find(|c| cluster_name.as_ref().is_none_or(|n| c.name == *n))?
+        .cluster
+        .as_ref()?;
+    if let Some(data) = &cluster.certificate_authority_data {
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .ok()?;
+        return String::from_utf8(pem).ok();
+    }
+    std::fs::read_to_string(cluster.certificate_authority.as_ref()?).ok()
+}
+
 async fn client_from_flags(
     server: &str,
     token: &str,
@@ -348,6 +373,7 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
         opts.endpoint_listen = args.endpoint_listen;
         opts.endpoint_token = cred.endpoint_token.clone();
         opts.endpoint_client_ca = Some(cred.client_ca_pem.clone());
+        opts.api_ca_pem = Some(cred.server_ca_pem.clone());
         opts.pod_network = args.pod.node_network()?;
         opts.isolation = args.isolation.options(Vec::new())?;
         ferrovirt_agent::runtime::run(client, opts).await?;
@@ -388,6 +414,14 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
     opts.address = args.address.clone();
     opts.endpoint_listen = args.endpoint_listen;
     opts.api_token = token;
+    opts.api_ca_pem = match (&args.server, &args.kubeconfig) {
+        (Some(_), _) => args
+            .certificate_authority
+            .as_deref()
+            .and_then(|p| std::fs::read_to_string(p).ok()),
+        (None, Some(kc)) => kubeconfig_ca(kc),
+        (None, None) => None,
+    };
     opts.pod_network = args.pod.node_network()?;
     opts.isolation = args.isolation.options(Vec::new())?;
     ferrovirt_agent::runtime::run(client, opts).await?;
@@ -487,5 +521,28 @@ mod tests {
         assert_eq!(kubeconfig_token(&path).as_deref(), Some("tb"));
         let _ = std::fs::remove_file(&path);
         assert_eq!(kubeconfig_token(Path::new("/nonexistent")), None);
+    }
+
+    #[test]
+    fn ca_of_the_current_cluster() {
+        let path =
+            std::env::temp_dir().join(format!("fv-kubeconfig-ca-{}.yaml", std::process::id()));
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: b\n\
+                 clusters: [{{name: c1, cluster: {{server: 'https://a', certificate-authority-data: {}}}}}, \
+                 {{name: c2, cluster: {{server: 'https://b', certificate-authority-data: {}}}}}]\n\
+                 users: [{{name: u, user: {{token: t}}}}]\n\
+                 contexts: [{{name: a, context: {{cluster: c1, user: u}}}}, {{name: b, context: {{cluster: c2, user: u}}}}]\n",
+                b64("PEM-ONE"),
+                b64("PEM-TWO")
+            ),
+        )
+        .unwrap();
+        assert_eq!(kubeconfig_ca(&path).as_deref(), Some("PEM-TWO"));
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(kubeconfig_ca(Path::new("/nonexistent")), None);
     }
 }

@@ -1,17 +1,45 @@
 //! What a VMI's volumes reference, looked up by name when its launcher starts: claims with
 //! their access modes and the paths of their PersistentVolumes, Secrets (cloud-init, secret
-//! volumes) and ConfigMaps.
+//! volumes) and ConfigMaps, and a token bound to the VMI for each serviceAccount volume
+//! (TokenRequest, [`SERVICE_ACCOUNT_TOKEN_SECONDS`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
-use kube::api::Api;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret, ServiceAccount,
+};
+use kube::api::{Api, PostParams};
 
 use super::{Agent, kube_err, ns_name};
 use crate::error::AgentError;
 use crate::volumes::{ClaimInfo, ResolvedRefs};
+
+/// The lifetime of a serviceAccount disk's token: one year (the longest the API server issues),
+/// because the disk is read-only in the guest and never rewritten while the VMI runs (as in
+/// KubeVirt); the token is bound to the VMI and stops working when the VMI is gone, which is
+/// what ends it in practice (as Kubernetes extends the kubelet's bound Pod tokens to a year).
+pub const SERVICE_ACCOUNT_TOKEN_SECONDS: i64 = 365 * 86_400;
+
+/// The TokenRequest for a serviceAccount volume of the VMI `name` (uid `uid`). Pure.
+pub fn token_request(name: &str, uid: &str) -> TokenRequest {
+    TokenRequest {
+        spec: TokenRequestSpec {
+            // The API server's own audience.
+            audiences: Vec::new(),
+            expiration_seconds: Some(SERVICE_ACCOUNT_TOKEN_SECONDS),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("kubevirt.io/v1".into()),
+                kind: Some("VirtualMachineInstance".into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+            }),
+        },
+        ..Default::default()
+    }
+}
 
 impl Agent {
     /// Looks up what the VMI's volumes reference.
@@ -25,6 +53,8 @@ impl Agent {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &ns);
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &ns);
+        refs.api_ca_pem = self.opts.api_ca_pem.clone();
         let Some(spec) = &vmi.spec else {
             return Ok(refs);
         };
@@ -116,6 +146,30 @@ impl Agent {
                     data.insert(k, v.0);
                 }
                 refs.config_maps.insert(cm_name, data);
+            }
+            if let Some(sa) = v
+                .service_account
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .filter(|s| !s.is_empty() && !refs.service_account_tokens.contains_key(s))
+            {
+                let (name, uid) = (
+                    vmi.metadata.name.clone().unwrap_or_default(),
+                    vmi.metadata.uid.clone().unwrap_or_default(),
+                );
+                match sas
+                    .create_token_request(&sa, &PostParams::default(), &token_request(&name, &uid))
+                    .await
+                {
+                    Ok(tr) => {
+                        let token = tr.status.map(|s| s.token).unwrap_or_default();
+                        refs.service_account_tokens.insert(sa, token);
+                    }
+                    // A missing ServiceAccount: planning fails the VMI naming the field.
+                    Err(kube::Error::Api(s))
+                        if s.code == 404 && s.message.contains("serviceaccounts") => {}
+                    Err(e) => return Err(kube_err(e)),
+                }
             }
         }
         Ok(refs)

@@ -281,7 +281,7 @@ async fn node_verdict(
     req: Request,
 ) -> (Result<Request, Response>, node::Verdict) {
     let need = node::needs(a);
-    let (req, body) = if need == node::Need::BodyName {
+    let (req, body) = if matches!(need, node::Need::BodyName | node::Need::TokenBinding) {
         let (parts, body) = req.into_parts();
         match axum::body::to_bytes(body, sh.max_body).await {
             Ok(b) => (

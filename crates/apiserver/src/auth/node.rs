@@ -5,7 +5,9 @@
 //! `kubevirt.io/nodeName` label, or the target of a migration to it) and their status, events,
 //! and the PersistentVolumes of those VMIs' claims (a block migration moves them); it may read
 //! a Secret, ConfigMap, PersistentVolumeClaim or PersistentVolume only when a VMI bound to it
-//! references it, and may not list or watch those kinds. Anything else falls to RBAC, which
+//! references it, and may not list or watch those kinds. It may create a ServiceAccount token
+//! (TokenRequest) only bound to a VMI bound to it whose serviceAccount volume names that
+//! ServiceAccount (Kubernetes' rule for Pods). Anything else falls to RBAC, which
 //! grants nodes nothing by default: 403 with Kubernetes' message.
 //!
 //! [`needs`] says which stored facts a request's decision depends on, the middleware gathers
@@ -49,6 +51,8 @@ pub enum Need {
     VmisOfNamespace,
     /// The stored PV the request names, then the VMIs of its claim's namespace.
     PvAndVmis,
+    /// The TokenRequest body's `boundObjectRef`, and the stored VMI it names.
+    TokenBinding,
 }
 
 /// The facts [`decide`] reads.
@@ -59,6 +63,8 @@ pub struct Facts {
     pub target: Option<Value>,
     /// VMIs of the namespace in question.
     pub vmis: Vec<Value>,
+    /// A TokenRequest's binding: the VMI name and uid its `boundObjectRef` gives.
+    pub bound: Option<super::tokens::BoundRequest>,
 }
 
 fn is_read(verb: &str) -> bool {
@@ -85,6 +91,9 @@ pub fn needs(a: &Attributes) -> Need {
         ("", "persistentvolumes", v) if (v == "get" || is_write(v)) && !a.name.is_empty() => {
             Need::PvAndVmis
         }
+        ("", "serviceaccounts", "create") if a.subresource == "token" && !a.name.is_empty() => {
+            Need::TokenBinding
+        }
         _ => Need::Nothing,
     }
 }
@@ -103,6 +112,7 @@ pub enum RefKind {
     Secret,
     ConfigMap,
     Claim,
+    ServiceAccount,
 }
 
 /// The names of `kind` that `vmi` references (volumes, cloud-init and sysprep sources,
@@ -135,6 +145,7 @@ pub fn references(vmi: &Value, kind: RefKind) -> Vec<String> {
                 push(&v["dataVolume"]["name"]);
                 push(&v["ephemeral"]["persistentVolumeClaim"]["claimName"]);
             }
+            RefKind::ServiceAccount => push(&v["serviceAccount"]["serviceAccountName"]),
         }
     }
     if kind == RefKind::Secret {
@@ -243,6 +254,29 @@ pub fn decide(node: &str, a: &Attributes, facts: &Facts) -> Verdict {
             // Delegated authentication of the agent's scrape endpoints.
             Verdict::Allow
         }
+        // A token for a serviceAccount volume of a VMI bound here, bound to that VMI.
+        ("", "serviceaccounts") if a.subresource == "token" && verb == "create" => {
+            let Some((vmi_name, want_uid)) = &facts.bound else {
+                return deny("a node's token must be bound to a VMI bound to it");
+            };
+            match &facts.target {
+                Some(vmi)
+                    if vmi["metadata"]["name"].as_str() == Some(vmi_name.as_str())
+                        && want_uid
+                            .as_deref()
+                            .is_none_or(|u| vmi["metadata"]["uid"].as_str() == Some(u))
+                        && bound_to(vmi, node)
+                        && references(vmi, RefKind::ServiceAccount).contains(&a.name) =>
+                {
+                    Verdict::Allow
+                }
+                Some(vmi) if bound_to(vmi, node) => {
+                    deny("no serviceAccount volume of the VMI names this ServiceAccount")
+                }
+                Some(_) => deny("the VMI the token is bound to is not bound to this node"),
+                None => deny("the VMI the token is bound to does not exist"),
+            }
+        }
         // No node reads another identity's credentials.
         ("", "serviceaccounts") if !a.subresource.is_empty() => Verdict::Rbac,
         _ if is_read(verb) && a.subresource.is_empty() => Verdict::Allow,
@@ -303,6 +337,23 @@ pub(crate) async fn gather(sh: &Shared, a: &Attributes, need: &Need, body: Optio
             .await;
         }
         Need::VmisOfNamespace => f.vmis = vmis_in(sh, &a.namespace).await,
+        Need::TokenBinding => {
+            let spec = body
+                .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+                .map(|v| v["spec"].clone())
+                .unwrap_or(Value::Null);
+            f.bound = super::tokens::bound_ref(&spec).ok().flatten();
+            if let Some((name, _)) = &f.bound {
+                f.target = stored(
+                    sh,
+                    "kubevirt.io",
+                    "virtualmachineinstances",
+                    &a.namespace,
+                    name,
+                )
+                .await;
+            }
+        }
         Need::PvAndVmis => {
             f.target = stored(sh, "", "persistentvolumes", "", &a.name).await;
             if let Some((ns, _)) = f.target.as_ref().and_then(pv_claim) {

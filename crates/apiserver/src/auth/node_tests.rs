@@ -341,13 +341,14 @@ fn the_rest() {
         ),
         Verdict::Rbac
     );
-    assert_eq!(
+    // A token not bound to a VMI of its own (below) is refused.
+    assert_ne!(
         decide(
             "n1",
             &sub(at("create", "", "serviceaccounts", "a", "default"), "token"),
             &f
         ),
-        Verdict::Rbac
+        Verdict::Allow
     );
     assert_eq!(
         decide(
@@ -374,4 +375,80 @@ fn the_rest() {
         Some("n1")
     );
     assert_eq!(body_name(b"not json"), None);
+}
+
+#[test]
+fn tokens_only_for_service_account_volumes_of_own_vmis() {
+    let mut mine = vmi("n1");
+    mine["metadata"]["uid"] = json!("u1");
+    mine["spec"]["volumes"] = json!([
+        {"name": "sa", "serviceAccount": {"serviceAccountName": "robot"}}
+    ]);
+    let mut theirs = mine.clone();
+    theirs["metadata"]["name"] = json!("other");
+    theirs["metadata"]["uid"] = json!("u2");
+    theirs["status"]["nodeName"] = json!("n2");
+    theirs["spec"]["volumes"][0]["serviceAccount"]["serviceAccountName"] = json!("spy");
+    let tok = |sa: &str| sub(at("create", "", "serviceaccounts", "a", sa), "token");
+    let facts = |target: &Value, name: &str, uid: Option<&str>| Facts {
+        target: Some(target.clone()),
+        bound: Some((name.into(), uid.map(str::to_string))),
+        ..Default::default()
+    };
+    assert_eq!(needs(&tok("robot")), Need::TokenBinding);
+    // Its own VMI's serviceAccount volume, bound to that VMI.
+    assert_eq!(
+        decide("n1", &tok("robot"), &facts(&mine, "vm", Some("u1"))),
+        Verdict::Allow
+    );
+    assert_eq!(
+        decide("n1", &tok("robot"), &facts(&mine, "vm", None)),
+        Verdict::Allow
+    );
+    let denied = |v: Verdict| matches!(v, Verdict::Deny(_));
+    // A ServiceAccount used only by another node's VMI, bound to that VMI or to its own.
+    assert!(denied(decide(
+        "n1",
+        &tok("spy"),
+        &facts(&theirs, "other", Some("u2"))
+    )));
+    assert!(denied(decide(
+        "n1",
+        &tok("spy"),
+        &facts(&mine, "vm", Some("u1"))
+    )));
+    // An unreferenced ServiceAccount (the namespace's default) bound to its own VMI.
+    assert!(denied(decide(
+        "n1",
+        &tok("default"),
+        &facts(&mine, "vm", Some("u1"))
+    )));
+    // Another uid (a recreated VMI), no binding, a VMI that does not exist.
+    assert!(denied(decide(
+        "n1",
+        &tok("robot"),
+        &facts(&mine, "vm", Some("u9"))
+    )));
+    assert!(denied(decide("n1", &tok("robot"), &Facts::default())));
+    let gone = Facts {
+        bound: Some(("vm".into(), None)),
+        ..Default::default()
+    };
+    assert!(denied(decide("n1", &tok("robot"), &gone)));
+    // The migration target's node may ask too.
+    let mut migrating = mine.clone();
+    migrating["status"]["migrationState"]["targetNode"] = json!("n3");
+    assert_eq!(
+        decide("n3", &tok("robot"), &facts(&migrating, "vm", Some("u1"))),
+        Verdict::Allow
+    );
+    // Other ServiceAccount subresources stay RBAC's.
+    assert_eq!(
+        decide(
+            "n1",
+            &sub(at("get", "", "serviceaccounts", "a", "robot"), "x"),
+            &Facts::default()
+        ),
+        Verdict::Rbac
+    );
 }

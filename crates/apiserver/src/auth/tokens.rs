@@ -4,8 +4,11 @@
 //! is `system:serviceaccount:NS:NAME` in `system:serviceaccounts` and
 //! `system:serviceaccounts:NS` while the token is unexpired, names the API audience, and the
 //! ServiceAccount still exists with the same uid (a deleted, or deleted and recreated,
-//! ServiceAccount's tokens stop working). Also the ServiceAccount controller's one job here:
-//! a `default` ServiceAccount in every namespace.
+//! ServiceAccount's tokens stop working). A token may be bound to a VirtualMachineInstance
+//! (`boundObjectRef`, as Kubernetes binds a Pod's): it then also names the VMI's name and uid
+//! and works only while that VMI exists with that uid and is not being deleted (the node
+//! agent asks one for each serviceAccount volume, docs/access-control.md). Also the
+//! ServiceAccount controller's one job here: a `default` ServiceAccount in every namespace.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -51,6 +54,80 @@ impl std::fmt::Debug for TokenKeys {
 pub struct KubeClaim {
     pub namespace: String,
     pub serviceaccount: SaRef,
+    /// The VMI the token is bound to (Kubernetes' `pod` claim, for a VMI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtualmachineinstance: Option<SaRef>,
+}
+
+/// The one kind a token may be bound to.
+pub const BOUND_KIND: &str = "VirtualMachineInstance";
+/// Its apiVersion.
+pub const BOUND_API_VERSION: &str = "kubevirt.io/v1";
+
+/// A binding asked for: the VMI's name and the uid it must have (when given).
+pub type BoundRequest = (String, Option<String>);
+
+/// A TokenRequest's `spec.boundObjectRef`, checked: `None` when absent; the VMI's name and the
+/// uid it must have (when given). Refused (field, message) for another kind or apiVersion, or
+/// without a name. Pure.
+pub fn bound_ref(spec: &Value) -> Result<Option<BoundRequest>, (String, String)> {
+    let r = &spec["boundObjectRef"];
+    if r.is_null() {
+        return Ok(None);
+    }
+    let f = |k: &str| format!("spec.boundObjectRef.{k}");
+    if !r.is_object() {
+        return Err(("spec.boundObjectRef".into(), "must be an object".into()));
+    }
+    if r["kind"].as_str() != Some(BOUND_KIND) {
+        return Err((
+            f("kind"),
+            format!("{}: ferrovirt binds tokens to {BOUND_KIND} only", r["kind"]),
+        ));
+    }
+    match r["apiVersion"].as_str() {
+        None | Some(BOUND_API_VERSION) => {}
+        Some(v) => {
+            return Err((
+                f("apiVersion"),
+                format!("{v:?}: must be {BOUND_API_VERSION:?}"),
+            ));
+        }
+    }
+    let name = r["name"].as_str().filter(|n| !n.is_empty());
+    let Some(name) = name else {
+        return Err((f("name"), "Required value".into()));
+    };
+    let uid = r["uid"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .map(str::to_string);
+    Ok(Some((name.to_string(), uid)))
+}
+
+/// Whether a stored VMI (if any) is the live object a token bound to `bound` names. Pure.
+pub fn bound_object_live(vmi: Option<&Value>, bound: &SaRef) -> bool {
+    vmi.is_some_and(|v| {
+        v["metadata"]["uid"].as_str() == Some(bound.uid.as_str())
+            && !v["metadata"]["deletionTimestamp"].is_string()
+    })
+}
+
+fn vmi_key(sh: &Shared, ns: &str, name: &str) -> Option<String> {
+    let def = sh
+        .resources
+        .lookup("kubevirt.io", "v1", "virtualmachineinstances")?;
+    Some(crate::resources::object_key(def, Some(ns), name))
+}
+
+async fn stored_vmi(sh: &Shared, ns: &str, name: &str) -> Result<Option<Value>, ApiError> {
+    let Some(key) = vmi_key(sh, ns, name) else {
+        return Ok(None);
+    };
+    match sh.store.get(&key).await.map_err(ApiError::from_store)? {
+        Some(kv) => Ok(Some(decode(&kv)?)),
+        None => Ok(None),
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -177,7 +254,7 @@ fn now_secs() -> i64 {
 }
 
 /// The identity of a ServiceAccount token, if it is valid and its ServiceAccount still exists
-/// (same uid; from [`super::sacache`], else the store).
+/// (same uid; from [`super::sacache`], else the store), and so does the VMI it is bound to.
 pub(crate) async fn authenticate(sh: &Shared, token: &str) -> Option<UserInfo> {
     authenticate_for(sh, token, &[ISSUER]).await.map(|(u, _)| u)
 }
@@ -196,6 +273,14 @@ pub(crate) async fn authenticate_for(
             return None;
         }
     };
+    if let Some(bound) = &c.kube.virtualmachineinstance {
+        // A bound token dies with its VMI (one store read: such tokens are used from guests).
+        let vmi = stored_vmi(sh, &c.kube.namespace, &bound.name).await.ok()?;
+        if !bound_object_live(vmi.as_ref(), bound) {
+            tracing::debug!("bearer token refused: the VMI it is bound to is gone");
+            return None;
+        }
+    }
     let key = sa_key(&c.kube.namespace, &c.kube.serviceaccount.name);
     // The cache of live ServiceAccounts answers without a store read; a miss (not seen yet,
     // another uid) is checked against the store.
@@ -284,12 +369,49 @@ pub(crate) async fn token_request(
         if aud.is_empty() {
             aud.push(ISSUER.into());
         }
-        if spec["boundObjectRef"].is_object() {
-            return Err(invalid(
-                "spec.boundObjectRef",
-                "binding tokens to other objects is not supported by ferrovirt",
-            ));
-        }
+        let bound = match bound_ref(&spec).map_err(|(f, m)| invalid(&f, &m))? {
+            None => None,
+            Some((vmi_name, want_uid)) => {
+                let vmi = stored_vmi(&sh, &ns, &vmi_name)
+                    .await?
+                    .ok_or_else(|| ApiError {
+                        details: Some(json!({"name": vmi_name, "group": "kubevirt.io",
+                        "kind": "virtualmachineinstances"})),
+                        ..ApiError::new(
+                            404,
+                            "NotFound",
+                            format!("virtualmachineinstances.kubevirt.io {vmi_name:?} not found"),
+                        )
+                    })?;
+                let uid = vmi["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if want_uid.as_ref().is_some_and(|w| *w != uid) {
+                    return Err(ApiError::new(
+                        409,
+                        "Conflict",
+                        format!(
+                            "the UID in the bound object reference ({}) does not match the UID in record. The object might have been deleted and then recreated",
+                            want_uid.unwrap_or_default()
+                        ),
+                    ));
+                }
+                if vmi["metadata"]["deletionTimestamp"].is_string() {
+                    return Err(ApiError::new(
+                        409,
+                        "Conflict",
+                        format!(
+                            "virtualmachineinstances.kubevirt.io {vmi_name:?} is being deleted"
+                        ),
+                    ));
+                }
+                Some(SaRef {
+                    name: vmi_name,
+                    uid,
+                })
+            }
+        };
         let now = now_secs();
         let claims = Claims {
             iss: ISSUER.into(),
@@ -307,14 +429,18 @@ pub(crate) async fn token_request(
                         .unwrap_or_default()
                         .to_string(),
                 },
+                virtualmachineinstance: bound.clone(),
             },
         };
         let token = sh.auth.tokens.sign(&claims);
         req["apiVersion"] = json!("authentication.k8s.io/v1");
         req["kind"] = json!("TokenRequest");
         req["metadata"] = json!({"name": name, "namespace": ns, "creationTimestamp": null});
+        let bound_json = bound.map(|b| {
+            json!({"kind": BOUND_KIND, "apiVersion": BOUND_API_VERSION, "name": b.name, "uid": b.uid})
+        });
         req["spec"] =
-            json!({"audiences": aud, "expirationSeconds": seconds, "boundObjectRef": null});
+            json!({"audiences": aud, "expirationSeconds": seconds, "boundObjectRef": bound_json});
         req["status"] = json!({
             "token": token,
             "expirationTimestamp": crate::timefmt::format_rfc3339(now + seconds),
@@ -402,6 +528,7 @@ mod tests {
                     name: "sa".into(),
                     uid: "u1".into(),
                 },
+                virtualmachineinstance: None,
             },
         }
     }
@@ -455,5 +582,61 @@ mod tests {
         assert_eq!(lifetime(&json!({"expirationSeconds": 7200})), Ok(7200));
         assert!(lifetime(&json!({"expirationSeconds": 60})).is_err());
         assert!(lifetime(&json!({"expirationSeconds": MAX_SECONDS + 1})).is_err());
+    }
+
+    #[test]
+    fn bound_object_refs() {
+        assert_eq!(bound_ref(&json!({})), Ok(None));
+        assert_eq!(bound_ref(&json!({"boundObjectRef": null})), Ok(None));
+        assert_eq!(
+            bound_ref(&json!({"boundObjectRef": {"kind": "VirtualMachineInstance",
+                "apiVersion": "kubevirt.io/v1", "name": "vm", "uid": "u"}})),
+            Ok(Some(("vm".into(), Some("u".into()))))
+        );
+        assert_eq!(
+            bound_ref(&json!({"boundObjectRef": {"kind": "VirtualMachineInstance", "name": "vm"}})),
+            Ok(Some(("vm".into(), None)))
+        );
+        let field = |v: Value| bound_ref(&v).unwrap_err().0;
+        assert_eq!(
+            field(json!({"boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "p"}})),
+            "spec.boundObjectRef.kind"
+        );
+        assert_eq!(
+            field(
+                json!({"boundObjectRef": {"kind": "VirtualMachineInstance", "apiVersion": "v1", "name": "p"}})
+            ),
+            "spec.boundObjectRef.apiVersion"
+        );
+        assert_eq!(
+            field(json!({"boundObjectRef": {"kind": "VirtualMachineInstance"}})),
+            "spec.boundObjectRef.name"
+        );
+        assert_eq!(
+            field(json!({"boundObjectRef": "vm"})),
+            "spec.boundObjectRef"
+        );
+    }
+
+    #[test]
+    fn a_bound_token_lives_with_its_vmi() {
+        let b = SaRef {
+            name: "vm".into(),
+            uid: "u1".into(),
+        };
+        let vmi = |uid: &str| json!({"metadata": {"name": "vm", "uid": uid}});
+        assert!(bound_object_live(Some(&vmi("u1")), &b));
+        // gone, recreated under the same name, being deleted
+        assert!(!bound_object_live(None, &b));
+        assert!(!bound_object_live(Some(&vmi("u2")), &b));
+        let mut deleting = vmi("u1");
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert!(!bound_object_live(Some(&deleting), &b));
+        // The binding travels in the signed claims.
+        let k = TokenKeys::from_secret(b"0123456789abcdef0123456789abcdef");
+        let mut c = claims(ISSUER, 5000);
+        c.kube.virtualmachineinstance = Some(b.clone());
+        let back = k.verify(&k.sign(&c), 2000).unwrap();
+        assert_eq!(back.kube.virtualmachineinstance, Some(b));
     }
 }

@@ -133,6 +133,8 @@ pub(crate) async fn delete_one(
                     if super::services::applies_to(def) {
                         super::services::release_dropped(sh, &obj, None).await;
                     }
+                    // A cancelled migration's target is given back at once.
+                    crate::quota::after_delete(sh, def, &obj).await;
                     let mut o = obj;
                     meta_mut(&mut o).insert(
                         "resourceVersion".into(),

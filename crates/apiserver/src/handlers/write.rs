@@ -312,6 +312,8 @@ pub(crate) async fn create(
         if created.is_err() {
             super::services::release_keys(sh, &o, &reserved).await;
             crate::quota::refund(sh, charges).await;
+        } else {
+            crate::quota::settle(sh, &charges);
         }
         match created {
             Ok(kv) => {
@@ -557,7 +559,19 @@ pub(super) async fn update_object(
         } else {
             Vec::new()
         };
+        // A migration entering Scheduling holds a second launcher Pod: quota first.
+        let charges = match crate::quota::charge_migration(&ctx.sh, def, &old, &merged).await {
+            Ok(c) => c,
+            Err(e) => {
+                if services {
+                    super::services::release_keys(&ctx.sh, &merged, &reserved).await;
+                }
+                return Err(e);
+            }
+        };
         let written = store_update(&ctx.sh, def, merged.clone(), rev).await;
+        let ok = matches!(&written, Ok(Ok(_)));
+        crate::quota::after_migration_update(&ctx.sh, def, &old, &merged, charges, ok).await;
         if services {
             match &written {
                 Ok(Ok(obj)) => super::services::release_dropped(&ctx.sh, &old, Some(obj)).await,

@@ -6,7 +6,13 @@
 //! message, a create that then fails gives its charge back ([`refund`]). [`run`] recounts
 //! `status.used` from the stored objects every few seconds (and so follows deletes) and fills
 //! `status.hard`, as Kubernetes' quota controller; it reads nothing while no quota exists.
-//! The decisions are pure ([`usage`]).
+//! A live migration's target is charged when its VirtualMachineInstanceMigration enters
+//! Scheduling ([`charge_migration`], the launcher Pod's resources a second time; refused: 403
+//! with the `exceeded quota:` message, the controller keeps it Pending) and counted by the
+//! recount while it holds the target; it is recounted away when the migration ends.
+//! A charge is [`InFlight`] from before its quota write until its object is stored, and the
+//! recount adds what is in flight, so a recount between the two never drops a charge (which
+//! would let another create over-admit). The decisions are pure ([`usage`]).
 
 pub mod usage;
 
@@ -56,6 +62,50 @@ pub(crate) fn validate(def: &ResourceDef, obj: &Value) -> Result<(), ApiError> {
 pub(crate) struct Charge {
     key: String,
     requested: Usage,
+    id: u64,
+}
+
+/// Charges written to a quota whose object is not stored yet, by id: (quota key, usage).
+#[derive(Default)]
+pub(crate) struct InFlight {
+    next: std::sync::atomic::AtomicU64,
+    charges: std::sync::Mutex<std::collections::BTreeMap<u64, (String, Usage)>>,
+}
+
+impl InFlight {
+    fn add(&self, key: &str, u: &Usage) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut m) = self.charges.lock() {
+            m.insert(id, (key.to_string(), u.clone()));
+        }
+        id
+    }
+    fn remove(&self, id: u64) {
+        if let Ok(mut m) = self.charges.lock() {
+            m.remove(&id);
+        }
+    }
+    /// What is in flight for quota `key`.
+    fn of(&self, key: &str) -> Usage {
+        let mut total = Usage::new();
+        if let Ok(m) = self.charges.lock() {
+            for (k, u) in m.values() {
+                if k == key {
+                    for (r, v) in u {
+                        *total.entry(r.clone()).or_default() += v;
+                    }
+                }
+            }
+        }
+        total
+    }
+}
+
+/// The charged object is stored: its charges are no longer in flight (the recount finds it).
+pub(crate) fn settle(sh: &Shared, charges: &[Charge]) {
+    for c in charges {
+        sh.quota_inflight.remove(c.id);
+    }
 }
 
 fn quota_def(sh: &Shared) -> Option<&ResourceDef> {
@@ -91,22 +141,34 @@ pub(crate) async fn charge(
     }
     let overcommit = crate::cluster_config::overcommit(sh).await;
     let requested = usage::charged(def.group, def.plural, obj, &overcommit);
+    let qualified = if def.group.is_empty() {
+        def.plural.to_string()
+    } else {
+        format!("{}.{}", def.plural, def.group)
+    };
+    charge_usage(sh, keys, &requested, def, &qualified, name_of(obj)).await
+}
+
+/// Charges `requested` against the quotas `keys` for the object `name` of `def`.
+async fn charge_usage(
+    sh: &Shared,
+    keys: Vec<String>,
+    requested: &Usage,
+    def: &ResourceDef,
+    qualified: &str,
+    name: &str,
+) -> Result<Vec<Charge>, ApiError> {
     let mut done: Vec<Charge> = Vec::new();
     for key in keys {
-        match charge_one(sh, &key, &requested).await {
-            Ok(true) => done.push(Charge {
+        match charge_one(sh, &key, requested).await {
+            Ok(Some(id)) => done.push(Charge {
                 key,
                 requested: requested.clone(),
+                id,
             }),
-            Ok(false) => {}
+            Ok(None) => {}
             Err(msg) => {
                 refund(sh, done).await;
-                let qualified = if def.group.is_empty() {
-                    def.plural.to_string()
-                } else {
-                    format!("{}.{}", def.plural, def.group)
-                };
-                let name = name_of(obj);
                 let message = if name.is_empty() {
                     format!("{qualified} is forbidden: {msg}")
                 } else {
@@ -122,24 +184,129 @@ pub(crate) async fn charge(
     Ok(done)
 }
 
-/// Charges one quota with compare-and-swap: Ok(true) charged, Ok(false) nothing it limits,
-/// Err(message) exceeded (or the quota could not be written).
-async fn charge_one(sh: &Shared, key: &str, requested: &Usage) -> Result<bool, String> {
+/// The quota step of an update of a VirtualMachineInstanceMigration (`def`) from `old` to
+/// `new`: entering Scheduling charges its target (the VMI's launcher-Pod resources; refused:
+/// 403 `exceeded quota: …`), settled or refunded by the caller after its write
+/// ([`after_migration_update`]).
+pub(crate) async fn charge_migration(
+    sh: &Shared,
+    def: &ResourceDef,
+    old: &Value,
+    new: &Value,
+) -> Result<Vec<Charge>, ApiError> {
+    if !is_migration(def) || usage::migration_transition(old, new) != usage::MigrationQuota::Charge
+    {
+        return Ok(Vec::new());
+    }
+    let ns = new["metadata"]["namespace"].as_str().unwrap_or_default();
+    let keys = quotas_in(sh, ns).await?;
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let vmi_name = new["spec"]["vmiName"].as_str().unwrap_or_default();
+    let Some(vmi) = stored_vmi(sh, ns, vmi_name).await? else {
+        // The controller fails a migration of a missing VMI; nothing to hold.
+        return Ok(Vec::new());
+    };
+    let overcommit = crate::cluster_config::overcommit(sh).await;
+    let requested = usage::migration_target(&vmi, &overcommit);
+    charge_usage(
+        sh,
+        keys,
+        &requested,
+        def,
+        "virtualmachineinstancemigrations.kubevirt.io",
+        name_of(new),
+    )
+    .await
+}
+
+/// After a migration's update was written (`ok`) or not: its charges settled or refunded;
+/// a migration that stopped holding its target is recounted away at once.
+pub(crate) async fn after_migration_update(
+    sh: &Shared,
+    def: &ResourceDef,
+    old: &Value,
+    new: &Value,
+    charges: Vec<Charge>,
+    ok: bool,
+) {
+    if ok {
+        settle(sh, &charges);
+    } else {
+        refund(sh, charges).await;
+    }
+    if ok
+        && is_migration(def)
+        && usage::migration_transition(old, new) == usage::MigrationQuota::Release
+    {
+        recount_namespace(
+            sh,
+            new["metadata"]["namespace"].as_str().unwrap_or_default(),
+        )
+        .await;
+    }
+}
+
+/// After `obj` of `def` was deleted: a migration that held its target (a cancel) is
+/// recounted away at once (the recount would within [`RECOUNT_EVERY`]).
+pub(crate) async fn after_delete(sh: &Shared, def: &ResourceDef, obj: &Value) {
+    if is_migration(def)
+        && usage::migration_holds_target(obj["status"]["phase"].as_str().unwrap_or(""))
+    {
+        recount_namespace(
+            sh,
+            obj["metadata"]["namespace"].as_str().unwrap_or_default(),
+        )
+        .await;
+    }
+}
+
+async fn recount_namespace(sh: &Shared, ns: &str) {
+    for key in quotas_in(sh, ns).await.unwrap_or_default() {
+        if let Err(e) = recount(sh, &key).await {
+            tracing::warn!("quota: recounting {key}: {}", e.message);
+        }
+    }
+}
+
+fn is_migration(def: &ResourceDef) -> bool {
+    def.group == "kubevirt.io" && def.plural == "virtualmachineinstancemigrations"
+}
+
+async fn stored_vmi(sh: &Shared, ns: &str, name: &str) -> Result<Option<Value>, ApiError> {
+    let Some(def) = sh
+        .resources
+        .lookup("kubevirt.io", "v1", "virtualmachineinstances")
+    else {
+        return Ok(None);
+    };
+    let key = resources::object_key(def, Some(ns), name);
+    match sh.store.get(&key).await.map_err(ApiError::from_store)? {
+        Some(kv) => Ok(decode(&kv).ok()),
+        None => Ok(None),
+    }
+}
+
+/// Charges one quota with compare-and-swap: Ok(Some(in-flight id)) charged, Ok(None) nothing
+/// it limits, Err(message) exceeded (or the quota could not be written). The charge is in
+/// flight ([`InFlight`]) from before its write.
+async fn charge_one(sh: &Shared, key: &str, requested: &Usage) -> Result<Option<u64>, String> {
     for _ in 0..32 {
         let kv = match sh.store.get(key).await {
             Ok(Some(kv)) => kv,
-            Ok(None) => return Ok(false),
+            Ok(None) => return Ok(None),
             Err(e) => return Err(format!("reading quota {key}: {e}")),
         };
         let Ok(mut q) = decode(&kv) else {
-            return Ok(false);
+            return Ok(None);
         };
         let hard = usage::usage_of(&q["spec"]["hard"]);
         if !hard
             .keys()
             .any(|k| requested.get(k).is_some_and(|v| *v > 0))
         {
-            return Ok(false);
+            return Ok(None);
         }
         if q["status"]["used"].is_null() {
             // Never counted yet (just created): count what exists first.
@@ -149,12 +316,20 @@ async fn charge_one(sh: &Shared, key: &str, requested: &Usage) -> Result<bool, S
         let used = usage::usage_of(&q["status"]["used"]);
         let new_used = usage::admit(name_of(&q), &hard, &used, requested)?;
         q["status"] = json!({"hard": q["spec"]["hard"].clone(), "used": usage::to_json(&new_used)});
+        let id = sh.quota_inflight.add(key, requested);
         match sh.store.update(key, encode(&q), kv.mod_revision).await {
-            Ok(_) => return Ok(true),
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(StoreError::NotFound(_)) => return Ok(false),
-            Err(e) => return Err(format!("writing quota {key}: {e}")),
+            Ok(_) => return Ok(Some(id)),
+            Err(StoreError::Conflict { .. }) => {}
+            Err(StoreError::NotFound(_)) => {
+                sh.quota_inflight.remove(id);
+                return Ok(None);
+            }
+            Err(e) => {
+                sh.quota_inflight.remove(id);
+                return Err(format!("writing quota {key}: {e}"));
+            }
         }
+        sh.quota_inflight.remove(id);
     }
     Err(format!("quota {key} is changing too often; try again"))
 }
@@ -162,6 +337,7 @@ async fn charge_one(sh: &Shared, key: &str, requested: &Usage) -> Result<bool, S
 /// Gives charges back (a create that failed after being charged).
 pub(crate) async fn refund(sh: &Shared, charges: Vec<Charge>) {
     for c in charges {
+        sh.quota_inflight.remove(c.id);
         for _ in 0..32 {
             let Ok(Some(kv)) = sh.store.get(&c.key).await else {
                 break;
@@ -230,8 +406,12 @@ async fn recount(sh: &Shared, key: &str) -> Result<(), ApiError> {
             .unwrap_or_default()
             .to_string();
         let hard = usage::usage_of(&q["spec"]["hard"]);
-        let mut total = Usage::new();
-        for def in kinds_for(sh, &hard) {
+        // Read after the quota (whose revision the write below is guarded by) and before the
+        // objects: a charge in that revision is either still in flight or already stored.
+        let mut total = sh.quota_inflight.of(key);
+        let mut vmis: std::collections::HashMap<String, Value> = Default::default();
+        let kinds = kinds_for(sh, &hard);
+        for def in &kinds {
             let list = sh
                 .store
                 .list(
@@ -250,8 +430,37 @@ async fn recount(sh: &Shared, key: &str) -> Result<(), ApiError> {
                 if def.plural == "virtualmachineinstances" && finished {
                     continue;
                 }
+                if def.plural == "virtualmachineinstances" {
+                    vmis.insert(name_of(&obj).to_string(), obj.clone());
+                }
                 for (k, v) in usage::charged(def.group, def.plural, &obj, &overcommit) {
                     *total.entry(k).or_default() += v;
+                }
+            }
+        }
+        // Migrations holding a target charge the VMI's launcher Pod a second time.
+        if kinds.iter().any(|d| d.plural == "virtualmachineinstances")
+            && let Some(mdef) =
+                sh.resources
+                    .lookup("kubevirt.io", "v1", "virtualmachineinstancemigrations")
+        {
+            let list = sh
+                .store
+                .list(
+                    &resources::list_prefix(mdef, Some(&ns)),
+                    ListOptions::default(),
+                )
+                .await
+                .map_err(ApiError::from_store)?;
+            for item in &list.items {
+                let Ok(m) = decode(item) else { continue };
+                if !usage::migration_holds_target(m["status"]["phase"].as_str().unwrap_or("")) {
+                    continue;
+                }
+                if let Some(vmi) = m["spec"]["vmiName"].as_str().and_then(|n| vmis.get(n)) {
+                    for (k, v) in usage::migration_target(vmi, &overcommit) {
+                        *total.entry(k).or_default() += v;
+                    }
                 }
             }
         }

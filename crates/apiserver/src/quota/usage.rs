@@ -132,6 +132,54 @@ pub fn charged(group: &str, plural: &str, obj: &Value, overcommit: &Overcommit) 
     u
 }
 
+/// The resources a live migration's target (a second virt-launcher Pod) holds.
+const TARGET_RESOURCES: &[&str] = &[
+    "pods",
+    "count/pods",
+    "requests.cpu",
+    "cpu",
+    "requests.memory",
+    "memory",
+];
+
+/// What the target of a live migration of `vmi` charges: the VMI's launcher-Pod resources a
+/// second time (`pods`, `requests.cpu`, `requests.memory`, …), not its object count.
+pub fn migration_target(vmi: &Value, overcommit: &Overcommit) -> Usage {
+    charged("kubevirt.io", "virtualmachineinstances", vmi, overcommit)
+        .into_iter()
+        .filter(|(k, _)| TARGET_RESOURCES.contains(&k.as_str()))
+        .collect()
+}
+
+/// Whether a VirtualMachineInstanceMigration in `phase` holds its target: from Scheduling
+/// (the target is being chosen and started) until it Succeeds or Fails.
+pub fn migration_holds_target(phase: &str) -> bool {
+    matches!(
+        phase,
+        "Scheduling" | "Scheduled" | "PreparingTarget" | "TargetReady" | "Running"
+    )
+}
+
+/// What a VirtualMachineInstanceMigration's update from `old` to `new` does to quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrationQuota {
+    /// It starts holding a target: charge it before the write.
+    Charge,
+    /// It stops holding one (Succeeded, Failed): recount after the write.
+    Release,
+    Nothing,
+}
+
+/// [`MigrationQuota`] for an update of a migration's status. Pure.
+pub fn migration_transition(old: &Value, new: &Value) -> MigrationQuota {
+    let holds = |o: &Value| migration_holds_target(o["status"]["phase"].as_str().unwrap_or(""));
+    match (holds(old), holds(new)) {
+        (false, true) => MigrationQuota::Charge,
+        (true, false) => MigrationQuota::Release,
+        _ => MigrationQuota::Nothing,
+    }
+}
+
 /// A quota's `hard` (or `used`) as [`Usage`]; entries that do not parse are left out.
 pub fn usage_of(list: &Value) -> Usage {
     list.as_object()
@@ -306,6 +354,60 @@ mod tests {
         assert_eq!(
             to_json(&u(&[("requests.memory", "1Gi")])),
             json!({"requests.memory": "1Gi"})
+        );
+    }
+
+    #[test]
+    fn a_migration_target_charges_the_launcher_pod_again() {
+        let vmi = json!({"spec": {"domain": {"memory": {"guest": "128Mi"},
+            "cpu": {"cores": 2}}}});
+        let t = migration_target(&vmi, &Overcommit::default());
+        assert_eq!(
+            t.get("requests.memory"),
+            Some(&(128i128 * 1024 * 1024 * 1000))
+        );
+        assert_eq!(t.get("pods"), Some(&1000));
+        assert_eq!(t.get("requests.cpu"), Some(&200));
+        // The VMI object is not counted again.
+        assert!(!t.contains_key("count/virtualmachineinstances.kubevirt.io"));
+        let hard = u(&[("requests.memory", "200Mi")]);
+        let used = u(&[("requests.memory", "128Mi")]);
+        let e = admit("q", &hard, &used, &t).unwrap_err();
+        assert_eq!(
+            e,
+            "exceeded quota: q, requested: requests.memory=128Mi, used: requests.memory=128Mi, limited: requests.memory=200Mi"
+        );
+        let hard = u(&[("requests.memory", "300Mi")]);
+        assert!(admit("q", &hard, &used, &t).is_ok());
+    }
+
+    #[test]
+    fn migration_phases_that_hold_a_target() {
+        let m = |p: &str| json!({"status": {"phase": p}});
+        use MigrationQuota::*;
+        assert_eq!(
+            migration_transition(&m("Pending"), &m("Scheduling")),
+            Charge
+        );
+        assert_eq!(migration_transition(&json!({}), &m("Scheduling")), Charge);
+        assert_eq!(
+            migration_transition(&m("Scheduling"), &m("Scheduled")),
+            Nothing
+        );
+        assert_eq!(
+            migration_transition(&m("Running"), &m("Succeeded")),
+            Release
+        );
+        assert_eq!(
+            migration_transition(&m("TargetReady"), &m("Failed")),
+            Release
+        );
+        // Pending (also when its rejection condition is written) and finished ones hold none.
+        assert_eq!(migration_transition(&m("Pending"), &m("Pending")), Nothing);
+        assert_eq!(migration_transition(&m("Pending"), &m("Failed")), Nothing);
+        assert_eq!(
+            migration_transition(&m("Succeeded"), &m("Succeeded")),
+            Nothing
         );
     }
 }

@@ -63,6 +63,43 @@ pub mod reasons {
     pub const FAILED: &str = "FailedMigration";
 }
 
+/// KubeVirt's condition on a migration whose target the namespace's ResourceQuota refuses.
+pub const QUOTA_CONDITION: &str = "migrationRejectedByResourceQuota";
+/// Its reason.
+pub const QUOTA_REASON: &str = "ExceededQuota";
+
+fn conditions_of(vmim: &VirtualMachineInstanceMigration) -> Vec<Value> {
+    vmim.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// The VMIM status patch when the quota refused its target (the API server's 403 `message`):
+/// it stays Pending (retried on every pass) with [`QUOTA_CONDITION`] True; `None` when the
+/// condition already says this. Pure.
+pub fn quota_rejected(
+    vmim: &VirtualMachineInstanceMigration,
+    message: &str,
+    now: &str,
+) -> Option<Value> {
+    let mut conds = conditions_of(vmim);
+    if conds
+        .iter()
+        .any(|c| c["type"] == QUOTA_CONDITION && c["status"] == "True" && c["message"] == message)
+    {
+        return None;
+    }
+    conds.retain(|c| c["type"] != QUOTA_CONDITION);
+    conds.push(json!({
+        "type": QUOTA_CONDITION, "status": "True", "reason": QUOTA_REASON, "message": message,
+        "lastTransitionTime": now, "lastProbeTime": now,
+    }));
+    Some(json!({"conditions": conds}))
+}
+
 /// What target selection found: the node and the settings the migration runs with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Chosen {
@@ -378,10 +415,22 @@ pub fn decide(
         },
         // Another migration of this VMI still runs, or the parallel limits are reached: wait.
         Pending if busy || !limits.room() => Step::default(),
-        Pending => Step {
-            migration_status: Some(enter(vmim, Scheduling, None, now.rfc3339)),
-            ..Step::default()
-        },
+        Pending => {
+            let mut status = enter(vmim, Scheduling, None, now.rfc3339);
+            // Proceeding: a quota rejection no longer holds.
+            let conds = conditions_of(vmim);
+            if conds.iter().any(|c| c["type"] == QUOTA_CONDITION) {
+                let kept: Vec<Value> = conds
+                    .into_iter()
+                    .filter(|c| c["type"] != QUOTA_CONDITION)
+                    .collect();
+                status["conditions"] = Value::Array(kept);
+            }
+            Step {
+                migration_status: Some(status),
+                ..Step::default()
+            }
+        }
         _ => match pick(vmi) {
             Err(why) => failed_step(
                 vmim,

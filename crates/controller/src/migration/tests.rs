@@ -449,3 +449,46 @@ fn the_cpu_model_is_matched_against_node_labels() {
     assert_eq!(st["phase"], "Failed", "{st}");
     assert!(st.to_string().contains("spec.domain.cpu.model"), "{st}");
 }
+
+#[test]
+fn a_quota_rejection_keeps_it_pending_with_kubevirts_condition_until_it_proceeds() {
+    let msg = "virtualmachineinstancemigrations.kubevirt.io \"m\" is forbidden: exceeded quota: q, requested: requests.memory=128Mi, used: requests.memory=128Mi, limited: requests.memory=200Mi";
+    let mut m: VirtualMachineInstanceMigration = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+        "metadata": {"name": "m", "namespace": "default", "uid": "mu"},
+        "spec": {"vmiName": "vm"},
+        "status": {"phase": "Pending"},
+    }))
+    .unwrap();
+    let st = quota_rejected(&m, msg, "2026-12-04T00:00:00Z").unwrap();
+    let c = &st["conditions"][0];
+    assert_eq!(c["type"], "migrationRejectedByResourceQuota");
+    assert_eq!(c["status"], "True");
+    assert_eq!(c["reason"], QUOTA_REASON);
+    assert_eq!(c["message"], msg);
+    // The phase is not touched (it stays Pending).
+    assert!(st.get("phase").is_none());
+    // Written once: the same refusal again changes nothing.
+    m.status = serde_json::from_value(json!({"phase": "Pending", "conditions": st["conditions"]}))
+        .unwrap();
+    assert_eq!(quota_rejected(&m, msg, "2026-12-04T00:00:09Z"), None);
+    // Another usage in the message: rewritten, still one condition.
+    let again = quota_rejected(&m, "exceeded quota: q, other", "t").unwrap();
+    assert_eq!(again["conditions"].as_array().unwrap().len(), 1);
+    // Proceeding to Scheduling (the quota now admits it) drops the condition.
+    let mut p = vmim(Some("Pending"));
+    p.status.as_mut().unwrap().conditions = m.status.as_ref().unwrap().conditions.clone();
+    let s = decide(&p, Some(&vmi(serde_json::Value::Null)), no_pick, ROOM, NOW);
+    let st = s.migration_status.unwrap();
+    assert_eq!(st["phase"], "Scheduling");
+    assert_eq!(st["conditions"], json!([]));
+    // Without such a condition, Scheduling writes no conditions.
+    let s = decide(
+        &vmim(Some("Pending")),
+        Some(&vmi(serde_json::Value::Null)),
+        no_pick,
+        ROOM,
+        NOW,
+    );
+    assert!(s.migration_status.unwrap().get("conditions").is_none());
+}

@@ -356,8 +356,31 @@ async fn reconcile(
         let api: Api<Vmim> = Api::namespaced(client.clone(), &ns);
         let name = vmim.metadata.name.clone().unwrap_or_default();
         let patch = json!({"status": status});
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            // The namespace's quota cannot hold the target (a second launcher Pod): the
+            // migration stays Pending with KubeVirt's condition and is tried again each pass.
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("exceeded quota") => {
+                if let Some(st) = migration::quota_rejected(vmim, &s.message, &rfc) {
+                    let patch = json!({"status": st});
+                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                    let reference = object_ref(
+                        KUBEVIRT_API_VERSION,
+                        "VirtualMachineInstanceMigration",
+                        &vmim.metadata,
+                    );
+                    recorder
+                        .record(&reference, true, migration::QUOTA_REASON, &s.message)
+                        .await;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
     }
     for note in &step.events {
         let reference = match (note.on, vmi) {
