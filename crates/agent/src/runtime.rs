@@ -91,6 +91,9 @@ pub struct AgentOptions {
     pub isolation: crate::isolation::IsolationOptions,
     /// Where host devices are looked for ([`crate::hostdev`]).
     pub host_devices: crate::hostdev::HostDevOptions,
+    /// NodeNetworkConfigurationPolicies applied to this node's network ([`crate::nmstate`]);
+    /// `None` (the default): never touched.
+    pub nmstate: Option<crate::nmstate::NmstateOptions>,
 }
 
 impl AgentOptions {
@@ -117,6 +120,7 @@ impl AgentOptions {
             pod_network: None,
             isolation: crate::isolation::IsolationOptions::default(),
             host_devices: crate::hostdev::HostDevOptions::default(),
+            nmstate: None,
         }
     }
 }
@@ -334,6 +338,14 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     tokio::spawn(cpu_labels::run(agent.clone(), obsolete));
     tokio::spawn(devices::run(agent.clone(), permitted));
     agent.net.init(&agent.client, &agent.opts.node_name).await?;
+    if let Some(o) = agent.opts.nmstate.clone() {
+        tokio::spawn(crate::nmstate::run(
+            agent.client.clone(),
+            agent.opts.node_name.clone(),
+            agent.opts.data_dir.clone(),
+            o,
+        ));
+    }
     let overlay = tokio::spawn({
         let agent = agent.clone();
         async move {

@@ -208,7 +208,8 @@ const TRUE_TYPE: &str = ".status.conditions[?(@.status==\"True\")].type";
 const TRUE_REASON: &str = ".status.conditions[?(@.status==\"True\")].reason";
 const TRUE_SINCE: &str = ".status.conditions[?(@.status==\"True\")].lastTransitionTime";
 
-/// The group's entries of the resource table (kubernetes-nmstate's printer columns).
+/// The group's entries of the resource table (kubernetes-nmstate's printer columns; the
+/// table adds Age to every kind, so NodeNetworkState lists no column of its own).
 pub fn resources() -> Vec<ResourceDef> {
     vec![
         def(
@@ -243,7 +244,7 @@ pub fn resources() -> Vec<ResourceDef> {
             "nodenetworkstates",
             "nodenetworkstate",
             &["nns"],
-            vec![col("Age", "date", ".metadata.creationTimestamp")],
+            Vec::new(),
         ),
     ]
 }
