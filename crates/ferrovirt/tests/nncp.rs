@@ -9,7 +9,10 @@
 //! with `state: absent` removes the bridge. A policy that removes the address of nn-a's
 //! uplink cuts it off the API server: the agent rolls it back after its probe timeout (5 s
 //! here), the enactment is Failing/FailedToConfigure naming the rollback, the address is
-//! back and the NodeNetworkState shows it. Admission refuses a field ferrovirt does not
+//! back and the NodeNetworkState shows it. A policy over both nodes with maxUnavailable 1
+//! that cuts each off by /32 routes to the server's addresses is applied one node at a time
+//! (the other Pending/MaxUnavailableLimitReached, never both Progressing) and rolled back on
+//! both; the policy is Degraded "2/2 nodes failed to configure". Admission refuses a field ferrovirt does not
 //! carry out, naming it.
 
 use std::time::{Duration, Instant};
@@ -229,11 +232,83 @@ fn node_network_configuration_policies() -> anyhow::Result<()> {
         Ok(true_condition(&p).filter(|(t, _, _)| t == "Degraded"))
     })?;
     assert_eq!(p.2, "1/1 nodes failed to configure");
+
+    // maxUnavailable 1 over both nodes, each cut off by /32 routes to the server's addresses
+    // through a bridge without ports: one node at a time applies (the other is Pending), both
+    // roll back.
+    for n in ["nn-a", "nn-b"] {
+        c.kubectl_ok(&["label", "node", n, "nncp-both=yes"])?;
+    }
+    let t2 = Instant::now();
+    c.apply(&format!(
+        "apiVersion: nmstate.io/v1\nkind: NodeNetworkConfigurationPolicy\nmetadata: {{name: cut-both}}\n\
+         spec:\n  nodeSelector: {{nncp-both: \"yes\"}}\n  maxUnavailable: 1\n  desiredState:\n\
+         \x20   interfaces:\n\
+         \x20   - {{name: br-cut, type: linux-bridge, state: up, bridge: {{options: {{stp: {{enabled: false}}}}, port: []}},\n\
+         \x20      ipv4: {{enabled: true, address: [{{ip: 198.18.0.1, prefix-length: 24}}]}}}}\n\
+         \x20   routes:\n      config:\n\
+         \x20     - {{destination: {}/32, next-hop-address: 198.18.0.254, next-hop-interface: br-cut}}\n\
+         \x20     - {{destination: {}/32, next-hop-address: 198.18.0.254, next-hop-interface: br-cut}}\n",
+        node_a.host_ip(),
+        node_b.host_ip()
+    ))?;
+    let (mut pending_seen, mut overlap) = (false, false);
+    let finals = c.wait_until(
+        "both cut-both enactments finished",
+        Duration::from_secs(60),
+        || {
+            let v = c.get_json(&["nnce", "-l", "nmstate.io/policy=cut-both"])?;
+            let items = v["items"].as_array().cloned().unwrap_or_default();
+            let conds: Vec<_> = items.iter().filter_map(true_condition).collect();
+            pending_seen |= conds
+                .iter()
+                .any(|(t, r, _)| t == "Pending" && r == "MaxUnavailableLimitReached");
+            overlap |= conds.iter().filter(|(t, _, _)| t == "Progressing").count() > 1;
+            let done = conds
+                .iter()
+                .filter(|(t, _, _)| t == "Available" || t == "Failing")
+                .count();
+            std::thread::sleep(Duration::from_millis(200));
+            Ok((done == 2).then_some(conds))
+        },
+    )?;
+    let both = t2.elapsed();
+    assert!(pending_seen, "no enactment waited for maxUnavailable");
+    assert!(
+        !overlap,
+        "both nodes applied at once despite maxUnavailable 1"
+    );
+    for (t, r, m) in &finals {
+        assert_eq!(
+            (t.as_str(), r.as_str()),
+            ("Failing", "FailedToConfigure"),
+            "{m}"
+        );
+        assert!(
+            m.contains("could not reach the API server") && m.contains("rolled back"),
+            "{m}"
+        );
+    }
+    let p = c.wait_until("cut-both Degraded", T, || {
+        let p = c.get_json(&["nncp", "cut-both"])?;
+        Ok(true_condition(&p)
+            .filter(|(t, _, _)| t == "Degraded")
+            .map(|d| (d, p["status"]["unavailableNodeCount"].as_i64())))
+    })?;
+    assert_eq!(p.0.2, "2/2 nodes failed to configure");
+    assert_eq!(p.1.unwrap_or(0), 0);
+    for n in [&node_a, &node_b] {
+        assert!(!n.netns().links()?.contains(&"br-cut".to_string()));
+        let routes = n.netns().ip(&["-4", "route", "show"])?;
+        assert!(!routes.contains("198.18.0.254"), "{routes}");
+    }
     println!(
-        "nncp: nodes ready {:.1}s, bridge applied {:.1}s, cut-off rolled back and reported {:.1}s, total {:.1}s",
+        "nncp: nodes ready {:.1}s, bridge applied {:.1}s, cut-off rolled back and reported {:.1}s, \
+         two nodes one at a time {:.1}s, total {:.1}s",
         ready.as_secs_f64(),
         applied.as_secs_f64(),
         rolled_back.as_secs_f64(),
+        both.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     Ok(())

@@ -52,6 +52,7 @@ while True:
 #[derive(Debug)]
 pub struct CutOffNode {
     relay: Child,
+    host_ip: String,
     host_if: String,
     ns_if: String,
     // Dropped last: deleting the namespace removes both veth ends.
@@ -154,6 +155,7 @@ impl CutOffNode {
             .context("the namespace's relay did not start")?;
         Ok(CutOffNode {
             relay,
+            host_ip,
             host_if,
             ns_if,
             ns,
@@ -173,6 +175,11 @@ impl CutOffNode {
     /// The node's namespace.
     pub fn netns(&self) -> &Netns {
         &self.ns
+    }
+
+    /// The host end's address: where the node's API traffic goes.
+    pub fn host_ip(&self) -> &str {
+        &self.host_ip
     }
 
     /// The node's end of the veth that carries its API traffic (its "uplink").
