@@ -13,7 +13,8 @@
 //! that cuts each off by /32 routes to the server's addresses is applied one node at a time
 //! (the other Pending/MaxUnavailableLimitReached, never both Progressing) and rolled back on
 //! both; the policy is Degraded "2/2 nodes failed to configure". Admission refuses a field ferrovirt does not
-//! carry out, naming it.
+//! carry out, naming it. A bond policy on nn-b is made where the kernel has bonding, else its
+//! enactment fails naming the command and the kernel's answer.
 
 use std::time::{Duration, Instant};
 
@@ -194,6 +195,37 @@ fn node_network_configuration_policies() -> anyhow::Result<()> {
     c.wait_until("br-ext gone from the NodeNetworkState", T, || {
         Ok(nns_iface(&c, "nn-a", "br-ext")?.is_none().then_some(()))
     })?;
+
+    // A bond on nn-b: made where the kernel has bonding, else the enactment fails naming
+    // the command and the kernel's answer, and what ran before it is rolled back.
+    let has_bond = phys.ip(&["link", "add", "tbond0", "type", "bond"]).is_ok();
+    let _ = phys.ip(&["link", "del", "tbond0"]);
+    c.apply(&policy(
+        "bond",
+        "nn-b",
+        "    interfaces:\n    - {name: bond0, type: bond, state: up, link-aggregation: {mode: active-backup, port: []}}\n",
+    ))?;
+    let (ty, reason, msg) = finished(&c, "nn-b.bond", 1)?;
+    if has_bond {
+        assert_eq!(ty, "Available", "{msg}");
+        let b = c.wait_until("bond0 in nn-b's NodeNetworkState", T, || {
+            nns_iface(&c, "nn-b", "bond0")
+        })?;
+        assert_eq!(b["link-aggregation"]["mode"], "active-backup");
+    } else {
+        println!("this kernel has no bonding: the bond enactment must fail with the reason");
+        assert_eq!(
+            (ty.as_str(), reason.as_str()),
+            ("Failing", "FailedToConfigure"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("ip link add bond0 type bond mode active-backup")
+                && msg.contains("rolled back"),
+            "{msg}"
+        );
+        assert!(!node_b.netns().links()?.contains(&"bond0".to_string()));
+    }
 
     // A policy that cuts nn-a off the API server is rolled back.
     let uplink = node_a.uplink().to_string();

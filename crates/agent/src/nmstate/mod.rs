@@ -336,6 +336,15 @@ impl Nmstate {
             .cloned()
             .unwrap_or(json!({}));
         if !status::take_slot(&self.client, &pname, &self.node).await? {
+            if status::true_type(e.data.pointer("/status/conditions")).as_deref()
+                == Some(api::condition::PENDING)
+                && e.data
+                    .pointer("/status/policyGeneration")
+                    .and_then(Value::as_i64)
+                    == Some(generation)
+            {
+                return Ok(());
+            }
             self.write_enactment(
                 &mut e,
                 generation,
