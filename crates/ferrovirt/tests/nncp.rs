@@ -14,7 +14,8 @@
 //! (the other Pending/MaxUnavailableLimitReached, never both Progressing) and rolled back on
 //! both; the policy is Degraded "2/2 nodes failed to configure". Admission refuses a field ferrovirt does not
 //! carry out, naming it. A bond policy on nn-b is made where the kernel has bonding, else its
-//! enactment fails naming the command and the kernel's answer.
+//! enactment fails naming the command and the kernel's answer; relabelled so that the
+//! policy no longer selects it, nn-b loses that enactment.
 
 use std::time::{Duration, Instant};
 
@@ -226,6 +227,13 @@ fn node_network_configuration_policies() -> anyhow::Result<()> {
         );
         assert!(!node_b.netns().links()?.contains(&"bond0".to_string()));
     }
+
+    // A node no longer selected loses its enactment.
+    c.kubectl_ok(&["label", "node", "nn-b", "nncp-test=none", "--overwrite"])?;
+    c.wait_until("nn-b.bond deleted once nn-b is not selected", T, || {
+        let out = c.kubectl(&["get", "nnce", "nn-b.bond"])?;
+        Ok((!out.status.success()).then_some(()))
+    })?;
 
     // A policy that cuts nn-a off the API server is rolled back.
     let uplink = node_a.uplink().to_string();

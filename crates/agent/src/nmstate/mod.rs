@@ -13,6 +13,7 @@
 //!   `probe_timeout`); when a step fails or the probe does not succeed it runs the plan of
 //!   [`plan::restore_state`] (the rollback) and the enactment is Failing/FailedToConfigure
 //!   saying why; else Available/SuccessfullyConfigured;
+//! - deletes its enactments of policies that no longer select the node;
 //! - gives the slot back and rewrites the policy's conditions from its enactments
 //!   ([`status::aggregate`], pure), in the same compare-and-swap.
 //!
@@ -282,14 +283,39 @@ impl Nmstate {
             .list(&ListParams::default())
             .await
             .map_err(|e| kube_err("listing NodeNetworkConfigurationPolicies", e))?;
+        let mut selecting = std::collections::BTreeSet::new();
         for p in list.items {
             if p.metadata.deletion_timestamp.is_some()
                 || !selects(p.data.pointer("/spec/nodeSelector"), &labels)
             {
                 continue;
             }
+            selecting.insert(p.metadata.name.clone().unwrap_or_default());
             if let Err(e) = self.enact(&p).await {
                 tracing::warn!(policy = ?p.metadata.name, error = %e, "nmstate policy");
+            }
+        }
+        // Enactments of policies that no longer select this node go (those of deleted
+        // policies go with them: owner references).
+        let eapi = enactments(&self.client);
+        let mine = eapi
+            .list(&ListParams::default().labels(&format!("{ENACTMENT_NODE_LABEL}={}", self.node)))
+            .await
+            .map_err(|e| kube_err("listing this node's enactments", e))?;
+        for e in mine.items {
+            let policy = e
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(ENACTMENT_POLICY_LABEL))
+                .cloned()
+                .unwrap_or_default();
+            if !selecting.contains(&policy) {
+                let name = e.metadata.name.clone().unwrap_or_default();
+                tracing::info!(enactment = %name, "nmstate: the policy no longer selects this node");
+                if let Err(err) = eapi.delete(&name, &Default::default()).await {
+                    tracing::warn!(enactment = %name, error = %err, "deleting an enactment");
+                }
             }
         }
         Ok(())
@@ -335,7 +361,9 @@ impl Nmstate {
             .pointer("/spec/desiredState")
             .cloned()
             .unwrap_or(json!({}));
-        if !status::take_slot(&self.client, &pname, &self.node).await? {
+        // A slot untouched for this long belongs to an agent that died mid-apply.
+        let grace = self.opts.probe_timeout * 2 + Duration::from_secs(60);
+        if !status::take_slot(&self.client, &pname, &self.node, grace).await? {
             if status::true_type(e.data.pointer("/status/conditions")).as_deref()
                 == Some(api::condition::PENDING)
                 && e.data

@@ -160,8 +160,44 @@ fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
+/// The slot count to go by (pure): the recorded one, or, when it has not been written for
+/// `grace`, the number of the policy's enactments that are Progressing now — a slot held by
+/// an agent that died mid-apply is freed that way.
+pub fn effective_count(
+    recorded: usize,
+    progressing: usize,
+    age: Option<std::time::Duration>,
+    grace: std::time::Duration,
+) -> usize {
+    if recorded > progressing && age.is_some_and(|a| a >= grace) {
+        progressing
+    } else {
+        recorded
+    }
+}
+
+async fn progressing(client: &Client, policy: &str) -> Result<usize, AgentError> {
+    let list = super::enactments(client)
+        .list(&ListParams::default().labels(&format!("{}={policy}", api::ENACTMENT_POLICY_LABEL)))
+        .await
+        .map_err(|e| super::kube_err("listing enactments", e))?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|e| {
+            true_type(e.data.pointer("/status/conditions")).as_deref()
+                == Some(condition::PROGRESSING)
+        })
+        .count())
+}
+
 /// Takes one of the policy's maxUnavailable slots; `false` when all are taken.
-pub async fn take_slot(client: &Client, policy: &str, node: &str) -> Result<bool, AgentError> {
+pub async fn take_slot(
+    client: &Client,
+    policy: &str,
+    node: &str,
+    grace: std::time::Duration,
+) -> Result<bool, AgentError> {
     let api = policies(client);
     for _ in 0..20 {
         let mut p = api
@@ -180,10 +216,28 @@ pub async fn take_slot(client: &Client, policy: &str, node: &str) -> Result<bool
             .and_then(Value::as_i64)
             .unwrap_or(0)
             .max(0) as usize;
-        if n >= limit {
-            tracing::info!(policy, node, n, limit, "nmstate: maxUnavailable reached");
-            return Ok(false);
-        }
+        let n = if n >= limit {
+            let age = p
+                .data
+                .pointer("/status/lastUnavailableNodeCountUpdate")
+                .and_then(Value::as_str)
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .and_then(|t| jiff::Timestamp::now().duration_since(t).try_into().ok());
+            let fixed = effective_count(n, progressing(client, policy).await?, age, grace);
+            if fixed >= limit {
+                tracing::info!(policy, node, n, limit, "nmstate: maxUnavailable reached");
+                return Ok(false);
+            }
+            tracing::warn!(
+                policy,
+                recorded = n,
+                fixed,
+                "nmstate: freeing slots of dead agents"
+            );
+            fixed
+        } else {
+            n
+        };
         let status = p.data["status"].as_object().cloned().unwrap_or_default();
         let mut status = Value::Object(status);
         status["unavailableNodeCount"] = json!(n + 1);
@@ -306,6 +360,17 @@ mod tests {
         assert_eq!(deg[0].status, "False");
         let none = aggregate(&[], 0, &[], "t");
         assert_eq!(none[0].reason.as_deref(), Some("NoMatchingNode"));
+    }
+
+    #[test]
+    fn stale_slots_are_recounted_only_after_the_grace() {
+        use std::time::Duration;
+        let g = Duration::from_secs(120);
+        assert_eq!(effective_count(1, 0, Some(Duration::from_secs(10)), g), 1);
+        assert_eq!(effective_count(1, 0, Some(Duration::from_secs(200)), g), 0);
+        assert_eq!(effective_count(2, 1, Some(Duration::from_secs(200)), g), 1);
+        assert_eq!(effective_count(1, 1, Some(Duration::from_secs(200)), g), 1);
+        assert_eq!(effective_count(1, 0, None, g), 1);
     }
 
     #[test]
