@@ -21,6 +21,8 @@
 //!   the controllers (server routes and the controllers' client).
 //! - [`blockmig`]: node-local disks in a block migration (what can be copied, the target's
 //!   fresh copies, the PV's move).
+//! - [`nmstate`]: NodeNetworkConfigurationPolicies applied to the node with a checkpoint and
+//!   rollback, enactments, the NodeNetworkState (opt-in: `--nmstate`).
 //! - [`udn`]: VMIs in namespaces that ask for a Primary user-defined network (refused).
 //! - [`hostdev`]: permitted host devices found, counted on the Node, assigned to VMIs, and
 //!   their device nodes granted to the VM's uid.
@@ -48,6 +50,7 @@ pub mod migresume;
 pub mod migstream;
 pub mod nbdpeer;
 pub mod network;
+pub mod nmstate;
 pub mod node;
 pub mod nodestore;
 pub mod platform;

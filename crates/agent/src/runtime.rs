@@ -94,6 +94,9 @@ pub struct AgentOptions {
     /// The PEM of the CA that signed the API server's certificate: the `ca.crt` of
     /// serviceAccount disks.
     pub api_ca_pem: Option<String>,
+    /// NodeNetworkConfigurationPolicies applied to this node's network ([`crate::nmstate`]);
+    /// `None` (the default): never touched.
+    pub nmstate: Option<crate::nmstate::NmstateOptions>,
 }
 
 impl AgentOptions {
@@ -121,6 +124,7 @@ impl AgentOptions {
             isolation: crate::isolation::IsolationOptions::default(),
             host_devices: crate::hostdev::HostDevOptions::default(),
             api_ca_pem: None,
+            nmstate: None,
         }
     }
 }
@@ -338,6 +342,14 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
     tokio::spawn(cpu_labels::run(agent.clone(), obsolete));
     tokio::spawn(devices::run(agent.clone(), permitted));
     agent.net.init(&agent.client, &agent.opts.node_name).await?;
+    if let Some(o) = agent.opts.nmstate.clone() {
+        tokio::spawn(crate::nmstate::run(
+            agent.client.clone(),
+            agent.opts.node_name.clone(),
+            agent.opts.data_dir.clone(),
+            o,
+        ));
+    }
     let overlay = tokio::spawn({
         let agent = agent.clone();
         async move {

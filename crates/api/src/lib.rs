@@ -20,6 +20,7 @@ pub mod launcher_pod;
 pub mod migration;
 pub mod migration_policy;
 pub mod network;
+pub mod nmstate;
 pub mod platform_pod;
 pub mod quantity;
 pub mod registry;

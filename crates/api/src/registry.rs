@@ -163,6 +163,7 @@ pub fn resources() -> Vec<ResourceDef> {
     v.extend(volume_snapshot_resources());
     v.extend(crate::backup::resources());
     v.extend(crate::udn::resources());
+    v.extend(crate::nmstate::resources());
     let legacy = legacy_versions(&v);
     v.extend(legacy);
     v

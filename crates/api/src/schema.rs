@@ -200,6 +200,7 @@ fn generate(def: &ResourceDef) -> Value {
         ("apiextensions.k8s.io", "CustomResourceDefinition") => crd_schema(),
         (crate::backup::GROUP, k) => crate::backup::schema(k).unwrap_or_else(free_form_object),
         (crate::udn::GROUP, k) => crate::udn::schema(k).unwrap_or_else(free_form_object),
+        (crate::nmstate::GROUP, k) => crate::nmstate::schema(k).unwrap_or_else(free_form_object),
         _ => free_form_object(),
     }
 }

@@ -47,6 +47,38 @@ pub struct AgentArgs {
     pub pod: PodNetArgs,
     #[command(flatten)]
     pub isolation: IsolationArgs,
+    #[command(flatten)]
+    pub nmstate: NmstateArgs,
+}
+
+/// Host network configuration from NodeNetworkConfigurationPolicies (docs/networking.md
+/// "Host network configuration").
+#[derive(Debug, Clone, clap::Args)]
+pub struct NmstateArgs {
+    /// Apply the NodeNetworkConfigurationPolicies that select this node to its network (the
+    /// `--node-netns` namespace, else the agent's own) and report its NodeNetworkState. Off by
+    /// default: the agent then never changes the node's network.
+    #[arg(long)]
+    pub nmstate: bool,
+    /// Seconds the node may take to reach the API server after applying a policy before the
+    /// change is rolled back.
+    #[arg(long, default_value_t = 30, env = "FERROVIRT_NMSTATE_PROBE_TIMEOUT")]
+    pub nmstate_probe_timeout: u64,
+}
+
+impl NmstateArgs {
+    /// The agent's options (`None` without `--nmstate`).
+    pub fn options(
+        &self,
+        netns: Option<String>,
+    ) -> Option<ferrovirt_agent::nmstate::NmstateOptions> {
+        self.nmstate
+            .then(|| ferrovirt_agent::nmstate::NmstateOptions {
+                netns,
+                probe_timeout: std::time::Duration::from_secs(self.nmstate_probe_timeout.max(1)),
+                ..Default::default()
+            })
+    }
 }
 
 /// How a node keeps its VMs apart from the host and each other (docs/security.md).
@@ -376,6 +408,7 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
         opts.api_ca_pem = Some(cred.server_ca_pem.clone());
         opts.pod_network = args.pod.node_network()?;
         opts.isolation = args.isolation.options(Vec::new())?;
+        opts.nmstate = args.nmstate.options(args.pod.node_netns.clone());
         ferrovirt_agent::runtime::run(client, opts).await?;
         return Ok(());
     }
@@ -424,6 +457,7 @@ pub async fn run_agent(mut args: AgentArgs) -> anyhow::Result<()> {
     };
     opts.pod_network = args.pod.node_network()?;
     opts.isolation = args.isolation.options(Vec::new())?;
+    opts.nmstate = args.nmstate.options(args.pod.node_netns.clone());
     ferrovirt_agent::runtime::run(client, opts).await?;
     Ok(())
 }

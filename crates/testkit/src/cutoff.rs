@@ -52,6 +52,7 @@ while True:
 #[derive(Debug)]
 pub struct CutOffNode {
     relay: Child,
+    host_ip: String,
     host_if: String,
     ns_if: String,
     // Dropped last: deleting the namespace removes both veth ends.
@@ -76,11 +77,24 @@ fn pipe(mut a: TcpStream, mut b: TcpStream) {
 impl CutOffNode {
     /// Makes the namespace and the relays for the API server on `127.0.0.1:api_port`.
     pub fn new(api_port: u16) -> anyhow::Result<CutOffNode> {
+        Self::with_index(api_port, None)
+    }
+
+    /// Like [`new`](Self::new); several of one test process differ by `index` (0..=9) in
+    /// their names and /30 subnets.
+    pub fn with_index(api_port: u16, index: Option<u8>) -> anyhow::Result<CutOffNode> {
         let t = token();
-        let ns = Netns::new(&format!("fv-cut-{t}"))?;
-        let (host_if, ns_if) = (format!("fvch{t}"), format!("fvcn{t}"));
+        let (sfx, i) = match index {
+            Some(i) => (i.to_string(), u32::from(i.min(9)) + 1),
+            None => (String::new(), 0),
+        };
+        let ns = Netns::new(&format!("fv-cut-{t}{sfx}"))?;
+        let (host_if, ns_if) = (format!("fvch{t}{sfx}"), format!("fvcn{t}{sfx}"));
         let octet = std::process::id() % 200 + 20;
-        let (host_ip, ns_ip) = (format!("10.253.{octet}.1"), format!("10.253.{octet}.2"));
+        let (host_ip, ns_ip) = (
+            format!("10.253.{octet}.{}", 4 * i + 1),
+            format!("10.253.{octet}.{}", 4 * i + 2),
+        );
         let _ = Command::new("ip").args(["link", "del", &host_if]).status();
         sh(&[
             "ip",
@@ -141,6 +155,7 @@ impl CutOffNode {
             .context("the namespace's relay did not start")?;
         Ok(CutOffNode {
             relay,
+            host_ip,
             host_if,
             ns_if,
             ns,
@@ -155,6 +170,21 @@ impl CutOffNode {
             "exec".into(),
             self.ns.name().to_string(),
         ]
+    }
+
+    /// The node's namespace.
+    pub fn netns(&self) -> &Netns {
+        &self.ns
+    }
+
+    /// The host end's address: where the node's API traffic goes.
+    pub fn host_ip(&self) -> &str {
+        &self.host_ip
+    }
+
+    /// The node's end of the veth that carries its API traffic (its "uplink").
+    pub fn uplink(&self) -> &str {
+        &self.ns_if
     }
 
     /// Cuts the node off: its end of the veth goes down, nothing passes any more.
