@@ -358,6 +358,10 @@ kstruct! {
         pub name: String,
         /// A new name here (its claims are renamed `<newName>-<claim>`).
         pub new_name: Option<String>,
+        /// Only these of the VM's claims (their names in the backup), each into a DataVolume
+        /// (named as the VM's claims would be); the VM itself, its Secrets and ConfigMaps are
+        /// not restored. Absent: the whole VM with all its claims.
+        pub volumes: Option<Vec<String>>,
     }
 }
 
@@ -867,6 +871,39 @@ fn validate_restore(spec: &Value, own_ns: &str, e: &mut Vec<FieldError>) {
                 format!("{n:?} is not a VirtualMachine name"),
             ));
         }
+        if let Some(vols) = vm.get("volumes").filter(|v| !v.is_null()) {
+            let field = format!("spec.virtualMachines[{i}].volumes");
+            match vols.as_array() {
+                Some(list) if !list.is_empty() => {
+                    for (j, v) in list.iter().enumerate() {
+                        if !v.as_str().is_some_and(is_dns1123_subdomain) {
+                            e.push(FieldError::invalid(
+                                format!("{field}[{j}]"),
+                                format!("{v}: a claim name of the VM in the backup"),
+                            ));
+                        } else if list[..j].contains(v) {
+                            e.push(FieldError::duplicate(
+                                format!("{field}[{j}]"),
+                                v.to_string(),
+                            ));
+                        }
+                    }
+                    if spec["start"] == true {
+                        e.push(FieldError::forbidden(
+                            "spec.start",
+                            format!(
+                                "{field} restores volumes only: there is no VirtualMachine to \
+                                 start"
+                            ),
+                        ));
+                    }
+                }
+                _ => e.push(FieldError::invalid(
+                    field,
+                    "a non-empty list of claim names (absent: the whole VM)",
+                )),
+            }
+        }
     }
 }
 
@@ -1080,6 +1117,38 @@ mod tests {
         assert_eq!(
             Consistency::group_hold(Some(&c("Group", Some("45s")))),
             Some(std::time::Duration::from_secs(45))
+        );
+    }
+
+    #[test]
+    fn restores_of_chosen_volumes() {
+        let r = |vm: Value, start: bool| {
+            json!({"metadata": {"namespace": "dr"}, "spec": {"target": "s3",
+                "encryptionKeySecretRef": "k", "backupName": "prod-b1",
+                "virtualMachines": [vm], "start": start}})
+        };
+        let ok = json!({"name": "prod/a", "volumes": ["a-data"]});
+        assert!(fields("BackupRestore", r(ok.clone(), false)).is_empty());
+        assert_eq!(fields("BackupRestore", r(ok, true)), ["spec.start"]);
+        assert_eq!(
+            fields(
+                "BackupRestore",
+                r(json!({"name": "prod/a", "volumes": []}), false)
+            ),
+            ["spec.virtualMachines[0].volumes"]
+        );
+        assert_eq!(
+            fields(
+                "BackupRestore",
+                r(
+                    json!({"name": "prod/a", "volumes": ["x", "x", "Bad_Name"]}),
+                    false
+                )
+            ),
+            [
+                "spec.virtualMachines[0].volumes[1]",
+                "spec.virtualMachines[0].volumes[2]"
+            ]
         );
     }
 }

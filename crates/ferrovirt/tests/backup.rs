@@ -678,7 +678,8 @@ async fn alter_one_chunk(port: u16) -> anyhow::Result<String> {
 /// object), restores it with `kubectl apply` of a BackupRestore → Succeeded, progress 100%,
 /// the VM boots with the marker on its (shared-class) data disk, its cloud-init Secret, its
 /// (node-local) root disk and its MAC. A second BackupRestore beside it under a new name with
-/// `newMacAddresses` and `newFirmwareUUID` gets another MAC and UUID; one naming a missing
+/// `newMacAddresses` and `newFirmwareUUID` gets another MAC and UUID; one of the data volume
+/// only (`volumes`) gives a DataVolume with the marker and no VM; one naming a missing
 /// backup, one with a wrong key and one whose VM name is taken fail naming the cause; a
 /// namespace mapping into another namespace is refused at admission. Last, server B is killed
 /// while it restores a 384 MiB random volume: restarted, it runs the restore again to a
@@ -841,6 +842,48 @@ spec: {{filesystem: {{path: "{}", prefix: e2e}}}}
     );
     let dv = b.get_json(&["dv", "bkvm2-bk-data", "-n", "default"])?;
     assert_eq!(dv["status"]["phase"], "Succeeded", "{dv}");
+
+    // Only the data disk, under a new name: one DataVolume holding the marker, no VM.
+    restore(
+        "r7",
+        "backupName: default-b1, \
+         virtualMachines: [{name: default/bkvm, newName: only, volumes: [bk-data]}]",
+    )?;
+    let r7 = wait("r7")?;
+    assert_eq!(r7["status"]["phase"], "Succeeded", "{r7}");
+    let vols = r7["status"]["restoredVolumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(vols.len(), 1, "{r7}");
+    assert_eq!(vols[0]["name"], "only-bk-data", "{r7}");
+    assert!(
+        r7["status"]["restoredVirtualMachines"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "{r7}"
+    );
+    assert!(
+        !b.kubectl(&["get", "vm", "only", "-n", "default"])?
+            .status
+            .success()
+    );
+    let img = std::fs::read(volume_image(&b, "only-bk-data")?)?;
+    assert_eq!(
+        String::from_utf8_lossy(&img[..MARKER.len()]),
+        MARKER,
+        "the restored volume holds the marker"
+    );
+    restore(
+        "r8",
+        "backupName: default-b1, virtualMachines: [{name: default/bkvm, volumes: [nope]}]",
+    )?;
+    let r8 = wait("r8")?;
+    assert_eq!(r8["status"]["phase"], "Failed", "{r8}");
+    assert!(
+        ready_message(&r8).contains("spec.virtualMachines[0].volumes[0]"),
+        "{r8}"
+    );
 
     // Failures name their cause.
     restore("r3", "backupName: nope")?;

@@ -46,6 +46,9 @@ pub struct VmPlan {
     pub claims: Vec<(String, String)>,
     /// The source namespace (whose Secrets and ConfigMaps the VM references).
     pub source_namespace: String,
+    /// Only `claims` are restored (`spec.virtualMachines[].volumes`): no VM, no Secrets or
+    /// ConfigMaps.
+    pub volumes_only: bool,
 }
 
 impl VmPlan {
@@ -68,9 +71,10 @@ pub fn plan_vms(
     macs: &mut dyn FnMut() -> String,
     uuids: &mut dyn FnMut() -> String,
 ) -> Result<Vec<VmPlan>, String> {
-    let chosen: Vec<(&Value, Option<String>)> = match &spec.virtual_machines {
-        None => manifest_vms.iter().map(|v| (v, None)).collect(),
-        Some(list) if list.is_empty() => manifest_vms.iter().map(|v| (v, None)).collect(),
+    type Chosen<'a> = (&'a Value, Option<String>, Option<(usize, Vec<String>)>);
+    let chosen: Vec<Chosen> = match &spec.virtual_machines {
+        None => manifest_vms.iter().map(|v| (v, None, None)).collect(),
+        Some(list) if list.is_empty() => manifest_vms.iter().map(|v| (v, None, None)).collect(),
         Some(list) => {
             let mut out = Vec::new();
             for (i, want) in list.iter().enumerate() {
@@ -89,7 +93,8 @@ pub fn plan_vms(
                                 .join(", ")
                         )
                     })?;
-                out.push((vm, want.new_name.clone()));
+                let vols = want.volumes.clone().map(|v| (i, v));
+                out.push((vm, want.new_name.clone(), vols));
             }
             out
         }
@@ -98,13 +103,16 @@ pub fn plan_vms(
         return Err(format!("backup {backup} holds no VM"));
     }
     let mut plans: Vec<VmPlan> = Vec::new();
-    for (vm, new_name) in chosen {
+    for (vm, new_name, volumes) in chosen {
         let src_ns = vm["metadata"]["namespace"]
             .as_str()
             .unwrap_or("")
             .to_string();
         let ns = target_namespace(&src_ns, spec.namespace_mapping.as_ref(), own)?;
-        let (mut doc, claims) = restored_vm(vm, &ns, new_name.as_deref(), spec.start);
+        let (mut doc, mut claims) = restored_vm(vm, &ns, new_name.as_deref(), spec.start);
+        if let Some((i, wanted)) = &volumes {
+            claims = chosen_claims(vm, &claims, *i, wanted)?;
+        }
         let uuid = spec.new_firmware_uuid.then(&mut *uuids);
         let macs: Option<&mut dyn FnMut() -> String> = if spec.new_mac_addresses {
             Some(&mut *macs)
@@ -127,6 +135,7 @@ pub fn plan_vms(
             vm: doc,
             claims,
             source_namespace: src_ns,
+            volumes_only: volumes.is_some(),
         };
         if let Some(other) = plans.iter().find(|p| p.name() == plan.name()) {
             return Err(format!(
@@ -148,6 +157,41 @@ pub fn plan_vms(
         plans.push(plan);
     }
     Ok(plans)
+}
+
+/// The claims named by `spec.virtualMachines[i].volumes` among a VM's `claims` (disk in the
+/// backup `<vm>.<claim>`, DataVolume here), in the order asked; an unknown name is refused
+/// naming the field and the claims the VM has (pure).
+pub fn chosen_claims(
+    vm: &Value,
+    claims: &[(String, String)],
+    i: usize,
+    wanted: &[String],
+) -> Result<Vec<(String, String)>, String> {
+    let src = vm["metadata"]["name"].as_str().unwrap_or("");
+    wanted
+        .iter()
+        .enumerate()
+        .map(|(j, w)| {
+            let disk = format!("{src}.{w}");
+            claims
+                .iter()
+                .find(|(d, _)| *d == disk)
+                .cloned()
+                .ok_or_else(|| {
+                    let has: Vec<&str> = claims
+                        .iter()
+                        .filter_map(|(d, _)| d.strip_prefix(&format!("{src}.")))
+                        .collect();
+                    format!(
+                        "spec.virtualMachines[{i}].volumes[{j}]: VM {} has no claim {w} in the \
+                         backup (it has {})",
+                        full_name(vm),
+                        has.join(", ")
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Adds the restore's UID label to a document's metadata.

@@ -363,6 +363,9 @@ impl Io<'_> {
                 volumes.push(json!({"virtualMachine": format!("{ns}/{}", p.name()),
                     "name": dv, "disk": disk, "sizeBytes": i64::try_from(*size).unwrap_or(i64::MAX)}));
             }
+            if p.volumes_only {
+                continue;
+            }
             if restore::found(get(&vms, p.name()).await?.as_ref(), self.uid) == Found::Absent {
                 create(&vms, p.vm.clone()).await?;
             }
@@ -392,7 +395,7 @@ impl Io<'_> {
             "VirtualMachine",
             "virtualmachines",
         ));
-        for p in plans {
+        for p in plans.iter().filter(|p| !p.volumes_only) {
             if restore::found(get(&vms, p.name()).await?.as_ref(), self.uid) == Found::Conflict {
                 return Err(format!(
                     "VirtualMachine {ns}/{} already exists and was not made by this restore: {hint}",
@@ -425,7 +428,7 @@ impl Io<'_> {
         let cms = self.api(&res("", "v1", "ConfigMap", "configmaps"));
         let mut create = Vec::new();
         let mut seen = HashSet::new();
-        for p in plans {
+        for p in plans.iter().filter(|p| !p.volumes_only) {
             let refs = plan::references(&p.vm);
             let wanted = refs
                 .secrets

@@ -94,6 +94,7 @@ fn chosen_vms_new_names_new_macs_and_uuid() {
         virtual_machines: Some(vec![RestoreVirtualMachine {
             name: "prod/b".into(),
             new_name: Some("b2".into()),
+            volumes: None,
         }]),
         new_mac_addresses: true,
         new_firmware_uuid: true,
@@ -116,6 +117,7 @@ fn chosen_vms_new_names_new_macs_and_uuid() {
         virtual_machines: Some(vec![RestoreVirtualMachine {
             name: "prod/zz".into(),
             new_name: None,
+            volumes: None,
         }]),
         ..Default::default()
     };
@@ -136,10 +138,12 @@ fn two_vms_under_one_name_are_refused() {
             RestoreVirtualMachine {
                 name: "prod/a".into(),
                 new_name: None,
+                volumes: None,
             },
             RestoreVirtualMachine {
                 name: "test/a".into(),
                 new_name: Some("a-test".into()),
+                volumes: None,
             },
         ]),
         ..Default::default()
@@ -224,4 +228,43 @@ fn phase_steps() {
     assert_eq!(step(Some("Running")), Step::Run);
     assert_eq!(step(Some("Succeeded")), Step::Done);
     assert_eq!(step(Some("Failed")), Step::Done);
+}
+
+#[test]
+fn chosen_volumes_restore_only_those_claims_and_no_vm() {
+    let mut two = vm("prod", "a", None);
+    two["spec"]["template"]["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "data", "persistentVolumeClaim": {"claimName": "a-data"}}));
+    let spec = BackupRestoreSpec {
+        virtual_machines: Some(vec![RestoreVirtualMachine {
+            name: "prod/a".into(),
+            new_name: Some("copy".into()),
+            volumes: Some(vec!["a-data".into()]),
+        }]),
+        ..Default::default()
+    };
+    let p = plan(std::slice::from_ref(&two), &spec).unwrap();
+    assert!(p[0].volumes_only);
+    assert_eq!(
+        p[0].claims,
+        [("a.a-data".to_string(), "copy-a-data".to_string())]
+    );
+    let spec = BackupRestoreSpec {
+        virtual_machines: Some(vec![RestoreVirtualMachine {
+            name: "prod/a".into(),
+            new_name: None,
+            volumes: Some(vec!["a-data".into(), "nope".into()]),
+        }]),
+        ..Default::default()
+    };
+    let e = plan(std::slice::from_ref(&two), &spec).unwrap_err();
+    assert!(
+        e.starts_with("spec.virtualMachines[0].volumes[1]") && e.contains("a-root, a-data"),
+        "{e}"
+    );
+    let all = plan(std::slice::from_ref(&two), &BackupRestoreSpec::default()).unwrap();
+    assert!(!all[0].volumes_only);
+    assert_eq!(all[0].claims.len(), 2);
 }
