@@ -47,6 +47,20 @@ impl Drop for Server {
     }
 }
 
+/// The stderr of a qemu-nbd that exits within a second (it failed), else `None` (it is killed
+/// on drop).
+async fn exit_reason(child: &mut Child) -> Option<String> {
+    let status = tokio::time::timeout(Duration::from_secs(1), child.wait())
+        .await
+        .ok()?
+        .ok()?;
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err).await;
+    }
+    Some(format!("exited with {status}: {}", err.trim()))
+}
+
 /// Serves `spec` (a `json:` image description) with qemu-nbd and opens it for reading.
 pub async fn open(spec: &str) -> Result<ExportRead, StorageError> {
     let (read, _) = open_chunks(spec, |_| None).await?;
@@ -96,13 +110,25 @@ pub async fn open_chunks(
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let server = Server { _child: child, dir };
     let Some(mut conn) = conn else {
+        let _ = std::fs::remove_dir_all(&dir);
         return Err(tool("its socket did not appear within 5 s"));
     };
-    let size = handshake(&mut conn)
-        .await
-        .map_err(|e| tool(e.to_string()))?;
+    let size = match handshake(&mut conn).await {
+        Ok(size) => size,
+        Err(e) => {
+            // qemu-nbd may take the connection and then fail to open the image (a lock still
+            // held by a QEMU that is just stopping): its own reason is on its stderr, which
+            // says more than the reset connection (and which callers recognise as busy).
+            let why = exit_reason(&mut child).await;
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(tool(match why {
+                Some(why) => format!("{why} (the handshake failed: {e})"),
+                None => e.to_string(),
+            }));
+        }
+    };
+    let server = Server { _child: child, dir };
     let count = size.div_ceil(CHUNK as u64);
     let chosen: Vec<u64> = select(size).unwrap_or_else(|| (0..count).collect());
     if let Some(bad) = chosen.iter().find(|&&i| i >= count) {
