@@ -3,7 +3,8 @@
 //! pusher): a DataVolume with a `registry` source imports the test guest's qcow2 from a
 //! containerDisk image and a VM boots from it; a VMI with a `containerDisk` volume boots from
 //! the node's image cache through an ephemeral overlay that goes with the VMI while the cache
-//! stays; wrong registry credentials and a disk with a backing file fail with clear messages.
+//! stays; wrong registry credentials and a disk with a backing file fail with clear messages; a
+//! private containerDisk cached for one namespace is not served to another without credentials.
 //! The registries are plain HTTP, listed as insecure in the HyperConverged object.
 
 use std::path::{Path, PathBuf};
@@ -289,6 +290,69 @@ stringData: {accessKeyId: fv, secretKey: right-password}
     assert_eq!(v["status"]["restartCount"], 1, "not retried: {v}");
     wait_dv_phase(&c, "right-creds", "Succeeded")?;
 
+    // (3b) A private containerDisk pulled with one namespace's pull secret is not served from
+    // the node's cache to another namespace without credentials (nor under Never); with
+    // credentials of its own the registry is asked and the cached copy used.
+    c.kubectl_ok(&["create", "namespace", "other"])?;
+    for ns in ["default", "other"] {
+        c.kubectl_ok(&[
+            "-n",
+            ns,
+            "create",
+            "secret",
+            "docker-registry",
+            "pull",
+            &format!("--docker-server={}", private.addr),
+            "--docker-username=fv",
+            "--docker-password=right-password",
+        ])?;
+    }
+    let image = format!("{}/fv/small:v1", private.addr);
+    let private_vmi = |name: &str, ns: &str, extra: &str| {
+        vmi_manifest(
+            name,
+            &format!("    containerDisk: {{image: \"{image}\", imagePullPolicy: {extra}}}"),
+        )
+        .replace("namespace: default", &format!("namespace: {ns}"))
+    };
+    let phase_of = |name: &str, ns: &str| {
+        c.wait_until(&format!("VMI {ns}/{name} Running or Failed"), BOOT, || {
+            let v = c.get_json(&["vmi", name, "-n", ns])?;
+            let p = v["status"]["phase"].as_str().unwrap_or("").to_string();
+            Ok(matches!(p.as_str(), "Running" | "Failed").then_some(v))
+        })
+    };
+    c.apply(&private_vmi(
+        "priv-a",
+        "default",
+        "IfNotPresent, imagePullSecret: pull",
+    ))?;
+    let v = phase_of("priv-a", "default")?;
+    assert_eq!(v["status"]["phase"], "Running", "{v}");
+    let cached = cached_disks(&c);
+    c.apply(&private_vmi("priv-b", "other", "IfNotPresent"))?;
+    let v = phase_of("priv-b", "other")?;
+    assert_eq!(
+        v["status"]["phase"], "Failed",
+        "served from the cache without credentials: {v}"
+    );
+    assert_eq!(v["status"]["reason"], "ErrImagePull", "{v}");
+    c.apply(&private_vmi("priv-c", "other", "Never"))?;
+    let v = phase_of("priv-c", "other")?;
+    assert_eq!(v["status"]["phase"], "Failed", "{v}");
+    assert!(
+        condition_message(&v, "Ready").contains("pulled with other credentials"),
+        "{v}"
+    );
+    c.apply(&private_vmi(
+        "priv-d",
+        "other",
+        "IfNotPresent, imagePullSecret: pull",
+    ))?;
+    let v = phase_of("priv-d", "other")?;
+    assert_eq!(v["status"]["phase"], "Running", "{v}");
+    assert_eq!(cached_disks(&c), cached, "verified, not pulled again");
+
     // (4) A disk with a backing file is refused, as a DataVolume and as a containerDisk.
     let evil = format!("{}/fv/evil:v1", public.addr);
     c.apply(&registry_dv(
@@ -341,6 +405,7 @@ stringData: {accessKeyId: fv, secretKey: right-password}
             "no ErrImagePull event for {name}: {events}"
         );
     }
-    assert!(cached_disks(&c).is_empty(), "refused images are not cached");
+    // Only the private image of (3b) is cached: the refused ones are not.
+    assert_eq!(cached_disks(&c), cached, "refused images are not cached");
     Ok(())
 }

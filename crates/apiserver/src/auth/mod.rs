@@ -9,6 +9,7 @@
 pub mod attrs;
 pub mod cache;
 pub mod certs;
+pub mod clone;
 pub mod defaults;
 pub mod escalation;
 pub mod join;
@@ -146,6 +147,15 @@ pub(crate) fn check_rbac_write(
     obj: &Value,
     old: Option<&Value>,
 ) -> Result<(), ApiError> {
+    clone::check(
+        sh,
+        user,
+        def.kind,
+        def.group,
+        ns.unwrap_or_default(),
+        obj,
+        old,
+    )?;
     if def.group != escalation::RBAC_GROUP {
         return Ok(());
     }

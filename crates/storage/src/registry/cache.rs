@@ -6,8 +6,17 @@
 //! ([`crate::importer::inspect`]: known format, no backing file, not corrupt) before it is
 //! cached.
 //! [`pull_policy`] is Kubernetes' `imagePullPolicy` (pure).
+//!
+//! **Who may use a cached image.** Each cached disk records who was seen to have access to it
+//! (`pulledBy`: [`access_fingerprint`]s — `anonymous`, or a SHA-256 of the registry and the
+//! credentials that resolved it). A use with credentials not recorded (another namespace's
+//! VMI without the pull secret, or with other credentials) never takes the cached copy on
+//! trust: under `IfNotPresent` the registry is asked with the VMI's own credentials first (a
+//! refusal fails the pull; the same digest adds the fingerprint and downloads nothing), and
+//! under `Never` it is refused — what Kubernetes' "ensure secret pulled images" does for
+//! private images on a shared node. An image pulled anonymously is public to every use.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -57,6 +66,34 @@ pub struct CachedInfo {
     /// `qcow2` or `raw` (as `qemu-img info` detected it).
     pub format: String,
     pub virtual_size: u64,
+    /// The [`access_fingerprint`]s seen to have access (a record from before this field:
+    /// empty, so the first use verifies).
+    #[serde(default)]
+    pub pulled_by: BTreeSet<String>,
+}
+
+/// The fingerprint of anonymous access.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// Who asks for an image (pure): [`ANONYMOUS`] without credentials, else the SHA-256 of the
+/// registry, user and password (never the secret itself).
+pub fn access_fingerprint(registry: &str, auth: Option<&crate::http::BasicAuth>) -> String {
+    let Some(a) = auth else {
+        return ANONYMOUS.to_string();
+    };
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in [registry, &a.user, &a.password] {
+        ctx.update(part.as_bytes());
+        ctx.update(&[0]);
+    }
+    let d = ctx.finish();
+    let hex: String = d.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Whether a cached disk may be used by `who` without asking the registry (pure).
+pub fn may_use(info: &CachedInfo, who: &str) -> bool {
+    info.pulled_by.contains(ANONYMOUS) || info.pulled_by.contains(who)
 }
 
 /// A disk in the cache.
@@ -171,10 +208,21 @@ impl ImageCache {
     ) -> Result<CachedDisk, StorageError> {
         let lock = self.lock_for(image);
         let _guard = lock.lock().await;
+        let who = access_fingerprint(&image.registry, opts.auth.as_ref());
         if policy != PullPolicy::Always
             && let Some(c) = self.lookup(image)
         {
-            return Ok(c);
+            if may_use(&c.info, &who) {
+                return Ok(c);
+            }
+            if policy == PullPolicy::Never {
+                return Err(StorageError::Refused(format!(
+                    "image {image} is on this node, but was pulled with other credentials than \
+                     this VMI's: imagePullPolicy Never cannot check its access to it (use \
+                     IfNotPresent or Always)"
+                )));
+            }
+            // Not taken on trust: the registry decides below, with this VMI's credentials.
         }
         if policy == PullPolicy::Never {
             return Err(StorageError::Refused(format!(
@@ -183,8 +231,11 @@ impl ImageCache {
         }
         let client = RegistryClient::new(image, opts)?;
         let resolved = client.resolve().await?;
-        if let Some(c) = self.by_digest(&resolved.digest) {
+        if let Some(mut c) = self.by_digest(&resolved.digest) {
             self.remember(image, &resolved.digest)?;
+            if c.info.pulled_by.insert(who) {
+                self.record_info(&resolved.digest, &c.info)?;
+            }
             return Ok(c);
         }
         let final_dir = self
@@ -203,7 +254,7 @@ impl ImageCache {
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging).map_err(|e| StorageError::io(&staging, e))?;
         let result = self
-            .pull_into(&client, image, &resolved, &staging, &final_dir)
+            .pull_into(&client, image, &resolved, &staging, &final_dir, &who)
             .await;
         let _ = std::fs::remove_dir_all(&staging);
         result?;
@@ -222,6 +273,7 @@ impl ImageCache {
         resolved: &super::ResolvedImage,
         staging: &Path,
         final_dir: &Path,
+        who: &str,
     ) -> Result<(), StorageError> {
         let (file_name, disk) =
             super::pull_disk(client, resolved, staging, self.max_bytes, |_| {}).await?;
@@ -241,6 +293,7 @@ impl ImageCache {
             file_name,
             format: info.format.clone(),
             virtual_size: info.virtual_size,
+            pulled_by: [who.to_string()].into(),
         };
         let json = serde_json::to_vec_pretty(&record).expect("serialisable");
         std::fs::write(out.join("info.json"), json)
@@ -250,10 +303,30 @@ impl ImageCache {
         }
         match std::fs::rename(&out, final_dir) {
             Ok(()) => Ok(()),
-            // Another pull of the same digest (under another reference) won the race.
-            Err(_) if final_dir.join("info.json").is_file() => Ok(()),
+            // Another pull of the same digest (under another reference) won the race: this
+            // pull's access is recorded beside it.
+            Err(_) if final_dir.join("info.json").is_file() => {
+                match self.by_digest(&resolved.digest) {
+                    Some(mut c) => {
+                        if c.info.pulled_by.insert(who.to_string()) {
+                            self.record_info(&resolved.digest, &c.info)?;
+                        }
+                        Ok(())
+                    }
+                    None => Ok(()),
+                }
+            }
             Err(e) => Err(StorageError::io(final_dir, e)),
         }
+    }
+
+    /// Rewrites the `info.json` of a cached digest (its access record grew).
+    fn record_info(&self, digest: &str, info: &CachedInfo) -> Result<(), StorageError> {
+        let dir = self
+            .digest_dir(digest)
+            .ok_or_else(|| StorageError::invalid("manifest digest", digest.to_string()))?;
+        let json = serde_json::to_vec_pretty(info).expect("serialisable");
+        write_atomic(&dir.join("info.json"), &json)
     }
 }
 
@@ -311,6 +384,7 @@ mod tests {
             file_name: "d.qcow2".into(),
             format: "qcow2".into(),
             virtual_size: 1,
+            pulled_by: [ANONYMOUS.to_string()].into(),
         };
         std::fs::write(dir.join("info.json"), serde_json::to_vec(&info).unwrap()).unwrap();
         let c = cache.lookup(&image).unwrap();
@@ -332,5 +406,44 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("imagePullPolicy is Never"), "{e}");
+    }
+
+    #[test]
+    fn access_fingerprints_and_who_may_use_a_cached_disk() {
+        use crate::http::BasicAuth;
+        let a = |u: &str, p: &str| BasicAuth {
+            user: u.into(),
+            password: p.into(),
+        };
+        let fv = access_fingerprint("r:5000", Some(&a("fv", "pw")));
+        assert!(fv.starts_with("sha256:") && !fv.contains("pw"), "{fv}");
+        assert_eq!(fv, access_fingerprint("r:5000", Some(&a("fv", "pw"))));
+        assert_ne!(fv, access_fingerprint("r:5000", Some(&a("fv", "other"))));
+        assert_ne!(fv, access_fingerprint("r:5001", Some(&a("fv", "pw"))));
+        assert_eq!(access_fingerprint("r:5000", None), ANONYMOUS);
+        let mut info = CachedInfo {
+            image: "r:5000/a:v1".into(),
+            digest: format!("sha256:{}", "ab".repeat(32)),
+            file_name: "d".into(),
+            format: "raw".into(),
+            virtual_size: 1,
+            pulled_by: [fv.clone()].into(),
+        };
+        assert!(may_use(&info, &fv));
+        assert!(!may_use(&info, ANONYMOUS));
+        assert!(!may_use(
+            &info,
+            &access_fingerprint("r:5000", Some(&a("x", "y")))
+        ));
+        info.pulled_by.insert(ANONYMOUS.into());
+        assert!(may_use(
+            &info,
+            &access_fingerprint("r:5000", Some(&a("x", "y")))
+        ));
+        // A record from before the field: nobody is trusted until verified.
+        let old: CachedInfo = serde_json::from_value(serde_json::json!({"image": "i",
+            "digest": "d", "fileName": "f", "format": "raw", "virtualSize": 1}))
+        .unwrap();
+        assert!(!may_use(&old, ANONYMOUS));
     }
 }
