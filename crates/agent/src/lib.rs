@@ -64,6 +64,7 @@ pub mod serverlb;
 pub mod services;
 pub mod tls;
 pub mod udn;
+pub mod udn_net;
 pub mod volumes;
 
 pub use error::AgentError;

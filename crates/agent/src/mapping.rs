@@ -374,7 +374,7 @@ pub fn pod_interface(vmi: &VirtualMachineInstance) -> Result<Option<PodInterface
                 ports.push(Port { protocol, port });
             }
             Binding::Masquerade { ports }
-        } else if iface.bridge.is_some() {
+        } else if iface.bridge.is_some() || is_l2bridge(iface) {
             Binding::Bridge
         } else {
             continue;
@@ -393,6 +393,15 @@ pub fn pod_interface(vmi: &VirtualMachineInstance) -> Result<Option<PodInterface
         }));
     }
     Ok(None)
+}
+
+/// KubeVirt's `l2bridge` network binding plugin (a Primary user-defined network's interface,
+/// carried out as the bridge binding: `crate::udn`).
+fn is_l2bridge(iface: &Interface) -> bool {
+    iface
+        .binding
+        .as_ref()
+        .is_some_and(|b| b.name == crate::udn::L2BRIDGE_BINDING)
 }
 
 /// Queue pairs of a VMI interface, as KubeVirt gives them: with
@@ -449,7 +458,8 @@ fn map_nic(
     };
     // Taps the node prepared: the pod network (masquerade, bridge) or a Multus bridge network.
     let pod_tap = ctx.pod_taps.get(&iface.name).filter(|_| {
-        (net.pod.is_some() && (iface.masquerade.is_some() || iface.bridge.is_some()))
+        (net.pod.is_some()
+            && (iface.masquerade.is_some() || iface.bridge.is_some() || is_l2bridge(iface)))
             || (net.multus.is_some() && iface.bridge.is_some())
     });
     let backend = if let Some(t) = pod_tap {

@@ -76,6 +76,8 @@ pub struct Attachment {
     pub taps: BTreeMap<String, PodTap>,
     /// Command prefix entering the VMI's network namespace; empty without one.
     pub exec_prefix: Vec<String>,
+    /// The Primary user-defined network the pod interface is on, if any.
+    pub primary_udn: Option<String>,
 }
 
 /// A VMI interface on a Multus network.
@@ -239,16 +241,18 @@ fn write_secondary_plans(dir: &Path, plans: &[SecondaryPlan]) -> Result<(), Agen
 /// The agent's networking state.
 pub struct AgentNet {
     /// `None`: user networking (asked for, or the fallback of `auto`).
-    opts: Option<PodNetworkOptions>,
+    pub(crate) opts: Option<PodNetworkOptions>,
     /// The mode in force (after [`AgentNet::resolve`]).
     mode: NetworkMode,
-    cfg: LauncherConfig,
+    pub(crate) cfg: LauncherConfig,
     /// The node network once its subnet is known ([`AgentNet::init`]).
     node: OnceLock<NodeNetwork>,
     /// Pod-network attachments (their DHCP servers) per VMI uid.
     attachments: Mutex<HashMap<String, ferrovirt_network::Attached>>,
     /// The addresses of the VMIs this node runs (for the routes of moved addresses).
     hosted: crate::pod_routes::Hosted,
+    /// Primary user-defined networks: held while one is made, synced or removed.
+    pub(crate) udns: crate::udn_net::UdnState,
 }
 
 impl AgentNet {
@@ -265,6 +269,7 @@ impl AgentNet {
             node: OnceLock::new(),
             attachments: Mutex::new(HashMap::new()),
             hosted: Default::default(),
+            udns: Default::default(),
         }
     }
 
@@ -285,7 +290,9 @@ impl AgentNet {
         if self.opts.is_none() {
             return;
         }
-        if let Some(p) = launchers::read_network_plan(&self.cfg.vmi_dir(uid)) {
+        if let Some(p) = launchers::read_network_plan(&self.cfg.vmi_dir(uid))
+            && p.udn.is_none()
+        {
             self.hosted.insert(uid, p.address);
         }
     }
@@ -376,6 +383,9 @@ impl AgentNet {
         }
         tracing::info!(subnet = %node.node_subnet, overlay = ?opts.node_ip, "pod network ready");
         let _ = self.node.set(node);
+        // User-defined networks no VMI of this node uses any more (deleted while the agent
+        // was down).
+        self.gc_udns(None).await;
         Ok(())
     }
 
@@ -447,6 +457,8 @@ impl AgentNet {
             }
             self.sync_moved_routes(node, &ov, &peers, &list, &mut routes)
                 .await;
+            let underlays = peers.iter().map(|p| p.underlay).collect();
+            self.sync_udns(Some(underlays)).await;
             // Wait for a Node change, a change of the VMIs run here, or the resync interval.
             let _ = tokio::time::timeout(OVERLAY_RESYNC, async {
                 let hosted = self.hosted.changed();
@@ -548,8 +560,11 @@ impl AgentNet {
         opts: &AttachOptions,
     ) -> Result<Attachment, AgentError> {
         let secondaries = secondary_interfaces(vmi)?;
-        if !opts.incoming {
-            crate::udn::check(client, vmi).await?;
+        if !opts.incoming
+            && self.node.get().is_none()
+            && crate::udn::wants_primary(client, vmi).await?
+        {
+            return Err(crate::udn::needs_pod_network(vmi));
         }
         let Some(node) = self.node.get() else {
             if let Some(s) = secondaries.first() {
@@ -582,6 +597,17 @@ impl AgentNet {
         let mut out = Attachment::default();
         // The namespace of the pod interface, which the secondary interfaces share.
         let mut pod_netns = None;
+        let udn = if opts.incoming {
+            None
+        } else {
+            let local = self.opts.as_ref().and_then(|o| o.node_ip);
+            crate::udn::resolve(client, vmi, node.netns.as_deref(), local).await?
+        };
+        if udn.is_none()
+            && let Some(e) = crate::udn::l2bridge_outside_udn(vmi)
+        {
+            return Err(e);
+        }
         if let Some(pi) = mapping::pod_interface(vmi)? {
             let plan = {
                 // Held while allocating, so two VMIs starting together never pick one address.
@@ -589,6 +615,23 @@ impl AgentNet {
                 attachments.remove(uid); // one DHCP server per VMI
                 match launchers::read_network_plan(dir) {
                     Some(p) => p,
+                    None if udn.is_some() => {
+                        let u = udn.as_ref().expect("checked");
+                        let (ns, name) = ns_name(vmi);
+                        let v = ferrovirt_network::udn::UdnVmi {
+                            uid,
+                            namespace: &ns,
+                            name: &name,
+                            interface: &pi.name,
+                            mac: Some(pi.mac),
+                            queues: mapping::nic_queues(vmi, &pi.name),
+                            node,
+                        };
+                        let plan = ferrovirt_network::udn::vmi_plan(&u.network, &v, u.address)
+                            .map_err(|e| AgentError::Reference(format!("{}: {e}", u.nad)))?;
+                        launchers::write_network_plan(dir, &plan)?;
+                        plan
+                    }
                     None => {
                         let (ns, name) = ns_name(vmi);
                         let mut req =
@@ -624,6 +667,10 @@ impl AgentNet {
                 }
             };
             pod_netns = Some(plan.netns.clone());
+            if let Some(net) = &plan.udn {
+                self.ensure_udn(net).await?;
+                out.primary_udn = Some(net.name.clone());
+            }
             let attached = ferrovirt_network::setup(&plan).await.map_err(net_err)?;
             out.taps.insert(
                 pi.name.clone(),
@@ -716,6 +763,11 @@ impl AgentNet {
         }
         let dir = self.cfg.vmi_dir(uid);
         if let Some(plan) = launchers::read_network_plan(&dir) {
+            if let Some(net) = &plan.udn
+                && let Err(e) = self.ensure_udn(net).await
+            {
+                tracing::warn!(%uid, "re-attaching user-defined network {}: {e}", net.name);
+            }
             match ferrovirt_network::setup(&plan).await {
                 Ok(a) => {
                     self.attachments.lock().await.insert(uid.to_string(), a);
@@ -754,6 +806,7 @@ impl AgentNet {
         {
             tracing::warn!(%uid, "removing namespace {n}: {e}");
         }
+        self.gc_udns(Some(uid)).await;
     }
 
     /// The pod-network interface name and address of a VMI, for its status.

@@ -67,6 +67,12 @@ pub fn parse_port(port: &str, protocol: Option<&str>) -> Result<u16, String> {
 /// Connects to TCP `port` of the guest of VMI `uid`.
 pub async fn dial(cfg: &LauncherConfig, uid: &str, port: u16) -> Result<TcpStream, DialError> {
     match crate::launchers::read_network_plan(&cfg.vmi_dir(uid)) {
+        Some(plan) if plan.udn.is_some() => Err((
+            StatusCode::BAD_REQUEST,
+            "port-forward to a VMI on a Primary UserDefinedNetwork is not carried out yet (the \
+             network has no address on the node to connect from)"
+                .into(),
+        )),
         Some(plan) => dial_in_netns(pod_target(&plan), port).await,
         None => dial_user_net(cfg, uid, port).await,
     }

@@ -8,6 +8,8 @@
 //! - [`overlay`]: the VXLAN overlay between nodes: peers from Node objects, sync steps (pure).
 //! - [`routes`]: `/32` routes that follow a live-migrated VMI to its node (pure).
 //! - [`services`]: the Service data plane's nft table (ClusterIP/NodePort DNAT) (pure).
+//! - [`udn`]: Primary Layer2 user-defined networks: per-network namespace, bridge and VXLAN,
+//!   head-end replication, a VMI's plan on the network (pure).
 //! - [`secondary`]: Multus bridge networks: CNI config parsing, per-interface plans (pure).
 //! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.
 //! - [`apply`], [`netns`]: running the actions as root; entering namespaces.
@@ -28,6 +30,7 @@ pub mod render;
 pub mod routes;
 pub mod secondary;
 pub mod services;
+pub mod udn;
 
 pub use error::{Error, Result};
 pub use ipam::{Ipam, Ipv4Cidr, MacAddr};

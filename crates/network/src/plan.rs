@@ -251,6 +251,10 @@ pub struct PodPlan {
     pub guest_mac: MacAddr,
     /// What the DHCP server on `pod_bridge` offers.
     pub lease: LeaseConfig,
+    /// The interface is on a Primary user-defined network ([`crate::udn`]), not the pod
+    /// network: `node` then describes that network's namespace and bridge on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udn: Option<crate::udn::UdnNetwork>,
 }
 
 pub(crate) fn one_queue() -> u32 {
@@ -353,6 +357,7 @@ impl PodPlan {
             queues: req.queues.max(1),
             guest_mac,
             lease,
+            udn: None,
         })
     }
 

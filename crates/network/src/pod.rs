@@ -194,3 +194,57 @@ pub async fn sync_routes(
     apply_all(&actions).await?;
     Ok(actions.len())
 }
+
+/// Creates (or repairs) a Primary user-defined network's namespace, bridge and VXLAN device
+/// on this node ([`crate::udn::network_steps`]). Idempotent: the VXLAN device is made (from
+/// the node's namespace, so its UDP socket lives there) only when the network's namespace
+/// does not hold it yet.
+pub async fn setup_udn_network(net: &crate::udn::UdnNetwork) -> Result<()> {
+    let steps = crate::udn::network_steps(net);
+    apply_all(&steps.before).await?;
+    if let Some(vx) = &steps.vxlan
+        && !crate::apply::link_exists(&Some(net.netns.clone()), crate::udn::VXLAN).await?
+    {
+        crate::apply::apply_one(vx).await?;
+    }
+    apply_all(&steps.after).await
+}
+
+/// Makes the network's head-end replication list equal to `peers` (the overlay peers'
+/// underlay addresses). Returns how many steps it ran.
+pub async fn sync_udn_fdb(
+    net: &crate::udn::UdnNetwork,
+    peers: &std::collections::BTreeSet<Ipv4Addr>,
+) -> Result<usize> {
+    if net.local.is_none() {
+        return Ok(0);
+    }
+    let text = crate::apply::query(
+        "bridge",
+        &Some(net.netns.clone()),
+        &["-j", "fdb", "show", "dev", crate::udn::VXLAN],
+    )
+    .await?;
+    let observed = crate::udn::parse_flood_entries(&text)?;
+    let actions = crate::udn::fdb_sync_actions(net, &observed, peers);
+    apply_all(&actions).await?;
+    Ok(actions.len())
+}
+
+/// Removes a user-defined network's namespace from this node (its VXLAN device first).
+pub async fn teardown_udn_network(netns: &str) -> Result<()> {
+    apply_all_best_effort(&crate::udn::network_teardown(netns)).await
+}
+
+/// The user-defined network namespaces this node made ([`crate::udn::is_own_netns`]).
+pub fn udn_namespaces(node_netns: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(crate::netns::NETNS_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| crate::udn::is_own_netns(n, node_netns))
+        .collect();
+    out.sort();
+    out
+}

@@ -1,0 +1,110 @@
+//! The node side of Primary user-defined networks (docs/networking.md "User-defined
+//! networks"): [`AgentNet`]'s per-network namespaces (made when the first VMI of a network
+//! starts on the node, their head-end replication kept equal to the overlay peers, removed
+//! when no VMI of the node uses the network any more and, at agent start, when left over).
+//! The decisions are `ferrovirt_network::udn`'s; this module runs them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use ferrovirt_network::udn::UdnNetwork;
+
+use crate::error::AgentError;
+use crate::launchers;
+use crate::network::AgentNet;
+
+/// What the agent keeps about user-defined networks; its lock is held while a network is
+/// made, synced or removed, so a network is never removed under a VMI that is joining it.
+#[derive(Default)]
+pub struct UdnState(tokio::sync::Mutex<Inner>);
+
+#[derive(Default)]
+struct Inner {
+    /// The overlay peers' underlay addresses, once the overlay loop has seen the Nodes.
+    peers: Option<BTreeSet<Ipv4Addr>>,
+}
+
+impl AgentNet {
+    /// The networks the node's VMIs use (from their plans), by namespace; `except` is left
+    /// out (a VMI being detached).
+    fn udns_in_use(&self, except: Option<&str>) -> BTreeMap<String, UdnNetwork> {
+        self.cfg
+            .local_uids()
+            .iter()
+            .filter(|u| Some(u.as_str()) != except)
+            .filter_map(|u| launchers::read_network_plan(&self.cfg.vmi_dir(u)))
+            .filter_map(|p| p.udn)
+            .map(|n| (n.netns.clone(), n))
+            .collect()
+    }
+
+    /// Makes (or repairs) the network's namespace, bridge and VXLAN device and its flood
+    /// list (when the peers are known). Call after the VMI's plan is written.
+    pub(crate) async fn ensure_udn(&self, net: &UdnNetwork) -> Result<(), AgentError> {
+        let st = self.udns.0.lock().await;
+        ferrovirt_network::pod::setup_udn_network(net)
+            .await
+            .map_err(|e| {
+                AgentError::Reference(format!("user-defined network {}: {e}", net.name))
+            })?;
+        if let Some(peers) = &st.peers {
+            ferrovirt_network::pod::sync_udn_fdb(net, peers)
+                .await
+                .map_err(|e| {
+                    AgentError::Reference(format!("user-defined network {}: {e}", net.name))
+                })?;
+        }
+        Ok(())
+    }
+
+    /// One pass of the overlay loop: remembers the peers, removes unused networks and syncs
+    /// the flood list of every network in use.
+    pub(crate) async fn sync_udns(&self, peers: Option<BTreeSet<Ipv4Addr>>) {
+        let node_netns = self.node_netns();
+        let mut st = self.udns.0.lock().await;
+        if peers.is_some() {
+            st.peers = peers;
+        }
+        let in_use = self.udns_in_use(None);
+        remove_unused(node_netns.as_deref(), &in_use).await;
+        let Some(peers) = &st.peers else {
+            return;
+        };
+        for net in in_use.values() {
+            match ferrovirt_network::pod::sync_udn_fdb(net, peers).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(network = %net.name, steps = n, "user-defined network flood list synced")
+                }
+                Err(e) => {
+                    tracing::warn!(network = %net.name, "user-defined network flood list: {e}")
+                }
+            }
+        }
+    }
+
+    /// Removes the networks no VMI of this node uses (but `except`, being detached).
+    pub(crate) async fn gc_udns(&self, except: Option<&str>) {
+        if self.node_network().is_none() {
+            return;
+        }
+        let node_netns = self.node_netns();
+        let _st = self.udns.0.lock().await;
+        let in_use = self.udns_in_use(except);
+        remove_unused(node_netns.as_deref(), &in_use).await;
+    }
+}
+
+async fn remove_unused(node_netns: Option<&str>, in_use: &BTreeMap<String, UdnNetwork>) {
+    for ns in ferrovirt_network::pod::udn_namespaces(node_netns) {
+        if in_use.contains_key(&ns) {
+            continue;
+        }
+        match ferrovirt_network::pod::teardown_udn_network(&ns).await {
+            Ok(()) => {
+                tracing::info!(netns = %ns, "user-defined network no longer used here: removed")
+            }
+            Err(e) => tracing::warn!(netns = %ns, "removing user-defined network: {e}"),
+        }
+    }
+}
