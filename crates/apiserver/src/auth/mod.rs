@@ -19,6 +19,7 @@ pub mod rbac;
 mod reviews;
 pub mod sacache;
 pub mod tokens;
+pub mod udnaddr;
 pub mod watchloop;
 pub mod wsproto;
 
@@ -156,6 +157,7 @@ pub(crate) fn check_rbac_write(
         obj,
         old,
     )?;
+    udnaddr::check(user, def.group, def.kind, obj, old)?;
     if def.group != escalation::RBAC_GROUP {
         return Ok(());
     }
