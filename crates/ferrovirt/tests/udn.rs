@@ -6,9 +6,10 @@
 //! namespace selector as labels change; deleting a UDN waits while a VMI in its namespace
 //! uses it, saying so in the condition; `kubectl get udn,cudn` prints the columns; the
 //! network's VNI, the addresses its VMIs get (`k8s.ovn.org/pod-networks`) and a VM's IPAMClaim
-//! that keeps its address across a restart, gone with the VM. The Primary
-//! UDN data plane is not carried out: the node agent refuses a pod-network VMI in a namespace
-//! labelled `k8s.ovn.org/primary-user-defined-network`, naming the field.
+//! that keeps its address across a restart, gone with the VM. This node runs QEMU user
+//! networking, which has no Primary UDN data plane: its agent refuses a pod-network VMI in a
+//! namespace labelled `k8s.ovn.org/primary-user-defined-network`, naming the field (the data
+//! plane itself: `udn_dataplane.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -270,7 +271,7 @@ fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
     c.apply(
         "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: user, namespace: udn-a}\nspec:\n  domain:\n    devices: {}\n    resources: {requests: {memory: 64Mi}}\n",
     )?;
-    // The Primary UDN's data plane is not carried out: the agent refuses the VMI naming it.
+    // A user-networking node has no Primary UDN data plane: the agent refuses the VMI naming it.
     let msg = c.wait_until("the VMI refused", Duration::from_secs(90), || {
         let v = c.get_json(&["vmi", "user", "-n", "udn-a"])?;
         let failed = v["status"]["phase"] == "Failed";

@@ -1,0 +1,461 @@
+//! The Primary Layer2 UserDefinedNetwork data plane across two nodes (issue #22; docs/
+//! networking.md "User-defined networks"): node A is the server's embedded agent in network
+//! namespace A, node B a `ferrovirt agent` in namespace B, joined by an underlay veth.
+//! Namespaces `ua` and `ub` are labelled `k8s.ovn.org/primary-user-defined-network` and each
+//! has a Primary Layer2 UDN `net` on the SAME subnet 10.100.0.0/24 (lifecycle Persistent).
+//! VMs a1 (A) and a2 (B) in ua, b1 (A) and b2 (B) in ub, bridge binding on the pod network:
+//! each guest leases the address the controller annotated; a1 pings a2 and b1 pings b2 across
+//! the nodes; an address that exists only in ub (added by the test in b1's guest, reached by
+//! b2 as the positive control) and every ub address that no ua guest holds are unreachable
+//! from a1 and a2; a1 restarted (stop/start) keeps its address (IPAMClaim); the VMIs say
+//! LiveMigratable=False naming the network; deleting the VMs removes the networks' namespaces
+//! on both nodes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ferrovirt_testkit::netns::{Netns, NodePair, wait_vmi_netns_gone};
+use ferrovirt_testkit::{Cluster, SerialConsole, TestGuest};
+use serde_json::Value;
+
+const BOOT: Duration = Duration::from_secs(240);
+const A_IP: &str = "192.168.249.1";
+const B_IP: &str = "192.168.249.2";
+const B_CIDR: &str = "10.244.210.0/24";
+/// An address the test adds in b1's guest: it exists only in ub's network.
+const ONLY_IN_UB: &str = "10.100.0.250";
+
+fn udn_yaml(ns: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {ns}
+  labels: {{k8s.ovn.org/primary-user-defined-network: ""}}
+---
+apiVersion: k8s.ovn.org/v1
+kind: UserDefinedNetwork
+metadata: {{name: net, namespace: {ns}}}
+spec:
+  topology: Layer2
+  layer2:
+    role: Primary
+    subnets: ["10.100.0.0/24"]
+    ipam: {{lifecycle: Persistent}}
+"#
+    )
+}
+
+/// A PV holding a copy of the test guest's disk and a claim `<vm>-root` in `ns` bound to it.
+fn disk_claim(c: &Cluster, ns: &str, vm: &str) -> anyhow::Result<()> {
+    let g = TestGuest::get()?;
+    let dir = c.dir().join("pvs").join(format!("{ns}-{vm}"));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
+    c.apply(&format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: pv-{ns}-{vm}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  hostPath: {{path: {dir}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {vm}-root, namespace: {ns}}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 1Gi}}}}
+  volumeName: pv-{ns}-{vm}
+"#,
+        dir = dir.display()
+    ))?;
+    Ok(())
+}
+
+fn vm_yaml(ns: &str, name: &str, node: &str) -> String {
+    format!(
+        r##"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+          - {{name: root, disk: {{bus: virtio}}}}
+          - {{name: ci, disk: {{bus: virtio}}}}
+          interfaces:
+          - {{name: default, bridge: {{}}}}
+      networks:
+      - {{name: default, pod: {{}}}}
+      volumes:
+      - {{name: root, persistentVolumeClaim: {{claimName: {name}-root}}}}
+      - {{name: ci, cloudInitNoCloud: {{userData: "#!/bin/sh\ntrue\n"}}}}
+"##
+    )
+}
+
+struct Guest {
+    uid: String,
+    ip: String,
+    console: SerialConsole,
+}
+
+/// The VMI `ns/name` Running with an address in status; returns it.
+fn wait_running(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<Value> {
+    c.wait_until(
+        &format!("VMI {ns}/{name} Running with an address"),
+        BOOT,
+        || {
+            let out = c.kubectl(&["get", "vmi", name, "-n", ns, "-o", "json"])?;
+            if !out.status.success() {
+                return Ok(None);
+            }
+            let v: Value = serde_json::from_slice(&out.stdout)?;
+            if v["status"]["phase"] == "Failed" {
+                anyhow::bail!("VMI {ns}/{name} failed: {}", v["status"]["conditions"]);
+            }
+            let ok = v["status"]["phase"] == "Running"
+                && v["status"]["interfaces"][0]["ipAddress"].is_string();
+            Ok(ok.then_some(v))
+        },
+    )
+}
+
+/// The guest's serial console once it printed its lease and the ready marker.
+fn guest(c: &Cluster, v: &Value, node_dir: PathBuf) -> anyhow::Result<Guest> {
+    let uid = v["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let ip = v["status"]["interfaces"][0]["ipAddress"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let dir = node_dir.join("vmis").join(&uid);
+    let log = c.wait_until("guest ready", BOOT, || {
+        let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
+        let log = String::from_utf8_lossy(&log).into_owned();
+        Ok(log.contains("FERROVIRT-READY").then_some(log))
+    })?;
+    // The guest leased the annotated address, with no router (the network has no gateway).
+    let lease = c
+        .wait_until("guest lease", Duration::from_secs(60), || {
+            let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
+            let log = String::from_utf8_lossy(&log).into_owned();
+            Ok(log
+                .lines()
+                .find(|l| l.contains("FERROVIRT-DHCP eth0"))
+                .map(String::from))
+        })
+        .map_err(|e| anyhow::anyhow!("{e}: {log}"))?;
+    assert!(
+        lease.contains(&format!("ip={ip}/24 router=")) && lease.trim_end().ends_with("router="),
+        "{lease}"
+    );
+    let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
+    Ok(Guest { uid, ip, console })
+}
+
+/// `ping` from a guest: Ok(true) when answered within the retries.
+fn pings(g: &Guest, addr: &str, tries: u32) -> anyhow::Result<(bool, String)> {
+    let mut last = String::new();
+    for _ in 0..tries {
+        let (out, rc) = g
+            .console
+            .exec(&format!("ping -c 3 -W 2 {addr}"), Duration::from_secs(20))?;
+        if rc == 0 {
+            return Ok((true, out));
+        }
+        last = out;
+    }
+    Ok((false, last))
+}
+
+fn ping_avg_ms(out: &str) -> Option<f64> {
+    let line = out.lines().find(|l| l.contains("min/avg/max"))?;
+    line.split('=')
+        .nth(1)?
+        .trim()
+        .split('/')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn node_dir(c: &Cluster, node: &str) -> PathBuf {
+    if node == "node-a" {
+        c.agent_dir()
+    } else {
+        c.extra_agent_dir("node-b")
+    }
+}
+
+fn udn_namespaces(node: &Netns) -> anyhow::Result<Vec<String>> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()?;
+    let suffix = format!("-{}", node.name());
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with("fvn-") && n.ends_with(&suffix))
+        .map(String::from)
+        .collect())
+}
+
+#[test]
+fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()> {
+    let started = Instant::now();
+    TestGuest::get()?;
+    let pair = NodePair::new("fvu", A_IP, B_IP)?;
+    let mut c = pair.start_cluster(env!("CARGO_BIN_EXE_ferrovirt"), [A_IP, B_IP], B_CIDR)?;
+    let NodePair {
+        a: node_a,
+        b: node_b,
+    } = pair;
+    c.wait_until("both nodes with a podCIDR", Duration::from_secs(60), || {
+        let a = c.get_json(&["node", "node-a"])?;
+        let b = c.get_json(&["node", "node-b"])?;
+        Ok((a["spec"]["podCIDR"].is_string() && b["spec"]["podCIDR"].is_string()).then_some(()))
+    })?;
+
+    // Two namespaces, each with its Primary UDN on the same subnet; the controller gives
+    // each network its VNI.
+    let mut vnis = BTreeMap::new();
+    for ns in ["ua", "ub"] {
+        c.apply(&udn_yaml(ns))?;
+        let vni = c.wait_until(
+            &format!("{ns}'s NAD with its VNI"),
+            Duration::from_secs(30),
+            || {
+                let out = c.kubectl(&["get", "net-attach-def", "net", "-n", ns, "-o", "json"])?;
+                if !out.status.success() {
+                    return Ok(None);
+                }
+                let n: Value = serde_json::from_slice(&out.stdout)?;
+                Ok(n["metadata"]["annotations"]["ferrovirt.io/udn-vni"]
+                    .as_str()
+                    .map(String::from))
+            },
+        )?;
+        vnis.insert(ns, vni);
+    }
+    assert_ne!(vnis["ua"], vnis["ub"], "{vnis:?}");
+
+    let vms = [
+        ("ua", "a1", "node-a"),
+        ("ua", "a2", "node-b"),
+        ("ub", "b1", "node-a"),
+        ("ub", "b2", "node-b"),
+    ];
+    for (ns, name, node) in vms {
+        disk_claim(&c, ns, name)?;
+        c.apply(&vm_yaml(ns, name, node))?;
+    }
+    let mut guests: BTreeMap<&str, Guest> = BTreeMap::new();
+    let mut guards = Vec::new();
+    for (ns, name, node) in vms {
+        let v = wait_running(&c, ns, name)?;
+        let ip = v["status"]["interfaces"][0]["ipAddress"]
+            .as_str()
+            .unwrap_or("");
+        assert!(
+            ip.starts_with("10.100.0.") && ip != "10.100.0.1",
+            "{name}: {ip}"
+        );
+        // The address is the one the controller annotated.
+        let ann: Value = serde_json::from_str(
+            v["metadata"]["annotations"]["k8s.ovn.org/pod-networks"]
+                .as_str()
+                .unwrap_or("{}"),
+        )?;
+        assert_eq!(
+            ann[format!("{ns}/net")]["ip_addresses"][0],
+            format!("{ip}/24"),
+            "{ann}"
+        );
+        // Not live-migratable, naming the network.
+        let cond = v["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "LiveMigratable").cloned())
+            .unwrap_or_default();
+        assert!(
+            cond["status"] == "False"
+                && cond["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("Primary UserDefinedNetwork")),
+            "{cond}"
+        );
+        let g = guest(&c, &v, node_dir(&c, node))?;
+        guards.push(Netns::guard(&format!("fv-{}", g.uid)));
+        guests.insert(name, g);
+    }
+    let boot_done = started.elapsed();
+    let addrs: BTreeMap<&str, String> = guests.iter().map(|(n, g)| (*n, g.ip.clone())).collect();
+    // Each node runs one namespace per network.
+    for node in [&node_a, &node_b] {
+        let n = udn_namespaces(node)?;
+        assert_eq!(n.len(), 2, "{}: {n:?}", node.name());
+    }
+
+    // Own peers across the nodes.
+    let (ok, out) = pings(&guests["a1"], &guests["a2"].ip, 10)?;
+    assert!(ok, "a1 -> a2: {out}");
+    let rtt_a = ping_avg_ms(&out);
+    let (ok, out) = pings(&guests["b1"], &guests["b2"].ip, 10)?;
+    assert!(ok, "b1 -> b2: {out}");
+    let rtt_b = ping_avg_ms(&out);
+    let (ok, out) = pings(&guests["a2"], &guests["a1"].ip, 3)?;
+    assert!(ok, "a2 -> a1: {out}");
+
+    // Never the other namespace's: an address only ub has (b1 holds it; b2 reaches it across
+    // the nodes, the positive control) is unreachable from a1 (same node as b1) and a2.
+    let (_, rc) = guests["b1"].console.exec(
+        &format!("ip addr add {ONLY_IN_UB}/24 dev eth0"),
+        Duration::from_secs(10),
+    )?;
+    assert_eq!(rc, 0);
+    let (ok, out) = pings(&guests["b2"], ONLY_IN_UB, 5)?;
+    assert!(ok, "b2 -> {ONLY_IN_UB} (positive control): {out}");
+    for a in ["a1", "a2"] {
+        let (ok, out) = pings(&guests[a], ONLY_IN_UB, 1)?;
+        assert!(
+            !ok,
+            "{a} reached {ONLY_IN_UB}, an address only ub has: {out}"
+        );
+        let (neigh, _) = guests[a].console.exec(
+            &format!("ip neigh show {ONLY_IN_UB}"),
+            Duration::from_secs(10),
+        )?;
+        assert!(
+            !neigh.contains("lladdr"),
+            "{a} resolved {ONLY_IN_UB}: {neigh}"
+        );
+    }
+    // ub's own addresses that no ua guest holds: unreachable from ua.
+    let ua_ips = [&guests["a1"].ip, &guests["a2"].ip];
+    for b in ["b1", "b2"] {
+        let ip = &guests[b].ip;
+        if ua_ips.contains(&ip) {
+            continue;
+        }
+        let (ok, out) = pings(&guests["a1"], ip, 1)?;
+        assert!(!ok, "a1 reached {b}'s {ip}: {out}");
+    }
+
+    // Node B's agent killed; meanwhile its networks lose their VXLAN devices. The restarted
+    // agent re-attaches its running VMIs: the networks are made again (the flood lists too)
+    // and the guests reach their peers on node A again.
+    let pid = c.agent_pid("node-b").expect("node-b's agent");
+    ferrovirt_testkit::cluster::signal(pid, "KILL");
+    std::thread::sleep(Duration::from_millis(500));
+    let b_nets = udn_namespaces(&node_b)?;
+    for n in &b_nets {
+        ferrovirt_testkit::netns::sh(&["ip", "-n", n, "link", "del", "udn-vx0"])?;
+    }
+    let (ok, _) = pings(&guests["a2"], &guests["a1"].ip, 1)?;
+    assert!(!ok, "a2 reached a1 without node B's VXLAN device");
+    let mut b_args = ferrovirt_testkit::netns::pod_network_args(&node_b, B_IP, Some(B_CIDR));
+    b_args.extend(["--endpoint-listen", "0.0.0.0:0"]);
+    c.start_agent_with("node-b", &b_args)?;
+    let restarted = Instant::now();
+    c.wait_until(
+        "node B's networks made again",
+        Duration::from_secs(60),
+        || {
+            for n in &b_nets {
+                let fdb = ferrovirt_testkit::netns::sh(&[
+                    "bridge", "-n", n, "fdb", "show", "dev", "udn-vx0",
+                ])
+                .unwrap_or_default();
+                if !fdb.contains(&format!("00:00:00:00:00:00 dst {A_IP}")) {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )?;
+    let repaired = restarted.elapsed();
+    let (ok, out) = pings(&guests["a2"], &guests["a1"].ip, 10)?;
+    assert!(ok, "a2 -> a1 after node B's agent restart: {out}");
+    let (ok, out) = pings(&guests["b2"], &guests["b1"].ip, 10)?;
+    assert!(ok, "b2 -> b1 after node B's agent restart: {out}");
+
+    // a1 restarted (stop/start): a new VMI with the same address (its IPAMClaim).
+    let a1_ip = guests["a1"].ip.clone();
+    let a1_uid = guests["a1"].uid.clone();
+    let claims = c.kubectl_ok(&["get", "ipamclaims", "-n", "ua", "-o", "name"])?;
+    assert!(!claims.trim().is_empty(), "no IPAMClaim in ua");
+    drop(guests.remove("a1"));
+    let patch = |s: &str| format!(r#"{{"spec":{{"runStrategy":"{s}"}}}}"#);
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        "a1",
+        "-n",
+        "ua",
+        "--type",
+        "merge",
+        "-p",
+        &patch("Halted"),
+    ])?;
+    c.wait_until("a1's VMI gone", Duration::from_secs(120), || {
+        let out = c.kubectl(&["get", "vmi", "a1", "-n", "ua"])?;
+        Ok((!out.status.success()).then_some(()))
+    })?;
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        "a1",
+        "-n",
+        "ua",
+        "--type",
+        "merge",
+        "-p",
+        &patch("Always"),
+    ])?;
+    let v = wait_running(&c, "ua", "a1")?;
+    assert_ne!(v["metadata"]["uid"].as_str(), Some(a1_uid.as_str()));
+    let g = guest(&c, &v, node_dir(&c, "node-a"))?;
+    assert_eq!(g.ip, a1_ip, "a1's address after the restart");
+    guards.push(Netns::guard(&format!("fv-{}", g.uid)));
+    let (ok, out) = pings(&g, &guests["a2"].ip, 10)?;
+    assert!(ok, "restarted a1 -> a2: {out}");
+    guests.insert("a1", g);
+
+    // Deleting the VMs removes the VMI namespaces and, with the last VMI of a network on a
+    // node, the network's namespace there.
+    let uids: Vec<String> = guests.values().map(|g| g.uid.clone()).collect();
+    drop(guests);
+    for (ns, name, _) in vms {
+        c.kubectl_ok(&["delete", "vm", name, "-n", ns, "--wait=false"])?;
+    }
+    wait_vmi_netns_gone(&c, &uids, Duration::from_secs(120))?;
+    for node in [&node_a, &node_b] {
+        c.wait_until(
+            "the networks' namespaces removed",
+            Duration::from_secs(60),
+            || Ok(udn_namespaces(node)?.is_empty().then_some(())),
+        )?;
+    }
+    eprintln!(
+        "addresses {addrs:?}; VNIs {vnis:?}; VMIs Running after {boot_done:?}; RTT a1->a2 {rtt_a:?} ms, b1->b2 \
+         {rtt_b:?} ms (across nodes); node B's networks repaired {repaired:?} after its agent \
+         restarted; whole test {:?}",
+        started.elapsed()
+    );
+    drop(guards);
+    Ok(())
+}
