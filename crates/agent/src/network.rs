@@ -597,9 +597,9 @@ impl AgentNet {
         let mut out = Attachment::default();
         // The namespace of the pod interface, which the secondary interfaces share.
         let mut pod_netns = None;
-        let udn = if opts.incoming {
-            None
-        } else {
+        // A live migration's target joins the same network with the same address (the
+        // VMI's annotation moves with it).
+        let udn = {
             let local = self.opts.as_ref().and_then(|o| o.node_ip);
             crate::udn::resolve(client, vmi, node.netns.as_deref(), local).await?
         };
@@ -627,8 +627,14 @@ impl AgentNet {
                             queues: mapping::nic_queues(vmi, &pi.name),
                             node,
                         };
-                        let plan = ferrovirt_network::udn::vmi_plan(&u.network, &v, u.address)
+                        let mut plan = ferrovirt_network::udn::vmi_plan(&u.network, &v, u.address)
                             .map_err(|e| AgentError::Reference(format!("{}: {e}", u.nad)))?;
+                        plan.netns = incoming_netns(
+                            &plan.netns,
+                            opts.incoming,
+                            node.netns.as_deref(),
+                            ferrovirt_network::netns::exists(&plan.netns),
+                        );
                         launchers::write_network_plan(dir, &plan)?;
                         plan
                     }

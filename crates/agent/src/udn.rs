@@ -144,6 +144,35 @@ pub fn l2bridge_outside_udn(vmi: &VirtualMachineInstance) -> Option<AgentError> 
     ))
 }
 
+/// The VMI as the live-migratability verdict sees it when its pod interface is on a Primary
+/// UDN: that interface counts as a masquerade one (the guest keeps its address and MAC on a
+/// network that spans the nodes; the target joins it, and QEMU's announcement after the
+/// switch-over moves the MAC in the bridges' and VXLAN devices' tables).
+pub fn migratable_view(vmi: &VirtualMachineInstance) -> VirtualMachineInstance {
+    let mut v = serde_json::to_value(vmi).unwrap_or_default();
+    let pod: Vec<String> = v["spec"]["networks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n.get("pod").is_some())
+        .filter_map(|n| n["name"].as_str().map(String::from))
+        .collect();
+    if let Some(ifaces) = v["spec"]["domain"]["devices"]["interfaces"].as_array_mut() {
+        for i in ifaces {
+            if i["name"]
+                .as_str()
+                .is_some_and(|n| pod.iter().any(|p| p == n))
+                && let Some(o) = i.as_object_mut()
+            {
+                o.remove("bridge");
+                o.remove("binding");
+                o.insert("masquerade".into(), serde_json::json!({}));
+            }
+        }
+    }
+    serde_json::from_value(v).unwrap_or_else(|_| vmi.clone())
+}
+
 /// The pure decision for one VMI: `ns_labels` are its namespace's labels, `nads` the
 /// NetworkAttachmentDefinitions of its namespace, `node_netns`/`local` the node's namespace
 /// and underlay address.
@@ -413,6 +442,28 @@ mod tests {
             decide(&v, &BTreeMap::new(), &[nad(Some("10001"))], None, None),
             Decision::NotUdn
         );
+    }
+
+    #[test]
+    fn a_primary_udn_interface_is_judged_migratable() {
+        let v = vmi(json!({"name": "default", "bridge": {}}), true);
+        let no = |_: &str| None;
+        let ok = |_: &str| Ok(());
+        let e = ferrovirt_api::migration::live_migratable(&v, no, ok).unwrap_err();
+        assert_eq!(e.reason, "InterfaceNotLiveMigratable");
+        let view = migratable_view(&v);
+        assert!(ferrovirt_api::migration::live_migratable(&view, no, ok).is_ok());
+        // Only the view changes; the VMI keeps its binding.
+        let iface = &view
+            .spec
+            .as_ref()
+            .unwrap()
+            .domain
+            .devices
+            .interfaces
+            .as_ref()
+            .unwrap()[0];
+        assert!(iface.masquerade.is_some() && iface.bridge.is_none());
     }
 
     #[test]

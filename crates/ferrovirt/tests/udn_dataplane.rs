@@ -7,8 +7,9 @@
 //! each guest leases the address the controller annotated; a1 pings a2 and b1 pings b2 across
 //! the nodes; an address that exists only in ub (added by the test in b1's guest, reached by
 //! b2 as the positive control) and every ub address that no ua guest holds are unreachable
-//! from a1 and a2; a1 restarted (stop/start) keeps its address (IPAMClaim); the VMIs say
-//! LiveMigratable=False naming the network; deleting the VMs removes the networks' namespaces
+//! from a1 and a2; node B's agent restarted after its VXLAN devices were deleted makes them
+//! again; a1 restarted (stop/start) keeps its address (IPAMClaim); a2 (shared disk) live-
+//! migrates to node A keeping its address; deleting the VMs removes the networks' namespaces
 //! on both nodes.
 
 use std::collections::BTreeMap;
@@ -48,8 +49,14 @@ spec:
     )
 }
 
-/// A PV holding a copy of the test guest's disk and a claim `<vm>-root` in `ns` bound to it.
-fn disk_claim(c: &Cluster, ns: &str, vm: &str) -> anyhow::Result<()> {
+/// A PV holding a copy of the test guest's disk and a claim `<vm>-root` in `ns` bound to it
+/// (`shared`: ReadWriteMany, both nodes being one host: the VM is live-migratable).
+fn disk_claim(c: &Cluster, ns: &str, vm: &str, shared: bool) -> anyhow::Result<()> {
+    let mode = if shared {
+        "ReadWriteMany"
+    } else {
+        "ReadWriteOnce"
+    };
     let g = TestGuest::get()?;
     let dir = c.dir().join("pvs").join(format!("{ns}-{vm}"));
     std::fs::create_dir_all(&dir)?;
@@ -61,7 +68,7 @@ kind: PersistentVolume
 metadata: {{name: pv-{ns}-{vm}}}
 spec:
   capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteOnce]
+  accessModes: [{mode}]
   persistentVolumeReclaimPolicy: Retain
   hostPath: {{path: {dir}}}
 ---
@@ -69,7 +76,7 @@ apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {{name: {vm}-root, namespace: {ns}}}
 spec:
-  accessModes: [ReadWriteOnce]
+  accessModes: [{mode}]
   resources: {{requests: {{storage: 1Gi}}}}
   volumeName: pv-{ns}-{vm}
 "#,
@@ -78,7 +85,8 @@ spec:
     Ok(())
 }
 
-fn vm_yaml(ns: &str, name: &str, node: &str) -> String {
+/// `selector`: the template's nodeSelector entry (`key: value`).
+fn vm_yaml(ns: &str, name: &str, selector: &str) -> String {
     format!(
         r##"
 apiVersion: kubevirt.io/v1
@@ -88,7 +96,7 @@ spec:
   runStrategy: Always
   template:
     spec:
-      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      nodeSelector: {{{selector}}}
       domain:
         memory: {{guest: 128Mi}}
         devices:
@@ -260,9 +268,16 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
         ("ub", "b1", "node-a"),
         ("ub", "b2", "node-b"),
     ];
+    // a2 is placed by a label node B has (node A gets it later, for a2's live migration).
+    c.kubectl_ok(&["label", "node", "node-b", "udn-test/a2=yes"])?;
     for (ns, name, node) in vms {
-        disk_claim(&c, ns, name)?;
-        c.apply(&vm_yaml(ns, name, node))?;
+        let selector = if name == "a2" {
+            "udn-test/a2: \"yes\"".to_string()
+        } else {
+            format!("kubernetes.io/hostname: {node}")
+        };
+        disk_claim(&c, ns, name, name == "a2")?;
+        c.apply(&vm_yaml(ns, name, &selector))?;
     }
     let mut guests: BTreeMap<&str, Guest> = BTreeMap::new();
     let mut guards = Vec::new();
@@ -286,18 +301,16 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
             format!("{ip}/24"),
             "{ann}"
         );
-        // Not live-migratable, naming the network.
+        // Live-migratable exactly when the disk is shared: the UDN interface moves.
         let cond = v["status"]["conditions"]
             .as_array()
             .and_then(|cs| cs.iter().find(|c| c["type"] == "LiveMigratable").cloned())
             .unwrap_or_default();
-        assert!(
-            cond["status"] == "False"
-                && cond["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("Primary UserDefinedNetwork")),
-            "{cond}"
-        );
+        let want = if name == "a2" { "True" } else { "False" };
+        assert_eq!(cond["status"], want, "{name}: {cond}");
+        if name != "a2" {
+            assert_eq!(cond["reason"], "DisksNotLiveMigratable", "{name}: {cond}");
+        }
         let g = guest(&c, &v, node_dir(&c, node))?;
         guards.push(Netns::guard(&format!("fv-{}", g.uid)));
         guests.insert(name, g);
@@ -435,6 +448,60 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     assert!(ok, "restarted a1 -> a2: {out}");
     guests.insert("a1", g);
 
+    // a2 live-migrated from node B to node A: the same VMI, address and MAC; a1 reaches it
+    // there; node B no longer runs a VMI of ua, so ua's namespace leaves node B.
+    let before = c.get_json(&["vmi", "a2", "-n", "ua"])?;
+    // ua's namespace on node B, from a2's plan there.
+    let plan: Value = serde_json::from_slice(&std::fs::read(
+        node_dir(&c, "node-b")
+            .join("vmis")
+            .join(&guests["a2"].uid)
+            .join("network.json"),
+    )?)?;
+    let ua_b = plan["udn"]["netns"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(udn_namespaces(&node_b)?.contains(&ua_b), "{ua_b}");
+    guards.push(Netns::guard(&format!(
+        "fv-{}-{}",
+        guests["a2"].uid,
+        node_a.name()
+    )));
+    c.kubectl_ok(&["label", "node", "node-a", "udn-test/a2=yes"])?;
+    let migrated = Instant::now();
+    c.apply(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\n\
+         metadata: {name: a2-mig, namespace: ua}\nspec: {vmiName: a2}\n",
+    )?;
+    let m = c.wait_until("a2's migration finished", Duration::from_secs(180), || {
+        let v = c.get_json(&["vmim", "a2-mig", "-n", "ua"])?;
+        let phase = v["status"]["phase"].as_str().unwrap_or_default();
+        Ok(matches!(phase, "Succeeded" | "Failed").then_some(v))
+    })?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let migration_took = migrated.elapsed();
+    let after = c.wait_until("a2 Running on node A", Duration::from_secs(60), || {
+        let v = c.get_json(&["vmi", "a2", "-n", "ua"])?;
+        Ok((v["status"]["phase"] == "Running" && v["status"]["nodeName"] == "node-a").then_some(v))
+    })?;
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    assert_eq!(
+        after["status"]["interfaces"][0]["ipAddress"],
+        guests["a2"].ip.as_str()
+    );
+    assert_eq!(
+        after["status"]["interfaces"][0]["mac"],
+        before["status"]["interfaces"][0]["mac"]
+    );
+    let (ok, out) = pings(&guests["a1"], &guests["a2"].ip, 10)?;
+    assert!(ok, "a1 -> a2 after a2's migration: {out}");
+    c.wait_until(
+        "ua's namespace gone from node B",
+        Duration::from_secs(60),
+        || Ok((!udn_namespaces(&node_b)?.contains(&ua_b)).then_some(())),
+    )?;
+
     // Deleting the VMs removes the VMI namespaces and, with the last VMI of a network on a
     // node, the network's namespace there.
     let uids: Vec<String> = guests.values().map(|g| g.uid.clone()).collect();
@@ -453,7 +520,7 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     eprintln!(
         "addresses {addrs:?}; VNIs {vnis:?}; VMIs Running after {boot_done:?}; RTT a1->a2 {rtt_a:?} ms, b1->b2 \
          {rtt_b:?} ms (across nodes); node B's networks repaired {repaired:?} after its agent \
-         restarted; whole test {:?}",
+         restarted; a2's migration {migration_took:?}; whole test {:?}",
         started.elapsed()
     );
     drop(guards);

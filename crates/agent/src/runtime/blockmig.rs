@@ -88,9 +88,11 @@ impl Agent {
                 claims.insert(c, (spec.access_modes.unwrap_or_default(), spec.volume_name));
             }
         }
-        // The source decided what can be copied; the target copies what is not shared.
+        // The source decided what can be copied (and that the VMI may move at all: a pod
+        // bridge interface only on a Primary UDN, judged through `udn::migratable_view` there
+        // too); the target copies what is not shared.
         let method = ferrovirt_api::migration::live_migratable(
-            vmi,
+            &crate::udn::migratable_view(vmi),
             |c| claims.get(c).map(|m| m.0.clone()),
             |_| Ok(()),
         )

@@ -207,22 +207,17 @@ impl Agent {
         // LiveMigratable, decided now that the claims' access modes are known; the running
         // status reports it (`decide::Report::migratable`).
         let root = crate::nodestore::volume_root(&self.opts.data_dir);
-        let mut migratable = ferrovirt_api::migration::live_migratable(
-            vmi,
+        // A Primary UDN interface moves with its guest (same address and MAC on a network
+        // that spans the nodes): judged as a masquerade interface would be.
+        let judged = match attachment.primary_udn {
+            Some(_) => crate::udn::migratable_view(vmi),
+            None => vmi.clone(),
+        };
+        let migratable = ferrovirt_api::migration::live_migratable(
+            &judged,
             |c| refs.claim_access_modes.get(c).cloned(),
             |c| crate::blockmig::claim_block_ok(refs.claims.get(c), &root),
         );
-        if let Some(net) = &attachment.primary_udn {
-            // The guest holds its address on the network's segment; moving it to another
-            // node's namespace of the network is not carried out yet.
-            migratable = Err(ferrovirt_api::migration::NotMigratable {
-                reason: ferrovirt_api::migration::reason::INTERFACE_NOT_LIVE_MIGRATABLE,
-                message: format!(
-                    "cannot migrate VMI on the Primary UserDefinedNetwork {net}: its live \
-                     migration is not carried out yet"
-                ),
-            });
-        }
         let volume_dirs = match &migratable {
             Ok(ferrovirt_api::migration::Method::Block(vols)) => vols
                 .iter()
