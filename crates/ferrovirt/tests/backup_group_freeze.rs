@@ -14,7 +14,9 @@
 //!    windows do not overlap.
 //!    The plan's `preFreezeCommand` ran in each guest before its freeze, `postThawCommand`
 //!    after its thaw (both print on the console); a Backup whose pre command exits 3 fails
-//!    naming the VM, the code and its stderr.
+//!    naming the VM, the code and its stderr, and its post command runs only in the VM whose
+//!    pre command was started. The agent's exec route refuses (401) requests without the
+//!    server's credential and the guest runs nothing.
 //! 3. With the guest agent of one VM stopped, a `Group` backup fails naming that VM and the
 //!    other guest is left thawed.
 
@@ -144,6 +146,60 @@ fn boot(c: &Cluster, name: &'static str) -> anyhow::Result<Guest> {
         console,
         offset: 0.0,
     })
+}
+
+fn exec_attacks(c: &Cluster, g: &Guest) -> anyhow::Result<()> {
+    let uid = g
+        .dir
+        .file_name()
+        .and_then(|u| u.to_str())
+        .unwrap_or_default();
+    let nodes = c.get_json(&["nodes"])?;
+    let url = nodes["items"][0]["metadata"]["annotations"]["ferrovirt.io/agent-endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    anyhow::ensure!(url.starts_with("https://"), "no agent endpoint: {nodes}");
+    let sa = c.kubectl_ok(&["create", "token", "default", "-n", "default"])?;
+    let body = r#"{"command":["/bin/sh","-c","echo FERROVIRT-EXEC-ATTACK >/dev/console"],"timeoutSeconds":5}"#;
+    for (what, auth) in [
+        ("no token", None),
+        ("a made-up token", Some("not-the-token".to_string())),
+        ("a ServiceAccount token", Some(sa.trim().to_string())),
+    ] {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-sS", "-k", "-o", "-", "-w", "\n%{http_code}", "-X", "POST"])
+            .args(["-H", "Content-Type: application/json", "--data", body]);
+        if let Some(t) = auth {
+            cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+        }
+        let out = cmd.arg(format!("{url}/vmis/{uid}/exec")).output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(text.ends_with("401"), "{what}: {text}");
+    }
+    let file = c.dir().join("exec-body.json");
+    std::fs::write(&file, body)?;
+    let out = c.kubectl(&[
+        "create",
+        "--raw",
+        &format!(
+            "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{}/exec",
+            g.name
+        ),
+        "-f",
+        file.to_str().unwrap_or_default(),
+    ])?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        !out.status.success() && err.contains("NotFound"),
+        "the API's answer to an exec subresource: {err}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    anyhow::ensure!(
+        !g.log().contains("FERROVIRT-EXEC-ATTACK"),
+        "a refused exec ran in the guest"
+    );
+    Ok(())
 }
 
 fn agent_connected(c: &Cluster, vm: &str) -> anyhow::Result<bool> {
@@ -364,11 +420,14 @@ spec:
         "per-VM freezes do not overlap: {w:?}"
     );
 
-    // A failing pre command fails the backup, naming the VM, its exit code and its stderr.
+    // A failing pre command fails the backup, naming the VM, its exit code and its stderr;
+    // the post command runs where the pre command was started (gf1), not in gf2, which the
+    // failure kept from running its pre command.
     let b = backup(
         &c,
         "prefails",
-        "{preFreezeCommand: [/bin/sh, -c, 'echo database busy >&2; exit 3']}",
+        "{preFreezeCommand: [/bin/sh, -c, 'echo database busy >&2; exit 3'], \
+         postThawCommand: [/bin/sh, -c, 'echo FERROVIRT-POST-AFTER-FAIL >/dev/console']}",
     )?;
     assert_eq!(b["status"]["phase"], "Failed", "{b}");
     assert!(
@@ -377,6 +436,13 @@ spec:
         ),
         "{b}"
     );
+    assert!(guests[0].log().contains("FERROVIRT-POST-AFTER-FAIL"));
+    assert!(!guests[1].log().contains("FERROVIRT-POST-AFTER-FAIL"));
+
+    // The agent's exec route runs commands in guests for the controllers only: without the
+    // server's credential (none, a made-up token, a ServiceAccount's token) it answers 401 and
+    // the guest runs nothing; the API serves no exec subresource.
+    exec_attacks(&c, &guests[0])?;
 
     // 3. No guest agent in gf2: the group backup fails naming it, gf1 is left thawed.
     let (out, _) = guests[1].console.exec(

@@ -66,14 +66,40 @@ pub(super) struct Guests<'a> {
     pub timeout: Duration,
 }
 
+/// The VMs a `postThawCommand` runs in (pure): those the `preFreezeCommand` was started in —
+/// the first `pre_reached` of `running`, the one whose command failed included (it may have
+/// done part of its work) — or all of them when there was no pre command.
+pub(super) fn post_targets(running: &[Running], pre_reached: Option<usize>) -> &[Running] {
+    match pre_reached {
+        Some(n) => &running[..n.min(running.len())],
+        None => running,
+    }
+}
+
 impl Guests<'_> {
     /// Runs `command` (`what`: its field's name) in each VMI, one after the other; the first
-    /// failure ends it.
-    pub(super) async fn run_all(&self, command: &[String], what: &str) -> Result<(), String> {
-        for r in self.running {
-            self.run_one(r, command, what).await?;
+    /// failure ends it. Also says in how many VMIs the command was started.
+    pub(super) async fn run_all(
+        &self,
+        command: &[String],
+        what: &str,
+    ) -> (usize, Result<(), String>) {
+        self.run_in(self.running, command, what).await
+    }
+
+    /// [`Self::run_all`] over `vms` only.
+    pub(super) async fn run_in(
+        &self,
+        vms: &[Running],
+        command: &[String],
+        what: &str,
+    ) -> (usize, Result<(), String>) {
+        for (i, r) in vms.iter().enumerate() {
+            if let Err(e) = self.run_one(r, command, what).await {
+                return (i + 1, Err(e));
+            }
         }
-        Ok(())
+        (vms.len(), Ok(()))
     }
 
     async fn run_one(&self, r: &Running, command: &[String], what: &str) -> Result<(), String> {
@@ -113,6 +139,24 @@ impl Guests<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn post_thaw_runs_only_where_pre_freeze_was_started() {
+        let vms: Vec<Running> = ["a", "b", "c"]
+            .iter()
+            .map(|v| Running {
+                vm: v.to_string(),
+                uid: format!("u-{v}"),
+                node: "n".into(),
+            })
+            .collect();
+        let names = |r: &[Running]| r.iter().map(|r| r.vm.clone()).collect::<Vec<_>>();
+        assert_eq!(names(post_targets(&vms, None)), ["a", "b", "c"]);
+        assert_eq!(names(post_targets(&vms, Some(3))), ["a", "b", "c"]);
+        // b's pre command failed: a and b get the post command, c never saw a pre.
+        assert_eq!(names(post_targets(&vms, Some(2))), ["a", "b"]);
+        assert!(post_targets(&vms, Some(0)).is_empty());
+    }
 
     #[test]
     fn a_failed_command_names_the_vm_and_its_output() {

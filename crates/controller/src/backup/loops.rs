@@ -594,9 +594,12 @@ async fn snapshot_phase(
         running: &running,
         timeout: ConsistencyOpts::command_timeout(c),
     };
+    let mut pre_reached = None;
     let collected = async {
         if let Some(pre) = pre {
-            guests.run_all(pre, "preFreezeCommand").await?;
+            let (reached, r) = guests.run_all(pre, "preFreezeCommand").await;
+            pre_reached = Some(reached);
+            r?;
         }
         let Some(hold) = hold else {
             return collect(&ctx.client, ns, spec, owner, backup_name, snapshots).await;
@@ -619,7 +622,8 @@ async fn snapshot_phase(
     }
     .await;
     if let Some(post) = post {
-        let r = guests.run_all(post, "postThawCommand").await;
+        let targets = hooks::post_targets(&running, pre_reached);
+        let (_, r) = guests.run_in(targets, post, "postThawCommand").await;
         match (&collected, r) {
             (Ok(_), Err(e)) => return Err(e),
             (Err(_), Err(e)) => tracing::warn!(namespace = %ns, backup = %name, "{e}"),
