@@ -372,7 +372,13 @@ pub async fn resolve(
             }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Ok(Some(v)) = vmi_api.get_opt(&name).await {
+        let fresh = vmi_api.get_opt(&name).await;
+        if let Ok(None) = fresh {
+            return Err(AgentError::Reference(format!(
+                "VMI {ns}/{name} was deleted while waiting for its Primary UserDefinedNetwork address"
+            )));
+        }
+        if let Ok(Some(v)) = fresh {
             if v.metadata.uid != vmi.metadata.uid {
                 return Err(AgentError::Reference(format!(
                     "VMI {ns}/{name} was replaced while waiting for its Primary UserDefinedNetwork address"
