@@ -314,6 +314,23 @@ fn pod_network_taps_replace_user_networking() {
     let ls = launch_spec(&vmi(v), &c).unwrap();
     assert!(matches!(ls.nics[0].backend, NicBackend::Tap { .. }));
 
+    // KubeVirt's l2bridge binding plugin (a Primary UDN's interface) is the bridge binding.
+    let mut v = base();
+    v["spec"]["domain"]["devices"]["interfaces"][0] =
+        json!({"name": "default", "binding": {"name": "l2bridge"}});
+    let pi = pod_interface(&vmi(v.clone())).unwrap().unwrap();
+    assert_eq!(pi.binding, Binding::Bridge);
+    let ls = launch_spec(&vmi(v.clone()), &c).unwrap();
+    assert!(matches!(ls.nics[0].backend, NicBackend::Tap { .. }));
+    // Outside a Primary UDN namespace the agent refuses it naming the field.
+    let e = crate::udn::l2bridge_outside_udn(&vmi(v))
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("interfaces[0].binding.name") && e.contains("Primary UserDefinedNetwork"),
+        "{e}"
+    );
+
     // No pod interface, and refused port protocols.
     let mut v = base();
     v["spec"]["domain"]["devices"]["interfaces"] = json!([]);
