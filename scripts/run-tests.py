@@ -33,7 +33,7 @@ HINTS = {
     "migration": 190, "webui": 110, "vmi_lifecycle": 57, "pod_net_isolation": 53, "fencing": 48,
     "guest_isolation": 46, "node_storage": 44, "registry": 40, "hostile_images": 40,
     "multi_node": 39, "vm_pool": 37, "subresources": 35, "fuzz": 33, "guest_boot": 33,
-    "network_overlay": 32, "udn_dataplane": 100, "steady_state_requests": 30, "drain": 30, "fuzz_requests": 27,
+    "network_overlay": 32, "udn_dataplane": 125, "steady_state_requests": 30, "drain": 30, "fuzz_requests": 27,
     "migration_containerdisk": 26, "services": 25, "migration_network": 24, "kubectl": 22,
     "online_resize": 22, "upload": 21, "pod_network": 21, "user_net_isolation": 20,
     "network_secondary": 20, "cli": 18, "online_snapshot": 17, "migration_tls": 31,

@@ -599,10 +599,7 @@ impl AgentNet {
         let mut pod_netns = None;
         // A live migration's target joins the same network with the same address (the
         // VMI's annotation moves with it).
-        let udn = {
-            let local = self.opts.as_ref().and_then(|o| o.node_ip);
-            crate::udn::resolve(client, vmi, node.netns.as_deref(), local).await?
-        };
+        let udn = self.primary_udn(client, vmi, node).await?;
         if udn.is_none()
             && let Some(e) = crate::udn::l2bridge_outside_udn(vmi)
         {
@@ -617,24 +614,7 @@ impl AgentNet {
                     Some(p) => p,
                     None if udn.is_some() => {
                         let u = udn.as_ref().expect("checked");
-                        let (ns, name) = ns_name(vmi);
-                        let v = ferrovirt_network::udn::UdnVmi {
-                            uid,
-                            namespace: &ns,
-                            name: &name,
-                            interface: &pi.name,
-                            mac: Some(pi.mac),
-                            queues: mapping::nic_queues(vmi, &pi.name),
-                            node,
-                        };
-                        let mut plan = ferrovirt_network::udn::vmi_plan(&u.network, &v, u.address)
-                            .map_err(|e| AgentError::Reference(format!("{}: {e}", u.nad)))?;
-                        plan.netns = incoming_netns(
-                            &plan.netns,
-                            opts.incoming,
-                            node.netns.as_deref(),
-                            ferrovirt_network::netns::exists(&plan.netns),
-                        );
+                        let plan = crate::udn_net::vmi_plan(u, vmi, uid, &pi, node, opts.incoming)?;
                         launchers::write_network_plan(dir, &plan)?;
                         plan
                     }

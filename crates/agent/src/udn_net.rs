@@ -7,6 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_network::NodeNetwork;
 use ferrovirt_network::udn::UdnNetwork;
 
 use crate::error::AgentError;
@@ -24,7 +26,63 @@ struct Inner {
     peers: Option<BTreeSet<Ipv4Addr>>,
 }
 
+/// The VMI's plan on its Primary UDN (`pi`: its pod-network interface); an incoming live
+/// migration's namespace is named as [`crate::network::incoming_netns`] says.
+pub fn vmi_plan(
+    u: &crate::udn::PrimaryUdn,
+    vmi: &VirtualMachineInstance,
+    uid: &str,
+    pi: &crate::mapping::PodInterface,
+    node: &NodeNetwork,
+    incoming: bool,
+) -> Result<ferrovirt_network::PodPlan, AgentError> {
+    let ns = vmi
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = vmi.metadata.name.clone().unwrap_or_default();
+    let v = ferrovirt_network::udn::UdnVmi {
+        uid,
+        namespace: &ns,
+        name: &name,
+        interface: &pi.name,
+        mac: Some(pi.mac),
+        queues: crate::mapping::nic_queues(vmi, &pi.name),
+        node,
+    };
+    let mut plan = ferrovirt_network::udn::vmi_plan(&u.network, &v, u.address)
+        .map_err(|e| AgentError::Reference(format!("{}: {e}", u.nad)))?;
+    plan.netns = crate::network::incoming_netns(
+        &plan.netns,
+        incoming,
+        node.netns.as_deref(),
+        ferrovirt_network::netns::exists(&plan.netns),
+    );
+    Ok(plan)
+}
+
 impl AgentNet {
+    /// The VMI's Primary UDN, if its namespace has one ([`crate::udn::resolve`]); a node with
+    /// an uplink gives the network its gateway (the subnet's first address, which the
+    /// controller never hands out).
+    pub(crate) async fn primary_udn(
+        &self,
+        client: &kube::Client,
+        vmi: &VirtualMachineInstance,
+        node: &NodeNetwork,
+    ) -> Result<Option<crate::udn::PrimaryUdn>, AgentError> {
+        let local = self.opts.as_ref().and_then(|o| o.node_ip);
+        let mut u = crate::udn::resolve(client, vmi, node.netns.as_deref(), local).await?;
+        if let (Some(u), Some(up)) = (u.as_mut(), node.uplink.as_ref()) {
+            u.network.gateway = Some(ferrovirt_network::udn::UdnGateway {
+                address: u.network.subnet.gateway(),
+                uplink: up.clone(),
+            });
+        }
+        Ok(u)
+    }
+
     /// The networks the node's VMIs use (from their plans), by namespace; `except` is left
     /// out (a VMI being detached).
     fn udns_in_use(&self, except: Option<&str>) -> BTreeMap<String, UdnNetwork> {
@@ -42,7 +100,11 @@ impl AgentNet {
     /// list (when the peers are known). Call after the VMI's plan is written.
     pub(crate) async fn ensure_udn(&self, net: &UdnNetwork) -> Result<(), AgentError> {
         let st = self.udns.0.lock().await;
-        ferrovirt_network::pod::setup_udn_network(net)
+        let cluster = match self.node_network() {
+            Some(n) => n.ipam.cluster,
+            None => return Err(AgentError::Reference("the pod network is not ready".into())),
+        };
+        ferrovirt_network::pod::setup_udn_network(net, cluster)
             .await
             .map_err(|e| {
                 AgentError::Reference(format!("user-defined network {}: {e}", net.name))

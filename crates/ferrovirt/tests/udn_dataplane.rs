@@ -4,8 +4,9 @@
 //! Namespaces `ua` and `ub` are labelled `k8s.ovn.org/primary-user-defined-network` and each
 //! has a Primary Layer2 UDN `net` on the SAME subnet 10.100.0.0/24 (lifecycle Persistent).
 //! VMs a1 (A) and a2 (B) in ua, b1 (A) and b2 (B) in ub, bridge binding on the pod network:
-//! each guest leases the address the controller annotated; a1 pings a2 and b1 pings b2 across
-//! the nodes; an address that exists only in ub (added by the test in b1's guest, reached by
+//! each guest leases the address the controller annotated, with the network's gateway (both
+//! nodes have an uplink) as router, through which it reaches the other node's underlay address
+//! but not its own node; a1 pings a2 and b1 pings b2 across the nodes; an address that exists only in ub (added by the test in b1's guest, reached by
 //! b2 as the positive control) and every ub address that no ua guest holds are unreachable
 //! from a1 and a2; node B's agent restarted after its VXLAN devices were deleted makes them
 //! again; a1 restarted (stop/start) keeps its address (IPAMClaim); a2 (shared disk) live-
@@ -16,14 +17,16 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::netns::{Netns, NodePair, wait_vmi_netns_gone};
-use ferrovirt_testkit::{Cluster, SerialConsole, TestGuest};
+use ferrovirt_testkit::netns::{Netns, NodePair, pod_network_args, wait_vmi_netns_gone};
+use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest};
 use serde_json::Value;
 
 const BOOT: Duration = Duration::from_secs(240);
 const A_IP: &str = "192.168.249.1";
 const B_IP: &str = "192.168.249.2";
 const B_CIDR: &str = "10.244.210.0/24";
+/// The networks' gateway (the first address of their subnet).
+const GATEWAY: &str = "10.100.0.1";
 /// An address the test adds in b1's guest: it exists only in ub's network.
 const ONLY_IN_UB: &str = "10.100.0.250";
 
@@ -157,7 +160,7 @@ fn guest(c: &Cluster, v: &Value, node_dir: PathBuf) -> anyhow::Result<Guest> {
         let log = String::from_utf8_lossy(&log).into_owned();
         Ok(log.contains("FERROVIRT-READY").then_some(log))
     })?;
-    // The guest leased the annotated address, with no router (the network has no gateway).
+    // The guest leased the annotated address, with the network's gateway as its router.
     let lease = c
         .wait_until("guest lease", Duration::from_secs(60), || {
             let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
@@ -169,7 +172,7 @@ fn guest(c: &Cluster, v: &Value, node_dir: PathBuf) -> anyhow::Result<Guest> {
         })
         .map_err(|e| anyhow::anyhow!("{e}: {log}"))?;
     assert!(
-        lease.contains(&format!("ip={ip}/24 router=")) && lease.trim_end().ends_with("router="),
+        lease.contains(&format!("ip={ip}/24 router={GATEWAY}")),
         "{lease}"
     );
     let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
@@ -228,11 +231,22 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     let started = Instant::now();
     TestGuest::get()?;
     let pair = NodePair::new("fvu", A_IP, B_IP)?;
-    let mut c = pair.start_cluster(env!("CARGO_BIN_EXE_ferrovirt"), [A_IP, B_IP], B_CIDR)?;
     let NodePair {
         a: node_a,
         b: node_b,
     } = pair;
+    // Both nodes with an uplink (the underlay): the networks get their gateway.
+    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
+    opts.node_name = Some("node-a".into());
+    opts.extra_args = pod_network_args(&node_a, A_IP, None)
+        .into_iter()
+        .chain(["--uplink", "under0"])
+        .map(String::from)
+        .collect();
+    let mut c = Cluster::start(&opts)?;
+    let mut b_args = pod_network_args(&node_b, B_IP, Some(B_CIDR));
+    b_args.extend(["--uplink", "under0", "--endpoint-listen", "0.0.0.0:0"]);
+    c.start_agent_with("node-b", &b_args)?;
     c.wait_until("both nodes with a podCIDR", Duration::from_secs(60), || {
         let a = c.get_json(&["node", "node-a"])?;
         let b = c.get_json(&["node", "node-b"])?;
@@ -333,6 +347,28 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     let (ok, out) = pings(&guests["a2"], &guests["a1"].ip, 3)?;
     assert!(ok, "a2 -> a1: {out}");
 
+    // The gateway: answered on each node; egress through the node's uplink (masqueraded:
+    // node B sees node A's address, and the other way round); the guest's own node and the
+    // pod network stay out of reach.
+    for g in ["a1", "b2"] {
+        let (ok, out) = pings(&guests[g], GATEWAY, 3)?;
+        assert!(ok, "{g} -> gateway: {out}");
+    }
+    let (ok, out) = pings(&guests["a1"], B_IP, 3)?;
+    assert!(ok, "a1 -> {B_IP} through node A's uplink: {out}");
+    let (ok, out) = pings(&guests["b2"], A_IP, 3)?;
+    assert!(ok, "b2 -> {A_IP} through node B's uplink: {out}");
+    let a_gw = c.get_json(&["node", "node-a"])?["spec"]["podCIDR"]
+        .as_str()
+        .unwrap_or_default()
+        .replace(".0/24", ".1");
+    for own in [A_IP, a_gw.as_str()] {
+        let (ok, out) = pings(&guests["a1"], own, 1)?;
+        assert!(!ok, "a1 reached its own node's {own}: {out}");
+    }
+    let (ok, out) = pings(&guests["b2"], B_IP, 1)?;
+    assert!(!ok, "b2 reached its own node's {B_IP}: {out}");
+
     // Never the other namespace's: an address only ub has (b1 holds it; b2 reaches it across
     // the nodes, the positive control) is unreachable from a1 (same node as b1) and a2.
     let (_, rc) = guests["b1"].console.exec(
@@ -380,8 +416,6 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     }
     let (ok, _) = pings(&guests["a2"], &guests["a1"].ip, 1)?;
     assert!(!ok, "a2 reached a1 without node B's VXLAN device");
-    let mut b_args = ferrovirt_testkit::netns::pod_network_args(&node_b, B_IP, Some(B_CIDR));
-    b_args.extend(["--endpoint-listen", "0.0.0.0:0"]);
     c.start_agent_with("node-b", &b_args)?;
     let restarted = Instant::now();
     c.wait_until(

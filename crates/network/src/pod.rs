@@ -199,7 +199,14 @@ pub async fn sync_routes(
 /// on this node ([`crate::udn::network_steps`]). Idempotent: the VXLAN device is made (from
 /// the node's namespace, so its UDP socket lives there) only when the network's namespace
 /// does not hold it yet.
-pub async fn setup_udn_network(net: &crate::udn::UdnNetwork) -> Result<()> {
+///
+/// With a gateway ([`crate::udn::gateway_steps`]) the network keeps its transit link; a new
+/// one gets the lowest transit index no other network of the node holds (call it under one
+/// lock per node, as the agent does).
+pub async fn setup_udn_network(
+    net: &crate::udn::UdnNetwork,
+    cluster: crate::Ipv4Cidr,
+) -> Result<()> {
     let steps = crate::udn::network_steps(net);
     apply_all(&steps.before).await?;
     if let Some(vx) = &steps.vxlan
@@ -207,7 +214,38 @@ pub async fn setup_udn_network(net: &crate::udn::UdnNetwork) -> Result<()> {
     {
         crate::apply::apply_one(vx).await?;
     }
-    apply_all(&steps.after).await
+    apply_all(&steps.after).await?;
+    if net.gateway.is_none() {
+        return Ok(());
+    }
+    let index = match transit_of(&net.netns).await? {
+        Some(i) => i,
+        None => {
+            let mut used = std::collections::BTreeSet::new();
+            for ns in udn_namespaces(net.node_netns.as_deref()) {
+                if let Some(i) = transit_of(&ns).await? {
+                    used.insert(i);
+                }
+            }
+            crate::udn::pick_transit(&used)?
+        }
+    };
+    apply_all(&crate::udn::gateway_steps(net, index, cluster)).await
+}
+
+/// The transit index a network's namespace holds, if it has its gateway link.
+async fn transit_of(netns: &str) -> Result<Option<u16>> {
+    let ns = Some(netns.to_string());
+    if !crate::apply::link_exists(&ns, crate::udn::GW_VETH).await? {
+        return Ok(None);
+    }
+    let text = crate::apply::query(
+        "ip",
+        &ns,
+        &["-j", "-4", "addr", "show", "dev", crate::udn::GW_VETH],
+    )
+    .await?;
+    Ok(crate::udn::parse_transit(&text))
 }
 
 /// Makes the network's head-end replication list equal to `peers` (the overlay peers'

@@ -4,9 +4,11 @@
 //! network's VNI (its UDP socket in the node's namespace, head-end replication to every
 //! overlay peer: [`fdb_sync_actions`]). A VMI joins it as the bridge binding joins the pod
 //! network ([`vmi_plan`]: the node side of its veth is a port of the network's bridge, the
-//! guest holds the address the controller annotated, served by the VMI's DHCP server).
-//! Isolation between two networks, even with the same subnet, comes from the separate
-//! namespaces and VNIs: nothing routes between them.
+//! guest holds the address the controller annotated, served by the VMI's DHCP server). On a
+//! node with an uplink the network has a gateway ([`gateway_steps`]: the subnet's first
+//! address on the bridge, egress through a transit veth and NAT). Isolation between two
+//! networks, even with the same subnet, comes from the separate namespaces and VNIs: nothing
+//! routes between them.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -123,6 +125,182 @@ pub struct UdnNetwork {
     /// spans only this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local: Option<Ipv4Addr>,
+    /// The network's gateway on this node ([`gateway_steps`]); `None`: no gateway (the node
+    /// has no uplink), the guests reach only their network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<UdnGateway>,
+}
+
+/// A network's gateway on a node: the subnet's first address on the network's bridge (the
+/// same address and MAC on every node: each node answers its own guests), egress through a
+/// veth to the node's namespace and out of its uplink, masqueraded twice (to the transit
+/// address, then to the uplink's address).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UdnGateway {
+    pub address: Ipv4Addr,
+    /// The node's uplink (`--uplink`).
+    pub uplink: String,
+}
+
+/// Transit links between a network's namespace and the node's: `/30`s from this range, one
+/// per network on the node (node side `.1`, network side `.2`).
+pub const TRANSIT_RANGE: &str = "169.254.128.0/17";
+/// The network side of the transit veth.
+pub const GW_VETH: &str = "udn-gw";
+/// Prefix of the node side of the transit veths.
+pub const NODE_GW_VETH_PREFIX: &str = "fvg";
+/// The nft table of the gateways (in the node's and each network's namespace).
+pub const GW_TABLE: &str = "ferrovirt-udn";
+
+/// The transit addresses of index `i`: (node side, network side).
+pub fn transit(i: u16) -> (Ipv4Addr, Ipv4Addr) {
+    let base = u32::from(Ipv4Addr::new(169, 254, 128, 0)) + 4 * u32::from(i);
+    (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
+}
+
+/// The transit index of a network side address ([`transit`]), if it is one.
+pub fn transit_index(addr: Ipv4Addr) -> Option<u16> {
+    let off = u32::from(addr).checked_sub(u32::from(Ipv4Addr::new(169, 254, 128, 0)))?;
+    (off % 4 == 2 && off / 4 < 8192).then_some((off / 4) as u16)
+}
+
+/// The lowest transit index no other network of the node uses.
+pub fn pick_transit(used: &BTreeSet<u16>) -> Result<u16> {
+    (0..8192u16)
+        .find(|i| !used.contains(i))
+        .ok_or_else(|| Error::InvalidPlan("no free transit link for a network gateway".into()))
+}
+
+/// The network side transit address in `ip -j -4 addr show dev udn-gw`, if any.
+pub fn parse_transit(addr_json: &str) -> Option<u16> {
+    let v: serde_json::Value = serde_json::from_str(addr_json).ok()?;
+    v.as_array()?
+        .iter()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a["local"].as_str()?.parse::<Ipv4Addr>().ok())
+        .find_map(transit_index)
+}
+
+/// The MAC of a network's gateway: the same on every node.
+pub fn gateway_mac(net: &UdnNetwork) -> MacAddr {
+    MacAddr::stable(&["ferrovirt-udn-gw", &net.name])
+}
+
+/// The node side of a network's transit veth: `fvg<8 hex of the name's hash>`.
+pub fn node_gw_veth(net: &UdnNetwork) -> String {
+    format!(
+        "{NODE_GW_VETH_PREFIX}{}",
+        &crate::plan::hash_hex(&net.name)[..8]
+    )
+}
+
+/// The node's gateway table (the same for every network): nothing from a transit veth is
+/// delivered to the node unless it answers the node's own connection, nothing is forwarded
+/// from one into the cluster CIDR (the pod network, other nodes' pod subnets) or to link-local
+/// addresses (other networks' transit links, metadata services), and what leaves the uplink
+/// from the transit range is masqueraded.
+pub fn node_gateway_script(cluster: Ipv4Cidr, uplink: &str) -> String {
+    let ifs = format!("\"{NODE_GW_VETH_PREFIX}*\"");
+    let body = format!(
+        "  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+         iifname {ifs} ct state established,related accept\n    \
+         iifname {ifs} counter drop\n  }}\n  \
+         chain forward {{\n    type filter hook forward priority 0; policy accept;\n    \
+         iifname {ifs} ip daddr {{ {cluster}, {ll} }} counter drop\n  }}\n  \
+         chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    \
+         ip saddr {TRANSIT_RANGE} oifname \"{uplink}\" masquerade\n  }}\n",
+        ll = crate::render::LINK_LOCAL,
+    );
+    crate::render::replace_table("ip", GW_TABLE, &body)
+}
+
+/// The network namespace's gateway tables: guests' traffic leaving through the transit veth
+/// is masqueraded to the transit address, nothing from the node's side starts a connection
+/// in, guests reach the gateway's own address only with ICMP echo, and no frame from the
+/// gateway's MAC leaves through the VXLAN device (each node's gateway answers its own guests).
+pub fn network_gateway_script(net: &UdnNetwork) -> String {
+    let mac = gateway_mac(net);
+    let ip = format!(
+        "  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+         ct state established,related accept\n    \
+         iifname \"{BRIDGE}\" icmp type echo-request accept\n    \
+         counter drop\n  }}\n  \
+         chain forward {{\n    type filter hook forward priority 0; policy accept;\n    \
+         iifname \"{GW_VETH}\" ct state established,related accept\n    \
+         iifname \"{GW_VETH}\" counter drop\n  }}\n  \
+         chain postrouting {{\n    type nat hook postrouting priority 100; policy accept;\n    \
+         oifname \"{GW_VETH}\" masquerade\n  }}\n"
+    );
+    let bridge = format!(
+        "  chain output {{\n    type filter hook output priority 0; policy accept;\n    \
+         oifname \"{VXLAN}\" ether saddr {mac} counter drop\n  }}\n"
+    );
+    let mut s = crate::render::replace_table("ip", GW_TABLE, &ip);
+    s.push_str(&crate::render::replace_table("bridge", GW_TABLE, &bridge));
+    s
+}
+
+/// The steps of the network's gateway on this node with transit index `i` (after
+/// [`network_steps`]); `cluster` is the cluster CIDR.
+pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action> {
+    let Some(gw) = &net.gateway else {
+        return Vec::new();
+    };
+    let ns = net.ns();
+    let nn = net.node_netns.clone();
+    let hv = node_gw_veth(net);
+    let (node_t, net_t) = transit(i);
+    let gw_addr = format!("{}/{}", gw.address, net.subnet.prefix());
+    vec![
+        Action::Sysctl {
+            netns: ns.clone(),
+            key: "net/ipv4/ip_forward".into(),
+            value: "1".into(),
+        },
+        Action::Nft {
+            netns: ns.clone(),
+            script: network_gateway_script(net),
+        },
+        Action::Nft {
+            netns: nn.clone(),
+            script: node_gateway_script(cluster, &gw.uplink),
+        },
+        ip(
+            &ns,
+            &[
+                "link",
+                "set",
+                BRIDGE,
+                "address",
+                &gateway_mac(net).to_string(),
+            ],
+        ),
+        ip(&ns, &["addr", "replace", &gw_addr, "dev", BRIDGE]),
+        crate::render::add_veth_pair(&nn, &hv, GW_VETH, &net.netns, "1500"),
+        ip(
+            &nn,
+            &["addr", "replace", &format!("{node_t}/30"), "dev", &hv],
+        ),
+        ip(&nn, &["link", "set", &hv, "up"]),
+        ip(
+            &ns,
+            &["addr", "replace", &format!("{net_t}/30"), "dev", GW_VETH],
+        ),
+        ip(&ns, &["link", "set", GW_VETH, "up"]),
+        ip(
+            &ns,
+            &[
+                "route",
+                "replace",
+                "default",
+                "via",
+                &node_t.to_string(),
+                "dev",
+                GW_VETH,
+            ],
+        ),
+    ]
 }
 
 /// The network's namespace on a node: `fvn-<8 hex of the name's hash>`, with
@@ -207,6 +385,7 @@ impl UdnNetwork {
             netns: netns_name(&config.name, node_netns),
             node_netns: node_netns.map(String::from),
             local,
+            gateway: None,
         })
     }
 
@@ -231,8 +410,14 @@ pub struct NetworkSteps {
 pub fn network_steps(net: &UdnNetwork) -> NetworkSteps {
     let ns = net.ns();
     let mtu = net.mtu.to_string();
-    let mut before = vec![
+    let before = vec![
         Action::AddNetns(net.netns.clone()),
+        // No IPv6 chatter (router solicitations, DAD) from the namespace's own links.
+        Action::Sysctl {
+            netns: ns.clone(),
+            key: "net/ipv6/conf/default/disable_ipv6".into(),
+            value: "1".into(),
+        },
         ip(&ns, &["link", "set", "lo", "up"]),
         Action::AddLink {
             netns: ns.clone(),
@@ -240,12 +425,6 @@ pub fn network_steps(net: &UdnNetwork) -> NetworkSteps {
             args: strs(&["link", "add", BRIDGE, "type", "bridge"]),
         },
     ];
-    // No IPv6 chatter (router solicitations, DAD) from the namespace's own links.
-    before.push(Action::Sysctl {
-        netns: ns.clone(),
-        key: "net/ipv6/conf/default/disable_ipv6".into(),
-        value: "1".into(),
-    });
     let mut after = Vec::new();
     let vxlan = net.local.map(|local| {
         after.push(ip(
@@ -424,7 +603,7 @@ pub struct UdnVmi<'a> {
 /// The VMI's plan on the network: the bridge binding's plan (namespace `fv-<uid>`, veth,
 /// `k6t-eth0`, tap, DHCP server on the link-local server address) whose node side is the
 /// network's bridge in the network's namespace. DHCP offers the annotated address with the
-/// network's MTU and no router and no DNS (the network has no gateway here).
+/// network's MTU, the gateway as router when the network has one on this node, and no DNS.
 pub fn vmi_plan(net: &UdnNetwork, vmi: &UdnVmi<'_>, addr: UdnAddress) -> Result<PodPlan> {
     let ipam = Ipam {
         cluster: net.subnet,
@@ -443,7 +622,7 @@ pub fn vmi_plan(net: &UdnNetwork, vmi: &UdnVmi<'_>, addr: UdnAddress) -> Result<
     req.queues = vmi.queues;
     req.address = Some(addr.address);
     let mut plan = PodPlan::build(&node, &req)?;
-    plan.lease.router = None;
+    plan.lease.router = net.gateway.as_ref().map(|g| g.address);
     plan.lease.dns.clear();
     plan.lease.search.clear();
     plan.udn = Some(net.clone());
@@ -567,6 +746,89 @@ mod tests {
     }
 
     #[test]
+    fn a_gateway_is_anycast_with_its_own_transit_link() {
+        assert_eq!(
+            transit(0),
+            (
+                Ipv4Addr::new(169, 254, 128, 1),
+                Ipv4Addr::new(169, 254, 128, 2)
+            )
+        );
+        assert_eq!(transit(300).1, Ipv4Addr::new(169, 254, 132, 178));
+        for i in [0, 1, 300, 8191] {
+            assert_eq!(transit_index(transit(i).1), Some(i));
+            assert_eq!(transit_index(transit(i).0), None);
+        }
+        assert_eq!(transit_index(Ipv4Addr::new(10, 0, 0, 2)), None);
+        assert_eq!(pick_transit(&BTreeSet::from([0, 1, 3])).unwrap(), 2);
+        let j = r#"[{"ifname":"udn-gw","addr_info":[{"family":"inet","local":"169.254.128.6","prefixlen":30}]}]"#;
+        assert_eq!(parse_transit(j), Some(1));
+        assert_eq!(parse_transit("[]"), None);
+
+        let mut n = net(Some("nodea"));
+        let cluster: Ipv4Cidr = "10.244.0.0/16".parse().unwrap();
+        assert!(gateway_steps(&n, 0, cluster).is_empty());
+        n.gateway = Some(UdnGateway {
+            address: Ipv4Addr::new(10, 100, 0, 1),
+            uplink: "under0".into(),
+        });
+        let steps: Vec<String> = gateway_steps(&n, 1, cluster)
+            .iter()
+            .map(|a| a.command_line())
+            .collect();
+        let ns = &n.netns;
+        let hv = node_gw_veth(&n);
+        assert!(hv.starts_with("fvg") && hv.len() == 11, "{hv}");
+        for want in [
+            format!("ip -n {ns} addr replace 10.100.0.1/24 dev udn-br0"),
+            format!("ip -n {ns} link set udn-br0 address {}", gateway_mac(&n)),
+            format!("ip -n nodea addr replace 169.254.128.5/30 dev {hv}"),
+            format!("ip -n {ns} addr replace 169.254.128.6/30 dev udn-gw"),
+            format!("ip -n {ns} route replace default via 169.254.128.5 dev udn-gw"),
+        ] {
+            assert!(steps.contains(&want), "{want} not in {steps:#?}");
+        }
+        // The same gateway MAC on every node, another per network.
+        assert_eq!(gateway_mac(&n), gateway_mac(&net(Some("nodeb"))));
+        let mut other = n.clone();
+        other.name = "ub_net".into();
+        assert_ne!(gateway_mac(&n), gateway_mac(&other));
+        // The gateway's frames never leave through the VXLAN device; guests reach nothing
+        // of the node but answers; the pod network and link-local are never forwarded to.
+        let netside = network_gateway_script(&n);
+        assert!(
+            netside.contains(&format!(
+                "oifname \"udn-vx0\" ether saddr {} counter drop",
+                gateway_mac(&n)
+            )),
+            "{netside}"
+        );
+        assert!(
+            netside.contains("oifname \"udn-gw\" masquerade"),
+            "{netside}"
+        );
+        assert!(
+            netside.contains("iifname \"udn-gw\" counter drop"),
+            "{netside}"
+        );
+        let nodeside = node_gateway_script(cluster, "under0");
+        assert!(
+            nodeside.contains("iifname \"fvg*\" counter drop"),
+            "{nodeside}"
+        );
+        assert!(
+            nodeside.contains(
+                "iifname \"fvg*\" ip daddr { 10.244.0.0/16, 169.254.0.0/16 } counter drop"
+            ),
+            "{nodeside}"
+        );
+        assert!(
+            nodeside.contains("ip saddr 169.254.128.0/17 oifname \"under0\" masquerade"),
+            "{nodeside}"
+        );
+    }
+
+    #[test]
     fn flood_entries_follow_the_peers() {
         let n = net(None);
         let fdb = r#"[{"mac":"00:00:00:00:00:00","dst":"192.168.1.2","flags":["self"]},
@@ -665,6 +927,14 @@ mod tests {
         assert_eq!(p.lease.address, addr.address);
         assert_eq!(p.lease.subnet, n.subnet);
         assert_eq!(p.lease.router, None);
+        // With a gateway on this node: offered as the router.
+        let mut gw = n.clone();
+        gw.gateway = Some(UdnGateway {
+            address: Ipv4Addr::new(10, 100, 0, 1),
+            uplink: "up0".into(),
+        });
+        let pg = vmi_plan(&gw, &v, addr).unwrap();
+        assert_eq!(pg.lease.router, Some(Ipv4Addr::new(10, 100, 0, 1)));
         assert!(p.lease.dns.is_empty());
         assert_eq!(p.lease.mtu, Some(1400));
         assert_eq!(p.udn.as_ref(), Some(&n));
