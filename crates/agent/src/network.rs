@@ -656,7 +656,7 @@ impl AgentNet {
                 ));
             };
             let config = nad.data["spec"]["config"].as_str().unwrap_or("");
-            let config = ferrovirt_network::secondary::parse_cni_config(config).map_err(|e| {
+            let config = self.bridge_config(vmi, config).map_err(|e| {
                 AgentError::invalid(
                     s.network_field.clone(),
                     format!(
@@ -706,6 +706,35 @@ impl AgentNet {
             out.exec_prefix = ferrovirt_network::netns::exec_prefix(&plans[0].netns);
         }
         Ok(out)
+    }
+
+    /// The host bridge (and VLAN, MTU) a NAD's configuration attaches to on this node: a
+    /// bridge CNI configuration as it is, a Localnet through the node's bridge mappings
+    /// (`DATA_DIR/nmstate-bridge-mappings.json`, written by the nmstate loop).
+    fn bridge_config(
+        &self,
+        vmi: &VirtualMachineInstance,
+        config: &str,
+    ) -> Result<ferrovirt_network::BridgeConfig, ferrovirt_network::Error> {
+        use ferrovirt_network::localnet::{NadNetwork, parse_nad_config, resolve};
+        match parse_nad_config(config)? {
+            NadNetwork::Bridge(b) => Ok(b),
+            NadNetwork::Localnet(l) => {
+                if !l.subnets.is_empty() {
+                    return Err(ferrovirt_network::Error::InvalidNetworkConfig(format!(
+                        "spec.config.subnets {:?}: IPAM on a Localnet network is not carried out yet (omit subnets; the guest configures its address)",
+                        l.subnets.join(",")
+                    )));
+                }
+                let node = vmi
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                let mappings = crate::nmstate::read_bridge_mappings(&self.cfg.data_dir);
+                resolve(&l, &mappings, &node)
+            }
+        }
     }
 
     /// After an agent restart: re-applies the plans of a running VMI (links are kept) and
