@@ -61,9 +61,9 @@ pub fn parse_nad_config(text: &str) -> Result<NadNetwork> {
         "localnet" => {}
         "layer2" | "layer3" => {
             if s("role") == "primary" {
-                return Err(bad(format!(
-                    "spec.config.role \"primary\": a Primary UserDefinedNetwork is the VMI's pod network, not a Multus network (use pod: {{}})"
-                )));
+                return Err(bad(
+                    "spec.config.role \"primary\": a Primary UserDefinedNetwork is the VMI's pod network, not a Multus network (use pod: {})",
+                ));
             }
             return Err(bad(format!(
                 "spec.config.topology {:?}: Secondary Layer2/Layer3 UserDefinedNetwork data plane not carried out yet",
