@@ -247,6 +247,8 @@ pub struct AgentNet {
     node: OnceLock<NodeNetwork>,
     /// Pod-network attachments (their DHCP servers) per VMI uid.
     attachments: Mutex<HashMap<String, ferrovirt_network::Attached>>,
+    /// DHCP servers of secondary interfaces (Localnet with IPAM) per VMI uid and interface.
+    secondary_dhcp: Mutex<HashMap<String, BTreeMap<String, ferrovirt_network::dhcp::DhcpServer>>>,
     /// The addresses of the VMIs this node runs (for the routes of moved addresses).
     hosted: crate::pod_routes::Hosted,
 }
@@ -264,6 +266,7 @@ impl AgentNet {
             cfg,
             node: OnceLock::new(),
             attachments: Mutex::new(HashMap::new()),
+            secondary_dhcp: Mutex::new(HashMap::new()),
             hosted: Default::default(),
         }
     }
@@ -656,7 +659,7 @@ impl AgentNet {
                 ));
             };
             let config = nad.data["spec"]["config"].as_str().unwrap_or("");
-            let config = self.bridge_config(vmi, config).map_err(|e| {
+            let in_nad = |e: &dyn std::fmt::Display| {
                 AgentError::invalid(
                     s.network_field.clone(),
                     format!(
@@ -664,7 +667,8 @@ impl AgentNet {
                         s.name, s.nad_namespace, s.nad_name
                     ),
                 )
-            })?;
+            };
+            let (config, ipam) = self.bridge_config(vmi, config).map_err(|e| in_nad(&e))?;
             let req = ferrovirt_network::SecondaryRequest {
                 uid: uid.to_string(),
                 interface: s.name.clone(),
@@ -675,6 +679,16 @@ impl AgentNet {
                 queues: mapping::nic_queues(vmi, &s.name),
             };
             let mut plan = SecondaryPlan::build(node, &req).map_err(net_err)?;
+            if ipam {
+                // The controller allots the address (k8s.ovn.org/pod-networks); DHCP offers it.
+                let (address, subnet) = wait_allotted(client, vmi, &req.nad)
+                    .await
+                    .map_err(|e| in_nad(&e))?;
+                let (_, name) = ns_name(vmi);
+                plan.lease = Some(ferrovirt_network::localnet::lease(
+                    address, subnet, s.mac, plan.mtu, &name,
+                ));
+            }
             plan.netns = match &pod_netns {
                 Some(n) => n.clone(),
                 None => incoming_netns(
@@ -694,6 +708,9 @@ impl AgentNet {
                 .map_err(|e| {
                     AgentError::Reference(format!("{}: {e}", secondary_field(secondaries, p)))
                 })?;
+            self.start_secondary_dhcp(uid, p).await.map_err(|e| {
+                AgentError::Reference(format!("{}: {e}", secondary_field(secondaries, p)))
+            })?;
             out.taps.insert(
                 p.interface.clone(),
                 PodTap {
@@ -715,24 +732,18 @@ impl AgentNet {
         &self,
         vmi: &VirtualMachineInstance,
         config: &str,
-    ) -> Result<ferrovirt_network::BridgeConfig, ferrovirt_network::Error> {
+    ) -> Result<(ferrovirt_network::BridgeConfig, bool), ferrovirt_network::Error> {
         use ferrovirt_network::localnet::{NadNetwork, parse_nad_config, resolve};
         match parse_nad_config(config)? {
-            NadNetwork::Bridge(b) => Ok(b),
+            NadNetwork::Bridge(b) => Ok((b, false)),
             NadNetwork::Localnet(l) => {
-                if !l.subnets.is_empty() {
-                    return Err(ferrovirt_network::Error::InvalidNetworkConfig(format!(
-                        "spec.config.subnets {:?}: IPAM on a Localnet network is not carried out yet (omit subnets; the guest configures its address)",
-                        l.subnets.join(",")
-                    )));
-                }
                 let node = vmi
                     .status
                     .as_ref()
                     .and_then(|s| s.node_name.clone())
                     .unwrap_or_default();
                 let mappings = crate::nmstate::read_bridge_mappings(&self.cfg.data_dir);
-                resolve(&l, &mappings, &node)
+                Ok((resolve(&l, &mappings, &node)?, !l.subnets.is_empty()))
             }
         }
     }
@@ -756,7 +767,27 @@ impl AgentNet {
             if let Err(e) = ferrovirt_network::pod::setup_secondary(&p).await {
                 tracing::warn!(%uid, "re-attaching network {}: {e}", p.interface);
             }
+            if let Err(e) = self.start_secondary_dhcp(uid, &p).await {
+                tracing::warn!(%uid, "DHCP of network {}: {e}", p.interface);
+            }
         }
+    }
+
+    /// Starts (and keeps) the DHCP server of a secondary interface whose plan has a lease.
+    async fn start_secondary_dhcp(
+        &self,
+        uid: &str,
+        p: &SecondaryPlan,
+    ) -> Result<(), ferrovirt_network::Error> {
+        if let Some(server) = ferrovirt_network::pod::start_secondary_dhcp(p).await? {
+            self.secondary_dhcp
+                .lock()
+                .await
+                .entry(uid.to_string())
+                .or_default()
+                .insert(p.interface.clone(), server);
+        }
+        Ok(())
     }
 
     /// Stops the VMI's DHCP server and removes its namespace and veths (before its directory,
@@ -764,6 +795,7 @@ impl AgentNet {
     pub async fn detach(&self, uid: &str) {
         self.unhost(uid);
         self.attachments.lock().await.remove(uid);
+        self.secondary_dhcp.lock().await.remove(uid);
         let dir = self.cfg.vmi_dir(uid);
         let mut netns = None;
         if let Some(plan) = launchers::read_network_plan(&dir) {
@@ -818,6 +850,45 @@ struct RouteState {
     notes: Vec<String>,
     /// The claim last written on the Node (`None`: not written yet by this process).
     published: Option<Option<String>>,
+}
+
+/// How long a VMI on a Localnet with IPAM waits for the controller to allot its address.
+const ALLOT_WAIT: Duration = Duration::from_secs(60);
+
+/// The address the controller allotted to the VMI on NAD `nad` (`ns/name`), from its
+/// `k8s.ovn.org/pod-networks` annotation, read again until it is there (never guessed).
+async fn wait_allotted(
+    client: &Client,
+    vmi: &VirtualMachineInstance,
+    nad: &str,
+) -> Result<(Ipv4Addr, ferrovirt_network::Ipv4Cidr), ferrovirt_network::Error> {
+    use ferrovirt_network::localnet::{POD_NETWORKS_ANNOTATION, allotted_address};
+    let (ns, name) = ns_name(vmi);
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &crate::runtime::vmi_resource());
+    let started = std::time::Instant::now();
+    let mut current = vmi.metadata.annotations.clone();
+    loop {
+        let ann = current
+            .as_ref()
+            .and_then(|a| a.get(POD_NETWORKS_ANNOTATION))
+            .map(String::as_str);
+        if let Some(found) = allotted_address(ann, nad)? {
+            return Ok(found);
+        }
+        if started.elapsed() > ALLOT_WAIT {
+            return Err(ferrovirt_network::Error::InvalidNetworkConfig(format!(
+                "spec.config.subnets: no address allotted to VMI {ns}/{name} on this network after {}s (annotation {POD_NETWORKS_ANNOTATION} has no entry {nad:?})",
+                ALLOT_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        match api.get_opt(&name).await {
+            Ok(Some(v)) => current = v.metadata.annotations,
+            Ok(None) => {}
+            Err(e) => tracing::debug!("reading VMI {ns}/{name}: {e}"),
+        }
+    }
 }
 
 fn secondary_field(secondaries: &[SecondaryInterface], p: &SecondaryPlan) -> String {

@@ -155,9 +155,111 @@ pub fn resolve(
     })
 }
 
+/// The VMI annotation in which OVN-Kubernetes' (here the controller's) IPAM records each
+/// network's addresses, keyed `"<nad namespace>/<nad name>"`.
+pub const POD_NETWORKS_ANNOTATION: &str = "k8s.ovn.org/pod-networks";
+
+/// The IPv4 address (and its subnet) allotted to the VMI on NAD `nad` (`ns/name`), from the
+/// value of its [`POD_NETWORKS_ANNOTATION`] (`{"ns/name": {"ip_addresses": ["10.0.0.5/24"],
+/// "role": "secondary"}}`). `None`: not allotted yet (wait; never guess). A value that cannot
+/// be read is an error naming the annotation.
+pub fn allotted_address(
+    annotation: Option<&str>,
+    nad: &str,
+) -> Result<Option<(std::net::Ipv4Addr, crate::Ipv4Cidr)>> {
+    let Some(text) = annotation else {
+        return Ok(None);
+    };
+    let v: Value = serde_json::from_str(text).map_err(|e| {
+        bad(format!(
+            "annotation {POD_NETWORKS_ANNOTATION} is not JSON: {e}"
+        ))
+    })?;
+    let Some(entry) = v.get(nad) else {
+        return Ok(None);
+    };
+    let addrs = entry
+        .get("ip_addresses")
+        .and_then(Value::as_array)
+        .ok_or_else(|| {
+            bad(format!(
+                "annotation {POD_NETWORKS_ANNOTATION}[{nad:?}].ip_addresses is missing"
+            ))
+        })?;
+    for a in addrs.iter().filter_map(Value::as_str) {
+        if let Ok(net) = a.parse::<ipnet::Ipv4Net>() {
+            let t = net.trunc();
+            let subnet = crate::Ipv4Cidr::new(t.network(), t.prefix_len())?;
+            return Ok(Some((net.addr(), subnet)));
+        }
+    }
+    Err(bad(format!(
+        "annotation {POD_NETWORKS_ANNOTATION}[{nad:?}].ip_addresses has no IPv4 address/prefix ({addrs:?}); only IPv4 is served by DHCP"
+    )))
+}
+
+/// The DHCP lease offering the allotted address on a Localnet interface: no router, no DNS
+/// (the physical network's business), the interface's MTU, served from the link-local
+/// address the bridge binding uses ([`crate::plan::BRIDGE_DHCP_ADDR`]).
+pub fn lease(
+    address: std::net::Ipv4Addr,
+    subnet: crate::Ipv4Cidr,
+    mac: crate::MacAddr,
+    mtu: u16,
+    hostname: &str,
+) -> crate::dhcp::LeaseConfig {
+    crate::dhcp::LeaseConfig {
+        client_mac: mac,
+        address,
+        subnet,
+        router: None,
+        dns: Vec::new(),
+        search: Vec::new(),
+        server_id: crate::plan::BRIDGE_DHCP_ADDR,
+        lease_secs: crate::plan::DEFAULT_LEASE_SECS,
+        hostname: (!hostname.is_empty()).then(|| hostname.to_string()),
+        mtu: Some(mtu),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_allotted_address() {
+        let ann = r#"{"ln/phys":{"ip_addresses":["10.77.0.5/24"],"role":"secondary"},"ln/other":{"ip_addresses":["fd00::5/64","10.8.0.9/16"]}}"#;
+        let (a, s) = allotted_address(Some(ann), "ln/phys").unwrap().unwrap();
+        assert_eq!(
+            (a.to_string(), s.to_string()),
+            ("10.77.0.5".into(), "10.77.0.0/24".into())
+        );
+        let (a, s) = allotted_address(Some(ann), "ln/other").unwrap().unwrap();
+        assert_eq!(
+            (a.to_string(), s.to_string()),
+            ("10.8.0.9".into(), "10.8.0.0/16".into())
+        );
+        // Not yet: no annotation, or not for this network.
+        assert_eq!(allotted_address(None, "ln/phys").unwrap(), None);
+        assert_eq!(allotted_address(Some(ann), "ln/third").unwrap(), None);
+        for (bad, needle) in [
+            ("nope", "is not JSON"),
+            (r#"{"ln/phys":{}}"#, "ip_addresses is missing"),
+            (r#"{"ln/phys":{"ip_addresses":["fd00::1/64"]}}"#, "no IPv4"),
+        ] {
+            let e = allotted_address(Some(bad), "ln/phys")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(needle) && e.contains(POD_NETWORKS_ANNOTATION),
+                "{e}"
+            );
+        }
+        let l = lease(a, s, "02:00:00:00:00:09".parse().unwrap(), 1400, "vm");
+        assert_eq!(l.router, None);
+        assert_eq!(l.server_id, crate::plan::BRIDGE_DHCP_ADDR);
+        assert_eq!((l.mtu, l.hostname.as_deref()), (Some(1400), Some("vm")));
+    }
 
     fn cfg(extra: &str) -> String {
         format!(

@@ -3,7 +3,9 @@
 //! [`SecondaryPlan`]: a veth from the named host bridge in the node namespace (an access port
 //! of the configured VLAN, with `vlan_filtering` on that bridge) into the VMI namespace, where
 //! it shares an in-namespace bridge with the tap QEMU opens. No addresses and no DHCP: the
-//! guest configures the interface itself (the `ipam` section is ignored).
+//! guest configures the interface itself (the `ipam` section is ignored) — except for a
+//! Localnet with IPAM ([`crate::localnet`]), whose plan carries the lease a DHCP server on
+//! the in-namespace bridge offers.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -126,6 +128,10 @@ pub struct SecondaryPlan {
     pub queues: u32,
     pub mac: MacAddr,
     pub mtu: u16,
+    /// The address a DHCP server offers the guest on this interface (a Localnet with IPAM);
+    /// `None`: the guest configures the interface itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<crate::dhcp::LeaseConfig>,
 }
 
 impl SecondaryPlan {
@@ -159,6 +165,7 @@ impl SecondaryPlan {
             queues: req.queues.max(1),
             mac: req.mac,
             mtu: req.config.mtu.unwrap_or(node.mtu),
+            lease: None,
         })
     }
 }
@@ -238,6 +245,11 @@ pub fn secondary_actions(plan: &SecondaryPlan) -> Vec<Action> {
         ),
         ip(&pod, &["link", "set", br, "mtu", &mtu, "up"]),
     ]);
+    if let Some(l) = &plan.lease {
+        // The DHCP server's address (as the bridge binding's), on the VMI-side bridge.
+        let addr = format!("{}/32", l.server_id);
+        a.push(ip(&pod, &["addr", "replace", &addr, "dev", br]));
+    }
     a
 }
 
@@ -298,6 +310,38 @@ mod tests {
 
     fn render(a: &Action) -> String {
         a.command_line()
+    }
+
+    #[test]
+    fn a_lease_puts_the_dhcp_address_on_the_vmi_side_bridge() {
+        let mut p = SecondaryPlan::build(
+            &node(),
+            &req(BridgeConfig {
+                bridge: "br-ext".into(),
+                vlan: None,
+                mtu: Some(1400),
+            }),
+        )
+        .unwrap();
+        let without: Vec<String> = secondary_actions(&p).iter().map(render).collect();
+        assert!(!without.iter().any(|a| a.contains("addr")), "{without:?}");
+        let subnet: crate::Ipv4Cidr = "10.77.0.0/24".parse().unwrap();
+        p.lease = Some(crate::localnet::lease(
+            "10.77.0.5".parse().unwrap(),
+            subnet,
+            p.mac,
+            p.mtu,
+            "vm",
+        ));
+        let with: Vec<String> = secondary_actions(&p).iter().map(render).collect();
+        assert_eq!(
+            with.last().unwrap(),
+            "ip -n fv-uid-1 addr replace 169.254.75.10/32 dev k6t-net1"
+        );
+        // The plan (with its lease) reads back as written.
+        let back: SecondaryPlan =
+            serde_json::from_value(serde_json::to_value(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
     }
 
     #[test]
