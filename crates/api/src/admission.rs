@@ -197,6 +197,11 @@ pub fn admit(
         }
         (crate::backup::GROUP, kind) => errors.extend(crate::backup::admit(kind, op, obj, old)),
         (crate::udn::GROUP, kind) => errors.extend(crate::udn::admit(kind, op, obj, old)),
+        ("k8s.cni.cncf.io", "IPAMClaim") => {
+            if let Some(c) = reparse::<crate::network::IPAMClaim>(obj, &mut errors) {
+                errors.extend(crate::network::validate_ipamclaim(&c));
+            }
+        }
         (crate::nmstate::GROUP, kind) => errors.extend(crate::nmstate::admit(kind, op, obj, old)),
         ("snapshot.storage.k8s.io", _) => {
             errors.extend(crate::volumesnapshot::admit(def.kind, obj));

@@ -1053,6 +1053,20 @@ fn cdi_and_other_resources() -> Vec<ResourceDef> {
         )
         .short(&["net-attach-def", "nad"]),
         Def::new(
+            "k8s.cni.cncf.io",
+            "v1alpha1",
+            "IPAMClaim",
+            "IPAMClaimList",
+            "ipamclaims",
+            "ipamclaim",
+        )
+        .status()
+        .cols(vec![
+            col("Network", "string", ".spec.network"),
+            col("Interface", "string", ".spec.interface"),
+            col("IPs", "string", ".status.ips"),
+        ]),
+        Def::new(
             "hco.kubevirt.io",
             "v1beta1",
             "HyperConverged",

@@ -194,6 +194,7 @@ fn generate(def: &ResourceDef) -> Value {
         (_, "StorageProfile") => schema_of::<cdi::StorageProfile>(),
         (_, "CDI") => schema_of::<cdi::Cdi>(),
         (_, "NetworkAttachmentDefinition") => schema_of::<network::NetworkAttachmentDefinition>(),
+        ("k8s.cni.cncf.io", "IPAMClaim") => schema_of::<network::IPAMClaim>(),
         (_, "HyperConverged") => schema_of::<hco::HyperConverged>(),
         ("ssp.kubevirt.io", "SSP") => schema_of::<hco::operands::Ssp>(),
         (_, "NetworkAddonsConfig") => schema_of::<hco::operands::NetworkAddonsConfig>(),

@@ -4,7 +4,9 @@
 //! config) and `NetworkCreated=True`; OVN-K's validation rules refuse bad networks with 422
 //! naming the field, and the network is immutable; a ClusterUserDefinedNetwork follows its
 //! namespace selector as labels change; deleting a UDN waits while a VMI in its namespace
-//! uses it, saying so in the condition; `kubectl get udn,cudn` prints the columns. The Primary
+//! uses it, saying so in the condition; `kubectl get udn,cudn` prints the columns; the
+//! network's VNI, the addresses its VMIs get (`k8s.ovn.org/pod-networks`) and a VM's IPAMClaim
+//! that keeps its address across a restart, gone with the VM. The Primary
 //! UDN data plane is not carried out: the node agent refuses a pod-network VMI in a namespace
 //! labelled `k8s.ovn.org/primary-user-defined-network`, naming the field.
 
@@ -159,6 +161,110 @@ fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
     ] {
         assert!(table.contains(want), "no {want} in:\n{table}");
     }
+
+    // Addresses (IPAMClaim, the VMI's k8s.ovn.org/pod-networks) and the network's VNI. The VMs
+    // cannot be scheduled (no node has the label), so only the controller acts on their VMIs.
+    let vni = udn["metadata"]["annotations"]["ferrovirt.io/udn-vni"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(vni.parse::<u32>().is_ok_and(|v| v >= 10_000), "VNI {vni:?}");
+    assert_eq!(
+        nad(&c, "udn-a", "tenant")?.unwrap_or_default()["metadata"]["annotations"]["ferrovirt.io/udn-vni"],
+        vni.as_str()
+    );
+    for vm in ["vm1", "vm2"] {
+        c.apply(&format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {{name: {vm}, namespace: udn-a}}\nspec:\n  runStrategy: Always\n  template:\n    spec:\n      nodeSelector: {{nowhere: \"true\"}}\n      domain:\n        devices: {{}}\n        resources: {{requests: {{memory: 64Mi}}}}\n"
+        ))?;
+    }
+    let address = |vmi: &str| -> anyhow::Result<Option<(String, String)>> {
+        let v = c.get_json(&["vmi", vmi, "-n", "udn-a"])?;
+        let text = v["metadata"]["annotations"]["k8s.ovn.org/pod-networks"]
+            .as_str()
+            .unwrap_or("{}")
+            .to_string();
+        let pn: Value = serde_json::from_str(&text)?;
+        let ip = pn["udn-a/tenant"]["ip_addresses"][0]
+            .as_str()
+            .map(String::from);
+        Ok(ip.map(|ip| (ip, v["metadata"]["uid"].as_str().unwrap_or("").to_string())))
+    };
+    let (ip1, uid1) = c.wait_until("vm1's address", T, || address("vm1"))?;
+    let (ip2, _) = c.wait_until("vm2's address", T, || address("vm2"))?;
+    assert!(
+        ip1.starts_with("10.100.0.") && ip1.ends_with("/24"),
+        "{ip1}"
+    );
+    assert_ne!(ip1, ip2);
+    assert_ne!(ip1, "10.100.0.1/24", "the gateway was handed out");
+    let pn: Value = serde_json::from_str(
+        c.get_json(&["vmi", "vm1", "-n", "udn-a"])?["metadata"]["annotations"]
+            ["k8s.ovn.org/pod-networks"]
+            .as_str()
+            .unwrap_or("{}"),
+    )?;
+    assert_eq!(pn["udn-a/tenant"]["role"], "primary");
+    assert_eq!(pn["udn-a/tenant"]["gateway_ips"][0], "10.100.0.1");
+    let claim = c.wait_until("vm1's IPAMClaim", T, || {
+        let cl = c.get_json(&["ipamclaims", "vm1.default", "-n", "udn-a"])?;
+        Ok((cl["status"]["ips"][0] == ip1.as_str()).then_some(cl))
+    })?;
+    assert_eq!(claim["spec"]["network"], "udn-a_tenant");
+    assert_eq!(
+        claim["metadata"]["ownerReferences"][0]["kind"],
+        "VirtualMachine"
+    );
+    let table = c.kubectl_ok(&["get", "ipamclaims", "-n", "udn-a"])?;
+    assert!(
+        table.contains("NETWORK") && table.contains("udn-a_tenant") && table.contains(&ip1),
+        "{table}"
+    );
+    // A restarted VM (a new VMI) keeps its address.
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        "vm1",
+        "-n",
+        "udn-a",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Halted"}}"#,
+    ])?;
+    c.wait_until("vm1's VMI gone", T, || {
+        let out = c.kubectl(&["get", "vmi", "vm1", "-n", "udn-a"])?;
+        Ok((!out.status.success()).then_some(()))
+    })?;
+    c.kubectl_ok(&[
+        "patch",
+        "vm",
+        "vm1",
+        "-n",
+        "udn-a",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Always"}}"#,
+    ])?;
+    let (again, uid) = c.wait_until("vm1's new VMI's address", T, || {
+        Ok(address("vm1")?.filter(|(_, u)| *u != uid1))
+    })?;
+    assert_ne!(uid, uid1);
+    assert_eq!(again, ip1, "the restarted VM lost its address");
+    // A claim that names a bad address is refused, naming the field.
+    refused(
+        &c,
+        "apiVersion: k8s.cni.cncf.io/v1alpha1\nkind: IPAMClaim\nmetadata: {name: x, namespace: udn-a}\nspec: {network: net1}\n",
+        "spec.interface",
+        "Required value",
+    )?;
+    // Deleting the VMs deletes their claims (owner references).
+    c.kubectl_ok(&["delete", "vm", "vm1", "vm2", "-n", "udn-a"])?;
+    c.wait_until("vm1's claim gone", T, || {
+        let out = c.kubectl(&["get", "ipamclaims", "vm1.default", "-n", "udn-a"])?;
+        Ok((!out.status.success()).then_some(()))
+    })?;
 
     // Deleting a UDN waits while a VMI of its namespace is on the network.
     c.apply(

@@ -28,6 +28,42 @@ pub const FINALIZER: &str = "k8s.ovn.org/user-defined-network-protection";
 pub const PRIMARY_NAMESPACE_LABEL: &str = "k8s.ovn.org/primary-user-defined-network";
 /// The CNI type of the NADs OVN-K makes for user-defined networks.
 pub const CNI_TYPE: &str = "ovn-k8s-cni-overlay";
+/// VMI annotation (OVN-K's pod annotation name): the addresses each user-defined network with
+/// IPAM assigned to the VMI, a JSON object keyed `<nad namespace>/<nad name>` whose values are
+/// [`PodNetwork`]s. Written by the user-defined network controller, read by the node agent.
+pub const POD_NETWORKS_ANNOTATION: &str = "k8s.ovn.org/pod-networks";
+/// Annotation on a UDN/CUDN and on each NAD made for it: the network's VXLAN network identifier
+/// (decimal, at least [`MIN_VNI`]), chosen once by the controller, unique among the networks.
+pub const VNI_ANNOTATION: &str = "ferrovirt.io/udn-vni";
+/// The lowest VNI a user-defined network gets (the pod network's overlay uses 4244).
+pub const MIN_VNI: u32 = 10_000;
+/// The highest VXLAN network identifier (24 bits).
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+
+/// One network's entry in [`POD_NETWORKS_ANNOTATION`] (OVN-K's field names).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodNetwork {
+    /// The addresses with their prefix length, e.g. `10.100.0.5/24`.
+    #[serde(default)]
+    pub ip_addresses: Vec<String>,
+    /// The network's gateways (Layer2 Primary: the subnet's first address), if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateway_ips: Vec<String>,
+    /// `primary` or `secondary`.
+    #[serde(default)]
+    pub role: String,
+}
+
+/// The [`POD_NETWORKS_ANNOTATION`] of an object's annotations (empty when absent or not JSON).
+pub fn pod_networks(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> std::collections::BTreeMap<String, PodNetwork> {
+    annotations
+        .and_then(|a| a.get(POD_NETWORKS_ANNOTATION))
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default()
+}
+
 /// The condition a UDN/CUDN reports its NADs on.
 pub const CONDITION_NETWORK_CREATED: &str = "NetworkCreated";
 /// Reasons of [`CONDITION_NETWORK_CREATED`].

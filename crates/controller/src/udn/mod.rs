@@ -5,6 +5,7 @@
 //! `NetworkCreated` condition; deletion held back while a VMI uses the network. The decisions
 //! here are pure ([`decide`]); [`run`] applies them.
 
+pub mod ipam;
 pub mod run;
 #[cfg(test)]
 mod tests;
@@ -49,6 +50,20 @@ impl Owner<'_> {
             .iter()
             .flatten()
             .any(|f| f == udn::FINALIZER)
+    }
+    /// The VNI the controller gave the network ([`udn::VNI_ANNOTATION`]), once it has one.
+    pub fn vni(&self) -> Option<u32> {
+        self.meta
+            .annotations
+            .as_ref()?
+            .get(udn::VNI_ANNOTATION)?
+            .parse()
+            .ok()
+    }
+    /// Whether the network needs a VNI (every topology but Localnet, which uses a host bridge).
+    pub fn needs_vni(&self) -> bool {
+        self.config
+            .is_some_and(|c| !matches!(c, NetworkConfig::Localnet(_)))
     }
     /// The network name in the NAD config: `<namespace>_<name>` for a UDN,
     /// `cluster_udn_<name>` for a CUDN.
@@ -149,6 +164,9 @@ pub fn desired_nad(
                 udn::NAD_LABEL.to_string(),
                 String::new(),
             )])),
+            annotations: owner
+                .vni()
+                .map(|v| BTreeMap::from([(udn::VNI_ANNOTATION.to_string(), v.to_string())])),
             finalizers: Some(vec![udn::FINALIZER.into()]),
             owner_references: Some(vec![owner.owner_reference()]),
             ..ObjectMeta::default()
@@ -339,7 +357,13 @@ fn nad_matches(have: &NetworkAttachmentDefinition, want: &NetworkAttachmentDefin
             .and_then(|s| s.config.as_deref())
             .and_then(|c| serde_json::from_str::<Value>(c).ok())
     };
-    has_label && has_finalizer && config(have) == config(want)
+    let vni = |n: &NetworkAttachmentDefinition| {
+        n.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(udn::VNI_ANNOTATION).cloned())
+    };
+    has_label && has_finalizer && config(have) == config(want) && vni(have) == vni(want)
 }
 
 /// Whether a namespace's labels match a label selector (matchLabels and matchExpressions).

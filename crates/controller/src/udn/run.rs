@@ -13,11 +13,13 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::sync::Notify;
 
-use ferrovirt_api::network::NetworkAttachmentDefinition;
+use ferrovirt_api::network::{IPAMClaim, NetworkAttachmentDefinition};
 use ferrovirt_api::udn::{self, ClusterUserDefinedNetwork, UserDefinedNetwork};
 
+use super::ipam::{self, Action};
 use super::{CreatedCondition, NadAction, Observed, Owner, decide, selects, vmi_uses};
 use crate::error::ControllerError;
+use crate::runtime::events::{EventRecorder, object_ref};
 use crate::runtime::resources::resource_wrapper;
 use crate::runtime::stores::{Kind, Stores};
 use crate::runtime::watched::watched_store;
@@ -29,6 +31,10 @@ resource_wrapper!(
 resource_wrapper!(
     /// A ClusterUserDefinedNetwork usable with `kube::Api`.
     Cudn(ClusterUserDefinedNetwork), k8s_openapi::ClusterResourceScope, udn::GROUP, udn::VERSION, "ClusterUserDefinedNetwork", "clusteruserdefinednetworks"
+);
+resource_wrapper!(
+    /// An IPAMClaim usable with `kube::Api`.
+    Claim(IPAMClaim), k8s_openapi::NamespaceResourceScope, "k8s.cni.cncf.io", "v1alpha1", "IPAMClaim", "ipamclaims"
 );
 resource_wrapper!(
     /// A NetworkAttachmentDefinition usable with `kube::Api`.
@@ -52,6 +58,13 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
         notify(&wake),
     );
     let (nads, p4) = watched_store(Api::<Nad>::all(client.clone()), "udn: nad", notify(&wake));
+    let (claims, p5) = watched_store(
+        Api::<Claim>::all(client.clone()),
+        "udn: ipamclaim",
+        notify(&wake),
+    );
+    let recorder = EventRecorder::new(client.clone(), super::COMPONENT);
+    let mut recent: Recent = BTreeMap::new();
     let mut changes = stores.changes();
     let w = wake.clone();
     let follow = async move {
@@ -64,13 +77,28 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
         let _ = cudns.wait_until_ready().await;
         let _ = nss.wait_until_ready().await;
         let _ = nads.wait_until_ready().await;
+        let _ = claims.wait_until_ready().await;
         stores.ready().await;
         loop {
             let vmis = stores.vmis.state();
             let vmis: Vec<_> = vmis.iter().map(|v| &v.0).collect();
             let all_nads = nads.state();
             let namespaces = nss.state();
-            for u in udns.state() {
+            let (udn_list, cudn_list) = (udns.state(), cudns.state());
+            let mut vnis: BTreeSet<u32> = udn_list
+                .iter()
+                .map(|u| &u.0.metadata)
+                .chain(cudn_list.iter().map(|c| &c.0.metadata))
+                .filter_map(|m| {
+                    m.annotations
+                        .as_ref()?
+                        .get(udn::VNI_ANNOTATION)?
+                        .parse()
+                        .ok()
+                })
+                .collect();
+            let mut networks = Vec::new();
+            for u in &udn_list {
                 let ns = u.0.metadata.namespace.clone().unwrap_or_default();
                 let owner = Owner {
                     kind: "UserDefinedNetwork",
@@ -78,12 +106,16 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     config: u.0.spec.as_ref().and_then(|s| s.config()),
                 };
                 let targets = BTreeSet::from([ns]);
+                if !ensure_vni(&client, &owner, &mut vnis).await {
+                    continue;
+                }
+                networks.extend(ipam_network(&owner, &targets));
                 let old = conditions(u.0.status.as_ref());
                 if let Err(e) = reconcile(&client, &owner, &targets, &all_nads, &vmis, old).await {
                     tracing::warn!(error = %e, name = ?u.0.metadata.name, "UserDefinedNetwork reconcile failed");
                 }
             }
-            for c in cudns.state() {
+            for c in &cudn_list {
                 let owner = Owner {
                     kind: "ClusterUserDefinedNetwork",
                     meta: &c.0.metadata,
@@ -103,9 +135,38 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     })
                     .filter_map(|n| n.metadata.name.clone())
                     .collect();
+                if !ensure_vni(&client, &owner, &mut vnis).await {
+                    continue;
+                }
+                networks.extend(ipam_network(&owner, &targets));
                 let old = conditions(c.0.status.as_ref());
                 if let Err(e) = reconcile(&client, &owner, &targets, &all_nads, &vmis, old).await {
                     tracing::warn!(error = %e, name = ?c.0.metadata.name, "ClusterUserDefinedNetwork reconcile failed");
+                }
+            }
+            let primary: BTreeSet<String> = namespaces
+                .iter()
+                .filter(|n| {
+                    n.metadata
+                        .labels
+                        .as_ref()
+                        .is_some_and(|l| l.contains_key(udn::PRIMARY_NAMESPACE_LABEL))
+                })
+                .filter_map(|n| n.metadata.name.clone())
+                .collect();
+            let claim_list = claims.state();
+            let claim_refs: Vec<&IPAMClaim> = claim_list.iter().map(|c| &c.0).collect();
+            prune_recent(&mut recent, &vmis);
+            let actions = ipam::decide(ipam::Inputs {
+                networks: &networks,
+                primary_namespaces: &primary,
+                vmis: &vmis,
+                claims: &claim_refs,
+                recent: &recent,
+            });
+            for a in actions {
+                if let Err(e) = apply_ipam(&client, &recorder, &mut recent, a).await {
+                    tracing::warn!(error = %e, "user-defined network address allocation failed");
                 }
             }
             let _ = tokio::time::timeout(RESYNC, wake.notified()).await;
@@ -116,6 +177,7 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
         _ = p2 => {}
         _ = p3 => {}
         _ = p4 => {}
+        _ = p5 => {}
         _ = follow => {}
         _ = work => {}
     }
@@ -184,7 +246,8 @@ async fn reconcile(
                     finalizers.push(udn::FINALIZER.into());
                 }
                 let body = json!({
-                    "metadata": {"labels": nad.metadata.labels, "finalizers": finalizers},
+                    "metadata": {"labels": nad.metadata.labels, "finalizers": finalizers,
+                        "annotations": nad.metadata.annotations},
                     "spec": nad.spec,
                 });
                 Api::<Nad>::namespaced(client.clone(), ns)
@@ -319,6 +382,154 @@ async fn write_condition(
             Api::<Cudn>::all(client.clone())
                 .patch_status(name, &pp, &body)
                 .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Allocations written to VMIs by this controller, by (VMI uid, annotation key), kept until the
+/// VMI cache shows them (or the VMI is gone).
+type Recent = BTreeMap<(String, String), ferrovirt_api::udn::PodNetwork>;
+
+fn prune_recent(
+    recent: &mut Recent,
+    vmis: &[&ferrovirt_api::kubevirt::vmi::VirtualMachineInstance],
+) {
+    recent.retain(|(uid, key), _| {
+        vmis.iter()
+            .find(|v| v.metadata.uid.as_deref() == Some(uid.as_str()))
+            .is_some_and(|v| !udn::pod_networks(v.metadata.annotations.as_ref()).contains_key(key))
+    });
+}
+
+/// The allocator's view of a network reconciled this pass (None without IPAM).
+fn ipam_network(owner: &Owner<'_>, targets: &BTreeSet<String>) -> Option<ipam::Network> {
+    if owner.deleting() {
+        return None;
+    }
+    ipam::Network::from_config(
+        owner.network_name(),
+        owner.meta.name.clone().unwrap_or_default(),
+        targets.clone(),
+        owner.config?,
+    )
+}
+
+/// Gives a network that needs one its VNI (compare-and-swap on the network object, so two
+/// leaders never hand out one VNI twice); false when it had none yet (reconciled once the
+/// watch shows the write).
+async fn ensure_vni(client: &kube::Client, owner: &Owner<'_>, used: &mut BTreeSet<u32>) -> bool {
+    if !owner.needs_vni() || owner.vni().is_some() || owner.deleting() {
+        return true;
+    }
+    let vni = ipam::pick_vni(&owner.network_name(), used);
+    used.insert(vni);
+    let body = json!({"metadata": {"resourceVersion": owner.meta.resource_version,
+        "annotations": {udn::VNI_ANNOTATION: vni.to_string()}}});
+    if let Err(e) = patch_meta(client, owner, body).await {
+        tracing::warn!(error = %e, name = ?owner.meta.name, "writing the network's VNI failed");
+    }
+    false
+}
+
+async fn apply_ipam(
+    client: &kube::Client,
+    recorder: &EventRecorder,
+    recent: &mut Recent,
+    action: Action,
+) -> Result<(), ControllerError> {
+    let pp = PatchParams::default();
+    match action {
+        Action::CreateClaim {
+            namespace,
+            name,
+            vm_name,
+            vm_uid,
+            network,
+            interface,
+            ips,
+        } => {
+            let api = Api::<Claim>::namespaced(client.clone(), &namespace);
+            let claim = IPAMClaim {
+                api_version: Some(ferrovirt_api::network::IPAMCLAIM_API_VERSION.into()),
+                kind: Some("IPAMClaim".into()),
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(namespace.clone()),
+                    owner_references: Some(vec![
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                            api_version: "kubevirt.io/v1".into(),
+                            kind: "VirtualMachine".into(),
+                            name: vm_name,
+                            uid: vm_uid,
+                            controller: Some(false),
+                            block_owner_deletion: Some(true),
+                        },
+                    ]),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(ferrovirt_api::network::IPAMClaimSpec {
+                    network: Some(network),
+                    interface: Some(interface),
+                }),
+                status: None,
+            };
+            match api.create(&PostParams::default(), &Claim(claim)).await {
+                Ok(_) => {}
+                // Made by an earlier pass the cache does not show yet: decided again next pass.
+                Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+            api.patch_status(&name, &pp, &Patch::Merge(json!({"status": {"ips": ips}})))
+                .await?;
+        }
+        Action::ClaimStatus {
+            namespace,
+            name,
+            ips,
+        } => {
+            Api::<Claim>::namespaced(client.clone(), &namespace)
+                .patch_status(&name, &pp, &Patch::Merge(json!({"status": {"ips": ips}})))
+                .await?;
+        }
+        Action::Annotate {
+            namespace,
+            name,
+            uid,
+            resource_version,
+            value,
+            added,
+        } => {
+            let text = serde_json::to_string(&value)?;
+            let body = json!({"metadata": {"resourceVersion": resource_version,
+                "annotations": {udn::POD_NETWORKS_ANNOTATION: text}}});
+            let api = Api::<crate::runtime::resources::Vmi>::namespaced(client.clone(), &namespace);
+            match api.patch(&name, &pp, &Patch::Merge(body)).await {
+                Ok(_) => {
+                    for k in added {
+                        if let Some(pn) = value.get(&k) {
+                            recent.insert((uid.clone(), k), pn.clone());
+                        }
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Action::Failed {
+            namespace,
+            name,
+            message,
+        } => {
+            let meta = ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace),
+                ..ObjectMeta::default()
+            };
+            let r = object_ref("kubevirt.io/v1", "VirtualMachineInstance", &meta);
+            recorder
+                .record(&r, true, "IPAllocationFailed", &message)
+                .await;
         }
     }
     Ok(())
