@@ -9,8 +9,12 @@
 //! console) and the peer pings it. A second CUDN with `vlan.access.id: 100`: where the kernel
 //! has bridge VLAN filtering, a second VM on it is reached from the peer's VLAN 100 interface
 //! (tagged on the wire); where it has not, the VMI fails naming the VLAN and the test says it
-//! skips that part. A CUDN naming an unmapped physicalNetworkName, and a Secondary Layer2 UDN
-//! named as a Multus network, fail the VMI naming the field and the reason.
+//! skips that part. A third CUDN has `subnets` (IPAM): the controller allots the VMI an
+//! address (`k8s.ovn.org/pod-networks`), the agent's DHCP server on the VMI-side bridge offers
+//! it, the guest's DHCP client takes it (the guest agent reports it), the guest pings the peer
+//! and the peer pings the allotted address. A CUDN naming an unmapped physicalNetworkName, and
+//! a Secondary Layer2 UDN named as a Multus network, fail the VMI naming the field and the
+//! reason.
 
 use std::time::{Duration, Instant};
 
@@ -55,18 +59,38 @@ fn cudn(name: &str, phys: &str, vlan: u16) -> String {
     )
 }
 
-/// A VMI in `ln` on node ln-a whose only NIC is on network `nad`; `ip`: boot the test guest
-/// and give the NIC this /24 address (then it pings `.1` and says so on its console).
-fn vmi(name: &str, nad: &str, ip: Option<&str>) -> String {
-    let (disks, volumes) = match ip {
-        Some(ip) => {
-            let peer = ip
-                .rsplit_once('.')
-                .map(|(n, _)| format!("{n}.1"))
-                .unwrap_or_default();
+/// A Localnet CUDN over `ln` on `physnet` with IPAM (the controller allots, DHCP offers).
+const CUDN_IPAM: &str = "apiVersion: k8s.ovn.org/v1\nkind: ClusterUserDefinedNetwork\nmetadata: {name: physnet-ipam}\n\
+spec:\n  namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: ln}}\n  network:\n    topology: Localnet\n    \
+localnet: {role: Secondary, physicalNetworkName: physnet, subnets: [192.168.79.0/24], excludeSubnets: [192.168.79.0/28]}\n";
+
+/// How a test guest gets its address.
+#[derive(Clone, Copy)]
+enum Addr<'a> {
+    /// No guest booted (the VMI is to fail before QEMU starts).
+    NoGuest,
+    /// User-data sets this /24 address (and stops the guest's DHCP client).
+    Static(&'a str),
+    /// The guest's DHCP client (the agent's server offers the allotted address).
+    Dhcp,
+}
+
+/// A VMI in `ln` on node ln-a whose only NIC is on network `nad`; a booted guest pings `peer`
+/// until answered and says `LN-PING-OK` on its console.
+fn vmi(name: &str, nad: &str, addr: Addr, peer: &str) -> String {
+    let (disks, volumes) = match addr {
+        Addr::NoGuest => ("", String::new()),
+        Addr::Static(_) | Addr::Dhcp => {
+            let set = match addr {
+                Addr::Static(ip) => {
+                    format!(
+                        "killall udhcpc\\nip addr add {ip}/24 dev eth0\\nip link set eth0 up\\n"
+                    )
+                }
+                _ => String::new(),
+            };
             let script = format!(
-                "#!/bin/sh\\nkillall udhcpc\\nip addr add {ip}/24 dev eth0\\nip link set eth0 up\\n\
-                 (i=0; while [ $i -lt 60 ]; do if ping -c 1 -W 1 {peer} >/dev/null 2>&1; then \
+                "#!/bin/sh\\n{set}(i=0; while [ $i -lt 90 ]; do if ping -c 1 -W 1 {peer} >/dev/null 2>&1; then \
                  echo LN-PING-OK {peer}; break; fi; i=$((i+1)); sleep 1; done) >/dev/console 2>&1 </dev/null &\\n"
             );
             (
@@ -76,7 +100,6 @@ fn vmi(name: &str, nad: &str, ip: Option<&str>) -> String {
                 ),
             )
         }
-        None => ("", String::new()),
     };
     format!(
         "apiVersion: kubevirt.io/v1
@@ -261,11 +284,18 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
     c.apply(&cudn("physnet-ln", "physnet", 0))?;
     c.apply(&cudn("physnet-vlan", "physnet", 100))?;
     c.apply(&cudn("nowhere-ln", "nowhere", 0))?;
+    c.apply(CUDN_IPAM)?;
     c.apply(
         "apiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\nmetadata: {name: l2, namespace: ln}\n\
          spec:\n  topology: Layer2\n  layer2: {role: Secondary, subnets: [10.55.0.0/24]}\n",
     )?;
-    for nad in ["physnet-ln", "physnet-vlan", "nowhere-ln", "l2"] {
+    for nad in [
+        "physnet-ln",
+        "physnet-vlan",
+        "nowhere-ln",
+        "physnet-ipam",
+        "l2",
+    ] {
         c.wait_until(&format!("NAD ln/{nad}"), T, || {
             let out = c.kubectl(&["-n", "ln", "get", "net-attach-def", nad])?;
             Ok(out.status.success().then_some(()))
@@ -273,8 +303,8 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
     }
 
     // Refusals, without a guest.
-    c.apply(&vmi("unmapped", "nowhere-ln", None))?;
-    c.apply(&vmi("layer2", "l2", None))?;
+    c.apply(&vmi("unmapped", "nowhere-ln", Addr::NoGuest, ""))?;
+    c.apply(&vmi("layer2", "l2", Addr::NoGuest, ""))?;
     let msg = failure_of(&c, "unmapped")?;
     assert!(
         msg.contains("spec.networks[0].multus.networkName")
@@ -291,7 +321,7 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
         "{msg}"
     );
     if !vlans {
-        c.apply(&vmi("vlan", "physnet-vlan", None))?;
+        c.apply(&vmi("vlan", "physnet-vlan", Addr::NoGuest, ""))?;
         let msg = failure_of(&c, "vlan")?;
         assert!(
             msg.contains("VLAN 100 needs VLAN filtering on bridge \"br-ext\""),
@@ -306,7 +336,12 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
     // The guest on the untagged Localnet and the physical network reach each other.
     disk_claim(&c, "vm-root")?;
     let t0 = Instant::now();
-    c.apply(&vmi("vm", "physnet-ln", Some("192.168.77.10")))?;
+    c.apply(&vmi(
+        "vm",
+        "physnet-ln",
+        Addr::Static("192.168.77.10"),
+        "192.168.77.1",
+    ))?;
     running_guest(&c, "vm")?;
     let guest_pinged = t0.elapsed();
     let peer_ping = ping(&phys, "192.168.77.10")?;
@@ -318,10 +353,41 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
         "{ports:?}"
     );
 
+    // IPAM: the controller allots an address (the VMI's k8s.ovn.org/pod-networks), the agent's
+    // DHCP server on the VMI-side bridge offers it, the guest's DHCP client takes it.
+    phys.ip(&["addr", "add", "192.168.79.1/24", "dev", "phy0"])?;
+    disk_claim(&c, "vmd-root")?;
+    let t1 = Instant::now();
+    c.apply(&vmi("vmd", "physnet-ipam", Addr::Dhcp, "192.168.79.1"))?;
+    let allotted = c.wait_until("the address allotted to vmd", T, || {
+        let v = c.get_json(&["-n", "ln", "vmi", "vmd"])?;
+        let Some(a) = v["metadata"]["annotations"]["k8s.ovn.org/pod-networks"].as_str() else {
+            return Ok(None);
+        };
+        let a: Value = serde_json::from_str(a)?;
+        Ok(a["ln/physnet-ipam"]["ip_addresses"][0]
+            .as_str()
+            .map(|s| s.split('/').next().unwrap_or_default().to_string()))
+    })?;
+    running_guest(&c, "vmd")?;
+    let dhcp_pinged = t1.elapsed();
+    eprintln!("peer -> DHCP guest {allotted}: {}", ping(&phys, &allotted)?);
+    let iface = c.wait_until("the guest agent's address of vmd", T, || {
+        let v = c.get_json(&["-n", "ln", "vmi", "vmd"])?;
+        let i = v["status"]["interfaces"][0].clone();
+        Ok((i["ipAddress"] == allotted.as_str()).then_some(i))
+    })?;
+    assert_eq!(iface["name"], "phys");
+
     if vlans {
         // Tagged on the wire: only the peer's VLAN 100 interface reaches this guest.
         disk_claim(&c, "vmv-root")?;
-        c.apply(&vmi("vmv", "physnet-vlan", Some("192.168.78.10")))?;
+        c.apply(&vmi(
+            "vmv",
+            "physnet-vlan",
+            Addr::Static("192.168.78.10"),
+            "192.168.78.1",
+        ))?;
         running_guest(&c, "vmv")?;
         eprintln!(
             "peer (VLAN 100) -> guest: {}",
@@ -330,7 +396,7 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
     }
 
     eprintln!(
-        "joined {joined:?}, bridge by policy {bridged:?}, guest pinged the peer {guest_pinged:?} after create, whole test {:?}",
+        "joined {joined:?}, bridge by policy {bridged:?}, guest pinged the peer {guest_pinged:?} after create (DHCP guest {dhcp_pinged:?}), whole test {:?}",
         started.elapsed()
     );
     c.kubectl_ok(&["delete", "vmi", "-n", "ln", "--all", "--timeout=120s"])?;
