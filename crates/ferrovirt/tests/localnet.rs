@@ -12,7 +12,7 @@
 //! skips that part. A third CUDN has `subnets` (IPAM): the controller allots the VMI an
 //! address (`k8s.ovn.org/pod-networks`), the agent's DHCP server on the VMI-side bridge offers
 //! it, the guest's DHCP client takes it (the guest agent reports it), the guest pings the peer
-//! and the peer pings the allotted address. A CUDN naming an unmapped physicalNetworkName, and
+//! and the peer pings the allotted address, but not the VMI namespace's own DHCP address. A CUDN naming an unmapped physicalNetworkName, and
 //! a Secondary Layer2 UDN named as a Multus network, fail the VMI naming the field and the
 //! reason.
 
@@ -378,6 +378,25 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
         Ok((i["ipAddress"] == allotted.as_str()).then_some(i))
     })?;
     assert_eq!(iface["name"], "phys");
+    // The VMI namespace itself (the DHCP server's 169.254.75.10 on its bridge) does not even
+    // answer ARP from the physical network: its secondary filter drops what the host bridge
+    // side delivers to it (without the filter the namespace answers).
+    let probe = phys.exec(&[
+        "busybox",
+        "arping",
+        "-I",
+        "phy0",
+        "-c",
+        "2",
+        "-w",
+        "3",
+        "169.254.75.10",
+    ])?;
+    assert!(
+        !probe.status.success(),
+        "the physical network reached the VMI namespace's own address: {}",
+        String::from_utf8_lossy(&probe.stdout)
+    );
 
     if vlans {
         // Tagged on the wire: only the peer's VLAN 100 interface reaches this guest.
