@@ -17,15 +17,18 @@ use ferrovirt_network::{
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::error::AgentError;
 use crate::launchers::{self, LauncherConfig};
 use crate::mapping::{self, PodTap};
+
+mod secondary;
+
+pub use secondary::{SecondaryInterface, secondary_interfaces};
+use secondary::{nad_resource, read_secondary_plans, secondary_field, write_secondary_plans};
 
 /// How the node's pod network is configured (`--network-mode` and friends).
 #[derive(Debug, Clone)]
@@ -54,8 +57,6 @@ pub struct AttachOptions {
     pub reserved: std::collections::BTreeSet<Ipv4Addr>,
 }
 
-/// File in the VMI directory with the secondary interfaces' plans.
-const SECONDARY_PLANS: &str = "secondary-networks.json";
 /// How long the agent waits for the node IPAM controller before it keeps retrying quietly.
 const CIDR_WAIT_LOG: Duration = Duration::from_secs(10);
 /// Overlay resync interval (besides Node watch events).
@@ -76,69 +77,6 @@ pub struct Attachment {
     pub taps: BTreeMap<String, PodTap>,
     /// Command prefix entering the VMI's network namespace; empty without one.
     pub exec_prefix: Vec<String>,
-}
-
-/// A VMI interface on a Multus network.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecondaryInterface {
-    pub name: String,
-    /// `spec.networks[i]` of the interface's network (for error messages).
-    pub network_field: String,
-    /// The NetworkAttachmentDefinition: namespace and name.
-    pub nad_namespace: String,
-    pub nad_name: String,
-    pub mac: ferrovirt_network::MacAddr,
-}
-
-/// The VMI's interfaces on Multus networks, in interface order. Only the bridge binding is
-/// supported on them; any other binding is refused naming the interface.
-pub fn secondary_interfaces(
-    vmi: &VirtualMachineInstance,
-) -> Result<Vec<SecondaryInterface>, AgentError> {
-    let Some(spec) = vmi.spec.as_ref() else {
-        return Ok(Vec::new());
-    };
-    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
-    let networks = spec.networks.as_deref().unwrap_or(&[]);
-    let mut out = Vec::new();
-    for (i, iface) in spec.domain.devices.interfaces.iter().flatten().enumerate() {
-        let Some((j, net)) = networks
-            .iter()
-            .enumerate()
-            .find(|(_, n)| n.name == iface.name)
-        else {
-            continue;
-        };
-        let Some(multus) = net.multus.as_ref() else {
-            continue;
-        };
-        let field = format!("spec.domain.devices.interfaces[{i}]");
-        if iface.bridge.is_none() {
-            return Err(AgentError::unsupported(
-                field,
-                "interfaces on multus networks support only the bridge binding",
-            ));
-        }
-        let (nad_namespace, nad_name) = match multus.network_name.split_once('/') {
-            Some((n, name)) => (n.to_string(), name.to_string()),
-            None => (ns.to_string(), multus.network_name.clone()),
-        };
-        let mac = mapping::nic_mac(i, iface, vmi)?;
-        let mac = mac.parse().map_err(|_| {
-            AgentError::invalid(
-                format!("{field}.macAddress"),
-                format!("{mac:?} is not a MAC"),
-            )
-        })?;
-        out.push(SecondaryInterface {
-            name: iface.name.clone(),
-            network_field: format!("spec.networks[{j}].multus.networkName"),
-            nad_namespace,
-            nad_name,
-            mac,
-        });
-    }
-    Ok(out)
 }
 
 /// The explicit MAC addresses (`macAddress`) of `vmi`'s interfaces, normalized.
@@ -211,29 +149,6 @@ pub fn check_duplicate_macs(
         }
     }
     Ok(())
-}
-
-fn nad_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
-        "network-attachment-definitions",
-    )
-}
-
-fn read_secondary_plans(dir: &Path) -> Vec<SecondaryPlan> {
-    std::fs::read_to_string(dir.join(SECONDARY_PLANS))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default()
-}
-
-fn write_secondary_plans(dir: &Path, plans: &[SecondaryPlan]) -> Result<(), AgentError> {
-    let path = dir.join(SECONDARY_PLANS);
-    let tmp = dir.join(format!("{SECONDARY_PLANS}.tmp"));
-    let text = serde_json::to_vec_pretty(plans)
-        .map_err(|e| AgentError::Reference(format!("encoding network plans: {e}")))?;
-    std::fs::write(&tmp, text).map_err(|e| AgentError::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| AgentError::io(&path, e))
 }
 
 /// The agent's networking state.
@@ -668,7 +583,8 @@ impl AgentNet {
                     ),
                 )
             };
-            let (config, ipam) = self.bridge_config(vmi, config).map_err(|e| in_nad(&e))?;
+            let (config, ipam) = secondary::bridge_config(&self.cfg.data_dir, vmi, config)
+                .map_err(|e| in_nad(&e))?;
             let req = ferrovirt_network::SecondaryRequest {
                 uid: uid.to_string(),
                 interface: s.name.clone(),
@@ -681,7 +597,7 @@ impl AgentNet {
             let mut plan = SecondaryPlan::build(node, &req).map_err(net_err)?;
             if ipam {
                 // The controller allots the address (k8s.ovn.org/pod-networks); DHCP offers it.
-                let (address, subnet) = wait_allotted(client, vmi, &req.nad)
+                let (address, subnet) = secondary::wait_allotted(client, vmi, &req.nad)
                     .await
                     .map_err(|e| in_nad(&e))?;
                 let (_, name) = ns_name(vmi);
@@ -723,29 +639,6 @@ impl AgentNet {
             out.exec_prefix = ferrovirt_network::netns::exec_prefix(&plans[0].netns);
         }
         Ok(out)
-    }
-
-    /// The host bridge (and VLAN, MTU) a NAD's configuration attaches to on this node: a
-    /// bridge CNI configuration as it is, a Localnet through the node's bridge mappings
-    /// (`DATA_DIR/nmstate-bridge-mappings.json`, written by the nmstate loop).
-    fn bridge_config(
-        &self,
-        vmi: &VirtualMachineInstance,
-        config: &str,
-    ) -> Result<(ferrovirt_network::BridgeConfig, bool), ferrovirt_network::Error> {
-        use ferrovirt_network::localnet::{NadNetwork, parse_nad_config, resolve};
-        match parse_nad_config(config)? {
-            NadNetwork::Bridge(b) => Ok((b, false)),
-            NadNetwork::Localnet(l) => {
-                let node = vmi
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.node_name.clone())
-                    .unwrap_or_default();
-                let mappings = crate::nmstate::read_bridge_mappings(&self.cfg.data_dir);
-                Ok((resolve(&l, &mappings, &node)?, !l.subnets.is_empty()))
-            }
-        }
     }
 
     /// After an agent restart: re-applies the plans of a running VMI (links are kept) and
@@ -850,53 +743,6 @@ struct RouteState {
     notes: Vec<String>,
     /// The claim last written on the Node (`None`: not written yet by this process).
     published: Option<Option<String>>,
-}
-
-/// How long a VMI on a Localnet with IPAM waits for the controller to allot its address.
-const ALLOT_WAIT: Duration = Duration::from_secs(60);
-
-/// The address the controller allotted to the VMI on NAD `nad` (`ns/name`), from its
-/// `k8s.ovn.org/pod-networks` annotation, read again until it is there (never guessed).
-async fn wait_allotted(
-    client: &Client,
-    vmi: &VirtualMachineInstance,
-    nad: &str,
-) -> Result<(Ipv4Addr, ferrovirt_network::Ipv4Cidr), ferrovirt_network::Error> {
-    use ferrovirt_network::localnet::{POD_NETWORKS_ANNOTATION, allotted_address};
-    let (ns, name) = ns_name(vmi);
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &ns, &crate::runtime::vmi_resource());
-    let started = std::time::Instant::now();
-    let mut current = vmi.metadata.annotations.clone();
-    loop {
-        let ann = current
-            .as_ref()
-            .and_then(|a| a.get(POD_NETWORKS_ANNOTATION))
-            .map(String::as_str);
-        if let Some(found) = allotted_address(ann, nad)? {
-            return Ok(found);
-        }
-        if started.elapsed() > ALLOT_WAIT {
-            return Err(ferrovirt_network::Error::InvalidNetworkConfig(format!(
-                "spec.config.subnets: no address allotted to VMI {ns}/{name} on this network after {}s (annotation {POD_NETWORKS_ANNOTATION} has no entry {nad:?})",
-                ALLOT_WAIT.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        match api.get_opt(&name).await {
-            Ok(Some(v)) => current = v.metadata.annotations,
-            Ok(None) => {}
-            Err(e) => tracing::debug!("reading VMI {ns}/{name}: {e}"),
-        }
-    }
-}
-
-fn secondary_field(secondaries: &[SecondaryInterface], p: &SecondaryPlan) -> String {
-    secondaries
-        .iter()
-        .find(|s| s.name == p.interface)
-        .map(|s| s.network_field.clone())
-        .unwrap_or_else(|| p.interface.clone())
 }
 
 fn ns_name(vmi: &VirtualMachineInstance) -> (String, String) {
