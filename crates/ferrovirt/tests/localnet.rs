@@ -1,7 +1,8 @@
 //! ClusterUserDefinedNetwork Localnet onto an NNCP-made host bridge (issue #22). A node agent
 //! `ln-a` joins with its own credential (the node authorizer: it writes its own
 //! NodeNetworkState, enactment and the policy's status) and runs `--nmstate` and the pod
-//! network on a node namespace. A NodeNetworkConfigurationPolicy makes `br-ext` there with the
+//! network on a node namespace; with that credential, creating another node's
+//! NodeNetworkState, patching or deleting the policy and labelling its own enactment are 403. A NodeNetworkConfigurationPolicy makes `br-ext` there with the
 //! veth `eth1` as port (its peer in a namespace acting as the physical network,
 //! 192.168.77.1/24) and the bridge mapping `physnet → br-ext`. A Localnet CUDN on `physnet`
 //! selects namespace `ln`; a VM there with the CUDN as a bridge secondary interface (static
@@ -278,6 +279,46 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
         )
     })?;
     let bridged = started.elapsed();
+
+    // The node's own credential reaches only its own nmstate.io objects.
+    let kc = c.node_credential_kubeconfig(NODE)?;
+    let as_node = |args: &[&str]| -> anyhow::Result<std::process::Output> {
+        Ok(std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .arg("--cache-dir")
+            .arg(c.dir().join("kubectl-cache-node"))
+            .args(args)
+            .output()?)
+    };
+    assert!(as_node(&["get", "nncp", "br-ext"])?.status.success());
+    let other_nns = c.dir().join("other-nns.yaml");
+    std::fs::write(
+        &other_nns,
+        "apiVersion: nmstate.io/v1beta1\nkind: NodeNetworkState\nmetadata: {name: other-node}\n",
+    )?;
+    let other_nns = other_nns.to_string_lossy().into_owned();
+    for args in [
+        vec!["create", "-f", other_nns.as_str()],
+        vec![
+            "patch",
+            "nncp",
+            "br-ext",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"maxUnavailable":3}}"#,
+        ],
+        vec!["delete", "nncp", "br-ext"],
+        vec!["label", "nnce", "ln-a.br-ext", "evil=yes"],
+    ] {
+        let out = as_node(&args)?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("forbidden") && err.contains("system:node:ln-a"),
+            "as node ln-a, kubectl {args:?}: {err}"
+        );
+    }
 
     // The networks and their NADs in `ln`.
     c.kubectl_ok(&["create", "namespace", "ln"])?;
