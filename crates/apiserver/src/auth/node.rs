@@ -471,8 +471,12 @@ pub(crate) async fn gather(sh: &Shared, a: &Attributes, need: &Need, body: Optio
 pub(crate) async fn review(sh: &Shared, node: &str, a: &Attributes) -> Verdict {
     let need = needs(a);
     let mut facts = gather(sh, a, &need, None).await;
-    if need == Need::BodyName && !a.name.is_empty() {
+    if matches!(need, Need::BodyName | Need::BodyMeta) && !a.name.is_empty() {
         facts.body_name = Some(a.name.clone());
+        if need == Need::BodyMeta {
+            // An enactment the node would create under that name carries its own label.
+            facts.body_node_label = Some(node.to_string());
+        }
     }
     decide(node, a, &facts)
 }
