@@ -9,6 +9,7 @@
 //! - [`routes`]: `/32` routes that follow a live-migrated VMI to its node (pure).
 //! - [`services`]: the Service data plane's nft table (ClusterIP/NodePort DNAT) (pure).
 //! - [`secondary`]: Multus bridge networks: CNI config parsing, per-interface plans (pure).
+//! - [`localnet`]: OVN-Kubernetes localnet NADs resolved through bridge mappings (pure).
 //! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.
 //! - [`apply`], [`netns`]: running the actions as root; entering namespaces.
 //! - [`pod`]: the API the agent calls (`setup_node`, `setup`, `teardown`, overlay and
@@ -18,6 +19,7 @@ pub mod apply;
 pub mod dhcp;
 pub mod error;
 pub mod ipam;
+pub mod localnet;
 pub mod mode;
 pub mod netns;
 pub mod node_cidrs;
