@@ -17,15 +17,18 @@ use ferrovirt_network::{
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::error::AgentError;
 use crate::launchers::{self, LauncherConfig};
 use crate::mapping::{self, PodTap};
+
+mod secondary;
+
+pub use secondary::{SecondaryInterface, secondary_interfaces};
+use secondary::{nad_resource, read_secondary_plans, secondary_field, write_secondary_plans};
 
 /// How the node's pod network is configured (`--network-mode` and friends).
 #[derive(Debug, Clone)]
@@ -54,8 +57,6 @@ pub struct AttachOptions {
     pub reserved: std::collections::BTreeSet<Ipv4Addr>,
 }
 
-/// File in the VMI directory with the secondary interfaces' plans.
-const SECONDARY_PLANS: &str = "secondary-networks.json";
 /// How long the agent waits for the node IPAM controller before it keeps retrying quietly.
 const CIDR_WAIT_LOG: Duration = Duration::from_secs(10);
 /// Overlay resync interval (besides Node watch events).
@@ -78,69 +79,6 @@ pub struct Attachment {
     pub exec_prefix: Vec<String>,
     /// The Primary user-defined network the pod interface is on, if any.
     pub primary_udn: Option<String>,
-}
-
-/// A VMI interface on a Multus network.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecondaryInterface {
-    pub name: String,
-    /// `spec.networks[i]` of the interface's network (for error messages).
-    pub network_field: String,
-    /// The NetworkAttachmentDefinition: namespace and name.
-    pub nad_namespace: String,
-    pub nad_name: String,
-    pub mac: ferrovirt_network::MacAddr,
-}
-
-/// The VMI's interfaces on Multus networks, in interface order. Only the bridge binding is
-/// supported on them; any other binding is refused naming the interface.
-pub fn secondary_interfaces(
-    vmi: &VirtualMachineInstance,
-) -> Result<Vec<SecondaryInterface>, AgentError> {
-    let Some(spec) = vmi.spec.as_ref() else {
-        return Ok(Vec::new());
-    };
-    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
-    let networks = spec.networks.as_deref().unwrap_or(&[]);
-    let mut out = Vec::new();
-    for (i, iface) in spec.domain.devices.interfaces.iter().flatten().enumerate() {
-        let Some((j, net)) = networks
-            .iter()
-            .enumerate()
-            .find(|(_, n)| n.name == iface.name)
-        else {
-            continue;
-        };
-        let Some(multus) = net.multus.as_ref() else {
-            continue;
-        };
-        let field = format!("spec.domain.devices.interfaces[{i}]");
-        if iface.bridge.is_none() {
-            return Err(AgentError::unsupported(
-                field,
-                "interfaces on multus networks support only the bridge binding",
-            ));
-        }
-        let (nad_namespace, nad_name) = match multus.network_name.split_once('/') {
-            Some((n, name)) => (n.to_string(), name.to_string()),
-            None => (ns.to_string(), multus.network_name.clone()),
-        };
-        let mac = mapping::nic_mac(i, iface, vmi)?;
-        let mac = mac.parse().map_err(|_| {
-            AgentError::invalid(
-                format!("{field}.macAddress"),
-                format!("{mac:?} is not a MAC"),
-            )
-        })?;
-        out.push(SecondaryInterface {
-            name: iface.name.clone(),
-            network_field: format!("spec.networks[{j}].multus.networkName"),
-            nad_namespace,
-            nad_name,
-            mac,
-        });
-    }
-    Ok(out)
 }
 
 /// The explicit MAC addresses (`macAddress`) of `vmi`'s interfaces, normalized.
@@ -215,29 +153,6 @@ pub fn check_duplicate_macs(
     Ok(())
 }
 
-fn nad_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
-        "network-attachment-definitions",
-    )
-}
-
-fn read_secondary_plans(dir: &Path) -> Vec<SecondaryPlan> {
-    std::fs::read_to_string(dir.join(SECONDARY_PLANS))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default()
-}
-
-fn write_secondary_plans(dir: &Path, plans: &[SecondaryPlan]) -> Result<(), AgentError> {
-    let path = dir.join(SECONDARY_PLANS);
-    let tmp = dir.join(format!("{SECONDARY_PLANS}.tmp"));
-    let text = serde_json::to_vec_pretty(plans)
-        .map_err(|e| AgentError::Reference(format!("encoding network plans: {e}")))?;
-    std::fs::write(&tmp, text).map_err(|e| AgentError::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| AgentError::io(&path, e))
-}
-
 /// The agent's networking state.
 pub struct AgentNet {
     /// `None`: user networking (asked for, or the fallback of `auto`).
@@ -249,6 +164,8 @@ pub struct AgentNet {
     node: OnceLock<NodeNetwork>,
     /// Pod-network attachments (their DHCP servers) per VMI uid.
     attachments: Mutex<HashMap<String, ferrovirt_network::Attached>>,
+    /// DHCP servers of secondary interfaces (Localnet with IPAM) per VMI uid and interface.
+    secondary_dhcp: Mutex<HashMap<String, BTreeMap<String, ferrovirt_network::dhcp::DhcpServer>>>,
     /// The addresses of the VMIs this node runs (for the routes of moved addresses).
     hosted: crate::pod_routes::Hosted,
     /// Primary user-defined networks: held while one is made, synced or removed.
@@ -268,6 +185,7 @@ impl AgentNet {
             cfg,
             node: OnceLock::new(),
             attachments: Mutex::new(HashMap::new()),
+            secondary_dhcp: Mutex::new(HashMap::new()),
             hosted: Default::default(),
             udns: Default::default(),
         }
@@ -689,7 +607,7 @@ impl AgentNet {
                 ));
             };
             let config = nad.data["spec"]["config"].as_str().unwrap_or("");
-            let config = ferrovirt_network::secondary::parse_cni_config(config).map_err(|e| {
+            let in_nad = |e: &dyn std::fmt::Display| {
                 AgentError::invalid(
                     s.network_field.clone(),
                     format!(
@@ -697,7 +615,9 @@ impl AgentNet {
                         s.name, s.nad_namespace, s.nad_name
                     ),
                 )
-            })?;
+            };
+            let (config, ipam) = secondary::bridge_config(&self.cfg.data_dir, vmi, config)
+                .map_err(|e| in_nad(&e))?;
             let req = ferrovirt_network::SecondaryRequest {
                 uid: uid.to_string(),
                 interface: s.name.clone(),
@@ -708,6 +628,16 @@ impl AgentNet {
                 queues: mapping::nic_queues(vmi, &s.name),
             };
             let mut plan = SecondaryPlan::build(node, &req).map_err(net_err)?;
+            if ipam {
+                // The controller allots the address (k8s.ovn.org/pod-networks); DHCP offers it.
+                let (address, subnet) = secondary::wait_allotted(client, vmi, &req.nad)
+                    .await
+                    .map_err(|e| in_nad(&e))?;
+                let (_, name) = ns_name(vmi);
+                plan.lease = Some(ferrovirt_network::localnet::lease(
+                    address, subnet, s.mac, plan.mtu, &name,
+                ));
+            }
             plan.netns = match &pod_netns {
                 Some(n) => n.clone(),
                 None => incoming_netns(
@@ -727,6 +657,9 @@ impl AgentNet {
                 .map_err(|e| {
                     AgentError::Reference(format!("{}: {e}", secondary_field(secondaries, p)))
                 })?;
+            self.start_secondary_dhcp(uid, p).await.map_err(|e| {
+                AgentError::Reference(format!("{}: {e}", secondary_field(secondaries, p)))
+            })?;
             out.taps.insert(
                 p.interface.clone(),
                 PodTap {
@@ -765,7 +698,27 @@ impl AgentNet {
             if let Err(e) = ferrovirt_network::pod::setup_secondary(&p).await {
                 tracing::warn!(%uid, "re-attaching network {}: {e}", p.interface);
             }
+            if let Err(e) = self.start_secondary_dhcp(uid, &p).await {
+                tracing::warn!(%uid, "DHCP of network {}: {e}", p.interface);
+            }
         }
+    }
+
+    /// Starts (and keeps) the DHCP server of a secondary interface whose plan has a lease.
+    async fn start_secondary_dhcp(
+        &self,
+        uid: &str,
+        p: &SecondaryPlan,
+    ) -> Result<(), ferrovirt_network::Error> {
+        if let Some(server) = ferrovirt_network::pod::start_secondary_dhcp(p).await? {
+            self.secondary_dhcp
+                .lock()
+                .await
+                .entry(uid.to_string())
+                .or_default()
+                .insert(p.interface.clone(), server);
+        }
+        Ok(())
     }
 
     /// Stops the VMI's DHCP server and removes its namespace and veths (before its directory,
@@ -773,6 +726,7 @@ impl AgentNet {
     pub async fn detach(&self, uid: &str) {
         self.unhost(uid);
         self.attachments.lock().await.remove(uid);
+        self.secondary_dhcp.lock().await.remove(uid);
         let dir = self.cfg.vmi_dir(uid);
         let mut netns = None;
         if let Some(plan) = launchers::read_network_plan(&dir) {
@@ -828,14 +782,6 @@ struct RouteState {
     notes: Vec<String>,
     /// The claim last written on the Node (`None`: not written yet by this process).
     published: Option<Option<String>>,
-}
-
-fn secondary_field(secondaries: &[SecondaryInterface], p: &SecondaryPlan) -> String {
-    secondaries
-        .iter()
-        .find(|s| s.name == p.interface)
-        .map(|s| s.network_field.clone())
-        .unwrap_or_else(|| p.interface.clone())
 }
 
 fn ns_name(vmi: &VirtualMachineInstance) -> (String, String) {

@@ -129,7 +129,7 @@ impl AgentOptions {
     }
 }
 
-fn vmi_resource() -> ApiResource {
+pub(crate) fn vmi_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachineInstance"),
         "virtualmachineinstances",

@@ -11,6 +11,7 @@
 //! - [`udn`]: Primary Layer2 user-defined networks: per-network namespace, bridge and VXLAN,
 //!   head-end replication, a VMI's plan on the network (pure).
 //! - [`secondary`]: Multus bridge networks: CNI config parsing, per-interface plans (pure).
+//! - [`localnet`]: OVN-Kubernetes localnet NADs resolved through bridge mappings (pure).
 //! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.
 //! - [`apply`], [`netns`]: running the actions as root; entering namespaces.
 //! - [`pod`]: the API the agent calls (`setup_node`, `setup`, `teardown`, overlay and
@@ -20,6 +21,7 @@ pub mod apply;
 pub mod dhcp;
 pub mod error;
 pub mod ipam;
+pub mod localnet;
 pub mod mode;
 pub mod netns;
 pub mod node_cidrs;

@@ -123,6 +123,21 @@ pub async fn setup_secondary(plan: &crate::SecondaryPlan) -> Result<()> {
     apply_all(&crate::secondary::secondary_actions(plan)).await
 }
 
+/// Starts the DHCP server of a secondary interface whose plan carries a lease (a Localnet
+/// with IPAM) on its in-namespace bridge; `None` without a lease.
+pub async fn start_secondary_dhcp(plan: &crate::SecondaryPlan) -> Result<Option<DhcpServer>> {
+    let Some(lease) = &plan.lease else {
+        return Ok(None);
+    };
+    DhcpServer::spawn(ServerOptions::new(
+        Some(plan.netns.clone()),
+        plan.pod_bridge.clone(),
+        lease.clone(),
+    ))
+    .await
+    .map(Some)
+}
+
 /// Removes one secondary interface's veth (what is already gone is skipped).
 pub async fn teardown_secondary(plan: &crate::SecondaryPlan) -> Result<()> {
     apply_all_best_effort(&crate::secondary::secondary_teardown_actions(plan)).await

@@ -3,7 +3,9 @@
 //! [`SecondaryPlan`]: a veth from the named host bridge in the node namespace (an access port
 //! of the configured VLAN, with `vlan_filtering` on that bridge) into the VMI namespace, where
 //! it shares an in-namespace bridge with the tap QEMU opens. No addresses and no DHCP: the
-//! guest configures the interface itself (the `ipam` section is ignored).
+//! guest configures the interface itself (the `ipam` section is ignored) — except for a
+//! Localnet with IPAM ([`crate::localnet`]), whose plan carries the lease a DHCP server on
+//! the in-namespace bridge offers.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -126,6 +128,10 @@ pub struct SecondaryPlan {
     pub queues: u32,
     pub mac: MacAddr,
     pub mtu: u16,
+    /// The address a DHCP server offers the guest on this interface (a Localnet with IPAM);
+    /// `None`: the guest configures the interface itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<crate::dhcp::LeaseConfig>,
 }
 
 impl SecondaryPlan {
@@ -159,6 +165,7 @@ impl SecondaryPlan {
             queues: req.queues.max(1),
             mac: req.mac,
             mtu: req.config.mtu.unwrap_or(node.mtu),
+            lease: None,
         })
     }
 }
@@ -180,6 +187,31 @@ pub fn vlan_filtering_action(plan: &SecondaryPlan) -> Action {
     )
 }
 
+/// The VMI namespace's `bridge` table of one secondary interface (`fv-sec<k>`): nothing from
+/// the host bridge's side (`net<k>`) is delivered to the namespace itself (its addresses — the
+/// DHCP server's, a masquerade pod interface's — stay unreachable from the secondary network,
+/// ARP included); with a lease, DHCP stays between the guest and its own server (the guest's
+/// requests never reach the network, foreign offers never reach the guest, the server's
+/// answers never leave for the network), as the bridge binding's filter does.
+pub fn secondary_nft_script(plan: &SecondaryPlan) -> String {
+    let (veth, tap) = (&plan.pod_veth, &plan.tap);
+    let mut body = format!(
+        "  chain input {{\n    type filter hook input priority 0; policy accept;\n    \
+         iifname \"{veth}\" drop\n  }}\n"
+    );
+    if plan.lease.is_some() {
+        body.push_str(&format!(
+            "  chain forward {{\n    type filter hook forward priority 0; policy accept;\n    \
+             iifname \"{tap}\" oifname \"{veth}\" udp dport 67 drop\n    \
+             iifname \"{veth}\" oifname \"{tap}\" udp sport 67 drop\n  }}\n  \
+             chain output {{\n    type filter hook output priority 0; policy accept;\n    \
+             oifname \"{veth}\" udp sport 67 drop\n  }}\n"
+        ));
+    }
+    let table = format!("fv-sec{}", plan.pod_veth.trim_start_matches("net"));
+    crate::render::replace_table("bridge", &table, &body)
+}
+
 /// Steps that create (or repair) one secondary interface. The host bridge must exist
 /// ([`crate::pod::setup_secondary`] checks it first).
 pub fn secondary_actions(plan: &SecondaryPlan) -> Vec<Action> {
@@ -195,6 +227,11 @@ pub fn secondary_actions(plan: &SecondaryPlan) -> Vec<Action> {
     let mut a = vec![
         Action::AddNetns(plan.netns.clone()),
         ip(&pod, &["link", "set", "lo", "up"]),
+        // Before the links: the rules name interfaces, and nothing is up before its filter.
+        Action::Nft {
+            netns: pod.clone(),
+            script: secondary_nft_script(plan),
+        },
         add_veth_pair(node_ns, hv, veth, &plan.netns, &mtu),
         ip(
             node_ns,
@@ -238,6 +275,11 @@ pub fn secondary_actions(plan: &SecondaryPlan) -> Vec<Action> {
         ),
         ip(&pod, &["link", "set", br, "mtu", &mtu, "up"]),
     ]);
+    if let Some(l) = &plan.lease {
+        // The DHCP server's address (as the bridge binding's), on the VMI-side bridge.
+        let addr = format!("{}/32", l.server_id);
+        a.push(ip(&pod, &["addr", "replace", &addr, "dev", br]));
+    }
     a
 }
 
@@ -298,6 +340,50 @@ mod tests {
 
     fn render(a: &Action) -> String {
         a.command_line()
+    }
+
+    #[test]
+    fn a_lease_puts_the_dhcp_address_on_the_vmi_side_bridge() {
+        let mut p = SecondaryPlan::build(
+            &node(),
+            &req(BridgeConfig {
+                bridge: "br-ext".into(),
+                vlan: None,
+                mtu: Some(1400),
+            }),
+        )
+        .unwrap();
+        let without: Vec<String> = secondary_actions(&p).iter().map(render).collect();
+        assert!(!without.iter().any(|a| a.contains("addr")), "{without:?}");
+        // Without a lease only the input filter; the guest's DHCP may use the network's.
+        let nft = secondary_nft_script(&p);
+        assert!(nft.contains("table bridge fv-sec1 {"), "{nft}");
+        assert!(nft.contains("hook input") && nft.contains("iifname \"net1\" drop"));
+        assert!(!nft.contains("udp"), "{nft}");
+        let subnet: crate::Ipv4Cidr = "10.77.0.0/24".parse().unwrap();
+        p.lease = Some(crate::localnet::lease(
+            "10.77.0.5".parse().unwrap(),
+            subnet,
+            p.mac,
+            p.mtu,
+            "vm",
+        ));
+        let with: Vec<String> = secondary_actions(&p).iter().map(render).collect();
+        assert_eq!(
+            with.last().unwrap(),
+            "ip -n fv-uid-1 addr replace 169.254.75.10/32 dev k6t-net1"
+        );
+        let nft = secondary_nft_script(&p);
+        assert!(
+            nft.contains("iifname \"tap1\" oifname \"net1\" udp dport 67 drop")
+                && nft.contains("iifname \"net1\" oifname \"tap1\" udp sport 67 drop")
+                && nft.contains("oifname \"net1\" udp sport 67 drop"),
+            "{nft}"
+        );
+        // The plan (with its lease) reads back as written.
+        let back: SecondaryPlan =
+            serde_json::from_value(serde_json::to_value(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
     }
 
     #[test]
@@ -368,6 +454,10 @@ mod tests {
         let expect = [
             "AddNetns(\"fv-uid-1\")".to_string(),
             "ip -n fv-uid-1 link set lo up".into(),
+            render(&Action::Nft {
+                netns: Some("fv-uid-1".into()),
+                script: secondary_nft_script(&p),
+            }),
             format!("ip -n node-a link add {hv} mtu 1500 type veth peer name net1 netns fv-uid-1"),
             format!("ip -n node-a link set {hv} master br-test mtu 1500 up"),
             "ip -n node-a link set br-test type bridge vlan_filtering 1".into(),

@@ -278,6 +278,19 @@ impl Cluster {
         self.spawn_agent_as(node, &[], &[], &[], Some(&join), None)
     }
 
+    /// Like [`start_joined_agent`](Self::start_joined_agent) with `extra` arguments.
+    pub fn start_joined_agent_with(
+        &mut self,
+        node: &str,
+        token_file: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
+        let server = format!("https://127.0.0.1:{}", self.port);
+        let token_file = token_file.to_string_lossy().into_owned();
+        let join = ["--server", &server, "--token-file", &token_file].map(String::from);
+        self.spawn_agent_as(node, &[], extra, &[], Some(&join), None)
+    }
+
     /// Like [`start_joined_agent`](Self::start_joined_agent) with `--server` given as
     /// `servers` (a comma list of several servers' URLs: the agent fails over between them).
     pub fn start_joined_agent_servers(

@@ -28,7 +28,7 @@ pub mod status;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ferrovirt_api::nmstate::state::{DesiredState, MappingState};
@@ -188,16 +188,26 @@ pub async fn run(client: Client, node: String, data_dir: PathBuf, opts: NmstateO
     }
 }
 
+/// The node's OVN bridge mappings (`localnet` → bridge) applied by policies, kept in
+/// `DATA_DIR/nmstate-bridge-mappings.json` (empty when none were applied).
+pub fn read_bridge_mappings(data_dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read(mappings_path(data_dir))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn mappings_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("nmstate-bridge-mappings.json")
+}
+
 impl Nmstate {
     fn mappings_path(&self) -> PathBuf {
-        self.data_dir.join("nmstate-bridge-mappings.json")
+        mappings_path(&self.data_dir)
     }
 
     fn mappings(&self) -> BTreeMap<String, String> {
-        std::fs::read(self.mappings_path())
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
+        read_bridge_mappings(&self.data_dir)
     }
 
     fn save_mappings(&self, desired: &DesiredState) -> Result<(), AgentError> {

@@ -293,7 +293,10 @@ async fn node_verdict(
     req: Request,
 ) -> (Result<Request, Response>, node::Verdict) {
     let need = node::needs(a);
-    let (req, body) = if matches!(need, node::Need::BodyName | node::Need::TokenBinding) {
+    let (req, body) = if matches!(
+        need,
+        node::Need::BodyName | node::Need::BodyMeta | node::Need::TokenBinding
+    ) {
         let (parts, body) = req.into_parts();
         match axum::body::to_bytes(body, sh.max_body).await {
             Ok(b) => (

@@ -7,8 +7,11 @@
 //! a Secret, ConfigMap, PersistentVolumeClaim or PersistentVolume only when a VMI bound to it
 //! references it, and may not list or watch those kinds. It may create a ServiceAccount token
 //! (TokenRequest) only bound to a VMI bound to it whose serviceAccount volume names that
-//! ServiceAccount (Kubernetes' rule for Pods). Anything else falls to RBAC, which
-//! grants nodes nothing by default: 403 with Kubernetes' message.
+//! ServiceAccount (Kubernetes' rule for Pods). For host network configuration (`--nmstate`)
+//! it may write its own nmstate.io objects: the NodeNetworkState named after it, the
+//! NodeNetworkConfigurationEnactments `<node>.<policy>` labelled `nmstate.io/node: <node>`,
+//! and the status (never the spec) of NodeNetworkConfigurationPolicies. Anything else falls
+//! to RBAC, which grants nodes nothing by default: 403 with Kubernetes' message.
 //!
 //! [`needs`] says which stored facts a request's decision depends on, the middleware gathers
 //! them ([`gather`]), and [`decide`] is the pure decision.
@@ -53,7 +56,15 @@ pub enum Need {
     PvAndVmis,
     /// The TokenRequest body's `boundObjectRef`, and the stored VMI it names.
     TokenBinding,
+    /// The body's name and labels (creating an enactment).
+    BodyMeta,
+    /// The stored NodeNetworkConfigurationEnactment the request names.
+    Enactment,
 }
+
+/// The label naming an enactment's node.
+pub const ENACTMENT_NODE_LABEL: &str = "nmstate.io/node";
+const NMSTATE_GROUP: &str = "nmstate.io";
 
 /// The facts [`decide`] reads.
 #[derive(Debug, Clone, Default)]
@@ -65,6 +76,8 @@ pub struct Facts {
     pub vmis: Vec<Value>,
     /// A TokenRequest's binding: the VMI name and uid its `boundObjectRef` gives.
     pub bound: Option<super::tokens::BoundRequest>,
+    /// The request body's `metadata.labels[nmstate.io/node]` (creating an enactment).
+    pub body_node_label: Option<String>,
 }
 
 fn is_read(verb: &str) -> bool {
@@ -93,6 +106,13 @@ pub fn needs(a: &Attributes) -> Need {
         }
         ("", "serviceaccounts", "create") if a.subresource == "token" && !a.name.is_empty() => {
             Need::TokenBinding
+        }
+        (NMSTATE_GROUP, "nodenetworkstates", "create") => Need::BodyName,
+        (NMSTATE_GROUP, "nodenetworkconfigurationenactments", "create") => Need::BodyMeta,
+        (NMSTATE_GROUP, "nodenetworkconfigurationenactments", v)
+            if (is_write(v) || v == "delete") && !a.name.is_empty() =>
+        {
+            Need::Enactment
         }
         _ => Need::Nothing,
     }
@@ -279,9 +299,71 @@ pub fn decide(node: &str, a: &Attributes, facts: &Facts) -> Verdict {
         }
         // No node reads another identity's credentials.
         ("", "serviceaccounts") if !a.subresource.is_empty() => Verdict::Rbac,
+        (NMSTATE_GROUP, "nodenetworkstates") => match verb {
+            _ if is_read(verb) && a.subresource.is_empty() => Verdict::Allow,
+            "create" if a.subresource.is_empty() && facts.body_name.as_deref() == Some(node) => {
+                Verdict::Allow
+            }
+            "update" | "patch" | "delete"
+                if own_name && (a.subresource.is_empty() || a.subresource == "status") =>
+            {
+                Verdict::Allow
+            }
+            _ => deny("may change only its own NodeNetworkState"),
+        },
+        (NMSTATE_GROUP, "nodenetworkconfigurationenactments") => {
+            let prefix = format!("{node}.");
+            match verb {
+                _ if is_read(verb) && a.subresource.is_empty() => Verdict::Allow,
+                "create"
+                    if a.subresource.is_empty()
+                        && facts
+                            .body_name
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with(&prefix) && n.len() > prefix.len())
+                        && facts.body_node_label.as_deref() == Some(node) =>
+                {
+                    Verdict::Allow
+                }
+                // Status writes keep the stored metadata (the label), so only those.
+                "update" | "patch"
+                    if a.subresource == "status" && own_enactment(node, a, facts) =>
+                {
+                    Verdict::Allow
+                }
+                "delete" if a.subresource.is_empty() && own_enactment(node, a, facts) => {
+                    Verdict::Allow
+                }
+                _ => deny(
+                    "may create, delete and write the status of only its own enactments (<node>.<policy>, labelled nmstate.io/node)",
+                ),
+            }
+        }
+        (NMSTATE_GROUP, "nodenetworkconfigurationpolicies") => match verb {
+            _ if is_read(verb) && a.subresource.is_empty() => Verdict::Allow,
+            // maxUnavailable's compare-and-swap on status.unavailableNodeCount, conditions.
+            "update" | "patch" if a.subresource == "status" => Verdict::Allow,
+            _ => deny("may write only the status of NodeNetworkConfigurationPolicies"),
+        },
         _ if is_read(verb) && a.subresource.is_empty() => Verdict::Allow,
         _ => Verdict::Rbac,
     }
+}
+
+/// Whether the enactment the request names is `node`'s: named `<node>.…` and labelled
+/// `nmstate.io/node: <node>` as stored.
+fn own_enactment(node: &str, a: &Attributes, facts: &Facts) -> bool {
+    let named = a
+        .name
+        .strip_prefix(node)
+        .and_then(|r| r.strip_prefix('.'))
+        .is_some_and(|p| !p.is_empty());
+    let labelled = facts
+        .target
+        .as_ref()
+        .and_then(|t| t["metadata"]["labels"][ENACTMENT_NODE_LABEL].as_str())
+        == Some(node);
+    named && labelled
 }
 
 /// The `metadata.name` of a JSON request body.
@@ -326,6 +408,25 @@ pub(crate) async fn gather(sh: &Shared, a: &Attributes, need: &Need, body: Optio
     match need {
         Need::Nothing => {}
         Need::BodyName => f.body_name = body.and_then(body_name),
+        Need::BodyMeta => {
+            let v: Option<Value> = body.and_then(|b| serde_json::from_slice(b).ok());
+            if let Some(v) = v {
+                f.body_name = v["metadata"]["name"].as_str().map(str::to_string);
+                f.body_node_label = v["metadata"]["labels"][ENACTMENT_NODE_LABEL]
+                    .as_str()
+                    .map(str::to_string);
+            }
+        }
+        Need::Enactment => {
+            f.target = stored(
+                sh,
+                NMSTATE_GROUP,
+                "nodenetworkconfigurationenactments",
+                "",
+                &a.name,
+            )
+            .await;
+        }
         Need::Vmi => {
             f.target = stored(
                 sh,
@@ -370,8 +471,12 @@ pub(crate) async fn gather(sh: &Shared, a: &Attributes, need: &Need, body: Optio
 pub(crate) async fn review(sh: &Shared, node: &str, a: &Attributes) -> Verdict {
     let need = needs(a);
     let mut facts = gather(sh, a, &need, None).await;
-    if need == Need::BodyName && !a.name.is_empty() {
+    if matches!(need, Need::BodyName | Need::BodyMeta) && !a.name.is_empty() {
         facts.body_name = Some(a.name.clone());
+        if need == Need::BodyMeta {
+            // An enactment the node would create under that name carries its own label.
+            facts.body_node_label = Some(node.to_string());
+        }
     }
     decide(node, a, &facts)
 }

@@ -452,3 +452,81 @@ fn tokens_only_for_service_account_volumes_of_own_vmis() {
         Verdict::Rbac
     );
 }
+
+#[test]
+fn own_nmstate_objects_only() {
+    const G: &str = "nmstate.io";
+    let d = |a: &Attributes, f: &Facts| decide("n1", a, f);
+    let denied = |v: Verdict| matches!(v, Verdict::Deny(_));
+    let none = Facts::default();
+    let named = |n: &str| Facts {
+        body_name: Some(n.into()),
+        ..Default::default()
+    };
+    // NodeNetworkState: its own only.
+    let nns = |verb: &str, name: &str| at(verb, G, "nodenetworkstates", "", name);
+    assert_eq!(d(&nns("list", ""), &none), Verdict::Allow);
+    assert_eq!(d(&nns("get", "n2"), &none), Verdict::Allow);
+    assert_eq!(d(&nns("create", ""), &named("n1")), Verdict::Allow);
+    assert!(denied(d(&nns("create", ""), &named("n2"))));
+    assert_eq!(
+        d(&sub(nns("update", "n1"), "status"), &none),
+        Verdict::Allow
+    );
+    assert!(denied(d(&sub(nns("update", "n2"), "status"), &none)));
+    assert!(denied(d(&nns("patch", "n2"), &none)));
+    assert!(denied(d(&nns("delete", "n2"), &none)));
+    assert!(denied(d(&nns("deletecollection", ""), &none)));
+    assert_eq!(needs(&nns("create", "")), Need::BodyName);
+
+    // Enactments: `<node>.<policy>` labelled with the node.
+    let nnce = |verb: &str, name: &str| at(verb, G, "nodenetworkconfigurationenactments", "", name);
+    let body = |name: &str, label: &str| Facts {
+        body_name: Some(name.into()),
+        body_node_label: Some(label.into()),
+        ..Default::default()
+    };
+    let stored = |label: &str| Facts {
+        target: Some(json!({"metadata": {"labels": {"nmstate.io/node": label}}})),
+        ..Default::default()
+    };
+    assert_eq!(needs(&nnce("create", "")), Need::BodyMeta);
+    assert_eq!(
+        needs(&sub(nnce("update", "n1.p"), "status")),
+        Need::Enactment
+    );
+    assert_eq!(needs(&nnce("delete", "n1.p")), Need::Enactment);
+    assert_eq!(d(&nnce("list", ""), &none), Verdict::Allow);
+    assert_eq!(d(&nnce("create", ""), &body("n1.p", "n1")), Verdict::Allow);
+    // Another node's name, its label, or a bare prefix.
+    assert!(denied(d(&nnce("create", ""), &body("n2.p", "n1"))));
+    assert!(denied(d(&nnce("create", ""), &body("n1.p", "n2"))));
+    assert!(denied(d(&nnce("create", ""), &body("n1.", "n1"))));
+    assert!(denied(d(&nnce("create", ""), &named("n1.p"))));
+    let st = |verb: &str, name: &str| sub(nnce(verb, name), "status");
+    assert_eq!(d(&st("update", "n1.p"), &stored("n1")), Verdict::Allow);
+    assert_eq!(d(&st("patch", "n1.p"), &stored("n1")), Verdict::Allow);
+    assert!(denied(d(&st("update", "n2.p"), &stored("n2"))));
+    // Named like n1's but labelled for another node (node names may hold dots): not n1's.
+    assert!(denied(d(&st("update", "n1.p"), &stored("n2"))));
+    assert!(denied(d(&st("update", "n1.p"), &none)));
+    assert_eq!(d(&nnce("delete", "n1.p"), &stored("n1")), Verdict::Allow);
+    assert!(denied(d(&nnce("delete", "n2.p"), &stored("n2"))));
+    // The main resource (labels, owner) is never written by a node.
+    assert!(denied(d(&nnce("update", "n1.p"), &stored("n1"))));
+    assert!(denied(d(&nnce("patch", "n1.p"), &stored("n1"))));
+    assert!(denied(d(&nnce("deletecollection", ""), &none)));
+
+    // Policies: read, and write the status (not the spec).
+    let nncp = |verb: &str, name: &str| at(verb, G, "nodenetworkconfigurationpolicies", "", name);
+    assert_eq!(d(&nncp("list", ""), &none), Verdict::Allow);
+    assert_eq!(d(&nncp("watch", ""), &none), Verdict::Allow);
+    assert_eq!(
+        d(&sub(nncp("update", "p"), "status"), &none),
+        Verdict::Allow
+    );
+    assert_eq!(d(&sub(nncp("patch", "p"), "status"), &none), Verdict::Allow);
+    for verb in ["create", "update", "patch", "delete", "deletecollection"] {
+        assert!(denied(d(&nncp(verb, "p"), &named("p"))), "{verb}");
+    }
+}

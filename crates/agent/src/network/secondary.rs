@@ -1,0 +1,178 @@
+//! Secondary (Multus) interfaces of a VMI on the agent's side: which interfaces name a
+//! NetworkAttachmentDefinition, the host bridge a NAD's configuration resolves to on this node
+//! (a bridge CNI config as it is, a Localnet through the node's NNCP bridge mappings), the
+//! address the controller allotted on a Localnet with IPAM, and the plans kept in the VMI
+//! directory (docs/networking.md "Secondary networks", "Localnet data plane").
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::Duration;
+
+use ferrovirt_api::kubevirt::vmi::VirtualMachineInstance;
+use ferrovirt_network::SecondaryPlan;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+
+use super::ns_name;
+use crate::error::AgentError;
+use crate::mapping;
+
+/// File in the VMI directory with the secondary interfaces' plans.
+const SECONDARY_PLANS: &str = "secondary-networks.json";
+
+/// A VMI interface on a Multus network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecondaryInterface {
+    pub name: String,
+    /// `spec.networks[i]` of the interface's network (for error messages).
+    pub network_field: String,
+    /// The NetworkAttachmentDefinition: namespace and name.
+    pub nad_namespace: String,
+    pub nad_name: String,
+    pub mac: ferrovirt_network::MacAddr,
+}
+
+/// The VMI's interfaces on Multus networks, in interface order. Only the bridge binding is
+/// supported on them; any other binding is refused naming the interface.
+pub fn secondary_interfaces(
+    vmi: &VirtualMachineInstance,
+) -> Result<Vec<SecondaryInterface>, AgentError> {
+    let Some(spec) = vmi.spec.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let networks = spec.networks.as_deref().unwrap_or(&[]);
+    let mut out = Vec::new();
+    for (i, iface) in spec.domain.devices.interfaces.iter().flatten().enumerate() {
+        let Some((j, net)) = networks
+            .iter()
+            .enumerate()
+            .find(|(_, n)| n.name == iface.name)
+        else {
+            continue;
+        };
+        let Some(multus) = net.multus.as_ref() else {
+            continue;
+        };
+        let field = format!("spec.domain.devices.interfaces[{i}]");
+        if iface.bridge.is_none() {
+            return Err(AgentError::unsupported(
+                field,
+                "interfaces on multus networks support only the bridge binding",
+            ));
+        }
+        let (nad_namespace, nad_name) = match multus.network_name.split_once('/') {
+            Some((n, name)) => (n.to_string(), name.to_string()),
+            None => (ns.to_string(), multus.network_name.clone()),
+        };
+        let mac = mapping::nic_mac(i, iface, vmi)?;
+        let mac = mac.parse().map_err(|_| {
+            AgentError::invalid(
+                format!("{field}.macAddress"),
+                format!("{mac:?} is not a MAC"),
+            )
+        })?;
+        out.push(SecondaryInterface {
+            name: iface.name.clone(),
+            network_field: format!("spec.networks[{j}].multus.networkName"),
+            nad_namespace,
+            nad_name,
+            mac,
+        });
+    }
+    Ok(out)
+}
+
+pub(super) fn nad_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    )
+}
+
+pub(super) fn read_secondary_plans(dir: &Path) -> Vec<SecondaryPlan> {
+    std::fs::read_to_string(dir.join(SECONDARY_PLANS))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+pub(super) fn write_secondary_plans(dir: &Path, plans: &[SecondaryPlan]) -> Result<(), AgentError> {
+    let path = dir.join(SECONDARY_PLANS);
+    let tmp = dir.join(format!("{SECONDARY_PLANS}.tmp"));
+    let text = serde_json::to_vec_pretty(plans)
+        .map_err(|e| AgentError::Reference(format!("encoding network plans: {e}")))?;
+    std::fs::write(&tmp, text).map_err(|e| AgentError::io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| AgentError::io(&path, e))
+}
+
+/// The host bridge (and VLAN, MTU) a NAD's configuration attaches to on this node: a
+/// bridge CNI configuration as it is, a Localnet through the node's bridge mappings
+/// (`DATA_DIR/nmstate-bridge-mappings.json`, written by the nmstate loop); and whether the
+/// network has IPAM (a Localnet with `subnets`: the controller allots the address).
+pub(super) fn bridge_config(
+    data_dir: &Path,
+    vmi: &VirtualMachineInstance,
+    config: &str,
+) -> Result<(ferrovirt_network::BridgeConfig, bool), ferrovirt_network::Error> {
+    use ferrovirt_network::localnet::{NadNetwork, parse_nad_config, resolve};
+    match parse_nad_config(config)? {
+        NadNetwork::Bridge(b) => Ok((b, false)),
+        NadNetwork::Localnet(l) => {
+            let node = vmi
+                .status
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            let mappings = crate::nmstate::read_bridge_mappings(data_dir);
+            Ok((resolve(&l, &mappings, &node)?, !l.subnets.is_empty()))
+        }
+    }
+}
+
+/// How long a VMI on a Localnet with IPAM waits for the controller to allot its address.
+const ALLOT_WAIT: Duration = Duration::from_secs(60);
+
+/// The address the controller allotted to the VMI on NAD `nad` (`ns/name`), from its
+/// `k8s.ovn.org/pod-networks` annotation, read again until it is there (never guessed).
+pub(super) async fn wait_allotted(
+    client: &Client,
+    vmi: &VirtualMachineInstance,
+    nad: &str,
+) -> Result<(Ipv4Addr, ferrovirt_network::Ipv4Cidr), ferrovirt_network::Error> {
+    use ferrovirt_network::localnet::{POD_NETWORKS_ANNOTATION, allotted_address};
+    let (ns, name) = ns_name(vmi);
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &crate::runtime::vmi_resource());
+    let started = std::time::Instant::now();
+    let mut current = vmi.metadata.annotations.clone();
+    loop {
+        let ann = current
+            .as_ref()
+            .and_then(|a| a.get(POD_NETWORKS_ANNOTATION))
+            .map(String::as_str);
+        if let Some(found) = allotted_address(ann, nad)? {
+            return Ok(found);
+        }
+        if started.elapsed() > ALLOT_WAIT {
+            return Err(ferrovirt_network::Error::InvalidNetworkConfig(format!(
+                "spec.config.subnets: no address allotted to VMI {ns}/{name} on this network after {}s (annotation {POD_NETWORKS_ANNOTATION} has no entry {nad:?})",
+                ALLOT_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        match api.get_opt(&name).await {
+            Ok(Some(v)) => current = v.metadata.annotations,
+            Ok(None) => {}
+            Err(e) => tracing::debug!("reading VMI {ns}/{name}: {e}"),
+        }
+    }
+}
+
+pub(super) fn secondary_field(secondaries: &[SecondaryInterface], p: &SecondaryPlan) -> String {
+    secondaries
+        .iter()
+        .find(|s| s.name == p.interface)
+        .map(|s| s.network_field.clone())
+        .unwrap_or_else(|| p.interface.clone())
+}
