@@ -27,8 +27,9 @@ use crate::mapping::{self, PodTap};
 
 mod secondary;
 
+pub(crate) use secondary::read_secondary_plans;
 pub use secondary::{SecondaryInterface, secondary_interfaces};
-use secondary::{nad_resource, read_secondary_plans, secondary_field, write_secondary_plans};
+use secondary::{nad_resource, secondary_field, write_secondary_plans};
 
 /// How the node's pod network is configured (`--network-mode` and friends).
 #[derive(Debug, Clone)]
@@ -616,8 +617,30 @@ impl AgentNet {
                     ),
                 )
             };
-            let (config, ipam) = secondary::bridge_config(&self.cfg.data_dir, vmi, config)
-                .map_err(|e| in_nad(&e))?;
+            let (config, ipam, udn) = match secondary::nad_attach(&self.cfg.data_dir, vmi, config)
+                .map_err(|e| in_nad(&e))?
+            {
+                secondary::NadAttach::Bridge(b, ipam) => (b, ipam, None),
+                secondary::NadAttach::Layer2(c) => {
+                    let vni = secondary::wait_vni(&nad_api, &s.nad_name, &nad)
+                        .await
+                        .map_err(|e| in_nad(&e))?;
+                    let local = self.opts.as_ref().and_then(|o| o.node_ip);
+                    let net = ferrovirt_network::udn::UdnNetwork::from_secondary_nad(
+                        &c,
+                        vni,
+                        node.netns.as_deref(),
+                        local,
+                    )
+                    .map_err(|e| in_nad(&e))?;
+                    let b = ferrovirt_network::BridgeConfig {
+                        bridge: ferrovirt_network::udn::BRIDGE.into(),
+                        vlan: None,
+                        mtu: Some(net.mtu),
+                    };
+                    (b, !c.subnets.is_empty(), Some(net))
+                }
+            };
             let req = ferrovirt_network::SecondaryRequest {
                 uid: uid.to_string(),
                 interface: s.name.clone(),
@@ -628,6 +651,9 @@ impl AgentNet {
                 queues: mapping::nic_queues(vmi, &s.name),
             };
             let mut plan = SecondaryPlan::build(node, &req).map_err(net_err)?;
+            if let Some(net) = &udn {
+                ferrovirt_network::udn::join_secondary(&mut plan, net);
+            }
             if ipam {
                 // The controller allots the address (k8s.ovn.org/pod-networks); DHCP offers it.
                 let (address, subnet) = secondary::wait_allotted(client, vmi, &req.nad)
@@ -652,6 +678,11 @@ impl AgentNet {
         // Recorded before anything is created, so teardown finds it all.
         write_secondary_plans(dir, &plans)?;
         for p in &plans {
+            if let Some(net) = &p.udn {
+                self.ensure_udn(net).await.map_err(|e| {
+                    AgentError::Reference(format!("{}: {e}", secondary_field(secondaries, p)))
+                })?;
+            }
             ferrovirt_network::pod::setup_secondary(p)
                 .await
                 .map_err(|e| {
@@ -695,6 +726,11 @@ impl AgentNet {
             }
         }
         for p in read_secondary_plans(&dir) {
+            if let Some(net) = &p.udn
+                && let Err(e) = self.ensure_udn(net).await
+            {
+                tracing::warn!(%uid, "re-attaching user-defined network {}: {e}", net.name);
+            }
             if let Err(e) = ferrovirt_network::pod::setup_secondary(&p).await {
                 tracing::warn!(%uid, "re-attaching network {}: {e}", p.interface);
             }

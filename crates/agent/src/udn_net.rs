@@ -1,4 +1,5 @@
-//! The node side of Primary user-defined networks (docs/networking.md "User-defined
+//! The node side of user-defined networks (Primary, and Secondary Layer2 ones named as
+//! Multus networks) (docs/networking.md "User-defined
 //! networks"): [`AgentNet`]'s per-network namespaces (made when the first VMI of a network
 //! starts on the node, their head-end replication kept equal to the overlay peers, removed
 //! when no VMI of the node uses the network any more and, at agent start, when left over).
@@ -83,15 +84,22 @@ impl AgentNet {
         Ok(u)
     }
 
-    /// The networks the node's VMIs use (from their plans), by namespace; `except` is left
-    /// out (a VMI being detached).
+    /// The networks the node's VMIs use (from their plans: the pod interface's Primary UDN
+    /// and the Multus interfaces' Secondary Layer2 UDNs), by namespace; `except` is left out
+    /// (a VMI being detached).
     fn udns_in_use(&self, except: Option<&str>) -> BTreeMap<String, UdnNetwork> {
         self.cfg
             .local_uids()
             .iter()
             .filter(|u| Some(u.as_str()) != except)
-            .filter_map(|u| launchers::read_network_plan(&self.cfg.vmi_dir(u)))
-            .filter_map(|p| p.udn)
+            .flat_map(|u| {
+                let dir = self.cfg.vmi_dir(u);
+                let primary = launchers::read_network_plan(&dir).and_then(|p| p.udn);
+                let secondary = crate::network::read_secondary_plans(&dir)
+                    .into_iter()
+                    .filter_map(|p| p.udn);
+                primary.into_iter().chain(secondary)
+            })
             .map(|n| (n.netns.clone(), n))
             .collect()
     }

@@ -13,9 +13,8 @@
 //! skips that part. A third CUDN has `subnets` (IPAM): the controller allots the VMI an
 //! address (`k8s.ovn.org/pod-networks`), the agent's DHCP server on the VMI-side bridge offers
 //! it, the guest's DHCP client takes it (the guest agent reports it), the guest pings the peer
-//! and the peer pings the allotted address, but not the VMI namespace's own DHCP address. A CUDN naming an unmapped physicalNetworkName, and
-//! a Secondary Layer2 UDN named as a Multus network, fail the VMI naming the field and the
-//! reason.
+//! and the peer pings the allotted address, but not the VMI namespace's own DHCP address. A CUDN naming an unmapped physicalNetworkName fails
+//! the VMI naming the field and the reason (Secondary Layer2 UDNs: udn_secondary.rs).
 
 use std::time::{Duration, Instant};
 
@@ -326,17 +325,7 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
     c.apply(&cudn("physnet-vlan", "physnet", 100))?;
     c.apply(&cudn("nowhere-ln", "nowhere", 0))?;
     c.apply(CUDN_IPAM)?;
-    c.apply(
-        "apiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\nmetadata: {name: l2, namespace: ln}\n\
-         spec:\n  topology: Layer2\n  layer2: {role: Secondary, subnets: [10.55.0.0/24]}\n",
-    )?;
-    for nad in [
-        "physnet-ln",
-        "physnet-vlan",
-        "nowhere-ln",
-        "physnet-ipam",
-        "l2",
-    ] {
+    for nad in ["physnet-ln", "physnet-vlan", "nowhere-ln", "physnet-ipam"] {
         c.wait_until(&format!("NAD ln/{nad}"), T, || {
             let out = c.kubectl(&["-n", "ln", "get", "net-attach-def", nad])?;
             Ok(out.status.success().then_some(()))
@@ -345,20 +334,11 @@ fn localnet_onto_an_nncp_bridge() -> anyhow::Result<()> {
 
     // Refusals, without a guest.
     c.apply(&vmi("unmapped", "nowhere-ln", Addr::NoGuest, ""))?;
-    c.apply(&vmi("layer2", "l2", Addr::NoGuest, ""))?;
     let msg = failure_of(&c, "unmapped")?;
     assert!(
         msg.contains("spec.networks[0].multus.networkName")
             && msg.contains("network \"phys\"")
             && msg.contains("physicalNetworkName \"nowhere\" has no bridge mapping on node ln-a"),
-        "{msg}"
-    );
-    let msg = failure_of(&c, "layer2")?;
-    assert!(
-        msg.contains("spec.networks[0].multus.networkName")
-            && msg.contains(
-                "Secondary Layer2/Layer3 UserDefinedNetwork data plane not carried out yet"
-            ),
         "{msg}"
     );
     if !vlans {

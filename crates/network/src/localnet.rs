@@ -5,7 +5,9 @@
 //! as a secondary `bridge` network ([`crate::secondary`]): its `physicalNetworkName` is
 //! resolved through the node's OVN bridge mappings (`localnet` → `bridge`, applied by
 //! NodeNetworkConfigurationPolicies) to a host bridge, `vlanID` becomes the access VLAN and
-//! `mtu` the interface MTU ([`resolve`] gives the [`BridgeConfig`]). Secondary Layer2/Layer3
+//! `mtu` the interface MTU ([`resolve`] gives the [`BridgeConfig`]). A Secondary Layer2
+//! network is handed on as its [`crate::udn::NadConfig`]: the agent joins the interface to
+//! the network's bridge in its per-network namespace ([`crate::udn`]). Secondary Layer3
 //! networks are refused: their data plane is not carried out yet.
 
 use std::collections::BTreeMap;
@@ -28,6 +30,8 @@ pub enum NadNetwork {
     Bridge(BridgeConfig),
     /// An OVN-Kubernetes localnet network.
     Localnet(LocalnetConfig),
+    /// An OVN-Kubernetes Secondary Layer2 network (a user-defined network's).
+    Layer2(crate::udn::NadConfig),
 }
 
 /// An OVN-Kubernetes localnet network's configuration.
@@ -65,10 +69,12 @@ pub fn parse_nad_config(text: &str) -> Result<NadNetwork> {
                     "spec.config.role \"primary\": a Primary UserDefinedNetwork is the VMI's pod network, not a Multus network (use pod: {})",
                 ));
             }
-            return Err(bad(format!(
-                "spec.config.topology {:?}: Secondary Layer2/Layer3 UserDefinedNetwork data plane not carried out yet",
-                s("topology")
-            )));
+            if s("topology") == "layer3" {
+                return Err(bad(
+                    "spec.config.topology \"layer3\": Secondary Layer3 UserDefinedNetwork data plane not carried out yet",
+                ));
+            }
+            return crate::udn::parse_nad_config(text).map(NadNetwork::Layer2);
         }
         other => {
             return Err(bad(format!(
@@ -293,6 +299,19 @@ mod tests {
         let l = localnet(&cfg(""));
         assert_eq!(l.physical_network_name, "cluster_udn_phys");
         assert_eq!((l.vlan, l.mtu, l.subnets.len()), (None, None, 0));
+        // A Secondary Layer2 network is handed on as a UDN config.
+        match parse_nad_config(&cfg(r#","subnets":"10.9.0.0/24""#).replace("localnet", "layer2"))
+            .unwrap()
+        {
+            NadNetwork::Layer2(c) => {
+                assert_eq!(
+                    (c.name.as_str(), c.role.as_str()),
+                    ("cluster_udn_phys", "secondary")
+                );
+                assert_eq!(c.subnets, vec!["10.9.0.0/24".to_string()]);
+            }
+            other => panic!("not a layer2 network: {other:?}"),
+        }
         // A bridge configuration still parses as one.
         assert!(matches!(
             parse_nad_config(r#"{"type":"bridge","bridge":"br1"}"#).unwrap(),
@@ -309,12 +328,8 @@ mod tests {
             (cfg(r#","physicalNetworkName":7"#), "physicalNetworkName"),
             (cfg(r#","subnets":["a"]"#), "spec.config.subnets"),
             (
-                cfg("").replace("localnet", "layer2"),
-                "Secondary Layer2/Layer3 UserDefinedNetwork data plane not carried out yet",
-            ),
-            (
                 cfg("").replace("localnet", "layer3"),
-                "spec.config.topology \"layer3\"",
+                "spec.config.topology \"layer3\": Secondary Layer3 UserDefinedNetwork data plane not carried out yet",
             ),
             (
                 cfg("")

@@ -132,6 +132,11 @@ pub struct SecondaryPlan {
     /// `None`: the guest configures the interface itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<crate::dhcp::LeaseConfig>,
+    /// On a Secondary Layer2 user-defined network: the network (its namespace is
+    /// `node_netns`, its bridge `bridge`), made before the interface and kept while a plan
+    /// names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udn: Option<crate::udn::UdnNetwork>,
 }
 
 impl SecondaryPlan {
@@ -166,6 +171,7 @@ impl SecondaryPlan {
             mac: req.mac,
             mtu: req.config.mtu.unwrap_or(node.mtu),
             lease: None,
+            udn: None,
         })
     }
 }

@@ -356,17 +356,63 @@ impl UdnNetwork {
                 )));
             }
         }
-        let subnet = config
+        Self::build(config, vni, node_netns, local, true)
+    }
+
+    /// Decides a Secondary Layer2 network (a VMI's Multus interface on it) from its NAD: the
+    /// same namespace, bridge and VXLAN device as a Primary one, never a gateway. Without
+    /// `subnets` (IPAM disabled) the network has no addresses: `subnet` is then `0.0.0.0/0`,
+    /// which nothing reads (no gateway, no lease). Layer3 and other roles are refused naming
+    /// the field.
+    pub fn from_secondary_nad(
+        config: &NadConfig,
+        vni: u32,
+        node_netns: Option<&str>,
+        local: Option<Ipv4Addr>,
+    ) -> Result<UdnNetwork> {
+        if config.role != "secondary" {
+            return Err(Error::InvalidNetworkConfig(format!(
+                "spec.config.role {:?}: not a secondary network",
+                config.role
+            )));
+        }
+        if config.topology != "layer2" {
+            return Err(Error::InvalidNetworkConfig(format!(
+                "spec.config.topology {:?}: a Secondary {} UserDefinedNetwork's data plane is \
+                 not carried out yet (Layer2 and Localnet are)",
+                config.topology,
+                if config.topology == "layer3" {
+                    "Layer3"
+                } else {
+                    "non-Layer2"
+                }
+            )));
+        }
+        Self::build(config, vni, node_netns, local, !config.subnets.is_empty())
+    }
+
+    fn build(
+        config: &NadConfig,
+        vni: u32,
+        node_netns: Option<&str>,
+        local: Option<Ipv4Addr>,
+        needs_subnet: bool,
+    ) -> Result<UdnNetwork> {
+        let subnet = match config
             .subnets
             .iter()
             .find_map(|s| s.parse::<Ipv4Cidr>().ok())
-            .ok_or_else(|| {
-                Error::InvalidNetworkConfig(format!(
+        {
+            Some(s) => s,
+            None if !needs_subnet => Ipv4Cidr::new(Ipv4Addr::UNSPECIFIED, 0)?,
+            None => {
+                return Err(Error::InvalidNetworkConfig(format!(
                     "spec.config.subnets {:?}: no IPv4 subnet (IPv6-only networks are not carried out)",
                     config.subnets.join(",")
-                ))
-            })?;
-        if subnet.prefix() > 30 {
+                )));
+            }
+        };
+        if needs_subnet && subnet.prefix() > 30 {
             return Err(Error::InvalidNetworkConfig(format!(
                 "spec.config.subnets: {subnet} is too small"
             )));
@@ -629,6 +675,17 @@ pub fn vmi_plan(net: &UdnNetwork, vmi: &UdnVmi<'_>, addr: UdnAddress) -> Result<
     Ok(plan)
 }
 
+/// A VMI's Multus interface on a Secondary Layer2 network: the secondary plan's "host" side
+/// becomes the network's bridge in the network's namespace (no VLAN, the network's MTU), and
+/// the plan names the network so that the node keeps it while the interface exists.
+pub fn join_secondary(plan: &mut crate::SecondaryPlan, net: &UdnNetwork) {
+    plan.node_netns = Some(net.netns.clone());
+    plan.bridge = BRIDGE.into();
+    plan.vlan = None;
+    plan.mtu = net.mtu;
+    plan.udn = Some(net.clone());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,6 +737,82 @@ mod tests {
         assert_eq!(
             UdnNetwork::from_nad(&c, 10001, None, None).unwrap().mtu,
             DEFAULT_MTU
+        );
+    }
+
+    #[test]
+    fn a_secondary_layer2_network_joins_its_bridge() {
+        let sec = CONFIG.replace("\"primary\"", "\"secondary\"");
+        let c = parse_nad_config(&sec).unwrap();
+        let n = UdnNetwork::from_secondary_nad(&c, 10002, Some("nodea"), None).unwrap();
+        assert_eq!(
+            (n.subnet.to_string(), n.vni),
+            ("10.100.0.0/24".into(), 10002)
+        );
+        assert_eq!(
+            n.netns,
+            net(Some("nodea")).netns,
+            "one namespace per network name"
+        );
+        assert!(n.gateway.is_none());
+        // IPAM disabled: no subnet, still a network.
+        let c = parse_nad_config(&sec.replace("\"subnets\":\"10.100.0.0/24\",", "")).unwrap();
+        let n = UdnNetwork::from_secondary_nad(&c, 10002, None, None).unwrap();
+        assert_eq!(n.subnet.to_string(), "0.0.0.0/0");
+        // Primary, Layer3, IPv6-only with IPAM: refused naming the field.
+        for (text, needle) in [
+            (CONFIG.to_string(), "spec.config.role \"primary\""),
+            (
+                sec.replace("layer2", "layer3"),
+                "Secondary Layer3 UserDefinedNetwork's data plane is not carried out yet",
+            ),
+            (
+                sec.replace("10.100.0.0/24", "fd00::/64"),
+                "spec.config.subnets",
+            ),
+        ] {
+            let e =
+                UdnNetwork::from_secondary_nad(&parse_nad_config(&text).unwrap(), 1, None, None)
+                    .unwrap_err()
+                    .to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+        // The interface's plan: the veth's node end in the network's namespace, on its bridge.
+        let node = NodeNetwork::new(
+            Ipam::new("10.244.0.0/16".parse().unwrap(), 24).unwrap(),
+            "10.244.1.0/24".parse().unwrap(),
+        );
+        let req = crate::SecondaryRequest {
+            uid: "u1".into(),
+            interface: "blue".into(),
+            nad: "ua/blue".into(),
+            config: crate::BridgeConfig {
+                bridge: BRIDGE.into(),
+                vlan: None,
+                mtu: None,
+            },
+            index: 1,
+            mac: "02:00:00:00:00:01".parse().unwrap(),
+            queues: 1,
+        };
+        let mut plan = crate::SecondaryPlan::build(&node, &req).unwrap();
+        let n = UdnNetwork::from_secondary_nad(
+            &parse_nad_config(&sec).unwrap(),
+            10002,
+            Some("nodea"),
+            None,
+        )
+        .unwrap();
+        join_secondary(&mut plan, &n);
+        assert_eq!(plan.node_netns.as_deref(), Some(n.netns.as_str()));
+        assert_eq!((plan.bridge.as_str(), plan.mtu), (BRIDGE, 1400));
+        assert_eq!(plan.udn.as_ref(), Some(&n));
+        let acts = crate::secondary::secondary_actions(&plan);
+        assert!(
+            acts.iter().any(|a| format!("{a:?}").contains("master")
+                && format!("{a:?}").contains(BRIDGE)
+                && format!("{a:?}").contains(&n.netns)),
+            "{acts:?}"
         );
     }
 

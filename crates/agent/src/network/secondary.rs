@@ -1,8 +1,9 @@
 //! Secondary (Multus) interfaces of a VMI on the agent's side: which interfaces name a
 //! NetworkAttachmentDefinition, the host bridge a NAD's configuration resolves to on this node
 //! (a bridge CNI config as it is, a Localnet through the node's NNCP bridge mappings), the
-//! address the controller allotted on a Localnet with IPAM, and the plans kept in the VMI
-//! directory (docs/networking.md "Secondary networks", "Localnet data plane").
+//! address the controller allotted on a Localnet or Secondary Layer2 UDN with IPAM, the VNI of
+//! a Secondary Layer2 UDN, and the plans kept in the VMI directory (docs/networking.md
+//! "Secondary networks", "Localnet data plane", "User-defined networks").
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -90,7 +91,7 @@ pub(super) fn nad_resource() -> ApiResource {
     )
 }
 
-pub(super) fn read_secondary_plans(dir: &Path) -> Vec<SecondaryPlan> {
+pub(crate) fn read_secondary_plans(dir: &Path) -> Vec<SecondaryPlan> {
     std::fs::read_to_string(dir.join(SECONDARY_PLANS))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
@@ -106,18 +107,26 @@ pub(super) fn write_secondary_plans(dir: &Path, plans: &[SecondaryPlan]) -> Resu
     std::fs::rename(&tmp, &path).map_err(|e| AgentError::io(&path, e))
 }
 
-/// The host bridge (and VLAN, MTU) a NAD's configuration attaches to on this node: a
-/// bridge CNI configuration as it is, a Localnet through the node's bridge mappings
-/// (`DATA_DIR/nmstate-bridge-mappings.json`, written by the nmstate loop); and whether the
-/// network has IPAM (a Localnet with `subnets`: the controller allots the address).
-pub(super) fn bridge_config(
+/// Where a NAD's interface attaches on this node.
+pub(super) enum NadAttach {
+    /// A host bridge (and VLAN, MTU); `true`: the network has IPAM (the controller allots).
+    Bridge(ferrovirt_network::BridgeConfig, bool),
+    /// A Secondary Layer2 user-defined network: its bridge in its per-network namespace.
+    Layer2(ferrovirt_network::udn::NadConfig),
+}
+
+/// Where a NAD's configuration attaches on this node: a bridge CNI configuration as it is, a
+/// Localnet through the node's bridge mappings (`DATA_DIR/nmstate-bridge-mappings.json`,
+/// written by the nmstate loop; IPAM when it has `subnets`), a Secondary Layer2 UDN to its
+/// network.
+pub(super) fn nad_attach(
     data_dir: &Path,
     vmi: &VirtualMachineInstance,
     config: &str,
-) -> Result<(ferrovirt_network::BridgeConfig, bool), ferrovirt_network::Error> {
+) -> Result<NadAttach, ferrovirt_network::Error> {
     use ferrovirt_network::localnet::{NadNetwork, parse_nad_config, resolve};
     match parse_nad_config(config)? {
-        NadNetwork::Bridge(b) => Ok((b, false)),
+        NadNetwork::Bridge(b) => Ok(NadAttach::Bridge(b, false)),
         NadNetwork::Localnet(l) => {
             let node = vmi
                 .status
@@ -125,12 +134,49 @@ pub(super) fn bridge_config(
                 .and_then(|s| s.node_name.clone())
                 .unwrap_or_default();
             let mappings = crate::nmstate::read_bridge_mappings(data_dir);
-            Ok((resolve(&l, &mappings, &node)?, !l.subnets.is_empty()))
+            Ok(NadAttach::Bridge(
+                resolve(&l, &mappings, &node)?,
+                !l.subnets.is_empty(),
+            ))
+        }
+        NadNetwork::Layer2(c) => Ok(NadAttach::Layer2(c)),
+    }
+}
+
+/// The VNI the controller gave a Secondary Layer2 UDN's NAD (`ferrovirt.io/udn-vni`), read
+/// again until it is there (bounded by [`crate::udn::ANNOTATION_WAIT`]; never guessed).
+pub(super) async fn wait_vni(
+    api: &Api<DynamicObject>,
+    name: &str,
+    first: &DynamicObject,
+) -> Result<u32, ferrovirt_network::Error> {
+    use ferrovirt_network::udn::{VNI_ANNOTATION, parse_vni};
+    let started = std::time::Instant::now();
+    let mut current = first.metadata.annotations.clone();
+    loop {
+        let ann = current
+            .as_ref()
+            .and_then(|a| a.get(VNI_ANNOTATION))
+            .map(String::as_str);
+        if let Some(v) = parse_vni(ann)? {
+            return Ok(v);
+        }
+        if started.elapsed() > crate::udn::ANNOTATION_WAIT {
+            return Err(ferrovirt_network::Error::InvalidNetworkConfig(format!(
+                "metadata.annotations[{VNI_ANNOTATION}]: no VNI given to the network after {}s",
+                crate::udn::ANNOTATION_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        match api.get_opt(name).await {
+            Ok(Some(n)) => current = n.metadata.annotations,
+            Ok(None) => {}
+            Err(e) => tracing::debug!("reading NAD {name}: {e}"),
         }
     }
 }
 
-/// How long a VMI on a Localnet with IPAM waits for the controller to allot its address.
+/// How long a VMI on a Localnet (or Secondary Layer2 UDN) with IPAM waits for the controller to allot its address.
 const ALLOT_WAIT: Duration = Duration::from_secs(60);
 
 /// The address the controller allotted to the VMI on NAD `nad` (`ns/name`), from its
