@@ -6,7 +6,9 @@
 //! network (masquerade) and `blue` as second interface (bridge): the guests lease, on eth1,
 //! the address the controller annotated (no router); s1 and s2 ping each other across the
 //! nodes; t1 (its address replaced by one only sb has) reaches neither, and s1 never reaches
-//! t1's; deleting the VMIs removes the networks' namespaces on both nodes.
+//! t1's; node B's agent restarted after its VXLAN devices were deleted makes them again; s2
+//! (shared disk) live-migrates to node A and s1 reaches it there; deleting the VMIs removes
+//! the networks' namespaces on both nodes.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -41,7 +43,13 @@ spec:
     )
 }
 
-fn disk_claim(c: &Cluster, ns: &str, vm: &str) -> anyhow::Result<()> {
+/// `shared`: ReadWriteMany (both nodes being one host: the VMI is live-migratable).
+fn disk_claim(c: &Cluster, ns: &str, vm: &str, shared: bool) -> anyhow::Result<()> {
+    let mode = if shared {
+        "ReadWriteMany"
+    } else {
+        "ReadWriteOnce"
+    };
     let g = TestGuest::get()?;
     let dir = c.dir().join("pvs").join(format!("{ns}-{vm}"));
     std::fs::create_dir_all(&dir)?;
@@ -53,7 +61,7 @@ kind: PersistentVolume
 metadata: {{name: pv-{ns}-{vm}}}
 spec:
   capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteOnce]
+  accessModes: [{mode}]
   persistentVolumeReclaimPolicy: Retain
   hostPath: {{path: {dir}}}
 ---
@@ -61,7 +69,7 @@ apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {{name: {vm}-root, namespace: {ns}}}
 spec:
-  accessModes: [ReadWriteOnce]
+  accessModes: [{mode}]
   resources: {{requests: {{storage: 1Gi}}}}
   volumeName: pv-{ns}-{vm}
 "#,
@@ -70,14 +78,15 @@ spec:
     Ok(())
 }
 
-fn vmi_yaml(ns: &str, name: &str, node: &str) -> String {
+/// `selector`: the nodeSelector entry (`key: value`).
+fn vmi_yaml(ns: &str, name: &str, selector: &str) -> String {
     format!(
         r##"
 apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  nodeSelector: {{{selector}}}
   domain:
     memory: {{guest: 128Mi}}
     devices:
@@ -228,9 +237,16 @@ fn secondary_layer2_udns_join_guests_across_nodes_and_stay_isolated() -> anyhow:
         ("sa", "s2", "node-b"),
         ("sb", "t1", "node-b"),
     ];
+    // s2 is placed by a label node B has (node A gets it later, for s2's live migration).
+    c.kubectl_ok(&["label", "node", "node-b", "udn-test/s2=yes"])?;
     for (ns, name, node) in vms {
-        disk_claim(&c, ns, name)?;
-        c.apply(&vmi_yaml(ns, name, node))?;
+        let selector = if name == "s2" {
+            "udn-test/s2: \"yes\"".to_string()
+        } else {
+            format!("kubernetes.io/hostname: {node}")
+        };
+        disk_claim(&c, ns, name, name == "s2")?;
+        c.apply(&vmi_yaml(ns, name, &selector))?;
     }
     let mut guests = std::collections::BTreeMap::new();
     let mut guards = Vec::new();
@@ -279,6 +295,62 @@ fn secondary_layer2_udns_join_guests_across_nodes_and_stay_isolated() -> anyhow:
         "s1 reached {ONLY_IN_SB}, an address only sb has: {out}"
     );
 
+    // Node B's agent killed; meanwhile its networks lose their VXLAN devices. The restarted
+    // agent re-attaches its running VMIs: the networks are made again and s2 reaches s1.
+    let pid = c.agent_pid("node-b").expect("node-b's agent");
+    ferrovirt_testkit::cluster::signal(pid, "KILL");
+    std::thread::sleep(Duration::from_millis(500));
+    for n in udn_namespaces(&node_b)? {
+        ferrovirt_testkit::netns::sh(&["ip", "-n", &n, "link", "del", "udn-vx0"])?;
+    }
+    let (ok, _) = pings(&guests["s2"], &guests["s1"].ip, 1)?;
+    assert!(!ok, "s2 reached s1 without node B's VXLAN device");
+    c.start_agent_with("node-b", &b_args)?;
+    let restarted = Instant::now();
+    let (ok, out) = pings(&guests["s2"], &guests["s1"].ip, 30)?;
+    assert!(ok, "s2 -> s1 after node B's agent restarted: {out}");
+    let repaired = restarted.elapsed();
+
+    // s2 (shared disk) live-migrates to node A with its blue interface: the target joins
+    // the network, s1 reaches s2 there, sa's namespace leaves node B.
+    let before = c.get_json(&["vmi", "s2", "-n", "sa"])?;
+    let cond = before["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "LiveMigratable").cloned())
+        .unwrap_or_default();
+    assert_eq!(cond["status"], "True", "{cond}");
+    guards.push(Netns::guard(&format!(
+        "fv-{}-{}",
+        guests["s2"].uid,
+        node_a.name()
+    )));
+    c.kubectl_ok(&["label", "node", "node-a", "udn-test/s2=yes"])?;
+    let migrated = Instant::now();
+    c.apply(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\n\
+         metadata: {name: s2-mig, namespace: sa}\nspec: {vmiName: s2}\n",
+    )?;
+    let m = c.wait_until("s2's migration finished", Duration::from_secs(180), || {
+        let v = c.get_json(&["vmim", "s2-mig", "-n", "sa"])?;
+        let phase = v["status"]["phase"].as_str().unwrap_or_default();
+        Ok(matches!(phase, "Succeeded" | "Failed").then_some(v))
+    })?;
+    assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
+    let migration_took = migrated.elapsed();
+    let after = c.wait_until("s2 Running on node A", Duration::from_secs(60), || {
+        let v = c.get_json(&["vmi", "s2", "-n", "sa"])?;
+        Ok((v["status"]["phase"] == "Running" && v["status"]["nodeName"] == "node-a").then_some(v))
+    })?;
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    let (ok, out) = pings(&guests["s1"], &guests["s2"].ip, 10)?;
+    assert!(ok, "s1 -> s2 after s2's migration: {out}");
+    c.wait_until(
+        "sa's namespace gone from node B",
+        Duration::from_secs(60),
+        || Ok((udn_namespaces(&node_b)?.len() == 1).then_some(())),
+    )?;
+    assert_eq!(udn_namespaces(&node_a)?.len(), 1);
+
     // Deleting the VMIs removes their namespaces and the networks' namespaces.
     let uids: Vec<String> = guests.values().map(|g| g.uid.clone()).collect();
     drop(guests);
@@ -294,7 +366,9 @@ fn secondary_layer2_udns_join_guests_across_nodes_and_stay_isolated() -> anyhow:
         )?;
     }
     eprintln!(
-        "guests leased and Running after {booted:?}; s1<->s2 pinged in {pinged:?}; whole test {:?}",
+        "guests leased and Running after {booted:?}; s1<->s2 pinged in {pinged:?}; node B's \
+         networks repaired {repaired:?} after its agent restarted; s2's migration \
+         {migration_took:?}; whole test {:?}",
         started.elapsed()
     );
     drop(guards);
