@@ -8,7 +8,9 @@
 //! lease's server in `running`), and the resolver file (`--nmstate-resolv-conf`, here
 //! `/etc/netns/<node ns>/resolv.conf`) holds the servers and search domains. Killed with its
 //! client and restarted, the agent runs exactly one client again with the lease. The same
-//! policy with `dhcp: false` releases the lease (address and route gone, no client). DHCP on
+//! policy with `dhcp: false` releases the lease (address and route gone, no client); then a
+//! linux-bridge with eth1 as port gets a lease (auto-gateway false: no default route) and
+//! loses its client with `state: absent`. DHCP on
 //! eth2, where no server answers, fails within the probe window naming the interface and
 //! leaves nothing behind, its resolver write rolled back; so does a policy that cuts the
 //! node off the API server. Admission refuses an `auto-route-table-id` other than 0 and a
@@ -330,6 +332,31 @@ fn dhcp_and_resolver_on_node_interfaces() -> anyhow::Result<()> {
     })?;
     let before = std::fs::read_to_string(&resolv)?;
 
+    // DHCP on a linux-bridge with eth1 as port; `state: absent` stops its client.
+    let t3 = Instant::now();
+    c.apply(&policy(
+        "dhcp",
+        "    interfaces:\n    - {name: br-dh, type: linux-bridge, state: up, bridge: {options: {stp: {enabled: false}}, port: [{name: eth1}]},\n\
+         \x20      ipv4: {enabled: true, dhcp: true, auto-gateway: false}}\n",
+    ))?;
+    let (ty, _, msg) = finished(&c, "nd-a.dhcp", 3)?;
+    assert_eq!(ty, "Available", "{msg}");
+    let bridged = t3.elapsed();
+    let a = addrs(node.netns(), "br-dh")?;
+    assert!(a.contains("inet 192.168.78.1"), "{a}");
+    let routes = node.netns().ip(&["-4", "route", "show", "default"])?;
+    assert!(routes.trim().is_empty(), "auto-gateway false: {routes}");
+    assert_eq!(clients(&needle, "br-dh").len(), 1);
+    c.apply(&policy(
+        "dhcp",
+        "    interfaces:\n    - {name: br-dh, state: absent}\n",
+    ))?;
+    let (ty, _, msg) = finished(&c, "nd-a.dhcp", 4)?;
+    assert_eq!(ty, "Available", "{msg}");
+    assert!(!node.netns().links()?.contains(&"br-dh".to_string()));
+    assert!(clients(&needle, "br-dh").is_empty());
+    assert!(!cleanup.dhcp_dir.join("br-dh.want").exists());
+
     // No server on eth2: the enactment fails within the probe window, naming it, and the
     // resolver write is rolled back.
     let t2 = Instant::now();
@@ -376,9 +403,10 @@ fn dhcp_and_resolver_on_node_interfaces() -> anyhow::Result<()> {
 
     println!(
         "nncp_dhcp: leased and applied {:.1}s, agent restarted to one client with a lease {:.1}s, \
-         no server failed and rolled back {:.1}s, total {:.1}s",
+         bridge leased {:.1}s, no server failed and rolled back {:.1}s, total {:.1}s",
         leased.as_secs_f64(),
         restarted.as_secs_f64(),
+        bridged.as_secs_f64(),
         failed.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
