@@ -29,7 +29,7 @@ import time
 # it lives under crates/ferrovirt/tests and `DEFAULT_OTHER` otherwise.
 HINTS = {
     "snapshots": 123, "storage": 119, "vm_lifecycle": 107, "backup": 130, "export": 82,
-    "backup_incremental": 85, "backup_group_freeze": 75, "ha_servers": 60, "nncp": 50,
+    "backup_incremental": 85, "backup_group_freeze": 75, "ha_servers": 60, "nncp": 50, "nncp_dhcp": 55,
     "migration": 190, "webui": 110, "vmi_lifecycle": 57, "pod_net_isolation": 53, "fencing": 48,
     "guest_isolation": 46, "node_storage": 44, "registry": 40, "hostile_images": 40,
     "multi_node": 39, "vm_pool": 37, "subresources": 35, "fuzz": 33, "guest_boot": 33,

@@ -64,6 +64,10 @@ pub struct NmstateArgs {
     /// change is rolled back.
     #[arg(long, default_value_t = 30, env = "FERROVIRT_NMSTATE_PROBE_TIMEOUT")]
     pub nmstate_probe_timeout: u64,
+    /// The resolver file a policy's `dns-resolver` writes when the node is not a network
+    /// namespace (with `--node-netns X` it is `/etc/netns/X/resolv.conf`).
+    #[arg(long, default_value = "/etc/resolv.conf")]
+    pub nmstate_resolv_conf: std::path::PathBuf,
 }
 
 impl NmstateArgs {
@@ -76,6 +80,7 @@ impl NmstateArgs {
             .then(|| ferrovirt_agent::nmstate::NmstateOptions {
                 netns,
                 probe_timeout: std::time::Duration::from_secs(self.nmstate_probe_timeout.max(1)),
+                resolv_conf: self.nmstate_resolv_conf.clone(),
                 ..Default::default()
             })
     }

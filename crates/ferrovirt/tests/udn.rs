@@ -267,6 +267,31 @@ fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
         Ok((!out.status.success()).then_some(()))
     })?;
 
+    // A Layer3 network: every node gets a host subnet of it (k8s.ovn.org/node-subnets),
+    // dropped when the network is gone.
+    c.apply(
+        "apiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\nmetadata: {name: l3, namespace: udn-c}\nspec:\n  topology: Layer3\n  layer3:\n    role: Secondary\n    subnets: [{cidr: 10.150.0.0/16, hostSubnet: 24}]\n",
+    )?;
+    let node_subnets = || -> anyhow::Result<Value> {
+        let nodes = c.get_json(&["nodes"])?;
+        let text = nodes["items"][0]["metadata"]["annotations"]["k8s.ovn.org/node-subnets"]
+            .as_str()
+            .unwrap_or("{}")
+            .to_string();
+        Ok(serde_json::from_str(&text)?)
+    };
+    let host = c.wait_until("the node's Layer3 host subnet", T, || {
+        Ok(node_subnets()?["udn-c_l3"][0].as_str().map(String::from))
+    })?;
+    assert!(
+        host.starts_with("10.150.") && host.ends_with(".0/24"),
+        "{host}"
+    );
+    c.kubectl_ok(&["delete", "udn", "l3", "-n", "udn-c"])?;
+    c.wait_until("the host subnet dropped", T, || {
+        Ok(node_subnets()?.get("udn-c_l3").is_none().then_some(()))
+    })?;
+
     // Deleting a UDN waits while a VMI of its namespace is on the network.
     c.apply(
         "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: user, namespace: udn-a}\nspec:\n  domain:\n    devices: {}\n    resources: {requests: {memory: 64Mi}}\n",

@@ -17,11 +17,20 @@
 //! - gives the slot back and rewrites the policy's conditions from its enactments
 //!   ([`status::aggregate`], pure), in the same compare-and-swap.
 //!
+//! `ipv4.dhcp: true` runs a DHCP client for the interface ([`dhcp`]): started (or adopted)
+//! after the steps, the enactment waits for its first lease within the probe window and
+//! fails naming the interface when none comes; `dhcp: false`, `enabled: false` or `absent`
+//! stop it (releasing the lease). `dns-resolver.config` writes the node's resolver file
+//! ([`resolver`]). Both are undone with the rest on rollback: clients this apply started are
+//! stopped, those it stopped are started again, the resolver file gets its previous content.
+//!
 //! OVN bridge mappings of applied policies are kept in `DATA_DIR/nmstate-bridge-mappings.json`
 //! and reported in the NodeNetworkState (`ovn.bridge-mappings`).
 
 pub mod current;
+pub mod dhcp;
 pub mod plan;
+pub mod resolver;
 pub mod status;
 
 #[cfg(test)]
@@ -53,6 +62,8 @@ pub struct NmstateOptions {
     pub probe_timeout: Duration,
     /// How often policies are checked and the state read.
     pub interval: Duration,
+    /// The resolver file of a node without `netns` (`--nmstate-resolv-conf`).
+    pub resolv_conf: PathBuf,
 }
 
 impl Default for NmstateOptions {
@@ -61,6 +72,7 @@ impl Default for NmstateOptions {
             netns: None,
             probe_timeout: Duration::from_secs(30),
             interval: Duration::from_secs(2),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
         }
     }
 }
@@ -164,7 +176,16 @@ struct Nmstate {
     node: String,
     data_dir: PathBuf,
     opts: NmstateOptions,
+    dhcp: dhcp::Dhcp,
     last_report: Option<(Value, Instant)>,
+}
+
+/// What an apply changed besides the steps, undone on rollback.
+#[derive(Default)]
+struct Undo {
+    resolver: Option<resolver::Checkpoint>,
+    started: Vec<String>,
+    stopped: Vec<(String, plan::DhcpOpts)>,
 }
 
 /// The loop (never returns; errors of one pass are logged and the next pass tries again).
@@ -176,6 +197,7 @@ pub async fn run(client: Client, node: String, data_dir: PathBuf, opts: NmstateO
     let mut n = Nmstate {
         client,
         node,
+        dhcp: dhcp::Dhcp::new(&data_dir, opts.netns.clone()),
         data_dir,
         opts,
         last_report: None,
@@ -236,6 +258,15 @@ impl Nmstate {
         let mut state = cur.to_nmstate();
         state["ovn"] = json!({"bridge-mappings": self.mappings().iter()
             .map(|(l, b)| json!({"localnet": l, "bridge": b})).collect::<Vec<_>>()});
+        let wanted = self.dhcp.wanted();
+        dhcp::annotate(&mut state, &wanted);
+        let dhcp_dns: Vec<String> = wanted
+            .keys()
+            .filter_map(|i| self.dhcp.lease(i))
+            .flat_map(|l| l.dns)
+            .collect();
+        let file = std::fs::read_to_string(self.resolv_path()).unwrap_or_default();
+        state["dns-resolver"] = resolver::report(&resolver::parse(&file), &dhcp_dns);
         if !force
             && let Some((last, at)) = &self.last_report
             && *last == state
@@ -282,7 +313,12 @@ impl Nmstate {
         Ok(())
     }
 
+    fn resolv_path(&self) -> PathBuf {
+        resolver::path(&self.opts.netns, &self.opts.resolv_conf)
+    }
+
     async fn pass(&mut self) -> Result<(), AgentError> {
+        self.dhcp.ensure_all().await;
         self.report(false).await?;
         let node: Node = Api::all(self.client.clone())
             .get(&self.node)
@@ -441,19 +477,24 @@ impl Nmstate {
         let checkpoint = read(netns).await.map_err(|e| e.to_string())?;
         let steps = plan::plan(&checkpoint, &desired)?;
         tracing::info!(steps = ?steps.iter().map(|s| s.line()).collect::<Vec<_>>(), "nmstate apply");
+        let mut undo = Undo::default();
         let failure = match run_steps(netns, &steps).await {
             Err(e) => format!("applying failed at {e}"),
-            Ok(()) => match probe(&self.client, &self.node, self.opts.probe_timeout).await {
-                Ok(()) => {
-                    self.save_mappings(&desired).map_err(|e| e.to_string())?;
-                    return Ok(());
-                }
-                Err(e) => format!(
-                    "the node could not reach the API server within {} s after applying ({e})",
-                    self.opts.probe_timeout.as_secs()
-                ),
+            Ok(()) => match self.carry_out(&desired, &mut undo).await {
+                Err(e) => e,
+                Ok(()) => match probe(&self.client, &self.node, self.opts.probe_timeout).await {
+                    Ok(()) => {
+                        self.save_mappings(&desired).map_err(|e| e.to_string())?;
+                        return Ok(());
+                    }
+                    Err(e) => format!(
+                        "the node could not reach the API server within {} s after applying ({e})",
+                        self.opts.probe_timeout.as_secs()
+                    ),
+                },
             },
         };
+        let undone = self.undo(undo).await;
         let back = plan::restore_state(&checkpoint, &desired);
         let rolled = match read(netns).await {
             Err(e) => Err(e.to_string()),
@@ -466,6 +507,7 @@ impl Nmstate {
                 }
             },
         };
+        let rolled = rolled.and(undone);
         match rolled {
             Ok(()) => {
                 let back_in = probe(&self.client, &self.node, self.opts.probe_timeout).await;
@@ -479,6 +521,74 @@ impl Nmstate {
                 ))
             }
             Err(e) => Err(format!("{failure}; the rollback failed too: {e}")),
+        }
+    }
+
+    /// The resolver and the DHCP clients of a desired state, recorded in `undo`; waits for
+    /// each started client's first lease within the probe window.
+    async fn carry_out(&self, desired: &DesiredState, undo: &mut Undo) -> Result<(), String> {
+        if let Some(d) = &desired.dns_resolver {
+            let p = self.resolv_path();
+            undo.resolver = Some(resolver::write(&p, &d.config).map_err(|e| {
+                format!("spec.desiredState.dns-resolver: writing the resolver file {e}")
+            })?);
+        }
+        let deadline = Instant::now() + self.opts.probe_timeout;
+        let changes = plan::dhcp_changes(desired);
+        for (iface, want) in &changes {
+            match want {
+                None => {
+                    let was = self.dhcp.running(iface).is_some();
+                    if let Some(o) = self.dhcp.stop(iface).await
+                        && was
+                    {
+                        undo.stopped.push((iface.clone(), o));
+                    }
+                }
+                Some(o) => {
+                    if self
+                        .dhcp
+                        .start(iface, *o)
+                        .await
+                        .map_err(|e| format!("DHCP on {iface}: {e}"))?
+                    {
+                        undo.started.push(iface.clone());
+                    }
+                }
+            }
+        }
+        for (idx, (iface, want)) in changes.iter().enumerate() {
+            if want.is_some() && self.dhcp.wait_lease(iface, deadline).await.is_none() {
+                let at = desired
+                    .interfaces
+                    .iter()
+                    .position(|i| i.name == *iface)
+                    .unwrap_or(idx);
+                return Err(format!(
+                    "spec.desiredState.interfaces[{at}].ipv4.dhcp: no DHCP lease on {iface} \
+                     within {} s",
+                    self.opts.probe_timeout.as_secs()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes what [`carry_out`](Self::carry_out) did.
+    async fn undo(&self, undo: Undo) -> Result<(), String> {
+        for iface in &undo.started {
+            self.dhcp.stop(iface).await;
+        }
+        for (iface, o) in &undo.stopped {
+            if let Err(e) = self.dhcp.start(iface, *o).await {
+                tracing::warn!(iface, error = %e, "nmstate rollback: restarting a DHCP client");
+            }
+        }
+        match &undo.resolver {
+            Some(cp) => cp
+                .restore()
+                .map_err(|e| format!("restoring the resolver file: {e}")),
+            None => Ok(()),
         }
     }
 

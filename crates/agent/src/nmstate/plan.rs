@@ -3,7 +3,9 @@
 //! checkpoint ([`restore_state`], pure): its plan is the rollback. Steps run in phases:
 //! create bridges and bonds, then VLANs (their base may be new), then ports, addresses,
 //! link states, routes, and deletions last. A field the agent cannot carry out fails the
-//! plan naming it (`interfaces[0].ipv4.dhcp: …`), so nothing is half-done silently.
+//! plan naming it (`interfaces[0].type: …`), so nothing is half-done silently. DHCP is not a
+//! step: [`dhcp_changes`] (pure) says which interfaces get a DHCP client and which lose
+//! theirs, and the client leaves a DHCP interface's addresses to itself (`super::dhcp`).
 
 use std::collections::BTreeSet;
 
@@ -65,16 +67,45 @@ fn onoff(b: bool) -> &'static str {
     if b { "1" } else { "0" }
 }
 
+/// What a DHCP client of an interface installs from its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DhcpOpts {
+    /// The router as the default route (`auto-gateway` and `auto-routes`, default true).
+    pub gateway: bool,
+    /// The lease's DNS servers recorded and reported (`auto-dns`, default true).
+    pub dns: bool,
+}
+
+/// The DHCP clients a desired state starts (`Some`) or stops (`None`), in interface order
+/// (pure): `ipv4.dhcp: true` starts one; `dhcp: false`, `ipv4.enabled: false`, static
+/// addresses or `state: absent` stop it; an interface without `ipv4` keeps what it has.
+pub fn dhcp_changes(want: &DesiredState) -> Vec<(String, Option<DhcpOpts>)> {
+    let mut out = Vec::new();
+    for i in &want.interfaces {
+        if i.state() == InterfaceState::Absent {
+            out.push((i.name.clone(), None));
+            continue;
+        }
+        let Some(v4) = &i.ipv4 else { continue };
+        if v4.dhcp == Some(true) && v4.enabled != Some(false) {
+            let routes = v4.auto_routes.unwrap_or(true);
+            out.push((
+                i.name.clone(),
+                Some(DhcpOpts {
+                    gateway: routes && v4.auto_gateway.unwrap_or(true),
+                    dns: v4.auto_dns.unwrap_or(true),
+                }),
+            ));
+        } else {
+            out.push((i.name.clone(), None));
+        }
+    }
+    out
+}
+
 /// The steps that turn `cur` into `want` (pure). Errors name the field under
 /// `spec.desiredState`.
 pub fn plan(cur: &Current, want: &DesiredState) -> Result<Vec<Step>, String> {
-    if want.dns_resolver.is_some() {
-        return Err(
-            "spec.desiredState.dns-resolver: the node's resolver is not carried out by \
-                    ferrovirt's agent yet"
-                .into(),
-        );
-    }
     let at = |i: usize| format!("spec.desiredState.interfaces[{i}]");
     let mut create = Vec::new();
     let mut create_vlan = Vec::new();
@@ -300,12 +331,6 @@ pub fn plan(cur: &Current, want: &DesiredState) -> Result<Vec<Step>, String> {
             }
         }
         if let Some(v4) = &i.ipv4 {
-            if v4.dhcp == Some(true) {
-                return Err(format!(
-                    "{p}.ipv4.dhcp: DHCP on node interfaces is not carried out by ferrovirt's \
-                     agent yet"
-                ));
-            }
             let have: Vec<(String, i64)> = existing.map(|l| l.addrs.clone()).unwrap_or_default();
             let wanted: Vec<(String, i64)> = if v4.enabled == Some(false) {
                 Vec::new()
@@ -441,7 +466,6 @@ fn restore_interface(l: &Link, cur: &Current) -> Option<Interface> {
         }),
         ipv4: Some(Ipv4 {
             enabled: Some(!l.addrs.is_empty()),
-            dhcp: None,
             address: Some(
                 l.addrs
                     .iter()
@@ -451,6 +475,7 @@ fn restore_interface(l: &Link, cur: &Current) -> Option<Interface> {
                     })
                     .collect(),
             ),
+            ..Default::default()
         }),
     })
 }

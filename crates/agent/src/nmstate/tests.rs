@@ -4,7 +4,7 @@ use ferrovirt_api::nmstate::state::DesiredState;
 use serde_json::json;
 
 use super::current::{Current, Link, RouteEntry, parse_links, parse_routes};
-use super::plan::{plan, restore_state};
+use super::plan::{DhcpOpts, dhcp_changes, plan, restore_state};
 
 fn link(name: &str, kind: &str, up: bool, addrs: &[(&str, i64)]) -> Link {
     Link {
@@ -157,22 +157,47 @@ fn what_the_node_cannot_do_fails_naming_the_field() {
         e.starts_with("spec.desiredState.interfaces[0].bridge.port[0]:"),
         "{e}"
     );
-    let e = plan(
-        &node(),
+    // DHCP and the resolver are carried out by the client and the resolver file, not by
+    // steps: a DHCP interface's addresses are left to its client.
+    let mut n = node();
+    n.links[2].addrs.push(("192.168.78.20".into(), 24));
+    let steps = plan(
+        &n,
         &desired(json!({"interfaces": [{"name": "eth1", "type": "ethernet",
-            "ipv4": {"enabled": true, "dhcp": true}}]})),
+            "ipv4": {"enabled": true, "dhcp": true}}],
+            "dns-resolver": {"config": {"server": ["192.0.2.53"]}}})),
     )
-    .unwrap_err();
-    assert!(
-        e.starts_with("spec.desiredState.interfaces[0].ipv4.dhcp:"),
-        "{e}"
+    .unwrap();
+    assert!(steps.is_empty(), "{:?}", lines(&steps));
+}
+
+#[test]
+fn dhcp_changes_start_and_stop_clients() {
+    let d = desired(json!({"interfaces": [
+        {"name": "eth1", "type": "ethernet", "ipv4": {"enabled": true, "dhcp": true}},
+        {"name": "eth2", "type": "ethernet", "ipv4": {"enabled": true, "dhcp": true,
+            "auto-gateway": false, "auto-dns": false}},
+        {"name": "eth3", "type": "ethernet", "ipv4": {"enabled": true, "dhcp": true,
+            "auto-routes": false}},
+        {"name": "eth4", "type": "ethernet", "ipv4": {"enabled": true, "dhcp": false}},
+        {"name": "eth5", "type": "ethernet", "ipv4": {"enabled": false}},
+        {"name": "eth6", "state": "absent"},
+        {"name": "eth7", "type": "ethernet", "ipv4": {"enabled": true,
+            "address": [{"ip": "192.0.2.1", "prefix-length": 24}]}},
+        {"name": "eth8", "type": "ethernet"}]}));
+    let on = |gateway, dns| Some(DhcpOpts { gateway, dns });
+    assert_eq!(
+        dhcp_changes(&d),
+        vec![
+            ("eth1".to_string(), on(true, true)),
+            ("eth2".to_string(), on(false, false)),
+            ("eth3".to_string(), on(false, true)),
+            ("eth4".to_string(), None),
+            ("eth5".to_string(), None),
+            ("eth6".to_string(), None),
+            ("eth7".to_string(), None),
+        ]
     );
-    let e = plan(
-        &node(),
-        &desired(json!({"dns-resolver": {"config": {"server": ["192.0.2.53"]}}})),
-    )
-    .unwrap_err();
-    assert!(e.starts_with("spec.desiredState.dns-resolver:"), "{e}");
 }
 
 #[test]
@@ -238,4 +263,94 @@ fn parses_ip_json() {
     );
     assert_eq!(v["interfaces"][2]["controller"], "br-ext");
     assert_eq!(v["routes"]["running"][0]["next-hop-address"], "192.0.2.254");
+}
+
+#[test]
+fn leases_and_their_report() {
+    use super::dhcp::{Lease, annotate, parse_lease};
+    let l = parse_lease(
+        "pid 42\naddr 192.168.78.20/24\nrouter 192.168.78.1\ndns 192.168.78.53 192.0.2.53\nlease 60\n",
+    )
+    .unwrap();
+    assert_eq!(
+        l,
+        Lease {
+            pid: 42,
+            addr: "192.168.78.20/24".into(),
+            router: Some("192.168.78.1".into()),
+            dns: vec!["192.168.78.53".into(), "192.0.2.53".into()],
+            lease_s: Some(60),
+        }
+    );
+    let l = parse_lease("pid 42\naddr 10.0.0.2/8\nrouter \ndns \nlease \n").unwrap();
+    assert_eq!((l.router, l.dns, l.lease_s), (None, vec![], None));
+    assert!(parse_lease("pid 42\n").is_none());
+
+    let mut state = node().to_nmstate();
+    let wanted = [(
+        "eth1".to_string(),
+        DhcpOpts {
+            gateway: false,
+            dns: true,
+        },
+    )]
+    .into_iter()
+    .collect();
+    annotate(&mut state, &wanted);
+    let eth1 = &state["interfaces"][2];
+    assert_eq!(eth1["name"], "eth1");
+    assert_eq!(eth1["ipv4"]["dhcp"], true);
+    assert_eq!(eth1["ipv4"]["auto-gateway"], false);
+    assert_eq!(eth1["ipv4"]["auto-dns"], true);
+    assert!(state["interfaces"][1]["ipv4"]["dhcp"].is_null());
+}
+
+#[test]
+fn resolver_file() {
+    use super::resolver::{parse, path, render, report};
+    use ferrovirt_api::nmstate::state::DnsConfig;
+    let flag = std::path::Path::new("/etc/resolv.conf");
+    assert_eq!(
+        path(&Some("node-a".into()), flag),
+        std::path::PathBuf::from("/etc/netns/node-a/resolv.conf")
+    );
+    assert_eq!(path(&None, flag), flag);
+    let cfg = DnsConfig {
+        server: vec!["192.0.2.53".into(), "2001:db8::53".into()],
+        search: vec!["example.com".into(), "lab.example.com".into()],
+    };
+    let text = render(&cfg);
+    assert!(text.contains("nameserver 192.0.2.53\nnameserver 2001:db8::53\n"));
+    assert!(text.contains("search example.com lab.example.com\n"));
+    assert_eq!(parse(&text), cfg);
+    assert_eq!(
+        parse("# x\noptions ndots:5\ndomain a.example\nnameserver 1.1.1.1\n"),
+        DnsConfig {
+            server: vec!["1.1.1.1".into()],
+            search: vec!["a.example".into()],
+        }
+    );
+    let r = report(&cfg, &["192.168.78.53".into(), "192.0.2.53".into()]);
+    assert_eq!(r["config"]["server"], json!(["192.0.2.53", "2001:db8::53"]));
+    assert_eq!(
+        r["running"]["server"],
+        json!(["192.0.2.53", "2001:db8::53", "192.168.78.53"])
+    );
+    assert_eq!(r["running"]["search"][1], "lab.example.com");
+
+    // A write is checkpointed: the previous content (or its absence) comes back.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("ns").join("resolv.conf");
+    let cp = super::resolver::write(&f, &cfg).unwrap();
+    assert_eq!(parse(&std::fs::read_to_string(&f).unwrap()), cfg);
+    cp.restore().unwrap();
+    assert!(!f.exists() && !f.parent().unwrap().exists());
+    std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+    std::fs::write(&f, "nameserver 10.0.0.1\n").unwrap();
+    let cp = super::resolver::write(&f, &cfg).unwrap();
+    cp.restore().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&f).unwrap(),
+        "nameserver 10.0.0.1\n"
+    );
 }

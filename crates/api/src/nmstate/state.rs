@@ -202,6 +202,21 @@ pub struct Ipv4 {
     /// Static addresses (the complete list).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub address: Option<Vec<Address>>,
+    /// With dhcp: record the lease's DNS servers (default true; reported in
+    /// `dns-resolver.running`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_dns: Option<bool>,
+    /// With dhcp: install the lease's router as the default route (default true).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_gateway: Option<bool>,
+    /// With dhcp: install the routes the lease brings (default true; false also keeps the
+    /// default route out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_routes: Option<bool>,
+    /// With dhcp: the routing table of the lease's routes (only 0, the main table, is
+    /// carried out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_route_table_id: Option<i64>,
 }
 
 /// An address with its prefix length.

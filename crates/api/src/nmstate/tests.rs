@@ -119,6 +119,26 @@ fn interface_rules() {
 }
 
 #[test]
+fn dhcp_auto_fields() {
+    let ok = errs(json!({"desiredState": {"interfaces": [
+        {"name": "e", "type": "ethernet", "ipv4": {"enabled": true, "dhcp": true,
+            "auto-dns": true, "auto-gateway": false, "auto-routes": true,
+            "auto-route-table-id": 0}}]}}));
+    assert!(ok.is_empty(), "{ok:?}");
+    let e = errs(json!({"desiredState": {"interfaces": [
+        {"name": "e", "type": "ethernet", "ipv4": {"enabled": true, "auto-dns": true}},
+        {"name": "f", "type": "ethernet", "ipv4": {"enabled": true, "dhcp": true,
+            "auto-route-table-id": 100}}]}}));
+    for f in [
+        "spec.desiredState.interfaces[0].ipv4.auto-dns",
+        "spec.desiredState.interfaces[1].ipv4.auto-route-table-id",
+    ] {
+        assert!(has(&e, f), "{f} missing in {e:?}");
+    }
+    assert_eq!(e.len(), 2, "{e:?}");
+}
+
+#[test]
 fn routes_dns_and_mappings_rules() {
     let e = errs(json!({"desiredState": {
         "routes": {"config": [{"destination": "2001:db8::/64", "next-hop-interface": "x"},

@@ -363,6 +363,27 @@ fn validate_interface(iface: &Interface, p: &str, e: &mut Vec<FieldError>) {
                 "dhcp and address need ipv4.enabled true",
             ));
         }
+        for (has, f) in [
+            (v4.auto_dns.is_some(), "auto-dns"),
+            (v4.auto_gateway.is_some(), "auto-gateway"),
+            (v4.auto_routes.is_some(), "auto-routes"),
+            (v4.auto_route_table_id.is_some(), "auto-route-table-id"),
+        ] {
+            if has && !dhcp {
+                e.push(FieldError::forbidden(
+                    format!("{p}.ipv4.{f}"),
+                    format!("{f} needs ipv4.dhcp true"),
+                ));
+            }
+        }
+        if let Some(t) = v4.auto_route_table_id
+            && t != 0
+        {
+            e.push(FieldError::not_supported(
+                format!("{p}.ipv4.auto-route-table-id"),
+                format!("{t}: only 0 (the main table) is carried out by ferrovirt"),
+            ));
+        }
         if dhcp && !addrs.is_empty() {
             e.push(FieldError::forbidden(
                 format!("{p}.ipv4.address"),

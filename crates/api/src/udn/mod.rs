@@ -32,6 +32,11 @@ pub const CNI_TYPE: &str = "ovn-k8s-cni-overlay";
 /// IPAM assigned to the VMI, a JSON object keyed `<nad namespace>/<nad name>` whose values are
 /// [`PodNetwork`]s. Written by the user-defined network controller, read by the node agent.
 pub const POD_NETWORKS_ANNOTATION: &str = "k8s.ovn.org/pod-networks";
+/// Node annotation (OVN-K's): each Layer3 network's host subnets on that node, a JSON object
+/// network name (the NAD config's `name`) → list of CIDRs. Written by the user-defined network
+/// controller.
+pub const NODE_SUBNETS_ANNOTATION: &str = "k8s.ovn.org/node-subnets";
+
 /// Annotation on a UDN/CUDN and on each NAD made for it: the network's VXLAN network identifier
 /// (decimal, at least [`MIN_VNI`]), chosen once by the controller, unique among the networks.
 pub const VNI_ANNOTATION: &str = "ferrovirt.io/udn-vni";

@@ -12,8 +12,14 @@
 //!
 //! Reserved in every subnet: the network and broadcast addresses (IPv4 up to /30), the
 //! `excludeSubnets` (Localnet), and for Layer2 the first usable address, the network's gateway
-//! (reported to Primary users in `gateway_ips`). Layer3 networks (per-node subnets) are not
-//! allocated: the node agent refuses them.
+//! (reported to Primary users in `gateway_ips`).
+//!
+//! Layer3 networks are split into per-node host subnets, as OVN-K's cluster manager does:
+//! [`node_subnets`] gives every node one host subnet of each Layer3 network (the `hostSubnet`
+//! prefix, default /24 and /64; hashed from the node name, probing past the other nodes'),
+//! kept in the Node annotation `k8s.ovn.org/node-subnets`; a VMI on a Layer3 network gets its
+//! address once it is bound to a node, from that node's host subnet, whose first address is
+//! the node's gateway on the network.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -40,6 +46,9 @@ pub struct Network {
     pub gateway: bool,
     /// `ipam.lifecycle: Persistent`: VM interfaces keep their addresses in IPAMClaims.
     pub persistent: bool,
+    /// Layer3: the prefix length of a node's host subnet, one per entry of `subnets`;
+    /// empty for the other topologies.
+    pub host_prefixes: Vec<u8>,
 }
 
 impl Network {
@@ -51,8 +60,35 @@ impl Network {
         namespaces: BTreeSet<String>,
         cfg: NetworkConfig,
     ) -> Option<Network> {
-        if matches!(cfg, NetworkConfig::Layer3(_)) {
-            return None;
+        if let NetworkConfig::Layer3(l3) = cfg {
+            let mut subnets = Vec::new();
+            let mut host_prefixes = Vec::new();
+            for s in l3.subnets.iter().flatten() {
+                let net: IpNet = s.cidr.as_deref()?.parse().ok()?;
+                let default = if net.addr().is_ipv4() { 24 } else { 64 };
+                let host = s
+                    .host_subnet
+                    .map_or(Some(default), |h| u8::try_from(h).ok())?;
+                if host <= net.prefix_len() || host > net.max_prefix_len() {
+                    return None;
+                }
+                subnets.push(net);
+                host_prefixes.push(host);
+            }
+            if subnets.is_empty() {
+                return None;
+            }
+            return Some(Network {
+                network,
+                nad_name,
+                namespaces,
+                role: cfg.role().unwrap_or(Role::Secondary),
+                subnets,
+                exclude: Vec::new(),
+                gateway: true,
+                persistent: false,
+                host_prefixes,
+            });
         }
         if cfg
             .ipam()
@@ -86,6 +122,7 @@ impl Network {
             exclude,
             gateway: matches!(cfg, NetworkConfig::Layer2(_)),
             persistent: cfg.persistent_ips(),
+            host_prefixes: Vec::new(),
         })
     }
 
@@ -93,15 +130,41 @@ impl Network {
         format!("{ns}/{}", self.nad_name)
     }
 
+    /// Whether the network is split into per-node host subnets (Layer3).
+    pub fn layer3(&self) -> bool {
+        !self.host_prefixes.is_empty()
+    }
+
     /// The gateways of a Primary Layer2 network (first usable address of each subnet).
     pub fn gateways(&self) -> Vec<String> {
+        self.gateways_in(&self.subnets)
+    }
+
+    /// The gateways of a Primary network in `subnets` (a Layer3 node's host subnets).
+    fn gateways_in(&self, subnets: &[IpNet]) -> Vec<String> {
         if !self.gateway || self.role != Role::Primary {
             return Vec::new();
         }
-        self.subnets
+        subnets
             .iter()
             .filter_map(|s| first_usable(s).map(|a| a.to_string()))
             .collect()
+    }
+
+    /// Where a VMI on this network takes its addresses: the network's subnets, or (Layer3)
+    /// its node's host subnets; None while a Layer3 VMI has no node or the node no subnet yet.
+    fn subnets_for(
+        &self,
+        vmi: &VirtualMachineInstance,
+        node_subnets: &BTreeMap<String, NodeSubnets>,
+    ) -> Option<Vec<IpNet>> {
+        if !self.layer3() {
+            return Some(self.subnets.clone());
+        }
+        let node = vmi.status.as_ref()?.node_name.as_deref()?;
+        let mine = node_subnets.get(node)?.get(&self.network)?;
+        let parsed: Vec<IpNet> = mine.iter().filter_map(|s| s.parse().ok()).collect();
+        (!parsed.is_empty()).then_some(parsed)
     }
 
     fn reserved(&self, subnet: &IpNet, a: IpAddr) -> bool {
@@ -158,6 +221,107 @@ pub struct Inputs<'a> {
     /// Allocations written by this controller that its VMI cache may not show yet, by
     /// (VMI uid, annotation key).
     pub recent: &'a BTreeMap<(String, String), PodNetwork>,
+    /// Each node's Layer3 host subnets (its annotation, with this pass's decisions).
+    pub node_subnets: &'a BTreeMap<String, NodeSubnets>,
+}
+
+/// One node's `k8s.ovn.org/node-subnets`: network name → host subnets.
+pub type NodeSubnets = BTreeMap<String, Vec<String>>;
+
+/// The node annotations to write so that every node has one host subnet of each Layer3
+/// network in each of its subnets (pure). `current` is every node's annotation (nodes
+/// without one map to an empty map); entries are kept while they lie in the network's
+/// subnets with the right prefix and no earlier node (name order) holds the same one;
+/// entries of networks not in `known` (no such UDN/CUDN any more) are dropped. Returns the
+/// nodes whose annotation changes, with the whole new value. None for a network whose host
+/// subnets ran out on some node (that node gets no entry; the others keep theirs).
+pub fn node_subnets(
+    networks: &[Network],
+    known: &BTreeSet<String>,
+    current: &BTreeMap<String, NodeSubnets>,
+) -> BTreeMap<String, NodeSubnets> {
+    let mut next: BTreeMap<String, NodeSubnets> = current
+        .iter()
+        .map(|(node, m)| {
+            let kept: NodeSubnets = m
+                .iter()
+                .filter(|(net, _)| known.contains(*net))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (node.clone(), kept)
+        })
+        .collect();
+    for n in networks.iter().filter(|n| n.layer3()) {
+        let mut taken: BTreeSet<IpNet> = BTreeSet::new();
+        // First pass: keep valid, unique entries, in node name order.
+        let mut needs = Vec::new();
+        for (node, m) in next.iter_mut() {
+            let valid = m.get(&n.network).and_then(|have| {
+                let parsed: Vec<IpNet> = have.iter().filter_map(|s| s.parse().ok()).collect();
+                let ok =
+                    parsed.len() == n.subnets.len()
+                        && parsed.iter().zip(&n.subnets).zip(&n.host_prefixes).all(
+                            |((h, c), p)| {
+                                h.prefix_len() == *p && c.contains(h) && !taken.contains(h)
+                            },
+                        );
+                ok.then_some(parsed)
+            });
+            match valid {
+                Some(parsed) => taken.extend(parsed),
+                None => {
+                    m.remove(&n.network);
+                    needs.push(node.clone());
+                }
+            }
+        }
+        for node in needs {
+            let mut mine = Vec::new();
+            for (cidr, prefix) in n.subnets.iter().zip(&n.host_prefixes) {
+                match host_subnet(cidr, *prefix, &node, &taken) {
+                    Some(h) => mine.push(h),
+                    None => break,
+                }
+            }
+            if mine.len() == n.subnets.len() {
+                taken.extend(mine.iter().copied());
+                if let Some(m) = next.get_mut(&node) {
+                    m.insert(
+                        n.network.clone(),
+                        mine.iter().map(|h| h.to_string()).collect(),
+                    );
+                }
+            }
+        }
+    }
+    next.into_iter()
+        .filter(|(node, m)| current.get(node) != Some(m))
+        .collect()
+}
+
+/// A host subnet of `cidr` with `prefix` for `node`: hashed from the node name, probing past
+/// `taken` (at most 65,536 tries).
+fn host_subnet(cidr: &IpNet, prefix: u8, node: &str, taken: &BTreeSet<IpNet>) -> Option<IpNet> {
+    let bits = u32::from(prefix - cidr.prefix_len());
+    let count: u128 = if bits >= 127 {
+        u128::MAX
+    } else {
+        1u128 << bits
+    };
+    let step_bits = u32::from(cidr.max_prefix_len() - prefix);
+    let base = match cidr {
+        IpNet::V4(n) => u128::from(u32::from(n.network())),
+        IpNet::V6(n) => u128::from(n.network()),
+    };
+    let start = u128::from(fnv1a(node)) % count;
+    (0..count.min(65_536))
+        .map(|i| {
+            let idx = (start + i) % count;
+            let addr = base + (idx << step_bits);
+            IpNet::new(to_addr(cidr, addr), prefix).ok()
+        })
+        .find(|h| h.is_some_and(|h| !taken.contains(&h)))
+        .flatten()
 }
 
 /// The claim and annotation writes that give every VMI on a network with IPAM its addresses.
@@ -214,7 +378,11 @@ pub fn decide(inp: Inputs) -> Vec<Action> {
             if current.contains_key(&key) {
                 continue;
             }
-            let gateway_ips = n.gateways();
+            let Some(subnets) = n.subnets_for(v, inp.node_subnets) else {
+                // Layer3: not bound to a node yet, or the node has no host subnet yet.
+                continue;
+            };
+            let gateway_ips = n.gateways_in(&subnets);
             let role = match n.role {
                 Role::Primary => "primary",
                 Role::Secondary => "secondary",
@@ -259,14 +427,14 @@ pub fn decide(inp: Inputs) -> Vec<Action> {
                     continue;
                 }
             }
-            let Some(ips) = allocate(n, &format!("{ns}/{name}"), used_here) else {
+            let Some(ips) = allocate_in(n, &subnets, &format!("{ns}/{name}"), used_here) else {
                 out.push(Action::Failed {
                     namespace: ns.into(),
                     name: name.into(),
                     message: format!(
                         "network {} ({key}): no free address left in {}",
                         n.network,
-                        n.subnets
+                        subnets
                             .iter()
                             .map(|s| s.to_string())
                             .collect::<Vec<_>>()
@@ -423,9 +591,19 @@ fn first_usable(s: &IpNet) -> Option<IpAddr> {
 /// subnet), which covers every IPv4 subnet up to /16 exactly and leaves IPv6 subnets, whose
 /// addresses are spread by the hash, practically never exhausted.
 pub fn allocate(n: &Network, seed: &str, used: &BTreeSet<IpAddr>) -> Option<Vec<String>> {
+    allocate_in(n, &n.subnets, seed, used)
+}
+
+/// [`allocate`] from `subnets` (a Layer3 node's host subnets).
+fn allocate_in(
+    n: &Network,
+    subnets: &[IpNet],
+    seed: &str,
+    used: &BTreeSet<IpAddr>,
+) -> Option<Vec<String>> {
     const MAX_TRIES: u128 = 65_536;
     let h = u128::from(fnv1a(seed));
-    n.subnets
+    subnets
         .iter()
         .map(|s| {
             let (first, count) = host_range(s);

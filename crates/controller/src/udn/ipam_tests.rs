@@ -12,6 +12,7 @@ fn net(name: &str, ns: &[&str], role: Role, subnet: &str, persistent: bool) -> N
         exclude: Vec::new(),
         gateway: true,
         persistent,
+        host_prefixes: Vec::new(),
     }
 }
 
@@ -54,6 +55,7 @@ fn run(
         vmis: &vmis,
         claims: &claims,
         recent: &BTreeMap::new(),
+        node_subnets: &BTreeMap::new(),
     })
 }
 
@@ -267,6 +269,7 @@ fn recent_allocations_are_reused_not_repeated() {
         vmis: &vmis,
         claims: &[],
         recent: &recent,
+        node_subnets: &BTreeMap::new(),
     });
     assert_eq!(annotated(&acts, "a", "ua/net"), Some(pn));
     assert_ne!(
@@ -288,4 +291,76 @@ fn ipv6_subnets_and_vnis() {
     assert!((MIN_VNI..=MAX_VNI).contains(&v));
     assert_ne!(pick_vni("ua_net", &BTreeSet::from([v])), v);
     assert_eq!(pick_vni("ua_net", &BTreeSet::new()), v, "stable");
+}
+
+fn l3(ns: &str, cidr: &str, host: u8) -> Network {
+    let mut n = net("l3", &[ns], Role::Primary, cidr, false);
+    n.host_prefixes = vec![host];
+    n
+}
+
+#[test]
+fn layer3_nodes_get_distinct_host_subnets_kept_across_passes() {
+    let n = l3("ua", "10.150.0.0/22", 24);
+    let known = BTreeSet::from(["ua_l3".to_string(), "gone".to_string()]);
+    let empty: BTreeMap<String, NodeSubnets> = ["n1", "n2", "n3", "n4"]
+        .iter()
+        .map(|n| (n.to_string(), NodeSubnets::new()))
+        .collect();
+    let first = node_subnets(std::slice::from_ref(&n), &known, &empty);
+    assert_eq!(first.len(), 4);
+    let all: BTreeSet<&String> = first.values().map(|m| &m["ua_l3"][0]).collect();
+    assert_eq!(all.len(), 4, "{first:?}");
+    for s in &all {
+        let h: IpNet = s.parse().unwrap();
+        assert_eq!(h.prefix_len(), 24);
+        assert!("10.150.0.0/22".parse::<IpNet>().unwrap().contains(&h));
+    }
+    // Settled: nothing changes; a fifth node finds the /22 full.
+    assert!(node_subnets(std::slice::from_ref(&n), &known, &first).is_empty());
+    let mut more = first.clone();
+    more.insert("n5".into(), NodeSubnets::new());
+    assert!(node_subnets(std::slice::from_ref(&n), &known, &more).is_empty());
+    // A duplicate (two nodes claiming one subnet) is resolved in name order: the later node
+    // gets a free one. An unknown network's entry is dropped.
+    let mut dup = first.clone();
+    let n1 = dup["n1"]["ua_l3"].clone();
+    dup.get_mut("n2")
+        .unwrap()
+        .insert("ua_l3".into(), n1.clone());
+    dup.get_mut("n3")
+        .unwrap()
+        .insert("old_net".into(), vec!["10.9.0.0/24".into()]);
+    let fixed = node_subnets(std::slice::from_ref(&n), &known, &dup);
+    assert_ne!(fixed["n2"]["ua_l3"], n1);
+    assert!(!fixed["n3"].contains_key("old_net"));
+    assert!(!fixed.contains_key("n1"));
+}
+
+#[test]
+fn a_layer3_vmi_is_addressed_from_its_nodes_subnet_once_bound() {
+    let n = l3("ua", "10.150.0.0/16", 24);
+    let subnets = BTreeMap::from([(
+        "n1".to_string(),
+        NodeSubnets::from([("ua_l3".to_string(), vec!["10.150.7.0/24".to_string()])]),
+    )]);
+    let primary = BTreeSet::from(["ua".to_string()]);
+    let unbound = vmi("ua", "u", json!({}));
+    let bound = vmi("ua", "b", json!({"status": {"nodeName": "n1"}}));
+    let on_n2 = vmi("ua", "c", json!({"status": {"nodeName": "n2"}}));
+    let vmis = [&unbound, &bound, &on_n2];
+    let acts = decide(Inputs {
+        networks: std::slice::from_ref(&n),
+        primary_namespaces: &primary,
+        vmis: &vmis,
+        claims: &[],
+        recent: &BTreeMap::new(),
+        node_subnets: &subnets,
+    });
+    assert_eq!(acts.len(), 1, "{acts:?}");
+    let pn = annotated(&acts, "b", "ua/l3").unwrap();
+    assert!(pn.ip_addresses[0].starts_with("10.150.7."), "{pn:?}");
+    assert!(pn.ip_addresses[0].ends_with("/24"));
+    assert_ne!(pn.ip_addresses[0], "10.150.7.1/24");
+    assert_eq!(pn.gateway_ips, vec!["10.150.7.1".to_string()]);
 }

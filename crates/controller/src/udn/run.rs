@@ -65,10 +65,11 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     );
     let recorder = EventRecorder::new(client.clone(), super::COMPONENT);
     let mut recent: Recent = BTreeMap::new();
+    let mut recent_nodes: BTreeMap<String, (Option<String>, ipam::NodeSubnets)> = BTreeMap::new();
     let mut changes = stores.changes();
     let w = wake.clone();
     let follow = async move {
-        while changes.next_batch(&[Kind::Vmi]).await.is_some() {
+        while changes.next_batch(&[Kind::Vmi, Kind::Node]).await.is_some() {
             w.notify_one();
         }
     };
@@ -157,12 +158,28 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
             let claim_list = claims.state();
             let claim_refs: Vec<&IPAMClaim> = claim_list.iter().map(|c| &c.0).collect();
             prune_recent(&mut recent, &vmis);
+            let known: BTreeSet<String> = udn_list
+                .iter()
+                .map(|u| {
+                    let ns = u.0.metadata.namespace.as_deref().unwrap_or_default();
+                    format!("{ns}_{}", u.0.metadata.name.as_deref().unwrap_or_default())
+                })
+                .chain(cudn_list.iter().map(|c| {
+                    format!(
+                        "cluster_udn_{}",
+                        c.0.metadata.name.as_deref().unwrap_or_default()
+                    )
+                }))
+                .collect();
+            let node_subnets =
+                layer3_node_subnets(&client, &stores, &networks, &known, &mut recent_nodes).await;
             let actions = ipam::decide(ipam::Inputs {
                 networks: &networks,
                 primary_namespaces: &primary,
                 vmis: &vmis,
                 claims: &claim_refs,
                 recent: &recent,
+                node_subnets: &node_subnets,
             });
             for a in actions {
                 if let Err(e) = apply_ipam(&client, &recorder, &mut recent, a).await {
@@ -533,4 +550,66 @@ async fn apply_ipam(
         }
     }
     Ok(())
+}
+
+/// Every node's Layer3 host subnets after this pass: the cached annotations (or this loop's
+/// own writes the cache does not show yet, by the resourceVersion they were written over),
+/// with [`ipam::node_subnets`]' changes written (compare-and-swap on the Node).
+async fn layer3_node_subnets(
+    client: &kube::Client,
+    stores: &Stores,
+    networks: &[ipam::Network],
+    known: &BTreeSet<String>,
+    recent: &mut BTreeMap<String, (Option<String>, ipam::NodeSubnets)>,
+) -> BTreeMap<String, ipam::NodeSubnets> {
+    let nodes = stores.nodes.state();
+    let mut current = BTreeMap::new();
+    let mut versions = BTreeMap::new();
+    for n in &nodes {
+        let Some(name) = n.metadata.name.clone() else {
+            continue;
+        };
+        let rv = n.metadata.resource_version.clone();
+        let cached: ipam::NodeSubnets = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(udn::NODE_SUBNETS_ANNOTATION))
+            .and_then(|v| serde_json::from_str(v).ok())
+            .unwrap_or_default();
+        // Our own write wins while the cache still shows the version it was made over.
+        let value = match recent.get(&name) {
+            Some((written_over, mine)) if *written_over == rv => mine.clone(),
+            _ => {
+                recent.remove(&name);
+                cached
+            }
+        };
+        versions.insert(name.clone(), rv);
+        current.insert(name, value);
+    }
+    recent.retain(|n, _| current.contains_key(n));
+    if !networks.iter().any(|n| n.layer3()) && current.values().all(|m| m.is_empty()) {
+        return current;
+    }
+    let changes = ipam::node_subnets(networks, known, &current);
+    for (node, value) in changes {
+        let rv = versions.get(&node).cloned().flatten();
+        let text = serde_json::to_string(&value).unwrap_or_default();
+        let body = json!({"metadata": {"resourceVersion": rv,
+            "annotations": {udn::NODE_SUBNETS_ANNOTATION: text}}});
+        match Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+            .patch(&node, &PatchParams::default(), &Patch::Merge(body))
+            .await
+        {
+            Ok(_) => {
+                recent.insert(node.clone(), (rv, value.clone()));
+                current.insert(node, value);
+            }
+            Err(e) => {
+                tracing::warn!(%node, error = %e, "writing the node's Layer3 host subnets failed")
+            }
+        }
+    }
+    current
 }
