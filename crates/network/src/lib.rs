@@ -9,7 +9,10 @@
 //! - [`routes`]: `/32` routes that follow a live-migrated VMI to its node (pure).
 //! - [`services`]: the Service data plane's nft table (ClusterIP/NodePort DNAT) (pure).
 //! - [`udn`]: Primary Layer2 user-defined networks: per-network namespace, bridge and VXLAN,
-//!   head-end replication, a VMI's plan on the network (pure).
+//!   head-end replication, a VMI's plan on the network; Secondary Layer2 ones as Multus
+//!   interfaces (pure).
+//! - [`udn_l3`]: Layer3 user-defined networks' building blocks (host subnets from the Node
+//!   annotation, peers, routed steps, route sync through the overlay's); not wired yet (pure).
 //! - [`secondary`]: Multus bridge networks: CNI config parsing, per-interface plans (pure).
 //! - [`localnet`]: OVN-Kubernetes localnet NADs resolved through bridge mappings (pure).
 //! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.
@@ -33,6 +36,7 @@ pub mod routes;
 pub mod secondary;
 pub mod services;
 pub mod udn;
+pub mod udn_l3;
 
 pub use error::{Error, Result};
 pub use ipam::{Ipam, Ipv4Cidr, MacAddr};
