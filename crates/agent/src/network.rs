@@ -80,6 +80,8 @@ pub struct Attachment {
     pub exec_prefix: Vec<String>,
     /// The Primary user-defined network the pod interface is on, if any.
     pub primary_udn: Option<String>,
+    /// That network is Layer3 (its addresses belong to this node: not live-migratable).
+    pub primary_udn_layer3: bool,
 }
 
 /// The explicit MAC addresses (`macAddress`) of `vmi`'s interfaces, normalized.
@@ -377,7 +379,19 @@ impl AgentNet {
             self.sync_moved_routes(node, &ov, &peers, &list, &mut routes)
                 .await;
             let underlays = peers.iter().map(|p| p.underlay).collect();
-            self.sync_udns(Some(underlays)).await;
+            let l3: Vec<ferrovirt_network::udn_l3::L3Node> = list
+                .iter()
+                .map(|n| ferrovirt_network::udn_l3::L3Node {
+                    name: n.metadata.name.clone().unwrap_or_default(),
+                    underlay: node_info(n).internal_ip.and_then(|i| i.parse().ok()),
+                    node_subnets: n.metadata.annotations.as_ref().and_then(|a| {
+                        a.get(ferrovirt_network::udn_l3::NODE_SUBNETS_ANNOTATION)
+                            .cloned()
+                    }),
+                })
+                .collect();
+            self.sync_udns(Some(underlays), Some((node_name.clone(), l3)))
+                .await;
             // Wait for a Node change, a change of the VMIs run here, or the resync interval.
             let _ = tokio::time::timeout(OVERLAY_RESYNC, async {
                 let hosted = self.hosted.changed();
@@ -575,6 +589,7 @@ impl AgentNet {
             if let Some(net) = &plan.udn {
                 self.ensure_udn(net).await?;
                 out.primary_udn = Some(net.name.clone());
+                out.primary_udn_layer3 = net.layer3;
             }
             let attached = ferrovirt_network::setup(&plan).await.map_err(net_err)?;
             out.taps.insert(

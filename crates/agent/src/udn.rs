@@ -173,6 +173,18 @@ pub fn migratable_view(vmi: &VirtualMachineInstance) -> VirtualMachineInstance {
     serde_json::from_value(v).unwrap_or_else(|_| vmi.clone())
 }
 
+/// A VMI on a Primary Layer3 network never live-migrates: its address is from its node's
+/// host subnet, which the target node does not route.
+pub fn layer3_not_migratable(network: &str) -> ferrovirt_api::migration::NotMigratable {
+    ferrovirt_api::migration::NotMigratable {
+        reason: ferrovirt_api::migration::reason::INTERFACE_NOT_LIVE_MIGRATABLE,
+        message: format!(
+            "cannot migrate VMI: its pod network is the Layer3 user-defined network {network}, \
+             whose addresses belong to the node (its host subnet)"
+        ),
+    }
+}
+
 /// The pure decision for one VMI: `ns_labels` are its namespace's labels, `nads` the
 /// NetworkAttachmentDefinitions of its namespace, `node_netns`/`local` the node's namespace
 /// and underlay address.
@@ -182,6 +194,7 @@ pub fn decide(
     nads: &[NadView],
     node_netns: Option<&str>,
     local: Option<std::net::Ipv4Addr>,
+    node_subnets: Option<&str>,
 ) -> Decision {
     if !ns_labels.contains_key(PRIMARY_NAMESPACE_LABEL) {
         return Decision::NotUdn;
@@ -227,7 +240,23 @@ pub fn decide(
             return Decision::Refuse(field, format!("NetworkAttachmentDefinition {key}: {e}"));
         }
     };
-    let network = match UdnNetwork::from_nad(config, vni, node_netns, local) {
+    let built = if config.topology == "layer3" && config.role == "primary" {
+        // Layer3: this node's host subnet of the network (the controller's Node annotation).
+        match ferrovirt_network::udn_l3::host_subnet(node_subnets, &config.name) {
+            Ok(Some(host)) => UdnNetwork::from_layer3_nad(config, vni, host, node_netns, local),
+            Ok(None) => {
+                return Decision::Wait(format!(
+                    "this node has no host subnet of network {} in its {} annotation yet",
+                    config.name,
+                    ferrovirt_network::udn_l3::NODE_SUBNETS_ANNOTATION
+                ));
+            }
+            Err(e) => Err(e),
+        }
+    } else {
+        UdnNetwork::from_nad(config, vni, node_netns, local)
+    };
+    let network = match built {
         Ok(n) => n,
         Err(e) => {
             return Decision::Refuse(field, format!("NetworkAttachmentDefinition {key}: {e}"));
@@ -329,9 +358,28 @@ pub async fn resolve(
             "virtualmachineinstances",
         ),
     );
+    let node_api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     let started = std::time::Instant::now();
     let mut current = vmi.clone();
     loop {
+        let node_name = current
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let node_subnets = match node_name.is_empty() {
+            true => None,
+            false => node_api
+                .get_opt(&node_name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| n.metadata.annotations)
+                .and_then(|a| {
+                    a.get(ferrovirt_network::udn_l3::NODE_SUBNETS_ANNOTATION)
+                        .cloned()
+                }),
+        };
         let list = nad_api
             .list(&ListParams::default())
             .await
@@ -355,7 +403,14 @@ pub async fn resolve(
                     .and_then(|a| a.get(VNI_ANNOTATION).cloned()),
             })
             .collect();
-        match decide(&current, &labels, &nads, node_netns, local) {
+        match decide(
+            &current,
+            &labels,
+            &nads,
+            node_netns,
+            local,
+            node_subnets.as_deref(),
+        ) {
             Decision::NotUdn => return Ok(None),
             Decision::Ready(p) => return Ok(Some(p)),
             Decision::Refuse(field, message) => {
@@ -427,7 +482,14 @@ mod tests {
     #[test]
     fn a_bridge_vmi_with_its_address_is_ready() {
         let v = vmi(json!({"name": "default", "bridge": {}}), true);
-        let d = decide(&v, &labelled(), &[nad(Some("10001"))], Some("na"), None);
+        let d = decide(
+            &v,
+            &labelled(),
+            &[nad(Some("10001"))],
+            Some("na"),
+            None,
+            None,
+        );
         let Decision::Ready(p) = d else {
             panic!("{d:?}")
         };
@@ -440,12 +502,19 @@ mod tests {
             true,
         );
         assert!(matches!(
-            decide(&v, &labelled(), &[nad(Some("10001"))], None, None),
+            decide(&v, &labelled(), &[nad(Some("10001"))], None, None, None),
             Decision::Ready(_)
         ));
         // Not labelled: the pod network.
         assert_eq!(
-            decide(&v, &BTreeMap::new(), &[nad(Some("10001"))], None, None),
+            decide(
+                &v,
+                &BTreeMap::new(),
+                &[nad(Some("10001"))],
+                None,
+                None,
+                None
+            ),
             Decision::NotUdn
         );
     }
@@ -475,18 +544,18 @@ mod tests {
     #[test]
     fn missing_annotations_wait_and_never_guess() {
         let v = vmi(json!({"name": "default", "bridge": {}}), false);
-        let d = decide(&v, &labelled(), &[nad(Some("10001"))], None, None);
+        let d = decide(&v, &labelled(), &[nad(Some("10001"))], None, None, None);
         assert!(
             matches!(&d, Decision::Wait(m) if m.contains(POD_NETWORKS_ANNOTATION)),
             "{d:?}"
         );
         let v = vmi(json!({"name": "default", "bridge": {}}), true);
-        let d = decide(&v, &labelled(), &[nad(None)], None, None);
+        let d = decide(&v, &labelled(), &[nad(None)], None, None, None);
         assert!(
             matches!(&d, Decision::Wait(m) if m.contains(VNI_ANNOTATION)),
             "{d:?}"
         );
-        let d = decide(&v, &labelled(), &[], None, None);
+        let d = decide(&v, &labelled(), &[], None, None, None);
         assert!(
             matches!(&d, Decision::Wait(m) if m.contains("no Primary")),
             "{d:?}"
@@ -495,15 +564,15 @@ mod tests {
         let mut foreign = nad(Some("10001"));
         foreign.udn = false;
         assert!(matches!(
-            decide(&v, &labelled(), &[foreign], None, None),
+            decide(&v, &labelled(), &[foreign], None, None, None),
             Decision::Wait(_)
         ));
     }
 
     #[test]
-    fn masquerade_layer3_and_other_bindings_are_refused_naming_the_field() {
+    fn masquerade_and_other_bindings_are_refused_naming_the_field_layer3_waits() {
         let v = vmi(json!({"name": "default", "masquerade": {}}), true);
-        let d = decide(&v, &labelled(), &[nad(Some("10001"))], None, None);
+        let d = decide(&v, &labelled(), &[nad(Some("10001"))], None, None, None);
         assert!(
             matches!(&d, Decision::Refuse(f, m) if f == "spec.domain.devices.interfaces[0].masquerade" && m.contains("Primary")),
             "{d:?}"
@@ -512,7 +581,7 @@ mod tests {
             json!({"name": "default", "binding": {"name": "passt"}}),
             true,
         );
-        let d = decide(&v, &labelled(), &[nad(Some("10001"))], None, None);
+        let d = decide(&v, &labelled(), &[nad(Some("10001"))], None, None, None);
         assert!(
             matches!(&d, Decision::Refuse(f, _) if f == "spec.domain.devices.interfaces[0].binding.name"),
             "{d:?}"
@@ -520,11 +589,20 @@ mod tests {
         let mut l3 = nad(Some("10001"));
         l3.config = CONFIG.replace("layer2", "layer3");
         let v = vmi(json!({"name": "default", "bridge": {}}), true);
-        let d = decide(&v, &labelled(), &[l3], None, None);
+        // Layer3: waits for the node's host subnet, then the network is the host subnet with
+        // its gateway as router.
+        let d = decide(&v, &labelled(), std::slice::from_ref(&l3), None, None, None);
         assert!(
-            matches!(&d, Decision::Refuse(f, m) if f == "spec.networks[0].pod" && m.contains("topology Layer3") && m.contains("not carried out yet")),
+            matches!(&d, Decision::Wait(m) if m.contains("k8s.ovn.org/node-subnets")),
             "{d:?}"
         );
+        let ann = r#"{"ua_net":["10.100.0.0/24"]}"#;
+        let d = decide(&v, &labelled(), &[l3], None, None, Some(ann));
+        let Decision::Ready(p) = d else {
+            panic!("{d:?}")
+        };
+        assert!(p.network.layer3);
+        assert_eq!(p.network.subnet.to_string(), "10.100.0.0/24");
         let e = needs_pod_network(&v).to_string();
         assert!(
             e.contains("spec.networks[0].pod") && e.contains("Primary UserDefinedNetwork"),

@@ -25,6 +25,25 @@ pub struct UdnState(tokio::sync::Mutex<Inner>);
 struct Inner {
     /// The overlay peers' underlay addresses, once the overlay loop has seen the Nodes.
     peers: Option<BTreeSet<Ipv4Addr>>,
+    /// The Nodes as Layer3 networks see them (name, underlay, host subnets), and this node's
+    /// name, once the overlay loop has seen them.
+    l3_nodes: Option<(String, Vec<ferrovirt_network::udn_l3::L3Node>)>,
+}
+
+/// Syncs a network's forwarding state with the peers: a Layer2 network's flood list, a
+/// Layer3 network's routes to the other nodes' host subnets.
+async fn sync_one(net: &UdnNetwork, st: &Inner) -> Result<usize, ferrovirt_network::Error> {
+    if net.layer3 {
+        let Some((me, nodes)) = &st.l3_nodes else {
+            return Ok(0);
+        };
+        let peers = ferrovirt_network::udn_l3::peers(&net.name, me, net.subnet, nodes);
+        return ferrovirt_network::pod::sync_udn_routes(net, &peers).await;
+    }
+    match &st.peers {
+        Some(peers) => ferrovirt_network::pod::sync_udn_fdb(net, peers).await,
+        None => Ok(0),
+    }
 }
 
 /// The VMI's plan on its Primary UDN (`pi`: its pod-network interface); an incoming live
@@ -75,7 +94,9 @@ impl AgentNet {
     ) -> Result<Option<crate::udn::PrimaryUdn>, AgentError> {
         let local = self.opts.as_ref().and_then(|o| o.node_ip);
         let mut u = crate::udn::resolve(client, vmi, node.netns.as_deref(), local).await?;
-        if let (Some(u), Some(up)) = (u.as_mut(), node.uplink.as_ref()) {
+        if let (Some(u), Some(up)) = (u.as_mut(), node.uplink.as_ref())
+            && !u.network.layer3
+        {
             u.network.gateway = Some(ferrovirt_network::udn::UdnGateway {
                 address: u.network.subnet.gateway(),
                 uplink: up.clone(),
@@ -105,7 +126,7 @@ impl AgentNet {
     }
 
     /// Makes (or repairs) the network's namespace, bridge and VXLAN device and its flood
-    /// list (when the peers are known). Call after the VMI's plan is written.
+    /// list or (Layer3) routes (when the peers are known). Call after the VMI's plan is written.
     pub(crate) async fn ensure_udn(&self, net: &UdnNetwork) -> Result<(), AgentError> {
         let st = self.udns.0.lock().await;
         let cluster = match self.node_network() {
@@ -117,31 +138,31 @@ impl AgentNet {
             .map_err(|e| {
                 AgentError::Reference(format!("user-defined network {}: {e}", net.name))
             })?;
-        if let Some(peers) = &st.peers {
-            ferrovirt_network::pod::sync_udn_fdb(net, peers)
-                .await
-                .map_err(|e| {
-                    AgentError::Reference(format!("user-defined network {}: {e}", net.name))
-                })?;
-        }
+        sync_one(net, &st).await.map_err(|e| {
+            AgentError::Reference(format!("user-defined network {}: {e}", net.name))
+        })?;
         Ok(())
     }
 
     /// One pass of the overlay loop: remembers the peers, removes unused networks and syncs
     /// the flood list of every network in use.
-    pub(crate) async fn sync_udns(&self, peers: Option<BTreeSet<Ipv4Addr>>) {
+    pub(crate) async fn sync_udns(
+        &self,
+        peers: Option<BTreeSet<Ipv4Addr>>,
+        l3_nodes: Option<(String, Vec<ferrovirt_network::udn_l3::L3Node>)>,
+    ) {
         let node_netns = self.node_netns();
         let mut st = self.udns.0.lock().await;
         if peers.is_some() {
             st.peers = peers;
         }
+        if l3_nodes.is_some() {
+            st.l3_nodes = l3_nodes;
+        }
         let in_use = self.udns_in_use(None);
         remove_unused(node_netns.as_deref(), &in_use).await;
-        let Some(peers) = &st.peers else {
-            return;
-        };
         for net in in_use.values() {
-            match ferrovirt_network::pod::sync_udn_fdb(net, peers).await {
+            match sync_one(net, &st).await {
                 Ok(0) => {}
                 Ok(n) => {
                     tracing::info!(network = %net.name, steps = n, "user-defined network flood list synced")

@@ -284,6 +284,16 @@ pub async fn sync_udn_fdb(
     Ok(actions.len())
 }
 
+/// Makes a Layer3 network's VXLAN device route to exactly `peers`' host subnets
+/// ([`crate::udn_l3::peers`]); returns how many steps it ran.
+pub async fn sync_udn_routes(net: &crate::udn::UdnNetwork, peers: &[crate::Peer]) -> Result<usize> {
+    let Some(local) = net.local else {
+        return Ok(0);
+    };
+    let (node, ov) = crate::udn_l3::overlay_end(net, local)?;
+    sync_overlay(&node, &ov, peers).await
+}
+
 /// Removes a user-defined network's namespace from this node (its VXLAN device first).
 pub async fn teardown_udn_network(netns: &str) -> Result<()> {
     apply_all_best_effort(&crate::udn::network_teardown(netns)).await

@@ -129,6 +129,11 @@ pub struct UdnNetwork {
     /// has no uplink), the guests reach only their network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<UdnGateway>,
+    /// A Layer3 network ([`crate::udn_l3`]): `subnet` is this node's host subnet, its first
+    /// address the node's gateway on the network's bridge, other nodes' host subnets routed
+    /// through the VXLAN device (no bridge port).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub layer3: bool,
 }
 
 /// A network's gateway on a node: the subnet's first address on the network's bridge (the
@@ -359,6 +364,28 @@ impl UdnNetwork {
         Self::build(config, vni, node_netns, local, true)
     }
 
+    /// Decides a Primary Layer3 network on this node from its NAD and the node's host subnet
+    /// of it ([`crate::udn_l3::host_subnet`]): the host subnet is the network's subnet here.
+    pub fn from_layer3_nad(
+        config: &NadConfig,
+        vni: u32,
+        host: Ipv4Cidr,
+        node_netns: Option<&str>,
+        local: Option<Ipv4Addr>,
+    ) -> Result<UdnNetwork> {
+        if config.role != "primary" || config.topology != "layer3" {
+            return Err(Error::InvalidNetworkConfig(format!(
+                "spec.config: topology {:?} role {:?} is not a Primary Layer3 network",
+                config.topology, config.role
+            )));
+        }
+        let mut c = config.clone();
+        c.subnets = vec![host.to_string()];
+        let mut n = Self::build(&c, vni, node_netns, local, true)?;
+        n.layer3 = true;
+        Ok(n)
+    }
+
     /// Decides a Secondary Layer2 network (a VMI's Multus interface on it) from its NAD: the
     /// same namespace, bridge and VXLAN device as a Primary one, never a gateway. Without
     /// `subnets` (IPAM disabled) the network has no addresses: `subnet` is then `0.0.0.0/0`,
@@ -432,6 +459,7 @@ impl UdnNetwork {
             node_netns: node_netns.map(String::from),
             local,
             gateway: None,
+            layer3: false,
         })
     }
 
@@ -473,10 +501,12 @@ pub fn network_steps(net: &UdnNetwork) -> NetworkSteps {
     ];
     let mut after = Vec::new();
     let vxlan = net.local.map(|local| {
-        after.push(ip(
-            &ns,
-            &["link", "set", VXLAN, "master", BRIDGE, "mtu", &mtu, "up"],
-        ));
+        if !net.layer3 {
+            after.push(ip(
+                &ns,
+                &["link", "set", VXLAN, "master", BRIDGE, "mtu", &mtu, "up"],
+            ));
+        }
         Action::Ip {
             netns: net.node_netns.clone(),
             args: strs(&[
@@ -499,6 +529,9 @@ pub fn network_steps(net: &UdnNetwork) -> NetworkSteps {
         }
     });
     after.push(ip(&ns, &["link", "set", BRIDGE, "mtu", &mtu, "up"]));
+    if net.layer3 {
+        after.extend(crate::udn_l3::routed_steps(net));
+    }
     NetworkSteps {
         before,
         vxlan,
@@ -668,7 +701,10 @@ pub fn vmi_plan(net: &UdnNetwork, vmi: &UdnVmi<'_>, addr: UdnAddress) -> Result<
     req.queues = vmi.queues;
     req.address = Some(addr.address);
     let mut plan = PodPlan::build(&node, &req)?;
-    plan.lease.router = net.gateway.as_ref().map(|g| g.address);
+    plan.lease.router = match net.layer3 {
+        true => Some(net.subnet.gateway()),
+        false => net.gateway.as_ref().map(|g| g.address),
+    };
     plan.lease.dns.clear();
     plan.lease.search.clear();
     plan.udn = Some(net.clone());

@@ -103,30 +103,27 @@ pub fn overlay_end(net: &UdnNetwork, local: Ipv4Addr) -> Result<(NodeNetwork, Ov
 
 /// The steps that make the node's side of a Layer3 network routed, after the network's
 /// namespace, bridge and VXLAN device exist: forwarding on in the namespace, the VXLAN device
-/// out of the bridge with the node's VTEP MAC, the host subnet's gateway on the bridge.
-pub fn routed_steps(net: &UdnNetwork, host: Ipv4Cidr, ov: &Overlay) -> Vec<Action> {
+/// (no bridge port) with the node's VTEP MAC on the network, the host subnet's gateway
+/// (`net.subnet`'s first address) on the bridge.
+pub fn routed_steps(net: &UdnNetwork) -> Vec<Action> {
     let ns = Some(net.netns.clone());
+    let host = net.subnet;
     let gw = format!("{}/{}", host.gateway(), host.prefix());
-    vec![
-        Action::Sysctl {
-            netns: ns.clone(),
-            key: "net/ipv4/ip_forward".into(),
-            value: "1".into(),
-        },
-        ip(&ns, &["link", "set", VXLAN, "nomaster"]),
-        ip(
+    let mut a = vec![Action::Sysctl {
+        netns: ns.clone(),
+        key: "net/ipv4/ip_forward".into(),
+        value: "1".into(),
+    }];
+    if let Some(local) = net.local {
+        let mac = crate::overlay::vtep_mac(&vtep_name(&net.name, local)).to_string();
+        let mtu = net.mtu.to_string();
+        a.push(ip(
             &ns,
-            &[
-                "link",
-                "set",
-                VXLAN,
-                "address",
-                &ov.vtep_mac.to_string(),
-                "up",
-            ],
-        ),
-        ip(&ns, &["addr", "replace", &gw, "dev", BRIDGE]),
-    ]
+            &["link", "set", VXLAN, "address", &mac, "mtu", &mtu, "up"],
+        ));
+    }
+    a.push(ip(&ns, &["addr", "replace", &gw, "dev", BRIDGE]));
+    a
 }
 
 /// The steps that make the VXLAN device route to exactly `peers`' host subnets.
@@ -154,6 +151,7 @@ mod tests {
             node_netns: Some("na".into()),
             local: Some(Ipv4Addr::new(192, 168, 1, 1)),
             gateway: None,
+            layer3: true,
         }
     }
 
@@ -252,10 +250,18 @@ mod tests {
             crate::overlay::vtep_mac(&vtep_name("ub_l3", p[0].underlay))
         );
         assert_eq!(ov.vni, 10007);
-        let r = format!("{:?}", routed_steps(&n, mine, &ov));
+        let r = format!("{:?}", routed_steps(&n));
         assert!(
-            r.contains("10.150.1.1/24") && r.contains("ip_forward") && r.contains("nomaster"),
+            r.contains("10.150.1.1/24")
+                && r.contains("ip_forward")
+                && r.contains(&ov.vtep_mac.to_string()),
             "{r}"
+        );
+        // The VXLAN device is no bridge port on a Layer3 network.
+        let steps = crate::udn::network_steps(&n);
+        assert!(
+            !format!("{:?}", steps.after).contains("master"),
+            "{steps:?}"
         );
     }
 }
