@@ -1,7 +1,7 @@
 //! Primary user-defined networks (k8s.ovn.org) on the node: a VMI whose namespace is labelled
 //! `k8s.ovn.org/primary-user-defined-network` gets its pod-network interface on the
-//! namespace's Primary Layer2 UDN instead of the pod network (docs/networking.md "User-defined
-//! networks"). [`decide`] is the pure decision (the namespace's label, its NADs, the VMI's
+//! namespace's Primary Layer2 (or Layer3: on its node's host subnet) UDN instead of the pod
+//! network (docs/networking.md "User-defined networks"). [`decide`] is the pure decision (the namespace's label, its NADs, the VMI's
 //! annotation → not a UDN VMI / wait / refuse / the network and address); [`resolve`] reads
 //! the API and waits (bounded) while the controller has not yet annotated the NAD's VNI or the
 //! VMI's address: an address is never guessed.

@@ -11,8 +11,8 @@
 //! - [`udn`]: Primary Layer2 user-defined networks: per-network namespace, bridge and VXLAN,
 //!   head-end replication, a VMI's plan on the network; Secondary Layer2 ones as Multus
 //!   interfaces (pure).
-//! - [`udn_l3`]: Layer3 user-defined networks' building blocks (host subnets from the Node
-//!   annotation, peers, routed steps, route sync through the overlay's); not wired yet (pure).
+//! - [`udn_l3`]: Primary Layer3 user-defined networks: host subnets from the Node annotation,
+//!   peers, routed steps, route sync through the overlay's (pure).
 //! - [`secondary`]: Multus bridge networks: CNI config parsing, per-interface plans (pure).
 //! - [`localnet`]: OVN-Kubernetes localnet NADs resolved through bridge mappings (pure).
 //! - [`dhcp`]: DHCPv4 packets, the reply decision, and an async per-VMI server.

@@ -106,7 +106,8 @@ pub fn parse_vni(annotation: Option<&str>) -> Result<Option<u32>> {
     }
 }
 
-/// A Primary Layer2 network as this node carries it out.
+/// A user-defined network as this node carries it out (Primary Layer2 or Layer3, Secondary
+/// Layer2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UdnNetwork {

@@ -1,14 +1,14 @@
-//! Layer3 user-defined networks (pure): building blocks of their data plane, NOT wired into
-//! the agent yet (Layer3 networks are still refused naming the field; docs/networking.md
-//! "User-defined networks"). A Layer3 network is split per node: the controller writes each
-//! node's host subnet of each network into the Node annotation [`NODE_SUBNETS_ANNOTATION`]
-//! (OVN-K's shape, `{"<network>": ["10.150.1.0/24"]}`). On a node the network's namespace
-//! (`fvn-…`, as for Layer2) holds the host subnet's gateway (its first address) on the
-//! network's bridge and a VXLAN device of the network's VNI that is no bridge port: traffic
-//! to another node's host subnet is routed through it, exactly as the pod overlay routes
-//! pod subnets ([`crate::overlay::sync_actions`] is reused: a route per peer's host subnet via
-//! the subnet's network address `onlink`, a permanent neighbour entry with the peer's VTEP MAC
-//! and an FDB entry sending that MAC to the peer's underlay address).
+//! Primary Layer3 user-defined networks (pure; docs/networking.md "Primary Layer3 data
+//! plane"). A Layer3 network is split per node: the controller writes each node's host subnet
+//! of each network into the Node annotation [`NODE_SUBNETS_ANNOTATION`] (OVN-K's shape,
+//! `{"<network>": ["10.150.1.0/24"]}`). On a node the network's namespace (`fvn-…`, as for
+//! Layer2) holds the host subnet's gateway (its first address) on the network's bridge and a
+//! VXLAN device of the network's VNI that is no bridge port ([`routed_steps`]): traffic to
+//! another node's host subnet is routed through it, exactly as the pod overlay routes pod
+//! subnets ([`crate::overlay::sync_actions`] is reused by [`route_sync`]: a route per peer's
+//! host subnet via the subnet's network address `onlink`, a permanent neighbour entry with the
+//! peer's VTEP MAC — per network and node, [`vtep_name`] — and an FDB entry sending that MAC
+//! to the peer's underlay address).
 
 use std::net::Ipv4Addr;
 
