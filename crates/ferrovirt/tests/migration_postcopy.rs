@@ -311,6 +311,21 @@ fn cut_stream(addr: &str, port: &str) -> anyhow::Result<usize> {
 #[test]
 fn a_post_copy_migration_whose_stream_breaks_is_recovered_and_succeeds() -> anyhow::Result<()> {
     let _one = serial();
+    // On a quiet machine post-copy may send everything (~1 s) between the first tick on the
+    // target and the cut: then nothing is left to break and the scenario runs again, on a new
+    // cluster (seen once in CI). Three tries, each must end in a finished migration.
+    for attempt in 1..=3 {
+        if cut_and_recover()? {
+            return Ok(());
+        }
+        eprintln!("attempt {attempt}: post-copy finished before the cut; once more");
+    }
+    anyhow::bail!("post-copy finished before the stream could be cut, three times")
+}
+
+/// One try of the recovery scenario: false when post-copy finished before the cut (the
+/// migration then checked Succeeded), true when the stream was cut and recovered.
+fn cut_and_recover() -> anyhow::Result<bool> {
     let Filled {
         c,
         uid,
@@ -353,10 +368,16 @@ fn a_post_copy_migration_whose_stream_breaks_is_recovered_and_succeeds() -> anyh
     let cut = cut_stream(&addr, &port)?;
     let at = Instant::now();
     eprintln!("stream to {addr}:{port} cut in post-copy ({cut} socket(s))");
-    anyhow::ensure!(
-        cut >= 1,
-        "no established stream connection to {addr}:{port} to cut"
-    );
+    if cut == 0 {
+        let m = finished(&c, "mig-cut", Duration::from_secs(180))?;
+        anyhow::ensure!(
+            m["status"]["phase"] == "Succeeded",
+            "no established stream connection to {addr}:{port} to cut, and the migration did \
+             not succeed: {}",
+            m["status"]
+        );
+        return Ok(false);
+    }
     let m = finished(&c, "mig-cut", Duration::from_secs(180))?;
     eprintln!("cut → VMIM {}: {:?}", m["status"]["phase"], at.elapsed());
     for (who, log) in [("node1", c.server_log()), ("node2", c.agent_log("node2"))] {
@@ -400,5 +421,5 @@ fn a_post_copy_migration_whose_stream_breaks_is_recovered_and_succeeds() -> anyh
     assert!(qemu_in(&src).is_none(), "one QEMU: the source's is gone");
     let v = c.get_json(&["vmi", "mig"])?;
     assert_eq!(v["status"]["phase"], "Running", "{}", v["status"]);
-    Ok(())
+    Ok(true)
 }
