@@ -159,8 +159,9 @@ pub fn check_disjoint(ranges: &[(&str, Ipv4Cidr)]) -> Result<()> {
     Ok(())
 }
 
-/// FNV-1a over `parts`, each followed by a zero byte separator (except the last).
-fn fnv1a(parts: &[&str]) -> u64 {
+/// FNV-1a over `parts`, each followed by a zero byte separator (except the last): a stable
+/// spread of names over address ranges (also the controller's UDN addresses and VNIs).
+pub fn fnv1a(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for (i, p) in parts.iter().enumerate() {
         let sep: &[u8] = if i + 1 < parts.len() { &[0] } else { &[] };

@@ -546,14 +546,14 @@ fn addresses(ips: &[String]) -> impl Iterator<Item = IpAddr> + '_ {
         .filter_map(|s| s.split('/').next()?.parse::<IpAddr>().ok())
 }
 
-/// FNV-1a, 64 bits: a stable spread of names over address and VNI ranges.
+/// FNV-1a, 64 bits, of one name: a stable spread of names over address and VNI ranges
+/// (the pod network's, [`ferrovirt_network::ipam::fnv1a`], with one part).
 fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    ferrovirt_network::ipam::fnv1a(&[s])
 }
 
-/// The usable host range of a subnet as (first, count): IPv4 without network and broadcast
+/// The usable host range of a subnet as (first, count) (IPv4 and IPv6, where
+/// `ferrovirt_network::ipam::Ipv4Cidr` is IPv4 only): IPv4 without network and broadcast
 /// addresses up to /30, IPv6 without the subnet-router anycast address; /31, /32 and /127,
 /// /128 as they are.
 fn host_range(s: &IpNet) -> (u128, u128) {

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -21,7 +22,7 @@ use super::{CreatedCondition, NadAction, Observed, Owner, decide, selects, vmi_u
 use crate::error::ControllerError;
 use crate::runtime::events::{EventRecorder, object_ref};
 use crate::runtime::resources::resource_wrapper;
-use crate::runtime::stores::{Kind, Stores};
+use crate::runtime::stores::{Changed, Kind, Stores};
 use crate::runtime::watched::watched_store;
 
 resource_wrapper!(
@@ -42,6 +43,32 @@ resource_wrapper!(
 );
 
 const RESYNC: Duration = Duration::from_secs(30);
+
+/// Which changes of the shared caches wake the loop (bits over [`Kind::Vmi`] and
+/// [`Kind::Node`]): with no network nothing of a VMI is decided, and Node changes matter only
+/// to Layer3 networks' host subnets. Network, namespace, NAD and claim changes always wake it.
+struct Interest;
+
+impl Interest {
+    const VMIS: u8 = 1;
+    const NODES: u8 = 2;
+    const ALL: u8 = Self::VMIS | Self::NODES;
+
+    /// `any`: a UDN or CUDN exists (its users, which hold its deletion, are VMIs);
+    /// `networks`: those that allocate addresses.
+    fn of(any: bool, networks: &[ipam::Network]) -> u8 {
+        match (any, networks.iter().any(|n| n.layer3())) {
+            (false, _) => 0,
+            (true, false) => Self::VMIS,
+            (true, true) => Self::ALL,
+        }
+    }
+
+    fn wakes(interest: u8, c: &Changed) -> bool {
+        (interest & Self::VMIS != 0 && c.contains(Kind::Vmi))
+            || (interest & Self::NODES != 0 && c.contains(Kind::Node))
+    }
+}
 
 /// Runs the controller until one of its watches ends.
 pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerError> {
@@ -68,9 +95,15 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     let mut recent_nodes: BTreeMap<String, (Option<String>, ipam::NodeSubnets)> = BTreeMap::new();
     let mut changes = stores.changes();
     let w = wake.clone();
+    // Which cached kinds wake a pass (`Interest`), decided by the last pass: VMI changes
+    // matter only while a network exists, Node changes only while a Layer3 one does.
+    let interest = Arc::new(AtomicU8::new(Interest::ALL));
+    let heed = interest.clone();
     let follow = async move {
-        while changes.next_batch(&[Kind::Vmi, Kind::Node]).await.is_some() {
-            w.notify_one();
+        while let Some(c) = changes.next_batch(&[Kind::Vmi, Kind::Node]).await {
+            if Interest::wakes(heed.load(Ordering::Relaxed), &c) {
+                w.notify_one();
+            }
         }
     };
     let work = async {
@@ -99,6 +132,9 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                 })
                 .collect();
             let mut networks = Vec::new();
+            // Every network that exists, by its NAD network name (Layer3 node subnets of
+            // networks not in here are dropped).
+            let mut known = BTreeSet::new();
             for u in &udn_list {
                 let ns = u.0.metadata.namespace.clone().unwrap_or_default();
                 let owner = Owner {
@@ -106,6 +142,7 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     meta: &u.0.metadata,
                     config: u.0.spec.as_ref().and_then(|s| s.config()),
                 };
+                known.insert(owner.network_name());
                 let targets = BTreeSet::from([ns]);
                 if !ensure_vni(&client, &owner, &mut vnis).await {
                     continue;
@@ -136,6 +173,7 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     })
                     .filter_map(|n| n.metadata.name.clone())
                     .collect();
+                known.insert(owner.network_name());
                 if !ensure_vni(&client, &owner, &mut vnis).await {
                     continue;
                 }
@@ -158,19 +196,10 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
             let claim_list = claims.state();
             let claim_refs: Vec<&IPAMClaim> = claim_list.iter().map(|c| &c.0).collect();
             prune_recent(&mut recent, &vmis);
-            let known: BTreeSet<String> = udn_list
-                .iter()
-                .map(|u| {
-                    let ns = u.0.metadata.namespace.as_deref().unwrap_or_default();
-                    format!("{ns}_{}", u.0.metadata.name.as_deref().unwrap_or_default())
-                })
-                .chain(cudn_list.iter().map(|c| {
-                    format!(
-                        "cluster_udn_{}",
-                        c.0.metadata.name.as_deref().unwrap_or_default()
-                    )
-                }))
-                .collect();
+            interest.store(
+                Interest::of(!udn_list.is_empty() || !cudn_list.is_empty(), &networks),
+                Ordering::Relaxed,
+            );
             let node_subnets =
                 layer3_node_subnets(&client, &stores, &networks, &known, &mut recent_nodes).await;
             let actions = ipam::decide(ipam::Inputs {
@@ -612,4 +641,38 @@ async fn layer3_node_subnets(
         }
     }
     current
+}
+
+#[cfg(test)]
+mod interest_tests {
+    use super::*;
+
+    fn net(layer3: bool) -> ipam::Network {
+        ipam::Network {
+            network: "ua_net".into(),
+            nad_name: "net".into(),
+            namespaces: BTreeSet::from(["ua".to_string()]),
+            role: ferrovirt_api::udn::Role::Primary,
+            subnets: vec!["10.100.0.0/16".parse().unwrap()],
+            exclude: Vec::new(),
+            gateway: true,
+            persistent: false,
+            host_prefixes: if layer3 { vec![24] } else { Vec::new() },
+        }
+    }
+
+    #[test]
+    fn vmis_wake_only_while_a_network_exists_nodes_only_for_layer3() {
+        assert_eq!(Interest::of(false, &[]), 0);
+        assert_eq!(
+            Interest::of(true, &[]),
+            Interest::VMIS,
+            "a network without IPAM"
+        );
+        assert_eq!(Interest::of(true, &[net(false)]), Interest::VMIS);
+        assert_eq!(Interest::of(true, &[net(false), net(true)]), Interest::ALL);
+        assert!(!Interest::wakes(0, &Changed::everything()));
+        assert!(Interest::wakes(Interest::VMIS, &Changed::everything()));
+        assert!(!Interest::wakes(Interest::ALL, &Changed::default()));
+    }
 }
