@@ -233,10 +233,7 @@ fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
         "-p",
         r#"{"spec":{"runStrategy":"Halted"}}"#,
     ])?;
-    c.wait_until("vm1's VMI gone", T, || {
-        let out = c.kubectl(&["get", "vmi", "vm1", "-n", "udn-a"])?;
-        Ok((!out.status.success()).then_some(()))
-    })?;
+    c.wait_gone_in("udn-a", "vmi", "vm1", T)?;
     c.kubectl_ok(&[
         "patch",
         "vm",
@@ -262,10 +259,7 @@ fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
     )?;
     // Deleting the VMs deletes their claims (owner references).
     c.kubectl_ok(&["delete", "vm", "vm1", "vm2", "-n", "udn-a"])?;
-    c.wait_until("vm1's claim gone", T, || {
-        let out = c.kubectl(&["get", "ipamclaims", "vm1.default", "-n", "udn-a"])?;
-        Ok((!out.status.success()).then_some(()))
-    })?;
+    c.wait_gone_in("udn-a", "ipamclaims", "vm1.default", T)?;
 
     // A Layer3 network: every node gets a host subnet of it (k8s.ovn.org/node-subnets),
     // dropped when the network is gone.
@@ -321,10 +315,7 @@ fn user_defined_networks_through_the_api() -> anyhow::Result<()> {
         "the NAD went while in use"
     );
     c.kubectl_ok(&["delete", "vmi", "user", "-n", "udn-a"])?;
-    c.wait_until("the UDN gone", T, || {
-        let out = c.kubectl(&["get", "udn", "tenant", "-n", "udn-a"])?;
-        Ok((!out.status.success()).then_some(()))
-    })?;
+    c.wait_gone_in("udn-a", "udn", "tenant", T)?;
     c.wait_until("the UDN's NAD gone", T, || {
         Ok(nad(&c, "udn-a", "tenant")?.is_none().then_some(()))
     })?;

@@ -656,8 +656,19 @@ impl Cluster {
 
     /// Waits until `kubectl get KIND NAME -n default` finds nothing.
     pub fn wait_gone(&self, kind: &str, name: &str, timeout: Duration) -> anyhow::Result<()> {
-        self.wait_until(&format!("{kind} {name} gone"), timeout, || {
-            let out = self.kubectl(&["get", kind, name, "-n", "default"])?;
+        self.wait_gone_in("default", kind, name, timeout)
+    }
+
+    /// Waits until `kubectl get KIND NAME -n NS` finds nothing.
+    pub fn wait_gone_in(
+        &self,
+        ns: &str,
+        kind: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        self.wait_until(&format!("{kind} {ns}/{name} gone"), timeout, || {
+            let out = self.kubectl(&["get", kind, name, "-n", ns])?;
             Ok((!out.status.success()).then_some(()))
         })
     }
