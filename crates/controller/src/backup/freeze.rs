@@ -53,7 +53,9 @@ async fn put(client: &kube::Client, path: &str, body: Value) -> Result<(), Strin
     }
 }
 
-/// The running VMIs (phase Running, with a node) among `vms`, in that order.
+/// The running VMIs (phase Running, with a node) among `vms`, in that order: the guests that
+/// can be frozen or run a command. A backup reads every *live* VM (not finished) through an
+/// online snapshot (`loops::collect`), a wider set.
 pub(super) async fn running(
     client: &kube::Client,
     ns: &str,

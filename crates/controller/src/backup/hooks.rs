@@ -102,6 +102,9 @@ impl Guests<'_> {
         (vms.len(), Ok(()))
     }
 
+    /// Runs one command through the VMI's node agent. The Node is read for each command (at
+    /// most two per VM and backup): its published agent endpoint is then never stale, e.g.
+    /// after an agent restart between the pre and the post command.
     async fn run_one(&self, r: &Running, command: &[String], what: &str) -> Result<(), String> {
         let ns = self.ns;
         let fail = |e: String| format!("{what} in VirtualMachine {ns}/{}: {e}", r.vm);

@@ -173,7 +173,15 @@ async fn reconcile(obj: Arc<BackupRun>, ctx: Arc<Ctx>) -> Result<Action, Control
     let task_ctx = ctx.clone();
     tokio::spawn(async move {
         let t0 = std::time::Instant::now();
-        let result = carry_out(&task_ctx, &ns, &name, &spec, &backup_name, &owner).await;
+        let job = Job {
+            ctx: &task_ctx,
+            ns: &ns,
+            name: &name,
+            spec: &spec,
+            backup_name: &backup_name,
+            owner: &owner,
+        };
+        let result = carry_out(&job).await;
         let secs = t0.elapsed().as_secs_f64();
         let (status, warning, reason, msg) = match result {
             Ok(mut st) => {
@@ -282,13 +290,18 @@ where
 /// `(vm, snapshot)` is pushed onto `snapshots` for the caller to keep or delete. Each claim's
 /// backup point (or why there is none) comes with it.
 async fn collect(
-    client: &kube::Client,
-    ns: &str,
-    spec: &BackupSpec,
-    owner: &OwnerReference,
-    backup_name: &str,
+    job: &Job<'_>,
     snapshots: &mut Taken,
 ) -> Result<(Vec<Value>, Vec<Value>, Vec<Source>), String> {
+    let Job {
+        ctx,
+        ns,
+        spec,
+        owner,
+        backup_name,
+        ..
+    } = *job;
+    let client = &ctx.client;
     let vms: Api<Vm> = Api::namespaced(client.clone(), ns);
     let vmis: Api<Vmi> = Api::namespaced(client.clone(), ns);
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
@@ -309,7 +322,11 @@ async fn collect(
         let vm = get_json(&vms, name)
             .await?
             .ok_or_else(|| format!("VirtualMachine {ns}/{name} ({field}) not found"))?;
-        let running = vmis
+        // Live: the VMI exists and has not finished, so its disks may be written (also while
+        // it is still scheduled or starting): they are read through an online snapshot.
+        // Narrower than `freeze::running` (phase Running, on a node: a guest to freeze or to
+        // run a command in).
+        let live = vmis
             .get_opt(name)
             .await
             .map_err(|e| e.to_string())?
@@ -327,7 +344,7 @@ async fn collect(
             incremental::find_point(client, ns, name, &spec.target, &own).await
         };
         // A running VM is read through its online snapshot, never while it writes.
-        let frozen = if running && !refs.claims.is_empty() {
+        let frozen = if live && !refs.claims.is_empty() {
             let dest = online::Destination {
                 target: &spec.target,
                 backup_name,
@@ -571,20 +588,22 @@ async fn open_incremental(
 /// `preFreezeCommand` in every running guest first, a `Group` freeze around the snapshots,
 /// `postThawCommand` after them (also when they failed).
 async fn snapshot_phase(
-    ctx: &Ctx,
-    ns: &str,
-    name: &str,
-    spec: &BackupSpec,
-    owner: &OwnerReference,
-    backup_name: &str,
+    job: &Job<'_>,
     snapshots: &mut Taken,
 ) -> Result<(Vec<Value>, Vec<Value>, Vec<Source>), String> {
+    let Job {
+        ctx,
+        ns,
+        name,
+        spec,
+        ..
+    } = *job;
     let c = spec.consistency.as_ref();
     let hold = ConsistencyOpts::group_hold(c);
     let pre = c.and_then(|c| c.pre_freeze_command.as_deref());
     let post = c.and_then(|c| c.post_thaw_command.as_deref());
     if hold.is_none() && pre.is_none() && post.is_none() {
-        return collect(&ctx.client, ns, spec, owner, backup_name, snapshots).await;
+        return collect(job, snapshots).await;
     }
     let running = freeze::running(&ctx.client, ns, &spec.virtual_machines).await?;
     let guests = hooks::Guests {
@@ -602,10 +621,10 @@ async fn snapshot_phase(
             r?;
         }
         let Some(hold) = hold else {
-            return collect(&ctx.client, ns, spec, owner, backup_name, snapshots).await;
+            return collect(job, snapshots).await;
         };
         let held = freeze::freeze_all(&ctx.client, ns, &running, hold).await?;
-        let collected = collect(&ctx.client, ns, spec, owner, backup_name, snapshots).await;
+        let collected = collect(job, snapshots).await;
         let thawed = freeze::thaw_all(&ctx.client, ns, held).await;
         let _ = patch_status(ctx, ns, name, json!({"freeze": thawed.status})).await;
         let collected = collected?;
@@ -633,14 +652,29 @@ async fn snapshot_phase(
     collected
 }
 
-async fn carry_out(
-    ctx: &Ctx,
-    ns: &str,
-    name: &str,
-    spec: &BackupSpec,
-    backup_name: &str,
-    owner: &OwnerReference,
-) -> Result<Value, String> {
+/// One Backup being carried out: what each of its steps reads.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    ctx: &'a Ctx,
+    ns: &'a str,
+    /// The Backup object's name.
+    name: &'a str,
+    spec: &'a BackupSpec,
+    /// The backup's name in the repository.
+    backup_name: &'a str,
+    /// The Backup, owner of the online snapshots taken for it.
+    owner: &'a OwnerReference,
+}
+
+async fn carry_out(job: &Job<'_>) -> Result<Value, String> {
+    let Job {
+        ctx,
+        ns,
+        name,
+        spec,
+        backup_name,
+        ..
+    } = *job;
     let target = resolve_target(&ctx.client, &spec.target).await?;
     let key = read_key(
         &ctx.client,
@@ -651,8 +685,7 @@ async fn carry_out(
     .await?;
     let mut snapshots = Vec::new();
     let result = async {
-        let (vms, objects, sources) =
-            snapshot_phase(ctx, ns, name, spec, owner, backup_name, &mut snapshots).await?;
+        let (vms, objects, sources) = snapshot_phase(job, &mut snapshots).await?;
         let repo = Repository::open(&target, &key, Create::IfMissing)
             .await
             .map_err(|e| format!("target {}: {e}", spec.target))?;
