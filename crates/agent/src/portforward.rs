@@ -49,6 +49,31 @@ pub fn pod_target(plan: &PodPlan) -> PodTarget {
     }
 }
 
+/// Where the guest of a plan on a Primary user-defined network is reached: from the network's
+/// namespace on this node, where the node's gateway of the network holds an address (a
+/// Layer3 network always; a Layer2 one when the node gives it a gateway), at the guest's
+/// address. The connection comes from the gateway's address, which only this node answers
+/// (Layer2's gateway is anycast, but the guest runs here). Without a gateway address there is
+/// nothing to connect from: the reason.
+pub fn udn_target(plan: &PodPlan) -> Result<PodTarget, String> {
+    let Some(udn) = &plan.udn else {
+        return Ok(pod_target(plan));
+    };
+    if udn.layer3 || udn.gateway.is_some() {
+        Ok(PodTarget {
+            netns: Some(udn.netns.clone()),
+            addr: plan.address,
+        })
+    } else {
+        Err(format!(
+            "port-forward to a VMI on the user-defined network {:?}: the network has no gateway \
+             on this node (its agent runs without --uplink), so there is no address on the node \
+             to connect from",
+            udn.name
+        ))
+    }
+}
+
 /// A failed dial: the HTTP status to answer and the message.
 pub type DialError = (StatusCode, String);
 
@@ -67,13 +92,10 @@ pub fn parse_port(port: &str, protocol: Option<&str>) -> Result<u16, String> {
 /// Connects to TCP `port` of the guest of VMI `uid`.
 pub async fn dial(cfg: &LauncherConfig, uid: &str, port: u16) -> Result<TcpStream, DialError> {
     match crate::launchers::read_network_plan(&cfg.vmi_dir(uid)) {
-        Some(plan) if plan.udn.is_some() => Err((
-            StatusCode::BAD_REQUEST,
-            "port-forward to a VMI on a Primary UserDefinedNetwork is not carried out yet (the \
-             network has no address on the node to connect from)"
-                .into(),
-        )),
-        Some(plan) => dial_in_netns(pod_target(&plan), port).await,
+        Some(plan) => match udn_target(&plan) {
+            Ok(t) => dial_in_netns(t, port).await,
+            Err(e) => Err((StatusCode::BAD_REQUEST, e)),
+        },
         None => dial_user_net(cfg, uid, port).await,
     }
 }
@@ -172,5 +194,41 @@ mod tests {
         let t = pod_target(&plan);
         assert_eq!(t.netns.as_deref(), Some("node-a"));
         assert_eq!(t.addr, plan.address);
+        assert_eq!(
+            udn_target(&plan),
+            Ok(t),
+            "not on a UDN: the pod network's target"
+        );
+    }
+
+    #[test]
+    fn udn_guests_are_reached_from_the_networks_namespace_when_it_has_a_gateway() {
+        let cfg = ferrovirt_network::udn::parse_nad_config(
+            r#"{"name": "ua_net", "topology": "layer2", "role": "primary", "subnets": "10.100.0.0/24"}"#,
+        )
+        .unwrap();
+        let mut net =
+            ferrovirt_network::udn::UdnNetwork::from_nad(&cfg, 12345, Some("node-a"), None)
+                .unwrap();
+        let ipam = ferrovirt_network::Ipam::default();
+        let node = ferrovirt_network::NodeNetwork::new(ipam, ipam.node_subnet(3).unwrap());
+        let req = ferrovirt_network::PodRequest::new("u1", "ua", "vm", Binding::Bridge);
+        let mut plan = PodPlan::build(&node, &req).unwrap();
+        plan.address = Ipv4Addr::new(10, 100, 0, 7);
+        plan.udn = Some(net.clone());
+        let e = udn_target(&plan).unwrap_err();
+        assert!(e.contains("\"ua_net\"") && e.contains("--uplink"), "{e}");
+        net.layer3 = true;
+        plan.udn = Some(net.clone());
+        let t = udn_target(&plan).unwrap();
+        assert_eq!(t.netns.as_deref(), Some(net.netns.as_str()));
+        assert_eq!(t.addr, Ipv4Addr::new(10, 100, 0, 7));
+        net.layer3 = false;
+        net.gateway = Some(ferrovirt_network::udn::UdnGateway {
+            address: Ipv4Addr::new(10, 100, 0, 1),
+            uplink: "eth0".into(),
+        });
+        plan.udn = Some(net.clone());
+        assert_eq!(udn_target(&plan).unwrap(), t);
     }
 }
