@@ -20,9 +20,11 @@
 //! `ipv4.dhcp: true` runs a DHCP client for the interface ([`dhcp`]): started (or adopted)
 //! after the steps, the enactment waits for its first lease within the probe window and
 //! fails naming the interface when none comes; `dhcp: false`, `enabled: false` or `absent`
-//! stop it (releasing the lease). `dns-resolver.config` writes the node's resolver file
-//! ([`resolver`]). Both are undone with the rest on rollback: clients this apply started are
-//! stopped, those it stopped are started again, the resolver file gets its previous content.
+//! stop it (releasing the lease) before the steps run, while the interface still exists.
+//! `dns-resolver.config` writes the node's resolver file ([`resolver`]). Both are undone with
+//! the rest on rollback: clients this apply started are stopped before the interfaces are
+//! restored, those it stopped are started again after, the resolver file gets its previous
+//! content.
 //!
 //! OVN bridge mappings of applied policies are kept in `DATA_DIR/nmstate-bridge-mappings.json`
 //! and reported in the NodeNetworkState (`ovn.bridge-mappings`).
@@ -474,10 +476,26 @@ impl Nmstate {
         let desired = api::validate::parse_desired(desired_v)
             .map_err(|e| format!("{}: {}", e.field, e.message))?;
         let netns = &self.opts.netns;
-        let checkpoint = read(netns).await.map_err(|e| e.to_string())?;
-        let steps = plan::plan(&checkpoint, &desired)?;
-        tracing::info!(steps = ?steps.iter().map(|s| s.line()).collect::<Vec<_>>(), "nmstate apply");
         let mut undo = Undo::default();
+        // Clients to stop go first, while their interfaces still exist (an `absent` one is
+        // deleted by the steps): the lease is released on the wire, and the checkpoint and
+        // the plan are read without it.
+        self.stop_dhcp(&desired, &mut undo).await;
+        let planned = match read(netns).await {
+            Err(e) => Err(e.to_string()),
+            Ok(checkpoint) => plan::plan(&checkpoint, &desired).map(|s| (checkpoint, s)),
+        };
+        let (checkpoint, steps) = match planned {
+            Ok(p) => p,
+            Err(e) => {
+                self.undo_started(&undo).await;
+                if let Err(u) = self.undo_rest(undo).await {
+                    tracing::warn!(error = %u, "nmstate: restarting the stopped DHCP clients");
+                }
+                return Err(e);
+            }
+        };
+        tracing::info!(steps = ?steps.iter().map(|s| s.line()).collect::<Vec<_>>(), "nmstate apply");
         let failure = match run_steps(netns, &steps).await {
             Err(e) => format!("applying failed at {e}"),
             Ok(()) => match self.carry_out(&desired, &mut undo).await {
@@ -494,7 +512,9 @@ impl Nmstate {
                 },
             },
         };
-        let undone = self.undo(undo).await;
+        // The clients this policy started stop before the interfaces go back; those it
+        // stopped start again once they are back.
+        self.undo_started(&undo).await;
         let back = plan::restore_state(&checkpoint, &desired);
         let rolled = match read(netns).await {
             Err(e) => Err(e.to_string()),
@@ -507,6 +527,7 @@ impl Nmstate {
                 }
             },
         };
+        let undone = self.undo_rest(undo).await;
         let rolled = rolled.and(undone);
         match rolled {
             Ok(()) => {
@@ -524,8 +545,8 @@ impl Nmstate {
         }
     }
 
-    /// The resolver and the DHCP clients of a desired state, recorded in `undo`; waits for
-    /// each started client's first lease within the probe window.
+    /// The resolver and the DHCP clients a desired state starts, recorded in `undo`; waits
+    /// for each started client's first lease within the probe window.
     async fn carry_out(&self, desired: &DesiredState, undo: &mut Undo) -> Result<(), String> {
         if let Some(d) = &desired.dns_resolver {
             let p = self.resolv_path();
@@ -536,25 +557,14 @@ impl Nmstate {
         let deadline = Instant::now() + self.opts.probe_timeout;
         let changes = plan::dhcp_changes(desired);
         for (iface, want) in &changes {
-            match want {
-                None => {
-                    let was = self.dhcp.running(iface).is_some();
-                    if let Some(o) = self.dhcp.stop(iface).await
-                        && was
-                    {
-                        undo.stopped.push((iface.clone(), o));
-                    }
-                }
-                Some(o) => {
-                    if self
-                        .dhcp
-                        .start(iface, *o)
-                        .await
-                        .map_err(|e| format!("DHCP on {iface}: {e}"))?
-                    {
-                        undo.started.push(iface.clone());
-                    }
-                }
+            if let Some(o) = want
+                && self
+                    .dhcp
+                    .start(iface, *o)
+                    .await
+                    .map_err(|e| format!("DHCP on {iface}: {e}"))?
+            {
+                undo.started.push(iface.clone());
             }
         }
         for (idx, (iface, want)) in changes.iter().enumerate() {
@@ -574,11 +584,32 @@ impl Nmstate {
         Ok(())
     }
 
-    /// Undoes what [`carry_out`](Self::carry_out) did.
-    async fn undo(&self, undo: Undo) -> Result<(), String> {
+    /// Stops the DHCP clients the desired state turns off (`dhcp: false`, an interface
+    /// `absent` or `down`), recorded in `undo` to be started again on a rollback.
+    async fn stop_dhcp(&self, desired: &DesiredState, undo: &mut Undo) {
+        for (iface, want) in plan::dhcp_changes(desired) {
+            if want.is_none() {
+                let was = self.dhcp.running(&iface).is_some();
+                if let Some(o) = self.dhcp.stop(&iface).await
+                    && was
+                {
+                    undo.stopped.push((iface, o));
+                }
+            }
+        }
+    }
+
+    /// Stops the DHCP clients [`carry_out`](Self::carry_out) started (first part of a
+    /// rollback, before the interfaces are restored).
+    async fn undo_started(&self, undo: &Undo) {
         for iface in &undo.started {
             self.dhcp.stop(iface).await;
         }
+    }
+
+    /// Starts again the DHCP clients [`stop_dhcp`](Self::stop_dhcp) stopped and restores the
+    /// resolver file (last part of a rollback, once the interfaces are back).
+    async fn undo_rest(&self, undo: Undo) -> Result<(), String> {
         for (iface, o) in &undo.stopped {
             if let Err(e) = self.dhcp.start(iface, *o).await {
                 tracing::warn!(iface, error = %e, "nmstate rollback: restarting a DHCP client");
