@@ -28,6 +28,9 @@ use serde_json::{Value, json};
 
 use super::plan::DhcpOpts;
 
+/// A client's log is started afresh at its next start once it is larger than this.
+const LOG_LIMIT: u64 = 1 << 20;
+
 /// The event script (udhcpc runs it with the event as `$1` and the lease in the environment).
 const SCRIPT: &str = r#"#!/bin/sh
 # Written by ferrovirt-agent (nmstate DHCP): udhcpc events for one node interface.
@@ -193,10 +196,15 @@ impl Dhcp {
             std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| io("the udhcpc script", e))?;
         }
+        // The client's log, started afresh once it passed LOG_LIMIT (restarts append to it).
+        let log_path = self.file(iface, "log");
+        let full = std::fs::metadata(&log_path).is_ok_and(|m| m.len() > LOG_LIMIT);
         let log = std::fs::OpenOptions::new()
             .create(true)
-            .append(true)
-            .open(self.file(iface, "log"))
+            .append(!full)
+            .write(true)
+            .truncate(full)
+            .open(&log_path)
             .map_err(|e| io("the DHCP log", e))?;
         let pidfile = self.file(iface, "pid");
         let mut argv: Vec<String> = Vec::new();
@@ -297,14 +305,32 @@ impl Dhcp {
 
     /// Restarts the wanted clients that do not run (after an agent restart, or a client that
     /// died); a running one is left alone.
+    /// An interface deleted outside any policy is skipped until it exists again (its client
+    /// would only die again).
     pub async fn ensure_all(&self) {
         for (iface, opts) in self.wanted() {
-            if self.running(&iface).is_none()
-                && let Err(e) = self.start(&iface, opts).await
-            {
+            if self.running(&iface).is_some() || !self.exists(&iface).await {
+                continue;
+            }
+            if let Err(e) = self.start(&iface, opts).await {
                 tracing::warn!(iface, error = %e, "nmstate: restarting a DHCP client");
             }
         }
+    }
+
+    /// Whether `iface` exists in the node's namespace (`ip link show`).
+    async fn exists(&self, iface: &str) -> bool {
+        let mut cmd = tokio::process::Command::new("ip");
+        if let Some(n) = &self.netns {
+            cmd.args(["-n", n]);
+        }
+        cmd.args(["link", "show", "dev", iface])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .is_ok_and(|s| s.success())
     }
 }
 
