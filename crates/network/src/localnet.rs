@@ -225,6 +225,7 @@ pub fn lease(
         lease_secs: crate::plan::DEFAULT_LEASE_SECS,
         hostname: (!hostname.is_empty()).then(|| hostname.to_string()),
         mtu: Some(mtu),
+        routes: Vec::new(),
     }
 }
 
