@@ -8,7 +8,9 @@
 //! node with an uplink the network has a gateway ([`gateway_steps`]: the subnet's first
 //! address on the bridge, egress through a transit veth and NAT). Isolation between two
 //! networks, even with the same subnet, comes from the separate namespaces and VNIs: nothing
-//! routes between them.
+//! routes between them. Layer3 networks (Primary and Secondary) are built here too, routed by
+//! [`crate::udn_l3`]; a Primary Layer3 network's egress is [`gateway_steps`]' without the
+//! anycast part.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;

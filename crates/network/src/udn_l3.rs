@@ -1,4 +1,4 @@
-//! Primary Layer3 user-defined networks (pure; docs/networking.md "Primary Layer3 data
+//! Layer3 user-defined networks, Primary and Secondary (pure; docs/networking.md "Layer3 data
 //! plane"). A Layer3 network is split per node: the controller writes each node's host subnet
 //! of each network into the Node annotation [`NODE_SUBNETS_ANNOTATION`] (OVN-K's shape,
 //! `{"<network>": ["10.150.1.0/24"]}`). On a node the network's namespace (`fvn-…`, as for
@@ -8,7 +8,10 @@
 //! subnets ([`crate::overlay::sync_actions`] is reused by [`route_sync`]: a route per peer's
 //! host subnet via the subnet's network address `onlink`, a permanent neighbour entry with the
 //! peer's VTEP MAC — per network and node, [`vtep_name`] — and an FDB entry sending that MAC
-//! to the peer's underlay address).
+//! to the peer's underlay address); the rest of the network's subnet ([`network_cidr`]) is
+//! unreachable there. A Primary network's egress is [`crate::udn::gateway_steps`] (on nodes
+//! with an uplink); a Secondary network's interface gets no router but a classless static
+//! route for the network via the node's gateway ([`secondary_lease`]).
 
 use std::net::Ipv4Addr;
 
