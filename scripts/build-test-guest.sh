@@ -301,6 +301,16 @@ case "$1" in
     if [ -n "$router" ]; then
       for r in $router; do ip route add default via "$r" dev "$interface" && break; done
     fi
+    # Classless static routes (option 121), exported by udhcpc as "net/len gw net/len gw ...".
+    set -- $staticroutes
+    while [ $# -ge 2 ]; do
+      if [ "$2" = 0.0.0.0 ]; then
+        ip route replace "$1" dev "$interface"
+      else
+        ip route replace "$1" via "$2" dev "$interface"
+      fi
+      shift 2
+    done
     : >/etc/resolv.conf
     for d in $dns; do echo "nameserver $d" >>/etc/resolv.conf; done
     echo "FERROVIRT-DHCP $interface ip=$ip/${mask:-24} router=$router" >/dev/console

@@ -80,8 +80,9 @@ pub struct Attachment {
     pub exec_prefix: Vec<String>,
     /// The Primary user-defined network the pod interface is on, if any.
     pub primary_udn: Option<String>,
-    /// That network is Layer3 (its addresses belong to this node: not live-migratable).
-    pub primary_udn_layer3: bool,
+    /// A Layer3 network an interface is on (its addresses belong to this node: the VMI is
+    /// not live-migratable).
+    pub layer3_udn: Option<String>,
 }
 
 /// The explicit MAC addresses (`macAddress`) of `vmi`'s interfaces, normalized.
@@ -589,7 +590,7 @@ impl AgentNet {
             if let Some(net) = &plan.udn {
                 self.ensure_udn(net).await?;
                 out.primary_udn = Some(net.name.clone());
-                out.primary_udn_layer3 = net.layer3;
+                out.layer3_udn = net.layer3.then(|| net.name.clone());
             }
             let attached = ferrovirt_network::setup(&plan).await.map_err(net_err)?;
             out.taps.insert(
@@ -636,23 +637,13 @@ impl AgentNet {
                 .map_err(|e| in_nad(&e))?
             {
                 secondary::NadAttach::Bridge(b, ipam) => (b, ipam, None),
-                secondary::NadAttach::Layer2(c) => {
+                secondary::NadAttach::Udn(c) => {
                     let vni = secondary::wait_vni(&nad_api, &s.nad_name, &nad)
                         .await
                         .map_err(|e| in_nad(&e))?;
-                    let local = self.opts.as_ref().and_then(|o| o.node_ip);
-                    let net = ferrovirt_network::udn::UdnNetwork::from_secondary_nad(
-                        &c,
-                        vni,
-                        node.netns.as_deref(),
-                        local,
-                    )
-                    .map_err(|e| in_nad(&e))?;
-                    let b = ferrovirt_network::BridgeConfig {
-                        bridge: ferrovirt_network::udn::BRIDGE.into(),
-                        vlan: None,
-                        mtu: Some(net.mtu),
-                    };
+                    let net = self.secondary_udn(client, vmi, &c, vni, node).await;
+                    let (b, net) = net.map_err(|e| in_nad(&e))?;
+                    out.layer3_udn = out.layer3_udn.or(net.layer3.then(|| net.name.clone()));
                     (b, !c.subnets.is_empty(), Some(net))
                 }
             };
@@ -675,9 +666,13 @@ impl AgentNet {
                     .await
                     .map_err(|e| in_nad(&e))?;
                 let (_, name) = ns_name(vmi);
-                plan.lease = Some(ferrovirt_network::localnet::lease(
-                    address, subnet, s.mac, plan.mtu, &name,
-                ));
+                let mut l =
+                    ferrovirt_network::localnet::lease(address, subnet, s.mac, plan.mtu, &name);
+                if let Some(net) = &plan.udn {
+                    ferrovirt_network::udn_l3::secondary_lease(net, &mut l)
+                        .map_err(|e| in_nad(&e))?;
+                }
+                plan.lease = Some(l);
             }
             plan.netns = match &pod_netns {
                 Some(n) => n.clone(),

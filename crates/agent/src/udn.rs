@@ -173,13 +173,13 @@ pub fn migratable_view(vmi: &VirtualMachineInstance) -> VirtualMachineInstance {
     serde_json::from_value(v).unwrap_or_else(|_| vmi.clone())
 }
 
-/// A VMI on a Primary Layer3 network never live-migrates: its address is from its node's
-/// host subnet, which the target node does not route.
+/// A VMI on a Layer3 network (Primary or Secondary) never live-migrates: its address is from
+/// its node's host subnet, which the target node does not route.
 pub fn layer3_not_migratable(network: &str) -> ferrovirt_api::migration::NotMigratable {
     ferrovirt_api::migration::NotMigratable {
         reason: ferrovirt_api::migration::reason::INTERFACE_NOT_LIVE_MIGRATABLE,
         message: format!(
-            "cannot migrate VMI: its pod network is the Layer3 user-defined network {network}, \
+            "cannot migrate VMI: an interface is on the Layer3 user-defined network {network}, \
              whose addresses belong to the node (its host subnet)"
         ),
     }

@@ -1,5 +1,5 @@
-//! The node side of user-defined networks (Primary, and Secondary Layer2 ones named as
-//! Multus networks) (docs/networking.md "User-defined
+//! The node side of user-defined networks (Primary, and Secondary Layer2 and Layer3 ones
+//! named as Multus networks) (docs/networking.md "User-defined
 //! networks"): [`AgentNet`]'s per-network namespaces (made when the first VMI of a network
 //! starts on the node, their head-end replication kept equal to the overlay peers, removed
 //! when no VMI of the node uses the network any more and, at agent start, when left over).
@@ -85,7 +85,7 @@ pub fn vmi_plan(
 impl AgentNet {
     /// The VMI's Primary UDN, if its namespace has one ([`crate::udn::resolve`]); a node with
     /// an uplink gives the network its gateway (the subnet's first address, which the
-    /// controller never hands out).
+    /// controller never hands out; a Layer3 network's host subnet's) and egress.
     pub(crate) async fn primary_udn(
         &self,
         client: &kube::Client,
@@ -94,9 +94,7 @@ impl AgentNet {
     ) -> Result<Option<crate::udn::PrimaryUdn>, AgentError> {
         let local = self.opts.as_ref().and_then(|o| o.node_ip);
         let mut u = crate::udn::resolve(client, vmi, node.netns.as_deref(), local).await?;
-        if let (Some(u), Some(up)) = (u.as_mut(), node.uplink.as_ref())
-            && !u.network.layer3
-        {
+        if let (Some(u), Some(up)) = (u.as_mut(), node.uplink.as_ref()) {
             u.network.gateway = Some(ferrovirt_network::udn::UdnGateway {
                 address: u.network.subnet.gateway(),
                 uplink: up.clone(),
@@ -105,8 +103,34 @@ impl AgentNet {
         Ok(u)
     }
 
+    /// A VMI's Secondary UDN from its NAD's config `c` and VNI, with the host bridge of its
+    /// interface (the network's bridge, its MTU). Layer3: waits (bounded by
+    /// [`crate::udn::ANNOTATION_WAIT`], reading the Node again) for this node's host subnet of
+    /// the network in the Node annotation `k8s.ovn.org/node-subnets`; never guessed.
+    pub(crate) async fn secondary_udn(
+        &self,
+        client: &kube::Client,
+        vmi: &VirtualMachineInstance,
+        c: &ferrovirt_network::udn::NadConfig,
+        vni: u32,
+        node: &NodeNetwork,
+    ) -> Result<(ferrovirt_network::BridgeConfig, UdnNetwork), ferrovirt_network::Error> {
+        let local = self.opts.as_ref().and_then(|o| o.node_ip);
+        let host = match c.topology.as_str() {
+            "layer3" => Some(wait_host_subnet(client, vmi, &c.name).await?),
+            _ => None,
+        };
+        let net = UdnNetwork::from_secondary_nad(c, vni, host, node.netns.as_deref(), local)?;
+        let b = ferrovirt_network::BridgeConfig {
+            bridge: ferrovirt_network::udn::BRIDGE.into(),
+            vlan: None,
+            mtu: Some(net.mtu),
+        };
+        Ok((b, net))
+    }
+
     /// The networks the node's VMIs use (from their plans: the pod interface's Primary UDN
-    /// and the Multus interfaces' Secondary Layer2 UDNs), by namespace; `except` is left out
+    /// and the Multus interfaces' Secondary UDNs), by namespace; `except` is left out
     /// (a VMI being detached).
     fn udns_in_use(&self, except: Option<&str>) -> BTreeMap<String, UdnNetwork> {
         self.cfg
@@ -183,6 +207,43 @@ impl AgentNet {
         let _st = self.udns.0.lock().await;
         let in_use = self.udns_in_use(except);
         remove_unused(node_netns.as_deref(), &in_use).await;
+    }
+}
+
+/// This node's host subnet of Layer3 network `network` (the VMI's node's annotation).
+async fn wait_host_subnet(
+    client: &kube::Client,
+    vmi: &VirtualMachineInstance,
+    network: &str,
+) -> Result<ferrovirt_network::Ipv4Cidr, ferrovirt_network::Error> {
+    use ferrovirt_network::udn_l3::{NODE_SUBNETS_ANNOTATION, host_subnet};
+    let node = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let started = std::time::Instant::now();
+    loop {
+        match api.get_opt(&node).await {
+            Ok(n) => {
+                let ann = n
+                    .and_then(|n| n.metadata.annotations)
+                    .and_then(|a| a.get(NODE_SUBNETS_ANNOTATION).cloned());
+                if let Some(h) = host_subnet(ann.as_deref(), network)? {
+                    return Ok(h);
+                }
+            }
+            Err(e) => tracing::debug!("reading Node {node}: {e}"),
+        }
+        if started.elapsed() > crate::udn::ANNOTATION_WAIT {
+            return Err(ferrovirt_network::Error::InvalidNetworkConfig(format!(
+                "metadata.annotations[{NODE_SUBNETS_ANNOTATION}]: node {node:?} has no host \
+                 subnet of network {network} after {}s",
+                crate::udn::ANNOTATION_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
 

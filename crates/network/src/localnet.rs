@@ -5,10 +5,10 @@
 //! as a secondary `bridge` network ([`crate::secondary`]): its `physicalNetworkName` is
 //! resolved through the node's OVN bridge mappings (`localnet` → `bridge`, applied by
 //! NodeNetworkConfigurationPolicies) to a host bridge, `vlanID` becomes the access VLAN and
-//! `mtu` the interface MTU ([`resolve`] gives the [`BridgeConfig`]). A Secondary Layer2
-//! network is handed on as its [`crate::udn::NadConfig`]: the agent joins the interface to
-//! the network's bridge in its per-network namespace ([`crate::udn`]). Secondary Layer3
-//! networks are refused: their data plane is not carried out yet.
+//! `mtu` the interface MTU ([`resolve`] gives the [`BridgeConfig`]). A Secondary Layer2 or
+//! Layer3 network is handed on as its [`crate::udn::NadConfig`]: the agent joins the
+//! interface to the network's bridge in its per-network namespace ([`crate::udn`],
+//! [`crate::udn_l3`]).
 
 use std::collections::BTreeMap;
 
@@ -30,8 +30,8 @@ pub enum NadNetwork {
     Bridge(BridgeConfig),
     /// An OVN-Kubernetes localnet network.
     Localnet(LocalnetConfig),
-    /// An OVN-Kubernetes Secondary Layer2 network (a user-defined network's).
-    Layer2(crate::udn::NadConfig),
+    /// An OVN-Kubernetes Secondary Layer2 or Layer3 network (a user-defined network's).
+    Udn(crate::udn::NadConfig),
 }
 
 /// An OVN-Kubernetes localnet network's configuration.
@@ -69,12 +69,7 @@ pub fn parse_nad_config(text: &str) -> Result<NadNetwork> {
                     "spec.config.role \"primary\": a Primary UserDefinedNetwork is the VMI's pod network, not a Multus network (use pod: {})",
                 ));
             }
-            if s("topology") == "layer3" {
-                return Err(bad(
-                    "spec.config.topology \"layer3\": Secondary Layer3 UserDefinedNetwork data plane not carried out yet",
-                ));
-            }
-            return crate::udn::parse_nad_config(text).map(NadNetwork::Layer2);
+            return crate::udn::parse_nad_config(text).map(NadNetwork::Udn);
         }
         other => {
             return Err(bad(format!(
@@ -225,6 +220,7 @@ pub fn lease(
         lease_secs: crate::plan::DEFAULT_LEASE_SECS,
         hostname: (!hostname.is_empty()).then(|| hostname.to_string()),
         mtu: Some(mtu),
+        routes: Vec::new(),
     }
 }
 
@@ -299,18 +295,22 @@ mod tests {
         let l = localnet(&cfg(""));
         assert_eq!(l.physical_network_name, "cluster_udn_phys");
         assert_eq!((l.vlan, l.mtu, l.subnets.len()), (None, None, 0));
-        // A Secondary Layer2 network is handed on as a UDN config.
-        match parse_nad_config(&cfg(r#","subnets":"10.9.0.0/24""#).replace("localnet", "layer2"))
+        // A Secondary Layer2 or Layer3 network is handed on as a UDN config.
+        for topology in ["layer2", "layer3"] {
+            match parse_nad_config(
+                &cfg(r#","subnets":"10.9.0.0/24""#).replace("localnet", topology),
+            )
             .unwrap()
-        {
-            NadNetwork::Layer2(c) => {
-                assert_eq!(
-                    (c.name.as_str(), c.role.as_str()),
-                    ("cluster_udn_phys", "secondary")
-                );
-                assert_eq!(c.subnets, vec!["10.9.0.0/24".to_string()]);
+            {
+                NadNetwork::Udn(c) => {
+                    assert_eq!(
+                        (c.name.as_str(), c.role.as_str(), c.topology.as_str()),
+                        ("cluster_udn_phys", "secondary", topology)
+                    );
+                    assert_eq!(c.subnets, vec!["10.9.0.0/24".to_string()]);
+                }
+                other => panic!("not a UDN network: {other:?}"),
             }
-            other => panic!("not a layer2 network: {other:?}"),
         }
         // A bridge configuration still parses as one.
         assert!(matches!(
@@ -327,10 +327,6 @@ mod tests {
             (cfg(r#","mtu":100"#), "spec.config.mtu 100"),
             (cfg(r#","physicalNetworkName":7"#), "physicalNetworkName"),
             (cfg(r#","subnets":["a"]"#), "spec.config.subnets"),
-            (
-                cfg("").replace("localnet", "layer3"),
-                "spec.config.topology \"layer3\": Secondary Layer3 UserDefinedNetwork data plane not carried out yet",
-            ),
             (
                 cfg("")
                     .replace("localnet", "layer2")

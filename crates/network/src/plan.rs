@@ -323,6 +323,7 @@ impl PodPlan {
                         lease_secs: DEFAULT_LEASE_SECS,
                         hostname: Some(req.name.clone()),
                         mtu: Some(node.mtu),
+                        routes: Vec::new(),
                     },
                 )
             }
@@ -339,6 +340,7 @@ impl PodPlan {
                     lease_secs: DEFAULT_LEASE_SECS,
                     hostname: Some(req.name.clone()),
                     mtu: Some(node.mtu),
+                    routes: Vec::new(),
                 },
             ),
         };

@@ -8,7 +8,9 @@
 //! node with an uplink the network has a gateway ([`gateway_steps`]: the subnet's first
 //! address on the bridge, egress through a transit veth and NAT). Isolation between two
 //! networks, even with the same subnet, comes from the separate namespaces and VNIs: nothing
-//! routes between them.
+//! routes between them. Layer3 networks (Primary and Secondary) are built here too, routed by
+//! [`crate::udn_l3`]; a Primary Layer3 network's egress is [`gateway_steps`]' without the
+//! anycast part.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
@@ -135,6 +137,11 @@ pub struct UdnNetwork {
     /// through the VXLAN device (no bridge port).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub layer3: bool,
+    /// Layer3: the network's whole IPv4 subnet (the NAD's `subnets`), of which `subnet` is
+    /// this node's host subnet: never sent out through the gateway, routed (Secondary) to
+    /// the guests via the node's gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_cidr: Option<Ipv4Cidr>,
 }
 
 /// A network's gateway on a node: the subnet's first address on the network's bridge (the
@@ -243,12 +250,17 @@ pub fn network_gateway_script(net: &UdnNetwork) -> String {
          oifname \"{VXLAN}\" ether saddr {mac} counter drop\n  }}\n"
     );
     let mut s = crate::render::replace_table("ip", GW_TABLE, &ip);
-    s.push_str(&crate::render::replace_table("bridge", GW_TABLE, &bridge));
+    // Layer3: the VXLAN device is no bridge port, each node's gateway its own address.
+    if !net.layer3 {
+        s.push_str(&crate::render::replace_table("bridge", GW_TABLE, &bridge));
+    }
     s
 }
 
 /// The steps of the network's gateway on this node with transit index `i` (after
-/// [`network_steps`]); `cluster` is the cluster CIDR.
+/// [`network_steps`]); `cluster` is the cluster CIDR. A Layer3 network's gateway address
+/// (its host subnet's first) is already on the bridge ([`crate::udn_l3::routed_steps`]):
+/// only the egress is added, with the same protections.
 pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action> {
     let Some(gw) = &net.gateway else {
         return Vec::new();
@@ -258,7 +270,7 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
     let hv = node_gw_veth(net);
     let (node_t, net_t) = transit(i);
     let gw_addr = format!("{}/{}", gw.address, net.subnet.prefix());
-    vec![
+    let mut steps = vec![
         Action::Sysctl {
             netns: ns.clone(),
             key: "net/ipv4/ip_forward".into(),
@@ -272,17 +284,23 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
             netns: nn.clone(),
             script: node_gateway_script(cluster, &gw.uplink),
         },
-        ip(
-            &ns,
-            &[
-                "link",
-                "set",
-                BRIDGE,
-                "address",
-                &gateway_mac(net).to_string(),
-            ],
-        ),
-        ip(&ns, &["addr", "replace", &gw_addr, "dev", BRIDGE]),
+    ];
+    if !net.layer3 {
+        steps.extend([
+            ip(
+                &ns,
+                &[
+                    "link",
+                    "set",
+                    BRIDGE,
+                    "address",
+                    &gateway_mac(net).to_string(),
+                ],
+            ),
+            ip(&ns, &["addr", "replace", &gw_addr, "dev", BRIDGE]),
+        ]);
+    }
+    steps.extend([
         crate::render::add_veth_pair(&nn, &hv, GW_VETH, &net.netns, "1500"),
         ip(
             &nn,
@@ -306,7 +324,8 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
                 GW_VETH,
             ],
         ),
-    ]
+    ]);
+    steps
 }
 
 /// The network's namespace on a node: `fvn-<8 hex of the name's hash>`, with
@@ -380,21 +399,45 @@ impl UdnNetwork {
                 config.topology, config.role
             )));
         }
+        Self::layer3(config, vni, host, node_netns, local)
+    }
+
+    /// A Layer3 network on this node: the host subnet is its subnet here (inside the NAD's
+    /// `subnets`, kept as `network_cidr`).
+    fn layer3(
+        config: &NadConfig,
+        vni: u32,
+        host: Ipv4Cidr,
+        node_netns: Option<&str>,
+        local: Option<Ipv4Addr>,
+    ) -> Result<UdnNetwork> {
+        let cidr = crate::udn_l3::network_cidr(&config.subnets)?;
+        if !cidr.contains(host.network()) || host.prefix() < cidr.prefix() {
+            return Err(Error::InvalidNetworkConfig(format!(
+                "metadata.annotations[{}][{:?}]: host subnet {host} is not in the network's \
+                 subnet {cidr}",
+                crate::udn_l3::NODE_SUBNETS_ANNOTATION,
+                config.name
+            )));
+        }
         let mut c = config.clone();
         c.subnets = vec![host.to_string()];
         let mut n = Self::build(&c, vni, node_netns, local, true)?;
         n.layer3 = true;
+        n.network_cidr = Some(cidr);
         Ok(n)
     }
 
-    /// Decides a Secondary Layer2 network (a VMI's Multus interface on it) from its NAD: the
-    /// same namespace, bridge and VXLAN device as a Primary one, never a gateway. Without
+    /// Decides a Secondary network (a VMI's Multus interface on it) from its NAD. Layer2: the
+    /// same namespace, bridge and VXLAN device as a Primary one, never a gateway; without
     /// `subnets` (IPAM disabled) the network has no addresses: `subnet` is then `0.0.0.0/0`,
-    /// which nothing reads (no gateway, no lease). Layer3 and other roles are refused naming
-    /// the field.
+    /// which nothing reads (no gateway, no lease). Layer3: `host` is this node's host subnet
+    /// of the network (required), routed as a Primary Layer3 network's, never an egress.
+    /// Other roles and topologies are refused naming the field.
     pub fn from_secondary_nad(
         config: &NadConfig,
         vni: u32,
+        host: Option<Ipv4Cidr>,
         node_netns: Option<&str>,
         local: Option<Ipv4Addr>,
     ) -> Result<UdnNetwork> {
@@ -404,19 +447,20 @@ impl UdnNetwork {
                 config.role
             )));
         }
-        if config.topology != "layer2" {
-            return Err(Error::InvalidNetworkConfig(format!(
-                "spec.config.topology {:?}: a Secondary {} UserDefinedNetwork's data plane is \
-                 not carried out yet (Layer2 and Localnet are)",
-                config.topology,
-                if config.topology == "layer3" {
-                    "Layer3"
-                } else {
-                    "non-Layer2"
-                }
-            )));
+        match (config.topology.as_str(), host) {
+            ("layer2", _) => {
+                Self::build(config, vni, node_netns, local, !config.subnets.is_empty())
+            }
+            ("layer3", Some(h)) => Self::layer3(config, vni, h, node_netns, local),
+            ("layer3", None) => Err(Error::InvalidNetworkConfig(format!(
+                "metadata.annotations[{}]: this node has no host subnet of network {:?}",
+                crate::udn_l3::NODE_SUBNETS_ANNOTATION,
+                config.name
+            ))),
+            (other, _) => Err(Error::InvalidNetworkConfig(format!(
+                "spec.config.topology {other:?}: not a Secondary Layer2 or Layer3 network"
+            ))),
         }
-        Self::build(config, vni, node_netns, local, !config.subnets.is_empty())
     }
 
     fn build(
@@ -461,6 +505,7 @@ impl UdnNetwork {
             local,
             gateway: None,
             layer3: false,
+            network_cidr: None,
         })
     }
 
@@ -712,7 +757,7 @@ pub fn vmi_plan(net: &UdnNetwork, vmi: &UdnVmi<'_>, addr: UdnAddress) -> Result<
     Ok(plan)
 }
 
-/// A VMI's Multus interface on a Secondary Layer2 network: the secondary plan's "host" side
+/// A VMI's Multus interface on a Secondary Layer2 or Layer3 network: the secondary plan's "host" side
 /// becomes the network's bridge in the network's namespace (no VLAN, the network's MTU), and
 /// the plan names the network so that the node keeps it while the interface exists.
 pub fn join_secondary(plan: &mut crate::SecondaryPlan, net: &UdnNetwork) {

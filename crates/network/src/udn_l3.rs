@@ -1,4 +1,4 @@
-//! Primary Layer3 user-defined networks (pure; docs/networking.md "Primary Layer3 data
+//! Layer3 user-defined networks, Primary and Secondary (pure; docs/networking.md "Layer3 data
 //! plane"). A Layer3 network is split per node: the controller writes each node's host subnet
 //! of each network into the Node annotation [`NODE_SUBNETS_ANNOTATION`] (OVN-K's shape,
 //! `{"<network>": ["10.150.1.0/24"]}`). On a node the network's namespace (`fvn-…`, as for
@@ -8,7 +8,10 @@
 //! subnets ([`crate::overlay::sync_actions`] is reused by [`route_sync`]: a route per peer's
 //! host subnet via the subnet's network address `onlink`, a permanent neighbour entry with the
 //! peer's VTEP MAC — per network and node, [`vtep_name`] — and an FDB entry sending that MAC
-//! to the peer's underlay address).
+//! to the peer's underlay address); the rest of the network's subnet ([`network_cidr`]) is
+//! unreachable there. A Primary network's egress is [`crate::udn::gateway_steps`] (on nodes
+//! with an uplink); a Secondary network's interface gets no router but a classless static
+//! route for the network via the node's gateway ([`secondary_lease`]).
 
 use std::net::Ipv4Addr;
 
@@ -46,6 +49,56 @@ pub fn host_subnet(annotation: Option<&str>, network: &str) -> Result<Option<Ipv
         }
     };
     Ok(list.iter().find_map(|s| s.parse::<Ipv4Cidr>().ok()))
+}
+
+/// The network's whole IPv4 subnet from a Layer3 NAD's `subnets` (`cidr/hostSubnet` or
+/// `cidr` entries, OVN-K's shape); an error naming the field when there is none.
+pub fn network_cidr(subnets: &[String]) -> Result<Ipv4Cidr> {
+    subnets
+        .iter()
+        .find_map(|s| {
+            let cidr = match s.match_indices('/').nth(1) {
+                Some((i, _)) => &s[..i],
+                None => s.as_str(),
+            };
+            cidr.parse::<Ipv4Cidr>().ok()
+        })
+        .ok_or_else(|| {
+            Error::InvalidNetworkConfig(format!(
+                "spec.config.subnets {:?}: no IPv4 subnet (IPv6-only networks are not carried out)",
+                subnets.join(",")
+            ))
+        })
+}
+
+/// A Secondary Layer3 interface's lease (`lease`: the annotated address, no router): the
+/// address must lie in this node's host subnet with its prefix (else an error naming the
+/// annotation), and a classless static route (DHCP option 121) sends the network's whole
+/// subnet via the node's gateway, the host subnet's first address. Other networks: unchanged.
+pub fn secondary_lease(net: &UdnNetwork, lease: &mut crate::dhcp::LeaseConfig) -> Result<()> {
+    if !net.layer3 {
+        return Ok(());
+    }
+    let host = net.subnet;
+    if !host.contains(lease.address) || lease.subnet.prefix() != host.prefix() {
+        return Err(Error::InvalidNetworkConfig(format!(
+            "metadata.annotations[{}]: {}/{} is not in this node's host subnet {host} of \
+             network {}",
+            crate::udn::POD_NETWORKS_ANNOTATION,
+            lease.address,
+            lease.subnet.prefix(),
+            net.name
+        )));
+    }
+    lease.router = None;
+    lease.subnet = host;
+    if let Some(cidr) = net.network_cidr {
+        lease.routes = vec![crate::dhcp::StaticRoute {
+            destination: cidr,
+            gateway: host.gateway(),
+        }];
+    }
+    Ok(())
 }
 
 /// Another node as a Layer3 network sees it: its name, underlay address and annotation.
@@ -104,7 +157,9 @@ pub fn overlay_end(net: &UdnNetwork, local: Ipv4Addr) -> Result<(NodeNetwork, Ov
 /// The steps that make the node's side of a Layer3 network routed, after the network's
 /// namespace, bridge and VXLAN device exist: forwarding on in the namespace, the VXLAN device
 /// (no bridge port) with the node's VTEP MAC on the network, the host subnet's gateway
-/// (`net.subnet`'s first address) on the bridge.
+/// (`net.subnet`'s first address) on the bridge, and the network's whole subnet unreachable
+/// but for the more specific host subnets (its own, the peers' routed through the VXLAN
+/// device): what belongs to the network never leaves through a default route (egress).
 pub fn routed_steps(net: &UdnNetwork) -> Vec<Action> {
     let ns = Some(net.netns.clone());
     let host = net.subnet;
@@ -123,6 +178,12 @@ pub fn routed_steps(net: &UdnNetwork) -> Vec<Action> {
         ));
     }
     a.push(ip(&ns, &["addr", "replace", &gw, "dev", BRIDGE]));
+    if let Some(cidr) = net.network_cidr.filter(|c| c.prefix() < host.prefix()) {
+        a.push(ip(
+            &ns,
+            &["route", "replace", "unreachable", &cidr.to_string()],
+        ));
+    }
     a
 }
 
@@ -152,6 +213,7 @@ mod tests {
             local: Some(Ipv4Addr::new(192, 168, 1, 1)),
             gateway: None,
             layer3: true,
+            network_cidr: Some("10.150.0.0/16".parse().unwrap()),
         }
     }
 

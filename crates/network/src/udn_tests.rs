@@ -56,7 +56,7 @@ fn the_nad_config_decides_the_network() {
 fn a_secondary_layer2_network_joins_its_bridge() {
     let sec = CONFIG.replace("\"primary\"", "\"secondary\"");
     let c = parse_nad_config(&sec).unwrap();
-    let n = UdnNetwork::from_secondary_nad(&c, 10002, Some("nodea"), None).unwrap();
+    let n = UdnNetwork::from_secondary_nad(&c, 10002, None, Some("nodea"), None).unwrap();
     assert_eq!(
         (n.subnet.to_string(), n.vni),
         ("10.100.0.0/24".into(), 10002)
@@ -69,23 +69,24 @@ fn a_secondary_layer2_network_joins_its_bridge() {
     assert!(n.gateway.is_none());
     // IPAM disabled: no subnet, still a network.
     let c = parse_nad_config(&sec.replace("\"subnets\":\"10.100.0.0/24\",", "")).unwrap();
-    let n = UdnNetwork::from_secondary_nad(&c, 10002, None, None).unwrap();
+    let n = UdnNetwork::from_secondary_nad(&c, 10002, None, None, None).unwrap();
     assert_eq!(n.subnet.to_string(), "0.0.0.0/0");
     // Primary, Layer3, IPv6-only with IPAM: refused naming the field.
     for (text, needle) in [
         (CONFIG.to_string(), "spec.config.role \"primary\""),
         (
             sec.replace("layer2", "layer3"),
-            "Secondary Layer3 UserDefinedNetwork's data plane is not carried out yet",
+            "k8s.ovn.org/node-subnets]: this node has no host subnet",
         ),
         (
             sec.replace("10.100.0.0/24", "fd00::/64"),
             "spec.config.subnets",
         ),
     ] {
-        let e = UdnNetwork::from_secondary_nad(&parse_nad_config(&text).unwrap(), 1, None, None)
-            .unwrap_err()
-            .to_string();
+        let e =
+            UdnNetwork::from_secondary_nad(&parse_nad_config(&text).unwrap(), 1, None, None, None)
+                .unwrap_err()
+                .to_string();
         assert!(e.contains(needle), "{e}");
     }
     // The interface's plan: the veth's node end in the network's namespace, on its bridge.
@@ -110,6 +111,7 @@ fn a_secondary_layer2_network_joins_its_bridge() {
     let n = UdnNetwork::from_secondary_nad(
         &parse_nad_config(&sec).unwrap(),
         10002,
+        None,
         Some("nodea"),
         None,
     )
@@ -394,5 +396,175 @@ fn a_vmi_joins_the_network_bridge_with_its_annotated_address() {
                 n.netns, p.host_veth
             )),
         "{steps:#?}"
+    );
+}
+
+const L3_SECONDARY: &str = r#"{"cniVersion":"1.0.0","type":"ovn-k8s-cni-overlay","name":"sa_sec",
+    "netAttachDefName":"sa/sec","topology":"layer3","role":"secondary",
+    "subnets":"10.210.0.0/16/24","mtu":1400}"#;
+
+fn l3_secondary(ns: &str, host: &str, node: &str) -> UdnNetwork {
+    let c = parse_nad_config(&L3_SECONDARY.replace("sa_sec", &format!("{ns}_sec"))).unwrap();
+    UdnNetwork::from_secondary_nad(
+        &c,
+        10003,
+        Some(host.parse().unwrap()),
+        Some(node),
+        Some(Ipv4Addr::new(192, 168, 1, 1)),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_secondary_layer3_network_is_its_node_host_subnet_routed() {
+    let n = l3_secondary("sa", "10.210.7.0/24", "nodea");
+    assert!(n.layer3 && n.gateway.is_none(), "{n:?}");
+    assert_eq!(n.subnet.to_string(), "10.210.7.0/24");
+    assert_eq!(
+        n.network_cidr.map(|c| c.to_string()).as_deref(),
+        Some("10.210.0.0/16")
+    );
+    // Routed like a Primary Layer3 network: the node's gateway on the bridge, the VXLAN
+    // device no bridge port, the rest of the network's subnet unreachable here.
+    let steps = network_steps(&n);
+    let after: Vec<String> = steps.after.iter().map(|a| a.command_line()).collect();
+    let ns = &n.netns;
+    for want in [
+        format!("ip -n {ns} addr replace 10.210.7.1/24 dev udn-br0"),
+        format!("ip -n {ns} route replace unreachable 10.210.0.0/16"),
+    ] {
+        assert!(after.contains(&want), "{want} not in {after:#?}");
+    }
+    assert!(!after.iter().any(|a| a.contains("master")), "{after:#?}");
+    // Two namespaces' networks of one subnet: two names, two namespaces (and the controller
+    // gives each its VNI): nothing routes between them.
+    let other = l3_secondary("sb", "10.210.7.0/24", "nodea");
+    assert_ne!(n.netns, other.netns);
+    // A host subnet outside the network, or none, is refused naming the annotation.
+    let c = parse_nad_config(L3_SECONDARY).unwrap();
+    for host in [Some("10.9.0.0/24"), Some("10.210.0.0/15"), None] {
+        let e = UdnNetwork::from_secondary_nad(&c, 1, host.map(|h| h.parse().unwrap()), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("k8s.ovn.org/node-subnets"), "{e}");
+    }
+    // The NAD's subnets without a hostSubnet part, and IPv6-only ones.
+    assert_eq!(
+        crate::udn_l3::network_cidr(&["fd00::/48/64".into(), "10.1.0.0/16".into()])
+            .unwrap()
+            .to_string(),
+        "10.1.0.0/16"
+    );
+    let e = crate::udn_l3::network_cidr(&["fd00::/48/64".into()]).unwrap_err();
+    assert!(e.to_string().contains("spec.config.subnets"), "{e}");
+}
+
+#[test]
+fn a_secondary_layer3_lease_routes_the_network_via_the_node_gateway() {
+    let n = l3_secondary("sa", "10.210.7.0/24", "nodea");
+    let mac: MacAddr = "02:00:00:00:00:07".parse().unwrap();
+    let mut lease = crate::localnet::lease(
+        Ipv4Addr::new(10, 210, 7, 9),
+        "10.210.7.0/24".parse().unwrap(),
+        mac,
+        1400,
+        "s1",
+    );
+    crate::udn_l3::secondary_lease(&n, &mut lease).unwrap();
+    assert_eq!(lease.router, None);
+    assert_eq!(
+        lease.routes,
+        vec![crate::dhcp::StaticRoute {
+            destination: "10.210.0.0/16".parse().unwrap(),
+            gateway: Ipv4Addr::new(10, 210, 7, 1),
+        }]
+    );
+    // On the wire: option 121 carries exactly that route (RFC 3442: 16.10.210 via
+    // 10.210.7.1), no router (3), no default route.
+    assert_eq!(
+        crate::dhcp::classless_routes(&lease),
+        vec![(
+            "10.210.0.0/16".parse().unwrap(),
+            Ipv4Addr::new(10, 210, 7, 1)
+        )]
+    );
+    // An address outside the node's host subnet is refused naming the annotation; a Layer2
+    // network's lease is left as it is.
+    let mut far = lease.clone();
+    far.address = Ipv4Addr::new(10, 210, 8, 9);
+    let e = crate::udn_l3::secondary_lease(&n, &mut far)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(POD_NETWORKS_ANNOTATION), "{e}");
+    let mut l2 = lease.clone();
+    l2.routes.clear();
+    crate::udn_l3::secondary_lease(&net(None), &mut l2).unwrap();
+    assert!(l2.routes.is_empty());
+}
+
+#[test]
+fn a_primary_layer3_gateway_is_egress_only() {
+    let c = parse_nad_config(
+        &L3_SECONDARY
+            .replace("secondary", "primary")
+            .replace("sa_sec", "ua_l3"),
+    )
+    .unwrap();
+    let mut n = UdnNetwork::from_layer3_nad(
+        &c,
+        10004,
+        "10.210.3.0/24".parse().unwrap(),
+        Some("nodea"),
+        Some(Ipv4Addr::new(192, 168, 1, 1)),
+    )
+    .unwrap();
+    n.gateway = Some(UdnGateway {
+        address: n.subnet.gateway(),
+        uplink: "under0".into(),
+    });
+    let cluster: Ipv4Cidr = "10.244.0.0/16".parse().unwrap();
+    let steps: Vec<String> = gateway_steps(&n, 2, cluster)
+        .iter()
+        .map(|a| a.command_line())
+        .collect();
+    let ns = &n.netns;
+    let hv = node_gw_veth(&n);
+    for want in [
+        format!("ip -n nodea addr replace 169.254.128.9/30 dev {hv}"),
+        format!("ip -n {ns} addr replace 169.254.128.10/30 dev udn-gw"),
+        format!("ip -n {ns} route replace default via 169.254.128.9 dev udn-gw"),
+    ] {
+        assert!(steps.contains(&want), "{want} not in {steps:#?}");
+    }
+    // No anycast: each node's gateway is its host subnet's own (routed_steps), its MAC the
+    // bridge's.
+    assert!(
+        !steps
+            .iter()
+            .any(|s| s.contains(" address ") || s.contains("dev udn-br0")),
+        "{steps:#?}"
+    );
+    // The same protections as Layer2's: masquerade out, nothing in from the node's side;
+    // no bridge table (the VXLAN device is no bridge port).
+    let netside = network_gateway_script(&n);
+    assert!(
+        netside.contains("oifname \"udn-gw\" masquerade"),
+        "{netside}"
+    );
+    assert!(
+        netside.contains("iifname \"udn-gw\" counter drop"),
+        "{netside}"
+    );
+    assert!(!netside.contains("table bridge"), "{netside}");
+    // The network's own subnet never takes the default route.
+    let routed: Vec<String> = crate::udn_l3::routed_steps(&n)
+        .iter()
+        .map(|a| a.command_line())
+        .collect();
+    assert!(
+        routed.contains(&format!(
+            "ip -n {ns} route replace unreachable 10.210.0.0/16"
+        )),
+        "{routed:#?}"
     );
 }

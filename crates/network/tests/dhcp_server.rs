@@ -81,6 +81,7 @@ async fn dhcp_server_answers_its_client_over_a_veth() -> anyhow::Result<()> {
         lease_secs: 3600,
         hostname: Some("vm1".into()),
         mtu: Some(1400),
+        routes: Vec::new(),
     };
     let mut opts = ServerOptions::new(Some(s.to_string()), "s0", lease);
     opts.server_port = SERVER_PORT;

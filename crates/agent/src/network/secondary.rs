@@ -111,14 +111,15 @@ pub(super) fn write_secondary_plans(dir: &Path, plans: &[SecondaryPlan]) -> Resu
 pub(super) enum NadAttach {
     /// A host bridge (and VLAN, MTU); `true`: the network has IPAM (the controller allots).
     Bridge(ferrovirt_network::BridgeConfig, bool),
-    /// A Secondary Layer2 user-defined network: its bridge in its per-network namespace.
-    Layer2(ferrovirt_network::udn::NadConfig),
+    /// A Secondary Layer2 or Layer3 user-defined network: its bridge in its per-network
+    /// namespace.
+    Udn(ferrovirt_network::udn::NadConfig),
 }
 
 /// Where a NAD's configuration attaches on this node: a bridge CNI configuration as it is, a
 /// Localnet through the node's bridge mappings (`DATA_DIR/nmstate-bridge-mappings.json`,
-/// written by the nmstate loop; IPAM when it has `subnets`), a Secondary Layer2 UDN to its
-/// network.
+/// written by the nmstate loop; IPAM when it has `subnets`), a Secondary Layer2 or Layer3 UDN
+/// to its network.
 pub(super) fn nad_attach(
     data_dir: &Path,
     vmi: &VirtualMachineInstance,
@@ -139,7 +140,7 @@ pub(super) fn nad_attach(
                 !l.subnets.is_empty(),
             ))
         }
-        NadNetwork::Layer2(c) => Ok(NadAttach::Layer2(c)),
+        NadNetwork::Udn(c) => Ok(NadAttach::Udn(c)),
     }
 }
 

@@ -213,9 +213,9 @@ impl Agent {
             Some(_) => crate::udn::migratable_view(vmi),
             None => vmi.clone(),
         };
-        let migratable = match (&attachment.primary_udn, attachment.primary_udn_layer3) {
-            (Some(net), true) => Err(crate::udn::layer3_not_migratable(net)),
-            _ => ferrovirt_api::migration::live_migratable(
+        let migratable = match &attachment.layer3_udn {
+            Some(net) => Err(crate::udn::layer3_not_migratable(net)),
+            None => ferrovirt_api::migration::live_migratable(
                 &judged,
                 |c| refs.claim_access_modes.get(c).cloned(),
                 |c| crate::blockmig::claim_block_ok(refs.claims.get(c), &root),

@@ -46,6 +46,17 @@ pub struct LeaseConfig {
     pub hostname: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u16>,
+    /// Classless static routes (option 121) besides the default route via `router`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<StaticRoute>,
+}
+
+/// A classless static route (RFC 3442) of a lease: `destination` via `gateway`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticRoute {
+    pub destination: Ipv4Cidr,
+    pub gateway: Ipv4Addr,
 }
 
 /// Where a reply goes.
@@ -111,14 +122,21 @@ pub fn search_domain(domain: &str) -> Result<Name> {
         .map_err(|e| Error::InvalidPlan(format!("invalid DNS search domain {domain:?}: {e}")))
 }
 
-/// Classless static routes (RFC 3442) for the lease: the default route via the router, preceded
-/// by an on-link host route to the router when it lies outside the subnet (clients that get
-/// option 121 ignore option 3).
+/// Classless static routes (RFC 3442) for the lease: the lease's own `routes`, then the default
+/// route via the router, preceded by an on-link host route to the router when it lies outside
+/// the subnet (clients that get option 121 ignore option 3).
 pub fn classless_routes(cfg: &LeaseConfig) -> Vec<(Ipv4Net, Ipv4Addr)> {
+    let mut routes: Vec<(Ipv4Net, Ipv4Addr)> = cfg
+        .routes
+        .iter()
+        .map(|r| {
+            let d = r.destination;
+            (host_net(d.network(), d.prefix()), r.gateway)
+        })
+        .collect();
     let Some(gw) = cfg.router else {
-        return Vec::new();
+        return routes;
     };
-    let mut routes = Vec::new();
     if !cfg.subnet.contains(gw) {
         routes.push((host_net(gw, 32), Ipv4Addr::UNSPECIFIED));
     }
@@ -127,7 +145,7 @@ pub fn classless_routes(cfg: &LeaseConfig) -> Vec<(Ipv4Net, Ipv4Addr)> {
 }
 
 fn host_net(addr: Ipv4Addr, prefix: u8) -> Ipv4Net {
-    // Prefixes 0 and 32 are always valid.
+    // Prefixes 0 to 32 are valid (an Ipv4Cidr's are).
     Ipv4Net::new(addr, prefix).unwrap_or_default()
 }
 
@@ -138,7 +156,10 @@ fn lease_options(cfg: &LeaseConfig, with_lease: bool) -> Vec<DhcpOption> {
     ];
     if let Some(r) = cfg.router {
         o.push(DhcpOption::Router(vec![r]));
-        o.push(DhcpOption::ClasslessStaticRoute(classless_routes(cfg)));
+    }
+    let routes = classless_routes(cfg);
+    if !routes.is_empty() {
+        o.push(DhcpOption::ClasslessStaticRoute(routes));
     }
     if !cfg.dns.is_empty() {
         o.push(DhcpOption::DomainNameServer(cfg.dns.clone()));

@@ -19,6 +19,7 @@ fn cfg() -> LeaseConfig {
         lease_secs: 86400,
         hostname: Some("vm1".into()),
         mtu: Some(1450),
+        routes: Vec::new(),
     }
 }
 
@@ -401,4 +402,30 @@ fn hostile_bytes_never_panic() {
         let _ = respond(&c, &m);
     }
     assert!(tried > 1000);
+}
+
+#[test]
+fn static_routes_go_out_as_option_121_with_or_without_a_router() {
+    // A Secondary Layer3 interface: no router, the network's subnet via the node's gateway.
+    let mut c = cfg();
+    c.router = None;
+    c.routes = vec![StaticRoute {
+        destination: "10.210.0.0/16".parse().unwrap(),
+        gateway: Ipv4Addr::new(10, 0, 2, 1),
+    }];
+    let (m, _, bytes) = over_the_wire(&c, &request(MessageType::Discover, vec![])).unwrap();
+    assert_eq!(raw_option(&bytes, 121).unwrap(), [16, 10, 210, 10, 0, 2, 1]);
+    assert!(m.opts().get(OptionCode::Router).is_none());
+    // With a router: the lease's routes first, then the default route.
+    c.router = Some(Ipv4Addr::new(10, 0, 2, 1));
+    let (_, _, bytes) = over_the_wire(&c, &request(MessageType::Discover, vec![])).unwrap();
+    assert_eq!(
+        raw_option(&bytes, 121).unwrap(),
+        [16, 10, 210, 10, 0, 2, 1, 0, 10, 0, 2, 1]
+    );
+    // Kept in the plan's JSON only when there are some.
+    let text = serde_json::to_string(&cfg()).unwrap();
+    assert!(!text.contains("routes"), "{text}");
+    let back: LeaseConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+    assert_eq!(back, c);
 }
