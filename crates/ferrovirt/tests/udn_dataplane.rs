@@ -179,29 +179,6 @@ fn guest(c: &Cluster, v: &Value, node_dir: PathBuf) -> anyhow::Result<Guest> {
     Ok(Guest { uid, ip, console })
 }
 
-/// `GET /` on port 80 of VMI `ns/name` through `ferrovirt port-forward --stdio`.
-fn port_forward_get(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<String> {
-    use std::io::Write;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovirt"))
-        .arg("--kubeconfig")
-        .arg(&c.kubeconfig)
-        .args(["port-forward", "--stdio", &format!("vmi/{name}.{ns}"), "80"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    if let Some(mut i) = child.stdin.take() {
-        i.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
-    }
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "port-forward to {ns}/{name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// `ping` from a guest: Ok(true) when answered within the retries.
 fn pings(g: &Guest, addr: &str, tries: u32) -> anyhow::Result<(bool, String)> {
     let mut last = String::new();
@@ -396,7 +373,7 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     // node (the gateway's address is the source): a1 and b2 hold addresses of the same
     // subnet in two networks, each answers with its own page.
     for (ns, name) in [("ua", "a1"), ("ub", "b2")] {
-        let page = port_forward_get(&c, ns, name)?;
+        let page = c.port_forward_get(ns, name, 80)?;
         assert!(
             page.contains(&format!("hostname={name}")),
             "{ns}/{name}: {page}"

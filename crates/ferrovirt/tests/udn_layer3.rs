@@ -371,6 +371,15 @@ fn layer3_udns_route_between_node_subnets_with_egress() -> anyhow::Result<()> {
     assert!(missing.is_empty(), "g2 did not reach {missing:?}");
     let missing = reach_all(g1, &[B_IP, &g2.sec_ip], 10)?;
     assert!(missing.is_empty(), "g1 did not reach {missing:?}");
+    // port-forward through the API: from the Primary network's namespace on each guest's
+    // node (its gateway there is the source).
+    for name in ["g1", "g2"] {
+        let page = c.port_forward_get("l3", name, 80)?;
+        assert!(
+            page.contains(&format!("hostname={name}")),
+            "l3/{name}: {page}"
+        );
+    }
     // l3b's network of the same subnet: t1 reaches its own node's gateway, but neither l3
     // guest, and g2 (same node, maybe the same host subnet) never reaches t1.
     assert!(

@@ -654,6 +654,35 @@ impl Cluster {
         self.wait_gone("vmi", vm, timeout)
     }
 
+    /// `GET /` on `port` of VMI `ns/name` through `ferrovirt port-forward --stdio` (the API's
+    /// portforward subresource); the answer as text.
+    pub fn port_forward_get(&self, ns: &str, name: &str, port: u16) -> anyhow::Result<String> {
+        use std::io::Write;
+        let mut child = std::process::Command::new(&self.binary)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args([
+                "port-forward",
+                "--stdio",
+                &format!("vmi/{name}.{ns}"),
+                &port.to_string(),
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        if let Some(mut i) = child.stdin.take() {
+            i.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+        }
+        let out = child.wait_with_output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "port-forward to {ns}/{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Waits until `kubectl get KIND NAME -n default` finds nothing.
     pub fn wait_gone(&self, kind: &str, name: &str, timeout: Duration) -> anyhow::Result<()> {
         self.wait_gone_in("default", kind, name, timeout)
