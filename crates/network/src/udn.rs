@@ -145,8 +145,10 @@ pub struct UdnNetwork {
 #[serde(rename_all = "camelCase")]
 pub struct UdnGateway {
     pub address: Ipv4Addr,
-    /// The node's uplink (`--uplink`).
-    pub uplink: String,
+    /// The node's uplink (`--uplink`); `None`: the gateway serves the network (DHCP router,
+    /// Services) but nothing leaves it.
+    #[serde(default)]
+    pub uplink: Option<String>,
 }
 
 /// Transit links between a network's namespace and the node's: `/30`s from this range, one
@@ -248,7 +250,8 @@ pub fn network_gateway_script(net: &UdnNetwork) -> String {
 }
 
 /// The steps of the network's gateway on this node with transit index `i` (after
-/// [`network_steps`]); `cluster` is the cluster CIDR.
+/// [`network_steps`]); `cluster` is the cluster CIDR. Without an uplink only the address
+/// (and its tables): no transit link, no egress.
 pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action> {
     let Some(gw) = &net.gateway else {
         return Vec::new();
@@ -258,7 +261,7 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
     let hv = node_gw_veth(net);
     let (node_t, net_t) = transit(i);
     let gw_addr = format!("{}/{}", gw.address, net.subnet.prefix());
-    vec![
+    let mut steps = vec![
         Action::Sysctl {
             netns: ns.clone(),
             key: "net/ipv4/ip_forward".into(),
@@ -267,10 +270,6 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
         Action::Nft {
             netns: ns.clone(),
             script: network_gateway_script(net),
-        },
-        Action::Nft {
-            netns: nn.clone(),
-            script: node_gateway_script(cluster, &gw.uplink),
         },
         ip(
             &ns,
@@ -283,6 +282,15 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
             ],
         ),
         ip(&ns, &["addr", "replace", &gw_addr, "dev", BRIDGE]),
+    ];
+    let Some(uplink) = &gw.uplink else {
+        return steps;
+    };
+    steps.extend([
+        Action::Nft {
+            netns: nn.clone(),
+            script: node_gateway_script(cluster, uplink),
+        },
         crate::render::add_veth_pair(&nn, &hv, GW_VETH, &net.netns, "1500"),
         ip(
             &nn,
@@ -306,7 +314,8 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
                 GW_VETH,
             ],
         ),
-    ]
+    ]);
+    steps
 }
 
 /// The network's namespace on a node: `fvn-<8 hex of the name's hash>`, with
