@@ -222,6 +222,18 @@ pub fn desired(svc: &Value, vmis: &[Value]) -> Option<Desired> {
     Some(Desired { slice, endpoints })
 }
 
+/// Marks the slice of a Service whose namespace's primary network is the user-defined network
+/// `network` with OVN-Kubernetes' `k8s.ovn.org/endpointslice-network: <network>`: its
+/// addresses (the VMIs' `status.interfaces[0].ipAddress`) are on that network, carried out in
+/// the network's namespace on each node, never by the pod network's table.
+pub fn mark_network(want: &mut Desired, network: Option<&str>) {
+    if let Some(n) = network {
+        want.slice["metadata"]["annotations"] = json!({
+            ferrovirt_network::udn_svc::ENDPOINTSLICE_NETWORK_ANNOTATION: n
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +283,22 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    #[test]
+    fn slices_on_a_primary_udn_are_marked_with_the_network() {
+        let vmis = [vmi("a", "10.100.0.7", "Running", json!({"app": "web"}))];
+        let mut d = desired(&svc(json!({"app": "web"}), json!(80)), &vmis).unwrap();
+        let plain = d.clone();
+        mark_network(&mut d, None);
+        assert_eq!(d, plain);
+        mark_network(&mut d, Some("ns_net"));
+        assert_eq!(
+            d.slice["metadata"]["annotations"]["k8s.ovn.org/endpointslice-network"],
+            "ns_net"
+        );
+        assert_eq!(d.slice["endpoints"][0]["addresses"], json!(["10.100.0.7"]));
+        assert!(d.endpoints["metadata"].get("annotations").is_none());
     }
 
     #[test]
