@@ -6,7 +6,10 @@
 //! lists s's UDN address and is marked `k8s.ovn.org/endpointslice-network: ua_net`. Guest c
 //! (ua, node B) gets s's page through the ClusterIP (DNATed in ua's network namespace on node
 //! B, across the nodes to s); guest u (ub, node B, same subnet) does not, nor do the nodes'
-//! own namespaces (the pod network side); only ua's network namespaces carry the rule.
+//! own namespaces (the pod network side); only ua's network namespaces carry the rule; a
+//! NodePort Service in ua gets a Warning Event `NodePortNotCarriedOut`. Then,
+//! on the same cluster, a Primary Layer3 UDN (namespace `l3`): guest c3 (node B) gets the page
+//! of s3 (node A, another host subnet) through the ClusterIP of `l3/web`.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -353,10 +356,144 @@ fn cluster_ip_on_a_primary_udn_reaches_its_network_only() -> anyhow::Result<()> 
         .map(|(n, _)| n)
         .collect();
     assert_eq!(with.len(), 2, "{tables:?}");
+    // A NodePort Service there: said not carried out (a Warning Event on the Service).
+    c.kubectl_ok(&[
+        "create",
+        "service",
+        "nodeport",
+        "webnp",
+        "--tcp=80:80",
+        "-n",
+        "ua",
+    ])?;
+    let ev = c.wait_until(
+        "the NodePort refusal Event",
+        Duration::from_secs(30),
+        || {
+            let l = c.get_json(&["events", "-n", "ua"])?;
+            Ok(l["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["reason"] == "NodePortNotCarriedOut")
+                .cloned())
+        },
+    )?;
+    assert_eq!(ev["involvedObject"]["name"], "webnp", "{ev}");
+    assert_eq!(ev["type"], "Warning", "{ev}");
+    let layer2_done = started.elapsed();
+    // Layer3 on the same cluster, the Layer2 guests out of the way.
+    for (ns, vm) in [("ua", "s"), ("ua", "c"), ("ub", "u")] {
+        c.kubectl_ok(&["delete", "vm", vm, "-n", ns, "--wait=false"])?;
+    }
+    layer3(&c, &[node_a.name(), node_b.name()], &mut guards)?;
     eprintln!(
-        "udn_services e2e: guests ready after {booted:?}, first ClusterIP answer after \
-         {first_answer:?}, whole test {:?}",
+        "udn_services e2e: Layer2 guests ready after {booted:?}, first ClusterIP answer after \
+         {first_answer:?}, Layer2 part {layer2_done:?}, whole test {:?}",
         started.elapsed()
     );
+    Ok(())
+}
+
+/// Layer3: guest s3 (node A) behind the ClusterIP Service `l3/web`, guest c3 (node B, another
+/// host subnet) gets its page: DNATed in node B's namespace of the network, routed through
+/// `udn-vx0` to node A's host subnet, the reply routed back and un-DNATed there.
+fn layer3(c: &Cluster, nodes: &[&str], guards: &mut Vec<Netns>) -> anyhow::Result<()> {
+    let t = Instant::now();
+    c.apply(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: l3
+  labels: {k8s.ovn.org/primary-user-defined-network: ""}
+---
+apiVersion: k8s.ovn.org/v1
+kind: UserDefinedNetwork
+metadata: {name: net, namespace: l3}
+spec:
+  topology: Layer3
+  layer3:
+    role: Primary
+    subnets: [{cidr: 10.150.0.0/16, hostSubnet: 24}]
+"#,
+    )?;
+    for (name, node, app) in [("s3", "node-a", "web"), ("c3", "node-b", "client")] {
+        disk_claim(c, "l3", name)?;
+        c.apply(&vm_yaml("l3", name, node, app))?;
+    }
+    c.kubectl_ok(&[
+        "create",
+        "service",
+        "clusterip",
+        "web",
+        "--tcp=80:80",
+        "-n",
+        "l3",
+    ])?;
+    let cip = c.get_json(&["svc", "web", "-n", "l3"])?["spec"]["clusterIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut g = Vec::new();
+    for (name, node) in [("s3", "node-a"), ("c3", "node-b")] {
+        let v = wait_running(c, "l3", name)?;
+        let ip = v["status"]["interfaces"][0]["ipAddress"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(ip.starts_with("10.150."), "{name}: {ip}");
+        guards.push(Netns::guard(&format!(
+            "fv-{}",
+            v["metadata"]["uid"].as_str().unwrap_or_default()
+        )));
+        let dir = match node {
+            "node-a" => c.agent_dir(),
+            _ => c.extra_agent_dir("node-b"),
+        };
+        let (con, _) = console(c, &v, dir)?;
+        g.push((ip, con));
+    }
+    for (n, _) in udn_tables()? {
+        if nodes.iter().any(|x| n.ends_with(x)) && !guards.iter().any(|gd| gd.name() == n) {
+            guards.push(Netns::guard(&n));
+        }
+    }
+    let [(s3_ip, _), (c3_ip, con_c3)] = &g[..] else {
+        unreachable!()
+    };
+    // Two host subnets: the Service crosses a routed hop.
+    let subnet = |ip: &str| ip.rsplit_once('.').map(|(a, _)| a.to_string());
+    assert_ne!(subnet(s3_ip), subnet(c3_ip), "{s3_ip} {c3_ip}");
+    let slice = c.wait_until("l3/web's EndpointSlice", Duration::from_secs(60), || {
+        let l = c.get_json(&[
+            "endpointslices",
+            "-n",
+            "l3",
+            "-l",
+            "kubernetes.io/service-name=web",
+        ])?;
+        let s = l["items"][0].clone();
+        Ok((s["endpoints"][0]["addresses"][0] == s3_ip.as_str()
+            && s["endpoints"][0]["conditions"]["ready"] == true)
+            .then_some(s))
+    })?;
+    assert_eq!(
+        slice["metadata"]["annotations"]["k8s.ovn.org/endpointslice-network"], "l3_net",
+        "{slice}"
+    );
+    let url = format!("http://{cip}/");
+    let body = c
+        .wait_until(
+            "the Layer3 ClusterIP answers c3",
+            Duration::from_secs(60),
+            || {
+                let (out, rc) = wget(con_c3, &url)?;
+                Ok((rc == 0 && out.contains("hostname=s3")).then_some(out))
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", diagnose(c, nodes)))?;
+    assert!(body.contains("hostname=s3"), "{body}");
+    eprintln!("udn_services e2e: Layer3 part {:?}", t.elapsed());
     Ok(())
 }

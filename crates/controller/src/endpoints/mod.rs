@@ -234,6 +234,28 @@ pub fn mark_network(want: &mut Desired, network: Option<&str>) {
     }
 }
 
+/// The Warning Event message for a NodePort Service whose endpoints are on the user-defined
+/// network `network`: its node ports are not carried out there (ClusterIP only); None
+/// otherwise.
+pub fn node_port_refusal(svc: &Value, network: Option<&str>) -> Option<String> {
+    let network = network?;
+    let ports: Vec<String> = svc
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["nodePort"].as_i64())
+        .map(|n| n.to_string())
+        .collect();
+    (s(svc, "/spec/type") == Some("NodePort") || !ports.is_empty()).then(|| {
+        format!(
+            "spec.ports[].nodePort {}: node ports are not carried out for Services on the \
+             user-defined network {network} (its ClusterIP is, from that network)",
+            ports.join(",")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +321,17 @@ mod tests {
         );
         assert_eq!(d.slice["endpoints"][0]["addresses"], json!(["10.100.0.7"]));
         assert!(d.endpoints["metadata"].get("annotations").is_none());
+    }
+
+    #[test]
+    fn node_ports_on_a_udn_are_refused_in_an_event() {
+        let mut sv = svc(json!({"app": "web"}), json!(80));
+        assert_eq!(node_port_refusal(&sv, Some("ns_net")), None);
+        sv["spec"]["type"] = json!("NodePort");
+        sv["spec"]["ports"][0]["nodePort"] = json!(30080);
+        assert_eq!(node_port_refusal(&sv, None), None);
+        let m = node_port_refusal(&sv, Some("ns_net")).unwrap();
+        assert!(m.contains("30080") && m.contains("ns_net"), "{m}");
     }
 
     #[test]

@@ -17,8 +17,9 @@ use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
-use super::{Desired, desired, mark_network};
+use super::{Desired, desired, mark_network, node_port_refusal};
 use crate::error::ControllerError;
+use crate::runtime::events::{EventRecorder, object_ref};
 use crate::runtime::stores::{Kind, Stores};
 
 /// Runs until its watches end.
@@ -67,8 +68,19 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
         // list ends with an event that wakes a pass.
         let mut changes = stores.changes();
         let mut written: HashMap<String, Desired> = HashMap::new();
+        // Services told (a Warning Event) that their node ports are not carried out.
+        let recorder = EventRecorder::new(client.clone(), super::COMPONENT);
+        let mut told: HashSet<String> = HashSet::new();
         loop {
-            pass(&client, &stores, &services, &nads, &mut written).await;
+            pass(
+                &client,
+                &stores,
+                &services,
+                &nads,
+                &mut written,
+                (&recorder, &mut told),
+            )
+            .await;
             tokio::select! {
                 r = changes.wait_for(&[Kind::Vmi]) => if r.is_none() { break },
                 r = rx.recv() => if r.is_none() { break },
@@ -96,6 +108,7 @@ async fn pass(
     services: &Store<Service>,
     nads: &Store<DynamicObject>,
     written: &mut HashMap<String, Desired>,
+    (recorder, told): (&EventRecorder, &mut HashSet<String>),
 ) {
     let services = services.state();
     let primaries = ferrovirt_network::udn_svc::primary_networks(
@@ -133,12 +146,23 @@ async fn pass(
         let Some(mut want) = desired(&sv, &vmis) else {
             continue;
         };
-        let ns = sv["metadata"]["namespace"].as_str().unwrap_or("default");
-        mark_network(&mut want, primaries.get(ns).map(|p| p.name.as_str()));
         let uid = sv["metadata"]["uid"]
             .as_str()
             .unwrap_or_default()
             .to_string();
+        let ns = sv["metadata"]["namespace"].as_str().unwrap_or("default");
+        let network = primaries.get(ns).map(|p| p.name.as_str());
+        mark_network(&mut want, network);
+        if let Some(message) = node_port_refusal(&sv, network)
+            && told.insert(uid.clone())
+        {
+            let meta: kube::api::ObjectMeta =
+                serde_json::from_value(sv["metadata"].clone()).unwrap_or_default();
+            let r = object_ref("v1", "Service", &meta);
+            recorder
+                .record(&r, true, "NodePortNotCarriedOut", &message)
+                .await;
+        }
         seen.push(uid.clone());
         if written.get(&uid) == Some(&want) {
             continue;
