@@ -8,8 +8,8 @@
 //! B, across the nodes to s); guest u (ub, node B, same subnet) does not, nor do the nodes'
 //! own namespaces (the pod network side); only ua's network namespaces carry the rule; a
 //! NodePort Service in ua gets a Warning Event `NodePortNotCarriedOut`. Then,
-//! on the same cluster, a Primary Layer3 UDN (namespace `l3`): guest c3 (node B) gets the page
-//! of s3 (node A, another host subnet) through the ClusterIP of `l3/web`.
+//! on the same cluster, a Primary Layer3 UDN (namespace `l3`): guest c3 (node B) gets the pages
+//! of s3 (node A, another host subnet) and t3 (node B) through the ClusterIP of `l3/web`.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -395,9 +395,10 @@ fn cluster_ip_on_a_primary_udn_reaches_its_network_only() -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Layer3: guest s3 (node A) behind the ClusterIP Service `l3/web`, guest c3 (node B, another
-/// host subnet) gets its page: DNATed in node B's namespace of the network, routed through
-/// `udn-vx0` to node A's host subnet, the reply routed back and un-DNATed there.
+/// Layer3: guests s3 (node A) and t3 (node B) behind the ClusterIP Service `l3/web`; guest c3
+/// (node B) gets the pages of both: DNATed in node B's namespace of the network, to s3 routed
+/// through `udn-vx0` to node A's host subnet and back, to t3 on node B's own bridge (the reply
+/// bridged, un-DNATed by br_netfilter).
 fn layer3(c: &Cluster, nodes: &[&str], guards: &mut Vec<Netns>) -> anyhow::Result<()> {
     let t = Instant::now();
     c.apply(
@@ -418,7 +419,12 @@ spec:
     subnets: [{cidr: 10.150.0.0/16, hostSubnet: 24}]
 "#,
     )?;
-    for (name, node, app) in [("s3", "node-a", "web"), ("c3", "node-b", "client")] {
+    let vms = [
+        ("s3", "node-a", "web"),
+        ("t3", "node-b", "web"),
+        ("c3", "node-b", "client"),
+    ];
+    for (name, node, app) in vms {
         disk_claim(c, "l3", name)?;
         c.apply(&vm_yaml("l3", name, node, app))?;
     }
@@ -436,7 +442,7 @@ spec:
         .unwrap_or_default()
         .to_string();
     let mut g = Vec::new();
-    for (name, node) in [("s3", "node-a"), ("c3", "node-b")] {
+    for (name, node, _) in vms {
         let v = wait_running(c, "l3", name)?;
         let ip = v["status"]["interfaces"][0]["ipAddress"]
             .as_str()
@@ -459,12 +465,13 @@ spec:
             guards.push(Netns::guard(&n));
         }
     }
-    let [(s3_ip, _), (c3_ip, con_c3)] = &g[..] else {
+    let [(s3_ip, _), (t3_ip, _), (c3_ip, con_c3)] = &g[..] else {
         unreachable!()
     };
     // Two host subnets: the Service crosses a routed hop.
     let subnet = |ip: &str| ip.rsplit_once('.').map(|(a, _)| a.to_string());
     assert_ne!(subnet(s3_ip), subnet(c3_ip), "{s3_ip} {c3_ip}");
+    let want: std::collections::BTreeSet<&str> = [s3_ip.as_str(), t3_ip.as_str()].into();
     let slice = c.wait_until("l3/web's EndpointSlice", Duration::from_secs(60), || {
         let l = c.get_json(&[
             "endpointslices",
@@ -474,26 +481,38 @@ spec:
             "kubernetes.io/service-name=web",
         ])?;
         let s = l["items"][0].clone();
-        Ok((s["endpoints"][0]["addresses"][0] == s3_ip.as_str()
-            && s["endpoints"][0]["conditions"]["ready"] == true)
-            .then_some(s))
+        let ready: std::collections::BTreeSet<&str> = s["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["conditions"]["ready"] == true)
+            .filter_map(|e| e["addresses"][0].as_str())
+            .collect();
+        Ok((ready == want).then(|| s.clone()))
     })?;
     assert_eq!(
         slice["metadata"]["annotations"]["k8s.ovn.org/endpointslice-network"], "l3_net",
         "{slice}"
     );
     let url = format!("http://{cip}/");
-    let body = c
-        .wait_until(
-            "the Layer3 ClusterIP answers c3",
-            Duration::from_secs(60),
-            || {
-                let (out, rc) = wget(con_c3, &url)?;
-                Ok((rc == 0 && out.contains("hostname=s3")).then_some(out))
-            },
-        )
-        .map_err(|e| anyhow::anyhow!("{e}\n{}", diagnose(c, nodes)))?;
-    assert!(body.contains("hostname=s3"), "{body}");
+    // Both endpoints answer: s3 across the nodes, t3 on c3's own node.
+    let mut seen = std::collections::BTreeSet::new();
+    c.wait_until(
+        "the Layer3 ClusterIP answers c3 from s3 and t3",
+        Duration::from_secs(90),
+        || {
+            let (out, rc) = wget(con_c3, &url)?;
+            if rc == 0 {
+                for h in ["s3", "t3"] {
+                    if out.contains(&format!("hostname={h}")) {
+                        seen.insert(h);
+                    }
+                }
+            }
+            Ok((seen.len() == 2).then_some(()))
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e} (seen {seen:?})\n{}", diagnose(c, nodes)))?;
     eprintln!("udn_services e2e: Layer3 part {:?}", t.elapsed());
     Ok(())
 }
