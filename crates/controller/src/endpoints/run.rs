@@ -180,6 +180,7 @@ async fn pass(
         }
     }
     written.retain(|uid, _| seen.contains(uid));
+    told.retain(|uid| seen.contains(uid));
 }
 
 fn nad_resource() -> ApiResource {
