@@ -41,7 +41,7 @@ HINTS = {
     "access_control": 17, "node_credentials": 70, "sa_token_volume": 35, "migration_quota": 40,
     "crd": 16, "shared_mount": 15, "hostile": 15, "conformance": 15, "metrics": 14,
     "empty_cdrom": 14, "port_forward": 13, "hyperconverged": 35, "node_proxy": 17,
-    "cpu_models": 30, "localnet": 35, "udn_secondary": 120, "udn_layer3": 50,
+    "cpu_models": 30, "localnet": 35, "udn_secondary": 120, "udn_layer3": 50, "udn_services": 60,
     "migration_postcopy": 150, "snapshot_reclaim_online": 45, "online_reclaim": 11,
     "migration_block_restart": 45, "migration_chain": 80,
 }

@@ -65,6 +65,7 @@ pub mod services;
 pub mod tls;
 pub mod udn;
 pub mod udn_net;
+pub mod udn_svc;
 pub mod volumes;
 
 pub use error::AgentError;

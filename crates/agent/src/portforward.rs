@@ -226,7 +226,7 @@ mod tests {
         net.layer3 = false;
         net.gateway = Some(ferrovirt_network::udn::UdnGateway {
             address: Ipv4Addr::new(10, 100, 0, 1),
-            uplink: "eth0".into(),
+            uplink: Some("eth0".into()),
         });
         plan.udn = Some(net.clone());
         assert_eq!(udn_target(&plan).unwrap(), t);

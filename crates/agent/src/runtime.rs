@@ -362,6 +362,10 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
         let agent = agent.clone();
         async move { crate::services::run(&agent.net, agent.client.clone()).await }
     });
+    tokio::spawn({
+        let agent = agent.clone();
+        async move { crate::udn_svc::run(&agent.net, agent.client.clone()).await }
+    });
     // Online merges a killed agent left unrecorded (docs/snapshots.md "Order and crashes").
     tokio::spawn(crate::nodestore::journal::resolve_at_start(
         agent.opts.data_dir.clone(),

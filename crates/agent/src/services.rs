@@ -24,6 +24,15 @@ use crate::network::AgentNet;
 /// The ports of `services` with the ready endpoints their EndpointSlices list (by the
 /// `kubernetes.io/service-name` label, in the Service's namespace), sorted.
 pub fn service_ports(services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) -> Vec<ServicePort> {
+    service_ports_with(services, slices, |s| !on_udn(s))
+}
+
+/// [`service_ports`] over the slices `keep` accepts (the pod network's, or one network's).
+pub fn service_ports_with(
+    services: &[Arc<Service>],
+    slices: &[Arc<EndpointSlice>],
+    keep: impl Fn(&EndpointSlice) -> bool,
+) -> Vec<ServicePort> {
     let mut out = Vec::new();
     for svc in services {
         let (Some(ns), Some(name), Some(spec)) = (
@@ -49,6 +58,7 @@ pub fn service_ports(services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) -
                         .map(String::as_str)
                         == Some(name)
                     && s.address_type == "IPv4"
+                    && keep(s)
             })
             .collect();
         for p in spec.ports.iter().flatten() {
@@ -98,6 +108,15 @@ pub fn service_ports(services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) -
     }
     out.sort();
     out
+}
+
+/// Whether the slice lists addresses on a user-defined network (the endpoints controller's
+/// `k8s.ovn.org/endpointslice-network`): those are carried out in the network's namespace
+/// (`crate::udn_svc`), never by the pod network's table.
+fn on_udn(s: &EndpointSlice) -> bool {
+    s.metadata.annotations.as_ref().is_some_and(|a| {
+        a.contains_key(ferrovirt_network::udn_svc::ENDPOINTSLICE_NETWORK_ANNOTATION)
+    })
 }
 
 /// Keeps the node's Service table equal to the Services and EndpointSlices (pod network
@@ -157,7 +176,7 @@ fn render(
     services_nft_script(table, node.ipam.cluster, &ports)
 }
 
-async fn drive<K>(
+pub(crate) async fn drive<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     tx: tokio::sync::mpsc::Sender<()>,
@@ -221,6 +240,17 @@ mod tests {
         ];
         let ports = service_ports(&services, &slices);
         assert_eq!(ports.len(), 1);
+        // A slice on a user-defined network is never the pod network's.
+        let mut udn = (*slices[0]).clone();
+        udn.metadata.annotations = Some(
+            [(
+                ferrovirt_network::udn_svc::ENDPOINTSLICE_NETWORK_ANNOTATION.to_string(),
+                "ns_net".to_string(),
+            )]
+            .into(),
+        );
+        let p = service_ports(&services, &[Arc::new(udn)]);
+        assert!(p[0].endpoints.is_empty(), "{p:?}");
         assert_eq!(ports[0].cluster_ip, Some(Ipv4Addr::new(10, 96, 0, 10)));
         assert_eq!(ports[0].node_port, Some(30080));
         assert_eq!(

@@ -83,9 +83,11 @@ pub fn vmi_plan(
 }
 
 impl AgentNet {
-    /// The VMI's Primary UDN, if its namespace has one ([`crate::udn::resolve`]); a node with
-    /// an uplink gives the network its gateway (the subnet's first address, which the
-    /// controller never hands out; a Layer3 network's host subnet's) and egress.
+    /// The VMI's Primary UDN, if its namespace has one ([`crate::udn::resolve`]); a Layer2
+    /// network always has its gateway (the subnet's first address, which the controller never
+    /// hands out: DHCP router, Services), egress only on a node with an uplink; a Layer3
+    /// network's gateway (its host subnet's first address) is on its bridge anyway, the
+    /// gateway here adds the egress on a node with an uplink.
     pub(crate) async fn primary_udn(
         &self,
         client: &kube::Client,
@@ -94,10 +96,12 @@ impl AgentNet {
     ) -> Result<Option<crate::udn::PrimaryUdn>, AgentError> {
         let local = self.opts.as_ref().and_then(|o| o.node_ip);
         let mut u = crate::udn::resolve(client, vmi, node.netns.as_deref(), local).await?;
-        if let (Some(u), Some(up)) = (u.as_mut(), node.uplink.as_ref()) {
+        if let Some(u) = u.as_mut()
+            && (!u.network.layer3 || node.uplink.is_some())
+        {
             u.network.gateway = Some(ferrovirt_network::udn::UdnGateway {
                 address: u.network.subnet.gateway(),
-                uplink: up.clone(),
+                uplink: node.uplink.clone(),
             });
         }
         Ok(u)
@@ -132,7 +136,7 @@ impl AgentNet {
     /// The networks the node's VMIs use (from their plans: the pod interface's Primary UDN
     /// and the Multus interfaces' Secondary UDNs), by namespace; `except` is left out
     /// (a VMI being detached).
-    fn udns_in_use(&self, except: Option<&str>) -> BTreeMap<String, UdnNetwork> {
+    pub(crate) fn udns_in_use(&self, except: Option<&str>) -> BTreeMap<String, UdnNetwork> {
         self.cfg
             .local_uids()
             .iter()

@@ -37,6 +37,7 @@ pub mod secondary;
 pub mod services;
 pub mod udn;
 pub mod udn_l3;
+pub mod udn_svc;
 
 pub use error::{Error, Result};
 pub use ipam::{Ipam, Ipv4Cidr, MacAddr};

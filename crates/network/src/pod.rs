@@ -230,8 +230,12 @@ pub async fn setup_udn_network(
         crate::apply::apply_one(vx).await?;
     }
     apply_all(&steps.after).await?;
-    if net.gateway.is_none() {
-        return Ok(());
+    match &net.gateway {
+        None => return Ok(()),
+        Some(g) if g.uplink.is_none() => {
+            return apply_all(&crate::udn::gateway_steps(net, 0, cluster)).await;
+        }
+        Some(_) => {}
     }
     let index = match transit_of(&net.netns).await? {
         Some(i) => i,

@@ -23,7 +23,7 @@ pub enum Proto {
 }
 
 impl Proto {
-    fn nft(self) -> &'static str {
+    pub(crate) fn nft(self) -> &'static str {
         match self {
             Proto::Tcp => "tcp",
             Proto::Udp => "udp",
@@ -89,34 +89,7 @@ pub fn services_nft_script(table: &str, cluster: Ipv4Cidr, ports: &[ServicePort]
             chains,
             "  chain {chain} {{\n    ct mark set ct mark | {SERVICE_MARK:#x}"
         );
-        // One target port for all (the endpoints controller keeps one port set per slice);
-        // endpoints with another one get their own numgen arm by address and port.
-        let same_port = eps.iter().all(|(_, tp)| *tp == eps[0].1);
-        let n = eps.len();
-        if same_port {
-            let arms: Vec<String> = eps
-                .iter()
-                .enumerate()
-                .map(|(k, (ip, _))| format!("{k} : {ip}"))
-                .collect();
-            let _ = writeln!(
-                chains,
-                "    meta l4proto {proto} dnat to numgen random mod {n} map {{ {} }} : {}\n  }}",
-                arms.join(", "),
-                eps[0].1
-            );
-        } else {
-            let arms: Vec<String> = eps
-                .iter()
-                .enumerate()
-                .map(|(k, (ip, tp))| format!("{k} : {ip} . {tp}"))
-                .collect();
-            let _ = writeln!(
-                chains,
-                "    meta l4proto {proto} dnat ip addr . port to numgen random mod {n} map {{ {} }}\n  }}",
-                arms.join(", ")
-            );
-        }
+        let _ = writeln!(chains, "    {}\n  }}", dnat_rule(proto, &eps));
     }
     let mut body = String::new();
     body.push_str(
@@ -132,6 +105,36 @@ pub fn services_nft_script(table: &str, cluster: Ipv4Cidr, ports: &[ServicePort]
         "  chain postrouting {{\n    type nat hook postrouting priority 110; policy accept;\n    ct mark & {SERVICE_MARK:#x} == {SERVICE_MARK:#x} masquerade\n  }}\n"
     );
     replace_table("ip", table, &body)
+}
+
+/// The DNAT statement spreading a connection over `eps` (sorted, deduplicated, not empty) by
+/// `numgen random mod N`: one target port for all (the endpoints controller keeps one port
+/// set per slice), else address-and-port arms.
+pub(crate) fn dnat_rule(proto: &str, eps: &[(Ipv4Addr, u16)]) -> String {
+    let same_port = eps.iter().all(|(_, tp)| *tp == eps[0].1);
+    let n = eps.len();
+    if same_port {
+        let arms: Vec<String> = eps
+            .iter()
+            .enumerate()
+            .map(|(k, (ip, _))| format!("{k} : {ip}"))
+            .collect();
+        format!(
+            "meta l4proto {proto} dnat to numgen random mod {n} map {{ {} }} : {}",
+            arms.join(", "),
+            eps[0].1
+        )
+    } else {
+        let arms: Vec<String> = eps
+            .iter()
+            .enumerate()
+            .map(|(k, (ip, tp))| format!("{k} : {ip} . {tp}"))
+            .collect();
+        format!(
+            "meta l4proto {proto} dnat ip addr . port to numgen random mod {n} map {{ {} }}",
+            arms.join(", ")
+        )
+    }
 }
 
 #[cfg(test)]

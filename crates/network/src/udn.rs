@@ -152,8 +152,10 @@ pub struct UdnNetwork {
 #[serde(rename_all = "camelCase")]
 pub struct UdnGateway {
     pub address: Ipv4Addr,
-    /// The node's uplink (`--uplink`).
-    pub uplink: String,
+    /// The node's uplink (`--uplink`); `None`: the gateway serves the network (DHCP router,
+    /// Services) but nothing leaves it.
+    #[serde(default)]
+    pub uplink: Option<String>,
 }
 
 /// Transit links between a network's namespace and the node's: `/30`s from this range, one
@@ -260,7 +262,8 @@ pub fn network_gateway_script(net: &UdnNetwork) -> String {
 /// The steps of the network's gateway on this node with transit index `i` (after
 /// [`network_steps`]); `cluster` is the cluster CIDR. A Layer3 network's gateway address
 /// (its host subnet's first) is already on the bridge ([`crate::udn_l3::routed_steps`]):
-/// only the egress is added, with the same protections.
+/// only the egress is added, with the same protections. Without an uplink only the address
+/// (and its tables): no transit link, no egress.
 pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action> {
     let Some(gw) = &net.gateway else {
         return Vec::new();
@@ -280,10 +283,6 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
             netns: ns.clone(),
             script: network_gateway_script(net),
         },
-        Action::Nft {
-            netns: nn.clone(),
-            script: node_gateway_script(cluster, &gw.uplink),
-        },
     ];
     if !net.layer3 {
         steps.extend([
@@ -300,7 +299,14 @@ pub fn gateway_steps(net: &UdnNetwork, i: u16, cluster: Ipv4Cidr) -> Vec<Action>
             ip(&ns, &["addr", "replace", &gw_addr, "dev", BRIDGE]),
         ]);
     }
+    let Some(uplink) = &gw.uplink else {
+        return steps;
+    };
     steps.extend([
+        Action::Nft {
+            netns: nn.clone(),
+            script: node_gateway_script(cluster, uplink),
+        },
         crate::render::add_veth_pair(&nn, &hv, GW_VETH, &net.netns, "1500"),
         ip(
             &nn,

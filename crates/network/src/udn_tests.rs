@@ -216,7 +216,7 @@ fn a_gateway_is_anycast_with_its_own_transit_link() {
     assert!(gateway_steps(&n, 0, cluster).is_empty());
     n.gateway = Some(UdnGateway {
         address: Ipv4Addr::new(10, 100, 0, 1),
-        uplink: "under0".into(),
+        uplink: Some("under0".into()),
     });
     let steps: Vec<String> = gateway_steps(&n, 1, cluster)
         .iter()
@@ -376,7 +376,7 @@ fn a_vmi_joins_the_network_bridge_with_its_annotated_address() {
     let mut gw = n.clone();
     gw.gateway = Some(UdnGateway {
         address: Ipv4Addr::new(10, 100, 0, 1),
-        uplink: "up0".into(),
+        uplink: Some("up0".into()),
     });
     let pg = vmi_plan(&gw, &v, addr).unwrap();
     assert_eq!(pg.lease.router, Some(Ipv4Addr::new(10, 100, 0, 1)));
@@ -520,7 +520,7 @@ fn a_primary_layer3_gateway_is_egress_only() {
     .unwrap();
     n.gateway = Some(UdnGateway {
         address: n.subnet.gateway(),
-        uplink: "under0".into(),
+        uplink: Some("under0".into()),
     });
     let cluster: Ipv4Cidr = "10.244.0.0/16".parse().unwrap();
     let steps: Vec<String> = gateway_steps(&n, 2, cluster)

@@ -222,6 +222,40 @@ pub fn desired(svc: &Value, vmis: &[Value]) -> Option<Desired> {
     Some(Desired { slice, endpoints })
 }
 
+/// Marks the slice of a Service whose namespace's primary network is the user-defined network
+/// `network` with OVN-Kubernetes' `k8s.ovn.org/endpointslice-network: <network>`: its
+/// addresses (the VMIs' `status.interfaces[0].ipAddress`) are on that network, carried out in
+/// the network's namespace on each node, never by the pod network's table.
+pub fn mark_network(want: &mut Desired, network: Option<&str>) {
+    if let Some(n) = network {
+        want.slice["metadata"]["annotations"] = json!({
+            ferrovirt_network::udn_svc::ENDPOINTSLICE_NETWORK_ANNOTATION: n
+        });
+    }
+}
+
+/// The Warning Event message for a NodePort Service whose endpoints are on the user-defined
+/// network `network`: its node ports are not carried out there (ClusterIP only); None
+/// otherwise.
+pub fn node_port_refusal(svc: &Value, network: Option<&str>) -> Option<String> {
+    let network = network?;
+    let ports: Vec<String> = svc
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["nodePort"].as_i64())
+        .map(|n| n.to_string())
+        .collect();
+    (s(svc, "/spec/type") == Some("NodePort") || !ports.is_empty()).then(|| {
+        format!(
+            "spec.ports[].nodePort {}: node ports are not carried out for Services on the \
+             user-defined network {network} (its ClusterIP is, from that network)",
+            ports.join(",")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +305,33 @@ mod tests {
                 .len(),
             2
         );
+    }
+
+    #[test]
+    fn slices_on_a_primary_udn_are_marked_with_the_network() {
+        let vmis = [vmi("a", "10.100.0.7", "Running", json!({"app": "web"}))];
+        let mut d = desired(&svc(json!({"app": "web"}), json!(80)), &vmis).unwrap();
+        let plain = d.clone();
+        mark_network(&mut d, None);
+        assert_eq!(d, plain);
+        mark_network(&mut d, Some("ns_net"));
+        assert_eq!(
+            d.slice["metadata"]["annotations"]["k8s.ovn.org/endpointslice-network"],
+            "ns_net"
+        );
+        assert_eq!(d.slice["endpoints"][0]["addresses"], json!(["10.100.0.7"]));
+        assert!(d.endpoints["metadata"].get("annotations").is_none());
+    }
+
+    #[test]
+    fn node_ports_on_a_udn_are_refused_in_an_event() {
+        let mut sv = svc(json!({"app": "web"}), json!(80));
+        assert_eq!(node_port_refusal(&sv, Some("ns_net")), None);
+        sv["spec"]["type"] = json!("NodePort");
+        sv["spec"]["ports"][0]["nodePort"] = json!(30080);
+        assert_eq!(node_port_refusal(&sv, None), None);
+        let m = node_port_refusal(&sv, Some("ns_net")).unwrap();
+        assert!(m.contains("30080") && m.contains("ns_net"), "{m}");
     }
 
     #[test]
