@@ -13,15 +13,18 @@
 //! migrates to node A keeping its address; deleting the VMs removes the networks' namespaces
 //! on both nodes.
 
+mod udnkit;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ferrovirt_testkit::netns::{Netns, NodePair, pod_network_args, wait_vmi_netns_gone};
-use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest};
+use ferrovirt_testkit::Cluster;
+use ferrovirt_testkit::netns::{Netns, NodePair};
 use serde_json::Value;
+use udnkit::{
+    Attach, Guest, Machine, Underlay, disk_claim, node_dir, pings, udn_namespaces, wait_running,
+};
 
-const BOOT: Duration = Duration::from_secs(240);
 const A_IP: &str = "192.168.249.1";
 const B_IP: &str = "192.168.249.2";
 const B_CIDR: &str = "10.244.210.0/24";
@@ -29,6 +32,13 @@ const B_CIDR: &str = "10.244.210.0/24";
 const GATEWAY: &str = "10.100.0.1";
 /// An address the test adds in b1's guest: it exists only in ub's network.
 const ONLY_IN_UB: &str = "10.100.0.250";
+const UNDERLAY: Underlay = Underlay {
+    prefix: "fvu",
+    a_ip: A_IP,
+    b_ip: B_IP,
+    b_cidr: B_CIDR,
+    uplink: true,
+};
 
 fn udn_yaml(ns: &str) -> String {
     format!(
@@ -52,146 +62,24 @@ spec:
     )
 }
 
-/// A PV holding a copy of the test guest's disk and a claim `<vm>-root` in `ns` bound to it
-/// (`shared`: ReadWriteMany, both nodes being one host: the VM is live-migratable).
-fn disk_claim(c: &Cluster, ns: &str, vm: &str, shared: bool) -> anyhow::Result<()> {
-    let mode = if shared {
-        "ReadWriteMany"
-    } else {
-        "ReadWriteOnce"
-    };
-    let g = TestGuest::get()?;
-    let dir = c.dir().join("pvs").join(format!("{ns}-{vm}"));
-    std::fs::create_dir_all(&dir)?;
-    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
-    c.apply(&format!(
-        r#"
-apiVersion: v1
-kind: PersistentVolume
-metadata: {{name: pv-{ns}-{vm}}}
-spec:
-  capacity: {{storage: 1Gi}}
-  accessModes: [{mode}]
-  persistentVolumeReclaimPolicy: Retain
-  hostPath: {{path: {dir}}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: {vm}-root, namespace: {ns}}}
-spec:
-  accessModes: [{mode}]
-  resources: {{requests: {{storage: 1Gi}}}}
-  volumeName: pv-{ns}-{vm}
-"#,
-        dir = dir.display()
-    ))?;
-    Ok(())
-}
-
-/// `selector`: the template's nodeSelector entry (`key: value`).
-fn vm_yaml(ns: &str, name: &str, selector: &str) -> String {
-    format!(
-        r##"
-apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      nodeSelector: {{{selector}}}
-      domain:
-        memory: {{guest: 128Mi}}
-        devices:
-          disks:
-          - {{name: root, disk: {{bus: virtio}}}}
-          - {{name: ci, disk: {{bus: virtio}}}}
-          interfaces:
-          - {{name: default, bridge: {{}}}}
-      networks:
-      - {{name: default, pod: {{}}}}
-      volumes:
-      - {{name: root, persistentVolumeClaim: {{claimName: {name}-root}}}}
-      - {{name: ci, cloudInitNoCloud: {{userData: "#!/bin/sh\ntrue\n"}}}}
-"##
-    )
-}
-
-struct Guest {
-    uid: String,
-    ip: String,
-    console: SerialConsole,
-}
-
-/// The VMI `ns/name` Running with an address in status; returns it.
-fn wait_running(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<Value> {
-    c.wait_until(
-        &format!("VMI {ns}/{name} Running with an address"),
-        BOOT,
-        || {
-            let out = c.kubectl(&["get", "vmi", name, "-n", ns, "-o", "json"])?;
-            if !out.status.success() {
-                return Ok(None);
-            }
-            let v: Value = serde_json::from_slice(&out.stdout)?;
-            if v["status"]["phase"] == "Failed" {
-                anyhow::bail!("VMI {ns}/{name} failed: {}", v["status"]["conditions"]);
-            }
-            let ok = v["status"]["phase"] == "Running"
-                && v["status"]["interfaces"][0]["ipAddress"].is_string();
-            Ok(ok.then_some(v))
-        },
-    )
-}
-
-/// The guest's serial console once it printed its lease and the ready marker.
-fn guest(c: &Cluster, v: &Value, node_dir: PathBuf) -> anyhow::Result<Guest> {
-    let uid = v["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+/// The guest of VMI `v` once it leased the annotated address with the network's gateway as
+/// its router.
+fn guest(c: &Cluster, v: &Value, node_dir: std::path::PathBuf) -> anyhow::Result<Guest> {
     let ip = v["status"]["interfaces"][0]["ipAddress"]
         .as_str()
         .unwrap_or_default()
         .to_string();
-    let dir = node_dir.join("vmis").join(&uid);
-    let log = c.wait_until("guest ready", BOOT, || {
-        let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
-        let log = String::from_utf8_lossy(&log).into_owned();
-        Ok(log.contains("FERROVIRT-READY").then_some(log))
-    })?;
-    // The guest leased the annotated address, with the network's gateway as its router.
-    let lease = c
-        .wait_until("guest lease", Duration::from_secs(60), || {
-            let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
-            let log = String::from_utf8_lossy(&log).into_owned();
-            Ok(log
-                .lines()
-                .find(|l| l.contains("FERROVIRT-DHCP eth0"))
-                .map(String::from))
-        })
-        .map_err(|e| anyhow::anyhow!("{e}: {log}"))?;
-    assert!(
-        lease.contains(&format!("ip={ip}/24 router={GATEWAY}")),
-        "{lease}"
-    );
-    let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
-    Ok(Guest { uid, ip, console })
-}
-
-/// `ping` from a guest: Ok(true) when answered within the retries.
-fn pings(g: &Guest, addr: &str, tries: u32) -> anyhow::Result<(bool, String)> {
-    let mut last = String::new();
-    for _ in 0..tries {
-        let (out, rc) = g
-            .console
-            .exec(&format!("ping -c 3 -W 2 {addr}"), Duration::from_secs(20))?;
-        if rc == 0 {
-            return Ok((true, out));
-        }
-        last = out;
-    }
-    Ok((false, last))
+    let eth0_lease = Some(format!("ip={ip}/24 router={GATEWAY}"));
+    let node_dir = &node_dir;
+    Guest::attach(
+        c,
+        v,
+        Attach {
+            ip,
+            node_dir,
+            eth0_lease,
+        },
+    )
 }
 
 fn ping_avg_ms(out: &str) -> Option<f64> {
@@ -205,53 +93,16 @@ fn ping_avg_ms(out: &str) -> Option<f64> {
         .ok()
 }
 
-fn node_dir(c: &Cluster, node: &str) -> PathBuf {
-    if node == "node-a" {
-        c.agent_dir()
-    } else {
-        c.extra_agent_dir("node-b")
-    }
-}
-
-fn udn_namespaces(node: &Netns) -> anyhow::Result<Vec<String>> {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()?;
-    let suffix = format!("-{}", node.name());
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with("fvn-") && n.ends_with(&suffix))
-        .map(String::from)
-        .collect())
-}
-
 #[test]
 fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()> {
     let started = Instant::now();
-    TestGuest::get()?;
-    let pair = NodePair::new("fvu", A_IP, B_IP)?;
+    let pair = UNDERLAY.nodes()?;
     let NodePair {
         a: node_a,
         b: node_b,
     } = pair;
     // Both nodes with an uplink (the underlay): the networks get their gateway.
-    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
-    opts.node_name = Some("node-a".into());
-    opts.extra_args = pod_network_args(&node_a, A_IP, None)
-        .into_iter()
-        .chain(["--uplink", "under0"])
-        .map(String::from)
-        .collect();
-    let mut c = Cluster::start(&opts)?;
-    let mut b_args = pod_network_args(&node_b, B_IP, Some(B_CIDR));
-    b_args.extend(["--uplink", "under0", "--endpoint-listen", "0.0.0.0:0"]);
-    c.start_agent_with("node-b", &b_args)?;
-    c.wait_until("both nodes with a podCIDR", Duration::from_secs(60), || {
-        let a = c.get_json(&["node", "node-a"])?;
-        let b = c.get_json(&["node", "node-b"])?;
-        Ok((a["spec"]["podCIDR"].is_string() && b["spec"]["podCIDR"].is_string()).then_some(()))
-    })?;
+    let mut c = UNDERLAY.start(&node_a, &node_b)?;
 
     // Two namespaces, each with its Primary UDN on the same subnet; the controller gives
     // each network its VNI.
@@ -291,7 +142,14 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
             format!("kubernetes.io/hostname: {node}")
         };
         disk_claim(&c, ns, name, name == "a2")?;
-        c.apply(&vm_yaml(ns, name, &selector))?;
+        let m = Machine {
+            ns,
+            name,
+            selector: &selector,
+            pod_binding: "bridge",
+            multus: None,
+        };
+        c.apply(&m.vm_yaml())?;
     }
     let mut guests: BTreeMap<&str, Guest> = BTreeMap::new();
     let mut guards = Vec::new();
@@ -305,21 +163,14 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
             "{name}: {ip}"
         );
         // The address is the one the controller annotated.
-        let ann: Value = serde_json::from_str(
-            v["metadata"]["annotations"]["k8s.ovn.org/pod-networks"]
-                .as_str()
-                .unwrap_or("{}"),
-        )?;
+        let ann = udnkit::pod_networks(&v)?;
         assert_eq!(
             ann[format!("{ns}/net")]["ip_addresses"][0],
             format!("{ip}/24"),
             "{ann}"
         );
         // Live-migratable exactly when the disk is shared: the UDN interface moves.
-        let cond = v["status"]["conditions"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["type"] == "LiveMigratable").cloned())
-            .unwrap_or_default();
+        let cond = udnkit::live_migratable(&v);
         let want = if name == "a2" { "True" } else { "False" };
         assert_eq!(cond["status"], want, "{name}: {cond}");
         if name != "a2" {
@@ -418,16 +269,10 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     // Node B's agent killed; meanwhile its networks lose their VXLAN devices. The restarted
     // agent re-attaches its running VMIs: the networks are made again (the flood lists too)
     // and the guests reach their peers on node A again.
-    let pid = c.agent_pid("node-b").expect("node-b's agent");
-    ferrovirt_testkit::cluster::signal(pid, "KILL");
-    std::thread::sleep(Duration::from_millis(500));
-    let b_nets = udn_namespaces(&node_b)?;
-    for n in &b_nets {
-        ferrovirt_testkit::netns::sh(&["ip", "-n", n, "link", "del", "udn-vx0"])?;
-    }
+    let b_nets = udnkit::kill_node_b_and_its_vxlans(&c, &node_b)?;
     let (ok, _) = pings(&guests["a2"], &guests["a1"].ip, 1)?;
     assert!(!ok, "a2 reached a1 without node B's VXLAN device");
-    c.start_agent_with("node-b", &b_args)?;
+    UNDERLAY.start_node_b(&mut c, &node_b)?;
     let restarted = Instant::now();
     c.wait_until(
         "node B's networks made again",
@@ -515,21 +360,10 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     )));
     c.kubectl_ok(&["label", "node", "node-a", "udn-test/a2=yes"])?;
     let migrated = Instant::now();
-    c.apply(
-        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\n\
-         metadata: {name: a2-mig, namespace: ua}\nspec: {vmiName: a2}\n",
-    )?;
-    let m = c.wait_until("a2's migration finished", Duration::from_secs(180), || {
-        let v = c.get_json(&["vmim", "a2-mig", "-n", "ua"])?;
-        let phase = v["status"]["phase"].as_str().unwrap_or_default();
-        Ok(matches!(phase, "Succeeded" | "Failed").then_some(v))
-    })?;
+    let m = udnkit::migrate(&c, "ua", "a2")?;
     assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
     let migration_took = migrated.elapsed();
-    let after = c.wait_until("a2 Running on node A", Duration::from_secs(60), || {
-        let v = c.get_json(&["vmi", "a2", "-n", "ua"])?;
-        Ok((v["status"]["phase"] == "Running" && v["status"]["nodeName"] == "node-a").then_some(v))
-    })?;
+    let after = udnkit::running_on(&c, "ua", "a2", "node-a")?;
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
     assert_eq!(
         after["status"]["interfaces"][0]["ipAddress"],
@@ -551,17 +385,7 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     // node, the network's namespace there.
     let uids: Vec<String> = guests.values().map(|g| g.uid.clone()).collect();
     drop(guests);
-    for (ns, name, _) in vms {
-        c.kubectl_ok(&["delete", "vm", name, "-n", ns, "--wait=false"])?;
-    }
-    wait_vmi_netns_gone(&c, &uids, Duration::from_secs(120))?;
-    for node in [&node_a, &node_b] {
-        c.wait_until(
-            "the networks' namespaces removed",
-            Duration::from_secs(60),
-            || Ok(udn_namespaces(node)?.is_empty().then_some(())),
-        )?;
-    }
+    udnkit::delete_all(&c, "vm", &vms, &uids, &[&node_a, &node_b])?;
     eprintln!(
         "addresses {addrs:?}; VNIs {vnis:?}; VMIs Running after {boot_done:?}; RTT a1->a2 {rtt_a:?} ms, b1->b2 \
          {rtt_b:?} ms (across nodes); node B's networks repaired {repaired:?} after its agent \

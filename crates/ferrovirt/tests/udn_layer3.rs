@@ -16,19 +16,28 @@
 //! LiveMigratable=False naming the Layer3 network; deleting the VMIs removes the networks'
 //! namespaces.
 
+mod udnkit;
+
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ferrovirt_testkit::netns::{Netns, NodePair, pod_network_args, wait_vmi_netns_gone};
-use ferrovirt_testkit::{Cluster, ClusterOptions, SerialConsole, TestGuest};
+use ferrovirt_testkit::Cluster;
+use ferrovirt_testkit::netns::{Netns, NodePair};
 use serde_json::Value;
+use udnkit::{Attach, Machine, Underlay, disk_claim, pings, reach_all, reached, udn_namespaces};
 
-const BOOT: Duration = Duration::from_secs(240);
 const A_IP: &str = "192.168.247.1";
 const B_IP: &str = "192.168.247.2";
 const B_CIDR: &str = "10.244.212.0/24";
 /// The Secondary Layer3 networks' subnet (both namespaces').
 const SEC_CIDR: &str = "10.210.0.0/16";
+const UNDERLAY: Underlay = Underlay {
+    prefix: "fv3",
+    a_ip: A_IP,
+    b_ip: B_IP,
+    b_cidr: B_CIDR,
+    uplink: true,
+};
 
 fn udn_yaml() -> String {
     let sec = |ns: &str| {
@@ -72,92 +81,27 @@ spec:
     )
 }
 
-fn disk_claim(c: &Cluster, ns: &str, vm: &str) -> anyhow::Result<()> {
-    let g = TestGuest::get()?;
-    let dir = c.dir().join("pvs").join(vm);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::copy(&g.disk_raw, dir.join("disk.img"))?;
-    c.apply(&format!(
-        r#"
-apiVersion: v1
-kind: PersistentVolume
-metadata: {{name: pv-l3-{vm}}}
-spec:
-  capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  hostPath: {{path: {dir}}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: {vm}-root, namespace: {ns}}}
-spec:
-  accessModes: [ReadWriteOnce]
-  resources: {{requests: {{storage: 1Gi}}}}
-  volumeName: pv-l3-{vm}
-"#,
-        dir = dir.display()
-    ))?;
-    Ok(())
-}
-
-/// In l3 the pod network is the Primary network (bridge binding); elsewhere masquerade.
-fn vmi_yaml(ns: &str, name: &str, node: &str) -> String {
-    let binding = if ns == "l3" { "bridge" } else { "masquerade" };
-    format!(
-        r##"
-apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  domain:
-    memory: {{guest: 128Mi}}
-    devices:
-      disks:
-      - {{name: root, disk: {{bus: virtio}}}}
-      - {{name: ci, disk: {{bus: virtio}}}}
-      interfaces:
-      - {{name: default, {binding}: {{}}}}
-      - {{name: sec, bridge: {{}}}}
-  networks:
-  - {{name: default, pod: {{}}}}
-  - {{name: sec, multus: {{networkName: sec}}}}
-  volumes:
-  - {{name: root, persistentVolumeClaim: {{claimName: {name}-root}}}}
-  - {{name: ci, cloudInitNoCloud: {{userData: "#!/bin/sh\ntrue\n"}}}}
-"##
-    )
-}
-
-struct Guest {
-    uid: String,
-    /// The address on the Primary network (l3 only).
-    ip: String,
-    /// The address on `sec` (eth1) and the node's gateway there.
+/// A guest (its `ip`: the address on the Primary network, l3 only) with its address on `sec`
+/// (eth1) and the node's gateway there.
+struct L3Guest {
+    guest: udnkit::Guest,
     sec_ip: String,
     sec_gw: String,
-    console: SerialConsole,
+}
+
+impl std::ops::Deref for L3Guest {
+    type Target = udnkit::Guest;
+    fn deref(&self) -> &udnkit::Guest {
+        &self.guest
+    }
 }
 
 /// The VMI Running with its addresses; its guest leased them: in l3 on eth0 with its node's
 /// gateway as router; on eth1 (asked for here: the guest leases eth0 only) with no router and
 /// the route for the whole Secondary network via its node's gateway.
-fn guest(c: &Cluster, ns: &str, name: &str, node_dir: PathBuf) -> anyhow::Result<(Guest, Value)> {
-    let v = c.wait_until(&format!("VMI {ns}/{name} Running"), BOOT, || {
-        let v = c.get_json(&["vmi", name, "-n", ns])?;
-        if v["status"]["phase"] == "Failed" {
-            anyhow::bail!("VMI {ns}/{name} failed: {}", v["status"]["conditions"]);
-        }
-        let ok = v["status"]["phase"] == "Running"
-            && v["status"]["interfaces"][0]["ipAddress"].is_string();
-        Ok(ok.then_some(v))
-    })?;
-    let ann: Value = serde_json::from_str(
-        v["metadata"]["annotations"]["k8s.ovn.org/pod-networks"]
-            .as_str()
-            .unwrap_or("{}"),
-    )?;
+fn guest(c: &Cluster, ns: &str, name: &str, node_dir: PathBuf) -> anyhow::Result<(L3Guest, Value)> {
+    let v = udnkit::wait_running(c, ns, name)?;
+    let ann = udnkit::pod_networks(&v)?;
     let sec = &ann[format!("{ns}/sec")];
     assert_eq!(sec["role"], "secondary", "{ann}");
     assert!(sec["gateway_ips"].is_null(), "{ann}");
@@ -179,34 +123,18 @@ fn guest(c: &Cluster, ns: &str, name: &str, node_dir: PathBuf) -> anyhow::Result
         assert_eq!(v["status"]["interfaces"][0]["ipAddress"], ip.as_str());
         cidr_gw = Some(format!("ip={cidr} router={gw}"));
     }
-    let uid = v["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let dir = node_dir.join("vmis").join(&uid);
-    let serial = || {
-        let log = std::fs::read(dir.join("serial.log")).unwrap_or_default();
-        String::from_utf8_lossy(&log).into_owned()
-    };
-    c.wait_until("guest ready", BOOT, || {
-        Ok(serial().contains("FERROVIRT-READY").then_some(()))
-    })?;
-    if let Some(want) = cidr_gw {
-        let lease = c.wait_until("eth0's lease", Duration::from_secs(60), || {
-            Ok(serial()
-                .lines()
-                .find(|l| l.contains("FERROVIRT-DHCP eth0"))
-                .map(String::from))
-        })?;
-        assert!(lease.contains(&want), "{lease}");
-    }
-    let console = SerialConsole::connect(&dir.join("serial.sock"), Duration::from_secs(10))?;
-    let (out, rc) = console.exec(
-        "udhcpc -i eth1 -s /etc/udhcpc.script -q -n -t 10 -T 1 >/dev/null 2>&1; \
-         ip -4 -o addr show eth1; ip route",
-        Duration::from_secs(60),
+    let node_dir = &node_dir;
+    let eth0_lease = cidr_gw;
+    let guest = udnkit::Guest::attach(
+        c,
+        &v,
+        Attach {
+            ip,
+            node_dir,
+            eth0_lease,
+        },
     )?;
-    assert_eq!(rc, 0, "{name}: {out}");
+    let out = guest.lease_eth1(name, "; ip route")?;
     assert!(out.contains(&format!("inet {sec_cidr}")), "{name}: {out}");
     assert!(
         out.contains(&format!("{SEC_CIDR} via {sec_gw} dev eth1")),
@@ -217,105 +145,23 @@ fn guest(c: &Cluster, ns: &str, name: &str, node_dir: PathBuf) -> anyhow::Result
             .any(|l| l.starts_with("default") && l.contains("eth1")),
         "{name}: a default route on the Secondary interface: {out}"
     );
-    let g = Guest {
-        uid,
-        ip,
+    let g = L3Guest {
+        guest,
         sec_ip,
         sec_gw,
-        console,
     };
     Ok((g, v))
-}
-
-fn pings(g: &Guest, addr: &str, tries: u32) -> anyhow::Result<(bool, String)> {
-    let mut last = String::new();
-    for _ in 0..tries {
-        let (out, rc) = g
-            .console
-            .exec(&format!("ping -c 3 -W 2 {addr}"), Duration::from_secs(20))?;
-        if rc == 0 {
-            return Ok((true, out));
-        }
-        last = out;
-    }
-    Ok((false, last))
-}
-
-fn udn_namespaces(node: &Netns) -> anyhow::Result<Vec<String>> {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()?;
-    let suffix = format!("-{}", node.name());
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with("fvn-") && n.ends_with(&suffix))
-        .map(String::from)
-        .collect())
-}
-
-/// The addresses among `addrs` that answered `count` pings from `g` (at least once, 2 s wait).
-fn reached(g: &Guest, addrs: &[&str], count: u32) -> anyhow::Result<Vec<String>> {
-    let list = addrs.join(" ");
-    let (out, _) = g.console.exec(
-        &format!(
-            "for a in {list}; do ping -c {count} -W 2 $a >/dev/null 2>&1 && echo REACHED''-$a; done; true"
-        ),
-        Duration::from_secs(30),
-    )?;
-    Ok(out
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("REACHED-").map(String::from))
-        .collect())
-}
-
-fn migratable(v: &Value) -> Value {
-    v["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "LiveMigratable").cloned())
-        .unwrap_or_default()
-}
-
-/// Pings `addrs` from `g` until each answered once, `tries` rounds at most; the ones that
-/// never did.
-fn reach_all(g: &Guest, addrs: &[&str], tries: u32) -> anyhow::Result<Vec<String>> {
-    let mut missing: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-    for _ in 0..tries {
-        let list: Vec<&str> = missing.iter().map(String::as_str).collect();
-        let got = reached(g, &list, 2)?;
-        missing.retain(|a| !got.contains(a));
-        if missing.is_empty() {
-            break;
-        }
-    }
-    Ok(missing)
 }
 
 #[test]
 fn layer3_udns_route_between_node_subnets_with_egress() -> anyhow::Result<()> {
     let started = Instant::now();
-    TestGuest::get()?;
     let NodePair {
         a: node_a,
         b: node_b,
-    } = NodePair::new("fv3", A_IP, B_IP)?;
+    } = UNDERLAY.nodes()?;
     // Both nodes with an uplink (the underlay): the Primary network gets its egress.
-    let mut opts = ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt"));
-    opts.node_name = Some("node-a".into());
-    opts.extra_args = pod_network_args(&node_a, A_IP, None)
-        .into_iter()
-        .chain(["--uplink", "under0"])
-        .map(String::from)
-        .collect();
-    let mut c = Cluster::start(&opts)?;
-    let mut b_args = pod_network_args(&node_b, B_IP, Some(B_CIDR));
-    b_args.extend(["--uplink", "under0", "--endpoint-listen", "0.0.0.0:0"]);
-    c.start_agent_with("node-b", &b_args)?;
-    c.wait_until("both nodes with a podCIDR", Duration::from_secs(60), || {
-        let a = c.get_json(&["node", "node-a"])?;
-        let b = c.get_json(&["node", "node-b"])?;
-        Ok((a["spec"]["podCIDR"].is_string() && b["spec"]["podCIDR"].is_string()).then_some(()))
-    })?;
+    let c = UNDERLAY.start(&node_a, &node_b)?;
     c.apply(&udn_yaml())?;
     let vms = [
         ("l3", "g1", "node-a"),
@@ -323,21 +169,26 @@ fn layer3_udns_route_between_node_subnets_with_egress() -> anyhow::Result<()> {
         ("l3b", "t1", "node-b"),
     ];
     for (ns, name, node) in vms {
-        disk_claim(&c, ns, name)?;
-        c.apply(&vmi_yaml(ns, name, node))?;
+        disk_claim(&c, ns, name, false)?;
+        // In l3 the pod network is the Primary network (bridge binding); elsewhere masquerade.
+        let pod_binding = if ns == "l3" { "bridge" } else { "masquerade" };
+        let selector = format!("kubernetes.io/hostname: {node}");
+        let m = Machine {
+            ns,
+            name,
+            selector: &selector,
+            pod_binding,
+            multus: Some("sec"),
+        };
+        c.apply(&m.vmi_yaml())?;
     }
     let mut guests = std::collections::BTreeMap::new();
     let mut guards = Vec::new();
     for (ns, name, node) in vms {
-        let dir = if node == "node-a" {
-            c.agent_dir()
-        } else {
-            c.extra_agent_dir("node-b")
-        };
-        let (g, v) = guest(&c, ns, name, dir)?;
+        let (g, v) = guest(&c, ns, name, udnkit::node_dir(&c, node))?;
         // A Layer3 address belongs to its node: never live-migratable, saying why (t1: its
         // Secondary interface's network).
-        let cond = migratable(&v);
+        let cond = udnkit::live_migratable(&v);
         assert_eq!(cond["status"], "False", "{name}: {cond}");
         let msg = cond["message"].as_str().unwrap_or_default();
         let net = if ns == "l3" { "l3_net" } else { "l3b_sec" };
@@ -432,17 +283,7 @@ fn layer3_udns_route_between_node_subnets_with_egress() -> anyhow::Result<()> {
         .collect();
     let uids: Vec<String> = guests.values().map(|g| g.uid.clone()).collect();
     drop(guests);
-    for (ns, name, _) in vms {
-        c.kubectl_ok(&["delete", "vmi", name, "-n", ns, "--wait=false"])?;
-    }
-    wait_vmi_netns_gone(&c, &uids, Duration::from_secs(120))?;
-    for node in [&node_a, &node_b] {
-        c.wait_until(
-            "the networks' namespaces removed",
-            Duration::from_secs(60),
-            || Ok(udn_namespaces(node)?.is_empty().then_some(())),
-        )?;
-    }
+    udnkit::delete_all(&c, "vmi", &vms, &uids, &[&node_a, &node_b])?;
     eprintln!(
         "addresses {addrs:?}; routes {routes:?}; guests leased and Running after {booted:?}; \
          g1 -> g2 pinged in {pinged:?}; all pings and checks {checked:?}; whole test {:?}",
