@@ -26,7 +26,7 @@ use std::net::Ipv4Addr;
 use crate::ipam::Ipv4Cidr;
 use crate::render::{Action, add_veth_pair, ip, replace_table};
 use crate::services::{SERVICE_MARK, ServicePort, dnat_rule};
-use crate::udn::{BRIDGE, NadConfig, UdnNetwork, parse_nad_config};
+use crate::udn::{BRIDGE, UdnNetwork, parse_nad_config};
 
 /// The annotation on an EndpointSlice naming the user-defined network its addresses are on.
 pub const ENDPOINTSLICE_NETWORK_ANNOTATION: &str = "k8s.ovn.org/endpointslice-network";
@@ -52,17 +52,6 @@ pub struct PrimaryNet {
     pub cidr: Option<Ipv4Cidr>,
 }
 
-/// The network's IPv4 range from its NAD config (`subnets`; Layer3 entries are
-/// `cidr/hostSubnet`).
-pub fn network_cidr(config: &NadConfig) -> Option<Ipv4Cidr> {
-    config.subnets.iter().find_map(|s| {
-        let mut parts = s.splitn(3, '/');
-        let addr = parts.next()?;
-        let prefix = parts.next()?;
-        format!("{addr}/{prefix}").parse::<Ipv4Cidr>().ok()
-    })
-}
-
 /// The primary network of each namespace, from the user-defined networks' NADs given as
 /// `(namespace, spec.config)`: role primary, Layer2 or Layer3. A namespace with two (the
 /// agent refuses its VMIs) or a config that cannot be read has none.
@@ -78,7 +67,7 @@ pub fn primary_networks(nads: &[(String, String)]) -> BTreeMap<String, PrimaryNe
         let net = PrimaryNet {
             name: c.name.clone(),
             layer3: c.topology == "layer3",
-            cidr: network_cidr(&c),
+            cidr: crate::udn_l3::network_cidr(&c.subnets).ok(),
         };
         out.entry(ns.clone())
             .and_modify(|e| *e = None)
