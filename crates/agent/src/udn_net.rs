@@ -251,16 +251,29 @@ async fn wait_host_subnet(
     }
 }
 
+/// Removes the networks' namespaces no VMI of the node uses; once one went, the node's
+/// gateway table too when no network with an egress is left.
 async fn remove_unused(node_netns: Option<&str>, in_use: &BTreeMap<String, UdnNetwork>) {
+    let mut removed = false;
     for ns in ferrovirt_network::pod::udn_namespaces(node_netns) {
         if in_use.contains_key(&ns) {
             continue;
         }
+        removed = true;
         match ferrovirt_network::pod::teardown_udn_network(&ns).await {
             Ok(()) => {
                 tracing::info!(netns = %ns, "user-defined network no longer used here: removed")
             }
             Err(e) => tracing::warn!(netns = %ns, "removing user-defined network: {e}"),
         }
+    }
+    let egress_left = in_use
+        .values()
+        .any(|n| n.gateway.as_ref().is_some_and(|g| g.uplink.is_some()));
+    if removed
+        && let Some(a) = ferrovirt_network::udn::node_gateway_cleanup(node_netns, egress_left)
+        && let Err(e) = ferrovirt_network::apply::apply_one(&a).await
+    {
+        tracing::warn!("removing the node's user-defined network gateway table: {e}");
     }
 }

@@ -385,7 +385,25 @@ fn primary_udns_with_one_subnet_are_isolated_across_nodes() -> anyhow::Result<()
     // node, the network's namespace there.
     let uids: Vec<String> = guests.values().map(|g| g.uid.clone()).collect();
     drop(guests);
+    let has_gw_table = |node: &Netns| -> anyhow::Result<bool> {
+        let out = node.exec(&["nft", "list", "tables"])?;
+        anyhow::ensure!(out.status.success(), "nft list tables: {out:?}");
+        let tables = String::from_utf8_lossy(&out.stdout).into_owned();
+        Ok(tables.lines().any(|l| l.trim() == "table ip ferrovirt-udn"))
+    };
+    assert!(
+        has_gw_table(&node_a)?,
+        "node A has no gateway table while its networks egress"
+    );
     udnkit::delete_all(&c, "vm", &vms, &uids, &[&node_a, &node_b])?;
+    // With the last network the node's gateway table goes too.
+    for node in [&node_a, &node_b] {
+        c.wait_until(
+            "the node's ferrovirt-udn table removed",
+            Duration::from_secs(30),
+            || Ok((!has_gw_table(node)?).then_some(())),
+        )?;
+    }
     eprintln!(
         "addresses {addrs:?}; VNIs {vnis:?}; VMIs Running after {boot_done:?}; RTT a1->a2 {rtt_a:?} ms, b1->b2 \
          {rtt_b:?} ms (across nodes); node B's networks repaired {repaired:?} after its agent \

@@ -230,6 +230,16 @@ pub fn node_gateway_script(cluster: Ipv4Cidr, uplink: &str) -> String {
     crate::render::replace_table("ip", GW_TABLE, &body)
 }
 
+/// The node's gateway table ([`node_gateway_script`]) goes with the last network that has an
+/// egress on the node (`egress_left`: one is still in use).
+pub fn node_gateway_cleanup(node_netns: Option<&str>, egress_left: bool) -> Option<Action> {
+    (!egress_left).then(|| Action::DelNftTable {
+        netns: node_netns.map(String::from),
+        family: "ip".into(),
+        table: GW_TABLE.into(),
+    })
+}
+
 /// The network namespace's gateway tables: guests' traffic leaving through the transit veth
 /// is masqueraded to the transit address, nothing from the node's side starts a connection
 /// in, guests reach the gateway's own address only with ICMP echo, and no frame from the

@@ -568,3 +568,16 @@ fn a_primary_layer3_gateway_is_egress_only() {
         "{routed:#?}"
     );
 }
+
+#[test]
+fn the_node_gateway_table_goes_with_the_last_egress() {
+    assert_eq!(node_gateway_cleanup(Some("na"), true), None);
+    assert_eq!(
+        node_gateway_cleanup(Some("na"), false),
+        Some(Action::DelNftTable {
+            netns: Some("na".into()),
+            family: "ip".into(),
+            table: GW_TABLE.into(),
+        })
+    );
+}
