@@ -358,13 +358,19 @@ pub async fn run(client: Client, opts: AgentOptions) -> Result<(), AgentError> {
             agent.net.run_overlay(client, name).await
         }
     });
+    // One Service and one EndpointSlice watch for both Service tables (pod network nodes).
+    let (svc_caches, svc_watches) = crate::services::ServiceCaches::new(&agent.client);
+    if agent.net.node_network().is_some() {
+        tokio::spawn(svc_watches);
+    }
     let services = tokio::spawn({
         let agent = agent.clone();
-        async move { crate::services::run(&agent.net, agent.client.clone()).await }
+        let caches = svc_caches.clone();
+        async move { crate::services::run(&agent.net, caches).await }
     });
     tokio::spawn({
         let agent = agent.clone();
-        async move { crate::udn_svc::run(&agent.net, agent.client.clone()).await }
+        async move { crate::udn_svc::run(&agent.net, agent.client.clone(), svc_caches).await }
     });
     // Online merges a killed agent left unrecorded (docs/snapshots.md "Order and crashes").
     tokio::spawn(crate::nodestore::journal::resolve_at_start(

@@ -7,6 +7,7 @@
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferrovirt_api::service::LABEL_SERVICE_NAME;
@@ -119,51 +120,121 @@ fn on_udn(s: &EndpointSlice) -> bool {
     })
 }
 
+/// The node's Service and EndpointSlice caches: one watch of each for the whole agent, read
+/// by the pod network's table ([`run`]) and the user-defined networks' tables
+/// ([`crate::udn_svc::run`]).
+///
+/// Readiness is kept here, not through `Store::wait_until_ready`: kube-runtime's store wakes
+/// only the last of several tasks waiting on it (its one-shot keeps one waker), and two loops
+/// wait on these stores.
+#[derive(Clone)]
+pub struct ServiceCaches {
+    pub svcs: Store<Service>,
+    pub slices: Store<EndpointSlice>,
+    /// Bumped at every change of either cache, their first lists included.
+    changed: tokio::sync::watch::Receiver<u64>,
+    /// Each cache holds its first list.
+    listed: [Arc<AtomicBool>; 2],
+}
+
+impl ServiceCaches {
+    /// The caches and the future that keeps them (the two watches, with backoff; it never
+    /// ends while the API server answers).
+    pub fn new(client: &kube::Client) -> (ServiceCaches, futures::future::BoxFuture<'static, ()>) {
+        let (svcs, svc_w) = reflector::store::<Service>();
+        let (slices, slice_w) = reflector::store::<EndpointSlice>();
+        let (tx, changed) = tokio::sync::watch::channel(0u64);
+        let tx = Arc::new(tx);
+        let listed = [
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        ];
+        let (t1, t2) = (tx.clone(), tx);
+        let (l1, l2) = (listed[0].clone(), listed[1].clone());
+        let (c1, c2) = (client.clone(), client.clone());
+        let watches = async move {
+            tokio::join!(
+                drive(Api::<Service>::all(c1), svc_w, move |first| {
+                    if first {
+                        l1.store(true, Ordering::Release);
+                    }
+                    t1.send_modify(|v| *v += 1)
+                }),
+                drive(Api::<EndpointSlice>::all(c2), slice_w, move |first| {
+                    if first {
+                        l2.store(true, Ordering::Release);
+                    }
+                    t2.send_modify(|v| *v += 1)
+                }),
+            );
+        };
+        let caches = ServiceCaches {
+            svcs,
+            slices,
+            changed,
+            listed,
+        };
+        (caches, Box::pin(watches))
+    }
+
+    /// A receiver that sees the changes made after this call.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        let mut r = self.changed.clone();
+        r.mark_unchanged();
+        r
+    }
+
+    /// Waits until both caches hold their first list.
+    pub async fn ready(&self) {
+        let mut changes = self.changed.clone();
+        while !self.listed.iter().all(|l| l.load(Ordering::Acquire)) {
+            changed(&mut changes).await;
+        }
+    }
+}
+
+/// Waits for the next change of `changes` (forever once its sender is gone).
+pub(crate) async fn changed(changes: &mut tokio::sync::watch::Receiver<u64>) {
+    if changes.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Keeps the node's Service table equal to the Services and EndpointSlices (pod network
 /// only; never returns there, and waits forever on user networking).
-pub async fn run(net: &AgentNet, client: kube::Client) {
+pub async fn run(net: &AgentNet, caches: ServiceCaches) {
     let Some(node) = net.node_network().cloned() else {
         return std::future::pending().await;
     };
     let table = format!("{}-svc", node.nft_table);
-    let (svcs, svc_w) = reflector::store::<Service>();
-    let (slices, slice_w) = reflector::store::<EndpointSlice>();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
-    let watch_svcs = drive(Api::<Service>::all(client.clone()), svc_w, tx.clone());
-    let watch_slices = drive(Api::<EndpointSlice>::all(client), slice_w, tx);
-    let work = async move {
-        let _ = svcs.wait_until_ready().await;
-        let _ = slices.wait_until_ready().await;
-        let mut last: Option<String> = None;
-        loop {
-            let script = render(&node, &table, &svcs, &slices);
-            if last.as_ref() != Some(&script) {
-                let action = Action::Nft {
-                    netns: node.netns.clone(),
-                    script: script.clone(),
-                };
-                match ferrovirt_network::apply::apply_one(&action).await {
-                    Ok(()) => {
-                        tracing::info!(table = %table, "services: node table written");
-                        last = Some(script);
-                    }
-                    Err(e) => tracing::warn!("services: writing the node table failed: {e}"),
-                }
-            }
-            // A change, or a retry after a failed write.
-            let wait = if last.is_some() {
-                Duration::from_secs(3600)
-            } else {
-                Duration::from_secs(2)
+    let mut changes = caches.changes();
+    caches.ready().await;
+    let mut last: Option<String> = None;
+    loop {
+        let script = render(&node, &table, &caches.svcs, &caches.slices);
+        if last.as_ref() != Some(&script) {
+            let action = Action::Nft {
+                netns: node.netns.clone(),
+                script: script.clone(),
             };
-            if let Ok(None) = tokio::time::timeout(wait, rx.recv()).await {
-                return;
+            match ferrovirt_network::apply::apply_one(&action).await {
+                Ok(()) => {
+                    tracing::info!(table = %table, "services: node table written");
+                    last = Some(script);
+                }
+                Err(e) => tracing::warn!("services: writing the node table failed: {e}"),
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            while rx.try_recv().is_ok() {}
         }
-    };
-    tokio::join!(watch_svcs, watch_slices, work);
+        // A change, or a retry after a failed write.
+        let wait = if last.is_some() {
+            Duration::from_secs(3600)
+        } else {
+            Duration::from_secs(2)
+        };
+        let _ = tokio::time::timeout(wait, changed(&mut changes)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        changes.mark_unchanged();
+    }
 }
 
 fn render(
@@ -176,11 +247,10 @@ fn render(
     services_nft_script(table, node.ipam.cluster, &ports)
 }
 
-pub(crate) async fn drive<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-    tx: tokio::sync::mpsc::Sender<()>,
-) where
+/// Keeps `writer`'s store from a watch of `api`; `on_change(first list done)` after each
+/// change, the first list's end included.
+async fn drive<K>(api: Api<K>, writer: reflector::store::Writer<K>, on_change: impl Fn(bool))
+where
     K: kube::Resource<DynamicType = ()>
         + Clone
         + std::fmt::Debug
@@ -197,9 +267,8 @@ pub(crate) async fn drive<K>(
     while let Some(ev) = events.next().await {
         match ev {
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
-            Ok(_) => {
-                let _ = tx.try_send(());
-            }
+            Ok(watcher::Event::InitDone) => on_change(true),
+            Ok(_) => on_change(false),
             Err(e) => tracing::warn!("services: watch failed: {e}"),
         }
     }

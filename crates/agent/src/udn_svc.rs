@@ -1,6 +1,7 @@
 //! Services on Primary user-defined networks on this node (docs/networking.md "Services on
-//! Primary user-defined networks"): watch-fed caches of Services, EndpointSlices and the
-//! user-defined networks' NADs (three reflectors), [`network_ports`] (pure) choosing the ports
+//! Primary user-defined networks"): the agent's shared Service and EndpointSlice caches
+//! ([`crate::services::ServiceCaches`]) and a watch-fed cache of the user-defined networks'
+//! NADs, [`network_ports`] (pure) choosing the ports
 //! each network carries out (Services of the namespaces where it is primary, slices the
 //! endpoints controller marked with its name), and [`run`] keeping the table
 //! [`ferrovirt_network::udn_svc::nft_script`] in the namespace of every Primary network a VMI
@@ -29,7 +30,7 @@ use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::network::AgentNet;
-use crate::services::{drive, service_ports_with};
+use crate::services::{ServiceCaches, changed, service_ports_with};
 
 /// How often the networks in use on this node are looked at again (a network made for a
 /// VMI that just started gets its table within this time).
@@ -113,21 +114,13 @@ async fn ensure_link(net: &UdnNetwork) -> Result<(), ferrovirt_network::Error> {
 
 /// Keeps the Service table of every Primary user-defined network in use on this node (pod
 /// network nodes only; waits forever on user networking).
-pub async fn run(net: &AgentNet, client: kube::Client) {
+pub async fn run(net: &AgentNet, client: kube::Client, caches: ServiceCaches) {
     if net.node_network().is_none() {
         return std::future::pending().await;
     }
-    let (svcs, svc_w) = reflector::store::<Service>();
-    let (slices, slice_w) = reflector::store::<EndpointSlice>();
     let nad_w = reflector::store::Writer::<DynamicObject>::new(nad_resource());
     let nads = nad_w.as_reader();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
-    let watch_svcs = drive(Api::<Service>::all(client.clone()), svc_w, tx.clone());
-    let watch_slices = drive(
-        Api::<EndpointSlice>::all(client.clone()),
-        slice_w,
-        tx.clone(),
-    );
     let watch_nads = async move {
         let api: Api<DynamicObject> = Api::all_with(client, &nad_resource());
         let cfg = watcher::Config::default().labels(NAD_LABEL);
@@ -143,18 +136,33 @@ pub async fn run(net: &AgentNet, client: kube::Client) {
         }
     };
     let work = async move {
-        let _ = svcs.wait_until_ready().await;
-        let _ = slices.wait_until_ready().await;
+        let mut changes = caches.changes();
+        caches.ready().await;
         // Per network namespace: (its inode, the script written).
         let mut written: BTreeMap<String, (u64, Option<String>)> = BTreeMap::new();
         let mut told: BTreeSet<String> = BTreeSet::new();
         loop {
-            pass(net, &svcs, &slices, &nads, &mut written, &mut told).await;
-            let _ = tokio::time::timeout(PASS, rx.recv()).await;
+            pass(
+                net,
+                &caches.svcs,
+                &caches.slices,
+                &nads,
+                &mut written,
+                &mut told,
+            )
+            .await;
+            let _ = tokio::time::timeout(PASS, async {
+                tokio::select! {
+                    _ = rx.recv() => {}
+                    () = changed(&mut changes) => {}
+                }
+            })
+            .await;
             while rx.try_recv().is_ok() {}
+            changes.mark_unchanged();
         }
     };
-    tokio::join!(watch_svcs, watch_slices, watch_nads, work);
+    tokio::join!(watch_nads, work);
 }
 
 async fn pass(
