@@ -38,6 +38,10 @@ pub struct Hello {
     /// certificate, the QEMUs keep the ones of the original stream.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub recover: bool,
+    /// A post-copy migration's question (with `recover`): what the target's QEMU reports
+    /// of the incoming migration ([`Reply::status`]); no data connection follows.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub query: bool,
 }
 
 /// The target's answers: its QEMU's certificate (first), or an error that ends the setup.
@@ -52,14 +56,23 @@ pub struct Reply {
     /// gone), so the source stops trying.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unrecoverable: bool,
+    /// On a recovery or a query: the target's QEMU's `query-migrate` status (`gone`: no
+    /// launcher runs), so that the source can tell a target that holds the whole guest
+    /// (`completed`) from one that lost it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 /// Whether the hello fits the migration's settings (both agents read them from the VMI):
 /// with TLS the source must send a certificate, without it none.
 pub fn check_hello(hello: &Hello, tls: bool) -> Result<(), String> {
+    if hello.query && !hello.recover {
+        return Err("a query is asked on a recovery's channel only".into());
+    }
     if hello.recover {
         return match (hello.cert.is_some(), hello.data_port) {
             (true, _) => Err("a recovery carries no certificate".into()),
+            (_, _) if hello.query => Ok(()),
             (_, 0) => Err("the source announced no data port".into()),
             _ => Ok(()),
         };
@@ -227,6 +240,7 @@ mod tests {
             cert: cert.map(String::from),
             data_port: port,
             recover: false,
+            query: false,
         };
         // A recovery: the QEMUs keep their certificates, none is sent.
         let r = |cert: Option<&str>, port| Hello {
@@ -236,6 +250,32 @@ mod tests {
         assert_eq!(check_hello(&r(None, 5), true), Ok(()));
         assert!(check_hello(&r(Some("C"), 5), true).is_err());
         assert!(check_hello(&r(None, 0), true).is_err());
+        // A query needs no data port, and only comes as a recovery.
+        let q = Hello {
+            query: true,
+            ..r(None, 0)
+        };
+        assert_eq!(check_hello(&q, true), Ok(()));
+        assert!(
+            check_hello(
+                &Hello {
+                    recover: false,
+                    ..q.clone()
+                },
+                true
+            )
+            .is_err()
+        );
+        assert!(
+            check_hello(
+                &Hello {
+                    cert: Some("C".into()),
+                    ..q
+                },
+                true
+            )
+            .is_err()
+        );
         assert_eq!(
             serde_json::to_string(&r(None, 7)).unwrap(),
             r#"{"cert":null,"dataPort":7,"recover":true}"#
@@ -308,6 +348,7 @@ mod tests {
                 cert: Some("SOURCE".into()),
                 data_port: port,
                 recover: false,
+                query: false,
             },
         )
         .await

@@ -3,7 +3,8 @@
 //! settings allow it, as KubeVirt does at the completion timeout), what it does once the
 //! migration runs in post-copy (never cancel, never resume the source; a broken stream is
 //! recovered over a new connection a bounded number of times, and only when that cannot
-//! succeed is the guest lost and the VMI failed), what the target agent answers a recovery
+//! succeed is the guest lost and the VMI failed; a source that sent everything but never
+//! completes asks the target how its side stands), what the target agent answers a recovery
 //! request with, and the VMI status written for each.
 
 use std::time::Duration;
@@ -21,6 +22,20 @@ pub const MAX_RECOVERIES: u32 = 3;
 /// How long QEMU may stay in `postcopy-recover` (a recovery's handshake) before the
 /// recovery is taken as failed for good.
 pub const RECOVER_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long the source's QEMU may report `postcopy-active` with nothing left to send (its
+/// completion waits for the target's end of the return path, normally milliseconds) before
+/// the target agent is asked how its side stands. QEMU 7.2 deadlocks there when the stream
+/// breaks in that phase: the return path thread pauses for a recovery that the migration
+/// thread, joining it, never starts; the status stays `postcopy-active` for ever.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(20);
+
+/// How many times a target agent that does not answer is asked before the guest is given up.
+pub const MAX_PROBES: u32 = 3;
+
+/// How long a target whose incoming migration completed still answers the source's
+/// queries and recoveries (far longer than [`DRAIN_LIMIT`] and the probes after it).
+pub const COMPLETED_SERVE: Duration = Duration::from_secs(300);
 
 /// The wait before recovery attempt `attempt` (1-based): 0.5 s, 1 s, 2 s, … capped at 8 s.
 pub fn recovery_backoff(attempt: u32) -> Duration {
@@ -57,6 +72,11 @@ pub struct Poll<'a> {
     pub unrecoverable: Option<String>,
     /// QEMU has been in `postcopy-recover` longer than [`RECOVER_LIMIT`].
     pub recover_stuck: bool,
+    /// QEMU has reported `postcopy-active` with nothing left to send for longer than
+    /// [`DRAIN_LIMIT`] (since the last answer of the target).
+    pub drained_stuck: bool,
+    /// Queries of the target that got no answer so far.
+    pub probes: u32,
 }
 
 /// What the follow loop does about it.
@@ -75,6 +95,10 @@ pub enum Action {
     /// and recover (target `migrate-recover`, source `migrate` with `resume`); this is
     /// attempt `attempt` of [`MAX_RECOVERIES`].
     Recover { attempt: u32 },
+    /// Everything was sent in post-copy but QEMU does not complete ([`DRAIN_LIMIT`]): ask
+    /// the target agent what its QEMU reports ([`probed`] says what the answer means); this
+    /// is query `attempt` of [`MAX_PROBES`] unanswered ones.
+    ProbeTarget { attempt: u32 },
     /// The stream broke after the switch and cannot be recovered: neither QEMU holds the
     /// whole guest, it is lost; the VMI fails and both QEMUs are stopped.
     Lost(String),
@@ -84,14 +108,7 @@ pub enum Action {
 /// cancel and the progress timeout abort; the completion timeout switches to post-copy when
 /// allowed, else aborts).
 pub fn decide(p: &Poll<'_>) -> Action {
-    let lost = |why: String| {
-        Action::Lost(format!(
-            "the migration stream broke in post-copy (QEMU: {}){why}: the guest ran on the \
-             target with part of its memory still on the source, so it is lost; the VMI failed \
-             (allowPostCopy accepts this risk)",
-            p.qemu_status
-        ))
-    };
+    let lost = |why: String| Action::Lost(lost_reason(p.qemu_status, &why));
     // QEMU itself failed the migration after the switch: nothing left to recover.
     if p.post_copy_requested && matches!(p.qemu_status, "failed" | "cancelled") {
         return lost(String::new());
@@ -113,6 +130,18 @@ pub fn decide(p: &Poll<'_>) -> Action {
         }
         return Action::Recover {
             attempt: p.recoveries + 1,
+        };
+    }
+    if p.qemu_status == "postcopy-active" && p.drained_stuck {
+        if p.probes >= MAX_PROBES {
+            return lost(format!(
+                "; the source sent all memory but never completed, and the target agent did \
+                 not answer {} queries",
+                p.probes
+            ));
+        }
+        return Action::ProbeTarget {
+            attempt: p.probes + 1,
         };
     }
     if in_post_copy(p.qemu_status) || p.post_copy_requested {
@@ -139,6 +168,48 @@ pub fn decide(p: &Poll<'_>) -> Action {
     }
 }
 
+/// Why a guest was lost in post-copy: the source's QEMU status and the detail `why`.
+pub fn lost_reason(qemu_status: &str, why: &str) -> String {
+    format!(
+        "the migration stream broke in post-copy (QEMU: {qemu_status}){why}: the guest ran on \
+         the target with part of its memory still on the source, so it is lost; the VMI \
+         failed (allowPostCopy accepts this risk)"
+    )
+}
+
+/// What the target's QEMU status, as its agent answered a query or a recovery, means for
+/// the source of a post-copy migration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probed {
+    /// The target received everything: the guest is whole there; switch over (the source's
+    /// QEMU, stopped since the switch to post-copy, is let go whatever it reports).
+    Completed,
+    /// The target still receives (or recovers): keep following.
+    Wait,
+    /// The target lacks part of the memory and the source cannot send it any more.
+    Lost(String),
+}
+
+/// The meaning of the target's answer `status` (its QEMU's `query-migrate` status, `gone`
+/// when no launcher runs), asked while the source's QEMU is `source` (`postcopy-active`
+/// with nothing left to send, or `postcopy-paused`).
+pub fn probed(status: &str, source: &str) -> Probed {
+    match status {
+        "completed" => Probed::Completed,
+        "postcopy-active" | "postcopy-recover" | "active" | "setup" => Probed::Wait,
+        // The source is paused too: the ordinary recovery handles it.
+        "postcopy-paused" if source == "postcopy-paused" => Probed::Wait,
+        "postcopy-paused" => Probed::Lost(
+            "the target's QEMU is paused (postcopy-paused) without part of the memory, and the \
+             source's QEMU, which had sent everything when its stream broke, cannot resume (QEMU \
+             does not recover a stream broken while it completes)"
+                .into(),
+        ),
+        "gone" => Probed::Lost("the target's QEMU is gone".into()),
+        s => Probed::Lost(format!("the target's QEMU reports {s}")),
+    }
+}
+
 /// What the target agent does with a recovery request, from its QEMU's `query-migrate`
 /// status (`None`: no launcher or no answer).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,10 +233,17 @@ pub enum TargetView<'a> {
     Status(&'a str),
 }
 
-/// The target's decision on a recovery request.
-pub fn target_recovery(view: TargetView<'_>) -> TargetRecovery {
+/// How long a target launcher that does not answer is asked before the recovery goes on
+/// regardless: QEMU's main loop may be blocked on a guest page that only the recovery
+/// brings, so `query-migrate` cannot answer, while `migrate-recover` runs out of band (and
+/// QEMU refuses it unless it is paused, so trying is safe).
+pub const NO_ANSWER_GRACE: Duration = Duration::from_secs(3);
+
+/// The target's decision on a recovery request, `waited` into it.
+pub fn target_recovery(view: TargetView<'_>, waited: Duration) -> TargetRecovery {
     match view {
         TargetView::Status("postcopy-paused") => TargetRecovery::Recover,
+        TargetView::NoAnswer if waited >= NO_ANSWER_GRACE => TargetRecovery::Recover,
         TargetView::Status("postcopy-active" | "postcopy-recover" | "active")
         | TargetView::NoAnswer => TargetRecovery::Wait,
         TargetView::Status(s) => TargetRecovery::Refuse(format!("the target's QEMU reports {s}")),
@@ -173,12 +251,15 @@ pub fn target_recovery(view: TargetView<'_>) -> TargetRecovery {
     }
 }
 
-/// Whether the target stops serving recoveries: its incoming migration ended, or its
-/// launcher is gone (a launcher that does not answer is asked again).
-pub fn target_serving_ends(view: TargetView<'_>) -> bool {
+/// Whether the target stops serving recoveries and queries: its incoming migration ended
+/// (a completed one after [`COMPLETED_SERVE`], `completed_for` since it was first seen
+/// completed: the source may still ask), or its launcher is gone (a launcher that does not
+/// answer is asked again).
+pub fn target_serving_ends(view: TargetView<'_>, completed_for: Duration) -> bool {
     match view {
         TargetView::Gone => true,
         TargetView::NoAnswer => false,
+        TargetView::Status("completed") => completed_for > COMPLETED_SERVE,
         TargetView::Status(s) => !matches!(
             s,
             "none"
@@ -369,19 +450,26 @@ mod tests {
     #[test]
     fn the_target_recovers_only_a_paused_qemu() {
         use TargetView::*;
+        let now = Duration::ZERO;
+        let later = NO_ANSWER_GRACE;
         assert_eq!(
-            target_recovery(Status("postcopy-paused")),
+            target_recovery(Status("postcopy-paused"), now),
             TargetRecovery::Recover
         );
         for s in ["postcopy-active", "postcopy-recover", "active"] {
-            assert_eq!(target_recovery(Status(s)), TargetRecovery::Wait, "{s}");
+            for w in [now, later] {
+                assert_eq!(target_recovery(Status(s), w), TargetRecovery::Wait, "{s}");
+            }
         }
-        assert_eq!(target_recovery(NoAnswer), TargetRecovery::Wait);
-        match target_recovery(Gone) {
+        // A launcher that does not answer: asked again, then recovered regardless (its
+        // QEMU's main loop may wait on a page; QEMU refuses migrate-recover unless paused).
+        assert_eq!(target_recovery(NoAnswer, now), TargetRecovery::Wait);
+        assert_eq!(target_recovery(NoAnswer, later), TargetRecovery::Recover);
+        match target_recovery(Gone, now) {
             TargetRecovery::Refuse(why) => assert!(why.contains("gone"), "{why}"),
             r => panic!("{r:?}"),
         }
-        match target_recovery(Status("failed")) {
+        match target_recovery(Status("failed"), now) {
             TargetRecovery::Refuse(why) => assert!(why.contains("failed"), "{why}"),
             r => panic!("{r:?}"),
         }
@@ -392,16 +480,70 @@ mod tests {
             "postcopy-paused",
             "postcopy-recover",
         ] {
-            assert!(!target_serving_ends(Status(s)), "{s}");
+            assert!(!target_serving_ends(Status(s), Duration::ZERO), "{s}");
         }
-        assert!(!target_serving_ends(NoAnswer), "asked again");
+        assert!(
+            !target_serving_ends(NoAnswer, Duration::ZERO),
+            "asked again"
+        );
+        // A completed target still answers the source for a while.
+        assert!(!target_serving_ends(Status("completed"), Duration::ZERO));
+        assert!(!target_serving_ends(Status("completed"), COMPLETED_SERVE));
+        let past = COMPLETED_SERVE + Duration::from_secs(1);
         for v in [
             Status("completed"),
             Status("failed"),
             Status("cancelled"),
             Gone,
         ] {
-            assert!(target_serving_ends(v), "{v:?}");
+            assert!(target_serving_ends(v, past), "{v:?}");
+        }
+        assert!(target_serving_ends(Status("failed"), Duration::ZERO));
+    }
+
+    #[test]
+    fn a_source_that_sent_everything_but_never_completes_asks_the_target() {
+        let mut p = Poll {
+            post_copy_requested: true,
+            ..poll("postcopy-active")
+        };
+        assert_eq!(decide(&p), Action::Continue, "not drained for long: follow");
+        p.drained_stuck = true;
+        assert_eq!(decide(&p), Action::ProbeTarget { attempt: 1 });
+        p.probes = 2;
+        assert_eq!(decide(&p), Action::ProbeTarget { attempt: 3 });
+        p.probes = MAX_PROBES;
+        match decide(&p) {
+            Action::Lost(why) => assert!(why.contains("did not answer 3 queries"), "{why}"),
+            a => panic!("{a:?}"),
+        }
+        // A paused source is recovered as before, drained or not.
+        p.qemu_status = "postcopy-paused";
+        p.probes = 0;
+        assert_eq!(decide(&p), Action::Recover { attempt: 1 });
+        // A cancel while stuck: the target is asked all the same.
+        p.qemu_status = "postcopy-active";
+        p.cancelled = true;
+        assert_eq!(decide(&p), Action::ProbeTarget { attempt: 1 });
+    }
+
+    #[test]
+    fn the_targets_answer_decides_between_switch_over_waiting_and_loss() {
+        for source in ["postcopy-active", "postcopy-paused"] {
+            assert_eq!(probed("completed", source), Probed::Completed, "{source}");
+            for s in ["postcopy-active", "postcopy-recover", "active"] {
+                assert_eq!(probed(s, source), Probed::Wait, "{s} {source}");
+            }
+            for s in ["failed", "cancelled", "none", "gone"] {
+                assert!(matches!(probed(s, source), Probed::Lost(_)), "{s} {source}");
+            }
+        }
+        // A paused target: recovered while the source is paused too, lost when the source
+        // (deadlocked in its completion) cannot resume.
+        assert_eq!(probed("postcopy-paused", "postcopy-paused"), Probed::Wait);
+        match probed("postcopy-paused", "postcopy-active") {
+            Probed::Lost(why) => assert!(why.contains("cannot resume"), "{why}"),
+            p => panic!("{p:?}"),
         }
     }
 

@@ -153,7 +153,8 @@ pub enum Request {
     StartPostCopy,
     /// Post-copy recovery, target side (its QEMU in `postcopy-paused`): receives a new
     /// connection from the source node on `fdSocket` as [`Request::MigrateIncoming`] does
-    /// and runs QMP `migrate-recover` on it. QEMU's TLS uses the credentials loaded for the
+    /// and makes it QEMU's stream (`migrate-recover` out of band, the launcher relaying:
+    /// `migrate::recover_from`). QEMU's TLS uses the credentials loaded for the
     /// original stream (the same ephemeral certificates). Added within protocol version 1.
     #[serde(rename_all = "camelCase")]
     MigrateRecover {

@@ -84,6 +84,11 @@ enum Command {
 
 type Responder = oneshot::Sender<Reply>;
 
+/// How long `query-migrate` may take before the launcher answers without it. Short of the
+/// usual command deadline: the target of a broken post-copy migration may have its main
+/// loop blocked on a guest page until the recovery, which must not wait behind it.
+const MIGRATION_STATUS_WAIT: Duration = Duration::from_secs(8);
+
 /// The pure mapping from the VM's state to the phase the launcher reports.
 pub fn run_phase(state: VmState) -> RunPhase {
     match state {
@@ -410,7 +415,10 @@ async fn main_loop(
                         answer
                     }
                     Command::MigrationStatus => {
-                        let mut answer = vm.qmp().execute("query-migrate", None).await;
+                        let mut answer = vm
+                            .qmp()
+                            .execute_with_timeout("query-migrate", None, MIGRATION_STATUS_WAIT)
+                            .await;
                         // A block migration's mirrors: their copy rate beside QEMU's figures.
                         if let Ok(v) = &mut answer
                             && let Ok(jobs) = vm.qmp().execute("query-block-jobs", None).await

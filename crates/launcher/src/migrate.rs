@@ -6,7 +6,8 @@
 //! (SCM_RIGHTS over a unix socket in the VMI directory); post-copy when allowed (the
 //! `postcopy-ram` capability on both QEMUs before the stream starts, `migrate-start-postcopy`
 //! on the source when its agent asks). The QEMUs talk to each other
-//! directly: no agent copies the stream. The argument builders are pure and unit-tested.
+//! directly: no agent copies the stream (the launcher relays only a post-copy recovery's
+//! stream on the target, see [`recover_from`]). The argument builders are pure and unit-tested.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -254,11 +255,18 @@ pub async fn start_post_copy(vm: &Vm) -> Result<()> {
     Ok(())
 }
 
-/// `migrate-recover` of the target (post-copy recovery): the new connection, passed as the
-/// original one was.
-pub fn recover_args() -> Value {
-    json!({"uri": MIGRATION_URI})
+/// `migrate-recover` of the target (post-copy recovery): QEMU listens on the unix socket
+/// `listen` (see [`recover_from`]).
+pub fn recover_args(listen: &Path) -> Value {
+    json!({"uri": format!("unix:{}", listen.display())})
 }
+
+/// The unix socket's name in its private directory.
+const RECOVER_SOCKET: &str = "r.sock";
+/// The relay's buffer per direction.
+const RELAY_BUFFER: usize = 256 * 1024;
+/// The out-of-band `migrate-recover`'s reply deadline.
+const RECOVER_WAIT: Duration = Duration::from_secs(10);
 
 /// `migrate` of the source resuming a paused post-copy on the new connection.
 pub fn resume_args() -> Value {
@@ -278,15 +286,61 @@ async fn pass_connection(vm: &Vm, fd_socket: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Target, post-copy recovery (QEMU in `postcopy-paused`): `migrate-recover` on the new
-/// connection handed over on `fd_socket`. The TLS credentials and parameters of the
-/// original stream are still loaded in QEMU and apply to the new connection.
+/// Target, post-copy recovery (QEMU in `postcopy-paused`): the new connection handed over
+/// on `fd_socket` becomes QEMU's stream. The TLS credentials and parameters of the original
+/// stream are still loaded in QEMU and apply to it.
+///
+/// The one place where the launcher copies a migration stream. QEMU's main loop may be
+/// blocked here (a device reading a guest page that is still on the source), and every
+/// command that passes a descriptor (`getfd`) runs in that loop; only `migrate-recover`
+/// may run out of band, in the monitor's thread, and QEMU then sets up the incoming
+/// channel in that thread too. So QEMU is told (`exec-oob`) to listen on a unix socket in
+/// a fresh directory only its uid and root may enter, the launcher connects to it and
+/// relays between it and the agents' connection until either ends (the stream inside is
+/// QEMU's TLS: the relay sees ciphertext). Without out-of-band support, in band.
 pub async fn recover_from(vm: &Vm, fd_socket: &Path) -> Result<()> {
-    pass_connection(vm, fd_socket).await?;
-    vm.qmp()
-        .execute("migrate-recover", Some(recover_args()))
-        .await?;
+    let path = fd_socket.to_path_buf();
+    let conn = tokio::task::spawn_blocking(move || receive_fd(&path))
+        .await
+        .map_err(|e| Error::Migration(e.to_string()))??;
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let owner = migtls::runas_owner(vm.spec().run_as.as_deref(), &passwd)?;
+    let dir = migtls::write_creds_dir(&migtls::creds_base(), &[], owner)?;
+    let listen = dir.path.join(RECOVER_SOCKET);
+    let qmp = vm.qmp();
+    let args = Some(recover_args(&listen));
+    match qmp.oob() {
+        true => {
+            qmp.execute_oob("migrate-recover", args, RECOVER_WAIT)
+                .await?
+        }
+        false => qmp.execute("migrate-recover", args).await?,
+    };
+    let unix =
+        crate::qmp::connect_unix_retry(&listen, RECOVER_WAIT, Duration::from_millis(20)).await?;
+    drop(dir);
+    let tcp = std::net::TcpStream::from(conn);
+    let io = |e| Error::io("the recovered migration connection", e);
+    tcp.set_nonblocking(true).map_err(io)?;
+    let tcp = tokio::net::TcpStream::from_std(tcp).map_err(io)?;
+    tokio::spawn(relay(unix, tcp));
     Ok(())
+}
+
+/// Copies the recovered stream between QEMU's unix connection and the agents' TCP
+/// connection, both ways, until either ends; a broken side breaks the other, so QEMU
+/// pauses again and another recovery can follow.
+async fn relay(mut unix: tokio::net::UnixStream, mut tcp: tokio::net::TcpStream) {
+    match tokio::io::copy_bidirectional_with_sizes(&mut unix, &mut tcp, RELAY_BUFFER, RELAY_BUFFER)
+        .await
+    {
+        Ok((to_source, to_qemu)) => tracing::info!(
+            to_qemu,
+            to_source,
+            "post-copy recovery: the recovered stream ended"
+        ),
+        Err(e) => tracing::warn!("post-copy recovery: the recovered stream broke: {e}"),
+    }
 }
 
 /// Source, post-copy recovery (QEMU in `postcopy-paused`, the target already recovering):
@@ -369,8 +423,11 @@ mod tests {
     }
 
     #[test]
-    fn recovery_reuses_the_passed_connection_name() {
-        assert_eq!(recover_args(), json!({"uri": "fd:migration"}));
+    fn recovery_listens_on_its_socket_and_the_source_resumes_on_the_passed_connection() {
+        assert_eq!(
+            recover_args(Path::new("/run/d/r.sock")),
+            json!({"uri": "unix:/run/d/r.sock"})
+        );
         assert_eq!(
             resume_args(),
             json!({"uri": "fd:migration", "resume": true})

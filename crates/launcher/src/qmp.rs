@@ -3,8 +3,16 @@
 //! One background task reads the socket: replies are routed to the waiting caller by the `id` each
 //! command carries, events are broadcast to every [`QmpClient::subscribe`]r. Commands take and
 //! return raw `serde_json::Value`s ([`QmpClient::execute`]); typed helpers sit on top.
+//!
+//! Out-of-band execution (QMP's `oob` capability, negotiated when QEMU offers it):
+//! [`QmpClient::execute_oob`] runs the few commands QEMU allows out of band (`migrate-recover`,
+//! `migrate-pause`) in the monitor's own thread, even while QEMU's main loop is blocked — on
+//! the target of a broken post-copy migration it can wait on a guest page that only the
+//! recovery brings. QEMU then stops reading the monitor once 8 in-band commands wait
+//! unanswered, which would keep the out-of-band one out too, so this client never lets more
+//! than [`MAX_UNANSWERED`] in-band commands wait (counting those whose caller gave up).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -136,7 +144,15 @@ pub struct StatusInfo {
 
 type Reply = std::result::Result<Value, (String, String)>;
 
+/// The most in-band commands left waiting for QEMU's reply (QEMU suspends the monitor at 8,
+/// out-of-band commands included) when out-of-band execution is on.
+pub const MAX_UNANSWERED: usize = 4;
+
 struct Shared {
+    /// In-band commands sent and not answered yet, callers that timed out included.
+    unanswered: Mutex<HashSet<u64>>,
+    /// Signalled when a reply arrives (a slot among the unanswered may be free).
+    answered: tokio::sync::Notify,
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     /// `None` once the connection is gone.
     pending: Mutex<Option<HashMap<u64, oneshot::Sender<Reply>>>>,
@@ -152,6 +168,8 @@ pub struct QmpClient {
     greeting: Value,
     command_timeout: Duration,
     path: PathBuf,
+    /// Out-of-band execution negotiated.
+    oob: bool,
 }
 
 impl std::fmt::Debug for QmpClient {
@@ -258,21 +276,49 @@ impl QmpClient {
         };
         let (events, _) = broadcast::channel(opts.event_capacity.max(1));
         let shared = Arc::new(Shared {
+            unanswered: Mutex::new(HashSet::new()),
+            answered: tokio::sync::Notify::new(),
             writer: tokio::sync::Mutex::new(write),
             pending: Mutex::new(Some(HashMap::new())),
             events: Mutex::new(Some(events)),
             next_id: AtomicU64::new(1),
         });
         let reader = tokio::spawn(read_loop(lines, shared.clone()));
-        let client = QmpClient {
+        let oob = offers_oob(&greeting);
+        let mut client = QmpClient {
             shared,
             reader,
             greeting,
             command_timeout: opts.command_timeout,
             path,
+            oob: false,
         };
-        client.execute("qmp_capabilities", None).await?;
+        let caps = oob.then(|| json!({"enable": ["oob"]}));
+        client.execute("qmp_capabilities", caps).await?;
+        client.oob = oob;
         Ok(client)
+    }
+
+    /// Whether out-of-band execution was negotiated.
+    pub fn oob(&self) -> bool {
+        self.oob
+    }
+
+    /// Executes `command` out of band (`exec-oob`): QEMU runs it in the monitor's thread at
+    /// once, whatever its main loop does. Only commands QEMU marks `allow-oob` qualify.
+    pub async fn execute_oob(
+        &self,
+        command: &str,
+        arguments: Option<Value>,
+        deadline: Duration,
+    ) -> Result<Value> {
+        if !self.oob {
+            return Err(Error::Protocol(format!(
+                "QEMU's monitor offers no out-of-band execution for {command}"
+            )));
+        }
+        self.send_as("exec-oob", command, arguments, deadline, None)
+            .await
     }
 
     /// The `QMP` object of the greeting (`version`, `capabilities`).
@@ -338,7 +384,44 @@ impl QmpClient {
         deadline: Duration,
         fd: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<Value> {
+        self.send_as("execute", command, arguments, deadline, fd)
+            .await
+    }
+
+    /// Sends `command` under `verb` (`execute`, `exec-oob`) and waits for its reply.
+    async fn send_as(
+        &self,
+        verb: &str,
+        command: &str,
+        arguments: Option<Value>,
+        deadline: Duration,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Value> {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        if verb == "execute" && self.oob {
+            // A slot among the in-band commands QEMU may hold: waited for (replies free
+            // them) within the command's deadline.
+            loop {
+                let freed = self.shared.answered.notified();
+                {
+                    let mut waiting = lock(&self.shared.unanswered);
+                    if may_queue(waiting.len()) {
+                        waiting.insert(id);
+                        break;
+                    }
+                }
+                let left = deadline.saturating_sub(started.elapsed());
+                if timeout(left, freed).await.is_err() {
+                    return Err(Error::Protocol(format!(
+                        "QEMU's monitor has {MAX_UNANSWERED} commands unanswered (its main \
+                         loop is blocked): {command} is not queued, so that out-of-band \
+                         commands still get through"
+                    )));
+                }
+            }
+        }
+        let deadline = deadline.saturating_sub(started.elapsed());
         let (tx, rx) = oneshot::channel();
         match &mut *lock(&self.shared.pending) {
             Some(map) => {
@@ -346,7 +429,7 @@ impl QmpClient {
             }
             None => return Err(Error::Disconnected),
         }
-        let mut msg = json!({ "execute": command });
+        let mut msg = json!({ verb: command });
         if let Some(args) = arguments {
             msg["arguments"] = args;
         }
@@ -433,6 +516,18 @@ impl QmpClient {
     }
 }
 
+/// Whether QEMU's greeting offers out-of-band execution.
+fn offers_oob(greeting: &Value) -> bool {
+    greeting["capabilities"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c == "oob"))
+}
+
+/// Whether another in-band command may be sent with `waiting` unanswered ones.
+fn may_queue(waiting: usize) -> bool {
+    waiting < MAX_UNANSWERED
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -496,6 +591,9 @@ fn dispatch(line: &str, shared: &Shared) {
         tracing::warn!("QMP: reply without our id: {line:?}");
         return;
     };
+    if lock(&shared.unanswered).remove(&id) {
+        shared.answered.notify_waiters();
+    }
     let waiter = lock(&shared.pending)
         .as_mut()
         .and_then(|map| map.remove(&id));
@@ -555,6 +653,47 @@ mod tests {
             command_timeout: Duration::from_secs(2),
             ..QmpOptions::default()
         }
+    }
+
+    #[tokio::test]
+    async fn out_of_band_commands_pass_a_blocked_main_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        // A QEMU whose main loop is blocked: in-band commands are never answered, the
+        // out-of-band migrate-recover is.
+        let path = fake_qemu(dir.path(), |cmd| {
+            if cmd["exec-oob"] == "migrate-recover" {
+                assert_eq!(cmd["arguments"]["uri"], "unix:/x");
+                vec![json!({"return": {}, "id": cmd["id"]})]
+            } else {
+                vec![]
+            }
+        });
+        let qmp = QmpClient::connect(&path, &opts()).await.unwrap();
+        assert!(qmp.oob(), "negotiated: the greeting offers it");
+        let short = Duration::from_millis(50);
+        for _ in 0..MAX_UNANSWERED {
+            let e = qmp
+                .execute_with_timeout("query-migrate", None, short)
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("query-migrate"), "{e}");
+        }
+        // The next in-band command is not even sent (it waits for a slot, in vain): QEMU
+        // would stop reading at 8.
+        let e = qmp
+            .execute_with_timeout("query-migrate", None, short)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("4 commands unanswered"), "{e}");
+        qmp.execute_oob(
+            "migrate-recover",
+            Some(json!({"uri": "unix:/x"})),
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+        assert!(!may_queue(MAX_UNANSWERED) && may_queue(MAX_UNANSWERED - 1));
+        assert!(!offers_oob(&json!({"capabilities": []})));
     }
 
     #[tokio::test]

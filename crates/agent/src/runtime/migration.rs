@@ -584,6 +584,10 @@ impl Agent {
         let mut unrecoverable: Option<String> = None;
         let mut recovering_since: Option<Instant> = None;
         let mut recovery_pending = false;
+        // Post-copy with nothing left to send but no completion: since when (or since the
+        // target's last answer), and the target's unanswered queries.
+        let mut drained_since: Option<Instant> = None;
+        let mut probes = 0u32;
         let info = loop {
             tokio::time::sleep(POLL).await;
             let v = launchers::request(
@@ -608,6 +612,8 @@ impl Agent {
                 "postcopy-recover" => Some(recovering_since.unwrap_or_else(Instant::now)),
                 _ => None,
             };
+            let drained = status == "postcopy-active" && v["ram"]["remaining"].as_u64() == Some(0);
+            drained_since = drained.then(|| drained_since.unwrap_or_else(Instant::now));
             match status {
                 // QEMU sets the figures a moment after the state: ask again until they are in.
                 "completed" if mig::figures(&v).0.unwrap_or(0) > 0 || final_tries >= 10 => {
@@ -682,6 +688,8 @@ impl Agent {
                 unrecoverable: unrecoverable.clone(),
                 recover_stuck: recovering_since
                     .is_some_and(|t| t.elapsed() > postcopy::RECOVER_LIMIT),
+                drained_stuck: drained_since.is_some_and(|t| t.elapsed() > postcopy::DRAIN_LIMIT),
+                probes,
             };
             match postcopy::decide(&poll) {
                 postcopy::Action::Continue => {}
@@ -733,8 +741,49 @@ impl Agent {
                 }
                 postcopy::Action::Recover { attempt } => {
                     recoveries = attempt;
-                    unrecoverable = self.try_recovery(vmi, target_node, attempt).await;
-                    recovery_pending = unrecoverable.is_none();
+                    match self.try_recovery(vmi, target_node, attempt).await {
+                        super::postcopy::Recovery::Completed => {
+                            self.record_completed_on_target(vmi, target_node, status)
+                                .await;
+                            break v;
+                        }
+                        super::postcopy::Recovery::Resumed => recovery_pending = true,
+                        super::postcopy::Recovery::Failed(why) => {
+                            recovery_pending = why.is_none();
+                            unrecoverable = why;
+                        }
+                    }
+                }
+                postcopy::Action::ProbeTarget { attempt } => {
+                    tracing::warn!(uid = %uid,
+                        "post-copy: everything sent but QEMU did not complete within {:?}; asking the target",
+                        postcopy::DRAIN_LIMIT);
+                    drained_since = Some(Instant::now());
+                    match self.probe_target(vmi, target_node).await {
+                        Err(e) => {
+                            probes = attempt;
+                            tracing::warn!(uid = %uid, "post-copy: the target did not answer ({attempt} of {}): {e}",
+                                postcopy::MAX_PROBES);
+                        }
+                        Ok(answer) => match postcopy::probed(&answer, status) {
+                            postcopy::Probed::Completed => {
+                                self.record_completed_on_target(vmi, target_node, status)
+                                    .await;
+                                break v;
+                            }
+                            postcopy::Probed::Wait => {
+                                tracing::info!(uid = %uid, "post-copy: the target still receives ({answer})");
+                            }
+                            postcopy::Probed::Lost(why) => {
+                                self.lose_guest(
+                                    vmi,
+                                    &postcopy::lost_reason(status, &format!("; {why}")),
+                                )
+                                .await;
+                                return Ok(());
+                            }
+                        },
+                    }
                 }
                 postcopy::Action::Lost(why) => {
                     self.lose_guest(vmi, &why).await;

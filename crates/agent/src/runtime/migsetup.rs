@@ -89,6 +89,7 @@ impl Agent {
             cert,
             data_port,
             recover,
+            query: false,
         };
         timeout(ms::send(&mut ch, &hello)).await?;
         let answer: ms::Reply = timeout(ms::recv(&mut ch)).await?;
@@ -96,6 +97,7 @@ impl Agent {
             return Err(SetupError {
                 message: format!("the target: {e}"),
                 unrecoverable: answer.unrecoverable,
+                target_status: answer.status,
             });
         }
         if encrypted && answer.cert.is_none() {
@@ -116,6 +118,7 @@ impl Agent {
                 return Err(SetupError {
                     message: format!("the target: {e}"),
                     unrecoverable: ready.unrecoverable,
+                    target_status: ready.status,
                 });
             }
             Ok(data)
@@ -194,19 +197,21 @@ impl Agent {
     }
 }
 
-/// A stream setup that failed: why, and whether the target said that no recovery of a
-/// post-copy migration can succeed (its QEMU is gone).
-#[derive(Debug)]
+/// A stream setup that failed: why, whether the target said that no recovery of a
+/// post-copy migration can succeed (its QEMU is gone), and what the target's QEMU reported
+/// when the target said it.
+#[derive(Debug, Default)]
 pub(super) struct SetupError {
     pub(super) message: String,
     pub(super) unrecoverable: bool,
+    pub(super) target_status: Option<String>,
 }
 
 impl From<String> for SetupError {
     fn from(message: String) -> Self {
         SetupError {
             message,
-            unrecoverable: false,
+            ..SetupError::default()
         }
     }
 }

@@ -4,7 +4,9 @@
 //! up a new data connection exactly as the original stream's ([`crate::migstream`]: the
 //! agents' authenticated channel, the announced source port, the SCM_RIGHTS hand-over; the
 //! QEMUs keep their TLS credentials), the target's QEMU runs `migrate-recover` on it and the
-//! source's `migrate` with `resume`; and the end of a guest lost when recovery cannot succeed
+//! source's `migrate` with `resume`; the source's query of the target when its QEMU sent
+//! everything but never completes (the target's `completed` means switch over); and the end of
+//! a guest lost when recovery cannot succeed
 //! (the VMI failed, the source QEMU stopped; the target agent abandons its launcher on the
 //! failed state).
 
@@ -98,9 +100,10 @@ impl Agent {
         )
     }
 
-    /// Target of a migration that may switch to post-copy: serves the source's recoveries on
-    /// the migration's `listener` (channels from `source` only, with the agents' pinned TLS)
-    /// until the incoming migration ends.
+    /// Target of a migration that may switch to post-copy: serves the source's recoveries
+    /// and queries on the migration's `listener` (channels from `source` only, with the
+    /// agents' pinned TLS) until the incoming migration ends (a completed one
+    /// [`postcopy::COMPLETED_SERVE`] later: a source whose QEMU never completes asks then).
     pub(super) async fn serve_recoveries(
         &self,
         uid: &str,
@@ -109,10 +112,15 @@ impl Agent {
         tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     ) {
         let ended = async {
+            let mut completed_since: Option<Instant> = None;
             loop {
                 tokio::time::sleep(SERVE_CHECK).await;
                 let status = self.incoming_status(uid).await;
-                if postcopy::target_serving_ends(view(&status)) {
+                if view(&status) == TargetView::Status("completed") {
+                    completed_since.get_or_insert_with(Instant::now);
+                }
+                let completed_for = completed_since.map_or(Duration::ZERO, |t| t.elapsed());
+                if postcopy::target_serving_ends(view(&status), completed_for) {
                     tracing::info!(uid, ?status, "post-copy recovery: no longer served");
                     return;
                 }
@@ -131,16 +139,32 @@ impl Agent {
                     return;
                 }
             };
+            let hello: ms::Hello = match timeout(ms::recv(&mut ch)).await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(uid, "post-copy recovery: the source's hello: {e}");
+                    continue;
+                }
+            };
+            if hello.query {
+                let reply = self.answer_query(uid, &hello).await;
+                tracing::info!(uid, status = ?reply.status, "post-copy: the source asked how the target stands");
+                let _ = timeout(ms::send(&mut ch, &reply)).await;
+                continue;
+            }
             tracing::warn!(
                 uid,
                 "post-copy recovery: the source asks to recover the stream"
             );
-            let outcome = self.recover_target(uid, &mut ch, listener, source).await;
+            let outcome = self
+                .recover_target(uid, &hello, &mut ch, listener, source)
+                .await;
             let reply = match &outcome {
                 Ok(()) => ms::Reply::default(),
                 Err(e) => ms::Reply {
                     error: Some(e.message.clone()),
                     unrecoverable: e.unrecoverable,
+                    status: e.target_status.clone(),
                     ..ms::Reply::default()
                 },
             };
@@ -152,42 +176,66 @@ impl Agent {
         }
     }
 
-    /// Target: one recovery on the channel `ch`: the source's hello, the QEMU found paused
-    /// (or not: refused), the announced data connection handed to the launcher, which runs
-    /// `migrate-recover` on it.
+    /// Target: the answer to the source's query ([`ms::Hello::query`]): what our QEMU
+    /// reports of the incoming migration (`gone` without a launcher; no status when the
+    /// launcher does not answer, which the source counts as no answer).
+    async fn answer_query(&self, uid: &str, hello: &ms::Hello) -> ms::Reply {
+        if let Err(e) = ms::check_hello(hello, false) {
+            return ms::Reply {
+                error: Some(e),
+                ..ms::Reply::default()
+            };
+        }
+        let status = self.incoming_status(uid).await;
+        ms::Reply {
+            status: status_word(&status),
+            error: matches!(status, Some(Err(())))
+                .then(|| "the target launcher did not answer".into()),
+            ..ms::Reply::default()
+        }
+    }
+
+    /// Target: one recovery on the channel `ch` after the source's `hello`: the QEMU found
+    /// paused (or not: refused, with what it reports), the announced data connection handed
+    /// to the launcher, which runs `migrate-recover` on it.
     async fn recover_target(
         &self,
         uid: &str,
+        hello: &ms::Hello,
         ch: &mut ms::Channel,
         listener: &tokio::net::TcpListener,
         source: IpAddr,
     ) -> Result<(), SetupError> {
-        let hello: ms::Hello = timeout(ms::recv(ch)).await?;
         if !hello.recover {
             return Err("not a recovery: the stream was set up already"
                 .to_string()
                 .into());
         }
-        ms::check_hello(&hello, false)?;
-        let deadline = Instant::now() + TARGET_PAUSE_WAIT;
+        ms::check_hello(hello, false)?;
+        let asked = Instant::now();
+        let deadline = asked + TARGET_PAUSE_WAIT;
         loop {
             let status = self.incoming_status(uid).await;
-            match postcopy::target_recovery(view(&status)) {
+            match postcopy::target_recovery(view(&status), asked.elapsed()) {
                 TargetRecovery::Recover => break,
                 TargetRecovery::Wait if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await
                 }
                 TargetRecovery::Wait => {
-                    return Err(format!(
-                        "the target's QEMU did not pause within {TARGET_PAUSE_WAIT:?} ({:?})",
-                        view(&status)
-                    )
-                    .into());
+                    return Err(SetupError {
+                        message: format!(
+                            "the target's QEMU did not pause within {TARGET_PAUSE_WAIT:?} ({:?})",
+                            view(&status)
+                        ),
+                        target_status: status_word(&status),
+                        ..SetupError::default()
+                    });
                 }
                 TargetRecovery::Refuse(why) => {
                     return Err(SetupError {
                         message: why,
                         unrecoverable: true,
+                        target_status: status_word(&status),
                     });
                 }
             }
@@ -212,18 +260,14 @@ impl Agent {
         Ok(())
     }
 
-    /// Source: one recovery of the broken post-copy stream of `vmi` to `target_node`: the
-    /// agents' channel to the target's migration port, a new data connection from an
-    /// announced port (the target's QEMU runs `migrate-recover` on it), handed to our
-    /// launcher, whose QEMU resumes the migration (`migrate` with `resume`). `Err` with
-    /// `unrecoverable` when no recovery can succeed (the target's QEMU is gone, or nothing
-    /// listens on the target's port any more).
-    pub(super) async fn recover_out(
+    /// Source: the agents' channel to the target's migration port for a recovery or a
+    /// query; `unrecoverable` when nothing listens there any more (the target no longer
+    /// serves this migration).
+    async fn recovery_channel(
         &self,
         vmi: &VirtualMachineInstance,
         target_node: &str,
-    ) -> Result<(), SetupError> {
-        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+    ) -> Result<(ms::Channel, std::net::SocketAddr, std::net::SocketAddr), SetupError> {
         let st = vmi
             .status
             .as_ref()
@@ -239,23 +283,35 @@ impl Agent {
             ms::connect_channel(self.net.node_netns(), target, tls),
         )
         .await;
-        let (ch, local) = match connected {
-            Ok(Ok(c)) => c,
+        match connected {
+            Ok(Ok((ch, local))) => Ok((ch, local, target)),
             // Nothing listens there: the target no longer serves this migration.
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Err(SetupError {
-                    message: format!("the target agent at {target} no longer serves it: {e}"),
-                    unrecoverable: true,
-                });
-            }
-            Ok(Err(e)) => return Err(format!("the target agent at {target}: {e}").into()),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(SetupError {
+                message: format!("the target agent at {target} no longer serves it: {e}"),
+                unrecoverable: true,
+                ..SetupError::default()
+            }),
+            Ok(Err(e)) => Err(format!("the target agent at {target}: {e}").into()),
             Err(_) => {
-                return Err(format!(
-                    "the target agent at {target}: no answer within {SETUP_STEP:?}"
-                )
-                .into());
+                Err(format!("the target agent at {target}: no answer within {SETUP_STEP:?}").into())
             }
-        };
+        }
+    }
+
+    /// Source: one recovery of the broken post-copy stream of `vmi` to `target_node`: the
+    /// agents' channel to the target's migration port, a new data connection from an
+    /// announced port (the target's QEMU runs `migrate-recover` on it), handed to our
+    /// launcher, whose QEMU resumes the migration (`migrate` with `resume`). `Err` with
+    /// `unrecoverable` when no recovery can succeed (the target's QEMU is gone, or nothing
+    /// listens on the target's port any more), and with the target's QEMU status when the
+    /// target refused.
+    pub(super) async fn recover_out(
+        &self,
+        vmi: &VirtualMachineInstance,
+        target_node: &str,
+    ) -> Result<(), SetupError> {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let (ch, local, target) = self.recovery_channel(vmi, target_node).await?;
         let (conn, _) = self
             .open_stream(vmi, target, (ch, local, None), &[], true)
             .await?;
@@ -276,14 +332,38 @@ impl Agent {
         Ok(())
     }
 
+    /// Source: asks the target agent what its QEMU reports of the incoming migration
+    /// (`postcopy::Action::ProbeTarget`); `Err`: no answer, why.
+    pub(super) async fn probe_target(
+        &self,
+        vmi: &VirtualMachineInstance,
+        target_node: &str,
+    ) -> Result<String, String> {
+        let (mut ch, _, _) = self
+            .recovery_channel(vmi, target_node)
+            .await
+            .map_err(String::from)?;
+        let hello = ms::Hello {
+            cert: None,
+            data_port: 0,
+            recover: true,
+            query: true,
+        };
+        timeout(ms::send(&mut ch, &hello)).await?;
+        let reply: ms::Reply = timeout(ms::recv(&mut ch)).await?;
+        match (reply.status, reply.error) {
+            (Some(s), _) => Ok(s),
+            (None, e) => Err(e.unwrap_or_else(|| "the target answered no status".into())),
+        }
+    }
+
     /// Source: a recovery attempt announced (Event `MigrationRecovering`) and carried out.
-    /// Returns why recovery cannot succeed at all, if the target said so.
     pub(super) async fn try_recovery(
         &self,
         vmi: &VirtualMachineInstance,
         target_node: &str,
         attempt: u32,
-    ) -> Option<String> {
+    ) -> Recovery {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         tokio::time::sleep(postcopy::recovery_backoff(attempt)).await;
         let msg = format!(
@@ -297,13 +377,40 @@ impl Agent {
         match self.recover_out(vmi, target_node).await {
             Ok(()) => {
                 tracing::info!(uid = %uid, "post-copy recovery {attempt}: the stream resumes");
-                None
+                Recovery::Resumed
+            }
+            // The target holds the whole guest: nothing is left to recover.
+            Err(e)
+                if e.target_status
+                    .as_deref()
+                    .map(|s| postcopy::probed(s, "postcopy-paused"))
+                    == Some(postcopy::Probed::Completed) =>
+            {
+                Recovery::Completed
             }
             Err(e) => {
                 tracing::warn!(uid = %uid, "post-copy recovery {attempt} failed: {}", e.message);
-                e.unrecoverable.then_some(e.message)
+                Recovery::Failed(e.unrecoverable.then_some(e.message))
             }
         }
+    }
+
+    /// Source: the target received the whole guest although our QEMU did not complete
+    /// (`qemu_status`): recorded before the switch-over (Event `MigrationCompletedOnTarget`).
+    pub(super) async fn record_completed_on_target(
+        &self,
+        vmi: &VirtualMachineInstance,
+        target_node: &str,
+        qemu_status: &str,
+    ) {
+        let msg = format!(
+            "The target {target_node} received the whole guest although this node's QEMU did \
+             not complete the post-copy migration (QEMU: {qemu_status}, its stream broke at \
+             the end): switching over"
+        );
+        tracing::warn!(uid = %vmi.metadata.uid.as_deref().unwrap_or_default(), "{msg}");
+        self.event(vmi, "Normal", "MigrationCompletedOnTarget", &msg)
+            .await;
     }
 
     /// Source: the stream runs again after a recovery (Event `MigrationRecovered`).
@@ -314,6 +421,27 @@ impl Agent {
         );
         tracing::info!(uid = %vmi.metadata.uid.as_deref().unwrap_or_default(), "{msg}");
         self.event(vmi, "Normal", "MigrationRecovered", &msg).await;
+    }
+}
+
+/// How a recovery attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Recovery {
+    /// The source's QEMU resumes the migration on a new connection.
+    Resumed,
+    /// The target said its QEMU completed: the guest is whole there.
+    Completed,
+    /// It failed; with why no recovery can succeed, when the target said so.
+    Failed(Option<String>),
+}
+
+/// What the target answers of its QEMU (`gone` without a launcher, `None` when it did not
+/// answer).
+fn status_word(status: &Option<Result<String, ()>>) -> Option<String> {
+    match status {
+        None => Some("gone".into()),
+        Some(Err(())) => None,
+        Some(Ok(s)) => Some(s.clone()),
     }
 }
 
