@@ -25,7 +25,10 @@ raw, downtime <= raw + 50 ms).
 the VMIM's create -> Succeeded wall time (mirror + memory) and QEMU's downtime, raw is two
 plain QEMUs doing the same by hand: an NBD export on the target, `blockdev-mirror` to it,
 `pause-before-switchover`, the mirror completed, `migrate-continue` (wall time from the
-mirror's start to `completed`, QEMU's downtime).
+mirror's start to `completed`, QEMU's downtime). The raw TLS run puts the NBD mirror under
+QEMU's TLS too, as ferrovirt does (both from the same ephemeral certificates, made before the
+timed span as ferrovirt's are; before 2026-12-05 only its memory stream was encrypted and
+the certificates were made inside the span).
 Both run on 2 cores shared with the rest of the machine: compare within one run only.
 FV_BENCH_KEEP_LOGS=DIR keeps the server's and the agent's logs (set RUST_LOG=info for the
 agents' per-step timings).
@@ -137,11 +140,24 @@ def ephemeral_cert(d, name):
     return open(f"{d}/cert.pem").read(), open(f"{d}/key.pem").read()
 
 
-def raw_tls(tmp, q, d):
-    """QEMU's TLS on both raw QEMUs as ferrovirt sets it up (docs/migration.md)."""
+def raw_tls_files(tmp):
+    """The ephemeral certificates of both raw QEMUs and the target's DH parameters, made
+    before the timed span (ferrovirt's launchers make theirs before the copy starts)."""
     host = "migration-target.ferrovirt.invalid"
     sc, sk = ephemeral_cert(os.path.join(tmp, "tls-src-gen"), "migration-source.ferrovirt.invalid")
     tc, tk = ephemeral_cert(os.path.join(tmp, "tls-dst-gen"), host)
+    dh = os.path.join(tmp, "dh-params.pem")
+    if not os.path.exists(dh):
+        # As ferrovirt does (migtls::FFDHE2048_PEM): without it QEMU generates DH
+        # parameters at object-add, 0.6-1.5 s.
+        subprocess.run(["openssl", "genpkey", "-genparam", "-algorithm", "DH", "-pkeyopt",
+                        "group:ffdhe2048", "-out", dh], check=True, capture_output=True)
+    return host, (sc, sk), (tc, tk), open(dh).read()
+
+
+def raw_tls(tmp, q, d, files):
+    """QEMU's TLS on both raw QEMUs as ferrovirt sets it up (docs/migration.md)."""
+    host, (sc, sk), (tc, tk), dh = files
     for qmp, side, ours, key, peer in ((q, "client", sc, sk, tc), (d, "server", tc, tk, sc)):
         creds = os.path.join(tmp, f"tls-{side}")
         shutil.rmtree(creds, ignore_errors=True)
@@ -149,11 +165,7 @@ def raw_tls(tmp, q, d):
         for n, text in (("ca-cert.pem", peer), (f"{side}-cert.pem", ours), (f"{side}-key.pem", key)):
             open(os.path.join(creds, n), "w").write(text)
         if side == "server":
-            # As ferrovirt does (migtls::FFDHE2048_PEM): without it QEMU generates DH
-            # parameters at object-add, 0.6-1.5 s.
-            subprocess.run(["openssl", "genpkey", "-genparam", "-algorithm", "DH", "-pkeyopt",
-                            "group:ffdhe2048", "-out", os.path.join(creds, "dh-params.pem")],
-                           check=True, capture_output=True)
+            open(os.path.join(creds, "dh-params.pem"), "w").write(dh)
         qmp.cmd("object-del", id="mig-tls")
         r = qmp.cmd("object-add", **{"qom-type": "tls-creds-x509", "id": "mig-tls",
                                     "endpoint": side, "dir": creds, "verify-peer": True,
@@ -163,6 +175,7 @@ def raw_tls(tmp, q, d):
         shutil.rmtree(creds)
     q.cmd("migrate-set-parameters", **{"tls-creds": "mig-tls", "tls-hostname": host})
     d.cmd("migrate-set-parameters", **{"tls-creds": "mig-tls"})
+    return host
 
 
 def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
@@ -213,12 +226,18 @@ def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
         q = Qmp(src_qmp)
         d = Qmp(dst_qmp)
         time.sleep(8)  # the guest boots (as far as ferrovirt's VM has when it migrates)
+        files = raw_tls_files(tmp) if tls else None
         t0 = time.time()
+        # With TLS, as ferrovirt: the disks' NBD mirror and the memory stream both under
+        # QEMU's TLS from the same ephemeral certificates (set up inside the timed span, as
+        # ferrovirt's launchers do within the migration).
+        host = raw_tls(tmp, q, d, files) if tls else None
+        nbd_tls = {"tls-creds": "mig-tls"} if tls else {}
         if local:
             nbd = os.path.join(tmp, "nbd.sock")
             if os.path.exists(nbd):
                 os.unlink(nbd)
-            d.cmd("nbd-server-start", addr={"type": "unix", "data": {"path": nbd}})
+            d.cmd("nbd-server-start", addr={"type": "unix", "data": {"path": nbd}}, **nbd_tls)
             node = "d"
             if recorded:  # the format node over ferrovirt's disk file
                 devs = [json.loads(a) for p_, a in zip(src_argv, src_argv[1:])
@@ -227,8 +246,10 @@ def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
                 node = next(b["node-name"] for b in devs if b.get("file") in files)
             d.cmd("block-export-add", type="nbd", id="e", **{"node-name": node}, name="d",
                   writable=True)
+            if tls:
+                nbd_tls["tls-hostname"] = host
             q.cmd("blockdev-add", driver="nbd", **{"node-name": "t"},
-                  server={"type": "unix", "path": nbd}, export="d")
+                  server={"type": "unix", "path": nbd}, export="d", **nbd_tls)
             r = q.cmd("blockdev-mirror", **{"job-id": "m"}, device=node, target="t",
                       sync="full")
             if "error" in r:
@@ -237,8 +258,6 @@ def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
                 "query-block-jobs")["return"]), every=0.05)
             q.cmd("migrate-set-capabilities", capabilities=[
                 {"capability": "pause-before-switchover", "state": True}])
-        if tls:
-            raw_tls(tmp, q, d)
         # The two ends of one TCP connection, handed to the QEMUs as ferrovirt's agents do.
         lst = socket.socket(); lst.bind(("127.0.0.1", 0)); lst.listen(1)
         out_end = socket.create_connection(lst.getsockname()); in_end, _ = lst.accept()

@@ -156,6 +156,50 @@ pub async fn request(
     Ok(c.request_with_timeout(req, timeout).await?)
 }
 
+/// Follows a launcher's migration and block-job events ([`Request::JobEvents`]) so that a
+/// follower looks at QEMU again the moment something changes instead of on a timer; with a
+/// launcher that cannot wait (an older one) or does not answer, it sleeps `fallback`.
+#[derive(Debug)]
+pub struct JobEvents {
+    seen: Option<u64>,
+    fallback: Duration,
+}
+
+impl JobEvents {
+    /// A follower that has seen no event yet.
+    pub fn new(fallback: Duration) -> JobEvents {
+        JobEvents {
+            seen: Some(0),
+            fallback,
+        }
+    }
+
+    /// Returns once the launcher of `uid` reports an event not seen yet, or after `max`.
+    pub async fn next(&mut self, cfg: &LauncherConfig, uid: &str, max: Duration) {
+        let Some(after) = self.seen else {
+            return tokio::time::sleep(self.fallback).await;
+        };
+        let req = Request::JobEvents {
+            after,
+            wait_ms: max.as_millis() as u64,
+        };
+        match request(cfg, uid, &req, max + CONTROL_TIMEOUT).await {
+            Ok(v) => match v.as_u64() {
+                Some(n) => self.seen = Some(n.max(after)),
+                None => self.seen = None,
+            },
+            Err(e) => {
+                tracing::debug!(
+                    uid,
+                    "waiting on the launcher's events: {e}; polling instead"
+                );
+                self.seen = None;
+                tokio::time::sleep(self.fallback).await;
+            }
+        }
+    }
+}
+
 /// The pod-network plan of a VMI, kept in its directory so that a restarted agent re-attaches
 /// (DHCP) and finally tears down exactly what was set up.
 pub const NETWORK_PLAN: &str = "network.json";

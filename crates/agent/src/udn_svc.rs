@@ -20,7 +20,7 @@ use ferrovirt_network::services::ServicePort;
 use ferrovirt_network::udn::UdnNetwork;
 use ferrovirt_network::udn_svc::{
     ENDPOINTSLICE_NETWORK_ANNOTATION, PrimaryNet, ROUTE_TABLE, link_steps, nft_script,
-    primary_networks, rule_args,
+    primary_networks_of, rule_args,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -37,7 +37,7 @@ use crate::services::{ServiceCaches, changed, service_ports_with};
 const PASS: Duration = Duration::from_secs(2);
 
 /// The ports network `network` carries out: the Services of the namespaces where it is the
-/// primary network (`primaries`, [`primary_networks`]) with the ready endpoints of the
+/// primary network (`primaries`, [`primary_networks_of`]) with the ready endpoints of the
 /// slices marked with its name.
 pub fn network_ports(
     network: &str,
@@ -73,17 +73,12 @@ fn nad_resource() -> ApiResource {
 
 /// The namespaces' primary networks from the cached NADs.
 fn primaries(nads: &Store<DynamicObject>) -> BTreeMap<String, PrimaryNet> {
-    let list: Vec<(String, String)> = nads
-        .state()
-        .iter()
-        .filter_map(|n| {
-            Some((
-                n.metadata.namespace.clone()?,
-                n.data["spec"]["config"].as_str()?.to_string(),
-            ))
-        })
-        .collect();
-    primary_networks(&list)
+    let state = nads.state();
+    primary_networks_of(
+        state
+            .iter()
+            .map(|n| (n.metadata.namespace.as_deref(), &n.data)),
+    )
 }
 
 /// The namespace's identity (a network removed and made again is a new namespace).
@@ -254,7 +249,7 @@ mod tests {
 
     #[test]
     fn a_network_carries_only_its_namespaces_marked_slices() {
-        let prim = primary_networks(&[
+        let prim = ferrovirt_network::udn_svc::primary_networks(&[
             (
                 "ua".into(),
                 r#"{"name":"ua_net","topology":"layer2","role":"primary","subnets":"10.100.0.0/24"}"#.into(),

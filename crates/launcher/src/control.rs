@@ -176,6 +176,17 @@ pub enum Request {
     /// QMP `query-migrate`, raw: `{"status": "active"|"completed"|"failed"|…, "ram": …,
     /// "downtime": ms, "total-time": ms, "error-desc": …}`.
     MigrationStatus,
+    /// Waits until QEMU has reported more than `after` migration or block-job events
+    /// (`MIGRATION`, `BLOCK_JOB_READY`, `BLOCK_JOB_COMPLETED`, …) since the launcher started,
+    /// or `waitMs` passed (at most [`MAX_EVENT_WAIT_MS`]); answers the count. A follower asks
+    /// [`Request::MigrationStatus`] after each answer instead of polling on a timer: a state
+    /// change is seen the moment QEMU announces it. Answered without the VM's command loop.
+    /// Added within protocol version 1 (an older launcher answers it with an error).
+    #[serde(rename_all = "camelCase")]
+    JobEvents {
+        after: u64,
+        wait_ms: u64,
+    },
     /// QMP `migrate_cancel`: the source runs on.
     MigrateCancel,
     /// Statistics for metrics: `{"blockstats": <QMP query-blockstats, raw>}`, with the guest's
@@ -326,6 +337,14 @@ impl Reply {
             error: Some(e.to_string()),
         }
     }
+}
+
+/// The longest [`Request::JobEvents`] wait.
+pub const MAX_EVENT_WAIT_MS: u64 = 5_000;
+
+/// Whether a QMP event moves a migration or a block job along ([`Request::JobEvents`]).
+pub fn is_job_event(event: &str) -> bool {
+    event == "MIGRATION" || event == "MIGRATION_PASS" || event.starts_with("BLOCK_JOB_")
 }
 
 /// The VM's state as the launcher reports it.
@@ -506,6 +525,29 @@ impl LauncherClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_events_are_migration_and_block_job_events() {
+        assert_eq!(
+            serde_json::to_string(&Request::JobEvents {
+                after: 3,
+                wait_ms: 250
+            })
+            .unwrap(),
+            r#"{"op":"jobEvents","after":3,"waitMs":250}"#
+        );
+        for e in [
+            "MIGRATION",
+            "MIGRATION_PASS",
+            "BLOCK_JOB_READY",
+            "BLOCK_JOB_COMPLETED",
+        ] {
+            assert!(is_job_event(e), "{e}");
+        }
+        for e in ["RESUME", "STOP", "SHUTDOWN", "BALLOON_CHANGE"] {
+            assert!(!is_job_event(e), "{e}");
+        }
+    }
 
     #[test]
     fn wire_format_is_stable() {

@@ -269,7 +269,8 @@ async fn start_and_supervise(
     let listener = UnixListener::bind(&sock_path)
         .map_err(|e| Error::io(sock_path.display().to_string(), e))?;
     let (tx, rx) = mpsc::channel::<(Command, Responder)>(16);
-    let server = tokio::spawn(serve(listener, status.clone(), tx));
+    let job_events = count_job_events(&vm);
+    let server = tokio::spawn(serve(listener, status.clone(), tx, job_events.1));
     // Whether this launcher's QEMU may write the disks: a migration target only once its
     // guest runs, a migration source no longer once its state was sent.
     let holding = Arc::new(std::sync::atomic::AtomicBool::new(!incoming));
@@ -296,6 +297,7 @@ async fn start_and_supervise(
         fence::release_storage_leases(f, &meta.vmi_uid);
     }
     server.abort();
+    job_events.0.abort();
     let _ = std::fs::remove_file(&sock_path);
     write_json_atomic(&dir.join(files::EXIT), &report)?;
     Ok(report)
@@ -623,13 +625,57 @@ async fn guest_info(vm: &Vm) -> Result<serde_json::Value> {
     }))
 }
 
+/// Counts QEMU's migration and block-job events ([`crate::control::is_job_event`]) in a
+/// task of its own, apart from the command loop (which may be busy with a long command):
+/// [`Request::JobEvents`] waits on the count.
+fn count_job_events(
+    vm: &Vm,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Receiver<u64>,
+) {
+    let (seq, rx) = tokio::sync::watch::channel(0u64);
+    let mut events = vm.qmp().subscribe();
+    let task = tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(ev) if crate::control::is_job_event(&ev.event) => seq.send_modify(|n| *n += 1),
+                Ok(_) => {}
+                // Missed events may have been job events: wake the waiters.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    seq.send_modify(|n| *n += 1)
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    (task, rx)
+}
+
+/// [`Request::JobEvents`]: the count once it passed `after`, or after `wait_ms`.
+async fn wait_job_events(
+    mut seq: tokio::sync::watch::Receiver<u64>,
+    after: u64,
+    wait_ms: u64,
+) -> u64 {
+    let wait = Duration::from_millis(wait_ms.min(crate::control::MAX_EVENT_WAIT_MS));
+    let _ = tokio::time::timeout(wait, seq.wait_for(|n| *n > after)).await;
+    *seq.borrow()
+}
+
 async fn serve(
     listener: UnixListener,
     status: Arc<Mutex<LauncherStatus>>,
     tx: mpsc::Sender<(Command, Responder)>,
+    job_events: tokio::sync::watch::Receiver<u64>,
 ) {
     while let Ok((stream, _)) = listener.accept().await {
-        tokio::spawn(connection(stream, status.clone(), tx.clone()));
+        tokio::spawn(connection(
+            stream,
+            status.clone(),
+            tx.clone(),
+            job_events.clone(),
+        ));
     }
 }
 
@@ -637,6 +683,7 @@ async fn connection(
     stream: UnixStream,
     status: Arc<Mutex<LauncherStatus>>,
     tx: mpsc::Sender<(Command, Responder)>,
+    job_events: tokio::sync::watch::Receiver<u64>,
 ) {
     let (r, mut w) = stream.into_split();
     let mut lines = BufReader::new(r).lines();
@@ -653,6 +700,9 @@ async fn connection(
             )),
             Ok(_) if !greeted => Reply::err("send hello first"),
             Ok(Request::Status) => Reply::ok(status.lock().await.clone()),
+            Ok(Request::JobEvents { after, wait_ms }) => Reply::ok(serde_json::json!(
+                wait_job_events(job_events.clone(), after, wait_ms).await
+            )),
             Ok(req) => {
                 let cmd = match req {
                     Request::Pause => Command::Pause,
@@ -720,7 +770,9 @@ async fn connection(
                     } => Command::GuestExec(command, Duration::from_secs(timeout_seconds)),
                     Request::MergeLayers { merge } => Command::MergeLayers(merge),
                     Request::DiskLayers { disk } => Command::DiskLayers(disk),
-                    Request::Hello { .. } | Request::Status => continue,
+                    Request::Hello { .. } | Request::Status | Request::JobEvents { .. } => {
+                        continue;
+                    }
                 };
                 let (rtx, rrx) = oneshot::channel();
                 if tx.send((cmd, rtx)).await.is_err() {
@@ -746,6 +798,27 @@ pub fn vmi_dir(data_dir: &Path, uid: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_job_event_wait_ends_at_the_next_event_or_its_deadline() {
+        let (seq, rx) = tokio::sync::watch::channel(0u64);
+        // Nothing new: the deadline.
+        let t = std::time::Instant::now();
+        assert_eq!(wait_job_events(rx.clone(), 0, 50).await, 0);
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        // Already past `after`: at once.
+        seq.send_modify(|n| *n += 2);
+        let t = std::time::Instant::now();
+        assert_eq!(wait_job_events(rx.clone(), 1, 5_000).await, 2);
+        assert!(t.elapsed() < Duration::from_secs(1));
+        // An event while waiting ends the wait.
+        let waiter = tokio::spawn(wait_job_events(rx.clone(), 2, 5_000));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        seq.send_modify(|n| *n += 1);
+        let t = std::time::Instant::now();
+        assert_eq!(waiter.await.unwrap(), 3);
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
 
     #[test]
     fn no_guest_agent_ping_before_the_guest_runs() {

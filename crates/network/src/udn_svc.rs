@@ -52,6 +52,24 @@ pub struct PrimaryNet {
     pub cidr: Option<Ipv4Cidr>,
 }
 
+/// [`primary_networks`] of NAD objects given as (namespace, the object's JSON with
+/// `spec.config`), as the agent's and the controller's NAD caches hold them; objects without
+/// either are skipped.
+pub fn primary_networks_of<'a>(
+    nads: impl IntoIterator<Item = (Option<&'a str>, &'a serde_json::Value)>,
+) -> BTreeMap<String, PrimaryNet> {
+    let list: Vec<(String, String)> = nads
+        .into_iter()
+        .filter_map(|(ns, data)| {
+            Some((
+                ns?.to_string(),
+                data["spec"]["config"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    primary_networks(&list)
+}
+
 /// The primary network of each namespace, from the user-defined networks' NADs given as
 /// `(namespace, spec.config)`: role primary, Layer2 or Layer3. A namespace with two (the
 /// agent refuses its VMIs) or a config that cannot be read has none.
@@ -267,6 +285,14 @@ mod tests {
         assert_eq!(got["ua"].cidr.unwrap().to_string(), "10.100.0.0/24");
         assert!(got["l3"].layer3);
         assert_eq!(got["l3"].cidr.unwrap().to_string(), "10.150.0.0/16");
+        // The same from NAD objects as the caches hold them; one without a namespace or a
+        // config is skipped.
+        let (ns, config) = cfg("ua", "layer2", "primary", "10.100.0.0/24");
+        let obj = serde_json::json!({"spec": {"config": config}});
+        let empty = serde_json::json!({"spec": {}});
+        let got =
+            primary_networks_of([(Some(ns.as_str()), &obj), (None, &obj), (Some("x"), &empty)]);
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["ua"]);
     }
 
     #[test]

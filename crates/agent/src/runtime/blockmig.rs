@@ -343,8 +343,13 @@ impl Agent {
         tracing::info!(uid = %uid, "block migration: mirrors started in {} ms", t0.elapsed().as_millis());
         let started = Instant::now();
         let mut last_check = Instant::now();
+        // Looked at again when QEMU reports a job event (BLOCK_JOB_READY), at least every
+        // 500 ms (the cancel check).
+        let mut events = launchers::JobEvents::new(Duration::from_millis(50));
         loop {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            events
+                .next(&self.cfg, &uid, Duration::from_millis(500))
+                .await;
             let jobs = launchers::request(
                 &self.cfg,
                 &uid,

@@ -32,6 +32,10 @@ use ferrovirt_launcher::migtls::Endpoint;
 
 /// How often the source asks its launcher how the migration goes.
 const POLL: Duration = Duration::from_millis(50);
+/// The longest wait for QEMU's next migration event before the follow loop looks anyway.
+const POLL_MAX: Duration = Duration::from_millis(250);
+/// The follow loop's wait for the figures of a completed migration.
+const QUICK: Duration = Duration::from_millis(10);
 /// How long the target's QEMU may take to come up waiting for the stream.
 const TARGET_START: Duration = Duration::from_secs(30);
 /// How long each step of the stream's setup between the agents may take.
@@ -547,7 +551,8 @@ impl Agent {
         .await
     }
 
-    /// Follows the migration QEMU sends (`query-migrate` every [`POLL`]: the block
+    /// Follows the migration QEMU sends (`query-migrate` at each of its migration events,
+    /// at least every [`POLL_MAX`]: the block
     /// switch-over, timeouts, a cancel), then switches over: the VMI moves to the target in
     /// one write, the launcher is told `MigratedAway` and its directory removed. `Err`: why
     /// it failed (the source runs on). Used by the original path and by a restarted agent
@@ -588,8 +593,16 @@ impl Agent {
         // target's last answer), and the target's unanswered queries.
         let mut drained_since: Option<Instant> = None;
         let mut probes = 0u32;
+        // QEMU is asked again when it reports an event (a state change: pre-switchover,
+        // completed, a pass), at least every POLL_MAX for the timeouts and the cancel check;
+        // a completion whose figures are not in yet is asked again after QUICK.
+        let mut events = launchers::JobEvents::new(POLL);
+        let mut quick = false;
         let info = loop {
-            tokio::time::sleep(POLL).await;
+            match std::mem::take(&mut quick) {
+                true => tokio::time::sleep(QUICK).await,
+                false => events.next(&self.cfg, &uid, POLL_MAX).await,
+            }
             let v = launchers::request(
                 &self.cfg,
                 &uid,
@@ -621,6 +634,7 @@ impl Agent {
                 }
                 "completed" => {
                     final_tries += 1;
+                    quick = true;
                     continue;
                 }
                 // Paused before the switch-over (block migration): the mirrors complete

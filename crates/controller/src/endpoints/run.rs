@@ -111,17 +111,10 @@ async fn pass(
     (recorder, told): (&EventRecorder, &mut HashSet<String>),
 ) {
     let services = services.state();
-    let primaries = ferrovirt_network::udn_svc::primary_networks(
-        &nads
-            .state()
-            .iter()
-            .filter_map(|n| {
-                Some((
-                    n.metadata.namespace.clone()?,
-                    n.data["spec"]["config"].as_str()?.to_string(),
-                ))
-            })
-            .collect::<Vec<_>>(),
+    let nads = nads.state();
+    let primaries = ferrovirt_network::udn_svc::primary_networks_of(
+        nads.iter()
+            .map(|n| (n.metadata.namespace.as_deref(), &n.data)),
     );
     // Only the VMIs of namespaces with a selecting Service are turned into JSON (with
     // 10,000 VMIs and no Service, a pass per VMI change used to serialise every VMI).
