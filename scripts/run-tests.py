@@ -42,7 +42,7 @@ HINTS = {
     "crd": 16, "shared_mount": 15, "hostile": 15, "conformance": 15, "metrics": 14,
     "empty_cdrom": 14, "port_forward": 13, "hyperconverged": 35, "node_proxy": 17,
     "cpu_models": 30, "localnet": 35, "udn_secondary": 120, "udn_layer3": 50, "udn_services": 60,
-    "migration_postcopy": 150, "snapshot_reclaim_online": 45, "online_reclaim": 11,
+    "migration_postcopy": 250, "snapshot_reclaim_online": 45, "online_reclaim": 11,
     "migration_block_restart": 45, "migration_chain": 80,
 }
 DEFAULT_E2E = 30

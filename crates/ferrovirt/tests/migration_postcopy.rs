@@ -312,9 +312,65 @@ fn cut_stream(addr: &str, port: &str) -> anyhow::Result<usize> {
 /// takes a few milliseconds after the check; post-copy sends ~500 MiB/s here).
 const MIN_LEFT: u64 = 64 << 20;
 
-/// What post-copy must have sent before the cut: far more than the sockets buffer, so the
-/// target has read the switch's device state sent before it and runs the guest.
-const PAST_SWITCH: u64 = 32 << 20;
+/// The last contents seen of a VMI directory's launcher log, QEMU log and exit report,
+/// read every 100 ms by a thread of its own until dropped.
+struct KeptLogs {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl KeptLogs {
+    fn watch(dir: &std::path::Path) -> KeptLogs {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, st, dir) = (seen.clone(), stop.clone(), dir.to_path_buf());
+        std::thread::spawn(move || {
+            while !st.load(std::sync::atomic::Ordering::Relaxed) {
+                for f in ["launcher.log", "qemu.log", "exit.json"] {
+                    if let Ok(text) = std::fs::read_to_string(dir.join(f)) {
+                        let mut seen = s.lock().unwrap_or_else(|p| p.into_inner());
+                        seen.retain(|(n, _)| n != f);
+                        seen.push((f.to_string(), text));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        KeptLogs { seen, stop }
+    }
+
+    fn print(&self) {
+        for (f, text) in self.seen.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("--- target {f} (last lines) ---");
+            for l in tail.into_iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+impl Drop for KeptLogs {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The VM's phase as the launcher in `dir` reports it (`Running` once its QEMU runs it).
+fn launcher_phase(dir: &std::path::Path) -> Option<String> {
+    use ferrovirt_launcher::control::{LauncherClient, Request};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    rt.block_on(async {
+        let mut c = LauncherClient::connect(dir, Duration::from_secs(5))
+            .await
+            .ok()?;
+        let v = c.request(&Request::Status).await.ok()?;
+        v["phase"].as_str().map(String::from)
+    })
+}
 
 /// QEMU's `query-migrate` through the launcher's control socket in `dir`.
 fn query_migrate(dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {
@@ -377,14 +433,17 @@ fn cut_and_recover() -> anyhow::Result<bool> {
         .ok_or_else(|| anyhow::anyhow!("no migration port in {st}"))?;
     // Post-copy is not throttled (QEMU's `max-postcopy-bandwidth` is left unlimited so that
     // the guest's page faults are served at once): ~700 MiB take a second or two here, so
-    // the source's QEMU is asked directly (its launcher), every 5 ms, not through the API.
-    // The cut comes once post-copy has sent `PAST_SWITCH` (the stream is ordered: the
-    // target has read the switch's device state before those pages, so its guest runs
-    // there) and while at least `MIN_LEFT` is still to send: a stream broken after the last
-    // page (QEMU's completion phase, waiting for the target's end of the return path) is
-    // another failure with its own handling (`postcopy::Action::ProbeTarget`), not the
-    // recovery this test is about. The ticker in the guest prints through all of it.
+    // both QEMUs are asked directly (their launchers), every 5 ms, not through the API.
+    // The cut comes once the target's launcher reports the VM running (QEMU's RESUME: the
+    // switch's device state is loaded and the guest runs there; before that, while the
+    // target still loads the device state with the pages already flowing, QEMU cannot
+    // recover a broken stream and fails, a loss) and while the source still has at least
+    // `MIN_LEFT` to send: a stream broken after the last page (QEMU's completion phase,
+    // waiting for the target's end of the return path) is another failure with its own
+    // handling (`postcopy::Action::ProbeTarget`), not the recovery this test is about. The
+    // ticker in the guest prints through all of it.
     let waited = Instant::now();
+    let mut switched: Option<Instant> = None;
     let remaining = loop {
         anyhow::ensure!(
             waited.elapsed() < Duration::from_secs(120),
@@ -392,17 +451,18 @@ fn cut_and_recover() -> anyhow::Result<bool> {
         );
         match query_migrate(&src) {
             Ok(q) if q["status"] == "postcopy-active" => {
-                let sent = q["ram"]["postcopy-bytes"].as_u64().unwrap_or(0);
+                let since = *switched.get_or_insert_with(Instant::now);
                 let left = q["ram"]["remaining"].as_u64().unwrap_or(0);
                 if left < MIN_LEFT {
                     eprintln!(
-                        "source: {} MiB left after {} MiB in post-copy",
+                        "source: {} MiB left {:?} after the switch, the target not seen running",
                         left >> 20,
-                        sent >> 20
+                        since.elapsed()
                     );
                     break None;
                 }
-                if sent >= PAST_SWITCH {
+                if launcher_phase(&dst).as_deref() == Some("Running") {
+                    eprintln!("target running {:?} after the switch", since.elapsed());
                     break Some(left);
                 }
             }
@@ -412,6 +472,9 @@ fn cut_and_recover() -> anyhow::Result<bool> {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
+    // The target's launcher and QEMU logs as last seen: its directory goes with a failed
+    // migration, and they say why.
+    let logs = KeptLogs::watch(&dst);
     let cut = match remaining {
         Some(_) => cut_stream(&addr, &port)?,
         None => 0,
@@ -463,6 +526,9 @@ fn cut_and_recover() -> anyhow::Result<bool> {
     };
     eprintln!("cut → VMIM {}: {:?}", m["status"]["phase"], at.elapsed());
     recovery_lines();
+    if m["status"]["phase"] != "Succeeded" {
+        logs.print();
+    }
     assert_eq!(m["status"]["phase"], "Succeeded", "{}", m["status"]);
     let events = c.kubectl(&["get", "events", "-o", "json"])?;
     let events: serde_json::Value = serde_json::from_slice(&events.stdout)?;
