@@ -769,34 +769,12 @@ impl Agent {
                     }
                 }
                 postcopy::Action::ProbeTarget { attempt } => {
-                    tracing::warn!(uid = %uid,
-                        "post-copy: everything sent but QEMU did not complete within {:?}; asking the target",
-                        postcopy::DRAIN_LIMIT);
                     drained_since = Some(Instant::now());
-                    match self.probe_target(vmi, target_node).await {
-                        Err(e) => {
-                            probes = attempt;
-                            tracing::warn!(uid = %uid, "post-copy: the target did not answer ({attempt} of {}): {e}",
-                                postcopy::MAX_PROBES);
-                        }
-                        Ok(answer) => match postcopy::probed(&answer, status) {
-                            postcopy::Probed::Completed => {
-                                self.record_completed_on_target(vmi, target_node, status)
-                                    .await;
-                                break v;
-                            }
-                            postcopy::Probed::Wait => {
-                                tracing::info!(uid = %uid, "post-copy: the target still receives ({answer})");
-                            }
-                            postcopy::Probed::Lost(why) => {
-                                self.lose_guest(
-                                    vmi,
-                                    &postcopy::lost_reason(status, &format!("; {why}")),
-                                )
-                                .await;
-                                return Ok(());
-                            }
-                        },
+                    match self.probe(vmi, target_node, attempt, status).await {
+                        super::postcopy::Probe::NoAnswer => probes = attempt,
+                        super::postcopy::Probe::Wait => {}
+                        super::postcopy::Probe::SwitchOver => break v,
+                        super::postcopy::Probe::Lost => return Ok(()),
                     }
                 }
                 postcopy::Action::Lost(why) => {

@@ -357,6 +357,46 @@ impl Agent {
         }
     }
 
+    /// Source: `postcopy::Action::ProbeTarget`, query `attempt` of the target while our QEMU
+    /// reports `qemu_status` with everything sent; a completion by the target is recorded,
+    /// a lost guest is ended ([`Agent::lose_guest`]).
+    pub(super) async fn probe(
+        &self,
+        vmi: &VirtualMachineInstance,
+        target_node: &str,
+        attempt: u32,
+        qemu_status: &str,
+    ) -> Probe {
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        tracing::warn!(uid = %uid,
+            "post-copy: everything sent but QEMU did not complete within {:?}; asking the target",
+            postcopy::DRAIN_LIMIT);
+        let answer = match self.probe_target(vmi, target_node).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(uid = %uid, "post-copy: the target did not answer ({attempt} of {}): {e}",
+                    postcopy::MAX_PROBES);
+                return Probe::NoAnswer;
+            }
+        };
+        match postcopy::probed(&answer, qemu_status) {
+            postcopy::Probed::Completed => {
+                self.record_completed_on_target(vmi, target_node, qemu_status)
+                    .await;
+                Probe::SwitchOver
+            }
+            postcopy::Probed::Wait => {
+                tracing::info!(uid = %uid, "post-copy: the target still receives ({answer})");
+                Probe::Wait
+            }
+            postcopy::Probed::Lost(why) => {
+                let reason = postcopy::lost_reason(qemu_status, &format!("; {why}"));
+                self.lose_guest(vmi, &reason).await;
+                Probe::Lost
+            }
+        }
+    }
+
     /// Source: a recovery attempt announced (Event `MigrationRecovering`) and carried out.
     pub(super) async fn try_recovery(
         &self,
@@ -422,6 +462,19 @@ impl Agent {
         tracing::info!(uid = %vmi.metadata.uid.as_deref().unwrap_or_default(), "{msg}");
         self.event(vmi, "Normal", "MigrationRecovered", &msg).await;
     }
+}
+
+/// What the follow loop does after asking the target ([`Agent::probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Probe {
+    /// No answer: counted, asked again later.
+    NoAnswer,
+    /// The target still receives: followed on.
+    Wait,
+    /// The target holds the whole guest: switch over.
+    SwitchOver,
+    /// The guest was lost (recorded): the follow loop ends.
+    Lost,
 }
 
 /// How a recovery attempt ended.
