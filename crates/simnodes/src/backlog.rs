@@ -64,8 +64,10 @@ async fn set_unschedulable(nodes: &Api<Node>, names: &[String], on: bool) -> Res
     Ok(())
 }
 
-/// Cordons `node_names`, creates `count` VMIs (indices from `first`), waits `settle` for the
-/// scheduler to find them unplaceable, uncordons every node and waits for every bind.
+/// Cordons `node_names`, waits `settle` for the controllers' Node cache to show the cordons
+/// (a VMI created before the scheduler saw its node cordoned is bound at once, and the phase
+/// fails), creates `count` VMIs (indices from `first`), waits `settle` for the scheduler to
+/// find them unplaceable, uncordons every node and waits for every bind.
 pub async fn run(
     driver: &kube::Client,
     namespace: &str,
@@ -78,6 +80,7 @@ pub async fn run(
     let nodes: Api<Node> = Api::all(driver.clone());
     let api: Api<DynamicObject> = Api::namespaced_with(driver.clone(), namespace, &vmi_resource());
     set_unschedulable(&nodes, node_names, true).await?;
+    tokio::time::sleep(settle).await;
     let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let observer = {
         let bound = bound.clone();

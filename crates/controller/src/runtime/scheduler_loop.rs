@@ -12,7 +12,10 @@
 //!
 //! A pass decides every pending VMI in creation order over one [`Snapshot`] of the cluster
 //! (built once: a decision costs a pass over the nodes, not over every VMI), then writes the
-//! binds concurrently ([`WRITE_CONCURRENCY`] in flight) with their `Scheduled` Events.
+//! binds concurrently ([`WRITE_CONCURRENCY`] in flight) with their `Scheduled` Events, then
+//! the unschedulable marks; after [`MARK_CHUNK`] marks, a Node (or claim, PV, class, KubeVirt)
+//! change that arrived meanwhile ends the pass's marks and starts the next pass at once
+//! ([`marks_yield`]): binds do not wait behind thousands of stale marks.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -38,6 +41,17 @@ use crate::vm::template::{KUBEVIRT_API_VERSION, LABEL_NODE_NAME};
 pub const COMPONENT: &str = "default-scheduler";
 /// Binds (and unschedulable marks) of one pass in flight at once.
 const WRITE_CONCURRENCY: usize = 64;
+/// Unschedulable marks a pass writes before it looks whether a change that can make VMIs fit
+/// arrived meanwhile ([`marks_yield`]).
+const MARK_CHUNK: usize = 256;
+/// The changes that can make a waiting VMI fit somewhere.
+const CAPACITY_KINDS: &[Kind] = &[
+    Kind::Node,
+    Kind::PersistentVolumeClaim,
+    Kind::PersistentVolume,
+    Kind::StorageClass,
+    Kind::KubeVirt,
+];
 
 /// Tunables of the scheduler loop.
 #[derive(Debug, Clone)]
@@ -118,6 +132,9 @@ pub async fn run(
     // (a Node status patch: ten a second with a hundred nodes) has nothing to place either.
     let mut had_pending = true;
     let mut vmis_changed = true;
+    // Changes taken from the queue during a pass's marks (see [`marks_yield`]): the next
+    // pass follows at once instead of waiting for them.
+    let mut carried = super::stores::Changed::default();
     loop {
         if !must_look(vmis_changed, had_pending) {
             match wait(&mut changes, opts.resync).await {
@@ -265,6 +282,7 @@ pub async fn run(
         let now = Timestamp::now();
         let mut inflight = futures::stream::FuturesUnordered::new();
         let mut failed = Vec::new();
+        let mut written = 0usize;
         for (v, message) in unschedulable {
             let k = key(v);
             if mark_in_flight(marked.get(&k), v, &message)
@@ -272,6 +290,18 @@ pub async fn run(
             {
                 continue;
             }
+            if written >= MARK_CHUNK {
+                match changes.take_queued(WAKE_ON) {
+                    Some(c) => carried.merge(c),
+                    None => return Ok(()),
+                }
+                if marks_yield(written, &carried) {
+                    // The rest is decided again, on the new state, by the next pass.
+                    tracing::debug!(written, "unschedulable marks yield to a new pass");
+                    break;
+                }
+            }
+            written += 1;
             marked.insert(
                 k,
                 Mark {
@@ -293,11 +323,29 @@ pub async fn run(
         for k in failed {
             marked.remove(&k);
         }
+        if !carried.is_empty() {
+            vmis_changed = carried.contains(Kind::Vmi);
+            carried = super::stores::Changed::default();
+            continue;
+        }
         match wait(&mut changes, opts.resync).await {
             Some(v) => vmis_changed = v,
             None => return Ok(()),
         }
     }
+}
+
+/// Whether a pass stops writing unschedulable marks after `written` of them because
+/// `queued` (the changes that arrived meanwhile) can make VMIs fit (pure): only after
+/// [`MARK_CHUNK`] marks, so that every pass makes progress however often Nodes change, and
+/// only for a change of a [`CAPACITY_KINDS`] kind (a VMI change, such as the marks' own
+/// writes, does not make room). Marks are the least urgent writes of a pass: when nodes are
+/// uncordoned one by one, the first pass sees all but one still cordoned and every waiting
+/// VMI's message changes; writing all of them (2,000 PATCHes in the benchmark's backlog, ~3 s)
+/// before the next pass delayed every bind by as much (docs/scale.md, eighth pass). The
+/// marks not written are not remembered: the next pass decides those VMIs again.
+fn marks_yield(written: usize, queued: &super::stores::Changed) -> bool {
+    written >= MARK_CHUNK && CAPACITY_KINDS.iter().any(|k| queued.contains(*k))
 }
 
 /// An unschedulable mark this loop wrote: the VMI's resourceVersion it was decided on and
@@ -802,6 +850,32 @@ mod tests {
         // Another reason: an Event.
         assert!(super::event_needed(Some(a), c));
         assert_eq!(super::message_shape("0/12 x 3"), "#/# x #");
+    }
+
+    #[test]
+    fn marks_yield_to_a_capacity_change_after_a_chunk() {
+        use super::super::stores::{Changed, Kind};
+        let node = Changed::of(&[Kind::Node]);
+        let vmi = Changed::of(&[Kind::Vmi]);
+        // Every pass writes a chunk whatever arrived.
+        assert!(!super::marks_yield(0, &node));
+        assert!(!super::marks_yield(super::MARK_CHUNK - 1, &node));
+        // Then a Node (claim, PV, class, KubeVirt) change ends the marks.
+        assert!(super::marks_yield(super::MARK_CHUNK, &node));
+        assert!(super::marks_yield(
+            super::MARK_CHUNK,
+            &Changed::of(&[Kind::PersistentVolumeClaim])
+        ));
+        assert!(super::marks_yield(
+            super::MARK_CHUNK,
+            &Changed::everything()
+        ));
+        // VMI changes (the marks' own writes among them) or nothing: go on marking.
+        assert!(!super::marks_yield(super::MARK_CHUNK, &vmi));
+        assert!(!super::marks_yield(
+            10 * super::MARK_CHUNK,
+            &Changed::default()
+        ));
     }
 
     #[test]

@@ -120,6 +120,26 @@ impl Changed {
     pub fn contains(&self, kind: Kind) -> bool {
         self.all || self.seen & Self::bit(kind) != 0
     }
+
+    /// A batch that touched `kinds`.
+    pub fn of(kinds: &[Kind]) -> Changed {
+        let mut c = Changed::default();
+        for k in kinds {
+            c.add(*k);
+        }
+        c
+    }
+
+    /// Whether the batch touched nothing.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.seen == 0
+    }
+
+    /// Both batches together.
+    pub fn merge(&mut self, other: Changed) {
+        self.seen |= other.seen;
+        self.all |= other.all;
+    }
 }
 
 impl Changes {
@@ -145,6 +165,21 @@ impl Changes {
         loop {
             match self.0.try_recv() {
                 Ok(k) => changed.add(k),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => changed = Changed::everything(),
+                Err(broadcast::error::TryRecvError::Empty) => return Some(changed),
+                Err(broadcast::error::TryRecvError::Closed) => return None,
+            }
+        }
+    }
+
+    /// Takes every change of `kinds` already queued without waiting (others are dropped) and
+    /// says which kinds they touched (empty when none); `None` once the caches are gone.
+    pub fn take_queued(&mut self, kinds: &[Kind]) -> Option<Changed> {
+        let mut changed = Changed::default();
+        loop {
+            match self.0.try_recv() {
+                Ok(k) if kinds.contains(&k) => changed.add(k),
+                Ok(_) => {}
                 Err(broadcast::error::TryRecvError::Lagged(_)) => changed = Changed::everything(),
                 Err(broadcast::error::TryRecvError::Empty) => return Some(changed),
                 Err(broadcast::error::TryRecvError::Closed) => return None,
@@ -374,6 +409,36 @@ mod tests {
         drop(tx);
         assert!(!changes.drain());
         assert_eq!(changes.wait_for(&[Kind::Node]).await, None);
+    }
+
+    #[tokio::test]
+    async fn queued_changes_are_taken_without_waiting() {
+        let (tx, rx) = broadcast::channel(4);
+        let mut changes = Changes(rx);
+        // Nothing queued: an empty batch at once.
+        assert!(changes.take_queued(&[Kind::Node]).unwrap().is_empty());
+        tx.send(Kind::Lease).unwrap();
+        tx.send(Kind::Node).unwrap();
+        let c = changes.take_queued(&[Kind::Node, Kind::Vmi]).unwrap();
+        assert!(c.contains(Kind::Node) && !c.contains(Kind::Lease) && !c.contains(Kind::Vmi));
+        // Taken: not seen again.
+        assert!(changes.take_queued(&[Kind::Node]).unwrap().is_empty());
+        // Merged batches.
+        let mut m = Changed::of(&[Kind::Vmi]);
+        m.merge(c);
+        assert!(m.contains(Kind::Vmi) && m.contains(Kind::Node) && !m.is_empty());
+        // Lagged: everything.
+        for _ in 0..6 {
+            tx.send(Kind::Lease).unwrap();
+        }
+        assert!(
+            changes
+                .take_queued(&[Kind::Node])
+                .unwrap()
+                .contains(Kind::StorageClass)
+        );
+        drop(tx);
+        assert!(changes.take_queued(&[Kind::Node]).is_none());
     }
 
     #[tokio::test]

@@ -170,6 +170,46 @@ fn read_revision(conn: &Connection, requested: Option<Revision>) -> Result<Revis
     Ok(rev)
 }
 
+/// The key range a list reads (pure): from `prefix`, or from just after `start_after` when
+/// that lies past it (the smallest key greater than `s` is `s` followed by a zero byte), up to
+/// [`crate::prefix_end`] (none for a prefix that has no end: every key after it).
+///
+/// Both bounds go to SQLite as plain `name >= ?` / `name < ?` terms so that the planner
+/// searches the `(name, id)` index over that range only. The earlier form, `(?2 IS NULL OR
+/// name < ?2)`, gave it a lower bound only: every list read the index from the prefix to the
+/// end of the table (a quota lookup per namespaced create scanned every VMI and Event
+/// revision after `/registry/core/resourcequotas/`, docs/scale.md "Eighth pass").
+pub(super) fn list_range(prefix: &[u8], start_after: Option<&[u8]>) -> (Vec<u8>, Option<Vec<u8>>) {
+    let mut from = prefix.to_vec();
+    if let Some(s) = start_after {
+        let mut next = s.to_vec();
+        next.push(0);
+        if next > from {
+            from = next;
+        }
+    }
+    (from, crate::prefix_end(prefix))
+}
+
+/// The latest row of each key in `[from, end)` at revision `revision`, in key order; `end`
+/// `None`: to the end of the key space.
+pub(super) const LIST_BOUNDED: &str = "SELECT r.id, r.name, r.value, r.create_revision
+         FROM kv_log r
+         JOIN (SELECT MAX(id) AS mid FROM kv_log
+               WHERE name >= ?1 AND name < ?2 AND id <= ?3
+               GROUP BY name) m ON r.id = m.mid
+         WHERE r.deleted = 0
+         ORDER BY r.name
+         LIMIT ?4";
+const LIST_UNBOUNDED: &str = "SELECT r.id, r.name, r.value, r.create_revision
+         FROM kv_log r
+         JOIN (SELECT MAX(id) AS mid FROM kv_log
+               WHERE name >= ?1 AND ?2 IS NULL AND id <= ?3
+               GROUP BY name) m ON r.id = m.mid
+         WHERE r.deleted = 0
+         ORDER BY r.name
+         LIMIT ?4";
+
 /// Keys under `prefix` as of `opts.revision`, in key order.
 pub(super) fn list(
     conn: &Connection,
@@ -177,38 +217,26 @@ pub(super) fn list(
     opts: &ListOptions,
 ) -> Result<ListResult, StoreError> {
     let revision = read_revision(conn, opts.revision)?;
-    let end = crate::prefix_end(prefix.as_bytes());
+    let (from, end) = list_range(
+        prefix.as_bytes(),
+        opts.start_after.as_ref().map(|s| s.as_bytes()),
+    );
     let limit = opts.limit.filter(|l| *l > 0);
     // One more than asked, to learn whether more keys follow.
     let sql_limit: i64 = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX - 1) + 1);
-    let mut stmt = conn.prepare_cached(
-        "SELECT r.id, r.name, r.value, r.create_revision
-         FROM kv_log r
-         JOIN (SELECT MAX(id) AS mid FROM kv_log
-               WHERE name >= ?1 AND (?2 IS NULL OR name < ?2) AND (?3 IS NULL OR name > ?3)
-                 AND id <= ?4
-               GROUP BY name) m ON r.id = m.mid
-         WHERE r.deleted = 0
-         ORDER BY r.name
-         LIMIT ?5",
-    )?;
-    let rows = stmt.query_map(
-        params![
-            prefix.as_bytes(),
-            end,
-            opts.start_after.as_ref().map(|s| s.as_bytes()),
-            revision,
-            sql_limit
-        ],
-        |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, Vec<u8>>(1)?,
-                r.get::<_, Vec<u8>>(2)?,
-                r.get::<_, i64>(3)?,
-            ))
-        },
-    )?;
+    let mut stmt = conn.prepare_cached(if end.is_some() {
+        LIST_BOUNDED
+    } else {
+        LIST_UNBOUNDED
+    })?;
+    let rows = stmt.query_map(params![from, end, revision, sql_limit], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, Vec<u8>>(1)?,
+            r.get::<_, Vec<u8>>(2)?,
+            r.get::<_, i64>(3)?,
+        ))
+    })?;
     let mut items = Vec::new();
     for row in rows {
         let (id, name, value, create_revision) = row?;

@@ -447,3 +447,85 @@ async fn routed_watches_see_their_resource_in_order_and_catch_up() -> anyhow::Re
     }
     Ok(())
 }
+
+#[test]
+fn list_range_starts_after_the_continue_key_and_ends_at_the_prefix_end() {
+    use super::log::list_range;
+    // Whole prefix.
+    assert_eq!(
+        list_range(b"/r/a/", None),
+        (b"/r/a/".to_vec(), Some(b"/r/a0".to_vec()))
+    );
+    // A page after `/r/a/x`: the smallest key greater than it, same end.
+    assert_eq!(
+        list_range(b"/r/a/", Some(b"/r/a/x")),
+        (b"/r/a/x\0".to_vec(), Some(b"/r/a0".to_vec()))
+    );
+    // A continue key before the prefix does not widen the range.
+    assert_eq!(
+        list_range(b"/r/b/", Some(b"/r/a/z")),
+        (b"/r/b/".to_vec(), Some(b"/r/b0".to_vec()))
+    );
+    // No end for the empty prefix.
+    assert_eq!(list_range(b"", None), (Vec::new(), None));
+}
+
+/// Every list is an index range search bounded on both sides: a prefix's list reads its own
+/// keys, not every key that sorts after it (docs/scale.md, eighth pass).
+#[tokio::test]
+async fn a_prefix_list_searches_only_its_key_range() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open(&dir.path().join("s.db")).await?;
+    // Keys before, inside and after the listed prefix, several revisions each.
+    for round in 0..3 {
+        for p in ["/r/a/", "/r/b/", "/r/c/"] {
+            for i in 0..20 {
+                let k = format!("{p}{i:03}");
+                match store.get(&k).await? {
+                    None => store.create(&k, b"{}".to_vec()).await.map(drop)?,
+                    Some(kv) => store
+                        .update(
+                            &k,
+                            format!("{{\"r\":{round}}}").into_bytes(),
+                            kv.mod_revision,
+                        )
+                        .await
+                        .map(drop)?,
+                }
+            }
+        }
+    }
+    let listed = store
+        .list(
+            "/r/b/",
+            crate::ListOptions {
+                limit: Some(5),
+                start_after: Some("/r/b/004".into()),
+                revision: None,
+            },
+        )
+        .await?;
+    let keys: Vec<_> = listed.items.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["/r/b/005", "/r/b/006", "/r/b/007", "/r/b/008", "/r/b/009"]
+    );
+    assert!(listed.more);
+    let all = store.list("/r/b/", Default::default()).await?;
+    assert_eq!(all.items.len(), 20);
+    assert!(all.items.iter().all(|kv| kv.value == b"{\"r\":2}"));
+    // The plan: an index search bounded on both sides.
+    let conn = Connection::open(dir.path().join("s.db"))?;
+    let plan: Vec<String> = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {}", super::log::LIST_BOUNDED))?
+        .query_map(
+            rusqlite::params![b"/r/b/".to_vec(), b"/r/b0".to_vec(), 1_000_000i64, -1i64],
+            |r| r.get::<_, String>(3),
+        )?
+        .collect::<Result<_, _>>()?;
+    assert!(
+        plan.iter().any(|d| d.contains("(name>? AND name<?)")),
+        "{plan:?}"
+    );
+    Ok(())
+}
