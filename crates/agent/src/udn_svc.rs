@@ -179,7 +179,13 @@ async fn pass(
         let Some(ino) = netns_ino(netns) else {
             continue;
         };
+        let ports = network_ports(&udn.name, &primaries, &services, &slices);
         if written.get(netns).map(|w| w.0) != Some(ino) {
+            // No Service on this network yet: neither the Service link nor br_netfilter
+            // (its bridged traffic is not conntracked for nothing).
+            if ports.is_empty() {
+                continue;
+            }
             written.remove(netns);
             if let Err(e) = ensure_link(udn).await {
                 if told.insert(format!("link {netns} {ino}")) {
@@ -191,7 +197,6 @@ async fn pass(
             }
             written.insert(netns.clone(), (ino, None));
         }
-        let ports = network_ports(&udn.name, &primaries, &services, &slices);
         for port in ports.iter().filter(|p| p.node_port.is_some()) {
             if told.insert(format!("nodeport {}", port.id)) {
                 tracing::warn!(service = %port.id, network = %udn.name,

@@ -356,6 +356,22 @@ fn cluster_ip_on_a_primary_udn_reaches_its_network_only() -> anyhow::Result<()> 
         .map(|(n, _)| n)
         .collect();
     assert_eq!(with.len(), 2, "{tables:?}");
+    // ub's network on node B (no Service there): neither the table nor the Service link
+    // (nor br_netfilter, set with the link).
+    let without: Vec<&(String, String)> = tables
+        .iter()
+        .filter(|(n, t)| n.ends_with(node_b.name()) && !t.contains(&cip))
+        .collect();
+    assert_eq!(without.len(), 1, "{tables:?}");
+    for (n, t) in without {
+        assert!(t.trim().is_empty(), "{n}: {t}");
+        let links = std::process::Command::new("ip")
+            .args(["netns", "exec", n, "ip", "-br", "link"])
+            .output()?;
+        let links = String::from_utf8_lossy(&links.stdout);
+        assert!(links.contains("udn-br0"), "{n}: {links}");
+        assert!(!links.contains("udn-svc"), "{n}: {links}");
+    }
     // A NodePort Service there: said not carried out (a Warning Event on the Service).
     c.kubectl_ok(&[
         "create",
