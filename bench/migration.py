@@ -22,7 +22,8 @@ balloon ...), plain, to separate the device set's cost from ferrovirt's.
 Prints medians and the ratios of ferrovirt against raw plain and raw TLS (goal: total <= 1.1x
 raw, downtime <= raw + 50 ms).
 --local: the VM's disk is a node-local (`local` class) volume of 1 GiB, block-migrated; ours is
-the VMIM's create -> Succeeded wall time (mirror + memory) and QEMU's downtime, raw is two
+the source agent's span from the mirrors' start to QEMU's `completed` (its Migrated Event; the
+VMIM's create -> Succeeded wall time is printed beside it) and QEMU's downtime, raw is two
 plain QEMUs doing the same by hand: an NBD export on the target, `blockdev-mirror` to it,
 `pause-before-switchover`, the mirror completed, `migrate-continue` (wall time from the
 mirror's start to `completed`, QEMU's downtime). The raw TLS run puts the NBD mirror under
@@ -31,12 +32,19 @@ timed span as ferrovirt's are; before 2026-12-05 only its memory stream was encr
 the certificates were made inside the span).
 Both run on 2 cores shared with the rest of the machine: compare within one run only.
 FV_BENCH_KEEP_LOGS=DIR keeps the server's and the agent's logs (set RUST_LOG=info for the
-agents' per-step timings).
+agents' per-step timings); FV_BENCH_TIMELINE=1 prints each raw run's steps (stderr).
+The VMIM's phase is read through one `kubectl proxy` every 50 ms (until 2026-12-05 a kubectl
+process every 50 ms: about a core taken from ferrovirt's QEMUs, none from the raw ones').
 """
 import argparse, json, os, re, shutil, socket, statistics, subprocess, sys, tempfile, time
+import urllib.error, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUEST = os.path.join(ROOT, "target", "test-guest")
+TIMELINE = os.environ.get("FV_BENCH_TIMELINE")  # print the raw runs' step times (stderr)
+# How often the raw runs ask QEMU (mirror ready, pre-switchover, completed): ferrovirt's agent
+# looks when QEMU reports an event, so the raw side is not left 50 ms polls behind.
+RAW_POLL = 0.01
 
 
 def free_port():
@@ -52,6 +60,20 @@ def wait(what, timeout, check, every=0.2):
         if time.time() > deadline:
             sys.exit(f"timed out waiting for {what}")
         time.sleep(every)
+
+
+def proxied_phase(port, name):
+    """The phase of VMIM `name` in `default` read through `kubectl proxy` on `port` ("" while
+    it has none or does not exist); None while the proxy does not answer."""
+    url = (f"http://127.0.0.1:{port}/apis/kubevirt.io/v1/namespaces/default/"
+           f"virtualmachineinstancemigrations/{name}")
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return (json.load(r).get("status") or {}).get("phase") or ""
+    except urllib.error.HTTPError:
+        return ""
+    except OSError:
+        return None
 
 
 def pids_under(path):
@@ -228,6 +250,8 @@ def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
         time.sleep(8)  # the guest boots (as far as ferrovirt's VM has when it migrates)
         files = raw_tls_files(tmp) if tls else None
         t0 = time.time()
+        marks = []  # (step, ms since t0): the raw side's timeline, printed with --timeline
+        mark = lambda step: marks.append((step, round((time.time() - t0) * 1000)))
         # With TLS, as ferrovirt: the disks' NBD mirror and the memory stream both under
         # QEMU's TLS from the same ephemeral certificates (set up inside the timed span, as
         # ferrovirt's launchers do within the migration).
@@ -237,6 +261,7 @@ def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
             nbd = os.path.join(tmp, "nbd.sock")
             if os.path.exists(nbd):
                 os.unlink(nbd)
+            mark("creds")
             d.cmd("nbd-server-start", addr={"type": "unix", "data": {"path": nbd}}, **nbd_tls)
             node = "d"
             if recorded:  # the format node over ferrovirt's disk file
@@ -250,12 +275,15 @@ def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
                 nbd_tls["tls-hostname"] = host
             q.cmd("blockdev-add", driver="nbd", **{"node-name": "t"},
                   server={"type": "unix", "path": nbd}, export="d", **nbd_tls)
+            mark("export, client")
             r = q.cmd("blockdev-mirror", **{"job-id": "m"}, device=node, target="t",
                       sync="full")
             if "error" in r:
                 sys.exit(f"raw mirror: {r}")
+            mark("mirror started")
             wait("raw mirror", 600, lambda: any(j.get("ready") for j in q.cmd(
-                "query-block-jobs")["return"]), every=0.05)
+                "query-block-jobs")["return"]), every=RAW_POLL)
+            mark("mirror ready")
             q.cmd("migrate-set-capabilities", capabilities=[
                 {"capability": "pause-before-switchover", "state": True}])
         # The two ends of one TCP connection, handed to the QEMUs as ferrovirt's agents do.
@@ -269,19 +297,25 @@ def raw_run(tmp, memory_mib, local=False, recorded=None, tls=False):
         q.cmd("getfd", _fd=out_end.fileno(), fdname="migration")
         in_end.close(); out_end.close()
         q.cmd("migrate", uri="fd:migration")
+        mark("migrate")
         if local:
             wait("pre-switchover", 120, lambda: q.cmd("query-migrate")["return"].get(
-                "status") == "pre-switchover", every=0.05)
+                "status") == "pre-switchover", every=RAW_POLL)
+            mark("pre-switchover")
             q.cmd("block-job-cancel", device="m")
             wait("the mirror done", 120, lambda: not q.cmd("query-block-jobs")["return"],
                  every=0.01)
             q.cmd("blockdev-del", **{"node-name": "t"})
             q.cmd("migrate-continue", state="pre-switchover")
+            mark("mirror done, continue")
         info = wait("raw migration", 120,
                     lambda: (lambda r: r if r.get("status") in ("completed", "failed") else None)(
-                        q.cmd("query-migrate")["return"]), every=0.05)
+                        q.cmd("query-migrate")["return"]), every=RAW_POLL)
         if info["status"] != "completed":
             sys.exit(f"raw migration failed: {info}")
+        mark("completed")
+        if TIMELINE:
+            print(f"raw {'TLS' if tls else 'plain'} timeline (ms): {marks}", file=sys.stderr)
         if local:
             return round((time.time() - t0) * 1000), info["downtime"]
         return info["total-time"], info["downtime"]
@@ -413,6 +447,11 @@ spec:
         if not found_argv:
             sys.exit("the VMI's qemu-argv.json was not found")
         recorded = (found_argv[0], found_argv[1], os.path.join(pv, "disk.img"))
+        proxy_port = free_port()
+        procs.append(subprocess.Popen(
+            ["kubectl", "--kubeconfig", kubeconfig, "proxy", "--port", str(proxy_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait("kubectl proxy", 30, lambda: proxied_phase(proxy_port, "none") is not None)
         ours, wall, seen, raw, raw_t, bare = [], [], set(), [], [], []
         for i in range(a.runs):
             name = f"bench-{i}"
@@ -421,9 +460,10 @@ spec:
                 "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\n"
                 f"metadata: {{name: {name}, namespace: default}}\nspec: {{vmiName: bench}}\n"),
                 text=True, check=True, capture_output=True)
+            # Read through the one `kubectl proxy` (a kubectl process every 50 ms would take
+            # a core from the QEMUs this run times; the raw runs have no such neighbour).
             phase = wait(f"migration {name}", 120, lambda: (lambda p: p if p in (
-                "Succeeded", "Failed") else None)(kubectl(
-                    "get", "vmim", name, "-o", "jsonpath={.status.phase}", check=False)), 0.05)
+                "Succeeded", "Failed") else None)(proxied_phase(proxy_port, name)), 0.05)
             wall.append((time.time() - t0) * 1000)
             if phase != "Succeeded":
                 sys.exit(f"{name} failed: {kubectl('get', 'vmim', name, '-o', 'json')}")

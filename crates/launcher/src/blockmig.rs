@@ -195,11 +195,14 @@ pub async fn run(
             Ok(Value::Null)
         }
         BlockOp::Mirror { disks, peer_cert } => {
+            let mut steps = Steps::default();
             if let Some(peer) = &peer_cert {
                 let ours = crate::migrate::needs_cert(cert, migtls::Endpoint::Client)?;
                 crate::migrate::install_creds_as(vm, migtls::NBD_CREDS_ID, ours, peer).await?;
+                steps.mark("creds");
             }
-            mirror(vm, &disks, peer_cert.is_some(), tops).await
+            mirror(vm, &disks, peer_cert.is_some(), tops, &mut steps).await?;
+            Ok(json!({"steps": steps.0}))
         }
         BlockOp::Jobs => vm.qmp().execute("query-block-jobs", None).await,
         BlockOp::SwitchOver => switch_over(vm).await,
@@ -219,19 +222,42 @@ async fn receive(path: &std::path::Path) -> Result<std::os::fd::OwnedFd> {
         .map_err(|e| Error::BlockMigration(e.to_string()))?
 }
 
+/// How long each step of a block operation took (milliseconds, in order), for the agent's
+/// log: where a mirror's start goes.
+#[derive(Debug)]
+struct Steps(Vec<(&'static str, u64)>, Instant);
+
+impl Default for Steps {
+    fn default() -> Self {
+        Steps(Vec::new(), Instant::now())
+    }
+}
+
+impl Steps {
+    fn mark(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.0
+            .push((step, now.duration_since(self.1).as_millis() as u64));
+        self.1 = now;
+    }
+}
+
 async fn mirror(
     vm: &Vm,
     disks: &[MirrorDisk],
     tls: bool,
     tops: &crate::online_snapshot::Tops,
-) -> Result<Value> {
+    steps: &mut Steps,
+) -> Result<()> {
     for d in disks {
         let conn = receive(&d.socket).await?;
+        steps.mark("receive");
         let fdname = format!("nbd-{}", d.disk);
         vm.qmp()
             .execute_with_fd("getfd", Some(json!({"fdname": fdname})), conn.as_fd())
             .await?;
         drop(conn);
+        steps.mark("getfd");
         if let Err(e) = vm
             .qmp()
             .execute("blockdev-add", Some(client_args(&d.disk, &fdname, tls)))
@@ -240,6 +266,7 @@ async fn mirror(
             cancel(vm).await;
             return Err(e);
         }
+        steps.mark("blockdev-add");
         let nodes = vm
             .qmp()
             .execute("query-named-block-nodes", Some(json!({"flat": true})))
@@ -254,14 +281,16 @@ async fn mirror(
                 d.disk
             )));
         }
+        steps.mark("sizes");
         vm.qmp()
             .execute(
                 "blockdev-mirror",
                 Some(mirror_args(&d.disk, &top, d.top_only)),
             )
             .await?;
+        steps.mark("blockdev-mirror");
     }
-    Ok(Value::Null)
+    Ok(())
 }
 
 /// The mirror jobs' device names now running.

@@ -331,7 +331,8 @@ impl Agent {
         }
         let ids: Vec<String> = disks.iter().map(|d| d.disk.clone()).collect();
         let step = BlockOp::Mirror { disks, peer_cert };
-        launchers::request(
+        let connected = t0.elapsed().as_millis();
+        let v = launchers::request(
             &self.cfg,
             &uid,
             &Request::Block { step },
@@ -340,7 +341,8 @@ impl Agent {
         .await
         .map_err(|e| format!("starting the disk mirrors: {e}"))?;
         drop(hand_overs);
-        tracing::info!(uid = %uid, "block migration: mirrors started in {} ms", t0.elapsed().as_millis());
+        tracing::info!(uid = %uid, "block migration: mirrors started in {} ms (connected after {connected} ms; launcher steps, ms: {})",
+            t0.elapsed().as_millis(), v["steps"]);
         let started = Instant::now();
         let mut last_check = Instant::now();
         // Looked at again when QEMU reports a job event (BLOCK_JOB_READY), at least every
