@@ -150,8 +150,8 @@ pub async fn accept_channel(
     }
 }
 
-/// Target: the data connection, the first from exactly `source`:`port`; any other is
-/// closed.
+/// Target: the data connection, the first from exactly `source`:`port` (made
+/// `TCP_NODELAY`); any other is closed.
 pub async fn accept_data(
     listener: &TcpListener,
     source: IpAddr,
@@ -160,6 +160,9 @@ pub async fn accept_data(
     loop {
         let (tcp, peer) = listener.accept().await?;
         if is_data_peer(peer, source, port) {
+            // The target QEMU's small writes (its TLS handshake, post-copy page requests on
+            // the return path) go out at once, as the source's side does.
+            let _ = tcp.set_nodelay(true);
             return Ok(tcp);
         }
         tracing::warn!(%peer, "migration: refused a data connection not announced by the source");
@@ -362,6 +365,7 @@ mod tests {
         assert_eq!(ready.error, None);
         let (hello, mut theirs) = tgt.await.unwrap();
         assert_eq!(hello.cert.as_deref(), Some("SOURCE"));
+        assert!(theirs.nodelay().unwrap(), "the target's end is TCP_NODELAY");
         let mut buf = [0u8; 1];
         assert_eq!(intruder.read(&mut buf).await.unwrap_or(0), 0, "closed");
         data.write_all(b"QEVM").await.unwrap();
