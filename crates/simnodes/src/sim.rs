@@ -60,6 +60,10 @@ pub struct Probes {
     pub epoch: Instant,
     seen: Mutex<HashSet<(String, String)>>,
     latencies: Mutex<Vec<Duration>>,
+    /// When each probe value was first delivered, since the epoch.
+    delivered: Mutex<HashMap<String, Duration>>,
+    /// When each probe value's write was acknowledged, since the epoch.
+    acked: Mutex<HashMap<String, Duration>>,
 }
 
 impl Default for Probes {
@@ -68,7 +72,31 @@ impl Default for Probes {
             epoch: Instant::now(),
             seen: Mutex::new(HashSet::new()),
             latencies: Mutex::new(Vec::new()),
+            delivered: Mutex::new(HashMap::new()),
+            acked: Mutex::new(HashMap::new()),
         }
+    }
+}
+
+/// One probe's timeline, each instant since [`Probes::epoch`]: sent (the stamp), its write
+/// acknowledged (the PATCH response read), delivered by the node's watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeTimes {
+    pub sent: Duration,
+    pub acked: Option<Duration>,
+    pub delivered: Option<Duration>,
+}
+
+impl ProbeTimes {
+    /// Sent → acknowledged: the PATCH request path (admission, store commit, response).
+    pub fn ack_latency(&self) -> Option<Duration> {
+        self.acked.map(|a| a.saturating_sub(self.sent))
+    }
+
+    /// Acknowledged → delivered: the watch fan-out and the node's stream after the commit
+    /// (zero when the watch delivered before the response was read).
+    pub fn after_ack(&self) -> Option<Duration> {
+        Some(self.delivered?.saturating_sub(self.acked?))
     }
 }
 
@@ -92,7 +120,35 @@ impl Probes {
             && lock(&self.seen).insert((uid.to_string(), v.clone()))
         {
             lock(&self.latencies).push(lat);
+            lock(&self.delivered).entry(v.clone()).or_insert(now);
         }
+    }
+
+    /// Records that the write of probe `value` was acknowledged now.
+    pub fn ack(&self, value: &str) {
+        let now = self.epoch.elapsed();
+        lock(&self.acked).insert(value.to_string(), now);
+    }
+
+    /// Every probe written (acknowledged or delivered), in the order sent.
+    pub fn timelines(&self) -> Vec<ProbeTimes> {
+        let acked = lock(&self.acked).clone();
+        let delivered = lock(&self.delivered).clone();
+        let mut values: Vec<&String> = acked.keys().chain(delivered.keys()).collect();
+        values.sort();
+        values.dedup();
+        let mut out: Vec<ProbeTimes> = values
+            .into_iter()
+            .filter_map(|v| {
+                Some(ProbeTimes {
+                    sent: Duration::from_nanos(v.parse().ok()?),
+                    acked: acked.get(v).copied(),
+                    delivered: delivered.get(v).copied(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|t| t.sent);
+        out
     }
 
     /// Every latency recorded so far.
@@ -510,6 +566,22 @@ mod tests {
             .unwrap();
         assert_eq!(ready["status"], "True");
         assert!(matches!(next[1], Action::Annotate(_)));
+    }
+
+    #[test]
+    fn probe_timelines_join_acks_and_deliveries_by_value() {
+        let p = Probes::default();
+        let mut a = std::collections::BTreeMap::new();
+        a.insert(PROBE_ANNOTATION.to_string(), "1000".to_string());
+        p.observe("u1", Some(&a));
+        p.ack("1000");
+        p.ack("5");
+        let t = p.timelines();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].sent, Duration::from_nanos(5));
+        assert!(t[0].acked.is_some() && t[0].delivered.is_none());
+        assert_eq!(t[1].sent, Duration::from_nanos(1000));
+        assert!(t[1].delivered.is_some() && t[1].acked >= t[1].delivered);
     }
 
     #[test]
