@@ -19,7 +19,9 @@ use serde_json::json;
 
 use crate::procstat::{self, Sample};
 use crate::requests;
-use crate::sim::{PROBE_ANNOTATION, ProbeTimes, Probes, SimError, SimNode, SimNodeOptions};
+use crate::sim::{
+    PROBE_ANNOTATION, ProbeTimes, Probes, SimError, SimNode, SimNodeOptions, heartbeat_phase,
+};
 use crate::stats::{self, line, ms};
 
 /// The label every benchmark VMI carries.
@@ -67,6 +69,9 @@ pub struct BenchOptions {
     pub backend: String,
     /// VMIs of the scheduler-alone phase ([`crate::backlog`]); 0 skips it.
     pub backlog: usize,
+    /// Every node renews at the same moment (the harness before the ninth pass) instead of
+    /// spread over the renewal interval ([`heartbeat_phase`]).
+    pub synchronized_heartbeats: bool,
 }
 
 async fn client(kubeconfig: &PathBuf, user_agent: &str) -> Result<kube::Client, SimError> {
@@ -134,13 +139,13 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     // 1. The simulated nodes: register, heartbeat, watch.
     let names = node_names(opts.nodes);
     let mut sims = Vec::new();
-    for name in &names {
+    for (i, name) in names.iter().enumerate() {
         let c = client(&opts.kubeconfig, &format!("ferrovirt-simnodes/{name}")).await?;
-        sims.push(SimNode::new(
-            c,
-            SimNodeOptions::new(name.clone()),
-            probes.clone(),
-        ));
+        let mut node_opts = SimNodeOptions::new(name.clone());
+        if !opts.synchronized_heartbeats {
+            node_opts.phase = heartbeat_phase(i, names.len(), node_opts.renew_interval);
+        }
+        sims.push(SimNode::new(c, node_opts, probes.clone()));
     }
     let t = Instant::now();
     futures::stream::iter(sims.iter().cloned())
@@ -266,6 +271,7 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     // as it is sent and its response is read as it arrives, whatever the other writes do.
     let probe_requests_before = metrics_text(&driver).await;
     let probe_start = Instant::now();
+    let probe_wall_start = k8s_openapi::jiff::Timestamp::now();
     let probe_epoch_start = probes.epoch.elapsed();
     let step = (opts.vmis / opts.probes.max(1)).max(1);
     let gap = Duration::from_secs_f64(1.0 / opts.probe_rate.max(0.1));
@@ -608,6 +614,9 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
         "# probes written over {}; lists: {} runs each",
         ms(probe_wall),
         opts.list_runs
+    );
+    println!(
+        "# probing began {probe_wall_start:.3} (server logs and traces are on the same clock)"
     );
     println!(
         "# slowest {SLOWEST_PROBES} probes (ms after the first probe was sent): sent, acknowledged, delivered"

@@ -232,6 +232,20 @@ pub struct SimNodeOptions {
     pub lease_duration: Duration,
     pub renew_interval: Duration,
     pub node_status_interval: Duration,
+    /// Delay of this node's renewals after its first one (see [`heartbeat_phase`]).
+    pub phase: Duration,
+}
+
+/// The phase of node `index` of `count`: their renewals spread evenly over one `interval`, as
+/// nodes that started at different moments renew at different moments (100 nodes started
+/// together would otherwise renew in the same millisecond every interval, a burst of 100 writes
+/// no real cluster sends).
+pub fn heartbeat_phase(index: usize, count: usize, interval: Duration) -> Duration {
+    if count == 0 {
+        return Duration::ZERO;
+    }
+    let nanos = interval.as_nanos() * (index % count) as u128 / count as u128;
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
 impl SimNodeOptions {
@@ -242,6 +256,7 @@ impl SimNodeOptions {
             lease_duration: Duration::from_secs(15),
             renew_interval: Duration::from_secs(3),
             node_status_interval: Duration::from_secs(10),
+            phase: Duration::ZERO,
         }
     }
 }
@@ -309,8 +324,18 @@ impl SimNode {
         let mut cached: Option<Lease> = None;
         let mut tick = tokio::time::interval(self.opts.renew_interval);
         let mut node_tick = Instant::now();
+        let mut first = true;
         loop {
             tick.tick().await;
+            if first && !self.opts.phase.is_zero() {
+                // The first renewal now (the Node needs its Lease), the next ones on the phase.
+                first = false;
+                let mut t = tokio::time::interval_at(
+                    tokio::time::Instant::now() + self.opts.phase,
+                    self.opts.renew_interval,
+                );
+                std::mem::swap(&mut tick, &mut t);
+            }
             let name = &self.opts.name;
             let written = match cached.take() {
                 Some(mut l) => {
@@ -566,6 +591,19 @@ mod tests {
             .unwrap();
         assert_eq!(ready["status"], "True");
         assert!(matches!(next[1], Action::Annotate(_)));
+    }
+
+    #[test]
+    fn heartbeat_phases_spread_over_one_interval() {
+        let i = Duration::from_secs(3);
+        assert_eq!(heartbeat_phase(0, 100, i), Duration::ZERO);
+        assert_eq!(heartbeat_phase(50, 100, i), Duration::from_millis(1500));
+        assert_eq!(heartbeat_phase(99, 100, i), Duration::from_millis(2970));
+        assert_eq!(heartbeat_phase(100, 100, i), Duration::ZERO);
+        assert_eq!(heartbeat_phase(3, 0, i), Duration::ZERO);
+        let all: std::collections::BTreeSet<_> =
+            (0..100).map(|k| heartbeat_phase(k, 100, i)).collect();
+        assert_eq!(all.len(), 100);
     }
 
     #[test]
