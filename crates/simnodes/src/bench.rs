@@ -273,6 +273,10 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     let probe_start = Instant::now();
     let probe_wall_start = k8s_openapi::jiff::Timestamp::now();
     let probe_epoch_start = probes.epoch.elapsed();
+    // Printed now (stdout is line-buffered), so that a profiler can be started on this line.
+    println!(
+        "# probing began {probe_wall_start:.3} (server logs and traces are on the same clock)"
+    );
     let step = (opts.vmis / opts.probes.max(1)).max(1);
     let gap = Duration::from_secs_f64(1.0 / opts.probe_rate.max(0.1));
     let mut tick = tokio::time::interval(gap);
@@ -614,9 +618,6 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
         "# probes written over {}; lists: {} runs each",
         ms(probe_wall),
         opts.list_runs
-    );
-    println!(
-        "# probing began {probe_wall_start:.3} (server logs and traces are on the same clock)"
     );
     println!(
         "# slowest {SLOWEST_PROBES} probes (ms after the first probe was sent): sent, acknowledged, delivered"
