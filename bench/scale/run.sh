@@ -16,6 +16,7 @@
 # FV_SCALE_PERF_IDLE=DIR records one of the idle window only (perf-idle-BACKEND.data).
 # FV_SCALE_SERVER_LOG=filter sets the server's RUST_LOG (default warn).
 # FV_SCALE_SIM=PATH runs another harness binary (e.g. target/debug/ferrovirt-simnodes).
+# FV_SCALE_SIM_ARGS="..." passes more arguments to it (e.g. --synchronized-heartbeats).
 # --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes, a backlog of 100 (a quick check that it all works).
 # --backlog N: VMIs queued behind cordoned nodes, then drained: the scheduler's own rate (0 skips).
 set -euo pipefail
@@ -104,7 +105,7 @@ run_one() {
   fi
   FV_SCALE_PERF_IDLE_FILE="$idle_perf" "$SIM" --kubeconfig "$kc" --nodes "$NODES" --vmis "$VMIS" --concurrency "$CONC" \
     --idle-secs "$IDLE" --probes "$PROBES" --backlog "$BACKLOG" --server-pid "$server_pid" \
-    "${store_args[@]}" "${store_pid_args[@]}" || HARNESS_RC=$?
+    "${store_args[@]}" "${store_pid_args[@]}" ${FV_SCALE_SIM_ARGS:-} || HARNESS_RC=$?
   if [ -n "$perf_pid" ]; then kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; fi
   echo "# API requests by verb/resource (from /metrics, top 12):"
   kubectl --kubeconfig "$kc" get --raw /metrics 2>/dev/null \

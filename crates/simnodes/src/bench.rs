@@ -19,13 +19,19 @@ use serde_json::json;
 
 use crate::procstat::{self, Sample};
 use crate::requests;
-use crate::sim::{PROBE_ANNOTATION, Probes, SimError, SimNode, SimNodeOptions};
+use crate::sim::{
+    PROBE_ANNOTATION, ProbeTimes, Probes, SimError, SimNode, SimNodeOptions, heartbeat_phase,
+};
 use crate::stats::{self, line, ms};
 
 /// The label every benchmark VMI carries.
 pub const BENCH_LABEL: &str = "bench.ferrovirt.io/scale";
 /// How long after all VMIs are Running the create phase's request count is taken.
 const SETTLE: Duration = Duration::from_secs(3);
+/// Watch-delivery probe writes in flight at once.
+const PROBES_IN_FLIGHT: usize = 16;
+/// The slowest probes printed with their timelines.
+const SLOWEST_PROBES: usize = 10;
 /// The store key prefix of VMIs (see the apiserver's `resources` module).
 pub const VMI_PREFIX: &str = "/registry/kubevirt.io/virtualmachineinstances/";
 
@@ -63,6 +69,9 @@ pub struct BenchOptions {
     pub backend: String,
     /// VMIs of the scheduler-alone phase ([`crate::backlog`]); 0 skips it.
     pub backlog: usize,
+    /// Every node renews at the same moment (the harness before the ninth pass) instead of
+    /// spread over the renewal interval ([`heartbeat_phase`]).
+    pub synchronized_heartbeats: bool,
 }
 
 async fn client(kubeconfig: &PathBuf, user_agent: &str) -> Result<kube::Client, SimError> {
@@ -130,13 +139,13 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     // 1. The simulated nodes: register, heartbeat, watch.
     let names = node_names(opts.nodes);
     let mut sims = Vec::new();
-    for name in &names {
+    for (i, name) in names.iter().enumerate() {
         let c = client(&opts.kubeconfig, &format!("ferrovirt-simnodes/{name}")).await?;
-        sims.push(SimNode::new(
-            c,
-            SimNodeOptions::new(name.clone()),
-            probes.clone(),
-        ));
+        let mut node_opts = SimNodeOptions::new(name.clone());
+        if !opts.synchronized_heartbeats {
+            node_opts.phase = heartbeat_phase(i, names.len(), node_opts.renew_interval);
+        }
+        sims.push(SimNode::new(c, node_opts, probes.clone()));
     }
     let t = Instant::now();
     futures::stream::iter(sims.iter().cloned())
@@ -258,35 +267,46 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     let sched_rate = stats::rate(opts.vmis, last_bind.saturating_duration_since(first_bind));
 
     // 4. Watch delivery: annotation writes seen by the node that runs the VMI, all nodes watching.
+    // Each write is its own task (at most PROBES_IN_FLIGHT at once), so that its stamp is taken
+    // as it is sent and its response is read as it arrives, whatever the other writes do.
+    let probe_requests_before = metrics_text(&driver).await;
     let probe_start = Instant::now();
+    let probe_wall_start = k8s_openapi::jiff::Timestamp::now();
+    let probe_epoch_start = probes.epoch.elapsed();
+    // Printed now (stdout is line-buffered), so that a profiler can be started on this line.
+    println!(
+        "# probing began {probe_wall_start:.3} (server logs and traces are on the same clock)"
+    );
     let step = (opts.vmis / opts.probes.max(1)).max(1);
     let gap = Duration::from_secs_f64(1.0 / opts.probe_rate.max(0.1));
     let mut tick = tokio::time::interval(gap);
-    let mut inflight = futures::stream::FuturesUnordered::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(PROBES_IN_FLIGHT));
+    let mut writers = tokio::task::JoinSet::new();
     for k in 0..opts.probes.min(opts.vmis) {
         tick.tick().await;
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break;
+        };
         let api = api.clone();
         let probes = probes.clone();
-        inflight.push(async move {
-            let patch = json!({"metadata": {"annotations": {PROBE_ANNOTATION: probes.stamp()}}});
-            api.patch(
-                &vmi_name(k * step),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        });
-        while inflight.len() >= 16 {
-            if let Some(Err(e)) = inflight.next().await {
-                tracing::warn!("probe write: {e}");
+        writers.spawn(async move {
+            let _slot = slot;
+            let value = probes.stamp();
+            let patch = json!({"metadata": {"annotations": {PROBE_ANNOTATION: &value}}});
+            match api
+                .patch(
+                    &vmi_name(k * step),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => probes.ack(&value),
+                Err(e) => tracing::warn!("probe write: {e}"),
             }
-        }
+        });
     }
-    while let Some(r) = inflight.next().await {
-        if let Err(e) = r {
-            tracing::warn!("probe write: {e}");
-        }
-    }
+    while writers.join_next().await.is_some() {}
     let want = opts.probes.min(opts.vmis);
     let wait_until = Instant::now() + Duration::from_secs(10);
     while probes.latencies().len() < want && Instant::now() < wait_until {
@@ -294,6 +314,11 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     }
     let lats = probes.latencies();
     let probe_wall = probe_start.elapsed();
+    let probe_requests = requests::between(
+        &requests::parse(&probe_requests_before.unwrap_or_default()),
+        &requests::parse(&metrics_text(&driver).await.unwrap_or_default()),
+    );
+    let timelines = probes.timelines();
 
     // 5. List latency: the API (whole, and in pages) beside the raw store.
     let path = format!(
@@ -371,6 +396,15 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     let rss_mib = |kib: u64| kib as f64 / 1024.0;
     let ms_of = |d: Option<Duration>| d.map(ms).unwrap_or_else(|| "-".into());
     let p99 = stats::percentile(&lats, 99.0);
+    let acks: Vec<Duration> = timelines.iter().filter_map(|t| t.ack_latency()).collect();
+    let after_acks: Vec<Duration> = timelines.iter().filter_map(|t| t.after_ack()).collect();
+    let pair_of = |v: &[Duration]| {
+        format!(
+            "{} / {}",
+            ms_of(stats::median(v)),
+            ms_of(stats::percentile(v, 99.0))
+        )
+    };
     let idle_cpu = procstat::cpu_share(&idle0, &idle1, idle_wall) * 100.0;
     let busy_cpu = procstat::cpu_share(&before, &after, busy_wall);
     println!();
@@ -446,6 +480,18 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
             &ms_of(p99),
             "< 100 ms",
             Some(p99.is_some_and(|p| p < Duration::from_millis(100)) && lats.len() == want),
+        ),
+        line(
+            "  sent → write acknowledged, p50 / p99",
+            &pair_of(&acks),
+            "",
+            None,
+        ),
+        line(
+            "  acknowledged → delivered, p50 / p99",
+            &pair_of(&after_acks),
+            "",
+            None,
         ),
         line(
             &format!(
@@ -574,6 +620,30 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
         opts.list_runs
     );
     println!(
+        "# slowest {SLOWEST_PROBES} probes (ms after the first probe was sent): sent, acknowledged, delivered"
+    );
+    for t in slowest(&timelines, SLOWEST_PROBES) {
+        let at = |d: Option<Duration>| {
+            d.map(|d| {
+                format!(
+                    "{:.1}",
+                    (d.saturating_sub(probe_epoch_start)).as_secs_f64() * 1e3
+                )
+            })
+            .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "#   {:>9} {:>9} {:>9}",
+            at(Some(t.sent)),
+            at(t.acked),
+            at(t.delivered)
+        );
+    }
+    println!("# API requests while probing: count, per probe");
+    for row in requests::table(&probe_requests, want) {
+        println!("#   {row}");
+    }
+    println!(
         "# API requests from the first create until all Running (+{} s), by component, verb and resource: count, per VMI",
         SETTLE.as_secs()
     );
@@ -591,6 +661,21 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
         }
     }
     Ok(())
+}
+
+/// The `n` probes that took longest from sent to delivered (not delivered counts as longest),
+/// slowest first.
+pub fn slowest(timelines: &[ProbeTimes], n: usize) -> Vec<ProbeTimes> {
+    let mut v = timelines.to_vec();
+    v.sort_by_key(|t| {
+        std::cmp::Reverse(
+            t.delivered
+                .map(|d| d.saturating_sub(t.sent))
+                .unwrap_or(Duration::MAX),
+        )
+    });
+    v.truncate(n);
+    v
 }
 
 /// The sum of `apiserver_request_total` in a `/metrics` text.
@@ -784,6 +869,28 @@ mod tests {
         assert_eq!(parse_request_total(""), 0);
         assert_eq!(cpu_per_request(Duration::from_millis(300), 100), "3.00 ms");
         assert_eq!(cpu_per_request(Duration::from_millis(300), 0), "-");
+    }
+
+    #[test]
+    fn slowest_probes_first_undelivered_before_all() {
+        let ms = Duration::from_millis;
+        let t = |sent, acked: Option<u64>, delivered: Option<u64>| ProbeTimes {
+            sent: ms(sent),
+            acked: acked.map(ms),
+            delivered: delivered.map(ms),
+        };
+        let all = [
+            t(0, Some(5), Some(10)),
+            t(10, Some(100), Some(130)),
+            t(20, Some(22), None),
+            t(30, Some(35), Some(60)),
+        ];
+        assert_eq!(slowest(&all, 3), [all[2], all[1], all[3]]);
+        assert_eq!(all[1].ack_latency(), Some(ms(90)));
+        assert_eq!(all[1].after_ack(), Some(ms(30)));
+        assert_eq!(all[2].after_ack(), None);
+        // Delivered before the response was read: nothing after the acknowledgement.
+        assert_eq!(t(0, Some(9), Some(7)).after_ack(), Some(ms(0)));
     }
 
     #[test]

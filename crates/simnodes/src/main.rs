@@ -56,6 +56,10 @@ struct Args {
     /// VMIs queued behind cordoned nodes for the scheduler-alone phase (0: skip it).
     #[arg(long, default_value_t = 2000)]
     backlog: usize,
+    /// Every simulated node renews its Lease at the same moment (the harness before the ninth
+    /// pass of docs/scale.md) instead of spread over the renewal interval.
+    #[arg(long)]
+    synchronized_heartbeats: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -89,6 +93,7 @@ fn main() -> anyhow::Result<()> {
         namespace: a.namespace,
         backend: backend.into(),
         backlog: a.backlog,
+        synchronized_heartbeats: a.synchronized_heartbeats,
     };
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -60,6 +60,10 @@ pub struct Probes {
     pub epoch: Instant,
     seen: Mutex<HashSet<(String, String)>>,
     latencies: Mutex<Vec<Duration>>,
+    /// When each probe value was first delivered, since the epoch.
+    delivered: Mutex<HashMap<String, Duration>>,
+    /// When each probe value's write was acknowledged, since the epoch.
+    acked: Mutex<HashMap<String, Duration>>,
 }
 
 impl Default for Probes {
@@ -68,7 +72,31 @@ impl Default for Probes {
             epoch: Instant::now(),
             seen: Mutex::new(HashSet::new()),
             latencies: Mutex::new(Vec::new()),
+            delivered: Mutex::new(HashMap::new()),
+            acked: Mutex::new(HashMap::new()),
         }
+    }
+}
+
+/// One probe's timeline, each instant since [`Probes::epoch`]: sent (the stamp), its write
+/// acknowledged (the PATCH response read), delivered by the node's watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeTimes {
+    pub sent: Duration,
+    pub acked: Option<Duration>,
+    pub delivered: Option<Duration>,
+}
+
+impl ProbeTimes {
+    /// Sent → acknowledged: the PATCH request path (admission, store commit, response).
+    pub fn ack_latency(&self) -> Option<Duration> {
+        self.acked.map(|a| a.saturating_sub(self.sent))
+    }
+
+    /// Acknowledged → delivered: the watch fan-out and the node's stream after the commit
+    /// (zero when the watch delivered before the response was read).
+    pub fn after_ack(&self) -> Option<Duration> {
+        Some(self.delivered?.saturating_sub(self.acked?))
     }
 }
 
@@ -92,7 +120,35 @@ impl Probes {
             && lock(&self.seen).insert((uid.to_string(), v.clone()))
         {
             lock(&self.latencies).push(lat);
+            lock(&self.delivered).entry(v.clone()).or_insert(now);
         }
+    }
+
+    /// Records that the write of probe `value` was acknowledged now.
+    pub fn ack(&self, value: &str) {
+        let now = self.epoch.elapsed();
+        lock(&self.acked).insert(value.to_string(), now);
+    }
+
+    /// Every probe written (acknowledged or delivered), in the order sent.
+    pub fn timelines(&self) -> Vec<ProbeTimes> {
+        let acked = lock(&self.acked).clone();
+        let delivered = lock(&self.delivered).clone();
+        let mut values: Vec<&String> = acked.keys().chain(delivered.keys()).collect();
+        values.sort();
+        values.dedup();
+        let mut out: Vec<ProbeTimes> = values
+            .into_iter()
+            .filter_map(|v| {
+                Some(ProbeTimes {
+                    sent: Duration::from_nanos(v.parse().ok()?),
+                    acked: acked.get(v).copied(),
+                    delivered: delivered.get(v).copied(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|t| t.sent);
+        out
     }
 
     /// Every latency recorded so far.
@@ -176,6 +232,20 @@ pub struct SimNodeOptions {
     pub lease_duration: Duration,
     pub renew_interval: Duration,
     pub node_status_interval: Duration,
+    /// Delay of this node's renewals after its first one (see [`heartbeat_phase`]).
+    pub phase: Duration,
+}
+
+/// The phase of node `index` of `count`: their renewals spread evenly over one `interval`, as
+/// nodes that started at different moments renew at different moments (100 nodes started
+/// together would otherwise renew in the same millisecond every interval, a burst of 100 writes
+/// no real cluster sends).
+pub fn heartbeat_phase(index: usize, count: usize, interval: Duration) -> Duration {
+    if count == 0 {
+        return Duration::ZERO;
+    }
+    let nanos = interval.as_nanos() * (index % count) as u128 / count as u128;
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
 impl SimNodeOptions {
@@ -186,6 +256,7 @@ impl SimNodeOptions {
             lease_duration: Duration::from_secs(15),
             renew_interval: Duration::from_secs(3),
             node_status_interval: Duration::from_secs(10),
+            phase: Duration::ZERO,
         }
     }
 }
@@ -253,8 +324,18 @@ impl SimNode {
         let mut cached: Option<Lease> = None;
         let mut tick = tokio::time::interval(self.opts.renew_interval);
         let mut node_tick = Instant::now();
+        let mut first = true;
         loop {
             tick.tick().await;
+            if first && !self.opts.phase.is_zero() {
+                // The first renewal now (the Node needs its Lease), the next ones on the phase.
+                first = false;
+                let mut t = tokio::time::interval_at(
+                    tokio::time::Instant::now() + self.opts.phase,
+                    self.opts.renew_interval,
+                );
+                std::mem::swap(&mut tick, &mut t);
+            }
             let name = &self.opts.name;
             let written = match cached.take() {
                 Some(mut l) => {
@@ -510,6 +591,35 @@ mod tests {
             .unwrap();
         assert_eq!(ready["status"], "True");
         assert!(matches!(next[1], Action::Annotate(_)));
+    }
+
+    #[test]
+    fn heartbeat_phases_spread_over_one_interval() {
+        let i = Duration::from_secs(3);
+        assert_eq!(heartbeat_phase(0, 100, i), Duration::ZERO);
+        assert_eq!(heartbeat_phase(50, 100, i), Duration::from_millis(1500));
+        assert_eq!(heartbeat_phase(99, 100, i), Duration::from_millis(2970));
+        assert_eq!(heartbeat_phase(100, 100, i), Duration::ZERO);
+        assert_eq!(heartbeat_phase(3, 0, i), Duration::ZERO);
+        let all: std::collections::BTreeSet<_> =
+            (0..100).map(|k| heartbeat_phase(k, 100, i)).collect();
+        assert_eq!(all.len(), 100);
+    }
+
+    #[test]
+    fn probe_timelines_join_acks_and_deliveries_by_value() {
+        let p = Probes::default();
+        let mut a = std::collections::BTreeMap::new();
+        a.insert(PROBE_ANNOTATION.to_string(), "1000".to_string());
+        p.observe("u1", Some(&a));
+        p.ack("1000");
+        p.ack("5");
+        let t = p.timelines();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].sent, Duration::from_nanos(5));
+        assert!(t[0].acked.is_some() && t[0].delivered.is_none());
+        assert_eq!(t[1].sent, Duration::from_nanos(1000));
+        assert!(t[1].delivered.is_some() && t[1].acked >= t[1].delivered);
     }
 
     #[test]
