@@ -37,7 +37,7 @@ pub const REASON_FENCED: &str = "Fenced";
 pub const REASON_TAINT_EVICTION: &str = "TaintManagerEviction";
 
 /// Tunables of the node lifecycle.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeLifecycleOptions {
     /// Lease duration assumed when a Lease does not say (and for nodes without a Lease).
     pub default_lease_duration: Duration,

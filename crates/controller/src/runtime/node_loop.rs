@@ -4,10 +4,13 @@
 //! applies [`crate::node_lifecycle`]'s decisions (Ready condition, taints) and fails, marks
 //! Unknown or evicts VMIs bound to unresponsive or NoExecute-tainted nodes, with Events. A
 //! Node write refused as stale is not decided again until the cache shows a newer version.
+//! A node is decided again only when its Node or Lease changed or its last decision's
+//! requeue time (at most the resync) came ([`Decided`]): a pass on one node's renewal does not
+//! decide the hundred others.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -47,9 +50,20 @@ pub async fn run(
     tokio::spawn(follow_node_failure(client.clone(), configured.clone()));
     stores.ready().await;
     let mut refused = Refused::new();
+    let mut decided = Decided::default();
+    let mut last_opts: Option<NodeLifecycleOptions> = None;
     loop {
         let opts = effective_options(&opts, *configured.lock().unwrap_or_else(|p| p.into_inner()));
-        let wait = match pass(&client, &stores, &recorder, &opts, &mut refused).await {
+        if last_opts.as_ref() != Some(&opts) {
+            // Other timing: every node is decided again.
+            decided = Decided::default();
+            last_opts = Some(opts.clone());
+        }
+        let mut memo = Memo {
+            refused: &mut refused,
+            decided: &mut decided,
+        };
+        let wait = match pass(&client, &stores, &recorder, &opts, &mut memo).await {
             Ok(wait) => wait,
             Err(e) => {
                 tracing::warn!(error = %e, "node lifecycle pass failed");
@@ -136,13 +150,56 @@ fn may_write(refused: &Refused, name: &str, resource_version: Option<&str>) -> b
     refused.get(name).map(String::as_str) != resource_version
 }
 
+/// Each node's last decision: the Node's and its Lease's resourceVersions it was made on
+/// and until when it holds (its requeue time, at most the resync). The decision is a pure
+/// function of those objects, the options and the time, so it is made again only when one
+/// of them moved.
+#[derive(Debug, Default)]
+struct Decided(HashMap<String, (Option<String>, Option<String>, Instant)>);
+
+impl Decided {
+    /// Pure: how long `name`'s decision on these versions still holds at `now` (`None`:
+    /// decide it now).
+    fn holds(
+        &self,
+        name: &str,
+        node_rv: Option<&str>,
+        lease_rv: Option<&str>,
+        now: Instant,
+    ) -> Option<Duration> {
+        let (n, l, until) = self.0.get(name)?;
+        (n.as_deref() == node_rv && l.as_deref() == lease_rv && now < *until)
+            .then(|| until.duration_since(now))
+    }
+
+    fn record(
+        &mut self,
+        name: &str,
+        node_rv: Option<&str>,
+        lease_rv: Option<&str>,
+        until: Instant,
+    ) {
+        self.0.insert(
+            name.to_string(),
+            (node_rv.map(String::from), lease_rv.map(String::from), until),
+        );
+    }
+}
+
+/// The loop's memory between passes.
+struct Memo<'a> {
+    refused: &'a mut Refused,
+    decided: &'a mut Decided,
+}
+
 async fn pass(
     client: &kube::Client,
     stores: &Stores,
     recorder: &EventRecorder,
     opts: &NodeLifecycleOptions,
-    refused: &mut Refused,
+    memo: &mut Memo<'_>,
 ) -> Result<Duration, ControllerError> {
+    let Memo { refused, decided } = memo;
     let nodes: Api<Node> = Api::all(client.clone());
     // Shared handles on the cached objects, not copies: a pass runs on every Lease renewal
     // (tens per second with a hundred nodes), and copying every Node and Lease each time was
@@ -155,14 +212,45 @@ async fn pass(
         .filter_map(|l| Some((l.metadata.name.as_deref()?, &**l)))
         .collect();
     let now = Timestamp::now();
+    let instant = Instant::now();
     let mut next = opts.resync;
     let mut vmis_cache: Option<Vec<VirtualMachineInstance>> = None;
+    decided.0.retain(|n, _| {
+        node_list
+            .iter()
+            .any(|o| o.metadata.name.as_deref() == Some(n))
+    });
     for node in &node_list {
-        let Some(name) = node.metadata.name.clone() else {
+        let Some(name) = node.metadata.name.as_deref() else {
             continue;
         };
-        let decision = decide_node(node, leases_by_node.get(name.as_str()).copied(), now, opts);
+        let lease = leases_by_node.get(name).copied();
+        let versions = (
+            node.metadata.resource_version.as_deref(),
+            lease.and_then(|l| l.metadata.resource_version.as_deref()),
+        );
+        if let Some(left) = decided.holds(name, versions.0, versions.1, instant) {
+            next = next.min(left);
+            continue;
+        }
+        let name = name.to_string();
+        let decision = decide_node(node, lease, now, opts);
         next = next.min(decision.requeue_after);
+        let has_no_execute = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.effect == "NoExecute"));
+        // A node whose VMIs are acted on is decided on every pass (VMIs may be bound to it
+        // since); the written ones are decided again on the change their write makes.
+        if !decision.fail_vmis
+            && !has_no_execute
+            && decision.ready_condition.is_none()
+            && decision.taints.is_none()
+        {
+            let hold = decision.requeue_after.min(opts.resync);
+            decided.record(&name, versions.0, versions.1, instant + hold);
+        }
         let node_ref = object_ref("v1", "Node", &node.metadata);
         let mut resource_version = node.metadata.resource_version.clone();
         if !may_write(refused, &name, resource_version.as_deref()) {
@@ -234,11 +322,6 @@ async fn pass(
                 Err(e) => return Err(e.into()),
             }
         }
-        let has_no_execute = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| t.iter().any(|t| t.effect == "NoExecute"));
         if !decision.fail_vmis && !has_no_execute {
             continue;
         }
@@ -383,6 +466,36 @@ mod tests {
         assert_eq!(o.fence_margin, Duration::from_secs(6));
         assert_eq!(o.default_lease_duration, Duration::from_secs(20));
         assert_eq!(o.resync, base.resync);
+    }
+
+    #[test]
+    fn a_decision_holds_until_its_node_or_lease_moves_or_its_time_comes() {
+        let t0 = Instant::now();
+        let mut d = super::Decided::default();
+        assert_eq!(
+            d.holds("n1", Some("5"), Some("7"), t0),
+            None,
+            "never decided"
+        );
+        d.record("n1", Some("5"), Some("7"), t0 + Duration::from_secs(10));
+        assert_eq!(
+            d.holds("n1", Some("5"), Some("7"), t0 + Duration::from_secs(4)),
+            Some(Duration::from_secs(6))
+        );
+        // Its Lease renewed, its Node written, or its requeue time come: decided again.
+        assert_eq!(d.holds("n1", Some("5"), Some("8"), t0), None);
+        assert_eq!(d.holds("n1", Some("6"), Some("7"), t0), None);
+        assert_eq!(
+            d.holds("n1", Some("5"), None, t0),
+            None,
+            "its Lease deleted"
+        );
+        assert_eq!(
+            d.holds("n1", Some("5"), Some("7"), t0 + Duration::from_secs(10)),
+            None
+        );
+        // Another node's decision is its own.
+        assert_eq!(d.holds("n2", Some("5"), Some("7"), t0), None);
     }
 
     #[test]
