@@ -241,6 +241,49 @@ pub fn ready_condition(now: Timestamp) -> NodeCondition {
     }
 }
 
+/// How often the agent reports its Node's conditions when none of them changed: Kubernetes'
+/// `nodeStatusReportFrequency` default (5 minutes). Liveness is the Lease's business (renewed
+/// every few seconds); a Node status write wakes every Node watcher (the scheduler, the node
+/// lifecycle, evacuation, every agent's and controller's Node cache), so an unchanged status
+/// is not rewritten every few seconds just to move `lastHeartbeatTime`.
+pub const STATUS_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The conditions to write on the Node, given those it shows (`current`) and those the agent
+/// reports now (`desired`, as [`ready_condition`] builds them), or `None` when nothing is due
+/// (pure). Due when a condition's type set, status, reason or message differs (another
+/// writer, such as the node lifecycle marking Ready Unknown after a missed Lease, counts), or
+/// when Ready's `lastHeartbeatTime` on the Node is [`STATUS_REPORT_EVERY`] old. A condition
+/// whose status did not change keeps its `lastTransitionTime`.
+pub fn status_report(
+    current: &[NodeCondition],
+    mut desired: Vec<NodeCondition>,
+    now: Timestamp,
+) -> Option<Vec<NodeCondition>> {
+    let mut changed = current.len() != desired.len();
+    for d in &mut desired {
+        d.last_heartbeat_time = Some(Time(now));
+        let Some(c) = current.iter().find(|c| c.type_ == d.type_) else {
+            changed = true;
+            d.last_transition_time = Some(Time(now));
+            continue;
+        };
+        if c.status == d.status {
+            d.last_transition_time = c.last_transition_time.clone();
+        } else {
+            d.last_transition_time = Some(Time(now));
+        }
+        changed |= c.status != d.status || c.reason != d.reason || c.message != d.message;
+    }
+    let reported = current
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .and_then(|c| c.last_heartbeat_time.as_ref())
+        .map(|t| t.0);
+    let due = reported
+        .is_none_or(|t| now.duration_since(t).as_secs_f64() >= STATUS_REPORT_EVERY.as_secs_f64());
+    (changed || due).then_some(desired)
+}
+
 /// The node's heartbeat Lease (namespace `kube-node-lease`, named after the node).
 pub fn lease_object(node: &str, duration_seconds: i32, now: Timestamp) -> Lease {
     Lease {
@@ -274,6 +317,46 @@ mod tests {
             os_image: "Debian".into(),
             address: "127.0.0.1".into(),
         }
+    }
+
+    #[test]
+    fn node_status_is_reported_on_change_or_every_five_minutes() {
+        let t0: Timestamp = "2026-12-05T10:00:00Z".parse().unwrap();
+        let at = |secs: i64| t0 + jiff::SignedDuration::from_secs(secs);
+        // Nothing on the Node yet: reported.
+        let first = status_report(&[], vec![ready_condition(t0)], t0).unwrap();
+        assert_eq!(first[0].last_transition_time, Some(Time(t0)));
+        // Unchanged 10 s later: nothing to write.
+        assert_eq!(
+            status_report(&first, vec![ready_condition(at(10))], at(10)),
+            None
+        );
+        // Unchanged for five minutes: reported, the heartbeat moves, the transition does not.
+        let again = status_report(&first, vec![ready_condition(at(300))], at(300)).unwrap();
+        assert_eq!(again[0].last_heartbeat_time, Some(Time(at(300))));
+        assert_eq!(again[0].last_transition_time, Some(Time(t0)));
+        // Another writer marked it Unknown (a missed Lease): reported at once, a transition.
+        let mut unknown = first.clone();
+        unknown[0].status = "Unknown".into();
+        unknown[0].reason = Some("NodeStatusUnknown".into());
+        let back = status_report(&unknown, vec![ready_condition(at(20))], at(20)).unwrap();
+        assert_eq!(back[0].status, "True");
+        assert_eq!(back[0].last_transition_time, Some(Time(at(20))));
+        // A new condition (or one fewer) is a change.
+        let mut two = vec![ready_condition(at(30))];
+        two.push(NodeCondition {
+            type_: "SharedMountsReady".into(),
+            status: "False".into(),
+            ..Default::default()
+        });
+        assert!(status_report(&first, two.clone(), at(30)).is_some());
+        let both = status_report(&first, two, at(30)).unwrap();
+        assert!(status_report(&both, vec![ready_condition(at(40))], at(40)).is_some());
+        // A changed message alone is reported, keeping the transition time.
+        let mut msg = vec![ready_condition(at(50))];
+        msg[0].message = Some("other".into());
+        let m = status_report(&first, msg, at(50)).unwrap();
+        assert_eq!(m[0].last_transition_time, Some(Time(t0)));
     }
 
     #[test]

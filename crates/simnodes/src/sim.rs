@@ -315,8 +315,9 @@ impl SimNode {
     }
 
     /// Renews the Lease every `renew_interval` (one PUT of the last written Lease, a GET or
-    /// create only when there is none or a write was refused) and patches the Node's Ready
-    /// condition every `node_status_interval`, like the agent's heartbeat. Runs forever.
+    /// create only when there is none or a write was refused) and looks at the Node's Ready
+    /// condition every `node_status_interval` (a GET; a write only when due), like the agent's
+    /// heartbeat. Runs forever.
     pub async fn heartbeat(self: Arc<Self>) {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -364,15 +365,34 @@ impl SimNode {
             }
             if node_tick.elapsed() >= self.opts.node_status_interval {
                 node_tick = Instant::now();
-                let st =
-                    json!({"status": {"conditions": [node::ready_condition(Timestamp::now())]}});
-                if let Err(e) = nodes
-                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&st))
-                    .await
-                {
-                    tracing::warn!(node = %name, "node status: {e}");
-                }
+                self.report_status(&nodes).await;
             }
+        }
+    }
+
+    /// Looks at the Node's conditions and writes Ready when due, as the agent's status task
+    /// does ([`node::status_report`]: on a change, or every five minutes).
+    async fn report_status(&self, nodes: &Api<Node>) {
+        let name = &self.opts.name;
+        let current = match nodes.get_opt(name).await {
+            Ok(Some(n)) => n.status.and_then(|s| s.conditions).unwrap_or_default(),
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(node = %name, "node status: {e}");
+                return;
+            }
+        };
+        let now = Timestamp::now();
+        let Some(conditions) = node::status_report(&current, vec![node::ready_condition(now)], now)
+        else {
+            return;
+        };
+        let st = json!({"status": {"conditions": conditions}});
+        if let Err(e) = nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&st))
+            .await
+        {
+            tracing::warn!(node = %name, "node status: {e}");
         }
     }
 
