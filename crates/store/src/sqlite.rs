@@ -165,6 +165,7 @@ impl SqliteStore {
         make_private(&path).map_err(|e| io_err("restricting", e))?;
         let writer = Connection::open(&path)?;
         writer.busy_timeout(BUSY_TIMEOUT)?;
+        log::configure(&writer)?;
         let mode: String = writer.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::Backend(format!(
@@ -264,6 +265,7 @@ impl Inner {
                     OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
                 )?;
                 conn.busy_timeout(BUSY_TIMEOUT)?;
+                log::configure(&conn)?;
                 conn
             }
         };

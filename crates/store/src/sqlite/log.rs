@@ -19,6 +19,18 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{EventKind, KeyValue, ListOptions, ListResult, Revision, StoreError, WatchEvent};
 
+/// Settings every connection gets (the writer and each reader): the query planner stability
+/// guarantee (`SQLITE_DBCONFIG_ENABLE_QPSG`). The queries here are planned once, without
+/// their parameters' values (the plans are the index ranges written into them). Without it,
+/// SQLite marks a statement whose plan could depend on a bound value for recompilation
+/// whenever its bindings are cleared, and rusqlite clears them each time a statement goes
+/// back to its cache: every `latest`, list and watch read was parsed and planned again
+/// (`sqlite3Reprepare`: 4 % of the idle server's CPU, docs/scale.md "Tenth pass").
+pub(super) fn configure(conn: &Connection) -> Result<(), StoreError> {
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    Ok(())
+}
+
 /// Creates the tables when they are missing.
 pub(super) fn init_schema(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(
@@ -98,12 +110,13 @@ pub(super) fn compacted_revision(conn: &Connection) -> Result<Revision, StoreErr
         .query_row([], |r| r.get(0))?)
 }
 
+/// The newest row of a key.
+pub(super) const LATEST: &str = "SELECT id, value, create_revision, deleted FROM kv_log
+         WHERE name = ?1 ORDER BY id DESC LIMIT 1";
+
 /// The newest row of `key`, tombstone or not.
 pub(super) fn latest(conn: &Connection, key: &str) -> Result<Option<Row>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, value, create_revision, deleted FROM kv_log
-         WHERE name = ?1 ORDER BY id DESC LIMIT 1",
-    )?;
+    let mut stmt = conn.prepare_cached(LATEST)?;
     Ok(stmt
         .query_row(params![key.as_bytes()], |r| {
             Ok(Row {
@@ -258,6 +271,14 @@ pub(super) fn list(
     })
 }
 
+/// Rows after a revision under a key range, each with the row it replaced.
+pub(super) const EVENTS_AFTER: &str = "SELECT r.id, r.name, r.value, r.create_revision, r.deleted,
+                p.id, p.value, p.create_revision
+         FROM kv_log r LEFT JOIN kv_log p ON p.id = r.prev_revision
+         WHERE r.id > ?1 AND r.name >= ?2 AND (?3 IS NULL OR r.name < ?3)
+         ORDER BY r.id
+         LIMIT ?4";
+
 /// Up to `max` events under `prefix` with revision greater than `after`, oldest first.
 /// Fails with `Compacted` when `after` is older than the compacted revision.
 pub(super) fn events_after(
@@ -274,14 +295,7 @@ pub(super) fn events_after(
         });
     }
     let end = crate::prefix_end(prefix.as_bytes());
-    let mut stmt = conn.prepare_cached(
-        "SELECT r.id, r.name, r.value, r.create_revision, r.deleted,
-                p.id, p.value, p.create_revision
-         FROM kv_log r LEFT JOIN kv_log p ON p.id = r.prev_revision
-         WHERE r.id > ?1 AND r.name >= ?2 AND (?3 IS NULL OR r.name < ?3)
-         ORDER BY r.id
-         LIMIT ?4",
-    )?;
+    let mut stmt = conn.prepare_cached(EVENTS_AFTER)?;
     let rows = stmt.query_map(
         params![
             after,
