@@ -30,7 +30,7 @@ fn component(
 
 /// What [`node_agents`] reads of each Node (pure): its name and its Ready condition's status,
 /// reason and message. The reconcile runs again on a Node change only when this changed (an
-/// agent's heartbeat rewrites its Node every few seconds and changes none of it).
+/// agent re-reports an unchanged status every 5 minutes and changes none of it).
 pub fn node_readiness(nodes: &[std::sync::Arc<Node>]) -> Vec<NodeReadiness> {
     nodes
         .iter()

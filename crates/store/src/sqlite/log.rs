@@ -27,7 +27,10 @@ use crate::{EventKind, KeyValue, ListOptions, ListResult, Revision, StoreError, 
 /// back to its cache: every `latest`, list and watch read was parsed and planned again
 /// (`sqlite3Reprepare`: 4 % of the idle server's CPU, docs/scale.md "Tenth pass").
 pub(super) fn configure(conn: &Connection) -> Result<(), StoreError> {
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(())
 }
 

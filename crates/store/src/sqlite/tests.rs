@@ -549,7 +549,11 @@ fn cached_statements_are_not_recompiled_on_reuse() -> Result<(), Box<dyn std::er
         super::log::list(&conn, "/k/", &crate::ListOptions::default())?;
         super::log::events_after(&conn, "/k/", i, 5)?;
     }
-    for sql in [super::log::LATEST, super::log::LIST_BOUNDED, super::log::EVENTS_AFTER] {
+    for sql in [
+        super::log::LATEST,
+        super::log::LIST_BOUNDED,
+        super::log::EVENTS_AFTER,
+    ] {
         let stmt = conn.prepare_cached(sql)?;
         assert_eq!(stmt.get_status(rusqlite::StatementStatus::Run), 10, "{sql}");
         assert_eq!(
