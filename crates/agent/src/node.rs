@@ -1,5 +1,7 @@
 //! The agent's Node: host facts (CPUs, memory, CPU model and flags, KVM usability) gathered from
-//! /proc, and the pure construction of the Node object and its coordination.k8s.io Lease.
+//! /proc, the pure construction of the Node object and its coordination.k8s.io Lease, and the
+//! Node status report (the decision [`status_report`], pure; [`report_status`], the GET and the
+//! write that the agent and the simulated nodes of the scale benchmark both make).
 
 use std::collections::BTreeMap;
 
@@ -282,6 +284,33 @@ pub fn status_report(
     let due = reported
         .is_none_or(|t| now.duration_since(t).as_secs_f64() >= STATUS_REPORT_EVERY.as_secs_f64());
     (changed || due).then_some(desired)
+}
+
+/// Reads Node `name`'s conditions and writes `desired` (built at `now`) when
+/// [`status_report`] says it is due: one GET, and a status merge patch only then. A Node that
+/// is not there is left alone.
+pub async fn report_status(
+    nodes: &kube::Api<Node>,
+    name: &str,
+    desired: Vec<NodeCondition>,
+    now: Timestamp,
+) -> Result<(), kube::Error> {
+    let Some(node) = nodes.get_opt(name).await? else {
+        return Ok(());
+    };
+    let current = node.status.and_then(|s| s.conditions).unwrap_or_default();
+    let Some(conditions) = status_report(&current, desired, now) else {
+        return Ok(());
+    };
+    let st = serde_json::json!({"status": {"conditions": conditions}});
+    nodes
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&st),
+        )
+        .await?;
+    Ok(())
 }
 
 /// The node's heartbeat Lease (namespace `kube-node-lease`, named after the node).

@@ -955,33 +955,15 @@ async fn heartbeat(agent: Arc<Agent>) {
 }
 
 /// Looks at the Node's conditions every 10 s and writes them when they changed (another writer
-/// included) or every [`node::STATUS_REPORT_EVERY`] ([`node::status_report`]), as the kubelet
+/// included) or every [`node::STATUS_REPORT_EVERY`] ([`node::report_status`]), as the kubelet
 /// does: one GET per look, a write only when due.
 async fn node_status(agent: Arc<Agent>) {
     let mut tick = tokio::time::interval(Duration::from_secs(10));
     let nodes: Api<Node> = Api::all(agent.client.clone());
     loop {
         tick.tick().await;
-        let current = match nodes.get_opt(&agent.opts.node_name).await {
-            Ok(Some(n)) => n.status.and_then(|s| s.conditions).unwrap_or_default(),
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::debug!("node status: {e}");
-                continue;
-            }
-        };
         let desired = agent.node_conditions().await;
-        let Some(conditions) = node::status_report(&current, desired, now_ts()) else {
-            continue;
-        };
-        let st = json!({"status": {"conditions": conditions}});
-        if let Err(e) = nodes
-            .patch_status(
-                &agent.opts.node_name,
-                &PatchParams::default(),
-                &Patch::Merge(&st),
-            )
-            .await
+        if let Err(e) = node::report_status(&nodes, &agent.opts.node_name, desired, now_ts()).await
         {
             tracing::debug!("node status: {e}");
         }

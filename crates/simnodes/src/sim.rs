@@ -371,26 +371,12 @@ impl SimNode {
     }
 
     /// Looks at the Node's conditions and writes Ready when due, as the agent's status task
-    /// does ([`node::status_report`]: on a change, or every five minutes).
+    /// does ([`node::report_status`]: on a change, or every five minutes).
     async fn report_status(&self, nodes: &Api<Node>) {
         let name = &self.opts.name;
-        let current = match nodes.get_opt(name).await {
-            Ok(Some(n)) => n.status.and_then(|s| s.conditions).unwrap_or_default(),
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(node = %name, "node status: {e}");
-                return;
-            }
-        };
         let now = Timestamp::now();
-        let Some(conditions) = node::status_report(&current, vec![node::ready_condition(now)], now)
-        else {
-            return;
-        };
-        let st = json!({"status": {"conditions": conditions}});
-        if let Err(e) = nodes
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&st))
-            .await
+        if let Err(e) =
+            node::report_status(nodes, name, vec![node::ready_condition(now)], now).await
         {
             tracing::warn!(node = %name, "node status: {e}");
         }
