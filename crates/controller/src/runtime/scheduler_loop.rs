@@ -70,14 +70,13 @@ impl Default for SchedulerLoopOptions {
     }
 }
 
-/// A binding written (or being written) that the cache may not show yet: the VMI's uid, its
-/// namespace and name (to look it up in the cache) and the node. The loop keeps them by uid:
+/// A binding written (or being written) that the cache may not show yet: the VMI's namespace
+/// and name (to look it up in the cache) and the node. The loop keeps them by uid ([`uid`]):
 /// testing a cached VMI against them borrows its uid, no key is formatted per cached VMI
 /// (formatting `ns/name` for every cached VMI that still looked unbound was 12 % of the
 /// server's CPU at 10,000 VMIs with a lagging cache, docs/scale.md "Ninth pass").
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Assumed {
-    uid: Option<String>,
     namespace: String,
     name: String,
     node: String,
@@ -86,7 +85,6 @@ struct Assumed {
 impl Assumed {
     fn of(vmi: &VirtualMachineInstance, node: String) -> Assumed {
         Assumed {
-            uid: vmi.metadata.uid.clone(),
             namespace: vmi.metadata.namespace.clone().unwrap_or_default(),
             name: vmi.metadata.name.clone().unwrap_or_default(),
             node,
@@ -106,12 +104,13 @@ fn uid(vmi: &VirtualMachineInstance) -> &str {
 /// the server's CPU at 10,000 VMIs while a lagging cache held thousands).
 const FORGET_EVERY: Duration = Duration::from_secs(1);
 
-/// Whether an assumed binding must still be remembered, given the VMI of that name as the
-/// cache shows it now (pure): while the cache shows the same VMI still waiting for a node.
+/// Whether the binding assumed for the VMI of uid `assumed_uid` must still be remembered,
+/// given the VMI of that name as the cache shows it now (pure): while the cache shows the same
+/// VMI still waiting for a node.
 /// Once it shows the binding (or the VMI finished, is being deleted, was replaced by another
 /// of the same name, or is gone) the cache answers by itself.
-fn keep_assumption(assumed: &Assumed, cached: Option<&VirtualMachineInstance>) -> bool {
-    cached.is_some_and(|v| v.metadata.uid == assumed.uid && needs_scheduling(v))
+fn keep_assumption(assumed_uid: &str, cached: Option<&VirtualMachineInstance>) -> bool {
+    cached.is_some_and(|v| uid(v) == assumed_uid && needs_scheduling(v))
 }
 
 fn key(vmi: &VirtualMachineInstance) -> String {
@@ -169,9 +168,9 @@ pub async fn run(
         // FORGET_EVERY.
         if forgotten_at.elapsed() >= FORGET_EVERY {
             forgotten_at = tokio::time::Instant::now();
-            assumed.retain(|_, a| {
+            assumed.retain(|u, a| {
                 let r = reflector::ObjectRef::<Vmi>::new(&a.name).within(&a.namespace);
-                keep_assumption(a, vmis.get(&r).as_deref().map(|v| &v.0))
+                keep_assumption(u, vmis.get(&r).as_deref().map(|v| &v.0))
             });
             // Marks the cache now shows (the VMI moved past the version they were decided
             // on), or of VMIs gone, are forgotten.
@@ -941,21 +940,21 @@ mod tests {
             "spec": {"domain": {"devices": {}}}
         }))
         .unwrap();
-        let a = super::Assumed::of(&waiting, "n1".into());
+        let a = "u1";
         // The cache still shows the VMI waiting (it lags our bind): keep it, with no time
         // limit, so the VMI is not bound a second time.
-        assert!(super::keep_assumption(&a, Some(&waiting)));
+        assert!(super::keep_assumption(a, Some(&waiting)));
         // The cache shows the binding: forget it.
         let mut bound = waiting.clone();
         let st = bound.status.get_or_insert_default();
         st.node_name = Some("n1".into());
         st.phase = Some(VmiPhase::Scheduled);
-        assert!(!super::keep_assumption(&a, Some(&bound)));
+        assert!(!super::keep_assumption(a, Some(&bound)));
         // Gone, or replaced by another VMI of the same name: forget it.
-        assert!(!super::keep_assumption(&a, None));
+        assert!(!super::keep_assumption(a, None));
         let mut other = waiting.clone();
         other.metadata.uid = Some("u2".into());
-        assert!(!super::keep_assumption(&a, Some(&other)));
+        assert!(!super::keep_assumption(a, Some(&other)));
     }
 
     #[test]
