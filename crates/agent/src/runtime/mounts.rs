@@ -155,9 +155,9 @@ async fn write(agent: &Agent, annotation: &str) -> Result<(), AgentError> {
         .patch(name, &PatchParams::default(), &Patch::Merge(&meta))
         .await
         .map_err(kube_err)?;
-    let st = json!({"status": {"conditions": agent.node_conditions().await}});
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&st))
+    // Through the status report, so a condition whose status did not change keeps its
+    // lastTransitionTime (and an unchanged set is not written again).
+    node::report_status(&nodes, name, agent.node_conditions().await, now_ts())
         .await
         .map_err(kube_err)?;
     Ok(())

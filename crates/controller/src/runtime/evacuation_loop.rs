@@ -4,11 +4,11 @@
 //! `migrations.nodeDrainTaintKey`): marks and clears `status.evacuationNodeName` (guarded by
 //! the VMI's resourceVersion) and creates the evacuation migrations, with Events on the VMI.
 //! The drain key, the cluster's `evictionStrategy` and the migration limits come from the
-//! shared stores' KubeVirt settings (a change of them wakes the loop). Every VMI is looked at only when a
-//! VMI changed (or on the resync); a wake-up by Nodes alone looks at the Nodes.
+//! shared stores' KubeVirt settings (a change of them wakes the loop). Every VMI is looked at
+//! only while one is marked for evacuation (asked of [`super::vmi_index`]) or a Node has work;
+//! otherwise a wake-up looks at the Nodes alone.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
@@ -43,18 +43,12 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     );
     let w = wake.clone();
     let mut changes = stores.changes();
-    // Set when a VMI may have changed: only then is every VMI looked at again for one marked
-    // for evacuation (a Node status patch, ten a second with a hundred nodes, looks at Nodes).
-    let vmis_changed = Arc::new(AtomicBool::new(true));
-    let flag = vmis_changed.clone();
     let follow = async move {
-        while let Some(c) = changes
+        while changes
             .next_batch(&[Kind::Vmi, Kind::Node, Kind::KubeVirt])
             .await
+            .is_some()
         {
-            if c.contains(Kind::Vmi) {
-                flag.store(true, Ordering::Release);
-            }
             w.notify_one();
         }
     };
@@ -62,18 +56,10 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
     let work = async {
         let _ = vmims.wait_until_ready().await;
         stores.ready().await;
-        // Whether a VMI was marked for evacuation at the last look at every VMI.
-        let mut vmis_marked = false;
-        let mut resynced = true;
         loop {
-            // Taken before the cache is read: a change after this sets it again.
-            if vmis_changed.swap(false, Ordering::AcqRel) || resynced {
-                // Looked up in place: no copy of the cache's 10,000 handles per look.
-                vmis_marked = stores
-                    .vmis
-                    .find(|v| evacuation::marked_for_evacuation(&v.0))
-                    .is_some();
-            }
+            // Whether a VMI is marked for evacuation, from the index kept from the cache's
+            // events (no pass over every VMI per VMI change).
+            let vmis_marked = stores.vmi_index().any_evacuating();
             let node_state = stores.nodes.state();
             let kv = stores.kubevirt();
             let drain_key = kv.drain_key.as_str();
@@ -110,7 +96,7 @@ pub async fn run(client: kube::Client, stores: Stores) -> Result<(), ControllerE
                     }
                 }
             }
-            resynced = tokio::time::timeout(RESYNC, wake.notified()).await.is_err();
+            let _ = tokio::time::timeout(RESYNC, wake.notified()).await;
         }
     };
     tokio::select! {

@@ -21,6 +21,7 @@ pub mod resources;
 pub mod scheduler_loop;
 pub mod stores;
 pub mod vm_controller;
+pub mod vmi_index;
 pub mod watched;
 
 use std::time::{Duration, Instant};

@@ -35,6 +35,7 @@ use ferrovirt_api::kubevirt::overcommit::Overcommit;
 
 use super::kubevirt_config::{self, KubeVirtConfig};
 use super::resources::Vmi;
+use super::vmi_index::VmiIndex;
 use crate::node_lifecycle::NODE_LEASE_NAMESPACE;
 
 /// The kinds cached.
@@ -60,6 +61,9 @@ pub struct Stores {
     pub pvcs: Store<PersistentVolumeClaim>,
     pub classes: Store<StorageClass>,
     pub vmis: Store<Vmi>,
+    /// Which cached VMIs wait for a node or are marked for evacuation ([`super::vmi_index`]),
+    /// kept from the VMI cache's events; read with [`Stores::vmi_index`].
+    vmi_index: Arc<std::sync::Mutex<VmiIndex>>,
     /// The KubeVirt CRs' settings (the defaults until the first CR is seen).
     pub kubevirt: tokio::sync::watch::Receiver<Arc<KubeVirtConfig>>,
     changed: Arc<broadcast::Sender<Kind>>,
@@ -199,12 +203,14 @@ impl Changes {
     }
 }
 
-/// Drives one reflector, announcing every event as `kind`.
+/// Drives one reflector, announcing every event as `kind` after `on_event` saw it (the cache
+/// has applied it by then).
 async fn drive<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     kind: Kind,
     changed: Arc<broadcast::Sender<Kind>>,
+    mut on_event: impl FnMut(&watcher::Event<K>),
 ) where
     K: kube::Resource
         + Clone
@@ -221,6 +227,9 @@ async fn drive<K>(
     )
     .boxed();
     while let Some(ev) = events.next().await {
+        if let Ok(e) = &ev {
+            on_event(e);
+        }
         match ev {
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Ok(_) => {
@@ -229,6 +238,12 @@ async fn drive<K>(
             Err(e) => tracing::warn!(?kind, error = %e, "watch of the shared cache failed"),
         }
     }
+}
+
+/// `m` locked (a panic elsewhere while it was held leaves the index usable: every update is
+/// one set operation).
+fn lock(m: &std::sync::Mutex<VmiIndex>) -> std::sync::MutexGuard<'_, VmiIndex> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Stores {
@@ -249,6 +264,8 @@ impl Stores {
         let changed = Arc::new(tx);
         let (ready_tx, ready) = tokio::sync::watch::channel(false);
         let (kubevirt_tx, kubevirt) = tokio::sync::watch::channel(Arc::default());
+        let vmi_index = Arc::new(std::sync::Mutex::new(VmiIndex::default()));
+        let index_w = vmi_index.clone();
         let stores = Stores {
             nodes,
             leases,
@@ -256,6 +273,7 @@ impl Stores {
             pvcs,
             classes,
             vmis,
+            vmi_index,
             kubevirt,
             changed: changed.clone(),
             ready,
@@ -281,42 +299,54 @@ impl Stores {
                     Api::<Node>::all(c.clone()),
                     nodes_w,
                     Kind::Node,
-                    changed.clone()
+                    changed.clone(),
+                    |_| {}
                 ),
                 drive(
                     Api::<Lease>::namespaced(c.clone(), NODE_LEASE_NAMESPACE),
                     leases_w,
                     Kind::Lease,
-                    changed.clone()
+                    changed.clone(),
+                    |_| {}
                 ),
                 drive(
                     Api::<PersistentVolume>::all(c.clone()),
                     pvs_w,
                     Kind::PersistentVolume,
-                    changed.clone()
+                    changed.clone(),
+                    |_| {}
                 ),
                 drive(
                     Api::<PersistentVolumeClaim>::all(c.clone()),
                     pvcs_w,
                     Kind::PersistentVolumeClaim,
-                    changed.clone()
+                    changed.clone(),
+                    |_| {}
                 ),
                 drive(
                     Api::<StorageClass>::all(c.clone()),
                     classes_w,
                     Kind::StorageClass,
-                    changed.clone()
+                    changed.clone(),
+                    |_| {}
                 ),
                 drive(
                     Api::<Vmi>::all(c.clone()),
                     vmis_w,
                     Kind::Vmi,
-                    changed.clone()
+                    changed.clone(),
+                    move |e| lock(&index_w).apply(e)
                 ),
                 kubevirt_config::follow(c.clone(), kubevirt_tx, changed.clone()),
             );
         };
         (stores, task)
+    }
+
+    /// The index of waiting and evacuating VMIs as of the cache's last event (held locked:
+    /// keep the guard for no longer than a look).
+    pub fn vmi_index(&self) -> std::sync::MutexGuard<'_, VmiIndex> {
+        lock(&self.vmi_index)
     }
 
     /// The KubeVirt CRs' overcommit settings now.
