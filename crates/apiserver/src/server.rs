@@ -166,6 +166,9 @@ pub struct Server {
     /// PEM of the CA that signed the serving certificate.
     pub ca_pem: String,
     pub store: Arc<dyn Store>,
+    /// The routes the listener serves, authentication included: clients in this process call
+    /// them directly ([`Server::router`]), without TLS and a loopback connection.
+    router: axum::Router,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
 }
@@ -336,6 +339,7 @@ impl Server {
 
         let mut tasks = JoinSet::new();
         let mut stopping = shared.shutdown.clone();
+        let router = app.clone();
         tasks.spawn(ferrovirt_serve::serve(
             "API server",
             listener,
@@ -400,9 +404,18 @@ impl Server {
             token: pki.token,
             ca_pem: pki.ca_pem,
             store,
+            router,
             stop,
             tasks,
         })
+    }
+
+    /// The server's routes as the listener serves them (authentication, authorization, audit
+    /// and limits included), for a client in this process to call without a connection. A
+    /// request needs its credentials (e.g. `Authorization: Bearer` [`Server::token`]); it has
+    /// no peer certificate and cannot upgrade (no WebSocket subresources).
+    pub fn router(&self) -> axum::Router {
+        self.router.clone()
     }
 
     /// `https://ADDR`

@@ -446,9 +446,9 @@ async fn server(args: ServerArgs) -> anyhow::Result<()> {
     );
     let mut tasks = tokio::task::JoinSet::new();
     if !args.disable_controllers {
+        // In this process: the server's routes are called directly (node::in_process_client).
         let client =
-            node::client_from_kubeconfig(&server.kubeconfig_path, node::CONTROLLER_USER_AGENT)
-                .await?;
+            node::in_process_client(server.router(), &server.token, node::CONTROLLER_USER_AGENT)?;
         let mut opts = ferrovirt_controller::ControllerOptions::default();
         opts.leader_election.identity = format!("{}-{}", node::hostname(), std::process::id());
         // Servers sharing an etcd: a dead leader's Lease runs out in 10 s and the others retry

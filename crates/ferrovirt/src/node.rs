@@ -242,6 +242,32 @@ fn client_with_agent(mut cfg: kube::Config, user_agent: &str) -> anyhow::Result<
     Ok(kube::Client::try_from(cfg)?)
 }
 
+/// A client of the API server running in this process that calls its routes directly
+/// (`router`, from `Server::router`) with bearer `token` and `user_agent`: no TLS, no loopback
+/// connection, no HTTP framing. The controllers' watches carry every Lease renewal and Node
+/// change of the cluster; over loopback TLS each event was encrypted, framed, decrypted and
+/// parsed again (a sixth of the idle server's CPU, docs/scale.md). Requests go through the
+/// same authentication, authorization, audit and admission as any other; only upgrades
+/// (WebSocket subresources) need a real connection.
+pub fn in_process_client(
+    router: axum::Router,
+    token: &str,
+    user_agent: &str,
+) -> anyhow::Result<kube::Client> {
+    let auth = http::HeaderValue::from_str(&format!("Bearer {token}")).context("the token")?;
+    let agent = http::HeaderValue::from_str(user_agent)
+        .with_context(|| format!("user agent {user_agent:?}"))?;
+    let service = tower::ServiceBuilder::new()
+        .map_request(move |mut req: http::Request<kube::client::Body>| {
+            let headers = req.headers_mut();
+            headers.insert(http::header::AUTHORIZATION, auth.clone());
+            headers.insert(http::header::USER_AGENT, agent.clone());
+            req
+        })
+        .service(router);
+    Ok(kube::Client::new(service, "default"))
+}
+
 /// The user agent of a node agent's API client.
 pub fn agent_user_agent(node: &str) -> String {
     format!("ferrovirt-agent/{node}")

@@ -269,6 +269,15 @@ impl Inner {
                 conn
             }
         };
+        self.read_on(conn, f)
+    }
+
+    /// Runs `f` in one read transaction on `conn`, then pools `conn` again.
+    fn read_on<T>(
+        &self,
+        conn: Connection,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         // BEGIN and COMMIT through the statement cache (a `Transaction` parses them anew
         // each time: a few percent of the server's CPU at 40 requests a second).
         let result = writer::exec_cached(&conn, "BEGIN").and_then(|()| f(&conn));
@@ -292,6 +301,15 @@ impl Inner {
 #[async_trait]
 impl Store for SqliteStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        // A point read on a pooled connection (pages cached, WAL readers never wait for the
+        // writer) takes microseconds: it runs right here. Handing it to the blocking pool
+        // cost two thread wake-ups per read, more than the read (a Lease renewal reads once,
+        // a Node GET once: docs/scale.md, eleventh pass). Without an idle connection
+        // (opening one does file I/O) it goes to the pool.
+        let pooled = lock(&self.inner.readers).pop();
+        if let Some(conn) = pooled {
+            return self.inner.read_on(conn, |c| log::get(c, key));
+        }
         let key = key.to_owned();
         self.read(move |c| log::get(c, &key)).await
     }

@@ -1,6 +1,6 @@
-//! The node lifecycle loop: on every change of a Node or node Lease (namespace
-//! `kube-node-lease`) in the shared caches ([`super::stores`]), and when a lease is due to
-//! expire, reads Nodes, Leases, PVC access modes and VMIs from those caches (no API list),
+//! The node lifecycle loop: on changes of Nodes or node Leases (namespace `kube-node-lease`)
+//! in the shared caches ([`super::stores`]; at most one pass a second, [`CHANGE_PASS_GAP`]),
+//! and when a lease is due to expire, reads Nodes, Leases, PVC access modes and VMIs from those caches (no API list),
 //! applies [`crate::node_lifecycle`]'s decisions (Ready condition, taints) and fails, marks
 //! Unknown or evicts VMIs bound to unresponsive or NoExecute-tainted nodes, with Events. A
 //! Node write refused as stale is not decided again until the cache shows a newer version.
@@ -63,6 +63,7 @@ pub async fn run(
             refused: &mut refused,
             decided: &mut decided,
         };
+        let started = tokio::time::Instant::now();
         let wait = match pass(&client, &stores, &recorder, &opts, &mut memo).await {
             Ok(wait) => wait,
             Err(e) => {
@@ -71,13 +72,29 @@ pub async fn run(
             }
         };
         // The next lease expiry, or sooner when a Node or Lease changes; one pass covers every
-        // change already queued (the caches hold them all by now).
+        // change already queued (the caches hold them all by now), and the changes of the
+        // rest of CHANGE_PASS_GAP after it.
         if let Ok(Some(_)) =
             tokio::time::timeout(wait, changes.wait_for(&[Kind::Node, Kind::Lease])).await
         {
+            tokio::time::sleep_until(started + change_pass_delay(wait)).await;
             changes.drain();
         }
     }
+}
+
+/// Passes woken by changes start at most this often. Every Lease renewal is a change (33 a
+/// second with a hundred nodes renewing every 3 s), and a pass per renewal was a tenth of the
+/// idle server's CPU; one pass a second sees them all. Kubernetes' node lifecycle controller
+/// looks every 5 s (`--node-monitor-period`); a renewal changes a decision only for a node
+/// marked unresponsive, which becomes Ready again at most a second later.
+const CHANGE_PASS_GAP: Duration = Duration::from_secs(1);
+
+/// How long after a pass began the next one woken by a change starts (pure), `wait` being the
+/// time the pass asked to be woken after (a lease due to expire): [`CHANGE_PASS_GAP`], or that
+/// time when sooner.
+fn change_pass_delay(wait: Duration) -> Duration {
+    CHANGE_PASS_GAP.min(wait)
 }
 
 /// The options with the HyperConverged's node failure timing (when one sets it): its margin,
@@ -465,6 +482,19 @@ async fn apply_vmi_action(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn passes_on_changes_are_a_second_apart_unless_a_lease_expires_sooner() {
+        use std::time::Duration;
+        assert_eq!(
+            super::change_pass_delay(Duration::from_secs(60)),
+            super::CHANGE_PASS_GAP
+        );
+        assert_eq!(
+            super::change_pass_delay(Duration::from_millis(300)),
+            Duration::from_millis(300)
+        );
+    }
+
     use super::*;
 
     #[test]
