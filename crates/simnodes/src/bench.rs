@@ -562,6 +562,23 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
             )
         );
     }
+    {
+        let o = SimNodeOptions::new("");
+        println!(
+            "{}",
+            line(
+                "  each node's heartbeat (the agent's defaults)",
+                &format!(
+                    "Lease ({} s) renewed every {:.1} s, Node looked at every {} s",
+                    o.lease_duration.as_secs(),
+                    o.renew_interval.as_secs_f64(),
+                    o.node_status_interval.as_secs()
+                ),
+                "",
+                None
+            )
+        );
+    }
     if let (Some(a), Some(b)) = (req0, req1) {
         // The two /metrics reads themselves are not counted (they are not resource requests).
         let n = b.saturating_sub(a);
