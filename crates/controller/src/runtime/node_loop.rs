@@ -83,9 +83,9 @@ pub async fn run(
     }
 }
 
-/// Passes woken by changes start at most this often. Every Lease renewal is a change (33 a
-/// second with a hundred nodes renewing every 3 s), and a pass per renewal was a tenth of the
-/// idle server's CPU; one pass a second sees them all. Kubernetes' node lifecycle controller
+/// Passes woken by changes start at most this often. Every Lease renewal is a change (50 a
+/// second with a hundred agents renewing every 2 s), and a pass per renewal was a tenth of the
+/// idle server's CPU (at 33 renewals a second); one pass a second sees them all. Kubernetes' node lifecycle controller
 /// looks every 5 s (`--node-monitor-period`); a renewal changes a decision only for a node
 /// marked unresponsive, which becomes Ready again at most a second later.
 const CHANGE_PASS_GAP: Duration = Duration::from_secs(1);

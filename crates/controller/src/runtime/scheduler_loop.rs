@@ -183,8 +183,8 @@ pub async fn run(
         // 16 % of the server's CPU while the cache caught up, docs/scale.md): wait.
         let unassumed = stores
             .vmi_index()
-            .waiting_except(|u| assumed.contains_key(u));
-        if unassumed == 0 {
+            .any_waiting_except(|u| assumed.contains_key(u));
+        if !unassumed {
             had_pending = false;
             crate::runtime::metrics::set_depth("scheduler", 0);
             match wait(&mut changes, opts.resync).await {
