@@ -12,6 +12,12 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc for every subcommand: the idle API server spent about a
+/// quarter of its CPU in glibc's allocator (fastbin consolidation on hyper's per-read buffer
+/// growth), see docs/scale.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// ferrovirt: virtual machines as declarative, KubeVirt-compatible API objects.
 #[derive(Debug, Parser)]
 #[command(name = "ferrovirt", version, about)]
