@@ -16,7 +16,6 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
-use tokio::sync::broadcast;
 
 use ferrovirt_api::kubevirt::host_devices::PermittedHostDevices;
 use ferrovirt_api::kubevirt::misc::MigrationConfiguration;
@@ -104,7 +103,7 @@ impl KubeVirtConfig {
 pub(super) async fn follow(
     client: kube::Client,
     tx: tokio::sync::watch::Sender<Arc<KubeVirtConfig>>,
-    changed: Arc<broadcast::Sender<Kind>>,
+    changed: super::changes::Announcer,
 ) {
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kubevirt.io", "v1", "KubeVirt"),
@@ -138,7 +137,7 @@ pub(super) async fn follow(
         }) {
             tracing::info!(overcommit = ?now.overcommit, drain_key = %now.drain_key,
                 eviction_strategy = ?now.eviction_strategy, "KubeVirt CR settings");
-            let _ = changed.send(Kind::KubeVirt);
+            changed.send(Kind::KubeVirt);
         }
     }
 }

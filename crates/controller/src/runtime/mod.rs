@@ -9,6 +9,7 @@
 //! # }
 //! ```
 
+pub mod changes;
 pub mod evacuation_loop;
 pub mod events;
 pub mod kubevirt_config;

@@ -29,10 +29,11 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::broadcast;
 
 use ferrovirt_api::kubevirt::overcommit::Overcommit;
 
+use super::changes::Announcer;
+pub use super::changes::{Changed, Changes};
 use super::kubevirt_config::{self, KubeVirtConfig};
 use super::resources::Vmi;
 use super::vmi_index::VmiIndex;
@@ -66,7 +67,7 @@ pub struct Stores {
     vmi_index: Arc<std::sync::Mutex<VmiIndex>>,
     /// The KubeVirt CRs' settings (the defaults until the first CR is seen).
     pub kubevirt: tokio::sync::watch::Receiver<Arc<KubeVirtConfig>>,
-    changed: Arc<broadcast::Sender<Kind>>,
+    changed: Announcer,
     /// True once every cache holds its first complete list. kube-rs's
     /// `Store::wait_until_ready` wakes only one of several tasks waiting at once (its oneshot
     /// keeps the last waker), so one task waits there and everyone else waits here.
@@ -79,137 +80,13 @@ impl std::fmt::Debug for Stores {
     }
 }
 
-/// A subscription to cache changes.
-pub struct Changes(broadcast::Receiver<Kind>);
-
-impl Changes {
-    /// Waits until an object of one of `kinds` was added, changed or deleted (a lagging
-    /// receiver counts as a change: something may have been missed). `None` once the caches
-    /// are gone.
-    pub async fn wait_for(&mut self, kinds: &[Kind]) -> Option<Kind> {
-        loop {
-            match self.0.recv().await {
-                Ok(k) if kinds.contains(&k) => return Some(k),
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => return kinds.first().copied(),
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    }
-}
-
-/// The kinds a batch of changes touched ([`Changes::next_batch`]); after a lagging receiver,
-/// every kind (a change of any kind may have been missed).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Changed {
-    seen: u8,
-    all: bool,
-}
-
-impl Changed {
-    /// A batch that counts as a change of every kind (a resync, a missed change).
-    pub fn everything() -> Changed {
-        Changed { seen: 0, all: true }
-    }
-
-    fn bit(kind: Kind) -> u8 {
-        1 << (kind as u8)
-    }
-
-    fn add(&mut self, kind: Kind) {
-        self.seen |= Self::bit(kind);
-    }
-
-    /// Whether objects of `kind` may have changed in this batch.
-    pub fn contains(&self, kind: Kind) -> bool {
-        self.all || self.seen & Self::bit(kind) != 0
-    }
-
-    /// A batch that touched `kinds`.
-    pub fn of(kinds: &[Kind]) -> Changed {
-        let mut c = Changed::default();
-        for k in kinds {
-            c.add(*k);
-        }
-        c
-    }
-
-    /// Whether the batch touched nothing.
-    pub fn is_empty(&self) -> bool {
-        !self.all && self.seen == 0
-    }
-
-    /// Both batches together.
-    pub fn merge(&mut self, other: Changed) {
-        self.seen |= other.seen;
-        self.all |= other.all;
-    }
-}
-
-impl Changes {
-    /// Waits until an object of one of `kinds` changed, then takes every change already
-    /// queued without waiting (one pass covers them all) and says which kinds the batch
-    /// touched. `None` once the caches are gone.
-    pub async fn next_batch(&mut self, kinds: &[Kind]) -> Option<Changed> {
-        let mut changed = Changed::default();
-        loop {
-            match self.0.recv().await {
-                Ok(k) if kinds.contains(&k) => {
-                    changed.add(k);
-                    break;
-                }
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    changed = Changed::everything();
-                    break;
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-        loop {
-            match self.0.try_recv() {
-                Ok(k) => changed.add(k),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => changed = Changed::everything(),
-                Err(broadcast::error::TryRecvError::Empty) => return Some(changed),
-                Err(broadcast::error::TryRecvError::Closed) => return None,
-            }
-        }
-    }
-
-    /// Takes every change of `kinds` already queued without waiting (others are dropped) and
-    /// says which kinds they touched (empty when none); `None` once the caches are gone.
-    pub fn take_queued(&mut self, kinds: &[Kind]) -> Option<Changed> {
-        let mut changed = Changed::default();
-        loop {
-            match self.0.try_recv() {
-                Ok(k) if kinds.contains(&k) => changed.add(k),
-                Ok(_) => {}
-                Err(broadcast::error::TryRecvError::Lagged(_)) => changed = Changed::everything(),
-                Err(broadcast::error::TryRecvError::Empty) => return Some(changed),
-                Err(broadcast::error::TryRecvError::Closed) => return None,
-            }
-        }
-    }
-
-    /// Takes every change already queued without waiting; false once the caches are gone.
-    pub fn drain(&mut self) -> bool {
-        loop {
-            match self.0.try_recv() {
-                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
-                Err(broadcast::error::TryRecvError::Empty) => return true,
-                Err(broadcast::error::TryRecvError::Closed) => return false,
-            }
-        }
-    }
-}
-
 /// Drives one reflector, announcing every event as `kind` after `on_event` saw it (the cache
 /// has applied it by then).
 async fn drive<K>(
     api: Api<K>,
     writer: reflector::store::Writer<K>,
     kind: Kind,
-    changed: Arc<broadcast::Sender<Kind>>,
+    changed: Announcer,
     mut on_event: impl FnMut(&watcher::Event<K>),
 ) where
     K: kube::Resource
@@ -233,7 +110,7 @@ async fn drive<K>(
         match ev {
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Ok(_) => {
-                let _ = changed.send(kind);
+                changed.send(kind);
             }
             Err(e) => tracing::warn!(?kind, error = %e, "watch of the shared cache failed"),
         }
@@ -260,8 +137,7 @@ impl Stores {
         let (pvcs, pvcs_w) = reflector::store::<PersistentVolumeClaim>();
         let (classes, classes_w) = reflector::store::<StorageClass>();
         let (vmis, vmis_w) = reflector::store::<Vmi>();
-        let (tx, _) = broadcast::channel(1024);
-        let changed = Arc::new(tx);
+        let changed = Announcer::new();
         let (ready_tx, ready) = tokio::sync::watch::channel(false);
         let (kubevirt_tx, kubevirt) = tokio::sync::watch::channel(Arc::default());
         let vmi_index = Arc::new(std::sync::Mutex::new(VmiIndex::default()));
@@ -293,52 +169,59 @@ impl Stores {
                 // Keep the sender, so waiters never see a closed channel.
                 std::future::pending::<()>().await;
             };
-            futures::join!(
-                announce,
-                drive(
-                    Api::<Node>::all(c.clone()),
-                    nodes_w,
-                    Kind::Node,
-                    changed.clone(),
-                    |_| {}
-                ),
-                drive(
-                    Api::<Lease>::namespaced(c.clone(), NODE_LEASE_NAMESPACE),
-                    leases_w,
-                    Kind::Lease,
-                    changed.clone(),
-                    |_| {}
-                ),
-                drive(
-                    Api::<PersistentVolume>::all(c.clone()),
-                    pvs_w,
-                    Kind::PersistentVolume,
-                    changed.clone(),
-                    |_| {}
-                ),
-                drive(
-                    Api::<PersistentVolumeClaim>::all(c.clone()),
-                    pvcs_w,
-                    Kind::PersistentVolumeClaim,
-                    changed.clone(),
-                    |_| {}
-                ),
-                drive(
-                    Api::<StorageClass>::all(c.clone()),
-                    classes_w,
-                    Kind::StorageClass,
-                    changed.clone(),
-                    |_| {}
-                ),
-                drive(
-                    Api::<Vmi>::all(c.clone()),
-                    vmis_w,
-                    Kind::Vmi,
-                    changed.clone(),
-                    move |e| lock(&index_w).apply(e)
-                ),
-                kubevirt_config::follow(c.clone(), kubevirt_tx, changed.clone()),
-            );
+            // One task per watch (a JoinSet: dropping this future aborts them): a joined
+            // future would poll every watch's stream stack whenever any one of them is woken,
+            // i.e. all of them on every Lease renewal.
+            let mut watches = tokio::task::JoinSet::new();
+            watches.spawn(announce);
+            watches.spawn(drive(
+                Api::<Node>::all(c.clone()),
+                nodes_w,
+                Kind::Node,
+                changed.clone(),
+                |_| {},
+            ));
+            watches.spawn(drive(
+                Api::<Lease>::namespaced(c.clone(), NODE_LEASE_NAMESPACE),
+                leases_w,
+                Kind::Lease,
+                changed.clone(),
+                |_| {},
+            ));
+            watches.spawn(drive(
+                Api::<PersistentVolume>::all(c.clone()),
+                pvs_w,
+                Kind::PersistentVolume,
+                changed.clone(),
+                |_| {},
+            ));
+            watches.spawn(drive(
+                Api::<PersistentVolumeClaim>::all(c.clone()),
+                pvcs_w,
+                Kind::PersistentVolumeClaim,
+                changed.clone(),
+                |_| {},
+            ));
+            watches.spawn(drive(
+                Api::<StorageClass>::all(c.clone()),
+                classes_w,
+                Kind::StorageClass,
+                changed.clone(),
+                |_| {},
+            ));
+            watches.spawn(drive(
+                Api::<Vmi>::all(c.clone()),
+                vmis_w,
+                Kind::Vmi,
+                changed.clone(),
+                move |e| lock(&index_w).apply(e),
+            ));
+            watches.spawn(kubevirt_config::follow(
+                c.clone(),
+                kubevirt_tx,
+                changed.clone(),
+            ));
+            while watches.join_next().await.is_some() {}
         };
         (stores, task)
     }
@@ -366,7 +249,7 @@ impl Stores {
 
     /// Subscribes to changes (from now on).
     pub fn changes(&self) -> Changes {
-        Changes(self.changed.subscribe())
+        self.changed.subscribe()
     }
 
     /// Waits until every cache holds its first complete list.
@@ -398,114 +281,5 @@ impl Stores {
     /// Every cached Node (cloned out of the cache).
     pub fn node_list(&self) -> Vec<Node> {
         self.nodes.state().iter().map(|n| (**n).clone()).collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn changes_wait_for_the_kinds_asked_and_report_lag_and_close() {
-        let (tx, rx) = broadcast::channel(2);
-        let mut changes = Changes(rx);
-        tx.send(Kind::Vmi).unwrap();
-        tx.send(Kind::Lease).unwrap();
-        assert_eq!(
-            changes.wait_for(&[Kind::Node, Kind::Lease]).await,
-            Some(Kind::Lease)
-        );
-        // Lagging behind counts as a change of the first kind asked for.
-        for _ in 0..3 {
-            tx.send(Kind::Vmi).unwrap();
-        }
-        assert_eq!(
-            changes.wait_for(&[Kind::PersistentVolume]).await,
-            Some(Kind::PersistentVolume)
-        );
-        // Drain takes whatever is queued without waiting.
-        tx.send(Kind::Vmi).unwrap();
-        tx.send(Kind::Node).unwrap();
-        assert!(changes.drain());
-        assert!(
-            tokio::time::timeout(
-                std::time::Duration::from_millis(20),
-                changes.wait_for(&[Kind::Vmi, Kind::Node])
-            )
-            .await
-            .is_err(),
-            "nothing left after drain"
-        );
-        drop(tx);
-        assert!(!changes.drain());
-        assert_eq!(changes.wait_for(&[Kind::Node]).await, None);
-    }
-
-    #[tokio::test]
-    async fn queued_changes_are_taken_without_waiting() {
-        let (tx, rx) = broadcast::channel(4);
-        let mut changes = Changes(rx);
-        // Nothing queued: an empty batch at once.
-        assert!(changes.take_queued(&[Kind::Node]).unwrap().is_empty());
-        tx.send(Kind::Lease).unwrap();
-        tx.send(Kind::Node).unwrap();
-        let c = changes.take_queued(&[Kind::Node, Kind::Vmi]).unwrap();
-        assert!(c.contains(Kind::Node) && !c.contains(Kind::Lease) && !c.contains(Kind::Vmi));
-        // Taken: not seen again.
-        assert!(changes.take_queued(&[Kind::Node]).unwrap().is_empty());
-        // Merged batches.
-        let mut m = Changed::of(&[Kind::Vmi]);
-        m.merge(c);
-        assert!(m.contains(Kind::Vmi) && m.contains(Kind::Node) && !m.is_empty());
-        // Lagged: everything.
-        for _ in 0..6 {
-            tx.send(Kind::Lease).unwrap();
-        }
-        assert!(
-            changes
-                .take_queued(&[Kind::Node])
-                .unwrap()
-                .contains(Kind::StorageClass)
-        );
-        drop(tx);
-        assert!(changes.take_queued(&[Kind::Node]).is_none());
-    }
-
-    #[tokio::test]
-    async fn a_batch_says_which_kinds_it_touched() {
-        let (tx, rx) = broadcast::channel(4);
-        let mut changes = Changes(rx);
-        // A Lease alone does not end the wait for Nodes; the Node does, and the VMI queued
-        // behind it is taken into the same batch.
-        tx.send(Kind::Lease).unwrap();
-        tx.send(Kind::Node).unwrap();
-        tx.send(Kind::Vmi).unwrap();
-        let c = changes.next_batch(&[Kind::Node]).await.unwrap();
-        assert!(c.contains(Kind::Node) && c.contains(Kind::Vmi));
-        assert!(!c.contains(Kind::Lease), "seen before the batch began");
-        assert!(!c.contains(Kind::PersistentVolume));
-        // Nothing queued: the next batch waits.
-        assert!(
-            tokio::time::timeout(
-                std::time::Duration::from_millis(20),
-                changes.next_batch(&[Kind::Node, Kind::Vmi])
-            )
-            .await
-            .is_err()
-        );
-        // Node changes only: no VMI in the batch.
-        tx.send(Kind::Node).unwrap();
-        let c = changes.next_batch(&[Kind::Node, Kind::Vmi]).await.unwrap();
-        assert!(c.contains(Kind::Node) && !c.contains(Kind::Vmi));
-        // A lagging receiver may have missed anything: the batch is everything.
-        for _ in 0..6 {
-            tx.send(Kind::Node).unwrap();
-        }
-        let c = changes.next_batch(&[Kind::Node]).await.unwrap();
-        for k in [Kind::Node, Kind::Lease, Kind::PersistentVolume, Kind::Vmi] {
-            assert!(c.contains(k), "{k:?} may have been missed");
-        }
-        drop(tx);
-        assert_eq!(changes.next_batch(&[Kind::Node]).await, None);
     }
 }

@@ -174,25 +174,43 @@ pub async fn run(
             }
         }
     }
-    tokio::try_join!(
-        pvc_loop::run(
-            client.clone(),
-            dirs.clone(),
-            opts.agent_token.clone(),
-            stores.clone()
-        ),
-        pvc_loop::reclaim_loop(
-            client.clone(),
-            dirs.clone(),
-            opts.agent_token.clone(),
-            opts.resync,
-            stores.clone()
-        ),
-        dv_loop::run(client.clone(), dirs, opts.clone(), stores.clone()),
-        datasource::run(client.clone()),
-        protection::run(client.clone(), stores),
-    )
-    .map(drop)
+    // One task each (a JoinSet: dropping this future aborts them), so that a loop woken by
+    // a change does not poll the others; the first to fail ends them all.
+    let mut loops = tokio::task::JoinSet::new();
+    loops.spawn(pvc_loop::run(
+        client.clone(),
+        dirs.clone(),
+        opts.agent_token.clone(),
+        stores.clone(),
+    ));
+    loops.spawn(pvc_loop::reclaim_loop(
+        client.clone(),
+        dirs.clone(),
+        opts.agent_token.clone(),
+        opts.resync,
+        stores.clone(),
+    ));
+    loops.spawn(dv_loop::run(
+        client.clone(),
+        dirs,
+        opts.clone(),
+        stores.clone(),
+    ));
+    loops.spawn(datasource::run(client.clone()));
+    loops.spawn(protection::run(client.clone(), stores));
+    while let Some(done) = loops.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(e) => {
+                return Err(ControllerError::TaskStopped {
+                    name: "storage",
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -406,10 +406,11 @@ pub async fn reclaim_loop(
         }
         let woken = tokio::time::timeout(
             period,
+            // StorageClass first: the kind named when several changed.
             changes.wait_for(&[
+                Kind::StorageClass,
                 Kind::PersistentVolume,
                 Kind::PersistentVolumeClaim,
-                Kind::StorageClass,
             ]),
         )
         .await;
