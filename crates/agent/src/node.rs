@@ -1,7 +1,8 @@
 //! The agent's Node: host facts (CPUs, memory, CPU model and flags, KVM usability) gathered from
 //! /proc, the pure construction of the Node object and its coordination.k8s.io Lease, and the
 //! Node status report (the decision [`status_report`], pure; [`report_status`], the GET and the
-//! write that the agent and the simulated nodes of the scale benchmark both make).
+//! write, and [`report_status_of`], the write alone for a Node read from [`watch_own`]'s cache,
+//! which the agent and the simulated nodes of the scale benchmark both make).
 
 use std::collections::BTreeMap;
 
@@ -295,11 +296,29 @@ pub async fn report_status(
     desired: Vec<NodeCondition>,
     now: Timestamp,
 ) -> Result<(), kube::Error> {
-    let Some(node) = nodes.get_opt(name).await? else {
+    match nodes.get_opt(name).await? {
+        Some(node) => report_status_of(nodes, &node, desired, now).await,
+        None => Ok(()),
+    }
+}
+
+/// [`report_status`] for a Node already read (from [`watch_own`]'s cache): no GET, a status
+/// merge patch only when [`status_report`] says it is due.
+pub async fn report_status_of(
+    nodes: &kube::Api<Node>,
+    node: &Node,
+    desired: Vec<NodeCondition>,
+    now: Timestamp,
+) -> Result<(), kube::Error> {
+    let Some(name) = node.metadata.name.as_deref() else {
         return Ok(());
     };
-    let current = node.status.and_then(|s| s.conditions).unwrap_or_default();
-    let Some(conditions) = status_report(&current, desired, now) else {
+    let current = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let Some(conditions) = status_report(current, desired, now) else {
         return Ok(());
     };
     let st = serde_json::json!({"status": {"conditions": conditions}});
@@ -311,6 +330,45 @@ pub async fn report_status(
         )
         .await?;
     Ok(())
+}
+
+/// The field selector of a watch of Node `name` alone.
+pub fn own_node_selector(name: &str) -> String {
+    format!("metadata.name={name}")
+}
+
+/// A cache of Node `name` alone, kept by a watch with [`own_node_selector`] (kube-rs's
+/// reflector, with its default backoff), and the future that keeps it (runs until dropped).
+/// The status report reads the Node from it: no GET every look, and another writer's change
+/// (the node lifecycle's Ready=Unknown) is in the cache as soon as it is made.
+pub fn watch_own(
+    nodes: kube::Api<Node>,
+    name: &str,
+) -> (
+    kube::runtime::reflector::Store<Node>,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store();
+    let cfg = watcher::Config::default().fields(&own_node_selector(name));
+    let keep = async move {
+        let mut events = std::pin::pin!(reflector(writer, watcher(nodes, cfg)).default_backoff());
+        while let Some(ev) = events.next().await {
+            if let Err(e) = ev {
+                tracing::debug!("watching the node's own Node: {e}");
+            }
+        }
+    };
+    (store, keep)
+}
+
+/// Node `name` as [`watch_own`]'s cache holds it (None before its first list, or when there
+/// is no such Node).
+pub fn cached_own(store: &kube::runtime::reflector::Store<Node>, name: &str) -> Option<Node> {
+    store
+        .get(&kube::runtime::reflector::ObjectRef::new(name))
+        .map(|n| (*n).clone())
 }
 
 /// The node's heartbeat Lease (namespace `kube-node-lease`, named after the node).

@@ -955,17 +955,29 @@ async fn heartbeat(agent: Arc<Agent>) {
 }
 
 /// Looks at the Node's conditions every 10 s and writes them when they changed (another writer
-/// included) or every [`node::STATUS_REPORT_EVERY`] ([`node::report_status`]), as the kubelet
-/// does: one GET per look, a write only when due.
+/// included) or every [`node::STATUS_REPORT_EVERY`] ([`node::report_status_of`]), as the
+/// kubelet does; the Node is read from a watch of it alone ([`node::watch_own`]), so a look
+/// makes no request (a GET only while that cache has no Node yet), a write only when due.
 async fn node_status(agent: Arc<Agent>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(10));
     let nodes: Api<Node> = Api::all(agent.client.clone());
-    loop {
-        tick.tick().await;
-        let desired = agent.node_conditions().await;
-        if let Err(e) = node::report_status(&nodes, &agent.opts.node_name, desired, now_ts()).await
-        {
-            tracing::debug!("node status: {e}");
+    let name = agent.opts.node_name.clone();
+    let (own, keep) = node::watch_own(nodes.clone(), &name);
+    let looks = async {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tick.tick().await;
+            let desired = agent.node_conditions().await;
+            let done = match node::cached_own(&own, &name) {
+                Some(n) => node::report_status_of(&nodes, &n, desired, now_ts()).await,
+                None => node::report_status(&nodes, &name, desired, now_ts()).await,
+            };
+            if let Err(e) = done {
+                tracing::debug!("node status: {e}");
+            }
         }
+    };
+    tokio::select! {
+        () = keep => {}
+        () = looks => {}
     }
 }

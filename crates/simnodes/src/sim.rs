@@ -321,11 +321,13 @@ impl SimNode {
 
     /// Renews the Lease every `renew_interval` (one PUT of the last written Lease, a GET or
     /// create only when there is none or a write was refused) and looks at the Node's Ready
-    /// condition every `node_status_interval` (a GET; a write only when due), like the agent's
-    /// heartbeat. Runs forever.
+    /// condition every `node_status_interval` (read from a watch of the Node alone, a write
+    /// only when due), like the agent's heartbeat. Runs forever.
     pub async fn heartbeat(self: Arc<Self>) {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), LEASE_NAMESPACE);
         let nodes: Api<Node> = Api::all(self.client.clone());
+        let (own, keep) = node::watch_own(nodes.clone(), &self.opts.name);
+        tokio::spawn(keep);
         let secs = i32::try_from(self.opts.lease_duration.as_secs()).unwrap_or(15);
         let mut cached: Option<Lease> = None;
         let mut tick = tokio::time::interval(self.opts.renew_interval);
@@ -370,19 +372,23 @@ impl SimNode {
             }
             if node_tick.elapsed() >= self.opts.node_status_interval {
                 node_tick = Instant::now();
-                self.report_status(&nodes).await;
+                self.report_status(&nodes, &own).await;
             }
         }
     }
 
-    /// Looks at the Node's conditions and writes Ready when due, as the agent's status task
-    /// does ([`node::report_status`]: on a change, or every five minutes).
-    async fn report_status(&self, nodes: &Api<Node>) {
+    /// Looks at the Node's conditions (from the watch's cache; a GET while it has none) and
+    /// writes Ready when due, as the agent's status task does ([`node::report_status_of`]: on
+    /// a change, or every five minutes).
+    async fn report_status(&self, nodes: &Api<Node>, own: &reflector::Store<Node>) {
         let name = &self.opts.name;
         let now = Timestamp::now();
-        if let Err(e) =
-            node::report_status(nodes, name, vec![node::ready_condition(now)], now).await
-        {
+        let desired = vec![node::ready_condition(now)];
+        let done = match node::cached_own(own, name) {
+            Some(n) => node::report_status_of(nodes, &n, desired, now).await,
+            None => node::report_status(nodes, name, desired, now).await,
+        };
+        if let Err(e) = done {
             tracing::warn!(node = %name, "node status: {e}");
         }
     }
