@@ -1,8 +1,9 @@
 //! The agent's Node: host facts (CPUs, memory, CPU model and flags, KVM usability) gathered from
 //! /proc, the pure construction of the Node object and its coordination.k8s.io Lease, and the
 //! Node status report (the decision [`status_report`], pure; [`report_status`], the GET and the
-//! write, and [`report_status_of`], the write alone for a Node read from [`watch_own`]'s cache,
-//! which the agent and the simulated nodes of the scale benchmark both make).
+//! write, [`report_status_of`], the write alone for a Node already read, and
+//! [`report_status_cached`], from [`watch_own`]'s cache, which the agent and the simulated
+//! nodes of the scale benchmark both make).
 
 use std::collections::BTreeMap;
 
@@ -363,12 +364,19 @@ pub fn watch_own(
     (store, keep)
 }
 
-/// Node `name` as [`watch_own`]'s cache holds it (None before its first list, or when there
-/// is no such Node).
-pub fn cached_own(store: &kube::runtime::reflector::Store<Node>, name: &str) -> Option<Node> {
-    store
-        .get(&kube::runtime::reflector::ObjectRef::new(name))
-        .map(|n| (*n).clone())
+/// [`report_status_of`] for Node `name` as [`watch_own`]'s cache `own` holds it, or
+/// [`report_status`] (a GET) while the cache has no such Node (before its first list).
+pub async fn report_status_cached(
+    nodes: &kube::Api<Node>,
+    own: &kube::runtime::reflector::Store<Node>,
+    name: &str,
+    desired: Vec<NodeCondition>,
+    now: Timestamp,
+) -> Result<(), kube::Error> {
+    match own.get(&kube::runtime::reflector::ObjectRef::new(name)) {
+        Some(node) => report_status_of(nodes, &node, desired, now).await,
+        None => report_status(nodes, name, desired, now).await,
+    }
 }
 
 /// The node's heartbeat Lease (namespace `kube-node-lease`, named after the node).

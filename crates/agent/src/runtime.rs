@@ -955,7 +955,7 @@ async fn heartbeat(agent: Arc<Agent>) {
 }
 
 /// Looks at the Node's conditions every 10 s and writes them when they changed (another writer
-/// included) or every [`node::STATUS_REPORT_EVERY`] ([`node::report_status_of`]), as the
+/// included) or every [`node::STATUS_REPORT_EVERY`] ([`node::report_status_cached`]), as the
 /// kubelet does; the Node is read from a watch of it alone ([`node::watch_own`]), so a look
 /// makes no request (a GET only while that cache has no Node yet), a write only when due.
 async fn node_status(agent: Arc<Agent>) {
@@ -967,11 +967,8 @@ async fn node_status(agent: Arc<Agent>) {
         loop {
             tick.tick().await;
             let desired = agent.node_conditions().await;
-            let done = match node::cached_own(&own, &name) {
-                Some(n) => node::report_status_of(&nodes, &n, desired, now_ts()).await,
-                None => node::report_status(&nodes, &name, desired, now_ts()).await,
-            };
-            if let Err(e) = done {
+            if let Err(e) = node::report_status_cached(&nodes, &own, &name, desired, now_ts()).await
+            {
                 tracing::debug!("node status: {e}");
             }
         }

@@ -378,17 +378,13 @@ impl SimNode {
     }
 
     /// Looks at the Node's conditions (from the watch's cache; a GET while it has none) and
-    /// writes Ready when due, as the agent's status task does ([`node::report_status_of`]: on
+    /// writes Ready when due, as the agent's status task does ([`node::report_status_cached`]: on
     /// a change, or every five minutes).
     async fn report_status(&self, nodes: &Api<Node>, own: &reflector::Store<Node>) {
         let name = &self.opts.name;
         let now = Timestamp::now();
         let desired = vec![node::ready_condition(now)];
-        let done = match node::cached_own(own, name) {
-            Some(n) => node::report_status_of(nodes, &n, desired, now).await,
-            None => node::report_status(nodes, name, desired, now).await,
-        };
-        if let Err(e) = done {
+        if let Err(e) = node::report_status_cached(nodes, own, name, desired, now).await {
             tracing::warn!(node = %name, "node status: {e}");
         }
     }
