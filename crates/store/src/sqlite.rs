@@ -8,10 +8,12 @@
 //! writer publishes the group's events in revision order on in-process broadcast channels, one
 //! per resource, so that a write wakes only the watch streams of its resource ([`hub`]).
 //! Reads run on tokio's blocking pool over a small pool of separate connections, each read in
-//! its own transaction so that it sees one consistent snapshot. An advisory lock on
+//! its own transaction so that it sees one consistent snapshot. A point read of a key read lately is
+//! answered from the point cache the writer keeps true ([`cache`]). An advisory lock on
 //! `PATH.lock` keeps a second process from opening the same database (its watchers would miss
 //! our events). The schema and queries live in [`log`]; watch streams in [`watch`].
 
+mod cache;
 mod hub;
 mod log;
 #[cfg(test)]
@@ -66,6 +68,8 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
     writer: writer::Writer,
     events: Arc<hub::Hub>,
+    /// The latest values of hot keys, kept by the writer ([`cache`]).
+    cache: Arc<cache::PointCache>,
     /// Held for the store's lifetime: the advisory lock against other processes.
     _lock: File,
 }
@@ -176,13 +180,15 @@ impl SqliteStore {
         writer.pragma_update(None, "synchronous", "FULL")?;
         log::init_schema(&writer)?;
         let events = Arc::new(hub::Hub::new(capacity));
-        let writer = writer::Writer::start(writer, Arc::clone(&events))?;
+        let cache = Arc::new(cache::PointCache::new());
+        let writer = writer::Writer::start(writer, Arc::clone(&events), Arc::clone(&cache))?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
                 readers: Mutex::new(Vec::new()),
                 writer,
                 events,
+                cache,
                 _lock: lock_file,
             }),
         })
@@ -252,6 +258,16 @@ impl SqliteStore {
 }
 
 impl Inner {
+    /// Reads `key` (inside a read transaction) and offers it to the point cache with the
+    /// revision of the transaction's snapshot.
+    fn get_and_fill(&self, conn: &Connection, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let kv = log::get(conn, key)?;
+        if let Some(kv) = &kv {
+            self.cache.fill(kv, log::current_revision(conn)?);
+        }
+        Ok(kv)
+    }
+
     fn read_blocking<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
@@ -305,13 +321,20 @@ impl Store for SqliteStore {
         // writer) takes microseconds: it runs right here. Handing it to the blocking pool
         // cost two thread wake-ups per read, more than the read (a Lease renewal reads once,
         // a Node GET once: docs/scale.md, eleventh pass). Without an idle connection
-        // (opening one does file I/O) it goes to the pool.
+        // (opening one does file I/O) it goes to the pool. A hot key is answered from the
+        // point cache without a read at all ([`cache`]).
+        if let Some(kv) = self.inner.cache.get(key) {
+            return Ok(Some(kv));
+        }
         let pooled = lock(&self.inner.readers).pop();
         if let Some(conn) = pooled {
-            return self.inner.read_on(conn, |c| log::get(c, key));
+            return self
+                .inner
+                .read_on(conn, |c| self.inner.get_and_fill(c, key));
         }
         let key = key.to_owned();
-        self.read(move |c| log::get(c, &key)).await
+        let inner = Arc::clone(&self.inner);
+        self.read(move |c| inner.get_and_fill(c, &key)).await
     }
 
     async fn list(&self, prefix: &str, opts: ListOptions) -> Result<ListResult, StoreError> {

@@ -16,6 +16,10 @@
 //!
 //! Work that needs the connection to itself (compaction, tests) is queued as an
 //! [`Job::Exclusive`]: it ends the batch being gathered and runs alone, between batches.
+//!
+//! The writer keeps the point cache ([`super::cache`]) true: it takes a batch's keys out before
+//! the COMMIT and puts the committed values back after it, before the events are published and
+//! the callers answered; an exclusive job empties it.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -23,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
+use super::cache::PointCache;
 use super::hub::Hub;
 use crate::{StoreError, WatchEvent};
 use rusqlite::Connection;
@@ -71,13 +76,17 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Starts the thread that owns `conn` and publishes committed events on `events`.
-    pub fn start(conn: Connection, events: Arc<Hub>) -> Result<Writer, StoreError> {
+    pub fn start(
+        conn: Connection,
+        events: Arc<Hub>,
+        cache: Arc<PointCache>,
+    ) -> Result<Writer, StoreError> {
         let (queue, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
         let thread_stats = Arc::clone(&stats);
         let thread = std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || run(conn, rx, events, &thread_stats))
+            .spawn(move || run(conn, rx, &events, &cache, &thread_stats))
             .map_err(|e| StoreError::Backend(format!("sqlite: starting the writer thread: {e}")))?;
         Ok(Writer {
             queue: Some(queue),
@@ -109,7 +118,13 @@ impl Drop for Writer {
     }
 }
 
-fn run(mut conn: Connection, rx: mpsc::Receiver<Job>, events: Arc<Hub>, stats: &Stats) {
+fn run(
+    mut conn: Connection,
+    rx: mpsc::Receiver<Job>,
+    events: &Hub,
+    cache: &PointCache,
+    stats: &Stats,
+) {
     let mut next: Option<Job> = None;
     loop {
         let first = match next.take() {
@@ -121,8 +136,13 @@ fn run(mut conn: Connection, rx: mpsc::Receiver<Job>, events: Arc<Hub>, stats: &
         };
         let first = match first {
             Job::Exclusive(f) => {
+                cache.invalidate(None);
                 // A panic only loses this job; the thread keeps serving the others.
                 let _ = catch_unwind(AssertUnwindSafe(|| f(&mut conn)));
+                // Fills stay closed when the revision cannot be read.
+                if let Ok(rev) = super::log::current_revision(&conn) {
+                    cache.invalidate(Some(rev));
+                }
                 continue;
             }
             Job::Write(w) => w,
@@ -138,7 +158,7 @@ fn run(mut conn: Connection, rx: mpsc::Receiver<Job>, events: Arc<Hub>, stats: &
                 Err(_) => break,
             }
         }
-        commit_batch(&conn, batch, &events, stats);
+        commit_batch(&conn, batch, events, cache, stats);
     }
 }
 
@@ -151,8 +171,15 @@ pub(super) fn exec_cached(conn: &Connection, sql: &str) -> Result<(), StoreError
 
 /// Applies `batch` in one transaction, one savepoint per write; publishes the events and
 /// answers every caller after the commit.
-fn commit_batch(conn: &Connection, batch: Vec<WriteFn>, events: &Hub, stats: &Stats) {
-    let mut applied = Vec::with_capacity(batch.len());
+fn commit_batch(
+    conn: &Connection,
+    batch: Vec<WriteFn>,
+    events: &Hub,
+    cache: &PointCache,
+    stats: &Stats,
+) {
+    let mut applied: Vec<Applied> = Vec::with_capacity(batch.len());
+    let mut taken = None;
     let outcome = (|| -> Result<(), StoreError> {
         exec_cached(conn, "BEGIN IMMEDIATE")?;
         let mut batch = batch.into_iter();
@@ -177,9 +204,15 @@ fn commit_batch(conn: &Connection, batch: Vec<WriteFn>, events: &Hub, stats: &St
                 ));
             }
         }
+        taken = Some(cache.before_commit(applied.iter().filter_map(|a| a.event.as_ref())));
         exec_cached(conn, "COMMIT")?;
         Ok(())
     })();
+    if let Some(taken) = taken {
+        let written = || applied.iter().filter_map(|a| a.event.as_ref());
+        let last = written().map(|ev| ev.revision).max().unwrap_or(0);
+        cache.after_commit(written(), taken, outcome.is_ok(), last);
+    }
     match outcome {
         Ok(()) => {
             let answers: Vec<_> = applied
