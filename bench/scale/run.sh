@@ -9,7 +9,7 @@
 # beside the raw store's list of the same keys (ratio), idle server (and etcd) CPU.
 # Usage: bench/scale/run.sh [--vmis 10000] [--nodes 100] [--backend sqlite|etcd|both]
 #                           [--concurrency 32] [--idle 30] [--probes 1000] [--backlog 2000] [--smoke]
-#                           [--binary target/release/ferrovirt] [--no-build]
+#                           [--binary target/release/ferrovirt] [--no-build] [--lease-seconds 8]
 # FV_SCALE_KEEP_LOGS=DIR keeps the server's log (server-BACKEND.log) and SQLite database in DIR.
 # FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR
 # (FV_SCALE_PERF_ARGS replaces its `-F 499`, and the idle one's `-F 999`, e.g. "-F 99 --call-graph dwarf,16384").
@@ -19,11 +19,14 @@
 # FV_SCALE_SIM_ARGS="..." passes more arguments to it (e.g. --synchronized-heartbeats).
 # --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes, a backlog of 100 (a quick check that it all works).
 # --backlog N: VMIs queued behind cordoned nodes, then drained: the scheduler's own rate (0 skips).
+# --lease-seconds N: the simulated nodes' Lease duration (renewed every N/4 s, as the agent renews
+#   the duration a HyperConverged's spec.nodeFailure.leaseDurationSeconds sets; default 8).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 
 HARNESS_RC=0
+LEASE_ARGS=()
 VMIS=10000 NODES=100 BACKEND=both CONC=32 IDLE=30 PROBES=1000 BACKLOG=2000 BUILD=1 BIN=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -34,6 +37,7 @@ while [ $# -gt 0 ]; do
     --idle) IDLE=$2; shift 2 ;;
     --probes) PROBES=$2; shift 2 ;;
     --backlog) BACKLOG=$2; shift 2 ;;
+    --lease-seconds) LEASE_ARGS=(--lease-seconds "$2"); shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --binary) BIN=$2; shift 2 ;;
     --smoke) VMIS=200 NODES=10 IDLE=5 PROBES=100 BACKLOG=100; shift ;;
@@ -105,7 +109,7 @@ run_one() {
   fi
   FV_SCALE_PERF_IDLE_FILE="$idle_perf" "$SIM" --kubeconfig "$kc" --nodes "$NODES" --vmis "$VMIS" --concurrency "$CONC" \
     --idle-secs "$IDLE" --probes "$PROBES" --backlog "$BACKLOG" --server-pid "$server_pid" \
-    "${store_args[@]}" "${store_pid_args[@]}" ${FV_SCALE_SIM_ARGS:-} || HARNESS_RC=$?
+    "${store_args[@]}" "${store_pid_args[@]}" "${LEASE_ARGS[@]}" ${FV_SCALE_SIM_ARGS:-} || HARNESS_RC=$?
   if [ -n "$perf_pid" ]; then kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; fi
   echo "# API requests by verb/resource (from /metrics, top 12):"
   kubectl --kubeconfig "$kc" get --raw /metrics 2>/dev/null \

@@ -3,7 +3,7 @@
 //! and what happens to the VMIs bound to it.
 //!
 //! Timeline (docs/fencing.md; defaults from [`ferrovirt_api::fencing`]): an agent renews its
-//! Lease every 2 s with `leaseDurationSeconds` 8. At `renewTime + leaseDuration` (the fence
+//! Lease every quarter of its `leaseDurationSeconds` (8: every 2 s). At `renewTime + leaseDuration` (the fence
 //! deadline) the node turns Unknown and is tainted unreachable, and every self-fencing
 //! launcher on it has killed its QEMU (they check the agent's heartbeat, which carries the
 //! same `renewTime`). At the deadline plus the fence margin (4 s: clock skew between nodes,

@@ -72,6 +72,8 @@ pub struct BenchOptions {
     /// Every node renews at the same moment (the harness before the ninth pass) instead of
     /// spread over the renewal interval ([`heartbeat_phase`]).
     pub synchronized_heartbeats: bool,
+    /// The nodes' Lease duration (`None`: the agent's default), renewed every quarter of it.
+    pub lease_seconds: Option<u32>,
 }
 
 async fn client(kubeconfig: &PathBuf, user_agent: &str) -> Result<kube::Client, SimError> {
@@ -142,6 +144,9 @@ pub async fn run(opts: BenchOptions) -> Result<(), SimError> {
     for (i, name) in names.iter().enumerate() {
         let c = client(&opts.kubeconfig, &format!("ferrovirt-simnodes/{name}")).await?;
         let mut node_opts = SimNodeOptions::new(name.clone());
+        if let Some(secs) = opts.lease_seconds {
+            node_opts = node_opts.with_lease_seconds(secs)?;
+        }
         if !opts.synchronized_heartbeats {
             node_opts.phase = heartbeat_phase(i, names.len(), node_opts.renew_interval);
         }

@@ -60,6 +60,10 @@ struct Args {
     /// pass of docs/scale.md) instead of spread over the renewal interval.
     #[arg(long)]
     synchronized_heartbeats: bool,
+    /// The simulated nodes' Lease duration in seconds, renewed every quarter of it as the agent
+    /// does (default: the agent's, 8 s; what `spec.nodeFailure.leaseDurationSeconds` sets).
+    #[arg(long)]
+    lease_seconds: Option<u32>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -94,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         backend: backend.into(),
         backlog: a.backlog,
         synchronized_heartbeats: a.synchronized_heartbeats,
+        lease_seconds: a.lease_seconds,
     };
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -264,6 +264,21 @@ impl SimNodeOptions {
             phase: Duration::ZERO,
         }
     }
+
+    /// A Lease of `secs` seconds instead of the default, renewed as the agent renews it (every
+    /// quarter of it); refused where admission would refuse it in a HyperConverged.
+    pub fn with_lease_seconds(mut self, secs: u32) -> Result<Self, SimError> {
+        let timing = ferrovirt_api::fencing::FenceTiming {
+            lease_duration_seconds: secs,
+            ..Default::default()
+        };
+        timing
+            .validate()
+            .map_err(|e| SimError::Other(format!("--lease-seconds: {}", e.message)))?;
+        self.lease_duration = Duration::from_secs(u64::from(secs));
+        self.renew_interval = Duration::from_millis(timing.renew_interval_millis());
+        Ok(self)
+    }
 }
 
 /// One simulated node.
@@ -617,6 +632,22 @@ mod tests {
         let all: std::collections::BTreeSet<_> =
             (0..100).map(|k| heartbeat_phase(k, 100, i)).collect();
         assert_eq!(all.len(), 100);
+    }
+
+    #[test]
+    fn a_longer_lease_is_renewed_every_quarter_of_it_as_the_agent_does() {
+        let d = SimNodeOptions::new("n");
+        assert_eq!(
+            (d.lease_duration, d.renew_interval),
+            (Duration::from_secs(8), Duration::from_secs(2))
+        );
+        let o = SimNodeOptions::new("n").with_lease_seconds(40).unwrap();
+        assert_eq!(
+            (o.lease_duration, o.renew_interval),
+            (Duration::from_secs(40), Duration::from_secs(10))
+        );
+        let e = SimNodeOptions::new("n").with_lease_seconds(2).unwrap_err();
+        assert!(e.to_string().contains("--lease-seconds"), "{e}");
     }
 
     #[test]
