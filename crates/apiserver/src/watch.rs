@@ -12,10 +12,10 @@ use bytes::Bytes;
 use ferrovirt_api::launcher_pod;
 use ferrovirt_api::registry::ResourceDef;
 use ferrovirt_store::{EventKind, StoreError, WatchEvent};
-use futures::StreamExt;
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
 use http::{HeaderValue, StatusCode};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use crate::body::{Representation, representation};
 use crate::error::ApiError;
@@ -248,7 +248,7 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
         }
         _ => resources::list_prefix(&plan.def, ctx.ns()),
     };
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let (mut tx, rx) = mpsc::channel::<Bytes>(64);
 
     // Initial state.
     let mut from = match start_rev {
@@ -320,6 +320,7 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
         tokio::pin!(deadline);
         let mut bookmark = tokio::time::interval(bookmark_every);
         bookmark.tick().await;
+        let mut liveness = tokio::time::interval(Duration::from_secs(5));
         let mut last = from;
         loop {
             tokio::select! {
@@ -354,15 +355,16 @@ pub(crate) async fn serve(ctx: Ctx, name: Option<String>) -> Result<Response, Ap
                         break;
                     }
                 }
-                // The client went away (its response body, the receiver, was dropped): no
-                // timer needed to notice.
-                _ = tx.closed() => break,
+                _ = liveness.tick() => {
+                    if tx.is_closed() {
+                        break;
+                    }
+                }
                 _ = &mut deadline => break,
                 _ = shutdown.changed() => break,
             }
         }
     });
-    let rx = tokio_stream::wrappers::ReceiverStream::new(rx);
     let mut resp = Response::new(Body::from_stream(rx.map(Ok::<_, std::convert::Infallible>)));
     *resp.status_mut() = StatusCode::OK;
     resp.headers_mut().insert(

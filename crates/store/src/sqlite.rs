@@ -8,10 +8,10 @@
 //! writer publishes the group's events in revision order on in-process broadcast channels, one
 //! per resource, so that a write wakes only the watch streams of its resource ([`hub`]).
 //! Reads run on tokio's blocking pool over a small pool of separate connections, each read in
-//! its own transaction so that it sees one consistent snapshot. A point read of a key read lately is
-//! answered from the point cache the writer keeps true ([`cache`]). An advisory lock on
-//! `PATH.lock` keeps a second process from opening the same database (its watchers would miss
-//! our events). The schema and queries live in [`log`]; watch streams in [`watch`].
+//! its own transaction so that it sees one consistent snapshot; a point read of a key read
+//! lately is answered from the point cache the writer keeps true ([`cache`]). An advisory lock
+//! on `PATH.lock` keeps a second process from opening the same database (its watchers would
+//! miss our events). The schema and queries live in [`log`]; watch streams in [`watch`].
 
 mod cache;
 mod hub;
