@@ -940,7 +940,8 @@ fn kube_err(e: kube::Error) -> AgentError {
 /// ([`ferrovirt_api::fencing::FenceTiming::renew_interval_millis`]: 2 s at the default 8 s,
 /// 10 s where the HyperConverged asks for the kubelet's 40 s) on a task of its own
 /// (reconciles never delay it; a renewal that hangs is abandoned after the lease duration)
-/// and records each success in the heartbeat file. The Node's Ready condition is refreshed by another task.
+/// and records each success in the heartbeat file. Another task refreshes the Node's Ready
+/// condition.
 async fn heartbeat(agent: Arc<Agent>) {
     tokio::spawn(node_status(agent.clone()));
     loop {
@@ -954,9 +955,12 @@ async fn heartbeat(agent: Arc<Agent>) {
             Ok(Err(e)) => tracing::warn!("lease renewal failed: {e}"),
             Err(_) => tracing::warn!("lease renewal timed out"),
         }
-        // Four renewals per lease duration.
-        let every = lease / 4;
-        tokio::time::sleep_until(started + every).await;
+        let every = ferrovirt_api::fencing::FenceTiming {
+            lease_duration_seconds: secs,
+            ..Default::default()
+        }
+        .renew_interval_millis();
+        tokio::time::sleep_until(started + Duration::from_millis(every)).await;
     }
 }
 

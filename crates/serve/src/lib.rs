@@ -15,6 +15,8 @@
 //!   connection may sit idle before its next request). Responses are never timed out: watches,
 //!   console and port-forward streams (upgraded connections) last as long as they need.
 //!   Request bodies are bounded by whoever reads them (the API server's body reader).
+//! - **Unread bodies:** what the application left of a request body is read before its answer,
+//!   within bounds, so that the client can finish sending it ([`drain`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -30,6 +32,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinSet};
 use tower_service::Service;
+
+pub mod drain;
 
 /// The DER certificate a client presented and the TLS configuration's verifier accepted; a
 /// request extension on every request of that connection.
@@ -195,7 +199,11 @@ async fn connection(
             lock(&pending).conns.remove(&id);
         }
         let mut app = app.clone();
-        let mut req = req.map(axum::body::Body::new);
+        // A client waiting for `100 Continue` has sent no body: nothing to drain.
+        let expects = req.headers().contains_key(hyper::header::EXPECT);
+        let (parts, body) = req.into_parts();
+        let (body, leftover) = drain::track(body);
+        let mut req = hyper::Request::from_parts(parts, axum::body::Body::new(body));
         if let Some(pc) = &peer_cert {
             req.extensions_mut().insert(pc.clone());
         }
@@ -204,6 +212,14 @@ async fn connection(
                 Ok(r) => r,
                 Err(never) => match never {},
             };
+            if !expects {
+                let d = leftover
+                    .drain(drain::MAX_DRAIN_BYTES, drain::DRAIN_TIMEOUT)
+                    .await;
+                if d != drain::Drained::Done {
+                    tracing::debug!(%peer, "{name}: unread request body: {d:?}");
+                }
+            }
             Ok::<_, Infallible>(resp)
         }
     });

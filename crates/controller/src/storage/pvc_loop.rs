@@ -94,6 +94,8 @@ pub async fn run(
         agent_token,
         reported: Mutex::new(HashSet::new()),
     });
+    // Decisions read the volume and class caches: not before they hold their first lists.
+    ctx.stores.ready().await;
     crate::runtime::drive(
         Controller::new(pvcs, watcher::Config::default())
             .watches(vmis, watcher::Config::default(), |vmi: Vmi| {
@@ -143,11 +145,11 @@ async fn reconcile(
     let mut pvs = ctx.stores.pv_list();
     let mut classes = ctx.stores.class_list();
     let mut decision = pvc::decide(pvc, &pvs, &classes);
-    if matches!(
-        decision,
-        PvcDecision::Bind { .. } | PvcDecision::Provision(_)
-    ) {
-        // Writes to volumes are decided on fresh lists, not on caches that may lag.
+    if !matches!(decision, PvcDecision::Nothing) {
+        // Writes are decided on fresh lists, not on caches that may lag: a bound claim whose
+        // volume the cache had not seen yet (just created, or the caches still filling after
+        // a restart) was marked Pending, and a backup that read it then failed ("claim ... is
+        // not bound").
         pvs = Api::<PersistentVolume>::all(ctx.client.clone())
             .list(&ListParams::default())
             .await?
