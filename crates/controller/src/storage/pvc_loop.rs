@@ -145,7 +145,14 @@ async fn reconcile(
     let mut pvs = ctx.stores.pv_list();
     let mut classes = ctx.stores.class_list();
     let mut decision = pvc::decide(pvc, &pvs, &classes);
-    if !matches!(decision, PvcDecision::Nothing) {
+    let writes = match decision {
+        PvcDecision::Nothing => false,
+        PvcDecision::Bind { .. } | PvcDecision::Provision(_) => true,
+        // Pending and WaitForFirstConsumer write only a claim that is not Pending yet
+        // ([`set_pending`]): a claim already Pending costs no lists on each requeue.
+        _ => pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending"),
+    };
+    if writes {
         // Writes are decided on fresh lists, not on caches that may lag: a bound claim whose
         // volume the cache had not seen yet (just created, or the caches still filling after
         // a restart) was marked Pending, and a backup that read it then failed ("claim ... is
