@@ -9,7 +9,7 @@
 # beside the raw store's list of the same keys (ratio), idle server (and etcd) CPU.
 # Usage: bench/scale/run.sh [--vmis 10000] [--nodes 100] [--backend sqlite|etcd|both]
 #                           [--concurrency 32] [--idle 30] [--probes 1000] [--backlog 2000] [--smoke]
-#                           [--binary target/release/ferrovirt] [--no-build] [--lease-seconds 8]
+#                           [--binary target/release/ferrovirt] [--no-build] [--lease-seconds 16]
 # FV_SCALE_KEEP_LOGS=DIR keeps the server's log (server-BACKEND.log) and SQLite database in DIR.
 # FV_SCALE_PERF=DIR records a flat perf profile of the server for the whole run in DIR
 # (FV_SCALE_PERF_ARGS replaces its `-F 499`, and the idle one's `-F 999`, e.g. "-F 99 --call-graph dwarf,16384").
@@ -20,7 +20,7 @@
 # --smoke: 200 VMIs over 10 nodes, 5 s idle, 100 probes, a backlog of 100 (a quick check that it all works).
 # --backlog N: VMIs queued behind cordoned nodes, then drained: the scheduler's own rate (0 skips).
 # --lease-seconds N: the simulated nodes' Lease duration (renewed every N/4 s, as the agent renews
-#   the duration a HyperConverged's spec.nodeFailure.leaseDurationSeconds sets; default 8).
+#   the duration a HyperConverged's spec.nodeFailure.leaseDurationSeconds sets; default 16).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"

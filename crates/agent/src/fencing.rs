@@ -181,7 +181,7 @@ mod tests {
         let hco = json!({"spec": {"nodeFailure": {"leaseDurationSeconds": 12}}});
         assert_eq!(configured_lease_seconds(&[hco]), Some(12));
         let defaulted = json!({"spec": {"nodeFailure": {"fenceMarginSeconds": 5}}});
-        assert_eq!(configured_lease_seconds(&[defaulted]), Some(8));
+        assert_eq!(configured_lease_seconds(&[defaulted]), Some(16));
     }
 
     #[test]

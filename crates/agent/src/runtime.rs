@@ -937,7 +937,7 @@ fn kube_err(e: kube::Error) -> AgentError {
 }
 
 /// Renews the Lease every quarter of its duration
-/// ([`ferrovirt_api::fencing::FenceTiming::renew_interval_millis`]: 2 s at the default 8 s,
+/// ([`ferrovirt_api::fencing::FenceTiming::renew_interval_millis`]: 4 s at the default 16 s,
 /// 10 s where the HyperConverged asks for the kubelet's 40 s) on a task of its own
 /// (reconciles never delay it; a renewal that hangs is abandoned after the lease duration)
 /// and records each success in the heartbeat file. Another task refreshes the Node's Ready

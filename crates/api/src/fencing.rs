@@ -20,11 +20,16 @@ pub const FENCING_ENABLED: &str = "enabled";
 pub const FENCING_DISABLED: &str = "disabled";
 
 /// Default node Lease duration in seconds: the launchers' fence deadline after the Lease's
-/// `renewTime` (agents renew every quarter of it: [`DEFAULT_RENEW_SECONDS`]).
-pub const DEFAULT_LEASE_DURATION_SECONDS: u32 = 8;
+/// `renewTime` (agents renew every quarter of it: [`DEFAULT_RENEW_SECONDS`]). Twice the
+/// first default (8 s): a VM on a failed node runs elsewhere about 20 s after the node's last
+/// renewal instead of 12 s, a renewal may stall for 16 s before a false fence, and 100 nodes
+/// write 25 renewals a second instead of 50 (docs/fencing.md "Limits", docs/scale.md). The
+/// kubelet's node Lease is 40 s; `spec.nodeFailure.leaseDurationSeconds` of the
+/// HyperConverged sets it from 4 s up.
+pub const DEFAULT_LEASE_DURATION_SECONDS: u32 = 16;
 /// Interval of the agents' Lease renewals at the default lease duration (a quarter of it,
 /// [`FenceTiming::renew_interval_millis`]).
-pub const DEFAULT_RENEW_SECONDS: u32 = 2;
+pub const DEFAULT_RENEW_SECONDS: u32 = 4;
 /// Default margin the control plane waits after the fence deadline before it replaces a VMI
 /// (clock skew between nodes, the launchers' check interval, the kill).
 pub const DEFAULT_FENCE_MARGIN_SECONDS: u32 = 4;

@@ -220,7 +220,7 @@ fn hyperconverged_node_failure_timing_is_validated() {
     assert!(admit_new(&mut hco(json!({"leaseDurationSeconds": -3}))).is_err());
     // What the components use.
     let t = ferrovirt_api::hco::node_failure_timing(&[hco(json!({"fenceMarginSeconds": 6}))]);
-    assert_eq!((t.lease_duration_seconds, t.fence_margin_seconds), (8, 6));
+    assert_eq!((t.lease_duration_seconds, t.fence_margin_seconds), (16, 6));
     let t = ferrovirt_api::hco::node_failure_timing(&[]);
-    assert_eq!((t.lease_duration_seconds, t.fence_margin_seconds), (8, 4));
+    assert_eq!((t.lease_duration_seconds, t.fence_margin_seconds), (16, 4));
 }

@@ -3,13 +3,13 @@
 //! and what happens to the VMIs bound to it.
 //!
 //! Timeline (docs/fencing.md; defaults from [`ferrovirt_api::fencing`]): an agent renews its
-//! Lease every quarter of its `leaseDurationSeconds` (8: every 2 s). At `renewTime + leaseDuration` (the fence
-//! deadline) the node turns Unknown and is tainted unreachable, and every self-fencing
-//! launcher on it has killed its QEMU (they check the agent's heartbeat, which carries the
-//! same `renewTime`). At the deadline plus the fence margin (4 s: clock skew between nodes,
+//! Lease every quarter of its `leaseDurationSeconds` (16: every 4 s). At `renewTime +
+//! leaseDuration` (the fence deadline) the node turns Unknown and is tainted unreachable, and
+//! every self-fencing launcher on it has killed its QEMU (they check the agent's heartbeat,
+//! which carries the same `renewTime`). At the deadline plus the fence margin (4 s: clock skew between nodes,
 //! the launchers' check interval, the kill) the VMIs whose agent announced a self-fencing
 //! launcher (`ferrovirt.io/fencing: enabled`), and those no launcher was started for, are
-//! marked Failed with reason `NodeUnresponsive`, so their VMs are recreated elsewhere: ≤ 14 s
+//! marked Failed with reason `NodeUnresponsive`, so their VMs are recreated elsewhere: ≤ 22 s
 //! from the last renewal to a new VMI. VMIs that cannot move (node-local disks, hostDisk,
 //! runStrategy Manual, …: `fencing: disabled`) are never replaced: they turn `Unknown` and
 //! wait for their node.

@@ -187,7 +187,7 @@ fn vmis_on_dead_nodes() {
             ..
         } => {
             assert_eq!(reason, REASON_NODE_UNRESPONSIVE);
-            assert!(fenced.contains("by 1970-01-01T00:00:08Z"), "{fenced}");
+            assert!(fenced.contains("by 1970-01-01T00:00:16Z"), "{fenced}");
             assert!(
                 fenced.contains("renewed at 1970-01-01T00:00:00Z"),
                 "{fenced}"
@@ -257,10 +257,10 @@ fn never_replaced_before_the_fence_deadline_plus_margin() {
             }
         }
     }
-    // The default timing reaches a replacement 12 s after the last renewal.
-    let d = decide_node(&n, Some(&lease(0, Some(8))), ts(12), &opts());
+    // The default timing reaches a replacement 20 s after the last renewal.
+    let d = decide_node(&n, Some(&lease(0, Some(16))), ts(20), &opts());
     assert!(d.fail_vmis);
-    assert!(!decide_node(&n, Some(&lease(0, Some(8))), ts(11), &opts()).fail_vmis);
+    assert!(!decide_node(&n, Some(&lease(0, Some(16))), ts(19), &opts()).fail_vmis);
 }
 
 #[test]

@@ -267,6 +267,8 @@ fn second_server_on_etcd_takes_over_the_controllers_when_the_leader_dies() -> an
 fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
     TestGuest::get()?;
     let mut c = Cluster::start(&ClusterOptions::new(env!("CARGO_BIN_EXE_ferrovirt")))?;
+    // 8 s node Leases (the default is 16 s), asked of the HyperConverged before node2 starts.
+    c.patch_hco(r#"{"spec":{"nodeFailure":{"leaseDurationSeconds":8}}}"#)?;
     c.start_agent("node2")?;
     c.wait_until("node2 registered", Duration::from_secs(60), || {
         Ok(c.kubectl(&["get", "node", "node2"])?
@@ -274,6 +276,14 @@ fn agent_that_cannot_renew_its_lease_fences_its_vms() -> anyhow::Result<()> {
             .success()
             .then_some(()))
     })?;
+    c.wait_until(
+        "node2's Lease renewed for 8 s",
+        Duration::from_secs(30),
+        || {
+            let l = c.get_json(&["lease", "-n", "kube-node-lease", "node2"])?;
+            Ok((l["spec"]["leaseDurationSeconds"] == 8).then_some(()))
+        },
+    )?;
     c.kubectl_ok(&["taint", "node", "node1", "controlplane=yes:NoSchedule"])?;
     c.guest_disk_claim("fenced-root")?;
     let rwx = r#"{"spec":{"accessModes":["ReadWriteMany"]}}"#;

@@ -61,7 +61,7 @@ struct Args {
     #[arg(long)]
     synchronized_heartbeats: bool,
     /// The simulated nodes' Lease duration in seconds, renewed every quarter of it as the agent
-    /// does (default: the agent's, 8 s; what `spec.nodeFailure.leaseDurationSeconds` sets).
+    /// does (default: the agent's, 16 s; what `spec.nodeFailure.leaseDurationSeconds` sets).
     #[arg(long)]
     lease_seconds: Option<u32>,
 }

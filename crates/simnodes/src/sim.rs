@@ -250,9 +250,9 @@ pub fn heartbeat_phase(index: usize, count: usize, interval: Duration) -> Durati
 
 impl SimNodeOptions {
     /// The real agent's defaults: its Lease duration
-    /// ([`ferrovirt_api::fencing::DEFAULT_LEASE_DURATION_SECONDS`], 8 s) renewed as often as
+    /// ([`ferrovirt_api::fencing::DEFAULT_LEASE_DURATION_SECONDS`], 16 s) renewed as often as
     /// the agent renews it ([`ferrovirt_api::fencing::FenceTiming::renew_interval_millis`],
-    /// 2 s), the Node status looked at every 10 s. (Before the eleventh pass of docs/scale.md
+    /// 4 s), the Node status looked at every 10 s. (Before the eleventh pass of docs/scale.md
     /// the harness renewed a 15 s Lease every 3 s, two thirds of the agent's renewals.)
     pub fn new(name: impl Into<String>) -> Self {
         let timing = ferrovirt_api::fencing::FenceTiming::default();
