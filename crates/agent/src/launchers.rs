@@ -113,6 +113,33 @@ impl Launchers {
         Ok(())
     }
 
+    /// Writes the spec and metadata and lets `early`, the launcher started while they were
+    /// prepared ([`crate::early_launcher`]), run inside `netns`. Where it is gone, the
+    /// launcher is spawned as [`Launchers::start_in`] spawns it, with `exec_prefix`.
+    pub fn start_early(
+        &mut self,
+        cfg: &LauncherConfig,
+        spec: &LaunchSpec,
+        meta: &LaunchMeta,
+        early: crate::early_launcher::EarlyLauncher,
+        netns: Option<&Path>,
+        exec_prefix: &[String],
+    ) -> Result<(), AgentError> {
+        let dir = cfg.vmi_dir(&meta.vmi_uid);
+        write_json_atomic(&dir.join(files::SPEC), spec)?;
+        write_json_atomic(&dir.join(files::META), meta)?;
+        match early.go(netns) {
+            Ok(child) => {
+                self.children.insert(meta.vmi_uid.clone(), child);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(vmi = %meta.name, "the early launcher is gone ({e}); spawning one now");
+                self.start_in(cfg, spec, meta, exec_prefix)
+            }
+        }
+    }
+
     /// Reaps launchers that exited (their status comes from `exit.json`).
     pub fn reap(&mut self) {
         self.children

@@ -35,6 +35,7 @@ pub mod containerdisk;
 pub mod cpu_models;
 pub mod decide;
 pub mod delegated;
+pub mod early_launcher;
 pub mod endpoint;
 pub mod error;
 pub mod fencing;

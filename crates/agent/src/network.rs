@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -78,6 +78,8 @@ pub struct Attachment {
     pub taps: BTreeMap<String, PodTap>,
     /// Command prefix entering the VMI's network namespace; empty without one.
     pub exec_prefix: Vec<String>,
+    /// The VMI's network namespace (`/run/netns/<name>`), the one `exec_prefix` enters.
+    pub netns: Option<PathBuf>,
     /// The Primary user-defined network the pod interface is on, if any.
     pub primary_udn: Option<String>,
     /// A Layer3 network an interface is on (its addresses belong to this node: the VMI is
@@ -601,6 +603,7 @@ impl AgentNet {
                 },
             );
             out.exec_prefix = attached.exec_prefix();
+            out.netns = Some(ferrovirt_network::netns::path(&attached.netns));
             self.attachments
                 .lock()
                 .await
@@ -711,6 +714,7 @@ impl AgentNet {
         }
         if out.exec_prefix.is_empty() {
             out.exec_prefix = ferrovirt_network::netns::exec_prefix(&plans[0].netns);
+            out.netns = Some(ferrovirt_network::netns::path(&plans[0].netns));
         }
         Ok(out)
     }

@@ -40,6 +40,10 @@ enum Command {
         /// The VMI's directory (spec.json, meta.json, sockets).
         #[arg(long)]
         dir: PathBuf,
+        /// Started early by the agent: join these cgroups, then wait on stdin for the word
+        /// to run (`ferrovirt_launcher::early`).
+        #[arg(long)]
+        early_cgroup: Option<String>,
     },
     /// Server maintenance of Secrets at rest.
     Secrets {
@@ -262,11 +266,20 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo { cmd } => demo::run(cmd),
-        Command::Launcher { dir } => runtime()?.block_on(async {
-            let report = ferrovirt_launcher::daemon::run(&dir).await?;
-            tracing::info!(reason = ?report.reason, "launcher done: {}", report.message);
-            Ok(())
-        }),
+        Command::Launcher { dir, early_cgroup } => {
+            // Before the runtime exists: the process has one thread, so entering the VMI's
+            // network namespace moves all of it.
+            if let Some(name) = early_cgroup
+                && !ferrovirt_launcher::early::prepare(&name, std::io::stdin().lock())?
+            {
+                return Ok(());
+            }
+            runtime()?.block_on(async {
+                let report = ferrovirt_launcher::daemon::run(&dir).await?;
+                tracing::info!(reason = ?report.reason, "launcher done: {}", report.message);
+                Ok(())
+            })
+        }
         Command::Agent(args) => runtime()?.block_on(node::run_agent(args)),
         Command::Server(args) => runtime()?.block_on(server(args)),
         Command::Secrets { cmd } => runtime()?.block_on(secrets(cmd)),

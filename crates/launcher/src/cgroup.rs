@@ -176,8 +176,15 @@ pub fn cgroup_dirs(h: &Hierarchy, name: &str) -> Vec<PathBuf> {
     }
 }
 
+/// Whether the `cgroup.procs` contents `procs` list `pid`.
+pub fn lists(procs: &str, pid: u32) -> bool {
+    procs.lines().any(|l| l.trim().parse() == Ok(pid))
+}
+
 /// Creates the cgroups, sets their limits and moves `pid` into them. Returns the memory
-/// cgroup's directory.
+/// cgroup's directory. A cgroup that lists `pid` already is not joined again: the agent's
+/// early-forked launcher joins its cgroups before its exec (the first write of a pid to a
+/// `cgroup.procs` waits ~12 ms for an RCU grace period, and a second write would wait again).
 pub fn join(h: &Hierarchy, cg: &CgroupSpec, pid: u32) -> Result<PathBuf> {
     let dirs = cgroup_dirs(h, &cg.name);
     for dir in &dirs {
@@ -185,6 +192,11 @@ pub fn join(h: &Hierarchy, cg: &CgroupSpec, pid: u32) -> Result<PathBuf> {
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     }
     for (path, content) in join_plan(h, cg, pid) {
+        if path.file_name() == Some(std::ffi::OsStr::new("cgroup.procs"))
+            && std::fs::read_to_string(&path).is_ok_and(|p| lists(&p, pid))
+        {
+            continue;
+        }
         std::fs::write(&path, &content)
             .map_err(|e| Error::io(format!("writing {content:?} to {}", path.display()), e))?;
     }
@@ -214,6 +226,13 @@ mod tests {
         );
         s.tcg_tb_size_mib = Some(64);
         s
+    }
+
+    #[test]
+    fn procs_listing() {
+        assert!(lists("12\n345\n", 345));
+        assert!(!lists("12\n3456\n", 345));
+        assert!(!lists("", 1));
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod console;
 pub mod control;
 pub mod daemon;
 pub mod disk_layers;
+pub mod early;
 pub mod error;
 pub mod fence;
 pub mod freeze;

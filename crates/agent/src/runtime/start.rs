@@ -4,9 +4,10 @@
 //! branch, the fencing announcement (after the finalizer: the finalizer patch carries a
 //! resourceVersion, the announcement does not, so they never conflict), the volumes
 //! (containerDisks, `qemu-img` overlays, cloud-init images) and the pod network attachment.
-//! The launcher is spawned only after all of them are done, so QEMU never execs before the
-//! finalizer and the announcement are written. Every step is timed on CLOCK_BOOTTIME
-//! ([`ferrovirt_launcher::timing`]; docs/scale.md "Start path").
+//! The launcher is started first and joins the VM's cgroups meanwhile
+//! ([`crate::early_launcher`]); it runs only after all of them are done, so QEMU never
+//! starts before the finalizer and the announcement are written. Every step is timed on
+//! CLOCK_BOOTTIME ([`ferrovirt_launcher::timing`]; docs/scale.md "Start path").
 
 use std::path::PathBuf;
 
@@ -90,6 +91,18 @@ impl Agent {
         // Refused host paths leave nothing behind, not even the VMI directory.
         crate::hostpath::verify(vmi, &refs, &policy)?;
         std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
+        // A migration target has a cgroup of its own: on one host (tests) the source's
+        // holds the source QEMU until the switch-over.
+        let cgroup_name = if incoming {
+            format!("{uid}.in")
+        } else {
+            uid.clone()
+        };
+        // The launcher joins its cgroups while the volumes and the network are prepared, and
+        // runs once they are (`early_launcher`); dropped on an error below, it exits.
+        let t = boottime_us();
+        let early = self.early_launcher(&uid, &cgroup_name);
+        steps.span("launcher_early", t);
         // The finalizer is on (its patch came back): the announcement may follow (a patch
         // without a resourceVersion, so the two never conflict). Meanwhile the volumes and
         // the network are prepared.
@@ -186,17 +199,12 @@ impl Agent {
         ctx.tcg_tb_size_mib = self.opts.tcg_tb_size_mib;
         ctx.cpu_models = self.cpu_models.clone();
         ctx.sandbox = true;
-        // A migration target has a cgroup of its own: on one host (tests) the source's
-        // holds the source QEMU until the switch-over.
-        ctx.cgroup_name = if incoming {
-            vmi.metadata.uid.as_ref().map(|u| format!("{u}.in"))
-        } else {
-            vmi.metadata.uid.clone()
-        };
+        ctx.cgroup_name = vmi.metadata.uid.as_ref().map(|_| cgroup_name.clone());
         ctx.pids_max = Some(self.opts.isolation.pids_max);
         ctx.serial_log_max_bytes = Some(self.opts.isolation.serial_log_max_bytes);
         ctx.pod_taps = attachment.taps;
         let exec_prefix = attachment.exec_prefix;
+        let netns = attachment.netns;
         let mut spec = mapping::launch_spec(vmi, &ctx)?;
         spec.incoming = incoming;
         if !incoming {
@@ -255,15 +263,43 @@ impl Agent {
             ),
         };
         let t = boottime_us();
-        self.launchers
-            .lock()
-            .await
-            .start_in(&self.cfg, &spec, &meta, &exec_prefix)?;
+        let mut launchers = self.launchers.lock().await;
+        match early {
+            Some(early) => launchers.start_early(
+                &self.cfg,
+                &spec,
+                &meta,
+                early,
+                netns.as_deref(),
+                &exec_prefix,
+            )?,
+            None => launchers.start_in(&self.cfg, &spec, &meta, &exec_prefix)?,
+        }
+        drop(launchers);
         steps.span("launcher_spawn", t);
         *timing = steps.0.into_inner().unwrap_or_else(|p| p.into_inner());
         tracing::info!(vmi = %meta.name, "start timing: {}", timing.summary());
         let _ = timing.write(&dir.join(ferrovirt_launcher::timing::AGENT_FILE));
         Ok(())
+    }
+}
+
+impl Agent {
+    /// Starts the launcher of `uid` early ([`crate::early_launcher`]), to join the cgroups
+    /// named `cgroup_name` while the start's other steps run. `None` where it could not be
+    /// started: the launcher is then spawned once everything is ready.
+    fn early_launcher(
+        &self,
+        uid: &str,
+        cgroup_name: &str,
+    ) -> Option<crate::early_launcher::EarlyLauncher> {
+        match crate::early_launcher::EarlyLauncher::start(&self.cfg, uid, cgroup_name) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                tracing::warn!("no early launcher: {e}");
+                None
+            }
+        }
     }
 }
 
