@@ -639,7 +639,7 @@ mod tests {
         let d = SimNodeOptions::new("n");
         assert_eq!(
             (d.lease_duration, d.renew_interval),
-            (Duration::from_secs(8), Duration::from_secs(2))
+            (Duration::from_secs(16), Duration::from_secs(4))
         );
         let o = SimNodeOptions::new("n").with_lease_seconds(40).unwrap();
         assert_eq!(
