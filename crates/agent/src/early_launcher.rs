@@ -10,15 +10,13 @@
 //! stdin and the launcher exits having written nothing.
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
-use ferrovirt_launcher::control::files;
 use ferrovirt_launcher::early::go_word;
 
 use crate::error::AgentError;
-use crate::launchers::{LauncherConfig, reap_orphan_qemu};
+use crate::launchers::{LauncherConfig, launcher_command};
 
 /// A launcher started early, waiting for [`EarlyLauncher::go`].
 #[derive(Debug)]
@@ -33,29 +31,11 @@ impl EarlyLauncher {
     /// [`crate::launchers::Launchers::start`] prepares it: private, no QEMU of an earlier
     /// launcher left, no exit report), to join the cgroups named `cgroup_name` and wait.
     pub fn start(cfg: &LauncherConfig, uid: &str, cgroup_name: &str) -> Result<Self, AgentError> {
-        let dir = cfg.vmi_dir(uid);
-        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        crate::isolation::restrict_dir(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        reap_orphan_qemu(&dir);
-        let _ = std::fs::remove_file(dir.join(files::EXIT));
-        let log_path = dir.join(files::LOG);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| AgentError::io(&log_path, e))?;
-        let log2 = log.try_clone().map_err(|e| AgentError::io(&log_path, e))?;
-        let child = Command::new(&cfg.binary)
-            .arg("launcher")
-            .arg("--dir")
-            .arg(&dir)
+        let (_, mut cmd) = launcher_command(cfg, uid, &[])?;
+        let child = cmd
             .arg("--early-cgroup")
             .arg(cgroup_name)
             .stdin(Stdio::piped())
-            .stdout(log)
-            .stderr(log2)
-            // A process group of its own: signals to the agent's group do not reach it.
-            .process_group(0)
             .spawn()
             .map_err(|e| AgentError::io(&cfg.binary, e))?;
         let cgroups = ferrovirt_launcher::cgroup::detect(Path::new("/sys/fs/cgroup"))

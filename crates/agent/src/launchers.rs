@@ -73,42 +73,13 @@ impl Launchers {
         meta: &LaunchMeta,
         exec_prefix: &[String],
     ) -> Result<(), AgentError> {
-        let dir = cfg.vmi_dir(&meta.vmi_uid);
-        std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        crate::isolation::restrict_dir(&dir).map_err(|e| AgentError::io(&dir, e))?;
-        // Never a second QEMU beside one a killed launcher left behind.
-        reap_orphan_qemu(&dir);
-        let _ = std::fs::remove_file(dir.join(files::EXIT));
+        let (dir, mut cmd) = launcher_command(cfg, &meta.vmi_uid, exec_prefix)?;
         write_json_atomic(&dir.join(files::SPEC), spec)?;
         write_json_atomic(&dir.join(files::META), meta)?;
-        let log_path = dir.join(files::LOG);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| AgentError::io(&log_path, e))?;
-        let log2 = log.try_clone().map_err(|e| AgentError::io(&log_path, e))?;
-        let child = {
-            use std::os::unix::process::CommandExt;
-            let mut cmd = match exec_prefix.split_first() {
-                Some((prog, args)) => {
-                    let mut c = Command::new(prog);
-                    c.args(args).arg(&cfg.binary);
-                    c
-                }
-                None => Command::new(&cfg.binary),
-            };
-            cmd.arg("launcher")
-                .arg("--dir")
-                .arg(&dir)
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(log2)
-                // A process group of its own: signals to the agent's group do not reach it.
-                .process_group(0)
-                .spawn()
-                .map_err(|e| AgentError::io(&cfg.binary, e))?
-        };
+        let child = cmd
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| AgentError::io(&cfg.binary, e))?;
         self.children.insert(meta.vmi_uid.clone(), child);
         Ok(())
     }
@@ -153,6 +124,47 @@ impl Launchers {
             None => false,
         }
     }
+}
+
+/// Prepares the directory of the VMI with `uid` for a new launcher (private, no QEMU a killed
+/// launcher left behind, no exit report) and returns it with the launcher's command line,
+/// prefixed by `exec_prefix`: `launcher --dir DIR`, its output appended to the launcher log,
+/// in a process group of its own (signals to the agent's group do not reach it). The caller
+/// sets stdin and spawns it.
+pub(crate) fn launcher_command(
+    cfg: &LauncherConfig,
+    uid: &str,
+    exec_prefix: &[String],
+) -> Result<(PathBuf, Command), AgentError> {
+    use std::os::unix::process::CommandExt;
+    let dir = cfg.vmi_dir(uid);
+    std::fs::create_dir_all(&dir).map_err(|e| AgentError::io(&dir, e))?;
+    crate::isolation::restrict_dir(&dir).map_err(|e| AgentError::io(&dir, e))?;
+    // Never a second QEMU beside one a killed launcher left behind.
+    reap_orphan_qemu(&dir);
+    let _ = std::fs::remove_file(dir.join(files::EXIT));
+    let log_path = dir.join(files::LOG);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| AgentError::io(&log_path, e))?;
+    let log2 = log.try_clone().map_err(|e| AgentError::io(&log_path, e))?;
+    let mut cmd = match exec_prefix.split_first() {
+        Some((prog, args)) => {
+            let mut c = Command::new(prog);
+            c.args(args).arg(&cfg.binary);
+            c
+        }
+        None => Command::new(&cfg.binary),
+    };
+    cmd.arg("launcher")
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(log)
+        .stderr(log2)
+        .process_group(0);
+    Ok((dir, cmd))
 }
 
 /// What the node sees for the VMI with `uid`.
