@@ -5,7 +5,8 @@
 //! create compares `create_revision == 0`; update and delete compare `mod_revision` with the
 //! expected revision (and `version > 0`, so that a missing key never matches), and their
 //! failure branch reads the key to report `NotFound` or `Conflict` with its current state.
-//! etcd's own revisions are used unchanged. Watches start at `after + 1` with `prev_kv`.
+//! etcd's own revisions are used unchanged. Watches start at `after + 1` with `prev_kv`; the
+//! watchers of one prefix share one etcd watch ([`fanout`]).
 //!
 //! etcd does not report its compacted revision directly; [`Store::compacted_revision`] finds it
 //! by a binary search for the oldest readable revision (only needed on the error paths).
@@ -22,6 +23,7 @@
 //! [`WATCH_RESUMES`] times in a row), so its reader sees no gap and no repeat.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -35,6 +37,10 @@ use crate::{
     EventKind, KeyValue, ListOptions, ListResult, Revision, Store, StoreError, WatchEvent,
     WatchStream,
 };
+
+mod fanout;
+
+pub use fanout::FanoutOptions;
 
 /// The largest etcd answer read (a whole list of a big collection). etcd is trusted; the bound
 /// only keeps a corrupt length from allocating without limit.
@@ -52,6 +58,7 @@ const ERR_FUTURE_REV: &str = "required revision is a future revision";
 pub struct EtcdStore {
     client: Client,
     prefix: String,
+    fanout: Arc<fanout::Fanout>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -180,6 +187,7 @@ impl EtcdStore {
         let store = EtcdStore {
             client,
             prefix: key_prefix.to_owned(),
+            fanout: Arc::new(fanout::Fanout::new(FanoutOptions::default())),
         };
         tokio::time::timeout(CONNECT_TIMEOUT, store.current_revision())
             .await
@@ -187,6 +195,78 @@ impl EtcdStore {
                 StoreError::Backend(format!("etcd: no answer from {endpoints:?} in time"))
             })??;
         Ok(store)
+    }
+
+    /// The watchers of one prefix share one etcd watch; `options` says how (call before the
+    /// first watch; tests and benchmarks set a small ring to exercise a lagging watcher).
+    pub fn with_fanout(mut self, options: FanoutOptions) -> Self {
+        self.fanout = Arc::new(fanout::Fanout::new(options));
+        self
+    }
+
+    /// etcd watches this store (and its clones) opened so far: one per shared prefix, plus one
+    /// per watcher that its prefix's shared watch could not serve.
+    pub fn watches_opened(&self) -> u64 {
+        self.fanout.opened()
+    }
+
+    /// Shared etcd watches open now (one per watched prefix).
+    pub fn shared_watches(&self) -> usize {
+        self.fanout.hubs()
+    }
+
+    /// Refuses a watch from an `after` older than the compacted revision, as SQLite does (etcd
+    /// would accept a start at the compacted revision itself, where it may have lost events).
+    async fn check_watchable(&self, after: Revision) -> Result<(), StoreError> {
+        let probe = if after == 0 { 1 } else { after };
+        if !self.readable_at(probe).await? {
+            return Err(StoreError::Compacted {
+                requested: after,
+                compacted: self.compacted_revision().await?,
+            });
+        }
+        Ok(())
+    }
+
+    /// A watch of `prefix` after `after` of its own (not shared), checked as [`Store::watch`]
+    /// checks it: for a watcher its prefix's shared watch cannot serve any more.
+    async fn watch_own(&self, prefix: &str, after: Revision) -> Result<WatchStream, StoreError> {
+        self.check_watchable(after).await?;
+        self.open_watch(prefix, after).await
+    }
+
+    /// Opens an etcd watch of `prefix` from `after + 1` with previous values; it resumes on
+    /// another member when its member goes away ([`WatchState`]).
+    async fn open_watch(&self, prefix: &str, after: Revision) -> Result<WatchStream, StoreError> {
+        let full_prefix = self.full_key(prefix);
+        let end = crate::prefix_end(&full_prefix).unwrap_or_else(|| vec![0]);
+        let options = WatchOptions::new()
+            .with_range(end.clone())
+            .with_start_revision(after + 1)
+            .with_prev_key();
+        let key = non_empty(full_prefix);
+        let stream = self
+            .client
+            .watch_client()
+            .watch(key.clone(), Some(options))
+            .await
+            .map_err(backend)?;
+        self.fanout.count_opened();
+        let state = WatchState {
+            store: self.clone(),
+            stream,
+            key,
+            end,
+            last: after,
+            queued: VecDeque::new(),
+            done: false,
+            resumes: 0,
+        };
+        Ok(futures::stream::unfold(state, |mut st| async move {
+            let item = st.next().await?;
+            Some((item, st))
+        })
+        .boxed())
     }
 
     /// The KV client, taking answers up to [`MAX_RESPONSE_BYTES`] (gRPC's default of 4 MiB
@@ -477,43 +557,8 @@ impl Store for EtcdStore {
 
     async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream, StoreError> {
         let after = after.max(0);
-        // etcd would accept a start at the compacted revision itself, where it may have lost
-        // events; refuse every `after` older than the compacted revision, as SQLite does.
-        let probe = if after == 0 { 1 } else { after };
-        if !self.readable_at(probe).await? {
-            return Err(StoreError::Compacted {
-                requested: after,
-                compacted: self.compacted_revision().await?,
-            });
-        }
-        let full_prefix = self.full_key(prefix);
-        let end = crate::prefix_end(&full_prefix).unwrap_or_else(|| vec![0]);
-        let options = WatchOptions::new()
-            .with_range(end.clone())
-            .with_start_revision(after + 1)
-            .with_prev_key();
-        let key = non_empty(full_prefix);
-        let stream = self
-            .client
-            .watch_client()
-            .watch(key.clone(), Some(options))
-            .await
-            .map_err(backend)?;
-        let state = WatchState {
-            store: self.clone(),
-            stream,
-            key,
-            end,
-            last: after,
-            queued: VecDeque::new(),
-            done: false,
-            resumes: 0,
-        };
-        Ok(futures::stream::unfold(state, |mut st| async move {
-            let item = st.next().await?;
-            Some((item, st))
-        })
-        .boxed())
+        self.check_watchable(after).await?;
+        fanout::watch(self, prefix, after).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {

@@ -21,7 +21,7 @@ pub mod sqlite;
 
 pub use encrypt::EncryptingStore;
 pub use endpoint::{Datastore, DatastoreTls};
-pub use etcd::EtcdStore;
+pub use etcd::{EtcdStore, FanoutOptions};
 pub use sqlite::SqliteStore;
 
 /// A global store revision. Revisions start at 1; 0 means "none yet".

@@ -21,7 +21,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const KEY_PREFIX: &str = "/ferrovirt-test";
 
 /// A running etcd process; killed on drop.
-struct EtcdProcess {
+pub(crate) struct EtcdProcess {
     dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
@@ -52,7 +52,7 @@ fn etcd_binary_at(path: impl Into<PathBuf>) -> Result<PathBuf> {
 }
 
 impl EtcdProcess {
-    fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         Ok(EtcdProcess {
             dir: tempfile::tempdir()?,
             client_port: free_port()?,
@@ -61,7 +61,7 @@ impl EtcdProcess {
         })
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
@@ -70,7 +70,7 @@ impl EtcdProcess {
     }
 
     /// Starts etcd on this data dir and these ports and waits until a store can connect.
-    async fn start(&mut self) -> Result<EtcdStore> {
+    pub(crate) async fn start(&mut self) -> Result<EtcdStore> {
         let client_url = self.endpoint();
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
         let log = File::options()

@@ -1,10 +1,12 @@
 //! Store conformance suite: the same behavioural tests, written once in [`suite`], run against
 //! every backend. [`sqlite`] opens databases in temp dirs; [`etcd`] starts a real etcd process
-//! per test (from `/usr/bin/etcd`, or `$FERROVIRT_ETCD_BIN`) on loopback ports; [`encrypted`]
+//! per test (from `/usr/bin/etcd`, or `$FERROVIRT_ETCD_BIN`) on loopback ports, and
+//! [`etcd_fanout`] tests how its watchers share etcd watches; [`encrypted`]
 //! runs cases through the encrypting wrapper on both.
 
 mod encrypted;
 mod etcd;
+mod etcd_fanout;
 mod sqlite;
 mod suite;
 

@@ -17,20 +17,20 @@ use crate::Backend;
 const EVENT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Performs writes and remembers the watch event each one should produce.
-struct Recorder {
+pub(crate) struct Recorder {
     store: Arc<dyn Store>,
     events: Vec<WatchEvent>,
 }
 
 impl Recorder {
-    fn new(store: &Arc<dyn Store>) -> Self {
+    pub(crate) fn new(store: &Arc<dyn Store>) -> Self {
         Recorder {
             store: Arc::clone(store),
             events: Vec::new(),
         }
     }
 
-    async fn create(&mut self, key: &str, value: &str) -> Result<KeyValue> {
+    pub(crate) async fn create(&mut self, key: &str, value: &str) -> Result<KeyValue> {
         let kv = self.store.create(key, value.into()).await?;
         self.events.push(WatchEvent {
             kind: EventKind::Created,
@@ -41,7 +41,7 @@ impl Recorder {
         Ok(kv)
     }
 
-    async fn update(&mut self, prev: &KeyValue, value: &str) -> Result<KeyValue> {
+    pub(crate) async fn update(&mut self, prev: &KeyValue, value: &str) -> Result<KeyValue> {
         let kv = self
             .store
             .update(&prev.key, value.into(), prev.mod_revision)
@@ -55,7 +55,7 @@ impl Recorder {
         Ok(kv)
     }
 
-    async fn delete(&mut self, prev: &KeyValue) -> Result<KeyValue> {
+    pub(crate) async fn delete(&mut self, prev: &KeyValue) -> Result<KeyValue> {
         let kv = self
             .store
             .delete(&prev.key, Some(prev.mod_revision))
@@ -70,7 +70,7 @@ impl Recorder {
     }
 
     /// The recorded events under `prefix` with revision greater than `after`.
-    fn expected(&self, prefix: &str, after: Revision) -> Vec<WatchEvent> {
+    pub(crate) fn expected(&self, prefix: &str, after: Revision) -> Vec<WatchEvent> {
         self.events
             .iter()
             .filter(|e| e.revision > after && e.kv.key.starts_with(prefix))
@@ -80,7 +80,7 @@ impl Recorder {
 }
 
 /// Reads exactly `n` events, failing on an error item, a stream end or a timeout.
-async fn take_events(stream: &mut WatchStream, n: usize) -> Result<Vec<WatchEvent>> {
+pub(crate) async fn take_events(stream: &mut WatchStream, n: usize) -> Result<Vec<WatchEvent>> {
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
         match tokio::time::timeout(EVENT_TIMEOUT, stream.next()).await {
@@ -94,7 +94,7 @@ async fn take_events(stream: &mut WatchStream, n: usize) -> Result<Vec<WatchEven
 }
 
 /// Checks that no further event arrives within a short grace period.
-async fn assert_quiet(stream: &mut WatchStream) -> Result<()> {
+pub(crate) async fn assert_quiet(stream: &mut WatchStream) -> Result<()> {
     match tokio::time::timeout(Duration::from_millis(300), stream.next()).await {
         Err(_) => Ok(()),
         Ok(item) => bail!("unexpected extra watch item: {item:?}"),
