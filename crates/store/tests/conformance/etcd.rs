@@ -203,6 +203,30 @@ mod tests {
         Ok(())
     }
 
+    /// The compacted revision a store remembers is checked before use: another server on the
+    /// same etcd may have compacted further.
+    #[tokio::test]
+    async fn compacted_revision_follows_another_servers_compaction() -> anyhow::Result<()> {
+        use ferrovirt_store::Store;
+        let mut process = super::EtcdProcess::new()?;
+        let a = process.start().await?;
+        let b = super::EtcdStore::connect(&[process.endpoint()], super::KEY_PREFIX).await?;
+        let mut kv = a.create("/k", b"0".to_vec()).await?;
+        for i in 1..20 {
+            kv = a
+                .update("/k", i.to_string().into_bytes(), kv.mod_revision)
+                .await?;
+        }
+        let first = kv.mod_revision - 10;
+        a.compact(first).await?;
+        assert_eq!(a.compacted_revision().await?, first);
+        assert_eq!(b.compacted_revision().await?, first);
+        b.compact(kv.mod_revision - 3).await?;
+        assert_eq!(a.compacted_revision().await?, kv.mod_revision - 3);
+        assert_eq!(a.compacted_revision().await?, kv.mod_revision - 3);
+        Ok(())
+    }
+
     /// A missing etcd binary is a failure with a clear message, never a silent skip.
     #[test]
     fn missing_binary_is_reported() {
