@@ -24,8 +24,13 @@ impl std::fmt::Debug for Etcd {
 }
 
 impl Etcd {
-    /// Starts etcd and waits until `/health` answers.
+    /// Starts etcd and waits until `/health` answers (again on new ports when a port picked
+    /// as free was taken before etcd bound it: [`retry_taken_ports`]).
     pub fn start() -> anyhow::Result<Etcd> {
+        retry_taken_ports(Self::try_start)
+    }
+
+    fn try_start() -> anyhow::Result<Etcd> {
         let bin = std::env::var_os("FERROVIRT_ETCD_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"));
@@ -194,8 +199,13 @@ impl std::fmt::Debug for EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Starts `n` members and waits until each is ready to serve clients.
+    /// Starts `n` members and waits until each is ready to serve clients (again on new ports
+    /// when a port picked as free was taken before a member bound it: [`retry_taken_ports`]).
     pub fn start_tls(n: usize) -> anyhow::Result<EtcdCluster> {
+        retry_taken_ports(|| Self::try_start_tls(n))
+    }
+
+    fn try_start_tls(n: usize) -> anyhow::Result<EtcdCluster> {
         let bin = std::env::var_os("FERROVIRT_ETCD_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"));
@@ -300,5 +310,55 @@ impl Drop for EtcdCluster {
         for i in 0..self.members.len() {
             self.kill_member(i);
         }
+    }
+}
+
+/// Runs `start` up to three times while it fails because a port was already in use: a port
+/// [`crate::free_port`] found free may be taken (by another test's listener, or as the source
+/// port of an outgoing connection) before etcd binds it. Any other failure is returned at once.
+fn retry_taken_ports<T>(mut start: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
+                eprintln!("etcd start attempt {attempt}: a port was taken; again on new ports");
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_taken_ports;
+
+    #[test]
+    fn a_taken_port_is_tried_again_up_to_three_times_and_nothing_else_is() {
+        let mut calls = 0;
+        let r = retry_taken_ports(|| {
+            calls += 1;
+            if calls < 3 {
+                anyhow::bail!("etcd exited: bind: address already in use")
+            }
+            Ok(calls)
+        });
+        assert_eq!(r.unwrap(), 3);
+
+        let mut calls = 0;
+        let r: anyhow::Result<()> = retry_taken_ports(|| {
+            calls += 1;
+            anyhow::bail!("etcd exited: bind: address already in use")
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 3);
+
+        let mut calls = 0;
+        let r: anyhow::Result<()> = retry_taken_ports(|| {
+            calls += 1;
+            anyhow::bail!("etcd not healthy after 30 s")
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1);
     }
 }
